@@ -1,0 +1,198 @@
+"""Shared pytest fixtures for tests/integration and tests/compat.
+
+Every test drives real binaries from the build directory (CDDP_BUILD_DIR,
+default build/). Each test runs with a unique CDDP_TEST_TAG in its
+environment, which every process it starts inherits; after the test, any
+process still carrying the tag is an orphan: it is killed and the test fails.
+"""
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BUILD = pathlib.Path(os.environ.get("CDDP_BUILD_DIR", ROOT / "build")).resolve()
+# Debian's interpreter: python3-torch lives there, whatever python3 is first on PATH.
+TORCH_PY = "/usr/bin/python3"
+
+
+def _sanitized():
+    try:
+        with open(BUILD / "meson-info" / "intro-buildoptions.json") as fh:
+            return any(o["name"] == "sanitize" and o["value"] is True for o in json.load(fh))
+    except (OSError, ValueError):
+        return False
+
+
+SANITIZED = _sanitized()
+
+_bin_cache = {}
+
+
+def binary(name):
+    """Path of a built executable (cddprun, cddp-rdzv, cddp-train, cddpctl, ...)."""
+    if name not in _bin_cache:
+        hits = [p for p in BUILD.rglob(name) if p.is_file() and os.access(p, os.X_OK)
+                and ".p" not in p.parent.name]
+        if not hits:
+            pytest.fail(f"{name} not built in {BUILD} (run tools/setup.sh)")
+        _bin_cache[name] = str(sorted(hits, key=lambda p: len(str(p)))[0])
+    return _bin_cache[name]
+
+
+def free_port(host="127.0.0.1"):
+    """A port that was free a moment ago (bind to 0, close)."""
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred, timeout=10.0, interval=0.02, what="condition"):
+    """Polls pred() until it returns a truthy value; fails the test after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def run(args, timeout=60, **kw):
+    """subprocess.run with text output captured and a hard timeout."""
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    return subprocess.run([str(a) for a in args], timeout=timeout, **kw)
+
+
+def _tagged_pids(tag):
+    me = os.getpid()
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as fh:
+                env = fh.read()
+            with open(f"/proc/{d}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and f"CDDP_TEST_TAG={tag}".encode() in env.split(b"\0"):
+            found.append(int(d))
+    return found
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+@pytest.fixture(autouse=True)
+def no_orphans(monkeypatch):
+    """Tags the test's processes; fails the test if any outlives it."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv("CDDP_TEST_TAG", tag)
+    if "PYTHON_EXEC" not in os.environ:
+        monkeypatch.setenv("PYTHON_EXEC", TORCH_PY)
+    yield tag
+    deadline = time.monotonic() + 5.0
+    left = _tagged_pids(tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = _tagged_pids(tag)
+    if left:
+        desc = [f"{p}: {_cmdline(p)}" for p in left]
+        for p in left:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        pytest.fail("processes outlived the test (orphans): " + "; ".join(desc))
+
+
+class Background:
+    """A process started in its own session; killed (TERM, then KILL) at teardown."""
+
+    def __init__(self, args, **kw):
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        kw.setdefault("text", True)
+        self.args = [str(a) for a in args]
+        self.proc = subprocess.Popen(self.args, start_new_session=True, **kw)
+        self.out = None
+        self.err = None
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def wait(self, timeout=60):
+        try:
+            self.out, self.err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"{self.args[0]} did not exit within {timeout}s:\n{self.err}")
+        return self.proc.returncode
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        try:
+            self.out, self.err = self.proc.communicate(timeout=5)
+        except (subprocess.TimeoutExpired, ValueError):
+            pass
+
+
+@pytest.fixture
+def background():
+    """background(args, **popen_kw) -> Background; all are killed at teardown."""
+    procs = []
+
+    def start(args, **kw):
+        b = Background(args, **kw)
+        procs.append(b)
+        return b
+
+    yield start
+    for b in procs:
+        b.kill()
+
+
+@pytest.fixture
+def torch_python():
+    """Debian's python3 with torch; skips the test if python3-torch is missing."""
+    r = subprocess.run([TORCH_PY, "-c", "import torch, torch.distributed"], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip("python3-torch is not installed (tools/setup.sh --test installs it)")
+    return TORCH_PY
+
+
+def pytest_report_header(config):
+    return [f"cddp build: {BUILD}" + (" (ASan/UBSan)" if SANITIZED else "")]
+
+
+sys.path.insert(0, str(ROOT / "tests"))

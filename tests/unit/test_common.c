@@ -1,0 +1,121 @@
+/* Unit tests for common/: checked parsing, buffers, host:port, signal names, errors. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <string.h>
+
+#include "common/errors.h"
+#include "common/hostport.h"
+#include "common/log.h"
+#include "common/signames.h"
+#include "common/strutil.h"
+
+static void test_parse_long(void **state)
+{
+    (void)state;
+    long v = 0;
+    assert_int_equal(cddp_parse_long("42", 0, 100, &v), 0);
+    assert_int_equal(v, 42);
+    assert_int_equal(cddp_parse_long("-3", -5, 5, &v), 0);
+    assert_int_equal(v, -3);
+    assert_int_equal(cddp_parse_long("", 0, 100, &v), CDDP_EPARSE);
+    assert_int_equal(cddp_parse_long("4x", 0, 100, &v), CDDP_EPARSE);
+    assert_int_equal(cddp_parse_long(" 4", 0, 100, &v), CDDP_EPARSE);
+    assert_int_equal(cddp_parse_long("101", 0, 100, &v), CDDP_ERANGE_ARG);
+    assert_int_equal(cddp_parse_long("99999999999999999999999", 0, 100, &v), CDDP_ERANGE_ARG);
+}
+
+static void test_parse_double_bool(void **state)
+{
+    (void)state;
+    double d;
+    bool b;
+    assert_int_equal(cddp_parse_double("0.1", 0, 10, &d), 0);
+    assert_true(d > 0.099 && d < 0.101);
+    assert_int_equal(cddp_parse_double("nan", 0, 10, &d), CDDP_ERANGE_ARG);
+    assert_int_equal(cddp_parse_double("1e", 0, 10, &d), CDDP_EPARSE);
+    assert_int_equal(cddp_parse_bool("Yes", &b), 0);
+    assert_true(b);
+    assert_int_equal(cddp_parse_bool("0", &b), 0);
+    assert_false(b);
+    assert_int_equal(cddp_parse_bool("maybe", &b), CDDP_EPARSE);
+}
+
+static void test_buf_limit(void **state)
+{
+    (void)state;
+    struct cddp_buf b;
+    cddp_buf_init(&b, 8);
+    assert_int_equal(cddp_buf_append(&b, "abcd", 4), 0);
+    assert_int_equal(cddp_buf_printf(&b, "%d", 1234), 0);
+    assert_int_equal(b.len, 8);
+    assert_int_equal(cddp_buf_append(&b, "x", 1), CDDP_ETOOBIG);
+    assert_string_equal(b.data, "abcd1234");
+    cddp_buf_consume(&b, 3);
+    assert_string_equal(b.data, "d1234");
+    cddp_buf_free(&b);
+}
+
+static void test_hostport(void **state)
+{
+    (void)state;
+    struct cddp_hostport hp;
+    char err[128];
+    assert_int_equal(cddp_hostport_parse("10.0.0.1:29400", 1, &hp, err, sizeof(err)), 0);
+    assert_string_equal(hp.host, "10.0.0.1");
+    assert_int_equal(hp.port, 29400);
+    assert_true(hp.has_port);
+    assert_int_equal(cddp_hostport_parse("node7", 29400, &hp, err, sizeof(err)), 0);
+    assert_string_equal(hp.host, "node7");
+    assert_int_equal(hp.port, 29400);
+    assert_false(hp.has_port);
+    assert_int_equal(cddp_hostport_parse("[::1]:5", 1, &hp, err, sizeof(err)), 0);
+    assert_string_equal(hp.host, "::1");
+    assert_int_equal(hp.port, 5);
+    assert_int_equal(cddp_hostport_parse("fe80::1", 7, &hp, err, sizeof(err)), 0);
+    assert_string_equal(hp.host, "fe80::1");
+    assert_int_equal(hp.port, 7);
+    assert_int_equal(cddp_hostport_parse("h:99999", 1, &hp, err, sizeof(err)), CDDP_ERANGE_ARG);
+    assert_non_null(strstr(err, "99999"));
+    assert_int_equal(cddp_hostport_parse(":5", 1, &hp, err, sizeof(err)), CDDP_EPARSE);
+    assert_int_equal(cddp_hostport_parse("[::1", 1, &hp, err, sizeof(err)), CDDP_EPARSE);
+    char buf[64];
+    cddp_hostport_format("::1", 80, buf, sizeof(buf));
+    assert_string_equal(buf, "[::1]:80");
+}
+
+static void test_signames(void **state)
+{
+    (void)state;
+    assert_int_equal(cddp_signal_from_name("SIGTERM"), SIGTERM);
+    assert_int_equal(cddp_signal_from_name("usr1"), SIGUSR1);
+    assert_int_equal(cddp_signal_from_name("9"), 9);
+    assert_int_equal(cddp_signal_from_name("SIGNOPE"), -1);
+    assert_string_equal(cddp_signal_name(SIGKILL), "SIGKILL");
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    assert_string_equal(cddp_err_name(CDDP_ETOOBIG), "ETOOBIG");
+    assert_string_equal(cddp_strerror(CDDP_EPARSE), "malformed value");
+    assert_string_equal(cddp_err_name(-ECONNREFUSED), "ECONNREFUSED");
+    int level;
+    assert_int_equal(cddp_log_parse_level("info", &level), 0);
+    assert_int_equal(level, CDDP_LOG_INFO);
+    assert_int_equal(cddp_log_parse_level("loud", &level), CDDP_EPARSE);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_long), cmocka_unit_test(test_parse_double_bool),
+        cmocka_unit_test(test_buf_limit),  cmocka_unit_test(test_hostport),
+        cmocka_unit_test(test_signames),   cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

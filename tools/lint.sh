@@ -1,0 +1,32 @@
+#!/bin/sh
+# Style checks run by the test suite (meson test --suite lint):
+#  1. clang-format in check mode over every C/C++/CUDA source we own;
+#  2. banned functions (atoi, strtok, sprintf, strcpy, strcat, gets): use
+#     common/strutil.h's checked replacements and snprintf.
+set -u
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top" || exit 2
+files=$(git ls-files '*.c' '*.h' '*.cc' '*.cpp' '*.cu' '*.cuh' 2>/dev/null | grep -v '^tests/fixtures/')
+[ -n "$files" ] || files=$(find common proto rendezvous agent launcher trainer tests -name '*.[ch]' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh')
+status=0
+if command -v clang-format >/dev/null 2>&1; then
+    # shellcheck disable=SC2086
+    if ! clang-format --dry-run -Werror $files 2>/tmp/cddp-lint.$$; then
+        head -40 /tmp/cddp-lint.$$
+        echo "lint: clang-format: files above differ from .clang-format (run: clang-format -i FILE)"
+        status=1
+    fi
+    rm -f /tmp/cddp-lint.$$
+else
+    echo "lint: clang-format not installed; format check skipped"
+fi
+# shellcheck disable=SC2086
+banned=$(grep -nE '(^|[^_a-zA-Z0-9])(atoi|atol|strtok|sprintf|vsprintf|strcpy|strcat|gets)[[:space:]]*\(' $files \
+    | grep -v 'lint: allow')
+if [ -n "$banned" ]; then
+    echo "$banned"
+    echo "lint: banned functions above (use cddp_parse_long, snprintf, cddp_strlcpy)"
+    status=1
+fi
+[ $status -eq 0 ] && echo "lint: ok"
+exit $status
