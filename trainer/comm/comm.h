@@ -98,7 +98,7 @@ struct trn_comm_options {
      * or 127.0.0.1. GLOO_SOCKET_IFNAME, when set, names an interface instead. */
     const char *host;
     const char *route_to;     /* usually MASTER_ADDR */
-    const char *store_prefix; /* keys under this prefix; NULL: "comm/" */
+    const char *store_prefix; /* keys under this prefix; NULL: "gloo/rank" */
 };
 
 struct trn_comm;

@@ -113,9 +113,9 @@ void trn_comm_fail(const struct trn_comm_error *e, long step, int rank, const ch
     if (error_file != NULL && *error_file != '\0') {
         char stack[1400];
         snprintf(stack, sizeof(stack),
-                 "cddp-train rank %d (pid %ld): %s%s\n  exit %d (collective timeout): the agent "
+                 "%s rank %d (pid %ld): %s%s\n  exit %d (collective timeout): the agent "
                  "restarts the group\n",
-                 rank, (long)getpid(),
+                 program_invocation_short_name, rank, (long)getpid(),
                  e->code == CDDP_ETIMEOUT ? "CollectiveTimeoutError: " : "CollectiveError: ", msg,
                  CDDP_EXIT_COLLECTIVE_TIMEOUT);
         int rc = trn_error_file_write(

@@ -242,7 +242,7 @@ int trn_gloo_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
         .world = o->world,
         .host = host,
         .iface = ifbuf[0] ? ifbuf : NULL,
-        .prefix = o->store_prefix ? o->store_prefix : "comm/",
+        .prefix = o->store_prefix ? o->store_prefix : "gloo/rank",
         .init_timeout_s = o->init_timeout_s > 0 ? o->init_timeout_s : 300.0,
     };
     log_debug("T6002", "gloo: rank %d/%d binding %s", o->rank, o->world,

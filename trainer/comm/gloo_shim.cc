@@ -107,9 +107,12 @@ class KvStore : public gloo::rendezvous::Store
         }
     }
 
+    int last_rc = 0; /* the store's code when an operation failed */
+
   private:
     [[noreturn]] void fail(const char *op, const std::string &key, int rc)
     {
+        last_rc = rc;
         std::string why = kv_->err[0] ? kv_->err : cddp_strerror(rc);
         throw gloo::IoException(std::string("bootstrap store ") + op + " '" + key + "': " + why);
     }
@@ -248,6 +251,7 @@ extern "C" int trn_gloo_connect(const struct trn_gloo_config *cfg, struct trn_kv
 {
     *out = nullptr;
     trn_gloo *g = nullptr;
+    KvStore store(kv, cfg->prefix != nullptr ? cfg->prefix : "", cfg->init_timeout_s);
     try {
         gloo::transport::tcp::attr attr;
         if (cfg->iface != nullptr && cfg->iface[0] != '\0')
@@ -258,12 +262,13 @@ extern "C" int trn_gloo_connect(const struct trn_gloo_config *cfg, struct trn_kv
         g->dev = gloo::transport::tcp::CreateDevice(attr);
         g->ctx = std::make_shared<gloo::rendezvous::Context>(cfg->rank, cfg->world);
         g->ctx->setTimeout(to_ms(cfg->init_timeout_s));
-        KvStore store(kv, cfg->prefix != nullptr ? cfg->prefix : "", cfg->init_timeout_s);
         g->ctx->connectFullMesh(store, g->dev);
     } catch (const std::exception &e) {
         one_line(err, errlen, e.what());
         delete g;
-        return classify(e.what()) == CDDP_ETIMEOUT ? CDDP_ETIMEOUT : CDDP_EPEER;
+        if (store.last_rc != 0)
+            return store.last_rc;
+        return classify(e.what());
     }
     *out = g;
     return 0;

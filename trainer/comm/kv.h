@@ -32,7 +32,7 @@ struct trn_kv_ops {
 struct trn_kv {
     const struct trn_kv_ops *ops;
     /* Filled by the store on failure: one line naming what went wrong. */
-    char err[256];
+    char err[1024];
 };
 
 #endif
