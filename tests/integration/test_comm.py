@@ -109,6 +109,19 @@ def test_peer_crash_fails_others_fast_with_exit_75(background, tmp_path):
     assert not (tmp_path / "error-1.json").exists()
 
 
+def test_peer_crash_mid_transfer_no_sigpipe(background, tmp_path):
+    # Rank 1 dies while the others push 64 MiB at it: their writes hit a
+    # reset socket. That must be EPIPE and exit 75, never death by SIGPIPE.
+    mib64 = str(64 << 20)
+    procs = start(background, 3, ["--bench", "--min-bytes", mib64, "--max-bytes", mib64,
+                                  "--fault=crash@step=0,rank=1"], tmp_path=tmp_path)
+    codes = wait_all(procs, 60)
+    assert codes == {0: EXIT_TIMEOUT, 1: 1, 2: EXIT_TIMEOUT}, {r: p.err for r, p in procs.items()}
+    for r in (0, 2):
+        message, _ = read_error_file(tmp_path / f"error-{r}.json")
+        assert "a peer failed" in message
+
+
 def test_fault_not_repeated_after_restart_unless_every():
     base = [binary("cddp-collbench"), "--check"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}

@@ -19,6 +19,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,6 +212,19 @@ static int route_source(const char *dest, char *out, size_t len)
     return rc;
 }
 
+/* Unblocks SIGPIPE in this thread again, first discarding one that arrived
+ * while it was blocked (it would otherwise kill us the moment it is
+ * unblocked). */
+static void restore_sigpipe(const sigset_t *pipe_set, const sigset_t *old_mask)
+{
+    if (sigismember(old_mask, SIGPIPE))
+        return; /* the caller had it blocked already: leave everything as it was */
+    struct timespec zero = {0, 0};
+    while (sigtimedwait(pipe_set, NULL, &zero) > 0) {
+    }
+    pthread_sigmask(SIG_SETMASK, old_mask, NULL);
+}
+
 int trn_gloo_backend_create(const struct trn_comm_options *o, struct trn_kv *kv, double timeout_s,
                             const struct trn_comm_backend_ops **ops, void **impl, char *err,
                             size_t errlen)
@@ -247,8 +261,19 @@ int trn_gloo_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
     };
     log_debug("T6002", "gloo: rank %d/%d binding %s", o->rank, o->world,
               cfg.iface ? cfg.iface : host);
+    /* A peer that dies makes gloo write to a closed socket. Python ignores
+     * SIGPIPE, so torch never meets it; we block it in every thread that
+     * touches gloo's sockets: this one while connecting, and, by
+     * inheritance, gloo's event-loop thread (created with the device) and
+     * our communication thread. The write then fails with EPIPE and gloo
+     * reports the peer's failure. */
+    sigset_t pipe_set, old_mask;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old_mask);
     int rc = trn_gloo_connect(&cfg, kv, &b->g, err, errlen);
     if (rc < 0) {
+        restore_sigpipe(&pipe_set, &old_mask);
         free(b);
         return rc;
     }
@@ -261,6 +286,7 @@ int trn_gloo_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
     pthread_cond_init(&b->done_cv, &ca);
     pthread_condattr_destroy(&ca);
     int prc = pthread_create(&b->thread, NULL, comm_thread, b);
+    restore_sigpipe(&pipe_set, &old_mask);
     if (prc != 0) {
         snprintf(err, errlen, "cannot start the communication thread: %s", strerror(prc));
         trn_gloo_free(b->g);

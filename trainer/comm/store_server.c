@@ -8,6 +8,7 @@
 #include "trainer/comm/store_server.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -336,6 +337,12 @@ static void on_stop(uv_async_t *a)
 static void *server_thread(void *arg)
 {
     struct trn_store_server *s = arg;
+    /* A client that vanishes must not kill rank 0: writes to its closed
+     * socket fail with EPIPE in this thread instead of raising SIGPIPE. */
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
     uv_run(&s->loop, UV_RUN_DEFAULT);
     return NULL;
 }
