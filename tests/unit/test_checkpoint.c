@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -315,12 +316,13 @@ static void test_damage(void **state)
 }
 
 /* A child writes checkpoints in a loop (every tensor filled with the step
- * number); it is SIGKILLed at random moments. Every time, the checkpoint on
- * disk loads and is one whole version: all its values agree with its step. */
+ * number) and is SIGKILLed at a random moment after its first checkpoint has
+ * landed. Every time, the checkpoint on disk loads and is one whole version:
+ * all its values agree with its step, which is from this round. */
 static void test_killed_writer(void **state)
 {
     (void)state;
-    enum { N = 1 << 19 }; /* 2 MiB tensors: a write takes long enough to be hit */
+    enum { N = 1 << 19, ROUNDS = 12 }; /* 2 MiB tensors: a write takes long enough to be hit */
     char path[400], tmp[410];
     snprintf(path, sizeof(path), "%s", in_tmp("kill.safetensors"));
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
@@ -328,13 +330,16 @@ static void test_killed_writer(void **state)
     float *back = malloc(N * sizeof(float)), *mback = malloc(N * sizeof(float));
     struct trn_ckpt_meta m = sample_meta(0), got;
     srand((unsigned)time(NULL));
-    long last_step = -1;
     int hit_tmp = 0;
-    for (int round = 0; round < 12; round++) {
+    for (int round = 0; round < ROUNDS; round++) {
+        int ready[2];
+        assert_int_equal(pipe(ready), 0);
+        long first = (long)round * 100000;
         pid_t pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) {
-            for (long step = (long)round * 100000;; step++) {
+            close(ready[0]);
+            for (long step = first;; step++) {
                 for (size_t i = 0; i < N; i++)
                     w[i] = (float)step, mw[i] = -(float)step;
                 struct trn_ckpt_tensor t = {"fc.weight", TRN_ST_F32, 1, {N}, w};
@@ -342,30 +347,39 @@ static void test_killed_writer(void **state)
                 m.step = step;
                 if (trn_ckpt_save(path, &t, 1, &mt, 1, &m, err, sizeof(err)) != 0)
                     _exit(3);
+                if (step == first && write(ready[1], "x", 1) != 1)
+                    _exit(4);
             }
         }
-        struct timespec ts = {0, (long)(5 + rand() % 40) * 1000000L};
-        nanosleep(&ts, NULL);
+        close(ready[1]);
+        struct pollfd pfd = {.fd = ready[0], .events = POLLIN};
+        int pr = poll(&pfd, 1, 30000); /* bounded: the first save, even under ASan on a busy box */
+        char c;
+        bool landed = pr == 1 && read(ready[0], &c, 1) == 1;
+        close(ready[0]);
+        if (landed) {
+            struct timespec ts = {0, (long)(rand() % 25) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
         kill(pid, SIGKILL);
         int status;
         assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(landed);
         assert_true(WIFSIGNALED(status)); /* killed, not failed */
         hit_tmp += access(tmp, F_OK) == 0;
-        if (access(path, F_OK) != 0)
-            continue; /* killed before the first checkpoint landed */
         struct trn_ckpt_tensor t = {"fc.weight", TRN_ST_F32, 1, {N}, back};
         struct trn_ckpt_tensor mt = {"fc.weight", TRN_ST_F32, 1, {N}, mback};
         int rc = trn_ckpt_load(path, "resnet18", &t, 1, &mt, 1, &got, err, sizeof(err));
         if (rc)
             fail_msg("round %d: the checkpoint left by a killed writer does not load: %s", round,
                      err);
+        assert_true(got.step >= first);
         for (size_t i = 0; i < N; i += 4099)
             assert_true(back[i] == (float)got.step && mback[i] == -(float)got.step);
-        assert_true(back[N - 1] == (float)got.step);
-        last_step = got.step;
+        assert_true(back[N - 1] == (float)got.step && mback[N - 1] == -(float)got.step);
     }
-    assert_true(last_step >= 0); /* at least one round got a checkpoint down */
-    print_message("killed writer: %d of 12 kills left a half-written temporary file\n", hit_tmp);
+    print_message("killed writer: %d of %d kills left a half-written temporary file\n", hit_tmp,
+                  ROUNDS);
     free(w);
     free(mw);
     free(back);
