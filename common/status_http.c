@@ -244,6 +244,7 @@ struct status_server {
 
     /* Owned by the HTTP thread. */
     struct conn *head, *tail;
+    unsigned closed_in_run; /* connections MHD closed during the last MHD_run */
 
     /* Written by the HTTP thread, read by status_server_stats(). */
     atomic_uint_fast64_t connections_total;
@@ -344,6 +345,7 @@ static void on_connection(void *cls, struct MHD_Connection *connection, void **s
         free(c);
         *socket_context = NULL;
         add_stat(&s->connections_open, -1);
+        s->closed_in_run++;
     }
 }
 
@@ -589,7 +591,15 @@ static enum MHD_Result serve_health(struct status_server *s, struct MHD_Connecti
     for (size_t i = 0; i < cl.n; i++)
         if (!cl.c[i].ok && !excluded(&q, cl.c[i].name))
             ok = false;
-    if (ok && !q.verbose) {
+    /* An exclude= naming no check is a typo worth showing: list everything. */
+    bool unknown_exclude = q.exclude_overflow;
+    for (size_t i = 0; i < q.nexclude; i++) {
+        bool known = false;
+        for (size_t j = 0; j < cl.n; j++)
+            known = known || strcmp(cl.c[j].name, q.exclude[i]) == 0;
+        unknown_exclude = unknown_exclude || !known;
+    }
+    if (ok && !q.verbose && !unknown_exclude) {
         cddp_buf_free(&b);
         return reply_text(s, connection, MHD_HTTP_OK, "ok\n");
     }
@@ -748,14 +758,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
                                                      MHD_HTTP_HEADER_TRANSFER_ENCODING);
         const char *cl = MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
-        long clen = 0;
+        long clen;
         if (te != NULL || (cl && (cddp_parse_long(cl, 0, LONG_MAX, &clen) != 0 ||
                                   (size_t)clen > s->opt.max_body_bytes)))
             return reply_text(s, connection, MHD_HTTP_CONTENT_TOO_LARGE,
                               "request body too large\n");
-        if (clen == 0)
-            return route(s, connection, url);
-        return MHD_YES; /* a small body: read it, then answer */
+        /* Answer once the whole request is in: a reply queued before that
+         * makes libmicrohttpd close the connection after it (no keep-alive). */
+        return MHD_YES;
     }
     if (*upload_data_size > 0) {
         /* Content-Length bounded it above; drop it. */
@@ -788,7 +798,14 @@ static void *http_main(void *arg)
         }
         if (pfd[1].revents)
             break;
-        MHD_run(s->mhd);
+        /* At max_connections MHD takes its listening socket out of its epoll
+         * set and puts it back only at the start of its next turn: after a
+         * turn that closed connections, take that turn at once, or a client
+         * waiting in the backlog would wait for some unrelated event. */
+        do {
+            s->closed_in_run = 0;
+            MHD_run(s->mhd);
+        } while (s->closed_in_run > 0);
     }
     return NULL;
 }
@@ -940,13 +957,13 @@ int status_server_start(const struct status_server_options *o, struct status_ser
     if (family == AF_INET6)
         flags |= MHD_USE_IPv6;
     s->mhd = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)s->listen_fd,
+        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, (MHD_LogCallback)mhd_log,
+        (void *)NULL, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)s->listen_fd,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned int)s->opt.max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)s->opt.idle_timeout_s,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool, MHD_OPTION_NOTIFY_CONNECTION,
         (MHD_NotifyConnectionCallback)on_connection, (void *)s, MHD_OPTION_NOTIFY_COMPLETED,
-        (MHD_RequestCompletedCallback)on_completed, (void *)s, MHD_OPTION_EXTERNAL_LOGGER,
-        (MHD_LogCallback)mhd_log, (void *)NULL, MHD_OPTION_END);
+        (MHD_RequestCompletedCallback)on_completed, (void *)s, MHD_OPTION_END);
     if (s->mhd == NULL) {
         rc = CDDP_ECONFIG;
         snprintf(err, errlen, "status port: libmicrohttpd did not start on %s", s->addr);
