@@ -491,3 +491,49 @@ def test_stop_with_clients_connected(background):
     for s in socks:
         s.close()
     assert os.path.exists(binary("status_testserver"))
+
+
+def progress_snippet():
+    """The three-line client from docs/status.md, so doc and test cannot drift."""
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "status.md")).read()
+    block = doc.split("<!-- progress-snippet -->")[1].split("<!-- /progress-snippet -->")[0]
+    code = block.split("```python\n")[1].split("```")[0]
+    assert len(code.strip().splitlines()) == 3
+    return code
+
+
+@pytest.mark.torch
+@pytest.mark.heavy
+def test_documented_progress_snippet(background, torch_python):
+    """The documented snippet, run by real PyTorch with a real pipe, writes
+    lines the parser takes, NaN loss included; without CDDP_PROGRESS_FD
+    (plain torchrun) it does nothing."""
+    script = progress_snippet() + (
+        "import torch\n"
+        "for step in range(3):\n"
+        "    loss = torch.tensor(2.5 - step)\n"
+        "    report(step=step, epoch=0, loss=loss.item(), samples_per_s=100.0 * (step + 1))\n"
+        "report(step=3, loss=torch.tensor(float('nan')).item())\n"
+        "print('done')\n")
+    r_fd, w_fd = os.pipe()
+    env = dict(os.environ, CDDP_PROGRESS_FD=str(w_fd))
+    p = subprocess.run([torch_python, "-c", script], pass_fds=(w_fd,), env=env,
+                       capture_output=True, text=True, timeout=120)
+    os.close(w_fd)
+    with os.fdopen(r_fd, "rb") as fh:
+        data = fh.read()
+    assert p.returncode == 0 and p.stdout == "done\n", p.stderr
+    lines = data.decode().splitlines()
+    assert len(lines) == 4
+    srv = StatusServer(background, "--workers", "1")
+    srv.cmd("state running")
+    for line in lines:
+        srv.cmd("progress 0 " + line)
+    prog = get_json(srv.base + "/status")["workers"][0]["progress"]
+    assert (prog["step"], prog["epoch"], prog["loss"], prog["samples_per_s"]) == (3, 0, "NaN", 300.0)
+    assert prog["lines"] == 4 and prog["malformed"] == 0
+    # Not under cddprun: no variable, no output, no error.
+    env.pop("CDDP_PROGRESS_FD")
+    p = subprocess.run([torch_python, "-c", progress_snippet() + "report(step=1)\nprint('ok')\n"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout) == (0, "ok\n"), p.stderr
