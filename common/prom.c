@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/utf8.h"
 
 static bool name_char(char c, bool first, bool colon)
 {
@@ -37,9 +38,32 @@ bool prom_valid_label_name(const char *name)
     return true;
 }
 
+/* Integers (most samples: counts, states, rounds) without printf. */
+static size_t format_integer(double v, char *buf, size_t len)
+{
+    char tmp[24];
+    size_t n = 0;
+    bool neg = v < 0;
+    uint64_t u = (uint64_t)(neg ? -v : v);
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (neg)
+        tmp[n++] = '-';
+    if (n >= len)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = tmp[n - 1 - i];
+    buf[n] = '\0';
+    return n;
+}
+
 size_t prom_format_value(double v, char *buf, size_t len)
 {
     int n;
+    if (v == floor(v) && fabs(v) < 9007199254740992.0 && !(v == 0 && signbit(v)))
+        return format_integer(v, buf, len);
     if (isnan(v))
         n = snprintf(buf, len, "NaN");
     else if (isinf(v))
@@ -58,40 +82,6 @@ size_t prom_format_value(double v, char *buf, size_t len)
     return (size_t)n < len ? (size_t)n : (len ? len - 1 : 0);
 }
 
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 when it is not one. */
-static size_t utf8_seq(const unsigned char *s)
-{
-    unsigned char c = s[0];
-    size_t n;
-    unsigned min;
-    unsigned cp;
-    if (c < 0x80)
-        return 1;
-    if ((c & 0xE0) == 0xC0) {
-        n = 2;
-        cp = c & 0x1F;
-        min = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-        n = 3;
-        cp = c & 0x0F;
-        min = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-        n = 4;
-        cp = c & 0x07;
-        min = 0x10000;
-    } else {
-        return 0;
-    }
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return n;
-}
-
 /* Appends s with \ and newline escaped (and " too when quote), replacing
  * bytes that are not UTF-8 with U+FFFD: the format is UTF-8 only. */
 static int append_escaped(struct cddp_buf *out, const char *s, bool quote)
@@ -101,7 +91,8 @@ static int append_escaped(struct cddp_buf *out, const char *s, bool quote)
         /* Copy the longest run that needs nothing. */
         const unsigned char *run = p;
         size_t n;
-        while (*p && *p != '\\' && *p != '\n' && !(quote && *p == '"') && (n = utf8_seq(p)) > 0)
+        while (*p && *p != '\\' && *p != '\n' && !(quote && *p == '"') &&
+               (n = cddp_utf8_len(p)) > 0)
             p += n;
         int rc = cddp_buf_append(out, run, (size_t)(p - run));
         if (rc)
@@ -166,11 +157,13 @@ int prom_family(struct prom_writer *w, const char *name, enum prom_type type, co
     w->seen[w->nseen++] = h;
     cddp_strlcpy(w->family, name, sizeof(w->family));
 
-    int rc = cddp_buf_printf(w->out, "# HELP %s ", name);
-    if (rc == 0)
-        rc = append_escaped(w->out, help, false);
-    if (rc == 0)
-        rc = cddp_buf_printf(w->out, "\n# TYPE %s %s\n", name, type_names[type]);
+    /* Appends rather than printf: pages are rendered on the owner's loop. */
+    const char *type_name = type_names[type];
+    const char *parts[] = {"# HELP ", name, " ", NULL, "\n# TYPE ", name, " ", type_name, "\n"};
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < sizeof(parts) / sizeof(parts[0]); i++)
+        rc = parts[i] ? cddp_buf_append(w->out, parts[i], strlen(parts[i]))
+                      : append_escaped(w->out, help, false);
     return rc ? fail(w, rc) : 0;
 }
 
@@ -189,7 +182,11 @@ int prom_sample(struct prom_writer *w, const struct prom_label *labels, size_t n
     }
     int rc = cddp_buf_append(w->out, w->family, strlen(w->family));
     for (size_t i = 0; rc == 0 && i < n; i++) {
-        rc = cddp_buf_printf(w->out, "%c%s=\"", i == 0 ? '{' : ',', labels[i].name);
+        rc = cddp_buf_append(w->out, i == 0 ? "{" : ",", 1);
+        if (rc == 0)
+            rc = cddp_buf_append(w->out, labels[i].name, strlen(labels[i].name));
+        if (rc == 0)
+            rc = cddp_buf_append(w->out, "=\"", 2);
         if (rc == 0)
             rc = append_escaped(w->out, labels[i].value, true);
         if (rc == 0)

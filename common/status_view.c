@@ -8,14 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
-
 #include "common/errors.h"
+#include "common/jsonw.h"
 #include "common/prom.h"
 #include "common/signames.h"
 #include "common/strutil.h"
 
 #define METRICS_MAX ((size_t)16 << 20)
+#define JSON_MAX ((size_t)64 << 20)
 
 static const char *const agent_state_names[] = {
     "init", "rendezvous", "running", "restarting", "stopping", "succeeded", "failed",
@@ -72,117 +72,61 @@ const char *status_refusal_name(enum status_refusal r)
     return NAME_OF(refusal_names, r, STATUS_REFUSAL_COUNT);
 }
 
-/* ---- JSON helpers: remember the first allocation failure ------------- */
+/* ---- JSON ------------------------------------------------------------ */
 
-struct js {
-    bool oom;
-};
-
-static cJSON *js_check(struct js *j, cJSON *item)
+static void js_int_if(struct jsonw *j, const char *k, bool known, int64_t v)
 {
-    if (item == NULL)
-        j->oom = true;
-    return item;
+    if (known)
+        jsonw_int(j, k, v);
+    else
+        jsonw_null(j, k);
 }
 
-static void js_num(struct js *j, cJSON *o, const char *k, double v)
+static void js_secs_if(struct jsonw *j, const char *k, bool known, double v)
 {
-    js_check(j, cJSON_AddNumberToObject(o, k, v));
-}
-
-/* A number, or null when !known. */
-static void js_num_if(struct js *j, cJSON *o, const char *k, bool known, double v)
-{
-    js_check(j, known ? cJSON_AddNumberToObject(o, k, v) : cJSON_AddNullToObject(o, k));
+    if (known)
+        jsonw_seconds(j, k, v);
+    else
+        jsonw_null(j, k);
 }
 
 /* Non-finite numbers are not JSON: they become the strings Python's json
  * module would have written, so a diverged loss still shows. */
-static void js_real(struct js *j, cJSON *o, const char *k, double v)
+static void js_real(struct jsonw *j, const char *k, double v)
 {
     if (isnan(v))
-        js_check(j, cJSON_AddStringToObject(o, k, "NaN"));
+        jsonw_string(j, k, "NaN");
     else if (isinf(v))
-        js_check(j, cJSON_AddStringToObject(o, k, v > 0 ? "Infinity" : "-Infinity"));
+        jsonw_string(j, k, v > 0 ? "Infinity" : "-Infinity");
     else
-        js_num(j, o, k, v);
+        jsonw_number(j, k, v);
 }
 
-static void js_str(struct js *j, cJSON *o, const char *k, const char *v)
+static void js_header(struct jsonw *j, const char *kind, const char *program, const char *version,
+                      int pid, const char *hostname, double started_at, double now)
 {
-    js_check(j, v ? cJSON_AddStringToObject(o, k, v) : cJSON_AddNullToObject(o, k));
+    jsonw_string(j, "kind", kind);
+    jsonw_string(j, "program", program);
+    jsonw_string(j, "version", version);
+    jsonw_int(j, "pid", pid);
+    jsonw_string(j, "hostname", hostname);
+    jsonw_seconds(j, "generated_at", now);
+    js_secs_if(j, "started_at", started_at > 0, started_at);
+    js_secs_if(j, "uptime_s", started_at > 0, now - started_at);
 }
 
-static void js_bool(struct js *j, cJSON *o, const char *k, bool v)
-{
-    js_check(j, cJSON_AddBoolToObject(o, k, v));
-}
-
-static cJSON *js_obj(struct js *j, cJSON *o, const char *k)
-{
-    return js_check(j, cJSON_AddObjectToObject(o, k));
-}
-
-static cJSON *js_arr(struct js *j, cJSON *o, const char *k)
-{
-    return js_check(j, cJSON_AddArrayToObject(o, k));
-}
-
-static cJSON *js_push_obj(struct js *j, cJSON *arr)
-{
-    cJSON *o = js_check(j, cJSON_CreateObject());
-    if (o && !cJSON_AddItemToArray(arr, o)) {
-        cJSON_Delete(o);
-        j->oom = true;
-        return NULL;
-    }
-    return o;
-}
-
-static void js_header(struct js *j, cJSON *root, const char *kind, const char *program,
-                      const char *version, int pid, const char *hostname, double started_at,
-                      double now)
-{
-    js_str(j, root, "kind", kind);
-    js_str(j, root, "program", program);
-    js_str(j, root, "version", version);
-    js_num(j, root, "pid", pid);
-    js_str(j, root, "hostname", hostname);
-    js_num(j, root, "generated_at", now);
-    js_num_if(j, root, "started_at", started_at > 0, started_at);
-    js_num_if(j, root, "uptime_s", started_at > 0, started_at > 0 ? now - started_at : 0);
-}
-
-/* Finishes a snapshot: JSON (plus a newline, for curl in a terminal),
- * metrics, and takes over root. */
-static int finish(struct js *j, cJSON *root, int prom_rc, struct cddp_buf *metrics,
+/* Finishes a snapshot from its rendered parts; takes over both buffers. */
+static int finish(int rc, struct cddp_buf *json, struct cddp_buf *metrics,
                   struct status_snapshot *s, struct status_snapshot **out)
 {
-    int rc = prom_rc;
-    char *text = NULL;
-    if (rc == 0 && !j->oom) {
-        text = cJSON_PrintUnformatted(root);
-        if (text == NULL)
-            j->oom = true;
-    }
-    if (rc == 0 && j->oom)
-        rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
-    if (rc == 0) {
-        size_t len = strlen(text);
-        char *nl = realloc(text, len + 2);
-        if (nl == NULL) {
-            rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
-        } else {
-            text = nl;
-            text[len] = '\n';
-            text[len + 1] = '\0';
-            rc = status_snapshot_set_status(s, text, len + 1);
-        }
-    }
+    /* A newline after the JSON, for curl in a terminal. */
+    if (rc == 0)
+        rc = cddp_buf_append(json, "\n", 1);
+    if (rc == 0)
+        rc = status_snapshot_set_status(s, json->data, json->len);
     if (rc == 0)
         rc = status_snapshot_set_metrics(s, metrics->data ? metrics->data : "", metrics->len);
-    cJSON_free(text);
-    cJSON_Delete(root);
+    cddp_buf_free(json);
     cddp_buf_free(metrics);
     if (rc) {
         status_snapshot_unref(s);
@@ -202,48 +146,47 @@ static void prom_build_info(struct prom_writer *w, const char *program, const ch
 
 /* ---- the agent ------------------------------------------------------- */
 
-static void agent_json_worker(struct js *j, cJSON *arr, const struct status_worker_view *wv,
+static void agent_json_worker(struct jsonw *j, const struct status_worker_view *wv,
                               uint64_t now_mono_ms)
 {
-    cJSON *o = js_push_obj(j, arr);
-    if (o == NULL)
-        return;
-    js_num(j, o, "local_rank", wv->local_rank);
-    js_num_if(j, o, "rank", wv->rank >= 0, wv->rank);
-    js_num_if(j, o, "pid", wv->pid > 0, wv->pid);
-    js_str(j, o, "state", status_worker_state_name(wv->state));
-    js_num_if(j, o, "exit_code", wv->exit_code >= 0, wv->exit_code);
-    js_num_if(j, o, "signal", wv->signal > 0, wv->signal);
-    js_str(j, o, "signal_name", wv->signal > 0 ? cddp_signal_name(wv->signal) : NULL);
-    js_num_if(j, o, "started_at", wv->started_at > 0, wv->started_at);
-    js_num(j, o, "restarts", wv->restarts);
+    jsonw_object_begin(j, NULL);
+    jsonw_int(j, "local_rank", wv->local_rank);
+    js_int_if(j, "rank", wv->rank >= 0, wv->rank);
+    js_int_if(j, "pid", wv->pid > 0, wv->pid);
+    jsonw_string(j, "state", status_worker_state_name(wv->state));
+    js_int_if(j, "exit_code", wv->exit_code >= 0, wv->exit_code);
+    js_int_if(j, "signal", wv->signal > 0, wv->signal);
+    jsonw_string(j, "signal_name", wv->signal > 0 ? cddp_signal_name(wv->signal) : NULL);
+    js_secs_if(j, "started_at", wv->started_at > 0, wv->started_at);
+    jsonw_int(j, "restarts", wv->restarts);
 
     const struct progress_report *p = &wv->progress;
     if (p->lines == 0 && p->malformed == 0) {
-        js_check(j, cJSON_AddNullToObject(o, "progress"));
-        return;
+        jsonw_null(j, "progress");
+    } else {
+        jsonw_object_begin(j, "progress");
+        js_int_if(j, "step", p->fields & PROGRESS_STEP, p->step);
+        js_int_if(j, "epoch", p->fields & PROGRESS_EPOCH, p->epoch);
+        if (p->fields & PROGRESS_LOSS)
+            js_real(j, "loss", p->loss);
+        else
+            jsonw_null(j, "loss");
+        if (p->fields & PROGRESS_SAMPLES_PER_S)
+            jsonw_number(j, "samples_per_s", p->samples_per_s);
+        else
+            jsonw_null(j, "samples_per_s");
+        bool seen = p->mono_ms > 0;
+        js_secs_if(j, "time", seen, p->wall);
+        js_secs_if(j, "age_s", seen,
+                   now_mono_ms > p->mono_ms ? (double)(now_mono_ms - p->mono_ms) / 1000.0 : 0);
+        js_secs_if(j, "step_age_s", p->step_mono_ms > 0,
+                   now_mono_ms > p->step_mono_ms ? (double)(now_mono_ms - p->step_mono_ms) / 1000.0
+                                                 : 0);
+        jsonw_int(j, "lines", (int64_t)p->lines);
+        jsonw_int(j, "malformed", (int64_t)p->malformed);
+        jsonw_object_end(j);
     }
-    cJSON *po = js_obj(j, o, "progress");
-    if (po == NULL)
-        return;
-    js_num_if(j, po, "step", p->fields & PROGRESS_STEP, (double)p->step);
-    js_num_if(j, po, "epoch", p->fields & PROGRESS_EPOCH, (double)p->epoch);
-    if (p->fields & PROGRESS_LOSS)
-        js_real(j, po, "loss", p->loss);
-    else
-        js_check(j, cJSON_AddNullToObject(po, "loss"));
-    js_num_if(j, po, "samples_per_s", p->fields & PROGRESS_SAMPLES_PER_S, p->samples_per_s);
-    bool seen = p->mono_ms > 0;
-    js_num_if(j, po, "time", seen, p->wall);
-    js_num_if(j, po, "age_s", seen,
-              seen && now_mono_ms > p->mono_ms ? (double)(now_mono_ms - p->mono_ms) / 1000.0 : 0);
-    bool stepped = p->step_mono_ms > 0;
-    js_num_if(j, po, "step_age_s", stepped,
-              stepped && now_mono_ms > p->step_mono_ms
-                  ? (double)(now_mono_ms - p->step_mono_ms) / 1000.0
-                  : 0);
-    js_num(j, po, "lines", (double)p->lines);
-    js_num(j, po, "malformed", (double)p->malformed);
+    jsonw_object_end(j);
 }
 
 static bool agent_ready(const struct status_agent_view *v)
@@ -251,50 +194,51 @@ static bool agent_ready(const struct status_agent_view *v)
     return v->state == STATUS_AGENT_RUNNING;
 }
 
-static cJSON *agent_json(struct js *j, const struct status_agent_view *v, double now,
-                         uint64_t now_mono_ms)
+static void agent_json(struct jsonw *j, const struct status_agent_view *v, double now,
+                       uint64_t now_mono_ms)
 {
-    cJSON *root = js_check(j, cJSON_CreateObject());
-    if (root == NULL)
-        return NULL;
-    js_header(j, root, "agent", v->program, v->version, v->pid, v->hostname, v->started_at, now);
-    js_str(j, root, "run_id", v->run_id);
-    js_str(j, root, "state", status_agent_state_name(v->state));
-    js_bool(j, root, "ready", agent_ready(v));
-    js_num_if(j, root, "node_rank", v->node_rank >= 0, v->node_rank);
-    js_num_if(j, root, "nnodes", v->nnodes > 0, v->nnodes);
-    js_num_if(j, root, "world_size", v->world_size > 0, v->world_size);
-    js_num(j, root, "local_world_size", v->local_world_size);
-    js_num(j, root, "round", (double)v->round);
-    js_num_if(j, root, "last_round_at", v->last_round_at > 0, v->last_round_at);
-    js_num_if(j, root, "last_round_duration_s", v->last_round_duration_s >= 0,
-              v->last_round_duration_s);
-    js_num(j, root, "waiting_nodes", v->waiting_nodes);
+    jsonw_object_begin(j, NULL);
+    js_header(j, "agent", v->program, v->version, v->pid, v->hostname, v->started_at, now);
+    jsonw_string(j, "run_id", v->run_id);
+    jsonw_string(j, "state", status_agent_state_name(v->state));
+    jsonw_bool(j, "ready", agent_ready(v));
+    js_int_if(j, "node_rank", v->node_rank >= 0, v->node_rank);
+    js_int_if(j, "nnodes", v->nnodes > 0, v->nnodes);
+    js_int_if(j, "world_size", v->world_size > 0, v->world_size);
+    jsonw_int(j, "local_world_size", v->local_world_size);
+    jsonw_int(j, "round", (int64_t)v->round);
+    js_secs_if(j, "last_round_at", v->last_round_at > 0, v->last_round_at);
+    js_secs_if(j, "last_round_duration_s", v->last_round_duration_s >= 0, v->last_round_duration_s);
+    jsonw_int(j, "waiting_nodes", v->waiting_nodes);
 
-    cJSON *rdzv = js_obj(j, root, "rdzv");
-    if (rdzv) {
-        js_str(j, rdzv, "backend", v->rdzv_backend);
-        js_str(j, rdzv, "endpoint", v->rdzv_endpoint);
-        js_str(j, rdzv, "master_addr", v->master_addr);
-        js_num_if(j, rdzv, "master_port", v->master_port > 0, v->master_port);
-    }
-    cJSON *rs = js_obj(j, root, "restarts");
-    if (rs) {
-        js_num(j, rs, "count", v->restart_count);
-        js_num(j, rs, "max", v->max_restarts);
-        js_num(j, rs, "remaining",
-               v->max_restarts > v->restart_count ? v->max_restarts - v->restart_count : 0);
-        cJSON *by = js_obj(j, rs, "by_reason");
-        for (int i = 0; by && i < STATUS_RESTART_REASON_COUNT; i++)
-            js_num(j, by, restart_reason_names[i], (double)v->restarts[i]);
-    }
-    cJSON *ex = js_obj(j, root, "worker_exits");
-    for (int i = 0; ex && i < STATUS_EXIT_REASON_COUNT; i++)
-        js_num(j, ex, exit_reason_names[i], (double)v->worker_exits[i]);
-    cJSON *arr = js_arr(j, root, "workers");
-    for (size_t i = 0; arr && i < v->nworkers; i++)
-        agent_json_worker(j, arr, &v->workers[i], now_mono_ms);
-    return root;
+    jsonw_object_begin(j, "rdzv");
+    jsonw_string(j, "backend", v->rdzv_backend);
+    jsonw_string(j, "endpoint", v->rdzv_endpoint);
+    jsonw_string(j, "master_addr", v->master_addr);
+    js_int_if(j, "master_port", v->master_port > 0, v->master_port);
+    jsonw_object_end(j);
+
+    jsonw_object_begin(j, "restarts");
+    jsonw_int(j, "count", v->restart_count);
+    jsonw_int(j, "max", v->max_restarts);
+    jsonw_int(j, "remaining",
+              v->max_restarts > v->restart_count ? v->max_restarts - v->restart_count : 0);
+    jsonw_object_begin(j, "by_reason");
+    for (int i = 0; i < STATUS_RESTART_REASON_COUNT; i++)
+        jsonw_int(j, restart_reason_names[i], (int64_t)v->restarts[i]);
+    jsonw_object_end(j);
+    jsonw_object_end(j);
+
+    jsonw_object_begin(j, "worker_exits");
+    for (int i = 0; i < STATUS_EXIT_REASON_COUNT; i++)
+        jsonw_int(j, exit_reason_names[i], (int64_t)v->worker_exits[i]);
+    jsonw_object_end(j);
+
+    jsonw_array_begin(j, "workers");
+    for (size_t i = 0; i < v->nworkers; i++)
+        agent_json_worker(j, &v->workers[i], now_mono_ms);
+    jsonw_array_end(j);
+    jsonw_object_end(j);
 }
 
 static void agent_metrics(struct prom_writer *w, const struct status_agent_view *v)
@@ -376,13 +320,13 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
         {"cddp_worker_progress_malformed_lines_total", PROM_COUNTER,
          "Progress lines dropped as malformed or too long."},
     };
+    char lr[16];
     for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
         prom_family(w, fam[f].name, fam[f].type, fam[f].help);
         for (size_t i = 0; i < v->nworkers; i++) {
             const struct status_worker_view *wv = &v->workers[i];
             const struct progress_report *p = &wv->progress;
-            char lr[16];
-            snprintf(lr, sizeof(lr), "%d", wv->local_rank);
+            prom_format_value(wv->local_rank, lr, sizeof(lr));
             bool have;
             double val;
             switch (f) {
@@ -424,10 +368,12 @@ int status_agent_render(const struct status_agent_view *v, double now_wall, uint
     struct status_snapshot *s = status_snapshot_new();
     if (s == NULL)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    struct js j = {false};
-    cJSON *root = agent_json(&j, v, now_wall, now_mono_ms);
-    struct cddp_buf metrics;
+    struct cddp_buf json, metrics;
+    cddp_buf_init(&json, JSON_MAX);
     cddp_buf_init(&metrics, METRICS_MAX);
+    struct jsonw j;
+    jsonw_init(&j, &json);
+    agent_json(&j, v, now_wall, now_mono_ms);
     struct prom_writer w;
     prom_init(&w, &metrics);
     agent_metrics(&w, v);
@@ -445,58 +391,61 @@ int status_agent_render(const struct status_agent_view *v, double now_wall, uint
         rc =
             status_snapshot_add_check(s, "workers", agent_ready(v), agent_ready(v) ? NULL : reason);
     }
-    return finish(&j, root, rc ? rc : prom_finish(&w), &metrics, s, out);
+    if (rc == 0)
+        rc = jsonw_finish(&j);
+    if (rc == 0)
+        rc = prom_finish(&w);
+    return finish(rc, &json, &metrics, s, out);
 }
 
 /* ---- the rendezvous server ------------------------------------------- */
 
-static void rdzv_json_nodes(struct js *j, cJSON *run, const char *key,
+static void rdzv_json_nodes(struct jsonw *j, const char *key,
                             const struct status_rdzv_node_view *nodes, size_t n)
 {
-    cJSON *arr = js_arr(j, run, key);
-    for (size_t i = 0; arr && i < n; i++) {
-        cJSON *o = js_push_obj(j, arr);
-        if (o == NULL)
-            return;
-        js_str(j, o, "node", nodes[i].node);
-        js_num_if(j, o, "node_rank", nodes[i].node_rank >= 0, nodes[i].node_rank);
-        js_num_if(j, o, "nproc", nodes[i].nproc > 0, nodes[i].nproc);
-        js_num_if(j, o, "joined_at", nodes[i].joined_at > 0, nodes[i].joined_at);
-        js_num_if(j, o, "last_seen_at", nodes[i].last_seen_at > 0, nodes[i].last_seen_at);
+    jsonw_array_begin(j, key);
+    for (size_t i = 0; i < n; i++) {
+        jsonw_object_begin(j, NULL);
+        jsonw_string(j, "node", nodes[i].node);
+        js_int_if(j, "node_rank", nodes[i].node_rank >= 0, nodes[i].node_rank);
+        js_int_if(j, "nproc", nodes[i].nproc > 0, nodes[i].nproc);
+        js_secs_if(j, "joined_at", nodes[i].joined_at > 0, nodes[i].joined_at);
+        js_secs_if(j, "last_seen_at", nodes[i].last_seen_at > 0, nodes[i].last_seen_at);
+        jsonw_object_end(j);
     }
+    jsonw_array_end(j);
 }
 
-static cJSON *rdzv_json(struct js *j, const struct status_rdzv_view *v, double now)
+static void rdzv_json(struct jsonw *j, const struct status_rdzv_view *v, double now)
 {
-    cJSON *root = js_check(j, cJSON_CreateObject());
-    if (root == NULL)
-        return NULL;
-    js_header(j, root, "rdzv", v->program, v->version, v->pid, v->hostname, v->started_at, now);
-    js_str(j, root, "endpoint", v->endpoint);
-    js_bool(j, root, "ready", v->accepting);
-    js_num(j, root, "connections", v->connections);
-    js_num(j, root, "connections_total", (double)v->connections_total);
-    cJSON *ref = js_obj(j, root, "refused_connections");
-    for (int i = 0; ref && i < STATUS_REFUSAL_COUNT; i++)
-        js_num(j, ref, refusal_names[i], (double)v->refused[i]);
-    js_num(j, root, "joins_total", (double)v->joins_total);
-    js_num(j, root, "rounds_total", (double)v->rounds_total);
-    cJSON *runs = js_arr(j, root, "runs");
-    for (size_t i = 0; runs && i < v->nruns; i++) {
+    jsonw_object_begin(j, NULL);
+    js_header(j, "rdzv", v->program, v->version, v->pid, v->hostname, v->started_at, now);
+    jsonw_string(j, "endpoint", v->endpoint);
+    jsonw_bool(j, "ready", v->accepting);
+    jsonw_int(j, "connections", v->connections);
+    jsonw_int(j, "connections_total", (int64_t)v->connections_total);
+    jsonw_object_begin(j, "refused_connections");
+    for (int i = 0; i < STATUS_REFUSAL_COUNT; i++)
+        jsonw_int(j, refusal_names[i], (int64_t)v->refused[i]);
+    jsonw_object_end(j);
+    jsonw_int(j, "joins_total", (int64_t)v->joins_total);
+    jsonw_int(j, "rounds_total", (int64_t)v->rounds_total);
+    jsonw_array_begin(j, "runs");
+    for (size_t i = 0; i < v->nruns; i++) {
         const struct status_rdzv_run_view *r = &v->runs[i];
-        cJSON *o = js_push_obj(j, runs);
-        if (o == NULL)
-            break;
-        js_str(j, o, "run_id", r->run_id);
-        js_str(j, o, "state", r->state);
-        js_num(j, o, "round", (double)r->round);
-        js_num(j, o, "min_nodes", r->min_nodes);
-        js_num(j, o, "max_nodes", r->max_nodes);
-        js_num_if(j, o, "last_round_at", r->last_round_at > 0, r->last_round_at);
-        rdzv_json_nodes(j, o, "members", r->members, r->nmembers);
-        rdzv_json_nodes(j, o, "waiting", r->waiting, r->nwaiting);
+        jsonw_object_begin(j, NULL);
+        jsonw_string(j, "run_id", r->run_id);
+        jsonw_string(j, "state", r->state);
+        jsonw_int(j, "round", (int64_t)r->round);
+        jsonw_int(j, "min_nodes", r->min_nodes);
+        jsonw_int(j, "max_nodes", r->max_nodes);
+        js_secs_if(j, "last_round_at", r->last_round_at > 0, r->last_round_at);
+        rdzv_json_nodes(j, "members", r->members, r->nmembers);
+        rdzv_json_nodes(j, "waiting", r->waiting, r->nwaiting);
+        jsonw_object_end(j);
     }
-    return root;
+    jsonw_array_end(j);
+    jsonw_object_end(j);
 }
 
 static void rdzv_metrics(struct prom_writer *w, const struct status_rdzv_view *v)
@@ -543,14 +492,20 @@ int status_rdzv_render(const struct status_rdzv_view *v, double now_wall,
     struct status_snapshot *s = status_snapshot_new();
     if (s == NULL)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    struct js j = {false};
-    cJSON *root = rdzv_json(&j, v, now_wall);
-    struct cddp_buf metrics;
+    struct cddp_buf json, metrics;
+    cddp_buf_init(&json, JSON_MAX);
     cddp_buf_init(&metrics, METRICS_MAX);
+    struct jsonw j;
+    jsonw_init(&j, &json);
+    rdzv_json(&j, v, now_wall);
     struct prom_writer w;
     prom_init(&w, &metrics);
     rdzv_metrics(&w, v);
     int rc = status_snapshot_add_check(s, "listener", v->accepting,
                                        v->accepting ? NULL : "not accepting agents");
-    return finish(&j, root, rc ? rc : prom_finish(&w), &metrics, s, out);
+    if (rc == 0)
+        rc = jsonw_finish(&j);
+    if (rc == 0)
+        rc = prom_finish(&w);
+    return finish(rc, &json, &metrics, s, out);
 }

@@ -2,7 +2,8 @@
 """Benchmark of the status port (common/status_http.c): requests per second
 on /status, /metrics and /readyz with wrk against tests/helpers/status_testserver
 (8 workers reporting progress, as an 8-GPU node's agent would), and the owner
-loop's responsiveness with and without that HTTP load.
+loop's responsiveness with and without that HTTP load, then what rendering
+and publishing a snapshot costs the loop (tests/bench/bench_status_render.c).
 
 The loop figure is the round trip of one command through the test server's
 libuv loop (read a line from stdin, render the view, publish the snapshot,
@@ -146,6 +147,12 @@ def main():
           f"| {l50:.3f} | {l99:.3f} |")
     print(f"| ratio loaded/idle | | {l50 / i50:.2f} | {l99 / i99:.2f} |")
     srv.close()
+
+    render = pathlib.Path(args.build) / "tests" / "bench" / "bench_status_render"
+    if render.exists():
+        print()
+        print(subprocess.run([str(render)], capture_output=True, text=True, check=True).stdout,
+              end="")
 
 
 if __name__ == "__main__":

@@ -294,7 +294,7 @@ def test_progress_channel_values(background):
 def test_connection_limit_and_slow_clients(background):
     """max_connections slow clients fill the server; others wait in the
     backlog, and are served once the slow ones are cut off."""
-    srv = StatusServer(background, "--max-connections", "4", "--request-timeout", "1500",
+    srv = StatusServer(background, "--max-connections", "4", "--request-timeout", "3000",
                        "--idle-timeout", "60")
     held = []
     for _ in range(4):
