@@ -158,6 +158,7 @@ static void agent_json_worker(struct jsonw *j, const struct status_worker_view *
     js_int_if(j, "signal", wv->signal > 0, wv->signal);
     jsonw_string(j, "signal_name", wv->signal > 0 ? cddp_signal_name(wv->signal) : NULL);
     js_secs_if(j, "started_at", wv->started_at > 0, wv->started_at);
+    js_secs_if(j, "exited_at", wv->exited_at > 0, wv->exited_at);
     jsonw_int(j, "restarts", wv->restarts);
 
     const struct progress_report *p = &wv->progress;

@@ -80,6 +80,7 @@ struct status_worker_view {
     int exit_code;                   /* of the last exit; -1 if none or killed by a signal */
     int signal;                      /* signal that killed the last process, 0 if none */
     double started_at;               /* wall time the current (or last) process started */
+    double exited_at;                /* wall time the agent saw the last process exit; 0 if none */
     unsigned restarts;               /* times this local rank was started again */
     struct progress_report progress; /* progress.mono_ms == 0: never reported */
 };

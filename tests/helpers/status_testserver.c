@@ -261,6 +261,7 @@ static void command(struct app *a, char *line)
         struct status_worker_view *w = &a->workers[lr];
         long code;
         w->pid = 0;
+        w->exited_at = cddp_wall_time();
         if (cddp_parse_long(second, 0, 255, &code) == 0) {
             w->exit_code = (int)code;
             w->signal = 0;

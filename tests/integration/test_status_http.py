@@ -80,6 +80,8 @@ def test_endpoints_through_a_run(background):
     w1 = st["workers"][1]
     assert (w1["state"], w1["signal"], w1["signal_name"], w1["exit_code"]) == (
         "failed", 9, "SIGKILL", None)
+    assert w1["exited_at"] >= w1["started_at"] > 0
+    assert st["workers"][0]["exited_at"] is None
     assert st["restarts"] == {"count": 1, "max": 3, "remaining": 2,
                               "by_reason": {"worker_failure": 1, "membership_change": 0}}
     assert promparse.value(m, "cddp_agent_restarts_total", reason="worker_failure") == 1

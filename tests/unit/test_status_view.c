@@ -140,6 +140,7 @@ static void test_agent_json(void **state)
     assert_true(num(w0, "pid") == 100);
     assert_string_equal(str(w0, "state"), "running");
     assert_true(is_null(w0, "exit_code"));
+    assert_true(is_null(w0, "exited_at"));
     assert_true(is_null(w0, "signal"));
     assert_true(num(w0, "progress.step") == 120);
     assert_true(num(w0, "progress.samples_per_s") == 612.5);
@@ -191,6 +192,7 @@ static void test_agent_not_ready(void **state)
     workers[0].state = STATUS_WORKER_FAILED;
     workers[0].exit_code = -1;
     workers[0].signal = 9;
+    workers[0].exited_at = 1000.25;
     assert_int_equal(status_agent_render(&v, 1001, 1, &s), 0);
     assert_true(status_snapshot_check(s, 0)->ok);
     assert_false(status_snapshot_check(s, 1)->ok);
@@ -198,6 +200,7 @@ static void test_agent_not_ready(void **state)
     const cJSON *w0 = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "workers"), 0);
     assert_true(num(w0, "signal") == 9);
     assert_string_equal(str(w0, "signal_name"), "SIGKILL");
+    assert_true(num(w0, "exited_at") == 1000.25);
     cJSON_Delete(root);
     status_snapshot_unref(s);
 }
