@@ -36,6 +36,7 @@
 #include "common/hostport.h"
 #include "common/log.h"
 #include "common/prom.h"
+#include "common/queue.h"
 #include "common/strutil.h"
 
 /* ---- snapshots ------------------------------------------------------- */
@@ -222,8 +223,7 @@ void status_cell_destroy(struct status_cell *c)
 
 /* One TCP connection, from MHD's STARTED notification to its CLOSED one. */
 struct conn {
-    struct conn *prev, *next; /* the deadline list, oldest first, while linked */
-    bool linked;
+    struct cddp_queue node; /* in the deadline list, oldest first; or alone */
     int fd;
     uint64_t t0_ms; /* opened, or its previous response completed */
     size_t body;    /* body bytes of the current request */
@@ -243,8 +243,8 @@ struct status_server {
     atomic_uint_fast64_t heartbeat_ms;
 
     /* Owned by the HTTP thread. */
-    struct conn *head, *tail;
-    unsigned closed_in_run; /* connections MHD closed during the last MHD_run */
+    struct cddp_queue deadlines; /* struct conn, by t0_ms */
+    unsigned closed_in_run;      /* connections MHD closed during the last MHD_run */
 
     /* Written by the HTTP thread, read by status_server_stats(). */
     atomic_uint_fast64_t connections_total;
@@ -282,34 +282,6 @@ int status_parse_port(const char *s, int *port, char *err, size_t errlen)
     return 0;
 }
 
-static void list_unlink(struct status_server *s, struct conn *c)
-{
-    if (!c->linked)
-        return;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->head = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    else
-        s->tail = c->prev;
-    c->prev = c->next = NULL;
-    c->linked = false;
-}
-
-static void list_append(struct status_server *s, struct conn *c)
-{
-    c->prev = s->tail;
-    c->next = NULL;
-    if (s->tail)
-        s->tail->next = c;
-    else
-        s->head = c;
-    s->tail = c;
-    c->linked = true;
-}
-
 static void add_stat(atomic_uint_fast64_t *v, int64_t d)
 {
     atomic_fetch_add_explicit(v, (uint_fast64_t)d, memory_order_relaxed);
@@ -333,15 +305,16 @@ static void on_connection(void *cls, struct MHD_Connection *connection, void **s
             MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
         c->fd = ci ? ci->connect_fd : -1;
         c->t0_ms = cddp_mono_ms();
+        cddp_queue_init(&c->node);
         if (c->fd >= 0)
-            list_append(s, c);
+            cddp_queue_insert_tail(&s->deadlines, &c->node);
         add_stat(&s->connections_total, 1);
         add_stat(&s->connections_open, 1);
     } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
         struct conn *c = *socket_context;
         if (c == NULL)
             return;
-        list_unlink(s, c);
+        cddp_queue_remove(&c->node);
         free(c);
         *socket_context = NULL;
         add_stat(&s->connections_open, -1);
@@ -362,13 +335,13 @@ static void on_completed(void *cls, struct MHD_Connection *connection, void **co
     struct status_server *s = cls;
     struct conn *c = conn_of(connection);
     *con_cls = NULL;
-    if (c == NULL || !c->linked || toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+    if (c == NULL || cddp_queue_empty(&c->node) || toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
         return;
-    /* Answered: its next request gets a fresh budget. */
-    list_unlink(s, c);
+    /* Answered: its next request gets a fresh budget, at the list's end. */
+    cddp_queue_remove(&c->node);
     c->t0_ms = cddp_mono_ms();
     c->body = 0;
-    list_append(s, c);
+    cddp_queue_insert_tail(&s->deadlines, &c->node);
 }
 
 /* Cuts off connections past their deadline; returns ms until the next one
@@ -376,14 +349,14 @@ static void on_completed(void *cls, struct MHD_Connection *connection, void **co
 static int reap(struct status_server *s)
 {
     uint64_t now = cddp_mono_ms();
-    while (s->head) {
-        struct conn *c = s->head;
+    while (!cddp_queue_empty(&s->deadlines)) {
+        struct conn *c = cddp_queue_data(cddp_queue_head(&s->deadlines), struct conn, node);
         uint64_t due = c->t0_ms + s->opt.request_timeout_ms;
         if (due > now) {
             uint64_t wait = due - now;
             return wait > INT_MAX ? INT_MAX : (int)wait;
         }
-        list_unlink(s, c);
+        cddp_queue_remove(&c->node); /* cut once; freed when MHD reports the close */
         shutdown(c->fd, SHUT_RDWR);
         add_stat(&s->slow_closed_total, 1);
         log_debug("S0004", "status port: closed a connection that had no answer after %u ms",
@@ -921,6 +894,7 @@ int status_server_start(const struct status_server_options *o, struct status_ser
     s->opt.program = NULL;
     s->listen_fd = -1;
     s->wake_fd = -1;
+    cddp_queue_init(&s->deadlines);
     atomic_init(&s->heartbeat_ms, cddp_mono_ms());
 
     int rc = status_cell_init(&s->cell);
