@@ -18,7 +18,8 @@
 #define JSON_MAX ((size_t)64 << 20)
 
 static const char *const agent_state_names[] = {
-    "init", "rendezvous", "running", "restarting", "stopping", "succeeded", "failed",
+    "init",      "rendezvous", "running",      "restarting", "stopping",
+    "succeeded", "failed",     "exit_barrier", "terminated",
 };
 static const char *const worker_state_names[] = {
     "init", "running", "succeeded", "failed", "stopped",

@@ -29,13 +29,15 @@
 
 /* The agent as a whole. Ready (for /readyz) only in RUNNING. */
 enum status_agent_state {
-    STATUS_AGENT_INIT,       /* parsing, before the first rendezvous */
-    STATUS_AGENT_RENDEZVOUS, /* waiting for a round */
-    STATUS_AGENT_RUNNING,    /* the worker group runs in a complete round */
-    STATUS_AGENT_RESTARTING, /* stopping the group to restart it */
-    STATUS_AGENT_STOPPING,   /* shutting down (signal, or the end) */
-    STATUS_AGENT_SUCCEEDED,  /* every worker exited 0 */
-    STATUS_AGENT_FAILED,     /* out of restarts, or rendezvous failed */
+    STATUS_AGENT_INIT,         /* parsing, before the first rendezvous */
+    STATUS_AGENT_RENDEZVOUS,   /* waiting for a round */
+    STATUS_AGENT_RUNNING,      /* the worker group runs in a complete round */
+    STATUS_AGENT_RESTARTING,   /* stopping the group to restart it */
+    STATUS_AGENT_STOPPING,     /* shutting down (signal, or the end) */
+    STATUS_AGENT_SUCCEEDED,    /* every worker exited 0 */
+    STATUS_AGENT_FAILED,       /* out of restarts, or rendezvous failed */
+    STATUS_AGENT_EXIT_BARRIER, /* local workers succeeded; waiting for the other nodes */
+    STATUS_AGENT_TERMINATED,   /* stopped by a signal (exits 128+N) */
     STATUS_AGENT_STATE_COUNT
 };
 

@@ -102,8 +102,13 @@ def test_endpoints_through_a_run(background):
     assert st["workers"][0]["exit_code"] == 3
     assert promparse.value(m, "cddp_agent_worker_exits_total", reason="failure") == 1
 
+    srv.cmd("state exit_barrier")
+    expect("exit_barrier", False)
     srv.cmd("state succeeded")
     expect("succeeded", False)
+    srv.cmd("state terminated")
+    _, m = expect("terminated", False)
+    assert len(m["cddp_agent_state"].samples) == 9
     assert srv.quit() == 0
 
 

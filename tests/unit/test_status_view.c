@@ -317,6 +317,8 @@ static void test_names(void **state)
 {
     (void)state;
     assert_string_equal(status_agent_state_name(STATUS_AGENT_SUCCEEDED), "succeeded");
+    assert_string_equal(status_agent_state_name(STATUS_AGENT_EXIT_BARRIER), "exit_barrier");
+    assert_string_equal(status_agent_state_name(STATUS_AGENT_TERMINATED), "terminated");
     assert_string_equal(status_agent_state_name(STATUS_AGENT_STATE_COUNT), "unknown");
     assert_string_equal(status_worker_state_name(STATUS_WORKER_STOPPED), "stopped");
     assert_string_equal(status_exit_reason_name(STATUS_EXIT_WATCHDOG), "watchdog");
