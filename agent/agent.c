@@ -132,8 +132,21 @@ static void notify(struct agent *a)
 
 static void do_action(struct agent *a, const struct policy_action *act);
 
+static void post_event(struct agent *a, const struct policy_event *in);
+
 static void post(struct agent *a, enum policy_event_type type, int local_rank, int exitcode,
                  int sig)
+{
+    struct policy_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.type = type;
+    ev.local_rank = local_rank;
+    ev.exitcode = exitcode;
+    ev.sig = sig;
+    post_event(a, &ev);
+}
+
+static void post_event(struct agent *a, const struct policy_event *in)
 {
     if (a->qtail == a->qcap) {
         if (a->qhead > 0) {
@@ -151,12 +164,7 @@ static void post(struct agent *a, enum policy_event_type type, int local_rank, i
             a->qcap = cap;
         }
     }
-    struct policy_event *ev = &a->queue[a->qtail++];
-    memset(ev, 0, sizeof(*ev));
-    ev->type = type;
-    ev->local_rank = local_rank;
-    ev->exitcode = exitcode;
-    ev->sig = sig;
+    a->queue[a->qtail++] = *in;
     if (a->dispatching)
         return;
     a->dispatching = true;
@@ -354,8 +362,9 @@ static void start_workers(struct agent *a)
         w->info.exitcode = 1;
         w->info.exit_time = cddp_wall_time();
         w->exit_seq = ++a->exit_seq;
-        post(a, POLICY_EV_WORKER_EXIT, i, 1, 0);
-        post(a, POLICY_EV_GROUP_EMPTY, i, 0, 0);
+        struct policy_event ev = {
+            .type = POLICY_EV_WORKER_EXIT, .local_rank = i, .exitcode = 1, .group_empty = true};
+        post_event(a, &ev);
         rc = 0; /* try the others: the policy stops them anyway */
     }
 }
@@ -613,7 +622,15 @@ static void on_sigchld(uv_signal_t *h, int signum)
                       i, (int)pid, a->entry_name);
         else
             log_debug("A0504", "local_rank %d (pid %d) exited with %d", i, (int)pid, code);
-        post(a, POLICY_EV_WORKER_EXIT, i, code, 0);
+        /* Usually nothing else runs in its group: say so with the exit, so
+         * the policy does not stop a group that is already gone. */
+        struct policy_event ev = {.type = POLICY_EV_WORKER_EXIT, .local_rank = i, .exitcode = code};
+        if (!agent_group_alive(w->pgid)) {
+            w->group_alive = false;
+            agent_guardian_remove(&a->guardian, w->pgid);
+            ev.group_empty = true;
+        }
+        post_event(a, &ev);
     }
     check_groups(a);
 }

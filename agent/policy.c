@@ -159,6 +159,8 @@ static void on_worker_exit(struct agent_policy *p, const struct policy_event *ev
     if (w->state != WORKER_RUNNING)
         return;
     w->exitcode = ev->exitcode;
+    if (ev->group_empty)
+        w->group_alive = false;
     if (p->state == AGENT_RUNNING) {
         if (ev->exitcode != 0) {
             w->state = WORKER_FAILED;

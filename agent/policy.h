@@ -73,7 +73,8 @@ enum policy_event_type {
 struct policy_event {
     enum policy_event_type type;
     int local_rank;
-    int exitcode; /* torchrun's convention: the exit status, or -N for death by signal N */
+    int exitcode;     /* torchrun's convention: the exit status, or -N for death by signal N */
+    bool group_empty; /* WORKER_EXIT: nothing else was left in its group */
     int sig;
 };
 
