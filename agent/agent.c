@@ -465,10 +465,26 @@ static void failure_report(struct agent *a)
 
 /* ---- actions ---- */
 
+static void arm_deadline(struct agent *a, uint64_t deadline_ms);
+
 static void on_deadline(uv_timer_t *t)
 {
     struct agent *a = t->data;
+    /* libuv counts from the loop's cached time, which can lag the clock the
+     * policy reads: a tick that comes early is re-armed, never dropped. */
+    if (a->pol.deadline_ms && cddp_mono_ms() < a->pol.deadline_ms) {
+        arm_deadline(a, a->pol.deadline_ms);
+        return;
+    }
     post(a, POLICY_EV_DEADLINE, 0, 0, 0);
+}
+
+static void arm_deadline(struct agent *a, uint64_t deadline_ms)
+{
+    uv_update_time(&a->loop);
+    uint64_t now = cddp_mono_ms();
+    uint64_t delay = deadline_ms > now ? deadline_ms - now : 0;
+    uv_timer_start(&a->deadline, on_deadline, delay + (delay ? 1 : 0), 0);
 }
 
 static void do_action(struct agent *a, const struct policy_action *act)
@@ -499,12 +515,9 @@ static void do_action(struct agent *a, const struct policy_action *act)
     case POLICY_ACT_SIGNAL_GROUPS:
         signal_groups(a, act->sig);
         break;
-    case POLICY_ACT_SET_DEADLINE: {
-        uint64_t now = cddp_mono_ms();
-        uint64_t delay = act->deadline_ms > now ? act->deadline_ms - now : 0;
-        uv_timer_start(&a->deadline, on_deadline, delay, 0);
+    case POLICY_ACT_SET_DEADLINE:
+        arm_deadline(a, act->deadline_ms);
         break;
-    }
     case POLICY_ACT_CLEAR_DEADLINE:
         uv_timer_stop(&a->deadline);
         break;

@@ -163,7 +163,12 @@ def test_exit_zero_and_fast(tmp_path):
 def test_restart_counting(tmp_path):
     w = script(tmp_path, "w", f"""
 echo "$TORCHELASTIC_RESTART_COUNT $LOCAL_RANK $$" >> "{tmp_path}/starts"
-if [ "$TORCHELASTIC_RESTART_COUNT" -lt 2 ] && [ "$LOCAL_RANK" = 1 ]; then exit 7; fi
+touch "{tmp_path}/up.$TORCHELASTIC_RESTART_COUNT.$LOCAL_RANK"
+if [ "$TORCHELASTIC_RESTART_COUNT" -lt 2 ] && [ "$LOCAL_RANK" = 1 ]; then
+    # fail only once rank 0 of this attempt is up, so both starts are recorded
+    while [ ! -e "{tmp_path}/up.$TORCHELASTIC_RESTART_COUNT.0" ]; do sleep 0.01; done
+    exit 7
+fi
 if [ "$TORCHELASTIC_RESTART_COUNT" -lt 2 ]; then exec sleep 30; fi
 exit 0
 """)
