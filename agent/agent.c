@@ -26,7 +26,6 @@
 #include "common/errors.h"
 #include "common/exitcodes.h"
 #include "common/hostname.h"
-#include "common/hostport.h"
 #include "common/log.h"
 #include "common/signames.h"
 #include "common/strutil.h"
@@ -756,16 +755,14 @@ static int make_round(struct agent *a, struct agent_round *r, char *err, size_t 
             return port;
         }
         r->master_port = port;
-    } else if (cfg->rdzv_endpoint && cfg->rdzv_endpoint[0]) {
-        struct cddp_hostport hp;
-        int rc = cddp_hostport_parse(cfg->rdzv_endpoint, -1, &hp, err, errlen);
-        if (rc)
-            return rc;
-        cddp_strlcpy(r->master_addr, hp.host, sizeof(r->master_addr));
-        r->master_port = hp.port;
     } else {
-        cddp_strlcpy(r->master_addr, cfg->master_addr, sizeof(r->master_addr));
-        r->master_port = cfg->master_port;
+        /* static: resolved by the launcher (launch_validate) */
+        if (cfg->static_addr[0] == '\0' || cfg->static_port <= 0) {
+            snprintf(err, errlen, "no static master address (the launcher did not validate)");
+            return CDDP_ECONFIG;
+        }
+        cddp_strlcpy(r->master_addr, cfg->static_addr, sizeof(r->master_addr));
+        r->master_port = cfg->static_port;
     }
     return 0;
 }

@@ -84,6 +84,10 @@ struct launch_config {
     const char *master_addr;
     int master_port;
     const char *local_addr; /* NULL when unset */
+    /* static backend: MASTER_ADDR/MASTER_PORT from --rdzv_endpoint, else
+     * --master_addr:--master_port, parsed as torch does (launch_validate) */
+    char static_addr[256];
+    int static_port;
 
     /* flags parsed so they can be refused by name */
     const char *logs_specs;

@@ -26,7 +26,6 @@
 
 #include "config.h"
 #include "common/errors.h"
-#include "common/hostport.h"
 #include "common/signames.h"
 #include "common/strutil.h"
 
@@ -775,7 +774,60 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     return 0;
 }
 
-int launch_check_supported(const struct launch_config *cfg, char *err, size_t errlen)
+int launch_parse_endpoint(const char *endpoint, int default_port, char *host, size_t hostlen,
+                          int *port, char *err, size_t errlen)
+{
+    char buf[512];
+    if (cddp_strlcpy(buf, endpoint, sizeof(buf)) >= sizeof(buf))
+        return fail(err, errlen, CDDP_ETOOBIG, "endpoint '%s' is too long", endpoint);
+    char *e = strip(buf);
+    if (*e == '\0') {
+        cddp_strlcpy(host, "localhost", hostlen);
+        *port = default_port;
+        return 0;
+    }
+    size_t n = strlen(e);
+    char *h = e, *p = NULL;
+    if (!(e[0] == '[' && e[n - 1] == ']')) {
+        char *colon = strrchr(e, ':');
+        if (colon) {
+            *colon = '\0';
+            p = colon + 1;
+        }
+    }
+    size_t hl = strlen(h);
+    if (hl > 1 && h[0] == '[' && h[hl - 1] == ']') {
+        h[hl - 1] = '\0';
+        h++;
+    }
+    if (p) {
+        long v;
+        size_t pl = strlen(p);
+        bool digits = pl >= 1 && pl <= 5;
+        for (size_t i = 0; i < pl; i++)
+            digits &= isdigit((unsigned char)p[i]) != 0;
+        if (!digits || cddp_parse_long(p, 0, 65535, &v) != 0)
+            return fail(err, errlen, CDDP_EPARSE,
+                        "the port of endpoint '%s' must be an integer between 0 and 65536",
+                        endpoint);
+        *port = (int)v;
+    } else {
+        *port = default_port;
+    }
+    bool ok = *h != '\0';
+    for (const char *c = h; *c; c++)
+        ok &= isalnum((unsigned char)*c) || *c == '_' || *c == '.' || *c == ':' || *c == '-';
+    if (!ok)
+        return fail(err, errlen, CDDP_EPARSE,
+                    "the host of endpoint '%s' must be a host name, an IPv4 address or an IPv6 "
+                    "address",
+                    endpoint);
+    if (cddp_strlcpy(host, h, hostlen) >= hostlen)
+        return fail(err, errlen, CDDP_ETOOBIG, "the host of endpoint '%s' is too long", endpoint);
+    return 0;
+}
+
+int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
 {
     if (cfg->logs_specs)
         return fail(err, errlen, CDDP_ECONFIG,
@@ -799,17 +851,28 @@ int launch_check_supported(const struct launch_config *cfg, char *err, size_t er
     if (cfg->node_rank >= cfg->nnodes_max)
         return fail(err, errlen, CDDP_ERANGE_ARG, "--node_rank=%d: must be less than --nnodes (%d)",
                     cfg->node_rank, cfg->nnodes_max);
-    if (!cfg->standalone && cfg->rdzv_endpoint[0]) {
-        /* static: the endpoint names the master (run.py _get_addr_and_port). */
-        struct cddp_hostport hp;
-        char why[160];
-        if (cddp_hostport_parse(cfg->rdzv_endpoint, -1, &hp, why, sizeof(why)) != 0)
-            return fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint=%s: %s", cfg->rdzv_endpoint,
-                        why);
-        if (!hp.has_port || hp.port <= 0)
+    if (!cfg->standalone) {
+        /* static (launcher/api.py _get_addr_and_port): the endpoint, or
+         * master_addr:master_port, names the master; its port is required. */
+        char ep[512];
+        const char *what = "--rdzv_endpoint";
+        if (cfg->rdzv_endpoint[0]) {
+            cddp_strlcpy(ep, cfg->rdzv_endpoint, sizeof(ep));
+        } else {
+            snprintf(ep, sizeof(ep), "%s:%d", cfg->master_addr, cfg->master_port);
+            what = "--master_addr";
+        }
+        char why[256];
+        int port;
+        if (launch_parse_endpoint(ep, -1, cfg->static_addr, sizeof(cfg->static_addr), &port, why,
+                                  sizeof(why)) != 0)
+            return fail(err, errlen, CDDP_EPARSE, "%s: %s", what, why);
+        if (port <= 0)
             return fail(err, errlen, CDDP_EPARSE,
-                        "--rdzv_endpoint=%s: the static backend needs HOST:PORT",
+                        "--rdzv_endpoint=%s: the static backend needs HOST:PORT (port is missing "
+                        "or 0)",
                         cfg->rdzv_endpoint);
+        cfg->static_port = port;
     }
     return 0;
 }

@@ -9,6 +9,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "config.h"
 #include "agent/agent.h"
@@ -17,6 +18,25 @@
 #include "launcher/cli.h"
 
 extern char **environ;
+
+/* VmHWM: this process image's own peak. (getrusage's ru_maxrss also counts
+ * the image before exec, e.g. a Python parent's pages copied by fork.) */
+static long peak_rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f == NULL)
+        return -1;
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "VmHWM:", 6) == 0) {
+            kib = strtol(line + 6, NULL, 10);
+            break;
+        }
+    }
+    fclose(f);
+    return kib;
+}
 
 int main(int argc, char **argv)
 {
@@ -35,7 +55,7 @@ int main(int argc, char **argv)
         return CDDP_EXIT_OK;
     }
     if (rc == 0)
-        rc = launch_check_supported(&cfg, err, sizeof(err));
+        rc = launch_validate(&cfg, err, sizeof(err));
     if (rc == 0)
         rc = launch_resolve(&cfg, environ, err, sizeof(err));
     if (rc != 0) {
@@ -58,5 +78,7 @@ int main(int argc, char **argv)
 
     int code = agent_run(&cfg, NULL);
     launch_config_free(&cfg);
+    if (cddp_log_enabled(CDDP_LOG_DEBUG))
+        log_debug("L0002", "exit status %d, peak RSS %ld KiB", code, peak_rss_kib());
     return code;
 }

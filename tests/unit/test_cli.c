@@ -563,23 +563,52 @@ static void test_refused_until_supported(void **state)
         {{"--numa_binding=node", "w", NULL}, "--numa_binding"},
         {{"--rdzv_endpoint=host", "w", NULL}, "HOST:PORT"},
         {{"--rdzv_endpoint=[::1", "w", NULL}, "--rdzv_endpoint"},
+        {{"--rdzv_endpoint=host:0", "w", NULL}, "HOST:PORT"},
     };
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
         assert_int_equal(parse(&c, refused[i].args[0], refused[i].args[1]), 0);
         err[0] = '\0';
-        assert_true(launch_check_supported(&c, err, sizeof(err)) < 0);
+        assert_true(launch_validate(&c, err, sizeof(err)) < 0);
         if (strstr(err, refused[i].what) == NULL)
             fail_msg("%s: '%s' does not name %s", refused[i].args[0], err, refused[i].what);
     }
+    /* the static master, parsed as torch's parse_rendezvous_endpoint */
+    struct {
+        const char *arg, *host;
+        int port;
+    } masters[] = {
+        {"--master_port=1234", "127.0.0.1", 1234},
+        {"--master_addr=[::1]", "::1", 29500},
+        {"--master_addr=::1", "::1", 29500},
+        {"--rdzv_endpoint=node7:42", "node7", 42},
+        {"--rdzv_endpoint= [fe80::1]:7 ", "fe80::1", 7},
+        {"--rdzv_endpoint=::1:29400", "::1", 29400},
+    };
+    for (size_t i = 0; i < sizeof(masters) / sizeof(masters[0]); i++) {
+        assert_int_equal(parse(&c, masters[i].arg, "w"), 0);
+        if (launch_validate(&c, err, sizeof(err)) != 0)
+            fail_msg("%s: %s", masters[i].arg, err);
+        assert_string_equal(c.static_addr, masters[i].host);
+        assert_int_equal(c.static_port, masters[i].port);
+    }
+    const char *bad_endpoints[] = {"--rdzv_endpoint=[::1]", "--rdzv_endpoint=h:99999",
+                                   "--rdzv_endpoint=h:x", "--rdzv_endpoint=bad host:1",
+                                   "--master_addr=a/b"};
+    for (size_t i = 0; i < sizeof(bad_endpoints) / sizeof(bad_endpoints[0]); i++) {
+        assert_int_equal(parse(&c, bad_endpoints[i], "w"), 0);
+        err[0] = '\0';
+        assert_true(launch_validate(&c, err, sizeof(err)) < 0);
+        assert_true(strstr(err, "--rdzv_endpoint") || strstr(err, "--master_addr"));
+    }
     /* accepted: the default, a static endpoint, --standalone (even with c10d given) */
     assert_int_equal(parse(&c, "w"), 0);
-    assert_int_equal(launch_check_supported(&c, err, sizeof(err)), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
     assert_int_equal(parse(&c, "--rdzv_endpoint=localhost:1234", "w"), 0);
-    assert_int_equal(launch_check_supported(&c, err, sizeof(err)), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
     assert_int_equal(parse(&c, "--rdzv_endpoint=[::1]:1234", "w"), 0);
-    assert_int_equal(launch_check_supported(&c, err, sizeof(err)), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
     assert_int_equal(parse(&c, "--standalone", "--rdzv_backend=etcd", "w"), 0);
-    assert_int_equal(launch_check_supported(&c, err, sizeof(err)), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
     launch_config_free(&c);
 }
 
