@@ -87,6 +87,7 @@ struct agent {
 
     bool shutting_down;
     int exit_code;
+    sigset_t inherited_ignored; /* passed on to the workers */
 };
 
 static void agent_shutdown(struct agent *a);
@@ -310,6 +311,7 @@ static int start_worker(struct agent *a, int i)
             .fd_err = err_fd,
             .keep_fds = extras.fds,
             .nkeep = extras.nfds,
+            .ignored = &a->inherited_ignored,
         };
         rc = agent_spawn(&sp, &pid);
     }
@@ -866,6 +868,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
                  : CDDP_ERR_FROM_ERRNO(ENOMEM);
     if (rc == 0) {
         /* Before any worker exists, and before the loop owns signals. */
+        agent_inherited_ignored(&a->inherited_ignored);
         signal(SIGPIPE, SIG_IGN);
         if (agent_become_subreaper() != 0)
             log_warn("A0003", "PR_SET_CHILD_SUBREAPER failed: a worker's orphaned children are "

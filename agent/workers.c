@@ -26,17 +26,32 @@ static void close_from(int lowfd)
         close((int)fd);
 }
 
+void agent_inherited_ignored(sigset_t *out)
+{
+    sigemptyset(out);
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction old;
+        if (sig == SIGKILL || sig == SIGSTOP || sig == SIGPIPE || sig == SIGXFSZ)
+            continue;
+        if (sigaction(sig, NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+            sigaddset(out, sig);
+    }
+}
+
 /* Dispositions and mask as a freshly exec'd program expects them: an ignored
- * signal (the agent ignores SIGPIPE) would otherwise stay ignored across exec. */
-static void reset_signals(void)
+ * signal (the agent ignores SIGPIPE) would otherwise stay ignored across exec;
+ * the ones the agent itself inherited ignored stay so, as with Python's
+ * subprocess. */
+static void reset_signals(const sigset_t *ignored)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = SIG_DFL;
     sigemptyset(&sa.sa_mask);
     for (int sig = 1; sig < NSIG; sig++) {
-        if (sig != SIGKILL && sig != SIGSTOP)
-            sigaction(sig, &sa, NULL);
+        if (sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        sa.sa_handler = ignored && sigismember(ignored, sig) == 1 ? SIG_IGN : SIG_DFL;
+        sigaction(sig, &sa, NULL);
     }
     sigset_t none;
     sigemptyset(&none);
@@ -65,7 +80,7 @@ static void child_exec(const struct agent_spawn *s, pid_t parent)
     if (getppid() != parent)
         _exit(127); /* the agent died before the death signal was armed */
     setsid();
-    reset_signals();
+    reset_signals(s->ignored);
 
     /* Move every source fd out of the way first, so placing one cannot
      * clobber another that happens to sit on its target number. */

@@ -17,6 +17,7 @@
 #ifndef CDDP_AGENT_WORKERS_H
 #define CDDP_AGENT_WORKERS_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <sys/types.h>
 
@@ -28,11 +29,18 @@ struct agent_spawn {
     int fd_err;          /* the worker's stderr; -1: the agent's */
     const int *keep_fds; /* become fds 3, 4, ... in the worker (progress channel, ...) */
     int nkeep;
+    const sigset_t *ignored; /* signals the worker starts with ignored, or NULL */
 };
+
+/* The signals ignored when this process started (a nohup or a `cmd &` in a
+ * script ignores some), minus SIGPIPE and SIGXFSZ: what Python's subprocess
+ * gives torchrun's workers. Call before installing any handler. */
+void agent_inherited_ignored(sigset_t *out);
 
 /*
  * Forks and execs one worker: own session (setsid), PR_SET_PDEATHSIG=SIGKILL,
- * default signal dispositions and an empty signal mask, stdin inherited,
+ * default signal dispositions (but s->ignored) and an empty signal mask,
+ * stdin inherited,
  * every other fd closed. If execve fails the child writes one line to its
  * stderr and exits 127. Returns 0 and the pid (which is also its process
  * group id), or -errno when fork fails.

@@ -374,6 +374,18 @@ while :; do sleep 0.05; done
     assert time.monotonic() - t < 15  # not the 60 s grace
 
 
+def test_ignored_signals_inherited_like_subprocess(tmp_path):
+    # `nohup`-style: cddprun starts with SIGHUP ignored (and SIGPIPE, which
+    # Python's subprocess resets for its children, as cddprun does)
+    w = script(tmp_path, "w", f'grep -E "^Sig(Ign|Cgt)" /proc/$$/status > "{tmp_path}/sig"\n')
+    r = run(["/bin/sh", "-c", f"trap '' HUP PIPE; exec {binary('cddprun')} {w}"])
+    assert r.returncode == 0, r.stderr
+    ign = int((tmp_path / "sig").read_text().split()[1], 16)
+    assert ign & (1 << (signal.SIGHUP - 1))
+    assert not ign & (1 << (signal.SIGPIPE - 1))
+    assert not ign & (1 << (signal.SIGTERM - 1))  # the agent's handlers are not inherited
+
+
 def test_no_orphans_after_sigkill(tmp_path, background, no_orphans):
     w = script(tmp_path, "w", f"""
 sleep 300 &
