@@ -172,7 +172,13 @@ int agent_logs_init(struct agent_logs *l, const char *log_dir, const char *run_i
         }
         l->root_is_ours = true;
     } else {
-        l->root = strdup(log_dir);
+        /* Absolute, as Python's mkdtemp makes torchrun's paths: a worker that
+         * changes directory can still write its TORCHELASTIC_ERROR_FILE. */
+        char cwd[4096];
+        if (log_dir[0] != '/' && getcwd(cwd, sizeof(cwd)) != NULL)
+            l->root = str_printf("%s/%s", cwd, log_dir);
+        else
+            l->root = strdup(log_dir);
         if (l->root == NULL)
             return CDDP_ERR_FROM_ERRNO(ENOMEM);
         if ((rc = mkdir_p(l->root)) != 0) {

@@ -231,12 +231,15 @@ static int scan_argv(int argc, char **argv, struct raw_args *raw, int *first_pos
             int rc = find_long(a, len, &f, err, errlen);
             if (rc)
                 return rc;
+            /* Errors name the spelling the user typed (or abbreviated). */
+            const char *spelled =
+                f->underscore && strncmp(a, f->underscore, len) == 0 ? f->underscore : f->dashed;
             if (f->is_bool) {
                 if (eq)
-                    return fail(err, errlen, CDDP_EPARSE, "%s takes no value (got '%s')", f->dashed,
+                    return fail(err, errlen, CDDP_EPARSE, "%s takes no value (got '%s')", spelled,
                                 eq + 1);
                 raw->value[f->id] = "1";
-                raw->source[f->id] = a;
+                raw->source[f->id] = spelled;
                 i++;
                 continue;
             }
@@ -246,16 +249,12 @@ static int scan_argv(int argc, char **argv, struct raw_args *raw, int *first_pos
                 i++;
             } else {
                 if (i + 1 >= argc || looks_like_option(argv[i + 1]))
-                    return fail(err, errlen, CDDP_EPARSE, "%s expects a value", a);
+                    return fail(err, errlen, CDDP_EPARSE, "%s expects a value", spelled);
                 v = argv[i + 1];
                 i += 2;
             }
             raw->value[f->id] = v;
-            raw->source[f->id] = f->underscore && strncmp(a, f->underscore, len) == 0
-                                     ? f->underscore
-                                     : (strncmp(a, f->dashed, len) == 0 ? f->dashed : a);
-            if (eq && raw->source[f->id] == a)
-                raw->source[f->id] = f->dashed; /* an abbreviation with =: name the flag */
+            raw->source[f->id] = spelled;
             continue;
         }
 

@@ -441,6 +441,14 @@ def test_log_dir_layout_and_redirects(tmp_path):
     assert "out of" not in r.stdout and "err of" not in r.stderr
 
 
+def test_relative_log_dir_gives_absolute_paths(tmp_path):
+    w = dump_env_worker(tmp_path)
+    r = cddprun("--log_dir=rel/logs", str(w), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    ef = read_env(tmp_path / "env.0")["TORCHELASTIC_ERROR_FILE"]
+    assert ef.startswith(f"{tmp_path}/rel/logs/none_") and ef.endswith("/attempt_0/0/error.json")
+
+
 def test_redirect_map(tmp_path):
     w = log_worker(tmp_path)
     logs = tmp_path / "logs"
