@@ -336,8 +336,7 @@ void agent_lines_free(struct agent_lines *s)
 struct agent_tee {
     uv_pipe_t pipe;
     struct agent_tee_set *set;
-    struct agent_tee *next;
-    struct agent_tee *prev;
+    struct cddp_queue node; /* in set->tees */
     int file_fd;
     int console_fd;
     bool finished;
@@ -395,14 +394,8 @@ static void tee_finish(struct agent_tee *t)
     if (t->file_fd >= 0)
         close(t->file_fd);
     t->file_fd = -1;
-    struct agent_tee_set *set = t->set;
-    if (t->prev)
-        t->prev->next = t->next;
-    else
-        set->head = t->next;
-    if (t->next)
-        t->next->prev = t->prev;
-    set->open--;
+    cddp_queue_remove(&t->node);
+    t->set->open--;
     uv_close((uv_handle_t *)&t->pipe, tee_closed);
 }
 
@@ -431,7 +424,7 @@ static void tee_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 void agent_tee_set_init(struct agent_tee_set *set, uv_loop_t *loop)
 {
     set->loop = loop;
-    set->head = NULL;
+    cddp_queue_init(&set->tees);
     set->open = 0;
 }
 
@@ -462,10 +455,7 @@ int agent_tee_open(struct agent_tee_set *set, const char *file_path, int console
     if (rc == 0)
         rc = uv_read_start((uv_stream_t *)&t->pipe, tee_alloc, tee_read);
     agent_lines_init(&t->lines, prefix);
-    t->next = set->head;
-    if (set->head)
-        set->head->prev = t;
-    set->head = t;
+    cddp_queue_insert_tail(&set->tees, &t->node);
     set->open++;
     if (rc) {
         close(fds[1]);
@@ -478,8 +468,8 @@ int agent_tee_open(struct agent_tee_set *set, const char *file_path, int console
 
 void agent_tee_set_close(struct agent_tee_set *set)
 {
-    while (set->head) {
-        struct agent_tee *t = set->head;
+    while (!cddp_queue_empty(&set->tees)) {
+        struct agent_tee *t = cddp_queue_data(cddp_queue_head(&set->tees), struct agent_tee, node);
         uv_read_stop((uv_stream_t *)&t->pipe);
         uv_os_fd_t fd;
         if (uv_fileno((uv_handle_t *)&t->pipe, &fd) == 0) {

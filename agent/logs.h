@@ -25,6 +25,7 @@
 #include <uv.h>
 
 #include "agent/config.h"
+#include "common/queue.h"
 #include "common/strutil.h"
 
 enum agent_stream_dest {
@@ -85,10 +86,9 @@ void agent_lines_free(struct agent_lines *s);
 
 /* One teed stream: a pipe read by the loop. Owned by the tee set; it frees
  * itself once the pipe reaches EOF (every writer gone) or the set is closed. */
-struct agent_tee;
 struct agent_tee_set {
     uv_loop_t *loop;
-    struct agent_tee *head; /* intrusive list of open tees */
+    struct cddp_queue tees; /* the open ones (struct agent_tee, in logs.c) */
     int open;
 };
 
