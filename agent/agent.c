@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,10 +88,27 @@ struct agent {
 
     bool shutting_down;
     int exit_code;
+    bool reported;              /* the failure table was printed */
+    char fail_reason[512];      /* why the agent itself failed, for its error file */
     sigset_t inherited_ignored; /* passed on to the workers */
 };
 
 static void agent_shutdown(struct agent *a);
+
+/* Logs an agent-level failure and keeps the first one for the error file. */
+static void agent_failed(struct agent *a, const char *id, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void agent_failed(struct agent *a, const char *id, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    log_error(id, "%s", msg);
+    if (a->fail_reason[0] == '\0')
+        cddp_strlcpy(a->fail_reason, msg, sizeof(a->fail_reason));
+}
 
 /* ---- events ---- */
 
@@ -193,7 +211,7 @@ static void on_round(struct agent_rdzv *r, int status, const struct agent_round 
 {
     struct agent *a = r->data;
     if (status != 0) {
-        log_error("A0101", "rendezvous failed: %s", reason ? reason : cddp_strerror(status));
+        agent_failed(a, "A0101", "rendezvous failed: %s", reason ? reason : cddp_strerror(status));
         post(a, POLICY_EV_ROUND_FAILED, 0, 0, 0);
         return;
     }
@@ -218,8 +236,8 @@ static void on_rdzv_restart(struct agent_rdzv *r, const char *reason)
 static void on_rdzv_closed(struct agent_rdzv *r, int status, const char *reason)
 {
     struct agent *a = r->data;
-    log_error("A0104", "the rendezvous closed: %s",
-              reason ? reason : (status ? cddp_strerror(status) : "closed"));
+    agent_failed(a, "A0104", "the rendezvous closed: %s",
+                 reason ? reason : (status ? cddp_strerror(status) : "closed"));
     post(a, POLICY_EV_RDZV_CLOSED, 0, 0, 0);
 }
 
@@ -505,7 +523,7 @@ static void do_action(struct agent *a, const struct policy_action *act)
         };
         int rc = a->rdzv->ops->join(a->rdzv, &req, on_round);
         if (rc) {
-            log_error("A0403", "joining the rendezvous: %s", cddp_strerror(rc));
+            agent_failed(a, "A0403", "joining the rendezvous: %s", cddp_strerror(rc));
             post(a, POLICY_EV_ROUND_FAILED, 0, 0, 0);
         }
         break;
@@ -538,6 +556,7 @@ static void do_action(struct agent *a, const struct policy_action *act)
     }
     case POLICY_ACT_FAILURE_REPORT:
         failure_report(a);
+        a->reported = true;
         break;
     case POLICY_ACT_EXIT:
         a->exit_code = act->exit_code;
@@ -791,7 +810,7 @@ static int agent_open(struct agent *a)
     for (int i = 0; rc == 0 && i < a->nsigs; i++)
         rc = uv_signal_start(&a->sigs[i], on_signal, cfg->signals[i]);
     if (rc) {
-        log_error("A0601", "installing signal handlers: %s", uv_strerror(rc));
+        agent_failed(a, "A0601", "installing signal handlers: %s", uv_strerror(rc));
         return rc;
     }
 
@@ -804,7 +823,7 @@ static int agent_open(struct agent *a)
     char why[512] = "";
     struct agent_round proto;
     if ((rc = make_round(a, &proto, why, sizeof(why))) != 0) {
-        log_error("A0603", "%s", why);
+        agent_failed(a, "A0603", "%s", why);
         return rc;
     }
     if ((rc = agent_rdzv_static_init(&a->rdzv_static, &a->loop, &proto)) != 0)
@@ -815,13 +834,13 @@ static int agent_open(struct agent *a)
     a->rdzv->on_closed = on_rdzv_closed;
 
     if ((rc = agent_logs_init(&a->logs, cfg->log_dir, a->run_id, why, sizeof(why))) != 0) {
-        log_error("A0604", "%s", why[0] ? why : cddp_strerror(rc));
+        agent_failed(a, "A0604", "%s", why[0] ? why : cddp_strerror(rc));
         return rc;
     }
     if (!a->logs.devnull)
         log_info("A0605", "log directory set to: %s", a->logs.run_dir);
     if (a->hooks && a->hooks->start && (rc = a->hooks->start(a->hooks->arg, &a->loop)) != 0) {
-        log_error("A0606", "starting the agent's extensions: %s", cddp_strerror(rc));
+        agent_failed(a, "A0606", "starting the agent's extensions: %s", cddp_strerror(rc));
         return rc;
     }
     return 0;
@@ -875,13 +894,13 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
                               "only stopped through its process group");
         rc = agent_guardian_start(&a->guardian);
         if (rc)
-            log_error("A0004", "starting the guardian: %s", cddp_strerror(rc));
+            agent_failed(a, "A0004", "starting the guardian: %s", cddp_strerror(rc));
     }
     bool opened = false;
     if (rc == 0) {
         rc = uv_loop_init(&a->loop);
         if (rc)
-            log_error("A0006", "uv_loop_init: %s", uv_strerror(rc));
+            agent_failed(a, "A0006", "uv_loop_init: %s", uv_strerror(rc));
     }
     if (rc == 0) {
         opened = true;
@@ -907,6 +926,13 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
         agent_logs_remove_tmp(&a->logs);
     agent_logs_free(&a->logs);
     int code = rc ? CDDP_EXIT_FAILURE : a->exit_code;
+    if (code == CDDP_EXIT_FAILURE && !a->reported && cfg->error_file) {
+        int wrc = agent_write_agent_error(cfg->error_file,
+                                          a->fail_reason[0] ? a->fail_reason : "the agent failed");
+        if (wrc)
+            log_error("A0302", "writing the agent's error file %s: %s", cfg->error_file,
+                      cddp_strerror(wrc));
+    }
     policy_free(&a->pol);
     free(a->workers);
     free(a->queue);

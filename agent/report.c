@@ -357,3 +357,26 @@ int agent_write_error_file(const char *path, const struct agent_failure *root, c
     cJSON_free(json);
     return rc;
 }
+
+int agent_write_agent_error(const char *path, const char *message)
+{
+    char text[1024], ts[32];
+    snprintf(text, sizeof(text), "AgentError: %s", message);
+    snprintf(ts, sizeof(ts), "%ld", (long)time(NULL));
+    cJSON *doc = cJSON_CreateObject();
+    cJSON *msg = doc ? cJSON_AddObjectToObject(doc, "message") : NULL;
+    cJSON *extra = msg ? cJSON_AddObjectToObject(msg, "extraInfo") : NULL;
+    if (extra == NULL || cJSON_AddStringToObject(msg, "message", text) == NULL ||
+        cJSON_AddStringToObject(extra, "py_callstack", text) == NULL ||
+        cJSON_AddStringToObject(extra, "timestamp", ts) == NULL) {
+        cJSON_Delete(doc);
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    char *json = cJSON_PrintUnformatted(doc);
+    cJSON_Delete(doc);
+    if (json == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    int rc = write_atomically(path, json);
+    cJSON_free(json);
+    return rc;
+}

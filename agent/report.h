@@ -78,4 +78,9 @@ int agent_failure_table(const char *name, const struct agent_failure *f, int n, 
 int agent_write_error_file(const char *path, const struct agent_failure *root, const char *name,
                            const char *table);
 
+/* The agent's error file when the agent itself failed (a log directory it
+ * cannot create, a rendezvous that failed): torch's record format with
+ * message = "AgentError: <message>" and the current time. */
+int agent_write_agent_error(const char *path, const char *message);
+
 #endif

@@ -250,6 +250,17 @@ def test_agent_error_file_without_worker_file(tmp_path):
     assert "FAILED" in msg["extraInfo"]["py_callstack"]
 
 
+def test_agent_failure_writes_agent_error_file(tmp_path):
+    agent_file = tmp_path / "agent_error.json"
+    r = cddprun("--log_dir=/proc/no/such/dir", "/bin/true",
+                env={"TORCHELASTIC_ERROR_FILE": str(agent_file)})
+    assert r.returncode == 1
+    assert "/proc/no/such/dir" in r.stderr
+    msg = json.loads(agent_file.read_text())["message"]
+    assert msg["message"].startswith("AgentError: ") and "/proc/no/such/dir" in msg["message"]
+    assert int(msg["extraInfo"]["timestamp"]) > 0
+
+
 def test_exec_failure_is_a_worker_failure(tmp_path):
     p = tmp_path / "notexec"
     p.write_bytes(b"\x7fELF garbage")

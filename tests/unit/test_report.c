@@ -273,6 +273,16 @@ static void test_agent_error_file(void **state)
     assert_string_equal(cJSON_GetObjectItem(extra, "timestamp")->valuestring, "1700000000");
     cJSON_Delete(j);
     agent_failure_free(&f);
+    /* the agent's own failure */
+    assert_int_equal(agent_write_agent_error(out, "rendezvous failed: timed out"), 0);
+    j = read_json(out);
+    m = cJSON_GetObjectItem(j, "message");
+    assert_string_equal(cJSON_GetObjectItem(m, "message")->valuestring,
+                        "AgentError: rendezvous failed: timed out");
+    assert_true(
+        strtol(cJSON_GetObjectItem(cJSON_GetObjectItem(m, "extraInfo"), "timestamp")->valuestring,
+               NULL, 10) > 1600000000);
+    cJSON_Delete(j);
     /* an unwritable place: an error, and no stray temporary file */
     assert_true(agent_write_error_file("/nonexistent/dir/e.json", &f, "w", "t") < 0);
 }
