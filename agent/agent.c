@@ -5,6 +5,7 @@
  */
 #include "agent/agent.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -482,6 +483,39 @@ static void failure_report(struct agent *a)
     free(f);
 }
 
+/* Processes a worker started outside its own process group (a daemon that
+ * called setsid) are re-parented to the agent (a subreaper) once their parent
+ * is gone; killpg cannot reach them. When a group of workers has been fully
+ * stopped, whatever child of ours is left, other than the guardian, is one of
+ * those: it does not outlive the attempt. */
+static void kill_strays(struct agent *a)
+{
+    DIR *tasks = opendir("/proc/self/task");
+    if (tasks == NULL)
+        return;
+    struct dirent *t;
+    while ((t = readdir(tasks)) != NULL) {
+        if (t->d_name[0] == '.')
+            continue;
+        char path[300];
+        snprintf(path, sizeof(path), "/proc/self/task/%s/children", t->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        long pid;
+        while (fscanf(f, "%ld", &pid) == 1) {
+            if (pid <= 0 || pid == a->guardian.pid)
+                continue;
+            log_warn("A0506",
+                     "killing process %ld, left behind by a worker outside its process group", pid);
+            kill(-(pid_t)pid, SIGKILL); /* its own group, if it leads one */
+            kill((pid_t)pid, SIGKILL);
+        }
+        fclose(f);
+    }
+    closedir(tasks);
+}
+
 /* ---- actions ---- */
 
 static void arm_deadline(struct agent *a, uint64_t deadline_ms);
@@ -510,6 +544,8 @@ static void do_action(struct agent *a, const struct policy_action *act)
 {
     switch (act->type) {
     case POLICY_ACT_JOIN: {
+        if (act->reason != STOP_NONE)
+            kill_strays(a);
         if (act->reason == STOP_FAILURE)
             log_warn("A0401",
                      "[%s] Worker group FAILED. %d/%d attempts left; will restart worker group",
@@ -547,6 +583,7 @@ static void do_action(struct agent *a, const struct policy_action *act)
         break;
     }
     case POLICY_ACT_EXIT_BARRIER: {
+        kill_strays(a);
         int rc = a->rdzv->ops->exit_barrier(a->rdzv, EXIT_BARRIER_TIMEOUT_MS, on_barrier);
         if (rc) {
             log_error("A0105", "Error waiting on exit barrier: %s", cddp_strerror(rc));
@@ -559,6 +596,7 @@ static void do_action(struct agent *a, const struct policy_action *act)
         a->reported = true;
         break;
     case POLICY_ACT_EXIT:
+        kill_strays(a);
         a->exit_code = act->exit_code;
         if (act->exit_code == CDDP_EXIT_OK)
             log_info("A0405", "[%s] worker group successfully finished", a->cfg->role);

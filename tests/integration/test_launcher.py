@@ -336,6 +336,22 @@ exit 0
         assert not pathlib.Path(f"/proc/{pid}").exists()
 
 
+def test_escaped_daemon_does_not_outlive_the_attempt(tmp_path):
+    # a worker that starts a daemon in its own session: killpg cannot reach it
+    w = script(tmp_path, "w", f"""
+setsid sh -c 'echo $$ > "{tmp_path}/daemon"; exec sleep 300' &
+while [ ! -s "{tmp_path}/daemon" ]; do sleep 0.01; done
+exit 0
+""")
+    r = cddprun(str(w))
+    assert r.returncode == 0, r.stderr
+    pid = int((tmp_path / "daemon").read_text())
+    assert f"killing process {pid}" in r.stderr
+    wait_for(lambda: not pathlib.Path(f"/proc/{pid}").exists() or
+             open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z",
+             what="the escaped daemon to die")
+
+
 def signal_worker(tmp_path):
     return script(tmp_path, "w", f"""
 for s in TERM INT HUP QUIT USR1; do trap "echo $s > '{tmp_path}/got.$LOCAL_RANK'; exit 0" $s; done
