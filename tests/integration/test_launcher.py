@@ -557,6 +557,23 @@ def test_bad_command_line(tmp_path, args, what):
     assert lines[0].startswith("cddprun: error: ")
 
 
+def test_nproc_gpu_counts_visible_devices(tmp_path):
+    w = dump_env_worker(tmp_path)
+    gpus = pathlib.Path("/proc/driver/nvidia/gpus")
+    present = len(list(gpus.iterdir())) if gpus.is_dir() else 0
+    r = cddprun("--nproc_per_node=gpu", str(w))
+    if present == 0:
+        assert r.returncode == 2 and "no CUDA device is visible" in r.stderr
+        r = cddprun("--nproc_per_node=auto", str(w))  # falls back to the CPU count
+        assert r.returncode == 0, r.stderr
+        assert read_env(tmp_path / "env.0")["LOCAL_WORLD_SIZE"] == str(os.cpu_count())
+    else:
+        assert r.returncode == 0, r.stderr
+        assert read_env(tmp_path / "env.0")["LOCAL_WORLD_SIZE"] == str(present)
+        r = cddprun("--nproc_per_node=gpu", str(w), env={"CUDA_VISIBLE_DEVICES": ""})
+        assert r.returncode == 2
+
+
 def test_not_executable(tmp_path):
     p = tmp_path / "w"
     p.write_text("#!/bin/sh\n")
