@@ -42,6 +42,8 @@ struct rdzv_client {
     bool tcp_open;  /* tcp initialised and not yet closed */
     bool resolving; /* gai in flight */
     struct addrinfo *ai, *ai_next;
+    struct addrinfo numeric; /* the endpoint when it is an IP literal */
+    struct sockaddr_storage numeric_addr;
     uint64_t connect_deadline;
     uint64_t backoff_ms;
     unsigned seed;
@@ -205,10 +207,9 @@ static void handle(struct rdzv_client *c, const struct proto_msg *m)
                   m->welcome.server ? m->welcome.server : "?");
         return;
     case PROTO_JOINED:
-        if (!m->joined.waiting)
-            return;
-        ev.kind = RDZV_EV_WAITING;
+        ev.kind = RDZV_EV_JOINED;
         ev.round = m->joined.round;
+        ev.waiting = m->joined.waiting;
         break;
     case PROTO_ROUND:
         copy_round(c, &m->round);
@@ -326,20 +327,6 @@ static void on_beat(uv_timer_t *t)
         client_send(c, &m);
 }
 
-struct owned_write {
-    uv_write_t req;
-    uv_buf_t buf;
-    char *data;
-};
-
-static void on_owned_written(uv_write_t *req, int status)
-{
-    (void)status; /* failures show up as read errors */
-    struct owned_write *w = (struct owned_write *)req;
-    free(w->data);
-    free(w);
-}
-
 static void on_connected(uv_connect_t *req, int status)
 {
     struct rdzv_client *c = req->data;
@@ -353,30 +340,22 @@ static void on_connected(uv_connect_t *req, int status)
     }
     c->state = C_CONNECTED;
     uv_tcp_nodelay(&c->tcp, 1);
-    uv_tcp_keepalive(&c->tcp, 1, 60);
     int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    /* hello, then what was asked for while connecting, in one write. */
     struct proto_msg m = {.type = PROTO_HELLO};
     m.hello.token = c->conf.has_token ? c->conf.token : NULL;
     m.hello.run_id = c->run_id;
     m.hello.client = "cddprun " CDDP_VERSION;
+    struct cddp_buf first;
+    cddp_buf_init(&first, c->outq.max + PROTO_FRAME_HEADER + PROTO_FRAME_MAX);
     if (rc == 0)
-        rc = client_send(c, &m);
-    if (rc == 0 && c->outq.len > 0) {
-        /* What was asked for while connecting follows the hello: the write
-         * takes the queue's buffer over. */
-        struct owned_write *w = malloc(sizeof(*w));
-        if (w == NULL) {
-            rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
-        } else {
-            w->data = c->outq.data;
-            w->buf = uv_buf_init(w->data, (unsigned int)c->outq.len);
-            rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &w->buf, 1, on_owned_written);
-            if (rc)
-                free(w);
-            else
-                cddp_buf_init(&c->outq, c->outq.max);
-        }
-    }
+        rc = proto_msg_encode(&m, &first);
+    if (rc == 0 && c->outq.len)
+        rc = cddp_buf_append(&first, c->outq.data, c->outq.len);
+    if (rc == 0)
+        rc = rdzv_wire_write_buf((uv_stream_t *)&c->tcp, &first);
+    cddp_buf_free(&first);
+    cddp_buf_free(&c->outq);
     if (rc) {
         client_fail(c, rc, "cannot talk to %s:%d: %s", c->host, c->port, cddp_strerror(rc));
         return;
@@ -459,6 +438,13 @@ static void start_resolve(struct rdzv_client *c)
 {
     if (c->closing || c->state != C_CONNECTING)
         return;
+    /* A numeric address needs no resolver (and no thread-pool trip: a
+     * load generator starts thousands of clients at once). */
+    if (c->numeric.ai_addr) {
+        c->ai_next = &c->numeric;
+        try_next_address(c);
+        return;
+    }
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
                              .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_NUMERICSERV | AI_ADDRCONFIG};
@@ -540,7 +526,7 @@ int rdzv_client_start(uv_loop_t *loop, const struct rdzv_client_options *o, rdzv
     cddp_queue_init(&c->reqs);
     c->on_event = on_event;
     c->data = data;
-    c->seed = (unsigned)getpid() ^ (unsigned)uv_hrtime();
+    c->seed = (unsigned)uv_hrtime() ^ (unsigned)(uintptr_t)c;
     c->backoff_ms = 10;
     uint64_t ct = o->connect_timeout_ms ? o->connect_timeout_ms : c->conf.read_timeout_ms;
     c->connect_deadline = uv_now(loop) + ct;
@@ -549,6 +535,15 @@ int rdzv_client_start(uv_loop_t *loop, const struct rdzv_client_options *o, rdzv
     c->backoff_timer.data = c;
     c->beat.data = c;
     c->open_handles = 2;
+    struct sockaddr_in *in4 = (struct sockaddr_in *)&c->numeric_addr;
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&c->numeric_addr;
+    if (uv_ip4_addr(c->host, c->port, in4) == 0) {
+        c->numeric.ai_addr = (struct sockaddr *)in4;
+        c->numeric.ai_addrlen = sizeof(*in4);
+    } else if (uv_ip6_addr(c->host, c->port, in6) == 0) {
+        c->numeric.ai_addr = (struct sockaddr *)in6;
+        c->numeric.ai_addrlen = sizeof(*in6);
+    }
     c->state = C_CONNECTING;
     start_resolve(c);
     *out = c;

@@ -68,15 +68,17 @@ struct rdzv_client_options {
 };
 
 enum rdzv_event_kind {
-    RDZV_EV_WAITING = 1, /* on the wait list: the round is full; nothing to do */
-    RDZV_EV_RESTART,     /* stop the workers, then join again */
-    RDZV_EV_CLOSED,      /* the rendezvous is closed: end the job */
-    RDZV_EV_ERROR,       /* the connection is lost or we were refused: final */
+    RDZV_EV_JOINED = 1, /* the server took our join (waiting: the round is full, we wait
+                           for a place); informational */
+    RDZV_EV_RESTART,    /* stop the workers, then join again */
+    RDZV_EV_CLOSED,     /* the rendezvous is closed: end the job */
+    RDZV_EV_ERROR,      /* the connection is lost or we were refused: final */
 };
 
 struct rdzv_event {
     enum rdzv_event_kind kind;
-    uint64_t round;      /* RESTART: the round to join; WAITING: the current one */
+    uint64_t round;      /* RESTART: the round to join; JOINED: the round joined */
+    bool waiting;        /* JOINED: on the wait list */
     const char *reason;  /* RESTART, CLOSED */
     const char *node_id; /* RESTART: the node that caused it (may be NULL) */
     bool counted;        /* RESTART: a worker failure (counts against --max_restarts) */

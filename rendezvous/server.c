@@ -17,7 +17,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 
 #include "common/errors.h"
 #include "common/hostport.h"
@@ -40,6 +43,8 @@ struct conn {
     struct proto_decoder dec;
     struct cddp_queue link;      /* srv->conns */
     struct cddp_queue drop_link; /* srv->drops while a drop is pending */
+    struct cddp_queue out_link;  /* srv->dirty while out holds bytes */
+    struct cddp_buf out;         /* frames for this peer, written once per loop turn */
     uv_shutdown_t shutdown_req;
     int open_handles;
     bool helloed;
@@ -60,6 +65,7 @@ struct rdzv_server {
     int port;
     struct cddp_queue conns;
     struct cddp_queue drops;
+    struct cddp_queue dirty;
     size_t nconns;
     int open_handles;
     bool shutting_down;
@@ -71,6 +77,8 @@ struct rdzv_server {
 };
 
 static void flush(struct rdzv_server *srv);
+static void write_out(struct conn *c);
+static void send_msg(struct conn *c, const struct proto_msg *m);
 static void conn_close(struct conn *c);
 static void conn_fail(struct conn *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -122,6 +130,8 @@ static void on_conn_handle_closed(uv_handle_t *h)
         return;
     struct rdzv_server *srv = c->srv;
     proto_decoder_free(&c->dec);
+    cddp_buf_free(&c->out);
+    cddp_queue_remove(&c->out_link);
     cddp_queue_remove(&c->link);
     srv->nconns--;
     free(c);
@@ -146,6 +156,7 @@ static void conn_close(struct conn *c)
         return;
     c->closing = true;
     cddp_queue_remove(&c->drop_link);
+    cddp_queue_remove(&c->out_link);
     if (!c->detached) {
         conn_detach(c);
         apply_actions(c->srv);
@@ -177,6 +188,7 @@ static void conn_close_after_flush(struct conn *c)
 {
     if (c->closing)
         return;
+    write_out(c);
     c->closing = true;
     uv_read_stop((uv_stream_t *)&c->tcp);
     if (!c->detached) {
@@ -204,7 +216,10 @@ static void conn_fail(struct conn *c, int code, const char *fmt, ...)
         return;
     c->srv->stats.refused++;
     log_warn("R0010", "%s: %s (%s); closing the connection", c->name, msg, cddp_err_name(code));
-    rdzv_wire_send_error((uv_stream_t *)&c->tcp, code, msg);
+    struct proto_msg m = {.type = PROTO_ERROR};
+    m.error.code = code;
+    m.error.message = msg;
+    send_msg(c, &m);
     conn_close_after_flush(c);
 }
 
@@ -217,22 +232,40 @@ static void queue_drop(struct conn *c)
     cddp_queue_insert_tail(&c->srv->drops, &c->drop_link);
 }
 
+/* Queues m for c; what a peer is sent during one turn of the loop goes out
+ * in one write (flush). */
 static void send_msg(struct conn *c, const struct proto_msg *m)
 {
     if (c->closing)
         return;
     struct rdzv_server *srv = c->srv;
-    if (c->tcp.write_queue_size > srv->opt.max_write_queue) {
+    if (c->tcp.write_queue_size + c->out.len > srv->opt.max_write_queue) {
         log_warn("R0011", "%s: does not read (%zu bytes queued); closing the connection", c->name,
-                 c->tcp.write_queue_size);
+                 c->tcp.write_queue_size + c->out.len);
         srv->stats.refused++;
         queue_drop(c);
         return;
     }
-    int rc = rdzv_wire_send((uv_stream_t *)&c->tcp, m);
+    int rc = proto_msg_encode(m, &c->out);
     if (rc) {
         log_warn("R0012", "%s: cannot send %s: %s; closing the connection", c->name,
                  proto_type_name(m->type), cddp_strerror(rc));
+        queue_drop(c);
+        return;
+    }
+    if (c->out_link.next == &c->out_link)
+        cddp_queue_insert_tail(&srv->dirty, &c->out_link);
+}
+
+static void write_out(struct conn *c)
+{
+    cddp_queue_remove(&c->out_link);
+    if (c->closing || c->out.len == 0)
+        return;
+    int rc = rdzv_wire_write_buf((uv_stream_t *)&c->tcp, &c->out);
+    if (rc) {
+        log_info("R0015", "%s: write: %s; closing the connection", c->name, uv_strerror(rc));
+        cddp_buf_reset(&c->out);
         queue_drop(c);
     }
 }
@@ -311,10 +344,14 @@ static void on_tick(uv_timer_t *t);
  * state machine's timer. */
 static void flush(struct rdzv_server *srv)
 {
-    while (!cddp_queue_empty(&srv->drops)) {
-        struct conn *c = cddp_queue_data(cddp_queue_head(&srv->drops), struct conn, drop_link);
-        cddp_queue_remove(&c->drop_link);
-        conn_close_after_flush(c);
+    while (!cddp_queue_empty(&srv->dirty) || !cddp_queue_empty(&srv->drops)) {
+        while (!cddp_queue_empty(&srv->dirty))
+            write_out(cddp_queue_data(cddp_queue_head(&srv->dirty), struct conn, out_link));
+        while (!cddp_queue_empty(&srv->drops)) {
+            struct conn *c = cddp_queue_data(cddp_queue_head(&srv->drops), struct conn, drop_link);
+            cddp_queue_remove(&c->drop_link);
+            conn_close_after_flush(c);
+        }
     }
     if (srv->shutting_down)
         return;
@@ -529,6 +566,8 @@ static void on_connection(uv_stream_t *listener, int status)
     }
     c->srv = srv;
     cddp_queue_init(&c->drop_link);
+    cddp_queue_init(&c->out_link);
+    cddp_buf_init(&c->out, srv->opt.max_write_queue + PROTO_FRAME_MAX + PROTO_FRAME_HEADER);
     uv_tcp_init(srv->loop, &c->tcp);
     uv_timer_init(srv->loop, &c->timer);
     c->tcp.data = c;
@@ -556,8 +595,8 @@ static void on_connection(uv_stream_t *listener, int status)
     cddp_hostport_format(addr, port, c->name, sizeof(c->name));
     rdzv_peer_init(&c->peer, addr, loopback, c);
     c->detached = false;
-    uv_tcp_nodelay(&c->tcp, 1);
-    uv_tcp_keepalive(&c->tcp, 1, 60);
+    /* TCP_NODELAY and keep-alive come from the listener (Linux copies them
+     * into accepted sockets): no setsockopt per connection. */
 
     if (srv->nconns > srv->opt.max_connections) {
         conn_fail(c, CDDP_ETOOBIG, "the server is at its limit of %zu connections",
@@ -576,6 +615,23 @@ static void on_connection(uv_stream_t *listener, int status)
 }
 
 /* ---- start, stop ---- */
+
+/* Options every accepted socket inherits: no Nagle delay (small frames
+ * matter), and keep-alive probes after 60 s of silence so a peer that
+ * vanished without a FIN (power loss, partition) is found in about two
+ * minutes even if it never joined. */
+static void set_listener_options(uv_tcp_t *l)
+{
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)l, &fd) != 0)
+        return;
+    int one = 1, idle = 60, intvl = 10, cnt = 6;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+}
 
 static int listen_on(struct rdzv_server *srv, const char *host, int port, char *err, size_t errlen)
 {
@@ -607,6 +663,7 @@ static int listen_on(struct rdzv_server *srv, const char *host, int port, char *
             rc = uv_listen((uv_stream_t *)l, srv->opt.backlog, on_connection);
         if (rc == 0) {
             srv->listener = l;
+            set_listener_options(l);
             break;
         }
         uv_close((uv_handle_t *)l, free_handle);
@@ -650,6 +707,7 @@ int rdzv_server_start(uv_loop_t *loop, const struct rdzv_server_options *o,
     srv->opt.name = srv->name;
     cddp_queue_init(&srv->conns);
     cddp_queue_init(&srv->drops);
+    cddp_queue_init(&srv->dirty);
     if (o->token && o->token[0]) {
         srv->token = strdup(o->token);
         if (srv->token == NULL) {

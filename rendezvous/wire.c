@@ -12,38 +12,56 @@
 struct wreq {
     uv_write_t req;
     uv_buf_t buf;
-    char data[];
+    char *data;
 };
 
 static void on_written(uv_write_t *req, int status)
 {
     (void)status; /* a failed write surfaces as a read error/EOF on the same stream */
-    free(req);
+    struct wreq *w = (struct wreq *)req;
+    free(w->data);
+    free(w);
+}
+
+int rdzv_wire_write_buf(uv_stream_t *stream, struct cddp_buf *b)
+{
+    if (b->len == 0)
+        return 0;
+    /* Try the socket first: usually it takes everything, and then there is
+     * no request to allocate and no poll watcher to change (a syscall each
+     * with 10,000 peers). Whatever is left goes through uv_write. */
+    uv_buf_t buf = uv_buf_init(b->data, (unsigned int)b->len);
+    int n = uv_try_write(stream, &buf, 1);
+    if (n == (int)b->len) {
+        cddp_buf_reset(b);
+        return 0;
+    }
+    if (n < 0 && n != UV_EAGAIN)
+        return n;
+    if (n < 0)
+        n = 0;
+    struct wreq *w = malloc(sizeof(*w));
+    if (w == NULL)
+        return UV_ENOMEM;
+    w->data = b->data;
+    w->buf = uv_buf_init(b->data + n, (unsigned int)(b->len - (size_t)n));
+    int rc = uv_write(&w->req, stream, &w->buf, 1, on_written);
+    if (rc) {
+        free(w);
+        return rc;
+    }
+    cddp_buf_init(b, b->max);
+    return 0;
 }
 
 int rdzv_wire_send(uv_stream_t *stream, const struct proto_msg *m)
 {
-    int rc;
-    char *json = proto_msg_to_json(m, &rc);
-    if (json == NULL)
-        return rc;
-    size_t len = strlen(json);
-    if (len > PROTO_FRAME_MAX) {
-        cJSON_free(json);
-        return CDDP_ETOOBIG;
-    }
-    struct wreq *w = malloc(sizeof(*w) + PROTO_FRAME_HEADER + len);
-    if (w == NULL) {
-        cJSON_free(json);
-        return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    }
-    proto_frame_header((uint32_t)len, (unsigned char *)w->data);
-    memcpy(w->data + PROTO_FRAME_HEADER, json, len);
-    cJSON_free(json);
-    w->buf = uv_buf_init(w->data, (unsigned int)(PROTO_FRAME_HEADER + len));
-    rc = uv_write(&w->req, stream, &w->buf, 1, on_written);
-    if (rc)
-        free(w);
+    struct cddp_buf b;
+    cddp_buf_init(&b, PROTO_FRAME_HEADER + PROTO_FRAME_MAX);
+    int rc = proto_msg_encode(m, &b);
+    if (rc == 0)
+        rc = rdzv_wire_write_buf(stream, &b);
+    cddp_buf_free(&b);
     return rc;
 }
 

@@ -12,12 +12,17 @@
 
 #include <uv.h>
 
+#include "common/strutil.h"
 #include "proto/msg.h"
 
 /* Encodes m and queues it on stream (one uv_write that owns its buffer).
  * 0, or a negative code (encode error, uv_write error); nothing is queued
  * on error. */
 int rdzv_wire_send(uv_stream_t *stream, const struct proto_msg *m);
+
+/* Queues the bytes of b as one write; the write takes b's buffer over and b
+ * is left empty (reusable). 0 or a uv error (b unchanged then). */
+int rdzv_wire_write_buf(uv_stream_t *stream, struct cddp_buf *b);
 
 /* Sends an error message. */
 int rdzv_wire_send_error(uv_stream_t *stream, int code, const char *message);

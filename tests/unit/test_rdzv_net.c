@@ -129,7 +129,7 @@ static void on_event(struct rdzv_client *c, const struct rdzv_event *ev, void *d
         a->errors++;
         a->last_error = ev->code;
         break;
-    case RDZV_EV_WAITING:
+    case RDZV_EV_JOINED:
         break;
     }
 }
