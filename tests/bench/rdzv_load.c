@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <uv.h>
 
@@ -64,6 +65,7 @@ struct load {
     int n, nproc, min, max, kill, inflight_max;
     int started, inflight, rounds, errors, restarts, joined_acks;
     const char *host, *run_id;
+    char prefix[32]; /* node ids: prefix + agent index; unique per process */
     int port;
     struct rdzv_conf conf;
     bool stay;
@@ -112,10 +114,12 @@ static double proc_cpu(int pid)
 
 static void print_round(const struct agent *a, const char *event)
 {
-    printf("{\"event\":\"%s\",\"agent\":%d,\"round\":%llu,\"node_rank\":%d,\"nnodes\":%d,"
-           "\"world_size\":%d,\"rank_offset\":%d,\"master_addr\":\"%s\",\"master_port\":%d}\n",
-           event, a->idx, (unsigned long long)a->round.round, a->round.node_rank, a->round.nnodes,
-           a->round.world_size, a->round.rank_offset, a->round.master_addr, a->round.master_port);
+    printf("{\"event\":\"%s\",\"agent\":%d,\"run_id\":\"%s\",\"round\":%llu,\"node_rank\":%d,"
+           "\"nnodes\":%d,\"world_size\":%d,\"rank_offset\":%d,\"master_addr\":\"%s\","
+           "\"master_port\":%d}\n",
+           event, a->idx, a->round.run_id, (unsigned long long)a->round.round, a->round.node_rank,
+           a->round.nnodes, a->round.world_size, a->round.rank_offset, a->round.master_addr,
+           a->round.master_port);
     fflush(stdout);
 }
 
@@ -293,7 +297,7 @@ static void start_agent(struct load *L, int i)
 {
     struct agent *a = &L->a[i];
     char err[256], id[64];
-    snprintf(id, sizeof(id), "load%07d", i);
+    snprintf(id, sizeof(id), "%s%07d", L->prefix, i);
     struct rdzv_client_options o = {.host = L->host,
                                     .port = L->port,
                                     .run_id = L->run_id,
@@ -350,6 +354,7 @@ static void finish(struct load *L, int code)
     uv_close((uv_handle_t *)&L->starter, NULL);
     uv_close((uv_handle_t *)&L->guard, NULL);
     uv_close((uv_handle_t *)&L->sigterm, NULL);
+    signal(SIGTERM, SIG_IGN); /* finishing already: a late SIGTERM changes nothing */
     for (int i = 0; i < L->n; i++) {
         if (L->a[i].c) {
             rdzv_client_close(L->a[i].c, NULL, NULL);
@@ -447,6 +452,7 @@ int main(int argc, char **argv)
     }
     if (L.port <= 0 || L.n < 1 || L.nproc < 1 || L.kill >= L.n || L.inflight_max < 1)
         return usage("need --port, --agents >= 1 and --kill < --agents", NULL);
+    snprintf(L.prefix, sizeof(L.prefix), "load%d-", (int)getpid());
     if (L.min == 0)
         L.min = L.kill ? L.n - L.kill : L.n;
     if (L.max == 0)
