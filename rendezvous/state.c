@@ -674,7 +674,9 @@ static void close_run(struct rdzv_state *st, struct rdzv_run *run, uint64_t now,
 /* Frees a run nobody uses any more; a closed one only after close_timeout. */
 static void maybe_gc(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
 {
-    if (run->npeers > 0)
+    /* A plain store keeps its keys for as long as the server runs: a client
+     * may set a key and go before the others come for it. */
+    if (run->npeers > 0 || st->opt.store_only)
         return;
     if (run->phase != RDZV_CLOSED) {
         run_free(st, run);

@@ -113,8 +113,9 @@ struct rdzv_action {
 };
 
 struct rdzv_state_options {
-    /* A plain key-value store: hello binds every peer to one store, joins
-     * are refused. This is the trainer's bootstrap store. */
+    /* A plain key-value store: hello binds every peer to one store, which
+     * lives as long as the state; joins are refused. This is the trainer's
+     * bootstrap store. */
     bool store_only;
     struct proto_store_limits store_limits;
     uint64_t seed[2]; /* hash keys; pick at random */

@@ -462,6 +462,19 @@ static void test_blocking_store(void **state)
         rdzv_store_thread_start("127.0.0.1", port, NULL, &dup, NULL, err, sizeof(err)), 0);
     assert_non_null(strstr(err, "address already in use"));
 
+    /* A key set by a client that then went away is still there for the next. */
+    struct rdzv_store_client *early;
+    assert_int_equal(rdzv_store_connect("127.0.0.1", port, NULL, &early, err, sizeof(err)), 0);
+    assert_int_equal(rdzv_store_set(early, "early", "bird", 4), 0);
+    rdzv_store_close(early);
+    assert_int_equal(rdzv_store_connect("127.0.0.1", port, NULL, &early, err, sizeof(err)), 0);
+    void *ev;
+    size_t evn;
+    assert_int_equal(rdzv_store_get(early, "early", &ev, &evn, 1000), 0);
+    assert_string_equal(ev, "bird");
+    free(ev);
+    rdzv_store_close(early);
+
     struct waiter_arg wa = {.port = port};
     pthread_t th;
     pthread_create(&th, NULL, waiter_thread, &wa);

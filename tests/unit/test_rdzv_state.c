@@ -80,6 +80,7 @@ struct sim {
     struct rdzv_peer peer[MAXP];
     bool connected[MAXP];
     bool frozen[MAXP]; /* sends no heartbeats (a SIGSTOPped agent) */
+    bool store_only;
     uint64_t now;
     /* Copy of the last call's actions. */
     struct rdzv_action acts[256];
@@ -107,6 +108,7 @@ static struct sim *sim_new(bool store_only)
     struct sim *s = calloc(1, sizeof(*s));
     struct rdzv_state_options o = {.store_only = store_only, .seed = {11, 22}};
     s->st = rdzv_state_new(&o);
+    s->store_only = store_only;
     s->now = 1000;
     return s;
 }
@@ -118,10 +120,11 @@ static void sim_free(struct sim *s)
             rdzv_state_disconnect(s->st, s->now, &s->peer[i]);
         s->connected[i] = false;
     }
-    /* Closed runs are forgotten close_timeout after their last connection. */
+    /* Closed runs are forgotten close_timeout after their last connection;
+     * a plain store stays. */
     s->now += 7LL * 24 * 3600 * 1000;
     rdzv_state_tick(s->st, s->now);
-    assert_int_equal(rdzv_state_num_runs(s->st), 0);
+    assert_int_equal(rdzv_state_num_runs(s->st), s->store_only ? 1 : 0);
     assert_int_equal(rdzv_state_next_deadline(s->st), RDZV_NEVER);
     rdzv_state_free(s->st);
     free(s);
@@ -929,6 +932,14 @@ static void test_store_through_state(void **state)
     rdzv_state_store(s->st, s->now, &s->peer[0], &g);
     drop(s, 0);
     assert_int_equal(rdzv_state_next_deadline(s->st), RDZV_NEVER);
+    /* With every client gone, a plain store keeps its keys. */
+    drop(s, 1);
+    hello(s, 2, "");
+    g.get.key = "n";
+    g.get.timeout_ms = -1;
+    rdzv_state_store(s->st, s->now, &s->peer[2], &g);
+    collect(s);
+    assert_int_equal(find(s, 2, RDZV_ACT_RESULT)->result.code, 0);
     sim_free(s);
 }
 
