@@ -499,6 +499,11 @@ int rdzv_client_start(uv_loop_t *loop, const struct rdzv_client_options *o, rdzv
         c->conf = *o->conf;
     else
         rdzv_conf_init(&c->conf);
+    const char *env_token = getenv("CDDP_RDZV_TOKEN");
+    if (!c->conf.has_token && env_token && env_token[0]) {
+        cddp_strlcpy(c->conf.token, env_token, sizeof(c->conf.token));
+        c->conf.has_token = true;
+    }
     char hostname[256] = "localhost";
     if (o->hostname && o->hostname[0])
         cddp_strlcpy(hostname, o->hostname, sizeof(hostname));

@@ -69,7 +69,7 @@ class Agent:
     """One agent process (rdzv-load --stay)."""
 
     def __init__(self, background, daemon, run_id="job", min_nodes=2, max_nodes=2, nproc=1,
-                 conf=None, token=None, host=None, port=None):
+                 conf=None, token=None, host=None, port=None, env=None):
         cmd = [binary("rdzv-load"), "--stay", "--agents", "1",
                "--host", host or daemon.host, "--port", str(port or daemon.port),
                "--run-id", run_id, "--min", str(min_nodes), "--max", str(max_nodes),
@@ -78,7 +78,7 @@ class Agent:
             cmd += ["--conf", conf]
         if token:
             cmd += ["--token", token]
-        self.p = background(cmd)
+        self.p = background(cmd, env=env)
         self.lines = Lines(self.p.proc.stdout)
 
     @property
@@ -402,8 +402,12 @@ def test_wrong_token_refused(token_daemon, rz):
     assert json.loads(bad.lines.next(10))["code"] == "ETOKEN"
     assert bad.p.wait(10) == 1
     good = rz.agent(d, min_nodes=1, max_nodes=1, token="s3cret",
-                 conf="last_call_timeout=0")
+                    conf="last_call_timeout=0")
     assert good.expect("round")["nnodes"] == 1
+    # CDDP_RDZV_TOKEN in the agent's environment works too.
+    env = rz.agent(d, run_id="env", min_nodes=1, max_nodes=1, conf="last_call_timeout=0",
+                   env=dict(os.environ, CDDP_RDZV_TOKEN="s3cret"))
+    assert env.expect("round")["nnodes"] == 1
     assert d.alive()
 
 
