@@ -382,6 +382,7 @@ static struct rdzv_run *run_new(struct rdzv_state *st, const char *run_id)
     memcpy(run->id, run_id, idlen + 1);
     run->idlen = idlen;
     run->phase = RDZV_FORMING;
+    run->round = 1; /* 0 means "no round yet" everywhere in cddp */
     for (int i = 0; i < N_COUNT; i++)
         cddp_queue_init(&run->lists[i]);
     timer_init(&run->last_call, T_LAST_CALL, run);
@@ -538,7 +539,8 @@ static void complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
                                         .rank_offset = offset,
                                         .nproc = node->nproc,
                                         .master_addr = maddr,
-                                        .master_port = mport};
+                                        .master_port = mport,
+                                        .restart_count = (int64_t)run->counted_restarts};
         offset += node->nproc;
     }
     /* Nodes outside this round lose their old rank; late members are no
@@ -617,6 +619,7 @@ static void restart(struct rdzv_state *st, struct rdzv_run *run, const char *rea
         a->restart.reason = r;
         a->restart.node_id = nid;
         a->restart.counted = counted;
+        a->restart.restart_count = (int64_t)run->counted_restarts;
     }
 }
 

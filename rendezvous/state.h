@@ -90,6 +90,7 @@ struct rdzv_action {
             const char *reason;
             const char *node_id;
             bool counted;
+            int64_t restart_count; /* the run's counted restarts, this one included */
         } restart;
         struct {
             const char *reason;
