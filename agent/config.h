@@ -61,6 +61,10 @@ struct launch_config {
     int rdzv_conf_len;
     char *rdzv_conf_buf; /* owned: the split copy rdzv_conf points into */
     bool standalone;
+    /* c10d (and --standalone): the endpoint, parsed by launch_validate
+     * (default port 29400; brackets removed from IPv6) */
+    char rdzv_host[256];
+    int rdzv_port;
 
     int max_restarts;
     double monitor_interval; /* accepted; exits are events here, not polled */

@@ -226,6 +226,7 @@ static void handle(struct rdzv_client *c, const struct proto_msg *m)
         ev.reason = m->restart.reason;
         ev.node_id = m->restart.node_id;
         ev.counted = m->restart.counted;
+        ev.restart_count = m->restart.restart_count;
         break;
     case PROTO_CLOSED:
         snprintf(c->last_error, sizeof(c->last_error), "rendezvous closed: %s",

@@ -78,13 +78,14 @@ enum rdzv_event_kind {
 
 struct rdzv_event {
     enum rdzv_event_kind kind;
-    uint64_t round;      /* RESTART: the round to join; JOINED: the round joined */
-    bool waiting;        /* JOINED: on the wait list */
-    const char *reason;  /* RESTART, CLOSED */
-    const char *node_id; /* RESTART: the node that caused it (may be NULL) */
-    bool counted;        /* RESTART: a worker failure (counts against --max_restarts) */
-    int code;            /* ERROR */
-    const char *message; /* ERROR: one line */
+    uint64_t round;        /* RESTART: the round to join; JOINED: the round joined */
+    bool waiting;          /* JOINED: on the wait list */
+    const char *reason;    /* RESTART, CLOSED */
+    const char *node_id;   /* RESTART: the node that caused it (may be NULL) */
+    bool counted;          /* RESTART: a worker failure (counts against --max_restarts) */
+    int64_t restart_count; /* RESTART: the run's counted restarts, this one included */
+    int code;              /* ERROR */
+    const char *message;   /* ERROR: one line */
 };
 
 typedef void (*rdzv_event_cb)(struct rdzv_client *c, const struct rdzv_event *ev, void *data);
