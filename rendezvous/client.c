@@ -239,17 +239,19 @@ static void handle(struct rdzv_client *c, const struct proto_msg *m)
         ev.kind = RDZV_EV_CLOSED;
         ev.reason = m->closed.reason;
         break;
-    case PROTO_ERROR:
-        snprintf(c->last_error, sizeof(c->last_error), "%s",
-                 m->error.message ? m->error.message : cddp_strerror(m->error.code));
+    case PROTO_ERROR: {
+        const char *msg = m->error.message ? m->error.message : cddp_strerror(m->error.code);
         if (c->joining) {
+            snprintf(c->last_error, sizeof(c->last_error), "%s", msg);
             c->joining = false;
             c->error_to_join = true;
             c->join_cb(c, m->error.code, NULL, c->join_arg);
             return;
         }
-        client_fail(c, m->error.code, "%s", c->last_error);
+        /* client_fail formats into last_error: never hand it last_error. */
+        client_fail(c, m->error.code, "%s", msg);
         return;
+    }
     case PROTO_RESULT: {
         struct cddp_queue *q;
         cddp_queue_foreach(q, &c->reqs)
