@@ -34,8 +34,6 @@
 
 extern char **environ;
 
-/* torchrun's exit barrier timeout (AAPI exit_barrier_timeout=300). */
-#define EXIT_BARRIER_TIMEOUT_MS 300000
 /* How often to look at process groups whose last members are not our
  * children (they can only be seen by asking); only while such groups exist. */
 #define GROUP_CHECK_MS 100
@@ -88,8 +86,8 @@ struct agent {
     bool changed;
 
     bool shutting_down;
-    /* How this node leaves the rendezvous (POLICY_ACT_EXIT's end_job). */
-    bool rdzv_end_job;
+    /* How this node leaves the rendezvous (POLICY_ACT_EXIT's end_job, finished). */
+    enum agent_rdzv_farewell rdzv_how;
     char rdzv_reason[1024];
     char me[300]; /* "host (pid N)", for the other nodes' messages */
     int exit_code;
@@ -272,7 +270,7 @@ static void on_barrier(struct agent_rdzv *r, int status)
     struct agent *a = r->data;
     if (status != 0)
         log_error("A0105", "Error waiting on exit barrier: %s", cddp_strerror(status));
-    post(a, POLICY_EV_BARRIER_DONE, 0, 0, 0);
+    post(a, POLICY_EV_BARRIER_DONE, 0, status, 0);
 }
 
 /* ---- workers ---- */
@@ -568,9 +566,14 @@ static void arm_deadline(struct agent *a, uint64_t deadline_ms)
 /* How this node leaves the rendezvous, and what the others are told. */
 static void rdzv_farewell(struct agent *a, const struct policy_action *act)
 {
-    a->rdzv_end_job = act->end_job;
-    if (a->pol.state == AGENT_SUCCEEDED)
+    a->rdzv_how = act->end_job    ? AGENT_RDZV_END_JOB
+                  : act->finished ? AGENT_RDZV_FINISHED
+                                  : AGENT_RDZV_LEAVE;
+    if (a->pol.state == AGENT_SUCCEEDED && act->end_job)
         snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "the job finished");
+    else if (act->finished && a->pol.state == AGENT_SUCCEEDED)
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason),
+                 "%s: its workers succeeded; the exit barrier ended without every node", a->me);
     else if (act->end_job)
         snprintf(a->rdzv_reason, sizeof(a->rdzv_reason),
                  "%s: worker groups failed and no restarts are left (max_restarts=%d)", a->me,
@@ -633,10 +636,10 @@ static void do_action(struct agent *a, const struct policy_action *act)
     }
     case POLICY_ACT_EXIT_BARRIER: {
         kill_strays(a);
-        int rc = a->rdzv->ops->exit_barrier(a->rdzv, EXIT_BARRIER_TIMEOUT_MS, on_barrier);
+        int rc = a->rdzv->ops->exit_barrier(a->rdzv, a->cfg->exit_barrier_timeout_ms, on_barrier);
         if (rc) {
             log_error("A0105", "Error waiting on exit barrier: %s", cddp_strerror(rc));
-            post(a, POLICY_EV_BARRIER_DONE, 0, 0, 0);
+            post(a, POLICY_EV_BARRIER_DONE, 0, rc, 0);
         }
         break;
     }
@@ -799,7 +802,7 @@ static void agent_shutdown(struct agent *a)
             if (a->rdzv_reason[0] == '\0')
                 snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->me,
                          a->fail_reason[0] ? a->fail_reason : "the agent failed");
-            a->rdzv->ops->close(a->rdzv, a->rdzv_end_job, a->rdzv_reason, on_rdzv_closed_done);
+            a->rdzv->ops->close(a->rdzv, a->rdzv_how, a->rdzv_reason, on_rdzv_closed_done);
         }
     }
 }

@@ -107,6 +107,9 @@ struct launch_config {
     const char *prefix_template;  /* TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, or NULL */
     const char *error_file;       /* the agent's own TORCHELASTIC_ERROR_FILE, or NULL */
 
+    /* CDDP_EXIT_BARRIER_TIMEOUT: torch's exit_barrier_timeout, default 300 s */
+    uint64_t exit_barrier_timeout_ms;
+
     /* the entrypoint as typed, and the arguments after it */
     const char *entrypoint;
     char **entry_args;

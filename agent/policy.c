@@ -82,11 +82,14 @@ static void finish(struct agent_policy *p, struct out *o, enum agent_state state
     struct policy_action *a = emit(o, POLICY_ACT_EXIT);
     a->exit_code = code;
     a->reason = p->stop_reason;
-    /* The job is over for every node when it succeeded, or when worker
-     * failures used up the restarts. A signal, or a rendezvous that closed
-     * or could not be reached, ends this node only. */
-    a->end_job =
-        state == AGENT_SUCCEEDED || (state == AGENT_FAILED && p->stop_reason == STOP_FAILURE);
+    /* The job is over for every node when it succeeded (the exit barrier
+     * saw every node), or when worker failures used up the restarts. A
+     * signal, or a rendezvous that closed or could not be reached, ends
+     * this node only; when its workers had succeeded, the others are not
+     * disturbed by its going. */
+    a->end_job = (state == AGENT_SUCCEEDED && !p->barrier_failed) ||
+                 (state == AGENT_FAILED && p->stop_reason == STOP_FAILURE);
+    a->finished = !a->end_job && p->group_succeeded;
 }
 
 /* The run ends without a new round: the failure table when this node's
@@ -128,6 +131,7 @@ static void stopped(struct agent_policy *p, struct out *o)
     case STOP_SUCCESS:
     case STOP_NONE:
         p->state = AGENT_EXIT_BARRIER;
+        p->group_succeeded = true;
         emit(o, POLICY_ACT_EXIT_BARRIER);
         break;
     case STOP_SIGNAL:
@@ -283,6 +287,8 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
             }
             p->stop_reason = STOP_NONE;
             p->state = AGENT_RUNNING;
+            p->group_succeeded = false;
+            p->barrier_failed = false;
             emit(&o, POLICY_ACT_START_WORKERS);
         }
         break;
@@ -331,6 +337,7 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
             /* The barrier cannot complete: the other nodes start a new round. */
             p->stop_reason = STOP_MEMBERSHIP;
             p->state = AGENT_RENDEZVOUS;
+            p->group_succeeded = false;
             emit(&o, POLICY_ACT_JOIN)->reason = STOP_MEMBERSHIP;
         }
         break;
@@ -349,8 +356,11 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
         }
         break;
     case POLICY_EV_BARRIER_DONE:
-        if (p->state == AGENT_EXIT_BARRIER)
+        if (p->state == AGENT_EXIT_BARRIER) {
+            /* torchrun only logs barrier errors: the workers succeeded. */
+            p->barrier_failed = ev->exitcode != 0;
             finish(p, &o, AGENT_SUCCEEDED, CDDP_EXIT_OK);
+        }
         break;
     }
     return o.n;

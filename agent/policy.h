@@ -34,10 +34,14 @@
  *     group left behind are stopped, or during the exit barrier makes this
  *     node stop and join the next round (the barrier is abandoned: the job
  *     did not end in that round).
- *   - At the end the agent either closes the rendezvous for every node
- *     (POLICY_ACT_EXIT's end_job: the job succeeded, or failed for good
- *     because of worker failures) or only leaves it (a signal, a closed or
- *     unreachable rendezvous: the other nodes carry on if they can).
+ *   - At the end the agent closes the rendezvous for every node
+ *     (POLICY_ACT_EXIT's end_job: the exit barrier completed, or worker
+ *     failures used up the restarts); or, when this node's workers
+ *     succeeded but the others were not seen to finish (the barrier timed
+ *     out, a signal at the barrier), it leaves as finished (the others go
+ *     on undisturbed, as torch's); otherwise it only leaves (a signal, a
+ *     closed or unreachable rendezvous: the other nodes restart without it
+ *     if they can).
  */
 #ifndef CDDP_AGENT_POLICY_H
 #define CDDP_AGENT_POLICY_H
@@ -84,7 +88,7 @@ enum policy_event_type {
     POLICY_EV_SIGNAL,       /* sig */
     POLICY_EV_RDZV_RESTART, /* membership changed */
     POLICY_EV_RDZV_CLOSED,
-    POLICY_EV_BARRIER_DONE,
+    POLICY_EV_BARRIER_DONE, /* exitcode: 0, or the barrier's error (timed out, ...) */
 };
 
 struct policy_event {
@@ -123,6 +127,8 @@ struct policy_action {
                                 (coordinated: expected; < 0 when none are left) */
     bool end_job;            /* EXIT: close the rendezvous for every node (the job is
                                 over) rather than only leave it */
+    bool finished;           /* EXIT, !end_job: this node's workers succeeded; leave
+                                without disturbing the others */
 };
 
 struct policy_worker {
@@ -145,6 +151,8 @@ struct agent_policy {
     /* Multi-node: restarts are counted by the rendezvous (see above). Set
      * after policy_init, before the first event. */
     bool coordinated;
+    bool group_succeeded; /* every worker of the current round exited 0 */
+    bool barrier_failed;  /* the exit barrier ended without every node */
 };
 
 #define POLICY_MAX_ACTIONS 8

@@ -57,6 +57,13 @@ struct agent_join {
 
 struct agent_rdzv;
 
+/* How a node takes its leave of the rendezvous (close). */
+enum agent_rdzv_farewell {
+    AGENT_RDZV_LEAVE,    /* the others restart without this node (not counted) */
+    AGENT_RDZV_FINISHED, /* this node's workers succeeded: the others go on undisturbed */
+    AGENT_RDZV_END_JOB,  /* the job is over: the rendezvous closes for every node */
+};
+
 /* status 0: round is valid for the duration of the call (copy it).
  * status < 0: no round (timeout, closed, refused); reason says why. */
 typedef void (*agent_round_cb)(struct agent_rdzv *r, int status, const struct agent_round *round,
@@ -74,13 +81,14 @@ struct agent_rdzv_ops {
     /* Waits (bounded) until every node's workers have finished. */
     int (*exit_barrier)(struct agent_rdzv *r, uint64_t timeout_ms, agent_rdzv_status_cb cb);
     /* Cancels what is pending (pending callbacks are not called), takes
-     * this node out of the rendezvous and releases the implementation's
-     * handles; cb runs once they are closed. end_job: the job is over for
-     * every node (success, or restarts used up): the rendezvous is closed
-     * for all, with reason. Otherwise this node only leaves (the others
-     * restart without it). An agent hosting the server closes it either
-     * way, after waiting (bounded) for the other nodes when end_job. */
-    void (*close)(struct agent_rdzv *r, bool end_job, const char *reason, agent_rdzv_close_cb cb);
+     * this node out of the rendezvous as `how` says (reason: what the
+     * other nodes are told) and releases the implementation's handles; cb
+     * runs once they are closed. An agent hosting the server keeps serving
+     * until the other nodes are gone (END_JOB: at most close_timeout;
+     * FINISHED: as long as they run), then shuts it down; on LEAVE it
+     * closes the rendezvous for every node first (the server goes). */
+    void (*close)(struct agent_rdzv *r, enum agent_rdzv_farewell how, const char *reason,
+                  agent_rdzv_close_cb cb);
 };
 
 struct agent_rdzv {

@@ -13,11 +13,14 @@
  *                         means another agent here serves it: be a client.
  *
  * Life: new -> join -> round -> (restart -> join -> round)* -> close.
- * close(end_job) sends "close" and waits (at most ACK_TIMEOUT_MS) for the
+ * close(END_JOB) sends "close" and waits (at most ACK_TIMEOUT_MS) for the
  * server's "closed" echo, so the reason reaches every node before this
- * connection goes; otherwise close sends "leave". An agent hosting the
- * server then drains it (end_job: until the job's other connections are
- * gone, at most close_timeout) and shuts it down.
+ * connection goes; close(LEAVE, FINISHED) sends "leave" (finished: the
+ * others go on without a restart). An agent hosting the server then drains
+ * it (until the job's other connections are gone: at most close_timeout
+ * after END_JOB, without limit after FINISHED, since the others still work
+ * and need it) and shuts it down; a hosting agent that LEAVEs closes the
+ * rendezvous for every node first (its server goes with it).
  *
  * The client calls its pending callbacks with -ECANCELED inside
  * rdzv_client_close; agent/rdzv.h promises that pending callbacks are not
@@ -74,7 +77,7 @@ struct c10d {
     uint64_t barrier_gen; /* a join abandons the barrier of the last round */
 
     bool closing;
-    bool end_job;
+    enum agent_rdzv_farewell how;
     bool awaiting_ack;
     char close_reason[512];
     agent_rdzv_close_cb close_cb;
@@ -141,10 +144,16 @@ static void on_drained(void *arg)
 static void on_client_closed(void *arg)
 {
     struct c10d *c = arg;
-    if (c->server && c->end_job) {
-        uint64_t ms = c->conf.close_timeout_ms;
-        log_info("A0712", "waiting up to %.1f s for the other nodes of run '%s' to go",
-                 (double)ms / 1000.0, c->run_id);
+    if (c->server && c->how != AGENT_RDZV_LEAVE) {
+        uint64_t ms = c->how == AGENT_RDZV_END_JOB ? c->conf.close_timeout_ms : UINT64_MAX;
+        if (ms == UINT64_MAX)
+            log_warn("A0714",
+                     "this node's workers succeeded; it keeps serving the rendezvous of run '%s' "
+                     "until the other nodes finish",
+                     c->run_id);
+        else
+            log_info("A0712", "waiting up to %.1f s for the other nodes of run '%s' to go",
+                     (double)ms / 1000.0, c->run_id);
         if (rdzv_server_drain(c->server, c->run_id, ms, on_drained, c) == 0)
             return;
     }
@@ -173,7 +182,7 @@ static void on_ack_timeout(uv_timer_t *t)
     }
 }
 
-static void c10d_close(struct agent_rdzv *r, bool end_job, const char *reason,
+static void c10d_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const char *reason,
                        agent_rdzv_close_cb cb)
 {
     struct c10d *c = (struct c10d *)r;
@@ -181,7 +190,7 @@ static void c10d_close(struct agent_rdzv *r, bool end_job, const char *reason,
         return;
     c->closing = true;
     c->close_cb = cb;
-    c->end_job = end_job;
+    c->how = how;
     cddp_strlcpy(c->close_reason, reason && reason[0] ? reason : "the job ended",
                  sizeof(c->close_reason));
     c->join_cb = NULL;
@@ -192,16 +201,17 @@ static void c10d_close(struct agent_rdzv *r, bool end_job, const char *reason,
         close_client(c);
         return;
     }
-    /* The server goes with a hosting agent: close the run for every node
-     * then too, so they hear why instead of a dropped connection. */
-    if (end_job || c->server) {
+    /* A hosting agent that leaves takes the server with it: close the run
+     * for every node then too, so they hear why instead of a dropped
+     * connection. */
+    if (how == AGENT_RDZV_END_JOB || (how == AGENT_RDZV_LEAVE && c->server)) {
         if (rdzv_client_close_rendezvous(c->client, c->close_reason) == 0) {
             c->awaiting_ack = true;
             uv_timer_start(&c->timer, on_ack_timeout, ACK_TIMEOUT_MS, 0);
             return;
         }
     } else {
-        rdzv_client_leave(c->client, c->close_reason);
+        rdzv_client_leave(c->client, c->close_reason, how == AGENT_RDZV_FINISHED);
     }
     close_client(c);
 }

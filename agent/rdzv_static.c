@@ -68,11 +68,11 @@ static void static_closed(uv_handle_t *h)
         s->close_cb(&s->base);
 }
 
-static void static_close(struct agent_rdzv *r, bool end_job, const char *reason,
+static void static_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const char *reason,
                          agent_rdzv_close_cb cb)
 {
     struct agent_rdzv_static *s = (struct agent_rdzv_static *)r;
-    (void)end_job;
+    (void)how;
     (void)reason;
     s->join_cb = NULL;
     s->barrier_cb = NULL;

@@ -710,6 +710,18 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
                         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT='%s' is not a number of seconds >= 0", sto);
         cfg->shutdown_timeout_ms = (uint64_t)(secs * 1000.0 + 0.5);
     }
+    /* CDDP_EXIT_BARRIER_TIMEOUT: torch's exit_barrier_timeout (300 s), which
+     * torchrun hard-codes. */
+    cfg->exit_barrier_timeout_ms = 300000;
+    const char *ebt = env_get(envp, "CDDP_EXIT_BARRIER_TIMEOUT");
+    if (ebt && *ebt) {
+        double secs;
+        if (cddp_parse_double(ebt, 0, 86400.0 * 7, &secs) != 0)
+            return fail(err, errlen, CDDP_EPARSE,
+                        "CDDP_EXIT_BARRIER_TIMEOUT='%s' is not a number of seconds in [0, 604800]",
+                        ebt);
+        cfg->exit_barrier_timeout_ms = (uint64_t)(secs * 1000.0 + 0.5);
+    }
     cfg->prefix_template = env_get(envp, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
     cfg->error_file = env_get(envp, "TORCHELASTIC_ERROR_FILE");
     if (cfg->error_file && cfg->error_file[0] == '\0')

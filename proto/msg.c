@@ -522,7 +522,9 @@ static int decode_fields(struct dec *d)
     case PROTO_CLOSE:
     case PROTO_CLOSED:
         /* leave, close and closed share one layout. */
-        return get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->leave.reason);
+        if ((rc = get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->leave.reason)))
+            return rc;
+        return m->type == PROTO_LEAVE ? get_bool(d, "finished", &m->leave.finished) : 0;
     case PROTO_FAILURE:
         if ((rc = get_int(d, "round", true, 0, PROTO_MAX_INT, 0, &v)))
             return rc;
@@ -836,6 +838,8 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
     case PROTO_CLOSE:
     case PROTO_CLOSED:
         put_str(e, "reason", m->leave.reason, PROTO_MAX_TEXT);
+        if (m->type == PROTO_LEAVE && m->leave.finished)
+            put_bool(e, "finished", true);
         break;
     case PROTO_FAILURE:
         put_int(e, "round", (int64_t)m->failure.round, 0, PROTO_MAX_INT);

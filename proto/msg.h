@@ -129,6 +129,9 @@ struct proto_msg {
         } joined;
         struct {
             const char *reason; /* may be NULL */
+            /* leave only: this node's workers succeeded; the others go on
+             * without it (no restart). Optional on the wire. */
+            bool finished;
         } leave, close, closed;
         struct {
             uint64_t round;

@@ -602,7 +602,7 @@ int rdzv_client_join(struct rdzv_client *c, int master_port, rdzv_join_cb cb, vo
 }
 
 static int send_simple(struct rdzv_client *c, enum proto_type type, uint64_t round,
-                       const char *reason)
+                       const char *reason, bool finished)
 {
     struct proto_msg m = {.type = type};
     if (type == PROTO_FAILURE) {
@@ -610,6 +610,7 @@ static int send_simple(struct rdzv_client *c, enum proto_type type, uint64_t rou
         m.failure.reason = reason;
     } else {
         m.leave.reason = reason; /* leave and close share the layout */
+        m.leave.finished = finished;
     }
     return client_send(c, &m);
 }
@@ -618,17 +619,17 @@ int rdzv_client_report_failure(struct rdzv_client *c, const char *reason)
 {
     if (!c->has_round)
         return CDDP_ESTATE;
-    return send_simple(c, PROTO_FAILURE, c->round.round, reason);
+    return send_simple(c, PROTO_FAILURE, c->round.round, reason, false);
 }
 
-int rdzv_client_leave(struct rdzv_client *c, const char *reason)
+int rdzv_client_leave(struct rdzv_client *c, const char *reason, bool finished)
 {
-    return send_simple(c, PROTO_LEAVE, 0, reason);
+    return send_simple(c, PROTO_LEAVE, 0, reason, finished);
 }
 
 int rdzv_client_close_rendezvous(struct rdzv_client *c, const char *reason)
 {
-    return send_simple(c, PROTO_CLOSE, 0, reason);
+    return send_simple(c, PROTO_CLOSE, 0, reason, false);
 }
 
 /* Sends m as a request whose result goes to cb. */

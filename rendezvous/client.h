@@ -116,8 +116,9 @@ int rdzv_client_join(struct rdzv_client *c, int master_port, rdzv_join_cb cb, vo
 
 /* Our worker group failed in the current round (counted restart for all). */
 int rdzv_client_report_failure(struct rdzv_client *c, const char *reason);
-/* We leave the job (the others restart without us, not counted). */
-int rdzv_client_leave(struct rdzv_client *c, const char *reason);
+/* We leave the job: the others restart without us (not counted); or,
+ * finished, our workers succeeded and the others go on undisturbed. */
+int rdzv_client_leave(struct rdzv_client *c, const char *reason, bool finished);
 /* Closes the rendezvous for every node (event CLOSED everywhere, us too). */
 int rdzv_client_close_rendezvous(struct rdzv_client *c, const char *reason);
 

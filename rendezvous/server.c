@@ -424,7 +424,8 @@ int rdzv_server_drain(struct rdzv_server *srv, const char *run_id, uint64_t time
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     srv->drain_cb = cb;
     srv->drain_arg = arg;
-    uv_timer_start(&srv->drain_timer, on_drain_timer, timeout_ms, 0);
+    if (timeout_ms != UINT64_MAX)
+        uv_timer_start(&srv->drain_timer, on_drain_timer, timeout_ms, 0);
     check_drain(srv);
     return 0;
 }
@@ -500,7 +501,7 @@ static void dispatch(struct conn *c, const struct proto_msg *m)
         rdzv_state_heartbeat(srv->state, now, &c->peer);
         break;
     case PROTO_LEAVE:
-        rdzv_state_leave(srv->state, now, &c->peer, m->leave.reason);
+        rdzv_state_leave(srv->state, now, &c->peer, m->leave.reason, m->leave.finished);
         break;
     case PROTO_FAILURE:
         rdzv_state_failure(srv->state, now, &c->peer, m->failure.round, m->failure.reason);

@@ -70,7 +70,7 @@ void rdzv_server_stats(const struct rdzv_server *s, struct rdzv_server_stats *ou
 
 /* Waits for the end of a job: calls cb once run_id has no connection left
  * (every node of the job went away, or the run is gone), or when timeout_ms
- * has passed, whichever comes first; never from inside this call. The
+ * has passed (UINT64_MAX: no limit), whichever comes first; never from inside this call. The
  * server keeps serving meanwhile (late nodes of a closed run are told it is
  * closed). This is how an agent hosting the rendezvous lets the other nodes
  * finish before it shuts the server down. One drain at a time: CDDP_ESTATE

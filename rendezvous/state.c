@@ -885,12 +885,21 @@ void rdzv_state_heartbeat(struct rdzv_state *st, uint64_t now, struct rdzv_peer 
 }
 
 void rdzv_state_leave(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
-                      const char *reason)
+                      const char *reason, bool finished)
 {
     (void)reason;
     begin(st);
-    if (peer->node)
-        node_remove(st, peer->node, now, "node_left");
+    struct rdzv_node *node = peer->node;
+    if (node == NULL)
+        return;
+    if (!finished) {
+        node_remove(st, node, now, "node_left");
+        return;
+    }
+    /* Its part of the job is done: the running round goes on without it. */
+    struct rdzv_run *run = node->run;
+    node_free(st, node);
+    check_complete(st, run, now);
 }
 
 void rdzv_state_failure(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer, uint64_t round,

@@ -364,6 +364,25 @@ def test_late_agent_scales_up_to_max(cluster):
     stop(b, d, a)
 
 
+def test_unequal_finish_and_exit_barrier_timeout(cluster):
+    """Node 0's workers finish long before node 1's: node 0's exit barrier
+    times out (CDDP_EXIT_BARRIER_TIMEOUT), it exits 0 without disturbing
+    node 1, and as the host it keeps serving until node 1 is done."""
+    port = free_port()
+    env = {"CDDP_EXIT_BARRIER_TIMEOUT": "0.3"}
+    host = cluster.agent("0", *c10d(port, 2, conf="is_host=1," + FAST),
+                         env=dict(env, LIFETIME="0.1"))
+    late = cluster.agent("1", *c10d(port, 2, conf="is_host=0," + FAST),
+                         env=dict(env, LIFETIME="2"))
+    host.wait_log("keeps serving the rendezvous")
+    assert host.bg.proc.poll() is None
+    assert late.wait() == 0, late.text()
+    assert host.wait() == 0, host.text()
+    assert len(rounds(cluster.out)) == 1, "nobody restarted"
+    assert "Error waiting on exit barrier" in host.text()
+    assert "Error waiting on exit barrier" not in late.text()
+
+
 # ---- worker failures ----
 
 def test_worker_failure_restarts_every_node_counted_once(cluster):

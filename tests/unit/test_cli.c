@@ -402,6 +402,14 @@ static void test_pet_bad_values_named(void **state)
     char *e4[] = {(char *)"TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon", NULL};
     assert_true(parse_env(&c, e4, "w", NULL) < 0);
     assert_non_null(strstr(err, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"));
+    char *e6[] = {(char *)"CDDP_EXIT_BARRIER_TIMEOUT=2.5", NULL};
+    assert_int_equal(parse_env(&c, e6, "w", NULL), 0);
+    assert_int_equal(c.exit_barrier_timeout_ms, 2500);
+    assert_int_equal(parse(&c, "w"), 0);
+    assert_int_equal(c.exit_barrier_timeout_ms, 300000);
+    char *e7[] = {(char *)"CDDP_EXIT_BARRIER_TIMEOUT=-1", NULL};
+    assert_true(parse_env(&c, e7, "w", NULL) < 0);
+    assert_non_null(strstr(err, "CDDP_EXIT_BARRIER_TIMEOUT"));
     char *e5[] = {(char *)"PET_REDIRECTS=9", NULL};
     assert_true(parse_env(&c, e5, "w", NULL) < 0);
     assert_non_null(strstr(err, "PET_REDIRECTS"));

@@ -588,6 +588,35 @@ static void test_end_job(void **state)
     running(&p, 1, 0);
     exit_clean(&p, 0, 1, 1);
     assert_true(find(POLICY_ACT_EXIT)->end_job);
+    assert_false(find(POLICY_ACT_EXIT)->finished);
+    policy_free(&p);
+    /* our workers succeeded but the barrier timed out: leave as finished,
+     * the others go on undisturbed */
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    struct policy_event ev = {.type = POLICY_EV_BARRIER_DONE, .exitcode = -4009};
+    nacts = policy_step(&p, &ev, 2, acts);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, CDDP_EXIT_OK);
+    assert_false(acts[0].end_job);
+    assert_true(acts[0].finished);
+    policy_free(&p);
+    /* a signal at the barrier: the same */
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGTERM, 2);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, 128 + SIGTERM);
+    assert_true(acts[0].finished);
+    policy_free(&p);
+    /* ... but not after the next round started */
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 2);
+    step_round(&p, 0, 3);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGTERM, 4);
+    exit_clean(&p, 0, -SIGTERM, 5);
+    assert_false(find(POLICY_ACT_EXIT)->finished);
     policy_free(&p);
 }
 

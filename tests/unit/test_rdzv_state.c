@@ -576,7 +576,7 @@ static void test_waiting_at_max(void **state)
     join(s, 2, "c", 1, 2, NULL);
     assert_true(find(s, 2, RDZV_ACT_JOINED)->joined.waiting);
     /* A member leaves: the waiting node takes its place. */
-    rdzv_state_leave(s->st, s->now, &s->peer[0], "done");
+    rdzv_state_leave(s->st, s->now, &s->peer[0], "done", false);
     collect(s);
     assert_non_null(find(s, 1, RDZV_ACT_RESTART));
     assert_string_equal(find(s, 1, RDZV_ACT_RESTART)->restart.reason, "node_left");
@@ -592,6 +592,43 @@ static void test_waiting_at_max(void **state)
     /* The node that left may join again: it waits (at max). */
     join(s, 0, "a", 1, 2, NULL);
     assert_true(find(s, 0, RDZV_ACT_JOINED)->joined.waiting);
+    sim_free(s);
+}
+
+static void test_finished_leave_is_quiet(void **state)
+{
+    (void)state;
+    /* A node whose workers succeeded leaves (its exit barrier timed out):
+     * the others go on, nobody restarts; torch only prunes it. */
+    struct sim *s = running3(NULL, 2, 3);
+    rdzv_state_leave(s->st, s->now, &s->peer[2], "exit barrier timed out", true);
+    collect(s);
+    assert_int_equal(s->nacts, 0);
+    assert_int_equal(stats(s, "job").phase, RDZV_RUNNING);
+    assert_int_equal(stats(s, "job").active, 2);
+    /* Its connection going later changes nothing either. */
+    drop(s, 2);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 0);
+    /* A failure afterwards restarts the two that are left. */
+    rdzv_state_failure(s->st, s->now, &s->peer[0], stats(s, "job").round, "exit 1");
+    collect(s);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    join(s, 0, "a", 2, 3, NULL);
+    join(s, 1, "b", 2, 3, NULL);
+    check_round(s, 2);
+    sim_free(s);
+
+    /* While a round forms after a restart, a finished member is no longer
+     * expected: the others complete the round without it. */
+    s = running3("last_call_timeout=600", 2, 3);
+    rdzv_state_failure(s->st, s->now, &s->peer[0], stats(s, "job").round, "exit 1");
+    collect(s);
+    join(s, 0, "a", 2, 3, NULL);
+    join(s, 1, "b", 2, 3, NULL);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0); /* c is expected */
+    rdzv_state_leave(s->st, s->now, &s->peer[2], NULL, true);
+    collect(s);
+    check_round(s, 2);
     sim_free(s);
 }
 
@@ -1121,7 +1158,7 @@ static void test_random_sequences(void **state)
             } else if (op < 60) {
                 drop(s, i);
             } else if (op < 65) {
-                rdzv_state_leave(s->st, s->now, &s->peer[i], NULL);
+                rdzv_state_leave(s->st, s->now, &s->peer[i], NULL, rnd(2) == 0);
                 collect(s);
             } else if (op < 72) {
                 struct rdzv_run_stats r;
@@ -1168,6 +1205,7 @@ int main(void)
         cmocka_unit_test(test_waiting_node_scale_up),
         cmocka_unit_test(test_waiting_at_max),
         cmocka_unit_test(test_failure_counted),
+        cmocka_unit_test(test_finished_leave_is_quiet),
         cmocka_unit_test(test_member_rejoin),
         cmocka_unit_test(test_lost_below_min_waits_then_times_out),
         cmocka_unit_test(test_laggard_after_last_call),
