@@ -587,11 +587,20 @@ static void check_complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t
         timer_disarm(st, &run->last_call);
         return;
     }
-    if (p >= (size_t)run->max_nodes || (run->expecting && run->count[N_RESTARTING] == 0) ||
-        run->last_call_ms == 0) {
+    if (p >= (size_t)run->max_nodes || (run->expecting && run->count[N_RESTARTING] == 0)) {
         complete(st, run, now);
         return;
     }
+    /* After a restart the members still stopping their workers are waited
+     * for (dead ones are removed by their heartbeats), even with
+     * last_call_timeout=0: completing without them would make each late
+     * member's join restart the round again, for ever. */
+    if (run->last_call_ms == 0 && !run->expecting) {
+        complete(st, run, now);
+        return;
+    }
+    if (run->last_call_ms == 0)
+        return;
     if (!timer_armed(&run->last_call))
         timer_arm(st, &run->last_call, add_ms(now, run->last_call_ms));
 }

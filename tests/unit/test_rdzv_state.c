@@ -595,6 +595,45 @@ static void test_waiting_at_max(void **state)
     sim_free(s);
 }
 
+static void test_no_restart_livelock_with_zero_last_call(void **state)
+{
+    (void)state;
+    /* min 2, max 4, last_call_timeout=0, three running: a fourth joins.
+     * The next round must wait for all three members stopping their
+     * workers; completing at min would leave one out, and its join would
+     * restart the round again, and so on. */
+    const char *c0 = "last_call_timeout=0";
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 3; i++)
+        hello(s, i, "job");
+    join(s, 0, "a", 2, 4, c0);
+    join(s, 1, "b", 2, 4, c0);
+    check_round(s, 2); /* min is enough at once with last_call_timeout=0 */
+    join(s, 2, "c", 2, 4, c0);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    join(s, 0, "a", 2, 4, c0);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0); /* b is expected back */
+    join(s, 1, "b", 2, 4, c0);
+    check_round(s, 3);
+    hello(s, 3, "job");
+    join(s, 3, "d", 2, 4, "last_call_timeout=0");
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 3);
+    join(s, 0, "a", 2, 4, "last_call_timeout=0");
+    join(s, 1, "b", 2, 4, "last_call_timeout=0");
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0); /* c is still expected */
+    join(s, 2, "c", 2, 4, "last_call_timeout=0");
+    check_round(s, 4);
+    assert_int_equal(stats(s, "job").restarting, 0);
+    /* A member that dies instead of rejoining is not waited for. */
+    drop(s, 3);
+    join(s, 0, "a", 2, 4, "last_call_timeout=0");
+    join(s, 1, "b", 2, 4, "last_call_timeout=0");
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    drop(s, 2);
+    check_round(s, 2);
+    sim_free(s);
+}
+
 static void test_finished_leave_is_quiet(void **state)
 {
     (void)state;
@@ -1206,6 +1245,7 @@ int main(void)
         cmocka_unit_test(test_waiting_at_max),
         cmocka_unit_test(test_failure_counted),
         cmocka_unit_test(test_finished_leave_is_quiet),
+        cmocka_unit_test(test_no_restart_livelock_with_zero_last_call),
         cmocka_unit_test(test_member_rejoin),
         cmocka_unit_test(test_lost_below_min_waits_then_times_out),
         cmocka_unit_test(test_laggard_after_last_call),
