@@ -47,10 +47,13 @@ exec sleep "${LIFETIME:-3600}"
 FAST = "keep_alive_interval=0.2,keep_alive_max_attempt=3,last_call_timeout=0.5"
 
 
-def envs(out):
-    """Every worker start so far: a list of dicts (the recorded variables)."""
+def envs(out, ignore=()):
+    """Every worker start so far (but those in ignore, a snapshot()): a list
+    of dicts (the recorded variables)."""
     found = []
     for f in sorted(pathlib.Path(out).glob("w.*.env")):
+        if f.name in ignore:
+            continue
         d = {}
         for line in f.read_text().splitlines():
             k, _, v = line.partition("=")
@@ -59,20 +62,24 @@ def envs(out):
     return found
 
 
-def rounds(out):
+def snapshot(out):
+    """The worker starts so far, to be ignored by later waits."""
+    return {f.name for f in pathlib.Path(out).glob("w.*.env")}
+
+
+def rounds(out, ignore=()):
     """Worker starts grouped by round (MASTER_PORT), oldest first."""
     by = {}
-    for e in envs(out):
+    for e in envs(out, ignore):
         by.setdefault(e["MASTER_PORT"], []).append(e)
     return list(by.values())
 
 
-def wait_round(out, world, timeout=20, exclude=()):
-    """The workers of a round with this WORLD_SIZE, once all have started."""
+def wait_round(out, world, timeout=20, ignore=()):
+    """The workers of a round with this WORLD_SIZE, once all have started
+    (only starts not in ignore, a snapshot() taken before what starts it)."""
     def done():
-        for r in rounds(out):
-            if r[0]["MASTER_PORT"] in exclude:
-                continue
+        for r in rounds(out, ignore):
             if len(r) == world and all(int(e["WORLD_SIZE"]) == world for e in r):
                 return r
         return None
@@ -253,8 +260,9 @@ def test_sigkill_one_agent_survivors_restart(cluster):
     check_world(first, 3, [2, 2, 2])
     victims = [int(e["PID"]) for e in first if e["NODE"] == "2"]
     t0 = time.monotonic()
+    before = snapshot(cluster.out)
     c.signal(signal.SIGKILL)
-    second = wait_round(cluster.out, 4, exclude={first[0]["MASTER_PORT"]})
+    second = wait_round(cluster.out, 4, ignore=before)
     check_world(second, 2, [2, 2])
     assert {e["NODE"] for e in second} == {"0", "1"}
     assert {e["TORCHELASTIC_RESTART_COUNT"] for e in second} == {"0"}
@@ -287,9 +295,10 @@ def test_sigstop_agent_removed_after_heartbeat_timeout(cluster):
     b = cluster.agent("1", *c10d(port, "2:3", conf="is_host=0," + FAST))
     c = cluster.agent("2", *c10d(port, "2:3", conf="is_host=0," + FAST))
     first = wait_round(cluster.out, 6)
+    before = snapshot(cluster.out)
     c.signal(signal.SIGSTOP)
     try:
-        second = wait_round(cluster.out, 4, exclude={first[0]["MASTER_PORT"]})
+        second = wait_round(cluster.out, 4, ignore=before)
         assert {e["NODE"] for e in second} == {"0", "1"}
         assert "no heartbeat" in b.text()
     finally:
@@ -311,7 +320,11 @@ def test_lost_host_ends_the_job_with_a_clear_error(cluster):
     host.signal(signal.SIGKILL)
     assert other.wait() == 1
     assert "lost the rendezvous" in other.text()
-    assert not any(alive(int(e["PID"])) for e in first)
+    # Its own workers are gone when it exits; the host's go with the host
+    # (its guardian kills them), a moment later.
+    assert not any(alive(int(e["PID"])) for e in first if e["NODE"] == "1")
+    wait_for(lambda: not any(alive(int(e["PID"])) for e in first), timeout=10,
+             what="the killed host's workers to go")
 
 
 def test_host_stopped_by_signal_closes_the_job(cluster):
@@ -349,17 +362,19 @@ def test_late_agent_scales_up_to_max(cluster):
     a = cluster.agent("0", *args(1))
     b = cluster.agent("1", *args(0))
     first = wait_round(cluster.out, 4)
+    before = snapshot(cluster.out)
     c = cluster.agent("2", *args(0))
-    second = wait_round(cluster.out, 6)
+    second = wait_round(cluster.out, 6, ignore=before)
     check_world(second, 3, [2, 2, 2])
     assert {e["TORCHELASTIC_RESTART_COUNT"] for e in second} == {"0"}
     assert not any(alive(int(e["PID"])) for e in first)
+    before = snapshot(cluster.out)
     d = cluster.agent("3", *args(0))
     d.wait_log("waits for a place")
     time.sleep(0.5)  # nothing may happen to the running round meanwhile
-    assert len(rounds(cluster.out)) == 2
+    assert snapshot(cluster.out) == before
     c.signal(signal.SIGKILL)
-    third = wait_round(cluster.out, 6, exclude={second[0]["MASTER_PORT"]})
+    third = wait_round(cluster.out, 6, ignore=before)
     assert {e["NODE"] for e in third} == {"0", "1", "3"}
     stop(b, d, a)
 
