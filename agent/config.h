@@ -65,6 +65,10 @@ struct launch_config {
      * (default port 29400; brackets removed from IPv6) */
     char rdzv_host[256];
     int rdzv_port;
+    /* whether --rdzv_backend / --node_rank were given (command line or
+     * PET_*): without them a multi-node run uses c10d (launch_validate) */
+    bool rdzv_backend_set;
+    bool node_rank_set;
 
     int max_restarts;
     double monitor_interval; /* accepted; exits are events here, not polled */

@@ -630,6 +630,7 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     if ((rc = choose(&raw, F_RDZV_BACKEND, backends, err, errlen)))
         return rc;
     cfg->rdzv_backend = raw.value[F_RDZV_BACKEND];
+    cfg->rdzv_backend_set = raw.source[F_RDZV_BACKEND] != NULL;
     cfg->rdzv_endpoint = raw.value[F_RDZV_ENDPOINT];
     cfg->rdzv_id = raw.value[F_RDZV_ID];
     if ((rc = parse_rdzv_conf(cfg, &raw, err, errlen)))
@@ -682,6 +683,7 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     if ((rc = parse_int_arg(&raw, F_NODE_RANK, 0, 1000000L, &v, "an integer >= 0", err, errlen)))
         return rc;
     cfg->node_rank = (int)v;
+    cfg->node_rank_set = raw.source[F_NODE_RANK] != NULL;
     cfg->master_addr = raw.value[F_MASTER_ADDR];
     if (cfg->master_addr[0] == '\0')
         return fail(err, errlen, CDDP_EPARSE, "%s: empty address", src_name(&raw, F_MASTER_ADDR));
@@ -824,6 +826,12 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
         cfg->rdzv_port = 0;
         return 0;
     }
+    /* torchrun's default backend is static, which makes every node rank 0
+     * when no --node_rank is given and ignores MIN of MIN:MAX: nobody asks
+     * for that. Without --rdzv_backend such a run is elastic: c10d. */
+    if (!cfg->rdzv_backend_set &&
+        (cfg->nnodes_min != cfg->nnodes_max || (cfg->nnodes_max > 1 && !cfg->node_rank_set)))
+        cfg->rdzv_backend = "c10d";
     if (strncmp(cfg->rdzv_backend, "etcd", 4) == 0)
         return fail(err, errlen, CDDP_ECONFIG,
                     "--rdzv_backend=%s: not yet supported by cddprun (use c10d: cddp's "

@@ -520,6 +520,22 @@ def test_standalone(cluster):
     assert "127.0.0.1:" in a.text()  # hosted on loopback
 
 
+def test_design_command_without_backend(cluster):
+    """The design's command, on two "nodes": no --rdzv_backend and no
+    --node_rank. torchrun's static default would make both node rank 0;
+    cddprun runs it as c10d at the endpoint."""
+    port = free_port()
+    for i in range(2):
+        cluster.agent(str(i), "--nnodes=2", "--nproc_per_node=2",
+                      f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=job7",
+                      env={"LIFETIME": "0.3"})
+    for a in cluster.agents:
+        assert a.wait() == 0, a.text()
+        assert "rdzv_backend     : c10d" in a.text()
+    (r,) = rounds(cluster.out)
+    check_world(r, 2, [2, 2])
+
+
 def test_static_two_nodes(cluster):
     """The static backend with fixed node ranks: MASTER_ADDR/PORT are the
     given ones (the workers' rank 0 serves its store there), the agents meet

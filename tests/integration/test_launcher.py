@@ -542,7 +542,7 @@ def test_log_dir_devnull(tmp_path):
     (["/nonexistent/train.py"], "/nonexistent/train.py"),
     (["/nonexistent/worker"], "/nonexistent/worker"),
     (["--no_python", "-m", "x"], "--no_python"),
-    (["--nnodes=1:4", "w"], "--nnodes=1:4"),
+    (["--rdzv_backend=static", "--nnodes=1:4", "w"], "--nnodes=1:4"),
     (["--standalone", "--nnodes=2", "w"], "--standalone"),
     (["--rdzv_backend=c10d", "--rdzv_conf=join_timout=1", "w"], "join_timout"),
     (["--rdzv_backend=etcd", "w"], "etcd"),

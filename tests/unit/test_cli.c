@@ -578,13 +578,36 @@ static void test_validate_multinode(void **state)
     assert_int_equal(parse(&c, "--rdzv_backend=c10d", "--rdzv_endpoint=h:x", "w"), 0);
     assert_true(launch_validate(&c, err, sizeof(err)) < 0);
     assert_non_null(strstr(err, "--rdzv_endpoint"));
-    /* the design's commands */
+    /* the design's commands: without --rdzv_backend and --node_rank, several
+     * nodes (or MIN:MAX) are c10d; torchrun's static would make every node
+     * rank 0 */
     assert_int_equal(parse(&c, "--nnodes=2", "--nproc_per_node=4", "--rdzv_endpoint=HOST:29400",
                            "--rdzv_id=job7", "w"),
                      0);
-    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0); /* static: HOST is the master */
-    assert_int_equal(parse(&c, "--nnodes=1:4", "--max_restarts=3", "--rdzv_backend=c10d", "w"), 0);
     assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_backend, "c10d");
+    assert_string_equal(c.rdzv_host, "HOST");
+    assert_int_equal(c.rdzv_port, 29400);
+    assert_int_equal(parse(&c, "--nnodes=1:4", "--max_restarts=3", "w"), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_backend, "c10d");
+    assert_string_equal(c.rdzv_host, "localhost");
+    /* ... with either given, torchrun's choice stands */
+    assert_int_equal(parse(&c, "--nnodes=2", "--node_rank=0", "--rdzv_endpoint=HOST:29400", "w"),
+                     0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_backend, "static");
+    assert_string_equal(c.static_addr, "HOST");
+    char *pet_rank[] = {(char *)"PET_NODE_RANK=1", NULL};
+    assert_int_equal(parse_env(&c, pet_rank, "--nnodes=2", "w", NULL), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_backend, "static");
+    assert_int_equal(parse(&c, "--nnodes=2", "--rdzv_backend=static", "w"), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_backend, "static");
+    assert_int_equal(parse(&c, "w"), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_backend, "static"); /* one node: no network at all */
     /* static with several nodes: the agents need MASTER_PORT + 1 */
     assert_int_equal(parse(&c, "--nnodes=2", "--node_rank=1", "--master_port=65535", "w"), 0);
     assert_true(launch_validate(&c, err, sizeof(err)) < 0);
@@ -630,7 +653,7 @@ static void test_refused_until_supported(void **state)
         const char *args[3];
         const char *what;
     } refused[] = {
-        {{"--nnodes=1:4", "w", NULL}, "--nnodes=1:4"}, /* static: a fixed count */
+        {{"--rdzv_backend=static", "--nnodes=1:4", "w"}, "--nnodes=1:4"}, /* a fixed count */
         {{"--rdzv-backend=etcd", "w", NULL}, "etcd"},
         {{"--rdzv_backend=etcd-v2", "w", NULL}, "etcd-v2"},
         {{"--node_rank=1", "w", NULL}, "--node_rank"},
@@ -641,7 +664,10 @@ static void test_refused_until_supported(void **state)
         {{"--rdzv_endpoint=host:0", "w", NULL}, "HOST:PORT"},
     };
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
-        assert_int_equal(parse(&c, refused[i].args[0], refused[i].args[1]), 0);
+        assert_int_equal(refused[i].args[2]
+                             ? parse(&c, refused[i].args[0], refused[i].args[1], refused[i].args[2])
+                             : parse(&c, refused[i].args[0], refused[i].args[1]),
+                         0);
         err[0] = '\0';
         assert_true(launch_validate(&c, err, sizeof(err)) < 0);
         if (strstr(err, refused[i].what) == NULL)
