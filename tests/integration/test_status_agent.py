@@ -212,6 +212,8 @@ def test_endpoints_through_a_run(background, tmp_path):
     m = metrics(port)
     assert promparse.value(m, "cddp_agent_state", state="restarting") == 1
     assert promparse.value(m, "cddp_agent_worker_exits_total", reason="failure") == 1
+    assert abs(promparse.value(m, "cddp_worker_last_exit_timestamp_seconds", local_rank="1") -
+               w1["exited_at"]) < 0.001
     r = cddpctl("health", target)
     assert r.returncode == 1 and "[-]workers failed" in r.stdout
     assert cddpctl("health", target, "--live").returncode == 0

@@ -54,6 +54,7 @@ static void fill_agent(struct status_agent_view *v)
         workers[i].started_at = 1011.0;
         workers[i].restarts = 1;
     }
+    workers[1].exited_at = 1010.123456; /* its last process, before this round */
     /* Worker 0 reports progress (through the real parser), worker 1 garbage. */
     struct progress_parser p;
     progress_init(&p);
@@ -237,12 +238,15 @@ static void test_agent_metrics(void **state)
         "cddp_worker_last_progress_timestamp_seconds{local_rank=\"0\"} 1020\n",
         "cddp_worker_progress_malformed_lines_total{local_rank=\"1\"} 1\n",
         "cddp_worker_progress_lines_total{local_rank=\"1\"} 0\n",
+        /* full precision: benchmarks compare it with the worker's own clock */
+        "cddp_worker_last_exit_timestamp_seconds{local_rank=\"1\"} 1010.123456\n",
     };
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
         if (strstr(m, want[i]) == NULL)
             fail_msg("missing from /metrics: %s\n%s", want[i], m);
     /* Worker 1 reported nothing valid: no step sample for it. */
     assert_null(strstr(m, "cddp_worker_progress_step{local_rank=\"1\"}"));
+    assert_null(strstr(m, "cddp_worker_last_exit_timestamp_seconds{local_rank=\"0\"}"));
     status_snapshot_unref(s);
 }
 
