@@ -14,9 +14,18 @@ cddp_worker_last_exit_timestamp_seconds at full precision. The difference is
 the latency. The peers record when the agent's SIGTERM reaches them, so the
 reaction (exit -> group stop) is printed too. The agent restarts the group
 (--max_restarts) and the next cycle begins. Cycles alternate in blocks
-between an idle port and wrk hammering /status, so both see the same
-machine. The bench polls /status (a few hundred requests per second) to
-follow the cycles in both modes.
+between three modes, so all see the same machine:
+
+  idle     nobody but the bench, which polls /status (a few hundred
+           requests per second) to follow the cycles in every mode;
+  control  the same wrk against another process's status port (the test
+           server, tests/helpers/status_testserver): the CPU the load takes
+           from the agent, without touching the agent;
+  load     wrk against cddprun's own status port.
+
+On a machine with spare cores the three agree; where wrk and its server
+take every core (2 shared cores here), control shows what is CPU
+contention, and load minus control is what the status port itself costs.
 
 It prints figures; it never passes or fails on them. Target (issue 4):
 more than 5,000 req/s on /status with no measurable change in exit-detection
@@ -127,7 +136,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default=str(ROOT / "build"))
     ap.add_argument("--duration", type=int, default=5, help="seconds per wrk measurement")
-    ap.add_argument("--cycles", type=int, default=40, help="exits measured, half under load")
+    ap.add_argument("--cycles", type=int, default=60,
+                    help="exits measured, a third in each mode")
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workers", type=int, default=8)
@@ -137,15 +147,17 @@ def main():
     build = pathlib.Path(args.build)
     cddprun = build / "launcher" / "cddprun"
     worker = build / "tests" / "bench" / "bench_status_worker"
-    for b in (cddprun, worker):
+    testserver = build / "tests" / "helpers" / "status_testserver"
+    for b in (cddprun, worker, testserver):
         if not b.exists():
             sys.exit(f"status_agent.py: {b} is not built")
 
-    cycles = args.cycles - args.cycles % 4 or 4
+    cycles = args.cycles - args.cycles % 6 or 6
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="cddp-status-bench-"))
     env = dict(os.environ, BENCH_DIR=str(tmp), BENCH_ATTEMPTS=str(cycles + 1),
                BENCH_PERIOD_MS="10", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="10", LOGLEVEL="WARNING")
     errf = open(tmp / "cddprun.err", "w")
+    control = None
     agent = subprocess.Popen(
         [str(cddprun), f"--nproc_per_node={args.workers}", f"--max_restarts={cycles}",
          "--status_port=0", "--log_dir=/dev/null", "--no_python", str(worker)],
@@ -183,18 +195,31 @@ def main():
                   f"| {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['non2xx']}"
                   + (f" ({r['socket_errors']})" if r["socket_errors"] else "") + " |")
 
-        # Exit detection: blocks of cycles, idle / loaded / idle / loaded.
-        lat = {"idle": [], "load": []}
-        react = {"idle": [], "load": []}
-        load_rps = []
+        # The control: the same status port code in another process.
+        control = subprocess.Popen([str(testserver), "--workers", str(args.workers)],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        control_base = f"http://127.0.0.1:{control.stdout.readline().split()[1]}"
+        for cmd in ["state running"] + [
+                f'progress {lr} {{"step":100,"epoch":1,"loss":2.31,"samples_per_s":612.5}}'
+                for lr in range(args.workers)]:
+            control.stdin.write(cmd + "\n")
+            control.stdin.flush()
+            control.stdout.readline()
+
+        # Exit detection: blocks of cycles in the three modes, twice over.
+        modes = ("idle", "control", "load")
+        lat = {m: [] for m in modes}
+        react = {m: [] for m in modes}
+        rps_of = {m: [] for m in modes}
         attempt = 0
-        block = cycles // 4
-        for mode in ("idle", "load", "idle", "load"):
+        block = cycles // 6
+        for mode in modes + modes:
             wrk = None
-            if mode == "load":
-                wrk = subprocess.Popen(wrk_cmd(base + "/status", args, 3600),
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                       text=True)
+            if mode != "idle":
+                url = (control_base if mode == "control" else base) + "/status"
+                wrk = subprocess.Popen(wrk_cmd(url, args, 3600), stdout=subprocess.PIPE,
+                                       stderr=subprocess.DEVNULL, text=True)
                 time.sleep(0.5)
             for _ in range(block):
                 wait_until(running(attempt + 1), what=f"attempt {attempt}")
@@ -213,27 +238,39 @@ def main():
                 wrk.send_signal(signal.SIGINT)
                 out, _ = wrk.communicate(timeout=30)
                 try:
-                    load_rps.append(wrk_parse(out)["rps"])
+                    rps_of[mode].append(wrk_parse(out)["rps"])
                 except AttributeError:
                     pass
         (tmp / f"go.{attempt}").touch()
         rc = agent.wait(60)
+        control.stdin.close()
+        control.wait(10)
+
+        def rps(mode):
+            return f"{statistics.mean(rps_of[mode]):.0f} req/s" if rps_of[mode] else "wrk"
 
         print()
-        rps = f"{statistics.mean(load_rps):.0f} req/s on /status" if load_rps else "wrk on /status"
         print("| exit detection (worker's last instruction -> agent's waitpid) | exits "
               "| p50 us | p90 us | max us | exit -> SIGTERM at peers, p50 us |")
         print("|---|---|---|---|---|---|")
-        for mode, label in (("idle", "idle port (the bench's own polling only)"),
-                            ("load", f"during {rps}")):
+        labels = {"idle": "idle (the bench's own polling only)",
+                  "control": f"wrk on another process's status port ({rps('control')})",
+                  "load": f"wrk on cddprun's /status ({rps('load')})"}
+        for mode in modes:
             p50, p90, mx = pcts(lat[mode])
             r50 = statistics.median(react[mode]) if react[mode] else float("nan")
-            print(f"| {label} | {len(lat[mode])} | {p50:.0f} | {p90:.0f} | {mx:.0f} | {r50:.0f} |")
-        i50, l50 = statistics.median(lat["idle"]), statistics.median(lat["load"])
-        print(f"| ratio loaded/idle (p50) | | {l50 / i50:.2f} | | | |")
+            print(f"| {labels[mode]} | {len(lat[mode])} | {p50:.0f} | {p90:.0f} | {mx:.0f} "
+                  f"| {r50:.0f} |")
+        med = {m: statistics.median(lat[m]) for m in modes}
+        print(f"| p50 ratios: load/idle {med['load'] / med['idle']:.2f}, "
+              f"control/idle {med['control'] / med['idle']:.2f}, "
+              f"load/control {med['load'] / med['control']:.2f} | | | | | |")
         print()
         print(f"# cddprun exited {rc} after {attempt} restarts")
     finally:
+        if control and control.poll() is None:
+            control.kill()
+            control.wait()
         if agent.poll() is None:
             os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
