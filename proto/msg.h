@@ -194,7 +194,8 @@ void proto_msg_free(struct proto_msg *m);
  * (a field out of range or too long) or -ENOMEM; out is unchanged on error. */
 int proto_msg_encode(const struct proto_msg *m, struct cddp_buf *out);
 
-/* The JSON payload alone, as a NUL-terminated string the caller frees. NULL on error. */
+/* The JSON payload alone, as a NUL-terminated string the caller frees with
+ * free(). NULL on error (*err says why). */
 char *proto_msg_to_json(const struct proto_msg *m, int *err);
 
 /* Error names on the wire: "ETIMEOUT", "ECONNRESET", ... <-> codes. Unknown
