@@ -414,6 +414,8 @@ static void rdzv_json_nodes(struct jsonw *j, const char *key,
     for (size_t i = 0; i < n; i++) {
         jsonw_object_begin(j, NULL);
         jsonw_string(j, "node", nodes[i].node);
+        if (nodes[i].state)
+            jsonw_string(j, "state", nodes[i].state);
         js_int_if(j, "node_rank", nodes[i].node_rank >= 0, nodes[i].node_rank);
         js_int_if(j, "nproc", nodes[i].nproc > 0, nodes[i].nproc);
         js_secs_if(j, "joined_at", nodes[i].joined_at > 0, nodes[i].joined_at);

@@ -254,10 +254,10 @@ static void test_rdzv(void **state)
 {
     (void)state;
     struct status_rdzv_node_view members[2] = {
-        {"10.0.0.2:40000", 0, 4, 1000, 1005},
-        {"10.0.0.3:40000", 1, 4, 1001, 1005},
+        {"10.0.0.2:40000", 0, 4, 1000, 1005, "active"},
+        {"10.0.0.3:40000", 1, 4, 1001, 1005, NULL},
     };
-    struct status_rdzv_node_view waiting[1] = {{"10.0.0.4:40000", -1, 4, 1004, 1005}};
+    struct status_rdzv_node_view waiting[1] = {{"10.0.0.4:40000", -1, 4, 1004, 1005, "waiting"}};
     struct status_rdzv_run_view runs[2] = {
         {"job7", "running", 2, 1, 4, 1002, 2, members, 1, waiting},
         {"job8", "joining", 0, 2, 2, 0, 0, NULL, 0, NULL},
@@ -292,6 +292,11 @@ static void test_rdzv(void **state)
     const cJSON *wl = cJSON_GetObjectItem(r0, "waiting");
     assert_int_equal(cJSON_GetArraySize(wl), 1);
     assert_true(is_null(cJSON_GetArrayItem(wl, 0), "node_rank"));
+    assert_string_equal(str(cJSON_GetArrayItem(wl, 0), "state"), "waiting");
+    const cJSON *ms = cJSON_GetObjectItem(r0, "members");
+    assert_string_equal(str(cJSON_GetArrayItem(ms, 0), "state"), "active");
+    /* no state given: no key */
+    assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(ms, 1), "state"));
     cJSON_Delete(root);
     size_t len;
     const char *m = status_snapshot_metrics(s, &len);
