@@ -84,7 +84,10 @@ int main(int argc, char **argv)
     struct agent_status *status = NULL;
     rc = agent_status_new(&cfg, CDDP_VERSION, &status, err, sizeof(err));
     if (rc != 0) {
-        fprintf(stderr, "cddprun: error: --status_port=%d: %s\n", cfg.status_port, err);
+        if (cfg.status_port >= 0)
+            fprintf(stderr, "cddprun: error: --status_port=%d: %s\n", cfg.status_port, err);
+        else
+            fprintf(stderr, "cddprun: error: %s\n", err);
         launch_config_free(&cfg);
         return rc == CDDP_EPARSE ? CDDP_EXIT_USAGE : CDDP_EXIT_FAILURE;
     }
