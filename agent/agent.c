@@ -62,6 +62,7 @@ struct agent {
     struct agent_worker *workers;
     int attempt; /* restart count of the running attempt */
     uint64_t exit_seq;
+    int membership_restarts; /* rounds joined because the rendezvous asked */
 
     struct agent_guardian guardian;
     struct agent_logs logs;
@@ -142,6 +143,8 @@ static void notify(struct agent *a)
         .master_port = a->round.master_port,
         .restart_count = policy_restart_count(&a->pol),
         .max_restarts = a->cfg->max_restarts,
+        .stop_reason = a->pol.stop_reason,
+        .membership_restarts = a->membership_restarts,
         .start_time = a->start_time,
         .nworkers = a->nworkers,
         .workers = w,
@@ -294,6 +297,16 @@ static int open_dest(struct agent *a, int local_rank, int stream, const char *pa
     return 0;
 }
 
+/* The worker has its copies of the hook's fds (or will never get them). */
+static void release_extras(struct agent_worker_extras *x)
+{
+    for (int k = 0; x->close_fds && k < x->nfds; k++) {
+        if (x->fds[k] >= 0)
+            close(x->fds[k]);
+        x->fds[k] = -1;
+    }
+}
+
 static int start_worker(struct agent *a, int i)
 {
     struct agent_worker *w = &a->workers[i];
@@ -333,8 +346,10 @@ static int start_worker(struct agent *a, int i)
     spec.extra = extras.env;
     spec.nextra = extras.nenv;
     struct agent_env env;
-    if ((rc = agent_env_build(environ, &spec, &env)) != 0)
+    if ((rc = agent_env_build(environ, &spec, &env)) != 0) {
+        release_extras(&extras);
         return rc;
+    }
 
     char prefix[128];
     agent_log_prefix(a->cfg->prefix_template, a->cfg->role, spec.ranks.rank, i, prefix,
@@ -361,6 +376,7 @@ static int start_worker(struct agent *a, int i)
         close(out_fd);
     if (err_fd >= 0)
         close(err_fd);
+    release_extras(&extras);
     agent_env_free(&env);
     if (rc) {
         log_error("A0203", "starting local_rank %d (%s): %s", i, a->cfg->program,
@@ -404,6 +420,7 @@ static void start_workers(struct agent *a)
         w->info.pid = 0;
         w->info.exitcode = 1;
         w->info.exit_time = cddp_wall_time();
+        w->info.exits++;
         w->exit_seq = ++a->exit_seq;
         struct policy_event ev = {
             .type = POLICY_EV_WORKER_EXIT, .local_rank = i, .exitcode = 1, .group_empty = true};
@@ -602,8 +619,10 @@ static void do_action(struct agent *a, const struct policy_action *act)
             log_warn("A0401",
                      "[%s] Worker group FAILED. %d/%d attempts left; will restart worker group",
                      a->cfg->role, act->attempts_left + 1, a->cfg->max_restarts);
-        else if (act->reason == STOP_MEMBERSHIP)
+        else if (act->reason == STOP_MEMBERSHIP) {
             log_warn("A0402", "[%s] membership changed; will restart worker group", a->cfg->role);
+            a->membership_restarts++;
+        }
         struct agent_join req = {
             .local_world_size = a->nworkers,
             .role = a->cfg->role,
@@ -740,6 +759,7 @@ static void on_sigchld(uv_signal_t *h, int signum)
         w->leader_alive = false;
         w->info.exitcode = code;
         w->info.exit_time = cddp_wall_time();
+        w->info.exits++;
         w->exit_seq = ++a->exit_seq;
         if (code != 0 && a->pol.state == AGENT_RUNNING)
             log_error("A0503", "failed (exitcode: %d) local_rank: %d (pid: %d) of binary: %s", code,

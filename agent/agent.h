@@ -15,6 +15,7 @@
 #ifndef CDDP_AGENT_AGENT_H
 #define CDDP_AGENT_AGENT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <uv.h>
@@ -32,6 +33,7 @@ struct agent_worker_info {
     double start_time; /* wall clock, seconds */
     double exit_time;  /* wall clock, seconds; 0 while running */
     int restarts;      /* how many times it was started again */
+    unsigned exits;    /* exits seen for this local rank, failed starts included */
 };
 
 /* The agent's state. Valid only during the state_changed call: copy what you
@@ -50,7 +52,10 @@ struct agent_snapshot {
     int master_port;
     int restart_count; /* TORCHELASTIC_RESTART_COUNT */
     int max_restarts;
-    double start_time; /* the agent's, wall clock */
+    /* Why the group is stopping (STOPPING, KILLING) or was last stopped. */
+    enum stop_reason stop_reason;
+    int membership_restarts; /* new rounds the rendezvous asked for (not in restart_count) */
+    double start_time;       /* the agent's, wall clock */
     int nworkers;
     const struct agent_worker_info *workers;
 };
@@ -62,6 +67,7 @@ struct agent_worker_extras {
     int nenv;
     int fds[AGENT_EXTRA_MAX]; /* become fds 3, 4, ... in the worker; the hook keeps ownership */
     int nfds;
+    bool close_fds;    /* the agent closes fds[] once the spawn is done (or failed) */
     char storage[512]; /* room for the hook's env strings */
 };
 

@@ -106,6 +106,12 @@ struct launch_config {
     int nsignals;
     const char *signals_arg;
 
+    /* The status port (docs/status.md): --status_port (CDDP_STATUS_PORT),
+     * --status_addr (CDDP_STATUS_ADDR), --status_linger (CDDP_STATUS_LINGER). */
+    int status_port;         /* -1: no status port; 0: any free port */
+    const char *status_addr; /* default 127.0.0.1 */
+    double status_linger_s;  /* keep serving the final status this long after the run */
+
     /* From the environment (envp at parse time). */
     uint64_t shutdown_timeout_ms; /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s */
     const char *prefix_template;  /* TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, or NULL */

@@ -310,6 +310,8 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
     } fam[] = {
         {"cddp_worker_start_time_seconds", PROM_GAUGE,
          "When the worker's current process started, in seconds since the epoch."},
+        {"cddp_worker_last_exit_timestamp_seconds", PROM_GAUGE,
+         "When the agent saw the worker's last process exit, in seconds since the epoch."},
         {"cddp_worker_progress_step", PROM_GAUGE, "The last step the worker reported."},
         {"cddp_worker_progress_epoch", PROM_GAUGE, "The last epoch the worker reported."},
         {"cddp_worker_loss", PROM_GAUGE, "The last loss the worker reported."},
@@ -336,21 +338,24 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
                 have = wv->started_at > 0, val = wv->started_at;
                 break;
             case 1:
-                have = p->fields & PROGRESS_STEP, val = (double)p->step;
+                have = wv->exited_at > 0, val = wv->exited_at;
                 break;
             case 2:
-                have = p->fields & PROGRESS_EPOCH, val = (double)p->epoch;
+                have = p->fields & PROGRESS_STEP, val = (double)p->step;
                 break;
             case 3:
-                have = p->fields & PROGRESS_LOSS, val = p->loss;
+                have = p->fields & PROGRESS_EPOCH, val = (double)p->epoch;
                 break;
             case 4:
-                have = p->fields & PROGRESS_SAMPLES_PER_S, val = p->samples_per_s;
+                have = p->fields & PROGRESS_LOSS, val = p->loss;
                 break;
             case 5:
-                have = p->mono_ms > 0, val = p->wall;
+                have = p->fields & PROGRESS_SAMPLES_PER_S, val = p->samples_per_s;
                 break;
             case 6:
+                have = p->mono_ms > 0, val = p->wall;
+                break;
+            case 7:
                 have = true, val = (double)p->lines;
                 break;
             default:
@@ -409,6 +414,8 @@ static void rdzv_json_nodes(struct jsonw *j, const char *key,
     for (size_t i = 0; i < n; i++) {
         jsonw_object_begin(j, NULL);
         jsonw_string(j, "node", nodes[i].node);
+        if (nodes[i].state)
+            jsonw_string(j, "state", nodes[i].state);
         js_int_if(j, "node_rank", nodes[i].node_rank >= 0, nodes[i].node_rank);
         js_int_if(j, "nproc", nodes[i].nproc > 0, nodes[i].nproc);
         js_secs_if(j, "joined_at", nodes[i].joined_at > 0, nodes[i].joined_at);

@@ -148,6 +148,7 @@ struct status_rdzv_node_view {
     int nproc;        /* local world size it asked for; 0 unknown */
     double joined_at;
     double last_seen_at; /* last heartbeat */
+    const char *state;   /* the state machine's name for it ("active", ...); NULL: not shown */
 };
 
 struct status_rdzv_run_view {

@@ -57,6 +57,9 @@ enum flag_id {
     F_LOGS_SPECS,
     F_NUMA_BINDING,
     F_SIGNALS_TO_HANDLE,
+    F_STATUS_PORT,
+    F_STATUS_ADDR,
+    F_STATUS_LINGER,
     F_HELP,
     F_VERSION,
     F_COUNT,
@@ -102,6 +105,11 @@ static const struct flag flags[] = {
     {F_NUMA_BINDING, "--numa-binding", "--numa_binding", 0, false, false, NULL},
     {F_SIGNALS_TO_HANDLE, "--signals-to-handle", "--signals_to_handle", 0, false, true,
      "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
+    /* cddp's own: the status port (docs/status.md). CDDP_STATUS_* come
+     * before PET_* (launch_parse). */
+    {F_STATUS_PORT, "--status-port", "--status_port", 0, false, true, NULL},
+    {F_STATUS_ADDR, "--status-addr", "--status_addr", 0, false, true, "127.0.0.1"},
+    {F_STATUS_LINGER, "--status-linger", "--status_linger", 0, false, true, "0"},
     {F_HELP, "--help", NULL, 'h', true, false, NULL},
     {F_VERSION, "--version", NULL, 0, true, false, NULL},
 };
@@ -536,6 +544,24 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     if (raw.value[F_VERSION])
         return LAUNCH_PARSED_VERSION;
 
+    /* cddp's own variables for its own flags: after the command line, before
+     * PET_* (the specific name wins over the generic one). */
+    static const struct {
+        enum flag_id id;
+        const char *var;
+    } cddp_env[] = {
+        {F_STATUS_PORT, "CDDP_STATUS_PORT"},
+        {F_STATUS_ADDR, "CDDP_STATUS_ADDR"},
+        {F_STATUS_LINGER, "CDDP_STATUS_LINGER"},
+    };
+    for (size_t i = 0; i < sizeof(cddp_env) / sizeof(cddp_env[0]); i++) {
+        const char *v = env_get(envp, cddp_env[i].var);
+        if (raw.value[cddp_env[i].id] == NULL && v != NULL) {
+            raw.value[cddp_env[i].id] = v;
+            raw.source[cddp_env[i].id] = cddp_env[i].var;
+        }
+    }
+
     /* Defaults: PET_<NAME> first, then the built-in one. */
     for (size_t i = 0; i < NFLAGS; i++) {
         const struct flag *f = &flags[i];
@@ -701,6 +727,24 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     }
     if ((rc = parse_signals(cfg, &raw, err, errlen)))
         return rc;
+
+    /* The status port: off unless a port is given; 0 picks a free one. An
+     * empty value (CDDP_STATUS_PORT= in a manifest) means off too. */
+    cfg->status_port = -1;
+    if (raw.value[F_STATUS_PORT] && raw.value[F_STATUS_PORT][0]) {
+        if ((rc = parse_int_arg(&raw, F_STATUS_PORT, 0, 65535, &v,
+                                "a port number (0-65535; 0 picks a free one)", err, errlen)))
+            return rc;
+        cfg->status_port = (int)v;
+    }
+    cfg->status_addr = raw.value[F_STATUS_ADDR];
+    if (cfg->status_addr[0] == '\0')
+        return fail(err, errlen, CDDP_EPARSE,
+                    "%s: empty address (127.0.0.1 for this host only, 0.0.0.0 for all)",
+                    src_name(&raw, F_STATUS_ADDR));
+    if (cddp_parse_double(raw.value[F_STATUS_LINGER], 0, 86400, &cfg->status_linger_s))
+        return fail(err, errlen, CDDP_EPARSE, "%s: '%s' is not a number of seconds (0-86400)",
+                    src_name(&raw, F_STATUS_LINGER), raw.value[F_STATUS_LINGER]);
 
     /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT: seconds from the stop signal to SIGKILL. */
     cfg->shutdown_timeout_ms = 30000;
@@ -1091,6 +1135,7 @@ const struct launch_probe launch_system_probe = {system_cpu_count, system_gpu_co
 
 void launch_print_help(FILE *out)
 {
+    /* In parts: C11 compilers need only support string literals of 4095 bytes. */
     fprintf(out,
             "usage: cddprun [-h] [--version] [--nnodes NNODES] [--nproc-per-node NPROC_PER_NODE]\n"
             "               [--rdzv-backend RDZV_BACKEND] [--rdzv-endpoint RDZV_ENDPOINT]\n"
@@ -1104,6 +1149,8 @@ void launch_print_help(FILE *out)
             "               [--master-port MASTER_PORT] [--local-addr LOCAL_ADDR]\n"
             "               [--logs-specs LOGS_SPECS] [--numa-binding NUMA_BINDING]\n"
             "               [--signals-to-handle SIGNALS_TO_HANDLE]\n"
+            "               [--status-port STATUS_PORT] [--status-addr STATUS_ADDR]\n"
+            "               [--status-linger STATUS_LINGER]\n"
             "               training_script ...\n"
             "\n"
             "cddprun: torchrun's launcher and elastic agent, in C. Starts NPROC_PER_NODE copies\n"
@@ -1124,7 +1171,8 @@ void launch_print_help(FILE *out)
             "  --nnodes NNODES       N or MIN:MAX nodes (default 1:1; MIN:MAX needs c10d)\n"
             "  --nproc-per-node N    workers per node: an integer, cpu, gpu or auto (default 1)\n"
             "  --rdzv-backend NAME   static (default: fixed node ranks) or c10d (elastic, cddp's\n"
-            "                        rendezvous); etcd, etcd-v2 are not supported yet\n"
+            "                        rendezvous); etcd, etcd-v2 are not supported yet. Unset,\n"
+            "                        several nodes without --node-rank, or MIN:MAX, are c10d\n"
             "  --rdzv-endpoint H:P   c10d: the rendezvous server (default port 29400; the agent\n"
             "                        on that host serves it unless cddp-rdzv does); static:\n"
             "                        the master address\n"
@@ -1132,38 +1180,48 @@ void launch_print_help(FILE *out)
             "  --rdzv-conf K=V,...   rendezvous options (join_timeout, last_call_timeout,\n"
             "                        keep_alive_interval, is_host, timeout, token, ...)\n"
             "  --standalone          single node: an in-process rendezvous on 127.0.0.1, a free\n"
-            "                        MASTER_PORT and a random run id\n"
-            "");
-    /* Two parts: C11 compilers need only support string literals of 4095 bytes. */
+            "                        MASTER_PORT and a random run id\n");
+    fprintf(out,
+            "  --max-restarts N      worker group restarts after failures (default 0)\n"
+            "  --monitor-interval S  accepted for compatibility; exits are seen as they happen\n"
+            "  --start-method M      spawn, fork or forkserver (accepted; used by --run-path only\n"
+            "                        in torchrun)\n"
+            "  --event-log-handler H null (default) or dynamic_rendezvous\n"
+            "  --role ROLE           ROLE_NAME and the log prefix (default 'default')\n"
+            "  -m, --module          run training_script as a module: python3 -u -m\n"
+            "  --no-python           run training_script directly, not through python3\n"
+            "  --run-path            run training_script with runpy.run_path, recording errors\n"
+            "  --log-dir DIR         base log directory (default: a new torchelastic_* temp dir)\n"
+            "  -r, --redirects STD   streams to files: 0 none, 1 out, 2 err, 3 both, or 0:1,1:2\n"
+            "  -t, --tee STD         as --redirects, and also to the console with [role<n>]:\n"
+            "  --local-ranks-filter L  show only these local ranks on the console (0,1,...)\n"
+            "  --node-rank N         this node's rank (static backend; default 0)\n"
+            "  --master-addr ADDR    MASTER_ADDR (static backend; default 127.0.0.1)\n"
+            "  --master-port PORT    MASTER_PORT (static backend; default 29500)\n"
+            "  --local-addr ADDR     this node's address as the others reach it (MASTER_ADDR\n"
+            "                        when this node is node 0)\n"
+            "  --logs-specs NAME     torchrun plugin; refused (cddprun has no Python plugins)\n"
+            "  --numa-binding MODE   refused (not supported yet)\n"
+            "  --signals-to-handle L signals forwarded to the workers\n"
+            "                        (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)\n");
     fprintf(
         out,
-        "  --max-restarts N      worker group restarts after failures (default 0)\n"
-        "  --monitor-interval S  accepted for compatibility; exits are seen as they happen\n"
-        "  --start-method M      spawn, fork or forkserver (accepted; used by --run-path only\n"
-        "                        in torchrun)\n"
-        "  --event-log-handler H null (default) or dynamic_rendezvous\n"
-        "  --role ROLE           ROLE_NAME and the log prefix (default 'default')\n"
-        "  -m, --module          run training_script as a module: python3 -u -m\n"
-        "  --no-python           run training_script directly, not through python3\n"
-        "  --run-path            run training_script with runpy.run_path, recording errors\n"
-        "  --log-dir DIR         base log directory (default: a new torchelastic_* temp dir)\n"
-        "  -r, --redirects STD   streams to files: 0 none, 1 out, 2 err, 3 both, or 0:1,1:2\n"
-        "  -t, --tee STD         as --redirects, and also to the console with [role<n>]:\n"
-        "  --local-ranks-filter L  show only these local ranks on the console (0,1,...)\n"
-        "  --node-rank N         this node's rank (static backend; default 0)\n"
-        "  --master-addr ADDR    MASTER_ADDR (static backend; default 127.0.0.1)\n"
-        "  --master-port PORT    MASTER_PORT (static backend; default 29500)\n"
-        "  --local-addr ADDR     this node's address as the others reach it (MASTER_ADDR\n"
-        "                        when this node is node 0)\n"
-        "  --logs-specs NAME     torchrun plugin; refused (cddprun has no Python plugins)\n"
-        "  --numa-binding MODE   refused (not supported yet)\n"
-        "  --signals-to-handle L signals forwarded to the workers\n"
-        "                        (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)\n"
+        "\n"
+        "status port (cddp's own; docs/status.md):\n"
+        "  --status-port PORT    serve /livez /readyz /status /metrics over HTTP on PORT\n"
+        "                        (env CDDP_STATUS_PORT; 0 picks a free port and logs it;\n"
+        "                        default off)\n"
+        "  --status-addr ADDR    listen address (env CDDP_STATUS_ADDR; default 127.0.0.1;\n"
+        "                        0.0.0.0 for Kubernetes probes and Prometheus)\n"
+        "  --status-linger S     after the run, keep serving its final status up to S\n"
+        "                        seconds (env CDDP_STATUS_LINGER; default 0)\n"
         "\n"
         "Environment: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
         "(seconds between SIGTERM and SIGKILL, default 30), PYTHON_EXEC, OMP_NUM_THREADS,\n"
         "TORCHELASTIC_ERROR_FILE, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, CDDP_RDZV_TOKEN\n"
-        "(the rendezvous's join token, when --rdzv_conf has no token=).\n"
+        "(the rendezvous's join token, when --rdzv_conf has no token=),\n"
+        "CDDP_EXIT_BARRIER_TIMEOUT (seconds, default 300).\n"
+        "Workers also get CDDP_PROGRESS_FD, a pipe for progress lines (docs/status.md).\n"
         "Exit status: 0 success, 1 the workers failed, 2 bad usage, 128+N stopped by signal N.\n"
         "See docs/cli.md, docs/multi-node.md and docs/torchrun-compat.md.\n");
 }

@@ -4,8 +4,9 @@
  *   cddprun --nproc_per_node=4 train.py --lr 0.1
  *
  * Parses (launcher/cli.c), prepares the agent's environment as torchrun does
- * (OMP_NUM_THREADS, TORCHELASTIC_SIGNALS_TO_HANDLE), then runs the agent
- * (agent/agent.c) and exits with its status.
+ * (OMP_NUM_THREADS, TORCHELASTIC_SIGNALS_TO_HANDLE), opens the status port
+ * (agent/status.c), then runs the agent (agent/agent.c) with the status
+ * module's hooks and exits with its status.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,8 @@
 
 #include "config.h"
 #include "agent/agent.h"
+#include "agent/status.h"
+#include "common/errors.h"
 #include "common/exitcodes.h"
 #include "common/log.h"
 #include "launcher/cli.h"
@@ -76,7 +79,23 @@ int main(int argc, char **argv)
     /* launcher/api.py exports the list for the agent; workers inherit it. */
     setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", cfg.signals_arg, 1);
 
-    int code = agent_run(&cfg, NULL);
+    /* The status port listens before anything starts, so a port in use or an
+     * address that does not resolve is reported before any worker runs. */
+    struct agent_status *status = NULL;
+    rc = agent_status_new(&cfg, CDDP_VERSION, &status, err, sizeof(err));
+    if (rc != 0) {
+        if (cfg.status_port >= 0)
+            fprintf(stderr, "cddprun: error: --status_port=%d: %s\n", cfg.status_port, err);
+        else
+            fprintf(stderr, "cddprun: error: %s\n", err);
+        launch_config_free(&cfg);
+        return rc == CDDP_EPARSE ? CDDP_EXIT_USAGE : CDDP_EXIT_FAILURE;
+    }
+    struct agent_hooks hooks;
+    agent_status_hooks(status, &hooks);
+    int code = agent_run(&cfg, &hooks);
+    agent_status_linger(status, &cfg);
+    agent_status_free(status);
     launch_config_free(&cfg);
     if (cddp_log_enabled(CDDP_LOG_DEBUG))
         log_debug("L0002", "exit status %d, peak RSS %ld KiB", code, peak_rss_kib());

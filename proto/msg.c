@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/utf8.h"
 #include "proto/frame.h"
 
 /* The longest JSON string the pre-scan lets through: a base64 store value. */
@@ -214,6 +215,29 @@ static int prescan(const char *p, size_t n, char *err, size_t errlen)
                 i++;
             } else if (c == '"') {
                 in_str = false;
+            } else if (c < 0x20) {
+                /* JSON forbids raw control characters in strings; cJSON would
+                 * take them, and our encoder would then write them escaped. */
+                return fail(err, errlen, CDDP_EPARSE,
+                            "control character 0x%02x in a string at "
+                            "offset %zu",
+                            c, i);
+            } else if (c >= 0x80) {
+                /* Strings are UTF-8: a peer cannot make us store (and later
+                 * echo) bytes that are not. Check the length the lead byte
+                 * announces fits before reading the continuation bytes. */
+                size_t want = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+                unsigned char seq[5] = {0};
+                size_t len = 0;
+                if (i + want <= n) {
+                    memcpy(seq, p + i, want);
+                    len = cddp_utf8_len(seq);
+                }
+                if (len == 0)
+                    return fail(err, errlen, CDDP_EPARSE, "invalid UTF-8 in a string at offset %zu",
+                                i);
+                i += len - 1;
+                slen += len - 1;
             }
             continue;
         }

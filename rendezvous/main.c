@@ -24,10 +24,12 @@
 #include "config.h"
 #include "proto/msg.h"
 #include "rendezvous/server.h"
+#include "rendezvous/status.h"
 
 static const char usage[] =
     "usage: cddp-rdzv [--host HOST] [--port PORT] [--token-file FILE]\n"
     "                 [--read-timeout SECONDS] [--max-connections N] [--store-only]\n"
+    "                 [--status-port PORT] [--status-addr ADDR]\n"
     "\n"
     "The cddp rendezvous daemon: agents (cddprun --rdzv_backend=c10d\n"
     "--rdzv_endpoint=HOST:PORT) of any number of jobs meet here.\n"
@@ -40,6 +42,10 @@ static const char usage[] =
     "                         began, within this (default 60)\n"
     "  --max-connections N    refuse connections beyond N (default 100000)\n"
     "  --store-only           serve a plain key-value store, no rendezvous\n"
+    "  --status-port PORT     serve /livez /readyz /status /metrics over HTTP\n"
+    "                         (env CDDP_STATUS_PORT; 0 picks a free port; default off)\n"
+    "  --status-addr ADDR     the status port's address (env CDDP_STATUS_ADDR;\n"
+    "                         default 127.0.0.1; 0.0.0.0 for probes and Prometheus)\n"
     "  --version, --help\n"
     "\n"
     "SIGTERM or SIGINT: every job is told the rendezvous closed; exit 0.\n"
@@ -49,6 +55,7 @@ struct daemon {
     uv_loop_t loop;
     uv_signal_t sigterm, sigint;
     struct rdzv_server *srv;
+    struct rdzv_status *status; /* NULL: no status port */
     bool stopping;
 };
 
@@ -70,6 +77,7 @@ static void on_signal(uv_signal_t *h, int sig)
     snprintf(reason, sizeof(reason), "cddp-rdzv received %s",
              sig == SIGTERM ? "SIGTERM" : "SIGINT");
     log_info("R0101", "%s: closing every rendezvous", reason);
+    rdzv_status_detach(d->status);
     rdzv_server_shutdown(d->srv, reason, on_server_gone, d);
 }
 
@@ -139,6 +147,10 @@ int main(int argc, char **argv)
     char token[PROTO_MAX_TOKEN + 2] = "";
     const char *token_file = NULL;
     char err[512];
+    /* The status port: the flag wins over the environment. */
+    const char *status_port = getenv("CDDP_STATUS_PORT");
+    const char *status_addr = getenv("CDDP_STATUS_ADDR");
+    const char *status_port_src = "CDDP_STATUS_PORT";
 
     cddp_log_init("cddp-rdzv");
     for (int i = 1; i < argc; i++) {
@@ -181,6 +193,13 @@ int main(int argc, char **argv)
             if (cddp_parse_long(v, 1, 10000000, &n) != 0)
                 return usage_error("--max-connections: expected an integer >= 1, not", v);
             o.max_connections = (size_t)n;
+        } else if ((v = flag_value(argc, argv, &i, "--status-port", &missing)) ||
+                   (v = flag_value(argc, argv, &i, "--status_port", &missing))) {
+            status_port = v;
+            status_port_src = "--status-port";
+        } else if ((v = flag_value(argc, argv, &i, "--status-addr", &missing)) ||
+                   (v = flag_value(argc, argv, &i, "--status_addr", &missing))) {
+            status_addr = v;
         } else if (missing) {
             return usage_error("a value is missing after", argv[i]);
         } else {
@@ -202,19 +221,45 @@ int main(int argc, char **argv)
         return CDDP_EXIT_USAGE;
     }
     o.token = token[0] ? token : NULL;
+    int sport = -1;
+    if (status_port && status_port[0]) {
+        long n;
+        if (cddp_parse_long(status_port, 0, 65535, &n) != 0) {
+            fprintf(stderr,
+                    "cddp-rdzv: %s: '%s' is not a port number (0-65535; 0 picks a free one)\n",
+                    status_port_src, status_port);
+            return CDDP_EXIT_USAGE;
+        }
+        sport = (int)n;
+    }
+    if (status_addr && status_addr[0] == '\0')
+        status_addr = NULL;
 
     signal(SIGPIPE, SIG_IGN);
     raise_nofile(o.max_connections ? o.max_connections : 100000);
 
     struct daemon d = {0};
+    int rc;
+    if (sport >= 0) {
+        rc = rdzv_status_new(status_addr, sport, CDDP_VERSION, &d.status, err, sizeof(err));
+        if (rc) {
+            fprintf(stderr, "cddp-rdzv: --status-port=%d: %s\n", sport, err);
+            return rc == CDDP_EPARSE ? CDDP_EXIT_USAGE : CDDP_EXIT_FAILURE;
+        }
+        o.on_change = rdzv_status_changed;
+        o.change_arg = d.status;
+    }
     uv_loop_init(&d.loop);
-    int rc = rdzv_server_start(&d.loop, &o, &d.srv, err, sizeof(err));
+    rc = rdzv_server_start(&d.loop, &o, &d.srv, err, sizeof(err));
     if (rc) {
         fprintf(stderr, "cddp-rdzv: %s\n", err);
         uv_run(&d.loop, UV_RUN_DEFAULT);
         uv_loop_close(&d.loop);
+        rdzv_status_free(d.status);
         return CDDP_EXIT_FAILURE;
     }
+    if (d.status)
+        rdzv_status_attach(d.status, &d.loop, d.srv);
     uv_signal_init(&d.loop, &d.sigterm);
     uv_signal_init(&d.loop, &d.sigint);
     d.sigterm.data = d.sigint.data = &d;
@@ -227,6 +272,7 @@ int main(int argc, char **argv)
     log_info("R0100", "listening on %s", rdzv_server_address(d.srv));
 
     uv_run(&d.loop, UV_RUN_DEFAULT);
+    rdzv_status_free(d.status);
     rc = uv_loop_close(&d.loop);
     if (rc) {
         log_error("R0103", "event loop did not close cleanly: %s", uv_strerror(rc));

@@ -48,9 +48,10 @@ struct conn {
     uv_shutdown_t shutdown_req;
     int open_handles;
     bool helloed;
-    bool detached; /* rdzv_state_disconnect done */
-    bool closing;  /* no more reads or writes; on its way out */
-    char name[80]; /* "addr:port" for logs */
+    bool detached;   /* rdzv_state_disconnect done */
+    bool closing;    /* no more reads or writes; on its way out */
+    bool over_limit; /* refused: past max_connections (stats) */
+    char name[80];   /* "addr:port" for logs */
 };
 
 struct rdzv_server {
@@ -220,6 +221,12 @@ static void conn_fail(struct conn *c, int code, const char *fmt, ...)
     if (c->closing)
         return;
     c->srv->stats.refused++;
+    if (c->over_limit)
+        c->srv->stats.refused_limit++;
+    else if (code == CDDP_ETOKEN)
+        c->srv->stats.refused_token++;
+    else
+        c->srv->stats.refused_protocol++;
     log_warn("R0010", "%s: %s (%s); closing the connection", c->name, msg, cddp_err_name(code));
     struct proto_msg m = {.type = PROTO_ERROR};
     m.error.code = code;
@@ -248,6 +255,7 @@ static void send_msg(struct conn *c, const struct proto_msg *m)
         log_warn("R0011", "%s: does not read (%zu bytes queued); closing the connection", c->name,
                  c->tcp.write_queue_size + c->out.len);
         srv->stats.refused++;
+        srv->stats.refused_protocol++;
         queue_drop(c);
         return;
     }
@@ -296,6 +304,7 @@ static void apply_actions(struct rdzv_server *srv)
             m.type = PROTO_ROUND;
             m.round = a->round;
             srv->stats.rounds++;
+            srv->stats.rounds_completed += a->round.node_rank == 0;
             if (a->round.node_rank == 0)
                 log_info("R0021",
                          "run '%s' round %llu complete: %d nodes, world size %d, master %s:%d",
@@ -339,6 +348,7 @@ static void apply_actions(struct rdzv_server *srv)
         send_msg(c, &m);
         if (a->kind == RDZV_ACT_ERROR && a->error.drop) {
             srv->stats.refused++;
+            srv->stats.refused_protocol++;
             queue_drop(c);
         }
     }
@@ -351,6 +361,8 @@ static void check_drain(struct rdzv_server *srv);
  * state machine's timer. */
 static void flush(struct rdzv_server *srv)
 {
+    if (srv->opt.on_change && !srv->shutting_down)
+        srv->opt.on_change(srv->opt.change_arg);
     while (!cddp_queue_empty(&srv->dirty) || !cddp_queue_empty(&srv->drops)) {
         while (!cddp_queue_empty(&srv->dirty))
             write_out(cddp_queue_data(cddp_queue_head(&srv->dirty), struct conn, out_link));
@@ -495,6 +507,7 @@ static void dispatch(struct conn *c, const struct proto_msg *m)
     }
     switch (m->type) {
     case PROTO_JOIN:
+        srv->stats.joins++;
         rdzv_state_join(srv->state, now, &c->peer, m);
         break;
     case PROTO_HEARTBEAT:
@@ -657,6 +670,7 @@ static void on_connection(uv_stream_t *listener, int status)
      * into accepted sockets): no setsockopt per connection. */
 
     if (srv->nconns > srv->opt.max_connections) {
+        c->over_limit = true;
         conn_fail(c, CDDP_ETOOBIG, "the server is at its limit of %zu connections",
                   srv->opt.max_connections);
         flush(srv);
@@ -821,6 +835,11 @@ void rdzv_server_stats(const struct rdzv_server *s, struct rdzv_server_stats *ou
     *out = s->stats;
     out->connections = s->nconns;
     out->runs = rdzv_state_num_runs(s->state);
+}
+
+const struct rdzv_state *rdzv_server_state(const struct rdzv_server *s)
+{
+    return s->state;
 }
 
 void rdzv_server_shutdown(struct rdzv_server *srv, const char *reason, void (*cb)(void *arg),

@@ -45,6 +45,11 @@ struct rdzv_server_options {
     size_t max_write_queue; /* bytes queued to a peer that does not read; 0: 64 MiB */
     int backlog;            /* listen backlog; 0: 65535 (the kernel caps it at somaxconn) */
     const char *name;       /* server name sent in welcome; NULL: "cddp-rdzv <version>" */
+    /* Called on the loop after every event that may have changed the
+     * server's state or counters (for a status page, which should coalesce:
+     * it runs often). May be NULL. */
+    void (*on_change)(void *arg);
+    void *change_arg;
 };
 
 struct rdzv_server_stats {
@@ -55,6 +60,12 @@ struct rdzv_server_stats {
     uint64_t frames_in; /* frames received */
     uint64_t rounds;    /* rounds completed (ROUND messages / nodes) */
     uint64_t restarts;  /* RESTART messages sent */
+    /* refused, by reason (they add up to it) */
+    uint64_t refused_limit;    /* past max_connections */
+    uint64_t refused_token;    /* join token missing or wrong */
+    uint64_t refused_protocol; /* bad frames or messages, timeouts, peers that do not read */
+    uint64_t joins;            /* join requests */
+    uint64_t rounds_completed; /* rounds completed (one per round, not per node) */
 };
 
 /* Binds, listens and starts serving on loop. On success *out is the server
@@ -85,5 +96,8 @@ int rdzv_server_drain(struct rdzv_server *s, const char *run_id, uint64_t timeou
  * must not be used after this call. Calling it twice is harmless. */
 void rdzv_server_shutdown(struct rdzv_server *s, const char *reason, void (*cb)(void *arg),
                           void *arg);
+
+/* The state machine, read only, for status pages (rdzv_state_visit). */
+const struct rdzv_state *rdzv_server_state(const struct rdzv_server *s);
 
 #endif

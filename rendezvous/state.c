@@ -48,6 +48,7 @@ struct rdzv_node {
     int master_port;
     int prev_rank; /* rank in the last completed round it was part of, or -1 */
     uint64_t last_beat;
+    uint64_t joined_at; /* its last join (status pages) */
     uint64_t dead_after_ms;
     uint64_t join_timeout_ms;
     uint64_t keep_alive_ms;
@@ -70,6 +71,7 @@ struct rdzv_run {
     uint64_t last_call_ms;
     uint64_t close_timeout_ms;
     uint64_t round;
+    uint64_t round_at; /* when the current round completed (status pages) */
     uint64_t restarts, counted_restarts;
     struct cddp_queue lists[N_COUNT];
     size_t count[N_COUNT];
@@ -558,6 +560,7 @@ static void complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
         cddp_queue_data(q, struct rdzv_node, link)->prev_rank = -1;
     }
     run->phase = RDZV_RUNNING;
+    run->round_at = now;
     run->had_round = true;
     run->expecting = false;
     timer_disarm(st, &run->last_call);
@@ -841,6 +844,7 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
     node->keep_alive_max = conf.keep_alive_max_attempt;
     node->dead_after_ms = rdzv_conf_dead_after_ms(&conf);
     node->last_beat = now;
+    node->joined_at = now;
     if (!timer_armed(&node->beat))
         timer_arm(st, &node->beat, add_ms(now, node->dead_after_ms));
 
@@ -1215,4 +1219,47 @@ int rdzv_state_run_stats(const struct rdzv_state *st, const char *run_id,
 size_t rdzv_state_num_runs(const struct rdzv_state *st)
 {
     return st->nruns;
+}
+
+void rdzv_state_visit(const struct rdzv_state *st, size_t max_runs,
+                      void (*run_cb)(void *arg, const struct rdzv_run_info *run),
+                      void (*node_cb)(void *arg, const struct rdzv_node_info *node), void *arg)
+{
+    static const enum node_state order[N_COUNT] = {N_ACTIVE, N_RESTARTING, N_PARTICIPANT, N_IDLE,
+                                                   N_WAITING};
+    size_t shown = 0;
+    struct cddp_queue *q;
+    cddp_queue_foreach(q, &st->run_list)
+    {
+        if (max_runs && shown++ >= max_runs)
+            break;
+        const struct rdzv_run *run = cddp_queue_data(q, struct rdzv_run, link);
+        struct rdzv_run_info ri = {
+            .run_id = run->id,
+            .phase = phase_name(run->phase),
+            .round = run->round,
+            .min_nodes = run->min_nodes,
+            .max_nodes = run->max_nodes,
+            .round_at = run->had_round ? run->round_at : 0,
+            .nnodes = run->nodes.len,
+        };
+        run_cb(arg, &ri);
+        for (int k = 0; k < N_COUNT; k++) {
+            struct cddp_queue *nq;
+            cddp_queue_foreach(nq, &run->lists[order[k]])
+            {
+                const struct rdzv_node *n = cddp_queue_data(nq, struct rdzv_node, link);
+                bool ranked = n->state == N_ACTIVE || n->state == N_RESTARTING;
+                struct rdzv_node_info ni = {
+                    .node_id = n->id,
+                    .state = node_state_names[n->state],
+                    .rank = ranked ? n->prev_rank : -1,
+                    .nproc = n->nproc,
+                    .joined_at = n->joined_at,
+                    .last_seen = n->last_beat,
+                };
+                node_cb(arg, &ni);
+            }
+        }
+    }
 }

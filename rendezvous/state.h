@@ -181,4 +181,31 @@ int rdzv_state_run_stats(const struct rdzv_state *st, const char *run_id,
                          struct rdzv_run_stats *out);
 size_t rdzv_state_num_runs(const struct rdzv_state *st);
 
+/* For status pages (cddp-rdzv's status port): every run and its nodes, read
+ * only. Times are the caller's monotonic ms, as passed to the calls; the
+ * strings are valid until the next call that changes the state. */
+struct rdzv_run_info {
+    const char *run_id;
+    const char *phase; /* "forming", "running", "closed" */
+    uint64_t round;
+    int min_nodes, max_nodes;
+    uint64_t round_at; /* when the current round completed; 0: none yet */
+    size_t nnodes;
+};
+struct rdzv_node_info {
+    const char *node_id;
+    const char *state; /* "idle", "participant", "waiting", "active", "restarting" */
+    int rank;          /* node rank in the current round (active, restarting); else -1 */
+    int nproc;
+    uint64_t joined_at; /* when its last join was taken */
+    uint64_t last_seen; /* its last frame */
+};
+/* Calls run_cb for each run (at most max_runs; 0: all), each followed by
+ * node_cb for each of its nodes: the round's (active, restarting,
+ * participant), then idle ones (connected, in no round), then the wait list
+ * last. */
+void rdzv_state_visit(const struct rdzv_state *st, size_t max_runs,
+                      void (*run_cb)(void *arg, const struct rdzv_run_info *run),
+                      void (*node_cb)(void *arg, const struct rdzv_node_info *node), void *arg);
+
 #endif

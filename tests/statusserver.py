@@ -2,6 +2,7 @@
 libuv program) for the status port and cddpctl tests, and fetches from it with
 curl, the real client the issue names."""
 import json
+import os
 import queue
 import subprocess
 import threading
@@ -83,3 +84,12 @@ def get_json(url):
 
 def cddpctl(*args, timeout=30):
     return run([binary("cddpctl"), *args], timeout=timeout)
+
+
+def progress_snippet():
+    """The three-line client from docs/status.md, so doc and tests cannot drift."""
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "status.md")).read()
+    block = doc.split("<!-- progress-snippet -->")[1].split("<!-- /progress-snippet -->")[0]
+    code = block.split("```python\n")[1].split("```")[0]
+    assert len(code.strip().splitlines()) == 3
+    return code

@@ -31,6 +31,8 @@ DOCUMENTED = {
     "TORCHELASTIC_USE_AGENT_STORE": ("True", "False"),
     # exported by torch 2.x's launcher (after #154849), not by 1.13.
     "TORCHELASTIC_SIGNALS_TO_HANDLE": (None, "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
+    # cddp's progress channel (docs/status.md): the pipe is the worker's fd 3.
+    "CDDP_PROGRESS_FD": (None, "3"),
 }
 # Same layout, different temporary directory: compared by shape.
 ERROR_FILE_RE = r"/logs/cmp_[^/]+/attempt_{attempt}/{lr}/error\.json$"

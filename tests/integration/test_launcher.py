@@ -438,7 +438,9 @@ wait
                 out.append(int(d))
         return out
 
-    assert len(tagged()) >= 1 + 1 + 3 * 4  # agent, guardian, 3 x (sh, sleep, sh, sleep)
+    # agent, guardian, 3 x (sh, sleep, sh, sleep); the inner sh forks its sleep
+    # after the worker marked itself ready, so wait for the full count.
+    wait_for(lambda: len(tagged()) >= 1 + 1 + 3 * 4, what="every worker and grandchild to start")
     os.kill(p.pid, signal.SIGKILL)
     p.wait(timeout=10)
     wait_for(lambda: not tagged(), timeout=10, what="every worker and grandchild to die")

@@ -16,7 +16,7 @@ import pytest
 
 import promparse
 from conftest import binary, free_port, wait_for
-from statusserver import StatusServer, curl, get_json
+from statusserver import StatusServer, curl, get_json, progress_snippet
 
 PROM_CTYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -498,15 +498,6 @@ def test_stop_with_clients_connected(background):
     for s in socks:
         s.close()
     assert os.path.exists(binary("status_testserver"))
-
-
-def progress_snippet():
-    """The three-line client from docs/status.md, so doc and test cannot drift."""
-    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "status.md")).read()
-    block = doc.split("<!-- progress-snippet -->")[1].split("<!-- /progress-snippet -->")[0]
-    code = block.split("```python\n")[1].split("```")[0]
-    assert len(code.strip().splitlines()) == 3
-    return code
 
 
 @pytest.mark.torch

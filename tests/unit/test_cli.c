@@ -112,6 +112,9 @@ static void test_defaults(void **state)
     assert_int_equal(c.shutdown_timeout_ms, 30000);
     assert_null(c.prefix_template);
     assert_null(c.error_file);
+    assert_int_equal(c.status_port, -1); /* no status port unless asked */
+    assert_string_equal(c.status_addr, "127.0.0.1");
+    assert_true(c.status_linger_s == 0);
     launch_config_free(&c);
 }
 
@@ -244,6 +247,19 @@ static void chk_signals(const struct launch_config *c)
     assert_string_equal(c->signals_arg, "SIGUSR1,SIGTERM");
 }
 
+static void chk_status_port(const struct launch_config *c)
+{
+    assert_int_equal(c->status_port, 8080);
+}
+static void chk_status_addr(const struct launch_config *c)
+{
+    assert_string_equal(c->status_addr, "0.0.0.0");
+}
+static void chk_status_linger(const struct launch_config *c)
+{
+    assert_true(c->status_linger_s > 2.49 && c->status_linger_s < 2.51);
+}
+
 static const struct flag_case flag_cases[] = {
     {"--nnodes", NULL, "2:3", chk_nnodes},
     {"--nproc-per-node", "--nproc_per_node", "4", chk_nproc},
@@ -271,6 +287,9 @@ static const struct flag_case flag_cases[] = {
     {"--logs-specs", "--logs_specs", "mine", chk_logs_specs},
     {"--numa-binding", "--numa_binding", "socket", chk_numa},
     {"--signals-to-handle", "--signals_to_handle", "SIGUSR1,SIGTERM", chk_signals},
+    {"--status-port", "--status_port", "8080", chk_status_port},
+    {"--status-addr", "--status_addr", "0.0.0.0", chk_status_addr},
+    {"--status-linger", "--status_linger", "2.5", chk_status_linger},
 };
 
 static void test_every_flag_both_spellings(void **state)
@@ -551,6 +570,62 @@ static void test_bad_input(void **state)
     assert_bad("training script", "--nproc_per_node=2");
     assert_bad("training script", "--", "");
     assert_bad("--no_python", "--no_python", "-m", "mod");
+}
+
+/* The status port's flags: CDDP_STATUS_* after the command line and before
+ * PET_*, empty means off, errors name what was typed or the variable. */
+static void test_status_flags(void **state)
+{
+    (void)state;
+    struct launch_config c = {0};
+    char *env[] = {(char *)"CDDP_STATUS_PORT=9000",    (char *)"CDDP_STATUS_ADDR=::1",
+                   (char *)"CDDP_STATUS_LINGER=1.5",   (char *)"PET_STATUS_PORT=7000",
+                   (char *)"PET_STATUS_ADDR=10.9.9.9", NULL};
+    assert_int_equal(parse_env(&c, env, "w", NULL), 0);
+    assert_int_equal(c.status_port, 9000);
+    assert_string_equal(c.status_addr, "::1");
+    assert_true(c.status_linger_s > 1.49 && c.status_linger_s < 1.51);
+    /* the command line wins over the variables */
+    assert_int_equal(parse_env(&c, env, "--status_port=0", "--status-addr", "0.0.0.0",
+                               "--status_linger=0", "w", NULL),
+                     0);
+    assert_int_equal(c.status_port, 0);
+    assert_string_equal(c.status_addr, "0.0.0.0");
+    assert_true(c.status_linger_s == 0);
+    /* PET_* alone, as for every other flag */
+    char *pet[] = {(char *)"PET_STATUS_PORT=7000", (char *)"PET_STATUS_ADDR=10.9.9.9", NULL};
+    assert_int_equal(parse_env(&c, pet, "w", NULL), 0);
+    assert_int_equal(c.status_port, 7000);
+    assert_string_equal(c.status_addr, "10.9.9.9");
+    /* an empty variable (a manifest's CDDP_STATUS_PORT="") leaves it off */
+    char *empty[] = {(char *)"CDDP_STATUS_PORT=", NULL};
+    assert_int_equal(parse_env(&c, empty, "w", NULL), 0);
+    assert_int_equal(c.status_port, -1);
+    /* the bounds, and an unambiguous prefix */
+    assert_int_equal(parse(&c, "--status_port=65535", "w"), 0);
+    assert_int_equal(c.status_port, 65535);
+    assert_int_equal(parse(&c, "--status_p", "81", "w"), 0);
+    assert_int_equal(c.status_port, 81);
+
+    assert_bad("--status_port", "--status_port=http", "w");
+    assert_bad("--status-port", "--status-port=65536", "w");
+    assert_bad("--status_port", "--status_port=-1", "w");
+    assert_bad("--status_port", "--status_port", "8080x", "w");
+    assert_bad("--status_addr", "--status_addr=", "w");
+    assert_bad("--status_linger", "--status_linger=-1", "w");
+    assert_bad("--status_linger", "--status_linger=forever", "w");
+    assert_bad("ambiguous", "--stat=1", "w");
+    char *e1[] = {(char *)"CDDP_STATUS_PORT=99999", NULL};
+    assert_true(parse_env(&c, e1, "w", NULL) < 0);
+    assert_non_null(strstr(err, "CDDP_STATUS_PORT"));
+    assert_non_null(strstr(err, "99999"));
+    char *e2[] = {(char *)"PET_STATUS_PORT=x", NULL};
+    assert_true(parse_env(&c, e2, "w", NULL) < 0);
+    assert_non_null(strstr(err, "PET_STATUS_PORT"));
+    char *e3[] = {(char *)"CDDP_STATUS_LINGER=soon", NULL};
+    assert_true(parse_env(&c, e3, "w", NULL) < 0);
+    assert_non_null(strstr(err, "CDDP_STATUS_LINGER"));
+    launch_config_free(&c);
 }
 
 static void test_validate_multinode(void **state)
@@ -835,6 +910,7 @@ int main(void)
         cmocka_unit_test(test_argparse_details),
         cmocka_unit_test(test_help_version),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_status_flags),
         cmocka_unit_test(test_refused_until_supported),
         cmocka_unit_test(test_validate_multinode),
         cmocka_unit_test_setup_teardown(test_resolve, resolve_setup, resolve_teardown),

@@ -416,6 +416,21 @@ static void test_msg_decode_errors(void **state)
                      CDDP_EPROTO_TYPE);
     assert_non_null(strstr(err, "bogus"));
     assert_int_equal(decode_str("{\"v\":1,\"type\":7}", err, sizeof(err)), CDDP_EPROTO_FIELD);
+    /* Strings are UTF-8 without raw control characters (a fuzzer finding:
+     * such bytes decoded, then re-encoded into something that did not). */
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"heartbeat\",\"x\":\"\xff\"}", err, sizeof(err)),
+        CDDP_EPARSE);
+    assert_non_null(strstr(err, "UTF-8"));
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"heartbeat\",\"x\":\"\xc3\"}", err, sizeof(err)),
+        CDDP_EPARSE);
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"heartbeat\",\"x\":\"a\x03\"}", err, sizeof(err)),
+        CDDP_EPARSE);
+    assert_non_null(strstr(err, "control"));
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"heartbeat\",\"x\":\"\xc3\xa9\"}", err, sizeof(err)), 0);
     /* Unknown extra fields are ignored. */
     assert_int_equal(decode_str("{\"v\":1,\"type\":\"heartbeat\",\"later\":[1]}", err, sizeof(err)),
                      0);

@@ -671,6 +671,108 @@ static void test_finished_leave_is_quiet(void **state)
     sim_free(s);
 }
 
+/* ---- rdzv_state_visit (status pages) ---- */
+
+struct seen {
+    struct rdzv_run_info runs[4];
+    size_t nruns;
+    struct rdzv_node_info nodes[8];
+    char ids[8][16];
+    size_t run_of[8];
+    size_t nnodes;
+};
+
+static void seen_run(void *arg, const struct rdzv_run_info *r)
+{
+    struct seen *v = arg;
+    assert_true(v->nruns < 4);
+    v->runs[v->nruns++] = *r;
+}
+
+static void seen_node(void *arg, const struct rdzv_node_info *n)
+{
+    struct seen *v = arg;
+    assert_true(v->nnodes < 8 && v->nruns > 0);
+    snprintf(v->ids[v->nnodes], sizeof(v->ids[0]), "%s", n->node_id);
+    v->run_of[v->nnodes] = v->nruns - 1;
+    v->nodes[v->nnodes++] = *n;
+}
+
+static struct seen *visit(struct sim *s, size_t max_runs)
+{
+    static struct seen v;
+    memset(&v, 0, sizeof(v));
+    rdzv_state_visit(s->st, max_runs, seen_run, seen_node, &v);
+    return &v;
+}
+
+static void test_visit(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    struct seen *v = visit(s, 0);
+    assert_int_equal(v->nruns, 0);
+    for (int i = 0; i < 4; i++)
+        hello(s, i, i < 3 ? "job" : "other");
+    s->now = 2000;
+    join_ex(s, 0, "a", (struct joinopt){.min = 2, .max = 2, .nproc = 4});
+    v = visit(s, 0);
+    assert_int_equal(v->nruns, 2); /* "other" exists from its hello */
+    assert_string_equal(v->runs[0].run_id, "job");
+    assert_string_equal(v->runs[0].phase, "forming");
+    assert_int_equal(v->runs[0].round_at, 0);
+    assert_int_equal(v->runs[0].min_nodes, 2);
+    assert_int_equal(v->runs[0].nnodes, 1);
+    assert_int_equal(v->nnodes, 1);
+    assert_string_equal(v->ids[0], "a");
+    assert_string_equal(v->nodes[0].state, "participant");
+    assert_int_equal(v->nodes[0].rank, -1);
+    assert_int_equal(v->nodes[0].nproc, 4);
+    assert_int_equal(v->nodes[0].joined_at, 2000);
+    /* The round completes at 3000; a third node waits; time passes. */
+    s->now = 3000;
+    join(s, 1, "b", 2, 2, NULL);
+    check_round(s, 2);
+    s->now = 4000;
+    join(s, 2, "c", 2, 2, NULL);
+    s->now = 5000;
+    beat(s, 1);
+    v = visit(s, 0);
+    assert_string_equal(v->runs[0].phase, "running");
+    assert_int_equal(v->runs[0].round_at, 3000);
+    assert_int_equal(v->runs[0].nnodes, 3);
+    assert_int_equal(v->nnodes, 3);
+    /* members first (ranked), the wait list last */
+    assert_string_equal(v->nodes[0].state, "active");
+    assert_string_equal(v->nodes[1].state, "active");
+    assert_int_equal(v->nodes[0].rank + v->nodes[1].rank, 1);
+    assert_string_equal(v->ids[2], "c");
+    assert_string_equal(v->nodes[2].state, "waiting");
+    assert_int_equal(v->nodes[2].rank, -1);
+    assert_int_equal(v->nodes[2].joined_at, 4000);
+    for (size_t k = 0; k < 2; k++) {
+        if (strcmp(v->ids[k], "b") == 0)
+            assert_int_equal(v->nodes[k].last_seen, 5000);
+        else
+            assert_int_equal(v->nodes[k].last_seen, 2000);
+    }
+    /* max_runs bounds the walk */
+    v = visit(s, 1);
+    assert_int_equal(v->nruns, 1);
+    /* A member is lost: the survivor restarts, keeping its rank on show. */
+    drop(s, 0);
+    v = visit(s, 0);
+    bool restarting = false;
+    for (size_t k = 0; k < v->nnodes; k++) {
+        if (strcmp(v->ids[k], "b") == 0) {
+            restarting = strcmp(v->nodes[k].state, "restarting") == 0;
+            assert_true(v->nodes[k].rank >= 0);
+        }
+    }
+    assert_true(restarting);
+    sim_free(s);
+}
+
 static void test_failure_counted(void **state)
 {
     (void)state;
@@ -1243,9 +1345,10 @@ int main(void)
         cmocka_unit_test(test_heartbeat_timeout),
         cmocka_unit_test(test_waiting_node_scale_up),
         cmocka_unit_test(test_waiting_at_max),
-        cmocka_unit_test(test_failure_counted),
+        cmocka_unit_test(test_visit),
         cmocka_unit_test(test_finished_leave_is_quiet),
         cmocka_unit_test(test_no_restart_livelock_with_zero_last_call),
+        cmocka_unit_test(test_failure_counted),
         cmocka_unit_test(test_member_rejoin),
         cmocka_unit_test(test_lost_below_min_waits_then_times_out),
         cmocka_unit_test(test_laggard_after_last_call),

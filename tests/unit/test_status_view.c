@@ -54,6 +54,7 @@ static void fill_agent(struct status_agent_view *v)
         workers[i].started_at = 1011.0;
         workers[i].restarts = 1;
     }
+    workers[1].exited_at = 1010.123456; /* its last process, before this round */
     /* Worker 0 reports progress (through the real parser), worker 1 garbage. */
     struct progress_parser p;
     progress_init(&p);
@@ -237,12 +238,15 @@ static void test_agent_metrics(void **state)
         "cddp_worker_last_progress_timestamp_seconds{local_rank=\"0\"} 1020\n",
         "cddp_worker_progress_malformed_lines_total{local_rank=\"1\"} 1\n",
         "cddp_worker_progress_lines_total{local_rank=\"1\"} 0\n",
+        /* full precision: benchmarks compare it with the worker's own clock */
+        "cddp_worker_last_exit_timestamp_seconds{local_rank=\"1\"} 1010.123456\n",
     };
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
         if (strstr(m, want[i]) == NULL)
             fail_msg("missing from /metrics: %s\n%s", want[i], m);
     /* Worker 1 reported nothing valid: no step sample for it. */
     assert_null(strstr(m, "cddp_worker_progress_step{local_rank=\"1\"}"));
+    assert_null(strstr(m, "cddp_worker_last_exit_timestamp_seconds{local_rank=\"0\"}"));
     status_snapshot_unref(s);
 }
 
@@ -250,10 +254,10 @@ static void test_rdzv(void **state)
 {
     (void)state;
     struct status_rdzv_node_view members[2] = {
-        {"10.0.0.2:40000", 0, 4, 1000, 1005},
-        {"10.0.0.3:40000", 1, 4, 1001, 1005},
+        {"10.0.0.2:40000", 0, 4, 1000, 1005, "active"},
+        {"10.0.0.3:40000", 1, 4, 1001, 1005, NULL},
     };
-    struct status_rdzv_node_view waiting[1] = {{"10.0.0.4:40000", -1, 4, 1004, 1005}};
+    struct status_rdzv_node_view waiting[1] = {{"10.0.0.4:40000", -1, 4, 1004, 1005, "waiting"}};
     struct status_rdzv_run_view runs[2] = {
         {"job7", "running", 2, 1, 4, 1002, 2, members, 1, waiting},
         {"job8", "joining", 0, 2, 2, 0, 0, NULL, 0, NULL},
@@ -288,6 +292,11 @@ static void test_rdzv(void **state)
     const cJSON *wl = cJSON_GetObjectItem(r0, "waiting");
     assert_int_equal(cJSON_GetArraySize(wl), 1);
     assert_true(is_null(cJSON_GetArrayItem(wl, 0), "node_rank"));
+    assert_string_equal(str(cJSON_GetArrayItem(wl, 0), "state"), "waiting");
+    const cJSON *ms = cJSON_GetObjectItem(r0, "members");
+    assert_string_equal(str(cJSON_GetArrayItem(ms, 0), "state"), "active");
+    /* no state given: no key */
+    assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(ms, 1), "state"));
     cJSON_Delete(root);
     size_t len;
     const char *m = status_snapshot_metrics(s, &len);
