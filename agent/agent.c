@@ -885,6 +885,11 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
             return rc;
         a->rdzv = &a->rdzv_static.base;
     } else {
+        /* How the other nodes will hear of this one (a DNS lookup: only
+         * when there are other nodes). */
+        char host[256];
+        cddp_fqdn(host, sizeof(host));
+        snprintf(a->me, sizeof(a->me), "%s (pid %d)", host, (int)getpid());
         struct rdzv_conf conf;
         rdzv_conf_init(&conf);
         for (int i = 0; i < cfg->rdzv_conf_len; i++) {
@@ -951,9 +956,6 @@ static int agent_open(struct agent *a)
         log_warn("A0602", "config has no run_id, generated a random run_id: %s", a->run_id);
     }
     char why[512] = "";
-    char host[256];
-    cddp_fqdn(host, sizeof(host));
-    snprintf(a->me, sizeof(a->me), "%s (pid %d)", host, (int)getpid());
     if ((rc = open_rdzv(a, why, sizeof(why))) != 0) {
         agent_failed(a, "A0603", "%s", why[0] ? why : cddp_strerror(rc));
         return rc;

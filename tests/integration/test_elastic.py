@@ -515,7 +515,10 @@ def test_standalone(cluster):
     by_node = {}
     for e in envs(cluster.out):
         by_node.setdefault(e["NODE"], []).append(e)
-    assert sorted(e["TORCHELASTIC_RESTART_COUNT"] for e in by_node["a"]) == ["0", "0", "1", "1"]
+    counts = sorted(e["TORCHELASTIC_RESTART_COUNT"] for e in by_node["a"])
+    # Rank 1 fails at once on the first attempt, so rank 0 may be stopped
+    # before it records anything; the second attempt runs both to the end.
+    assert counts.count("1") == 2 and 1 <= counts.count("0") <= 2, counts
     assert by_node["a"][0]["TORCHELASTIC_RUN_ID"] != by_node["b"][0]["TORCHELASTIC_RUN_ID"]
     assert "127.0.0.1:" in a.text()  # hosted on loopback
 
