@@ -526,11 +526,11 @@ def test_standalone(cluster):
 def test_design_command_without_backend(cluster):
     """The design's command, on two "nodes": no --rdzv_backend and no
     --node_rank. torchrun's static default would make both node rank 0;
-    cddprun runs it as c10d at the endpoint."""
+    cddprun runs it as c10d at the endpoint (a host name here)."""
     port = free_port()
     for i in range(2):
         cluster.agent(str(i), "--nnodes=2", "--nproc_per_node=2",
-                      f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=job7",
+                      f"--rdzv_endpoint=localhost:{port}", "--rdzv_id=job7",
                       env={"LIFETIME": "0.3"})
     for a in cluster.agents:
         assert a.wait() == 0, a.text()
