@@ -83,9 +83,12 @@ static void try_next_address(struct rdzv_client *c);
 
 /* ---- small helpers ---- */
 
+/* Formats through a copy: callers may pass last_error itself as an argument. */
 static void set_error(struct rdzv_client *c, const char *fmt, va_list ap)
 {
-    vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+    char msg[sizeof(c->last_error)];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    memcpy(c->last_error, msg, sizeof(msg));
 }
 
 static void maybe_free(struct rdzv_client *c)
@@ -248,7 +251,6 @@ static void handle(struct rdzv_client *c, const struct proto_msg *m)
             c->join_cb(c, m->error.code, NULL, c->join_arg);
             return;
         }
-        /* client_fail formats into last_error: never hand it last_error. */
         client_fail(c, m->error.code, "%s", msg);
         return;
     }

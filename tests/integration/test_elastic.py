@@ -460,6 +460,18 @@ def test_wrong_token_wrong_run_id_wrong_nnodes(cluster):
     stop(good[1], good[0])
 
 
+def test_unreachable_endpoint_is_a_clear_error(cluster):
+    port = free_port()
+    a = cluster.agent("0", *c10d(port, 2, conf="is_host=0,read_timeout=0.5"))
+    b = cluster.agent("1", "--nnodes=2", "--rdzv_backend=c10d",
+                      "--rdzv_endpoint=no-such-host.invalid:29400", "--rdzv_conf=read_timeout=0.5")
+    assert a.wait() == 1 and b.wait() == 1
+    assert f"cannot connect to 127.0.0.1:{port}: connection refused (kept trying for 0.5 s)" \
+        in a.text()
+    assert "cannot resolve 'no-such-host.invalid'" in b.text()
+    assert envs(cluster.out) == []
+
+
 def test_finished_job_is_closed_to_late_agents(cluster):
     port = free_port()
     d = subprocess.Popen([binary("cddp-rdzv"), "--host", "127.0.0.1", "--port", str(port)],
