@@ -16,7 +16,8 @@
  * close(END_JOB) sends "close" and waits (at most ACK_TIMEOUT_MS) for the
  * server's "closed" echo, so the reason reaches every node before this
  * connection goes; close(LEAVE, FINISHED) sends "leave" (finished: the
- * others go on without a restart). An agent hosting the server then drains
+ * others go on without a restart) and waits the same way for the answer
+ * to a store request sent after it. An agent hosting the server then drains
  * it (until the job's other connections are gone: at most close_timeout
  * after END_JOB, without limit after FINISHED, since the others still work
  * and need it) and shuts it down; a hosting agent that LEAVEs closes the
@@ -172,6 +173,17 @@ static void close_client(struct c10d *c)
         on_client_closed(c);
 }
 
+static void on_leave_ack(struct rdzv_client *cl, int status, const struct rdzv_store_result *r,
+                         void *arg)
+{
+    (void)cl;
+    (void)status; /* "not found" is the expected answer; any answer will do */
+    (void)r;
+    struct c10d *c = arg;
+    if (c->awaiting_ack)
+        close_client(c);
+}
+
 static void on_ack_timeout(uv_timer_t *t)
 {
     struct c10d *c = t->data;
@@ -210,8 +222,14 @@ static void c10d_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const
             uv_timer_start(&c->timer, on_ack_timeout, ACK_TIMEOUT_MS, 0);
             return;
         }
-    } else {
-        rdzv_client_leave(c->client, c->close_reason, how == AGENT_RDZV_FINISHED);
+    } else if (rdzv_client_leave(c->client, c->close_reason, how == AGENT_RDZV_FINISHED) == 0 &&
+               rdzv_client_get(c->client, "cddp/agent/leave_ack", -1, on_leave_ack, c) == 0) {
+        /* The server answers requests in order: when this answer comes,
+         * the leave was seen (a connection closed at once could lose it,
+         * and a lost node makes the others restart). */
+        c->awaiting_ack = true;
+        uv_timer_start(&c->timer, on_ack_timeout, ACK_TIMEOUT_MS, 0);
+        return;
     }
     close_client(c);
 }
