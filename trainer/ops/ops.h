@@ -100,11 +100,14 @@ struct trn_ops {
     /* conv.c: y = conv(x, w); w is (cout, cin, k, k) OIHW. */
     void (*conv_forward)(struct trn_backend *be, struct trn_conv *conv, const struct trn_tensor *x,
                          const float *w, struct trn_tensor *y);
-    /* dw (OIHW) = (or +=, with accumulate) the weight gradient; dx = the input
-     * gradient unless dx is NULL. */
-    void (*conv_backward)(struct trn_backend *be, struct trn_conv *conv, const struct trn_tensor *x,
-                          const float *w, const struct trn_tensor *dy, struct trn_tensor *dx,
-                          float *dw, bool accumulate);
+    /* dw (OIHW) = (or +=, with accumulate) the weight gradient. Separate from
+     * the input gradient so the weight gradient can be handed to DDP first. */
+    void (*conv_backward_weights)(struct trn_backend *be, struct trn_conv *conv,
+                                  const struct trn_tensor *x, const struct trn_tensor *dy,
+                                  float *dw, bool accumulate);
+    /* dx = the input gradient (dx's shape is the input's). */
+    void (*conv_backward_data)(struct trn_backend *be, struct trn_conv *conv, const float *w,
+                               const struct trn_tensor *dy, struct trn_tensor *dx);
     void (*conv_release)(struct trn_backend *be, struct trn_conv *conv);
 
     /* bn.c. Per-channel mean and biased variance of x over (N, H, W). */

@@ -108,7 +108,8 @@ static const struct trn_ops cpu_ops = {
     .synchronize = cpu_synchronize,
     .reorder = cpu_reorder,
     .conv_forward = cpu_conv_forward,
-    .conv_backward = cpu_conv_backward,
+    .conv_backward_weights = cpu_conv_backward_weights,
+    .conv_backward_data = cpu_conv_backward_data,
     .conv_release = cpu_conv_release,
     .bn_stats = cpu_bn_stats,
     .bn_prepare = cpu_bn_prepare,
@@ -177,6 +178,7 @@ void trn_backend_cpu_free(struct trn_backend *be)
     dnnl_engine_destroy(cb->engine);
     free(cb->scratchpad);
     free(cb->wbuf);
+    free(cb->abuf);
     free(cb);
     be->impl = NULL;
 }

@@ -24,6 +24,9 @@ struct cpu_backend {
     size_t scratchpad_size;
     void *wbuf;
     size_t wbuf_size;
+    /* room for plain copies of a conv's activations (conv.c's fallback) */
+    void *abuf;
+    size_t abuf_size;
 };
 
 #define dnnlCheck(call) cpu_dnnl_check((call), #call, __FILE__, __LINE__)
@@ -45,9 +48,11 @@ void cpu_reorder(struct trn_backend *be, const struct trn_tensor *src, struct tr
 /* conv.c */
 void cpu_conv_forward(struct trn_backend *be, struct trn_conv *conv, const struct trn_tensor *x,
                       const float *w, struct trn_tensor *y);
-void cpu_conv_backward(struct trn_backend *be, struct trn_conv *conv, const struct trn_tensor *x,
-                       const float *w, const struct trn_tensor *dy, struct trn_tensor *dx,
-                       float *dw, bool accumulate);
+void cpu_conv_backward_weights(struct trn_backend *be, struct trn_conv *conv,
+                               const struct trn_tensor *x, const struct trn_tensor *dy, float *dw,
+                               bool accumulate);
+void cpu_conv_backward_data(struct trn_backend *be, struct trn_conv *conv, const float *w,
+                            const struct trn_tensor *dy, struct trn_tensor *dx);
 void cpu_conv_release(struct trn_backend *be, struct trn_conv *conv);
 
 /* bn.c (batch norm, and the ReLU and residual add fused with it) */
