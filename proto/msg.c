@@ -1,0 +1,916 @@
+/* msg.c: see msg.h. Decoding is in three steps: a linear pre-scan that
+ * bounds what cJSON will be asked to build, cJSON itself, then per-type
+ * field extraction that checks presence, type and range of every field. */
+#include "proto/msg.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/errors.h"
+#include "proto/frame.h"
+
+/* The longest JSON string the pre-scan lets through: a base64 store value. */
+#define PROTO_MAX_STRING ((PROTO_MAX_VALUE + 2) / 3 * 4)
+
+static const char *const type_names[PROTO_TYPE_COUNT] = {[PROTO_NONE] = "?",
+#define XX(name, str) [PROTO_##name] = str,
+                                                         PROTO_TYPES(XX)
+#undef XX
+};
+
+const char *proto_type_name(enum proto_type t)
+{
+    if ((int)t <= 0 || t >= PROTO_TYPE_COUNT)
+        return "?";
+    return type_names[t];
+}
+
+static enum proto_type type_from_name(const char *s)
+{
+    for (int t = 1; t < PROTO_TYPE_COUNT; t++) {
+        if (strcmp(type_names[t], s) == 0)
+            return (enum proto_type)t;
+    }
+    return PROTO_NONE;
+}
+
+/* ---- errors on the wire ---- */
+
+const char *proto_error_name(int code)
+{
+    return cddp_err_name(code);
+}
+
+int proto_error_code(const char *name)
+{
+    if (strcmp(name, "OK") == 0)
+        return 0;
+#define XX(n, num, msg)                                                                            \
+    if (strcmp(name, #n) == 0)                                                                     \
+        return num;
+    CDDP_ERRORS(XX)
+#undef XX
+    for (int e = 1; e < 200; e++) {
+        const char *n = strerrorname_np(e);
+        if (n && strcmp(n, name) == 0)
+            return -e;
+    }
+    return CDDP_EPEER;
+}
+
+/* ---- base64 ---- */
+
+static const char b64_alphabet[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+void proto_base64_encode(const void *src, size_t n, char *dst)
+{
+    const unsigned char *s = src;
+    size_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = (uint32_t)s[i] << 16 | (uint32_t)s[i + 1] << 8 | s[i + 2];
+        *dst++ = b64_alphabet[(v >> 18) & 63];
+        *dst++ = b64_alphabet[(v >> 12) & 63];
+        *dst++ = b64_alphabet[(v >> 6) & 63];
+        *dst++ = b64_alphabet[v & 63];
+    }
+    if (n - i == 1) {
+        uint32_t v = (uint32_t)s[i] << 16;
+        *dst++ = b64_alphabet[(v >> 18) & 63];
+        *dst++ = b64_alphabet[(v >> 12) & 63];
+        *dst++ = '=';
+        *dst++ = '=';
+    } else if (n - i == 2) {
+        uint32_t v = (uint32_t)s[i] << 16 | (uint32_t)s[i + 1] << 8;
+        *dst++ = b64_alphabet[(v >> 18) & 63];
+        *dst++ = b64_alphabet[(v >> 12) & 63];
+        *dst++ = b64_alphabet[(v >> 6) & 63];
+        *dst++ = '=';
+    }
+    *dst = '\0';
+}
+
+static int b64_value(unsigned char c)
+{
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    if (c == '+')
+        return 62;
+    if (c == '/')
+        return 63;
+    return -1;
+}
+
+long proto_base64_decode(const char *src, size_t n, void *dst, size_t dstlen)
+{
+    unsigned char *d = dst;
+    size_t out = 0;
+    if (n % 4 != 0)
+        return CDDP_EPARSE;
+    for (size_t i = 0; i < n; i += 4) {
+        int v[4];
+        int pad = 0;
+        for (int k = 0; k < 4; k++) {
+            unsigned char c = (unsigned char)src[i + k];
+            if (c == '=' && i + 4 == n && k >= 2) {
+                v[k] = 0;
+                pad++;
+            } else if (pad > 0 || (v[k] = b64_value(c)) < 0) {
+                return CDDP_EPARSE;
+            }
+        }
+        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | v[3];
+        size_t nb = 3 - (size_t)pad;
+        /* Canonical form: the bits under the padding are zero. */
+        if ((pad == 1 && (w & 0xff)) || (pad == 2 && (w & 0xffff)))
+            return CDDP_EPARSE;
+        if (out + nb > dstlen)
+            return CDDP_ETOOBIG;
+        d[out++] = (unsigned char)(w >> 16);
+        if (nb > 1)
+            d[out++] = (unsigned char)(w >> 8);
+        if (nb > 2)
+            d[out++] = (unsigned char)w;
+    }
+    return (long)out;
+}
+
+/* ---- decoding ---- */
+
+struct blob {
+    struct blob *next;
+    max_align_t align[];
+};
+
+static void *msg_alloc(struct proto_msg *m, size_t n)
+{
+    struct blob *b = malloc(sizeof(*b) + (n ? n : 1));
+    if (b == NULL)
+        return NULL;
+    b->next = m->mem;
+    m->mem = b;
+    return b->align;
+}
+
+void proto_msg_free(struct proto_msg *m)
+{
+    cJSON_Delete(m->json);
+    m->json = NULL;
+    struct blob *b = m->mem;
+    while (b) {
+        struct blob *next = b->next;
+        free(b);
+        b = next;
+    }
+    m->mem = NULL;
+}
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* Bounds depth, value count and string lengths in one pass, before any
+ * allocation; also refuses NUL bytes and \u0000 escapes, which C strings
+ * cannot carry (a key would silently change meaning). */
+static int prescan(const char *p, size_t n, char *err, size_t errlen)
+{
+    size_t depth = 0, values = 0, slen = 0;
+    bool in_str = false;
+    size_t i = 0;
+    while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n'))
+        i++;
+    if (i == n)
+        return fail(err, errlen, CDDP_EPARSE, "empty payload (expected a JSON object)");
+    if (p[i] != '{')
+        return fail(err, errlen, CDDP_EPARSE, "payload is not a JSON object");
+    for (; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c == '\0')
+            return fail(err, errlen, CDDP_EPARSE, "NUL byte at offset %zu", i);
+        if (in_str) {
+            if (++slen > PROTO_MAX_STRING)
+                return fail(err, errlen, CDDP_ETOOBIG, "a string is longer than %u bytes",
+                            (unsigned)PROTO_MAX_STRING);
+            if (c == '\\') {
+                if (i + 5 < n && p[i + 1] == 'u' && memcmp(p + i + 2, "0000", 4) == 0)
+                    return fail(err, errlen, CDDP_EPARSE, "\\u0000 in a string");
+                i++;
+            } else if (c == '"') {
+                in_str = false;
+            }
+            continue;
+        }
+        switch (c) {
+        case '"':
+            in_str = true;
+            slen = 0;
+            values++;
+            break;
+        case '{':
+        case '[':
+            if (++depth > PROTO_MAX_DEPTH)
+                return fail(err, errlen, CDDP_ETOOBIG, "JSON nested deeper than %d levels",
+                            PROTO_MAX_DEPTH);
+            values++;
+            break;
+        case '}':
+        case ']':
+            if (depth > 0)
+                depth--;
+            break;
+        case ',':
+        case ':':
+            values++;
+            break;
+        default:
+            break;
+        }
+        if (values > PROTO_MAX_VALUES)
+            return fail(err, errlen, CDDP_ETOOBIG, "more than %d JSON values", PROTO_MAX_VALUES);
+    }
+    return 0;
+}
+
+struct dec {
+    const cJSON *obj;
+    const char *type;
+    struct proto_msg *m;
+    char *err;
+    size_t errlen;
+};
+
+static int bad_field(struct dec *d, const char *name, const char *what)
+{
+    return fail(d->err, d->errlen, CDDP_EPROTO_FIELD, "'%s' message: field '%s' %s", d->type, name,
+                what);
+}
+
+static const cJSON *field(struct dec *d, const char *name)
+{
+    return cJSON_GetObjectItemCaseSensitive(d->obj, name);
+}
+
+enum str_kind { STR_TEXT, STR_ID };
+
+/* A string field of at most max bytes. STR_ID: printable ASCII, no spaces. */
+static int get_str(struct dec *d, const char *name, bool required, size_t max, enum str_kind kind,
+                   const char **out)
+{
+    const cJSON *it = field(d, name);
+    *out = NULL;
+    if (it == NULL || cJSON_IsNull(it)) {
+        if (required)
+            return bad_field(d, name, "is missing");
+        return 0;
+    }
+    if (!cJSON_IsString(it) || it->valuestring == NULL)
+        return bad_field(d, name, "must be a string");
+    size_t len = strlen(it->valuestring);
+    if (len > max) {
+        char what[64];
+        snprintf(what, sizeof(what), "is longer than %zu bytes", max);
+        return bad_field(d, name, what);
+    }
+    if (kind == STR_ID) {
+        for (size_t i = 0; i < len; i++) {
+            unsigned char c = (unsigned char)it->valuestring[i];
+            if (c <= 0x20 || c >= 0x7f)
+                return bad_field(d, name, "must be printable ASCII without spaces");
+        }
+    }
+    *out = it->valuestring;
+    return 0;
+}
+
+static int get_int(struct dec *d, const char *name, bool required, int64_t min, int64_t max,
+                   int64_t dflt, int64_t *out)
+{
+    const cJSON *it = field(d, name);
+    *out = dflt;
+    if (it == NULL || cJSON_IsNull(it)) {
+        if (required)
+            return bad_field(d, name, "is missing");
+        return 0;
+    }
+    double v = it->valuedouble;
+    if (!cJSON_IsNumber(it) || !isfinite(v) || floor(v) != v || v < (double)min ||
+        v > (double)max) {
+        char what[96];
+        snprintf(what, sizeof(what), "must be an integer in %lld..%lld", (long long)min,
+                 (long long)max);
+        return bad_field(d, name, what);
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+static int get_small(struct dec *d, const char *name, bool required, int min, int max, int dflt,
+                     int *out)
+{
+    int64_t v;
+    int rc = get_int(d, name, required, min, max, dflt, &v);
+    *out = (int)v;
+    return rc;
+}
+
+static int get_bool(struct dec *d, const char *name, bool *out)
+{
+    const cJSON *it = field(d, name);
+    *out = false;
+    if (it == NULL || cJSON_IsNull(it))
+        return 0;
+    if (!cJSON_IsBool(it))
+        return bad_field(d, name, "must be true or false");
+    *out = cJSON_IsTrue(it);
+    return 0;
+}
+
+static int get_bytes(struct dec *d, const char *name, bool required, struct proto_bytes *out,
+                     bool *present)
+{
+    const char *s;
+    out->data = NULL;
+    out->len = 0;
+    if (present)
+        *present = false;
+    int rc = get_str(d, name, required, PROTO_MAX_STRING, STR_TEXT, &s);
+    if (rc || s == NULL)
+        return rc;
+    size_t n = strlen(s);
+    size_t cap = n / 4 * 3;
+    char *buf = msg_alloc(d->m, cap + 1);
+    if (buf == NULL)
+        return fail(d->err, d->errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
+    long got = proto_base64_decode(s, n, buf, cap);
+    if (got < 0)
+        return bad_field(d, name, "is not canonical base64");
+    if ((size_t)got > PROTO_MAX_VALUE)
+        return bad_field(d, name, "decodes to more than 512 KiB");
+    buf[got] = '\0';
+    out->data = buf;
+    out->len = (size_t)got;
+    if (present)
+        *present = true;
+    return 0;
+}
+
+static int get_key(struct dec *d, const char **out)
+{
+    int rc = get_str(d, "key", true, PROTO_MAX_KEY, STR_TEXT, out);
+    if (rc == 0 && (*out)[0] == '\0')
+        return bad_field(d, "key", "must not be empty");
+    return rc;
+}
+
+static int get_timeout(struct dec *d, int64_t *out)
+{
+    return get_int(d, "timeout_ms", false, 0, PROTO_MAX_TIMEOUT_MS, -1, out);
+}
+
+static int get_id(struct dec *d)
+{
+    int64_t id;
+    int rc = get_int(d, "id", true, 0, PROTO_MAX_INT, 0, &id);
+    d->m->id = (uint64_t)id;
+    return rc;
+}
+
+static int decode_join(struct dec *d)
+{
+    struct proto_msg *m = d->m;
+    int rc;
+    if ((rc = get_str(d, "node_id", true, PROTO_MAX_ID, STR_ID, &m->join.node_id)) ||
+        (rc = get_small(d, "nproc", true, 1, PROTO_MAX_NPROC, 1, &m->join.nproc)) ||
+        (rc = get_small(d, "min_nodes", true, 1, PROTO_MAX_NODES, 1, &m->join.min_nodes)) ||
+        (rc = get_small(d, "max_nodes", true, 1, PROTO_MAX_NODES, 1, &m->join.max_nodes)) ||
+        (rc = get_str(d, "local_addr", false, 255, STR_ID, &m->join.local_addr)) ||
+        (rc = get_str(d, "hostname", false, 255, STR_ID, &m->join.hostname)) ||
+        (rc = get_small(d, "master_port", false, 0, 65535, 0, &m->join.master_port)))
+        return rc;
+    if (m->join.node_id[0] == '\0')
+        return bad_field(d, "node_id", "must not be empty");
+    if (m->join.min_nodes > m->join.max_nodes)
+        return bad_field(d, "min_nodes", "must not exceed max_nodes");
+
+    const cJSON *conf = field(d, "conf");
+    if (conf == NULL || cJSON_IsNull(conf))
+        return 0;
+    if (!cJSON_IsObject(conf))
+        return bad_field(d, "conf", "must be an object of strings");
+    size_t n = (size_t)cJSON_GetArraySize(conf);
+    if (n > PROTO_MAX_CONF)
+        return bad_field(d, "conf", "has more than 64 entries");
+    struct proto_conf_kv *kv = msg_alloc(m, n * sizeof(*kv));
+    if (kv == NULL)
+        return fail(d->err, d->errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
+    size_t i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, conf)
+    {
+        if (!cJSON_IsString(it) || it->string == NULL || strlen(it->string) > 64 ||
+            strlen(it->valuestring) > 1024)
+            return bad_field(d, "conf",
+                             "must map keys of at most 64 bytes to strings of at most 1024");
+        kv[i].key = it->string;
+        kv[i].value = it->valuestring;
+        i++;
+    }
+    m->join.conf = kv;
+    m->join.nconf = i;
+    return 0;
+}
+
+static int decode_wait(struct dec *d)
+{
+    struct proto_msg *m = d->m;
+    int rc;
+    if ((rc = get_id(d)) || (rc = get_timeout(d, &m->wait.timeout_ms)))
+        return rc;
+    const cJSON *keys = field(d, "keys");
+    if (keys == NULL)
+        return bad_field(d, "keys", "is missing");
+    if (!cJSON_IsArray(keys))
+        return bad_field(d, "keys", "must be an array of strings");
+    size_t n = (size_t)cJSON_GetArraySize(keys);
+    if (n == 0 || n > PROTO_MAX_WAIT_KEYS)
+        return bad_field(d, "keys", "must hold 1..1024 keys");
+    const char **v = msg_alloc(m, n * sizeof(*v));
+    if (v == NULL)
+        return fail(d->err, d->errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
+    size_t i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, keys)
+    {
+        if (!cJSON_IsString(it) || it->valuestring[0] == '\0' ||
+            strlen(it->valuestring) > PROTO_MAX_KEY)
+            return bad_field(d, "keys", "must hold non-empty strings of at most 4096 bytes");
+        v[i++] = it->valuestring;
+    }
+    m->wait.keys = v;
+    m->wait.nkeys = n;
+    return 0;
+}
+
+static int decode_result(struct dec *d)
+{
+    struct proto_msg *m = d->m;
+    const char *code;
+    int rc;
+    if ((rc = get_id(d)) || (rc = get_str(d, "code", false, 64, STR_ID, &code)) ||
+        (rc = get_str(d, "message", false, PROTO_MAX_TEXT, STR_TEXT, &m->result.message)) ||
+        (rc = get_bytes(d, "value", false, &m->result.value, &m->result.has_value)))
+        return rc;
+    m->result.code = code ? proto_error_code(code) : 0;
+    const cJSON *num = field(d, "number");
+    if (num && !cJSON_IsNull(num)) {
+        if ((rc = get_int(d, "number", false, -PROTO_MAX_INT, PROTO_MAX_INT, 0, &m->result.number)))
+            return rc;
+        m->result.has_number = true;
+    }
+    cJSON *st = cJSON_GetObjectItemCaseSensitive(d->obj, "status");
+    if (st && !cJSON_IsNull(st)) {
+        if (!cJSON_IsObject(st))
+            return bad_field(d, "status", "must be an object");
+        m->result.status = st;
+    }
+    return 0;
+}
+
+static int decode_fields(struct dec *d)
+{
+    struct proto_msg *m = d->m;
+    int64_t v;
+    int rc = 0;
+    switch (m->type) {
+    case PROTO_HELLO:
+        if ((rc = get_str(d, "token", false, PROTO_MAX_TOKEN, STR_TEXT, &m->hello.token)) ||
+            (rc = get_str(d, "run_id", false, PROTO_MAX_ID, STR_ID, &m->hello.run_id)) ||
+            (rc = get_str(d, "client", false, PROTO_MAX_TEXT, STR_TEXT, &m->hello.client)))
+            return rc;
+        if (m->hello.run_id == NULL)
+            m->hello.run_id = "";
+        return 0;
+    case PROTO_WELCOME:
+        return get_str(d, "server", false, PROTO_MAX_TEXT, STR_TEXT, &m->welcome.server);
+    case PROTO_JOIN:
+        return decode_join(d);
+    case PROTO_JOINED:
+        if ((rc = get_int(d, "round", true, 0, PROTO_MAX_INT, 0, &v)))
+            return rc;
+        m->joined.round = (uint64_t)v;
+        return get_bool(d, "waiting", &m->joined.waiting);
+    case PROTO_HEARTBEAT:
+        return 0;
+    case PROTO_LEAVE:
+    case PROTO_CLOSE:
+    case PROTO_CLOSED:
+        /* leave, close and closed share one layout. */
+        return get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->leave.reason);
+    case PROTO_FAILURE:
+        if ((rc = get_int(d, "round", true, 0, PROTO_MAX_INT, 0, &v)))
+            return rc;
+        m->failure.round = (uint64_t)v;
+        return get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->failure.reason);
+    case PROTO_ROUND:
+        if ((rc = get_str(d, "run_id", true, PROTO_MAX_ID, STR_ID, &m->round.run_id)) ||
+            (rc = get_int(d, "round", true, 0, PROTO_MAX_INT, 0, &v)))
+            return rc;
+        m->round.round = (uint64_t)v;
+        if ((rc = get_small(d, "nnodes", true, 1, PROTO_MAX_NODES, 1, &m->round.nnodes)) ||
+            (rc =
+                 get_small(d, "node_rank", true, 0, PROTO_MAX_NODES - 1, 0, &m->round.node_rank)) ||
+            (rc = get_small(d, "world_size", true, 1, INT32_MAX, 1, &m->round.world_size)) ||
+            (rc = get_small(d, "rank_offset", true, 0, INT32_MAX - 1, 0, &m->round.rank_offset)) ||
+            (rc = get_small(d, "nproc", true, 1, PROTO_MAX_NPROC, 1, &m->round.nproc)) ||
+            (rc = get_str(d, "master_addr", true, 255, STR_ID, &m->round.master_addr)) ||
+            (rc = get_small(d, "master_port", true, 0, 65535, 0, &m->round.master_port)))
+            return rc;
+        if (m->round.node_rank >= m->round.nnodes)
+            return bad_field(d, "node_rank", "must be below nnodes");
+        if ((int64_t)m->round.rank_offset + m->round.nproc > m->round.world_size)
+            return bad_field(d, "rank_offset", "plus nproc must not exceed world_size");
+        return 0;
+    case PROTO_RESTART:
+        if ((rc = get_int(d, "round", true, 0, PROTO_MAX_INT, 0, &v)))
+            return rc;
+        m->restart.round = (uint64_t)v;
+        if ((rc = get_str(d, "reason", true, PROTO_MAX_TEXT, STR_TEXT, &m->restart.reason)) ||
+            (rc = get_str(d, "node_id", false, PROTO_MAX_ID, STR_ID, &m->restart.node_id)))
+            return rc;
+        return get_bool(d, "counted", &m->restart.counted);
+    case PROTO_ERROR: {
+        const char *code;
+        if ((rc = get_str(d, "code", true, 64, STR_ID, &code)) ||
+            (rc = get_str(d, "message", false, PROTO_MAX_TEXT, STR_TEXT, &m->error.message)))
+            return rc;
+        m->error.code = proto_error_code(code);
+        return 0;
+    }
+    case PROTO_SET:
+        if ((rc = get_id(d)) || (rc = get_key(d, &m->set.key)))
+            return rc;
+        return get_bytes(d, "value", true, &m->set.value, NULL);
+    case PROTO_GET:
+        if ((rc = get_id(d)) || (rc = get_key(d, &m->get.key)))
+            return rc;
+        return get_timeout(d, &m->get.timeout_ms);
+    case PROTO_WAIT:
+        return decode_wait(d);
+    case PROTO_ADD:
+        if ((rc = get_id(d)) || (rc = get_key(d, &m->add.key)))
+            return rc;
+        return get_int(d, "delta", true, -PROTO_MAX_INT, PROTO_MAX_INT, 0, &m->add.delta);
+    case PROTO_COMPARE_SET:
+        if ((rc = get_id(d)) || (rc = get_key(d, &m->compare_set.key)) ||
+            (rc = get_bytes(d, "expected", true, &m->compare_set.expected, NULL)))
+            return rc;
+        return get_bytes(d, "desired", true, &m->compare_set.desired, NULL);
+    case PROTO_RESULT:
+        return decode_result(d);
+    case PROTO_STATUS:
+        return get_id(d);
+    default:
+        return fail(d->err, d->errlen, CDDP_EPROTO_TYPE, "unhandled message type");
+    }
+}
+
+int proto_msg_decode(const char *payload, size_t len, struct proto_msg *m, char *err, size_t errlen)
+{
+    memset(m, 0, sizeof(*m));
+    if (err && errlen)
+        err[0] = '\0';
+    if (len > PROTO_FRAME_MAX)
+        return fail(err, errlen, CDDP_ETOOBIG, "payload of %zu bytes exceeds %u", len,
+                    PROTO_FRAME_MAX);
+    int rc = prescan(payload, len, err, errlen);
+    if (rc)
+        return rc;
+
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(payload, len, &end, 0);
+    if (root == NULL) {
+        size_t at = end && end >= payload && end <= payload + len ? (size_t)(end - payload) : 0;
+        return fail(err, errlen, CDDP_EPARSE, "payload is not valid JSON (near byte %zu)", at);
+    }
+    m->json = root;
+    for (; end < payload + len; end++) {
+        if (*end != ' ' && *end != '\t' && *end != '\r' && *end != '\n') {
+            rc = fail(err, errlen, CDDP_EPARSE, "text after the JSON object (byte %zu)",
+                      (size_t)(end - payload));
+            goto out;
+        }
+    }
+    if (!cJSON_IsObject(root)) {
+        rc = fail(err, errlen, CDDP_EPARSE, "payload is not a JSON object");
+        goto out;
+    }
+
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "v");
+    if (v == NULL) {
+        rc = fail(err, errlen, CDDP_EPROTO_FIELD, "message without protocol version 'v'");
+        goto out;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != PROTO_VERSION) {
+        char shown[32] = "?";
+        if (cJSON_IsNumber(v) && isfinite(v->valuedouble))
+            snprintf(shown, sizeof(shown), "%g", v->valuedouble);
+        rc = fail(err, errlen, CDDP_EPROTO_VERSION,
+                  "protocol version %s is not supported (this side speaks %d)", shown,
+                  PROTO_VERSION);
+        goto out;
+    }
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "type");
+    if (!cJSON_IsString(t)) {
+        rc = fail(err, errlen, CDDP_EPROTO_FIELD, "message without a string 'type'");
+        goto out;
+    }
+    m->type = type_from_name(t->valuestring);
+    if (m->type == PROTO_NONE) {
+        char shown[40];
+        cddp_strlcpy(shown, t->valuestring, sizeof(shown));
+        for (char *c = shown; *c; c++) {
+            if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f)
+                *c = '?';
+        }
+        rc = fail(err, errlen, CDDP_EPROTO_TYPE, "unknown message type '%s'", shown);
+        goto out;
+    }
+    struct dec d = {.obj = root, .type = type_names[m->type], .m = m, .err = err, .errlen = errlen};
+    rc = decode_fields(&d);
+out:
+    if (rc) {
+        proto_msg_free(m);
+        m->type = PROTO_NONE;
+    }
+    return rc;
+}
+
+/* ---- encoding ---- */
+
+struct enc {
+    cJSON *o;
+    int rc;
+};
+
+static void put_str(struct enc *e, const char *name, const char *s, size_t max)
+{
+    if (e->rc || s == NULL)
+        return;
+    if (strlen(s) > max) {
+        e->rc = CDDP_EPROTO_FIELD;
+        return;
+    }
+    if (cJSON_AddStringToObject(e->o, name, s) == NULL)
+        e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+}
+
+static void put_num(struct enc *e, const char *name, double v)
+{
+    if (e->rc)
+        return;
+    if (cJSON_AddNumberToObject(e->o, name, v) == NULL)
+        e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+}
+
+static void put_int(struct enc *e, const char *name, int64_t v, int64_t min, int64_t max)
+{
+    if (e->rc)
+        return;
+    if (v < min || v > max) {
+        e->rc = CDDP_EPROTO_FIELD;
+        return;
+    }
+    put_num(e, name, (double)v);
+}
+
+static void put_bool(struct enc *e, const char *name, bool v)
+{
+    if (e->rc)
+        return;
+    if (cJSON_AddBoolToObject(e->o, name, v) == NULL)
+        e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+}
+
+static void put_bytes(struct enc *e, const char *name, struct proto_bytes b)
+{
+    if (e->rc)
+        return;
+    if (b.len > PROTO_MAX_VALUE) {
+        e->rc = CDDP_ETOOBIG;
+        return;
+    }
+    char *s = malloc(proto_base64_len(b.len) + 1);
+    if (s == NULL) {
+        e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+        return;
+    }
+    proto_base64_encode(b.data ? b.data : "", b.len, s);
+    if (cJSON_AddStringToObject(e->o, name, s) == NULL)
+        e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+    free(s);
+}
+
+static void put_id(struct enc *e, uint64_t id)
+{
+    put_int(e, "id", (int64_t)id, 0, PROTO_MAX_INT);
+}
+
+static void put_timeout(struct enc *e, int64_t t)
+{
+    if (t >= 0)
+        put_int(e, "timeout_ms", t, 0, PROTO_MAX_TIMEOUT_MS);
+}
+
+static void encode_fields(struct enc *e, const struct proto_msg *m)
+{
+    switch (m->type) {
+    case PROTO_HELLO:
+        put_str(e, "token", m->hello.token, PROTO_MAX_TOKEN);
+        put_str(e, "run_id", m->hello.run_id, PROTO_MAX_ID);
+        put_str(e, "client", m->hello.client, PROTO_MAX_TEXT);
+        break;
+    case PROTO_WELCOME:
+        put_str(e, "server", m->welcome.server, PROTO_MAX_TEXT);
+        break;
+    case PROTO_JOIN: {
+        put_str(e, "node_id", m->join.node_id, PROTO_MAX_ID);
+        put_int(e, "nproc", m->join.nproc, 1, PROTO_MAX_NPROC);
+        put_int(e, "min_nodes", m->join.min_nodes, 1, PROTO_MAX_NODES);
+        put_int(e, "max_nodes", m->join.max_nodes, m->join.min_nodes, PROTO_MAX_NODES);
+        put_str(e, "local_addr", m->join.local_addr, 255);
+        put_str(e, "hostname", m->join.hostname, 255);
+        put_int(e, "master_port", m->join.master_port, 0, 65535);
+        if (e->rc || m->join.nconf == 0)
+            break;
+        if (m->join.nconf > PROTO_MAX_CONF) {
+            e->rc = CDDP_EPROTO_FIELD;
+            break;
+        }
+        cJSON *conf = cJSON_AddObjectToObject(e->o, "conf");
+        if (conf == NULL) {
+            e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+            break;
+        }
+        struct enc ce = {conf, 0};
+        for (size_t i = 0; i < m->join.nconf && ce.rc == 0; i++) {
+            if (strlen(m->join.conf[i].key) > 64)
+                ce.rc = CDDP_EPROTO_FIELD;
+            put_str(&ce, m->join.conf[i].key, m->join.conf[i].value, 1024);
+        }
+        e->rc = ce.rc;
+        break;
+    }
+    case PROTO_JOINED:
+        put_int(e, "round", (int64_t)m->joined.round, 0, PROTO_MAX_INT);
+        put_bool(e, "waiting", m->joined.waiting);
+        break;
+    case PROTO_HEARTBEAT:
+        break;
+    case PROTO_LEAVE:
+    case PROTO_CLOSE:
+    case PROTO_CLOSED:
+        put_str(e, "reason", m->leave.reason, PROTO_MAX_TEXT);
+        break;
+    case PROTO_FAILURE:
+        put_int(e, "round", (int64_t)m->failure.round, 0, PROTO_MAX_INT);
+        put_str(e, "reason", m->failure.reason, PROTO_MAX_TEXT);
+        break;
+    case PROTO_ROUND:
+        put_str(e, "run_id", m->round.run_id, PROTO_MAX_ID);
+        put_int(e, "round", (int64_t)m->round.round, 0, PROTO_MAX_INT);
+        put_int(e, "node_rank", m->round.node_rank, 0, m->round.nnodes - 1);
+        put_int(e, "nnodes", m->round.nnodes, 1, PROTO_MAX_NODES);
+        put_int(e, "world_size", m->round.world_size, 1, INT32_MAX);
+        put_int(e, "rank_offset", m->round.rank_offset, 0,
+                (int64_t)m->round.world_size - m->round.nproc);
+        put_int(e, "nproc", m->round.nproc, 1, PROTO_MAX_NPROC);
+        put_str(e, "master_addr", m->round.master_addr ? m->round.master_addr : "", 255);
+        put_int(e, "master_port", m->round.master_port, 0, 65535);
+        break;
+    case PROTO_RESTART:
+        put_int(e, "round", (int64_t)m->restart.round, 0, PROTO_MAX_INT);
+        put_str(e, "reason", m->restart.reason ? m->restart.reason : "", PROTO_MAX_TEXT);
+        put_str(e, "node_id", m->restart.node_id, PROTO_MAX_ID);
+        put_bool(e, "counted", m->restart.counted);
+        break;
+    case PROTO_ERROR:
+        put_str(e, "code", proto_error_name(m->error.code), 64);
+        put_str(e, "message", m->error.message, PROTO_MAX_TEXT);
+        break;
+    case PROTO_SET:
+        put_id(e, m->id);
+        put_str(e, "key", m->set.key, PROTO_MAX_KEY);
+        put_bytes(e, "value", m->set.value);
+        break;
+    case PROTO_GET:
+        put_id(e, m->id);
+        put_str(e, "key", m->get.key, PROTO_MAX_KEY);
+        put_timeout(e, m->get.timeout_ms);
+        break;
+    case PROTO_WAIT: {
+        put_id(e, m->id);
+        put_timeout(e, m->wait.timeout_ms);
+        if (e->rc)
+            break;
+        if (m->wait.nkeys == 0 || m->wait.nkeys > PROTO_MAX_WAIT_KEYS) {
+            e->rc = CDDP_EPROTO_FIELD;
+            break;
+        }
+        cJSON *keys = cJSON_AddArrayToObject(e->o, "keys");
+        for (size_t i = 0; keys && i < m->wait.nkeys && e->rc == 0; i++) {
+            cJSON *s = NULL;
+            if (strlen(m->wait.keys[i]) > PROTO_MAX_KEY)
+                e->rc = CDDP_EPROTO_FIELD;
+            else if ((s = cJSON_CreateString(m->wait.keys[i])) == NULL ||
+                     !cJSON_AddItemToArray(keys, s))
+                e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+        }
+        if (keys == NULL)
+            e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+        break;
+    }
+    case PROTO_ADD:
+        put_id(e, m->id);
+        put_str(e, "key", m->add.key, PROTO_MAX_KEY);
+        put_int(e, "delta", m->add.delta, -PROTO_MAX_INT, PROTO_MAX_INT);
+        break;
+    case PROTO_COMPARE_SET:
+        put_id(e, m->id);
+        put_str(e, "key", m->compare_set.key, PROTO_MAX_KEY);
+        put_bytes(e, "expected", m->compare_set.expected);
+        put_bytes(e, "desired", m->compare_set.desired);
+        break;
+    case PROTO_RESULT:
+        put_id(e, m->id);
+        if (m->result.code) {
+            put_str(e, "code", proto_error_name(m->result.code), 64);
+            put_str(e, "message", m->result.message, PROTO_MAX_TEXT);
+        }
+        if (m->result.has_value)
+            put_bytes(e, "value", m->result.value);
+        if (m->result.has_number)
+            put_int(e, "number", m->result.number, -PROTO_MAX_INT, PROTO_MAX_INT);
+        if (m->result.status && e->rc == 0 &&
+            !cJSON_AddItemReferenceToObject(e->o, "status", m->result.status))
+            e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+        break;
+    case PROTO_STATUS:
+        put_id(e, m->id);
+        break;
+    default:
+        e->rc = CDDP_EPROTO_TYPE;
+        break;
+    }
+}
+
+char *proto_msg_to_json(const struct proto_msg *m, int *err)
+{
+    struct enc e = {cJSON_CreateObject(), 0};
+    char *s = NULL;
+    if (e.o == NULL) {
+        e.rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+        goto out;
+    }
+    if ((int)m->type <= 0 || m->type >= PROTO_TYPE_COUNT) {
+        e.rc = CDDP_EPROTO_TYPE;
+        goto out;
+    }
+    put_num(&e, "v", PROTO_VERSION);
+    put_str(&e, "type", type_names[m->type], 32);
+    encode_fields(&e, m);
+    if (e.rc == 0 && (s = cJSON_PrintUnformatted(e.o)) == NULL)
+        e.rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+out:
+    cJSON_Delete(e.o);
+    if (err)
+        *err = e.rc;
+    return s;
+}
+
+int proto_msg_encode(const struct proto_msg *m, struct cddp_buf *out)
+{
+    int rc;
+    char *s = proto_msg_to_json(m, &rc);
+    if (s == NULL)
+        return rc;
+    rc = proto_frame_append(out, s, strlen(s));
+    cJSON_free(s);
+    return rc;
+}

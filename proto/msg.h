@@ -1,0 +1,215 @@
+/*
+ * msg.h: cddp protocol messages <-> JSON payloads (docs/protocol.md).
+ *
+ * Every payload is one JSON object with "v" (PROTO_VERSION) and "type".
+ * Decoding is bounded before cJSON sees the bytes: nesting depth, number of
+ * JSON values and string lengths; then every field is checked for presence,
+ * type and range. Unknown versions and types are refused; unknown extra
+ * fields are ignored, so later versions can add optional fields.
+ *
+ * Decoded strings point into the message (valid until proto_msg_free). To
+ * encode, fill a struct proto_msg with your own pointers and call
+ * proto_msg_encode; nothing is taken over.
+ */
+#ifndef CDDP_PROTO_MSG_H
+#define CDDP_PROTO_MSG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/strutil.h"
+
+#define PROTO_VERSION 1
+
+/* Bounds of the decoder (the wire limits of docs/protocol.md). */
+#define PROTO_MAX_DEPTH 8            /* nesting of objects and arrays */
+#define PROTO_MAX_VALUES 65536       /* JSON values in one message */
+#define PROTO_MAX_ID 256             /* run_id, node_id, bytes */
+#define PROTO_MAX_TEXT 4096          /* reasons, messages, host names */
+#define PROTO_MAX_TOKEN 1024         /* join token */
+#define PROTO_MAX_KEY 4096           /* store key */
+#define PROTO_MAX_VALUE (512 * 1024) /* store value, raw bytes (base64 on the wire) */
+#define PROTO_MAX_WAIT_KEYS 1024     /* keys in one wait */
+#define PROTO_MAX_CONF 64            /* rdzv_conf entries in a join */
+#define PROTO_MAX_NODES 1000000      /* min_nodes/max_nodes */
+#define PROTO_MAX_NPROC 65536        /* workers on one node */
+#define PROTO_MAX_TIMEOUT_MS (7LL * 24 * 3600 * 1000)
+#define PROTO_MAX_INT 9007199254740992LL /* 2^53: exact in a JSON number */
+
+/* XX(NAME, "wire name"). The order is not the wire format (names are). */
+#define PROTO_TYPES(XX)                                                                            \
+    XX(HELLO, "hello")                                                                             \
+    XX(WELCOME, "welcome")                                                                         \
+    XX(JOIN, "join")                                                                               \
+    XX(JOINED, "joined")                                                                           \
+    XX(HEARTBEAT, "heartbeat")                                                                     \
+    XX(LEAVE, "leave")                                                                             \
+    XX(FAILURE, "failure")                                                                         \
+    XX(CLOSE, "close")                                                                             \
+    XX(ROUND, "round")                                                                             \
+    XX(RESTART, "restart")                                                                         \
+    XX(CLOSED, "closed")                                                                           \
+    XX(ERROR, "error")                                                                             \
+    XX(SET, "set")                                                                                 \
+    XX(GET, "get")                                                                                 \
+    XX(WAIT, "wait")                                                                               \
+    XX(ADD, "add")                                                                                 \
+    XX(COMPARE_SET, "compare_set")                                                                 \
+    XX(RESULT, "result")                                                                           \
+    XX(STATUS, "status")
+
+enum proto_type {
+    PROTO_NONE = 0,
+#define XX(name, str) PROTO_##name,
+    PROTO_TYPES(XX)
+#undef XX
+        PROTO_TYPE_COUNT
+};
+
+/* "hello", ... ; "?" for an unknown value. */
+const char *proto_type_name(enum proto_type t);
+
+/* Binary data; base64 in JSON. */
+struct proto_bytes {
+    const char *data;
+    size_t len;
+};
+
+struct proto_conf_kv {
+    const char *key;
+    const char *value;
+};
+
+/* The round a node is told about when its rendezvous completes. */
+struct proto_round {
+    const char *run_id;
+    uint64_t round;  /* numbered from 0 per run */
+    int node_rank;   /* 0..nnodes-1, torchrun's GROUP_RANK */
+    int nnodes;      /* nodes in the round */
+    int world_size;  /* sum of every node's nproc */
+    int rank_offset; /* first global rank of this node (prefix sum of nproc) */
+    int nproc;       /* this node's workers (LOCAL_WORLD_SIZE) */
+    const char *master_addr;
+    int master_port;
+};
+
+struct proto_msg {
+    enum proto_type type;
+    /* Request id of store ops and status, echoed in their result. */
+    uint64_t id;
+    union {
+        struct {
+            const char *token;  /* may be NULL */
+            const char *run_id; /* "" for a plain store */
+            const char *client; /* free text, e.g. "cddprun 0.1.0" (may be NULL) */
+        } hello;
+        struct {
+            const char *server;
+        } welcome;
+        struct {
+            const char *node_id;    /* unique in the run, e.g. "host_pid_0" */
+            int nproc;              /* 1..PROTO_MAX_NPROC */
+            int min_nodes;          /* 1..max_nodes */
+            int max_nodes;          /* min_nodes..PROTO_MAX_NODES */
+            const char *local_addr; /* --local_addr, or NULL */
+            const char *hostname;   /* how others can reach this node, or NULL */
+            int master_port;        /* the port this node would serve MASTER_PORT on */
+            size_t nconf;
+            const struct proto_conf_kv *conf; /* rdzv_conf, values as strings */
+        } join;
+        struct {
+            uint64_t round;
+            bool waiting; /* on the wait list (round running and full, or closed to it) */
+        } joined;
+        struct {
+            const char *reason; /* may be NULL */
+        } leave, close, closed;
+        struct {
+            uint64_t round;
+            const char *reason;
+        } failure;
+        struct proto_round round;
+        struct {
+            uint64_t round;     /* the new round to join */
+            const char *reason; /* "node_lost", "node_joined", "node_left", "worker_failure", ... */
+            const char *node_id; /* the node that caused it, or NULL */
+            bool counted;        /* counts against --max_restarts (worker failures) */
+        } restart;
+        struct {
+            int code; /* a CDDP_* or -errno code */
+            const char *message;
+        } error;
+        struct {
+            const char *key;
+            struct proto_bytes value;
+        } set;
+        struct {
+            const char *key;
+            int64_t timeout_ms; /* < 0: do not wait for a missing key */
+        } get;
+        struct {
+            const char *const *keys;
+            size_t nkeys;
+            int64_t timeout_ms; /* < 0: no timeout */
+        } wait;
+        struct {
+            const char *key;
+            int64_t delta;
+        } add;
+        struct {
+            const char *key;
+            struct proto_bytes expected;
+            struct proto_bytes desired;
+        } compare_set;
+        struct {
+            int code;            /* 0, or the error of the request */
+            const char *message; /* with code != 0 */
+            bool has_value;
+            struct proto_bytes value; /* get, compare_set */
+            bool has_number;
+            int64_t number; /* add */
+            cJSON *status;  /* status: an object (encode: borrowed; decode: owned by the msg) */
+        } result;
+    };
+
+    /* Decoded messages own these; encode ignores them. */
+    cJSON *json;
+    void *mem;
+};
+
+/* Decodes one payload. On error returns CDDP_EPARSE (not JSON), CDDP_ETOOBIG
+ * (a bound exceeded), CDDP_EPROTO_VERSION, CDDP_EPROTO_TYPE or
+ * CDDP_EPROTO_FIELD, writes one line naming the problem into err, and leaves
+ * nothing to free. On success call proto_msg_free. */
+int proto_msg_decode(const char *payload, size_t len, struct proto_msg *m, char *err,
+                     size_t errlen);
+
+/* Frees what a decoded message owns; harmless on a zeroed message. */
+void proto_msg_free(struct proto_msg *m);
+
+/* Appends m as one frame (header + JSON) to out. 0, CDDP_ETOOBIG, CDDP_EPROTO_FIELD
+ * (a field out of range or too long) or -ENOMEM; out is unchanged on error. */
+int proto_msg_encode(const struct proto_msg *m, struct cddp_buf *out);
+
+/* The JSON payload alone, as a NUL-terminated string the caller frees. NULL on error. */
+char *proto_msg_to_json(const struct proto_msg *m, int *err);
+
+/* Error names on the wire: "ETIMEOUT", "ECONNRESET", ... <-> codes. Unknown
+ * names map to CDDP_EPEER. */
+const char *proto_error_name(int code);
+int proto_error_code(const char *name);
+
+/* Standard base64 with padding. encode writes a NUL-terminated string of
+ * proto_base64_len(n) chars; decode is strict (no whitespace, canonical
+ * padding) and returns the decoded length or CDDP_EPARSE. */
+static inline size_t proto_base64_len(size_t n)
+{
+    return (n + 2) / 3 * 4;
+}
+void proto_base64_encode(const void *src, size_t n, char *dst);
+long proto_base64_decode(const char *src, size_t n, void *dst, size_t dstlen);
+
+#endif

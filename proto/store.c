@@ -1,0 +1,517 @@
+/* store.c: see store.h.
+ *
+ * Keys live in a seeded hash map of entries. An entry exists while it has a
+ * value or someone waits for it. A waiter holds one reference per key it
+ * still misses, linked into that key's entry; setting the key unlinks the
+ * references and fires waiters that miss nothing more. Waiters with a
+ * deadline also sit in a binary min-heap. Fired waiters move to a queue the
+ * caller drains, so waking thousands of waiters allocates nothing. */
+#include "proto/store.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/errors.h"
+#include "common/strmap.h"
+#include "proto/msg.h"
+
+struct entry {
+    struct cddp_queue refs; /* struct waitref.link of waiters missing this key */
+    char *value;
+    size_t vlen;
+    bool has_value;
+    size_t klen;
+    char key[];
+};
+
+struct waiter;
+
+struct waitref {
+    struct cddp_queue link;
+    struct waiter *w;
+    struct entry *e;
+};
+
+struct waiter {
+    struct cddp_queue link; /* owner->waiters while waiting, s->fired once fired */
+    struct proto_store_owner *owner;
+    uint64_t req_id;
+    uint64_t deadline;
+    size_t heap_idx; /* SIZE_MAX: not in the heap */
+    size_t missing;
+    size_t nrefs;
+    size_t cost; /* bytes charged to the store */
+    bool is_get;
+    enum proto_store_event_kind kind;
+    struct entry *get_entry;
+    struct waitref refs[];
+};
+
+struct proto_store {
+    struct cddp_strmap map;
+    struct waiter **heap;
+    size_t heap_len, heap_cap;
+    struct cddp_queue fired;
+    struct proto_store_limits lim;
+    size_t bytes;
+    size_t nvalues;
+};
+
+#define ENTRY_COST(klen, vlen) (sizeof(struct entry) + (klen) + 1 + (vlen) + 32)
+
+struct proto_store *proto_store_new(const struct proto_store_limits *lim, uint64_t seed0,
+                                    uint64_t seed1)
+{
+    struct proto_store *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    cddp_strmap_init(&s->map, seed0, seed1);
+    cddp_queue_init(&s->fired);
+    if (lim)
+        s->lim = *lim;
+    if (s->lim.max_bytes == 0)
+        s->lim.max_bytes = 256u << 20;
+    if (s->lim.max_keys == 0)
+        s->lim.max_keys = 1000000;
+    if (s->lim.max_waiters == 0)
+        s->lim.max_waiters = 1024;
+    return s;
+}
+
+/* ---- heap of waiters by deadline ---- */
+
+static void heap_swap(struct proto_store *s, size_t a, size_t b)
+{
+    struct waiter *t = s->heap[a];
+    s->heap[a] = s->heap[b];
+    s->heap[b] = t;
+    s->heap[a]->heap_idx = a;
+    s->heap[b]->heap_idx = b;
+}
+
+static void heap_up(struct proto_store *s, size_t i)
+{
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (s->heap[p]->deadline <= s->heap[i]->deadline)
+            break;
+        heap_swap(s, i, p);
+        i = p;
+    }
+}
+
+static void heap_down(struct proto_store *s, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < s->heap_len && s->heap[l]->deadline < s->heap[m]->deadline)
+            m = l;
+        if (r < s->heap_len && s->heap[r]->deadline < s->heap[m]->deadline)
+            m = r;
+        if (m == i)
+            break;
+        heap_swap(s, i, m);
+        i = m;
+    }
+}
+
+static int heap_push(struct proto_store *s, struct waiter *w)
+{
+    if (s->heap_len == s->heap_cap) {
+        size_t cap = s->heap_cap ? s->heap_cap * 2 : 16;
+        struct waiter **h = realloc(s->heap, cap * sizeof(*h));
+        if (h == NULL)
+            return CDDP_ERR_FROM_ERRNO(ENOMEM);
+        s->heap = h;
+        s->heap_cap = cap;
+    }
+    w->heap_idx = s->heap_len;
+    s->heap[s->heap_len++] = w;
+    heap_up(s, w->heap_idx);
+    return 0;
+}
+
+static void heap_remove(struct proto_store *s, struct waiter *w)
+{
+    size_t i = w->heap_idx;
+    if (i == SIZE_MAX)
+        return;
+    w->heap_idx = SIZE_MAX;
+    s->heap_len--;
+    if (i == s->heap_len)
+        return;
+    s->heap[i] = s->heap[s->heap_len];
+    s->heap[i]->heap_idx = i;
+    heap_down(s, i);
+    heap_up(s, i);
+}
+
+/* ---- entries ---- */
+
+static struct entry *entry_find(struct proto_store *s, const char *key)
+{
+    return cddp_strmap_get(&s->map, key, strlen(key));
+}
+
+static struct entry *entry_get_or_add(struct proto_store *s, const char *key, int *rc)
+{
+    size_t klen = strlen(key);
+    struct entry *e = cddp_strmap_get(&s->map, key, klen);
+    if (e)
+        return e;
+    if (s->map.len >= s->lim.max_keys || s->bytes + ENTRY_COST(klen, 0) > s->lim.max_bytes) {
+        *rc = CDDP_ETOOBIG;
+        return NULL;
+    }
+    e = malloc(sizeof(*e) + klen + 1);
+    if (e == NULL) {
+        *rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+        return NULL;
+    }
+    cddp_queue_init(&e->refs);
+    e->value = NULL;
+    e->vlen = 0;
+    e->has_value = false;
+    e->klen = klen;
+    memcpy(e->key, key, klen + 1);
+    if ((*rc = cddp_strmap_put(&s->map, e->key, klen, e)) != 0) {
+        free(e);
+        return NULL;
+    }
+    s->bytes += ENTRY_COST(klen, 0);
+    return e;
+}
+
+/* Frees an entry nobody needs any more (no value, no waiters). */
+static void entry_maybe_drop(struct proto_store *s, struct entry *e)
+{
+    if (e->has_value || !cddp_queue_empty(&e->refs))
+        return;
+    cddp_strmap_del(&s->map, e->key, e->klen);
+    s->bytes -= ENTRY_COST(e->klen, 0);
+    free(e);
+}
+
+static void fire(struct proto_store *s, struct waiter *w, enum proto_store_event_kind kind);
+
+/* Stores a copy of val in e and wakes what waited for it. */
+static int entry_set(struct proto_store *s, struct entry *e, const void *val, size_t vlen)
+{
+    size_t old = e->has_value ? e->vlen : 0;
+    if (vlen > old && s->bytes + (vlen - old) > s->lim.max_bytes)
+        return CDDP_ETOOBIG;
+    char *v = malloc(vlen + 1);
+    if (v == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    if (vlen)
+        memcpy(v, val, vlen);
+    v[vlen] = '\0';
+    free(e->value);
+    s->bytes = s->bytes - old + vlen;
+    e->value = v;
+    e->vlen = vlen;
+    if (!e->has_value)
+        s->nvalues++;
+    e->has_value = true;
+
+    while (!cddp_queue_empty(&e->refs)) {
+        struct waitref *r = cddp_queue_data(cddp_queue_head(&e->refs), struct waitref, link);
+        cddp_queue_remove(&r->link);
+        if (--r->w->missing == 0)
+            fire(s, r->w, PROTO_STORE_READY);
+    }
+    return 0;
+}
+
+/* ---- waiters ---- */
+
+static void waiter_unlink(struct proto_store *s, struct waiter *w)
+{
+    heap_remove(s, w);
+    for (size_t i = 0; i < w->nrefs; i++) {
+        struct waitref *r = &w->refs[i];
+        if (r->e == NULL)
+            continue;
+        if (r->link.next != &r->link) {
+            cddp_queue_remove(&r->link);
+            entry_maybe_drop(s, r->e);
+        }
+        r->e = NULL;
+    }
+    cddp_queue_remove(&w->link);
+    if (w->owner)
+        w->owner->nwaiters--;
+    s->bytes -= w->cost;
+    w->cost = 0;
+}
+
+static void fire(struct proto_store *s, struct waiter *w, enum proto_store_event_kind kind)
+{
+    struct entry *ge = w->is_get ? w->refs[0].e : NULL;
+    struct proto_store_owner *owner = w->owner;
+    waiter_unlink(s, w);
+    w->owner = owner; /* kept for the event */
+    w->kind = kind;
+    w->get_entry = kind == PROTO_STORE_READY ? ge : NULL;
+    cddp_queue_insert_tail(&s->fired, &w->link);
+}
+
+int proto_store_wait(struct proto_store *s, const char *const *keys, size_t n, uint64_t deadline,
+                     struct proto_store_owner *owner, uint64_t req_id, bool is_get, bool *ready)
+{
+    size_t missing = 0;
+    *ready = false;
+    if (n == 0 || (is_get && n != 1))
+        return CDDP_EPROTO_FIELD;
+    for (size_t i = 0; i < n; i++) {
+        struct entry *e = entry_find(s, keys[i]);
+        if (e == NULL || !e->has_value)
+            missing++;
+    }
+    if (missing == 0) {
+        *ready = true;
+        return 0;
+    }
+    if (owner->nwaiters >= s->lim.max_waiters)
+        return CDDP_ETOOBIG;
+    size_t cost = sizeof(struct waiter) + missing * sizeof(struct waitref);
+    if (s->bytes + cost > s->lim.max_bytes)
+        return CDDP_ETOOBIG;
+    struct waiter *w = calloc(1, cost);
+    if (w == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    w->owner = owner;
+    w->req_id = req_id;
+    w->deadline = deadline;
+    w->heap_idx = SIZE_MAX;
+    w->is_get = is_get;
+    w->cost = cost;
+    cddp_queue_init(&w->link);
+    s->bytes += cost;
+    owner->nwaiters++;
+    cddp_queue_insert_tail(&owner->waiters, &w->link);
+
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        struct entry *e = entry_get_or_add(s, keys[i], &rc);
+        if (e == NULL || e->has_value)
+            continue;
+        /* The same key twice in one wait counts once. */
+        bool dup = false;
+        for (size_t j = 0; j < w->nrefs; j++)
+            dup = dup || w->refs[j].e == e;
+        if (dup)
+            continue;
+        struct waitref *r = &w->refs[w->nrefs++];
+        r->w = w;
+        r->e = e;
+        cddp_queue_insert_tail(&e->refs, &r->link);
+        w->missing++;
+    }
+    if (rc == 0 && deadline != PROTO_STORE_NEVER)
+        rc = heap_push(s, w);
+    if (rc) {
+        waiter_unlink(s, w);
+        free(w);
+    }
+    return rc;
+}
+
+void proto_store_expire(struct proto_store *s, uint64_t now)
+{
+    while (s->heap_len > 0 && s->heap[0]->deadline <= now)
+        fire(s, s->heap[0], PROTO_STORE_TIMEOUT);
+}
+
+uint64_t proto_store_next_deadline(const struct proto_store *s)
+{
+    return s->heap_len ? s->heap[0]->deadline : PROTO_STORE_NEVER;
+}
+
+bool proto_store_next_event(struct proto_store *s, struct proto_store_event *ev)
+{
+    if (cddp_queue_empty(&s->fired))
+        return false;
+    struct waiter *w = cddp_queue_data(cddp_queue_head(&s->fired), struct waiter, link);
+    cddp_queue_remove(&w->link);
+    ev->kind = w->kind;
+    ev->owner = w->owner;
+    ev->req_id = w->req_id;
+    ev->is_get = w->is_get;
+    ev->key = w->get_entry ? w->get_entry->key : NULL;
+    free(w);
+    return true;
+}
+
+void proto_store_cancel_owner(struct proto_store *s, struct proto_store_owner *owner)
+{
+    while (!cddp_queue_empty(&owner->waiters)) {
+        struct waiter *w = cddp_queue_data(cddp_queue_head(&owner->waiters), struct waiter, link);
+        waiter_unlink(s, w);
+        free(w);
+    }
+    struct cddp_queue *q = s->fired.next;
+    while (q != &s->fired) {
+        struct waiter *w = cddp_queue_data(q, struct waiter, link);
+        q = q->next;
+        if (w->owner == owner) {
+            cddp_queue_remove(&w->link);
+            free(w);
+        }
+    }
+    owner->nwaiters = 0;
+}
+
+/* ---- operations ---- */
+
+int proto_store_set(struct proto_store *s, const char *key, const void *val, size_t vlen)
+{
+    int rc = 0;
+    struct entry *e = entry_get_or_add(s, key, &rc);
+    if (e == NULL)
+        return rc;
+    rc = entry_set(s, e, val, vlen);
+    if (rc)
+        entry_maybe_drop(s, e);
+    return rc;
+}
+
+int proto_store_get(struct proto_store *s, const char *key, const void **val, size_t *vlen)
+{
+    struct entry *e = entry_find(s, key);
+    if (e == NULL || !e->has_value)
+        return CDDP_ENOTFOUND;
+    *val = e->value;
+    *vlen = e->vlen;
+    return 0;
+}
+
+/* A whole decimal int64 (optional '-'), as add() stores it. */
+static int parse_i64(const char *p, size_t n, int64_t *out)
+{
+    size_t i = 0;
+    bool neg = false;
+    int64_t v = 0;
+    if (n == 0)
+        return CDDP_EPARSE;
+    if (p[0] == '-') {
+        neg = true;
+        i = 1;
+    }
+    if (i == n)
+        return CDDP_EPARSE;
+    for (; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return CDDP_EPARSE;
+        if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, p[i] - '0', &v))
+            return CDDP_ERANGE_ARG;
+    }
+    *out = neg ? -v : v;
+    return 0;
+}
+
+int proto_store_add(struct proto_store *s, const char *key, int64_t delta, int64_t *out)
+{
+    int rc = 0;
+    int64_t cur = 0, next;
+    struct entry *e = entry_get_or_add(s, key, &rc);
+    if (e == NULL)
+        return rc;
+    if (e->has_value && (rc = parse_i64(e->value, e->vlen, &cur)) != 0)
+        return rc;
+    if (__builtin_add_overflow(cur, delta, &next) || next > PROTO_MAX_INT ||
+        next < -PROTO_MAX_INT) {
+        entry_maybe_drop(s, e);
+        return CDDP_ERANGE_ARG;
+    }
+    char buf[24];
+    int len = snprintf(buf, sizeof(buf), "%lld", (long long)next);
+    if ((rc = entry_set(s, e, buf, (size_t)len)) != 0) {
+        entry_maybe_drop(s, e);
+        return rc;
+    }
+    *out = next;
+    return 0;
+}
+
+int proto_store_compare_set(struct proto_store *s, const char *key, const void *expected,
+                            size_t elen, const void *desired, size_t dlen, const void **cur,
+                            size_t *curlen)
+{
+    struct entry *e = entry_find(s, key);
+    if (e == NULL || !e->has_value) {
+        if (elen != 0) {
+            *cur = expected;
+            *curlen = elen;
+            return 0;
+        }
+    } else if (e->vlen != elen || (elen && memcmp(e->value, expected, elen) != 0)) {
+        *cur = e->value;
+        *curlen = e->vlen;
+        return 0;
+    }
+    int rc = proto_store_set(s, key, desired, dlen);
+    if (rc)
+        return rc;
+    return proto_store_get(s, key, cur, curlen);
+}
+
+size_t proto_store_num_keys(const struct proto_store *s)
+{
+    return s->nvalues;
+}
+
+size_t proto_store_bytes(const struct proto_store *s)
+{
+    return s->bytes;
+}
+
+void proto_store_free(struct proto_store *s)
+{
+    if (s == NULL)
+        return;
+    /* Waiters first (they unlink from entries), then entries. */
+    while (!cddp_queue_empty(&s->fired)) {
+        struct waiter *w = cddp_queue_data(cddp_queue_head(&s->fired), struct waiter, link);
+        cddp_queue_remove(&w->link);
+        free(w);
+    }
+    while (s->heap_len > 0) {
+        struct waiter *w = s->heap[0];
+        waiter_unlink(s, w);
+        free(w);
+    }
+    /* Waiters without deadline are reachable only through entries. */
+    size_t it = 0;
+    const char *k;
+    size_t kl;
+    void *v;
+    while (cddp_strmap_next(&s->map, &it, &k, &kl, &v)) {
+        struct entry *e = v;
+        while (!cddp_queue_empty(&e->refs)) {
+            struct waitref *r = cddp_queue_data(cddp_queue_head(&e->refs), struct waitref, link);
+            struct waiter *w = r->w;
+            /* Unlink w's refs by hand: entry_maybe_drop would change the map under us. */
+            for (size_t i = 0; i < w->nrefs; i++) {
+                if (w->refs[i].e && w->refs[i].link.next != &w->refs[i].link)
+                    cddp_queue_remove(&w->refs[i].link);
+                w->refs[i].e = NULL;
+            }
+            cddp_queue_remove(&w->link);
+            if (w->owner)
+                w->owner->nwaiters--;
+            free(w);
+        }
+    }
+    it = 0;
+    while (cddp_strmap_next(&s->map, &it, &k, &kl, &v)) {
+        struct entry *e = v;
+        free(e->value);
+        free(e);
+    }
+    cddp_strmap_free(&s->map);
+    free(s->heap);
+    free(s);
+}

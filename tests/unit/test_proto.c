@@ -1,0 +1,787 @@
+/* Unit tests for proto/ (frames, messages, base64, error names, the store
+ * engine) and the common pieces it stands on (queue, strmap). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/errors.h"
+#include "common/queue.h"
+#include "common/strmap.h"
+#include "common/strutil.h"
+#include "proto/frame.h"
+#include "proto/msg.h"
+#include "proto/store.h"
+
+/* ---- strmap ---- */
+
+static void test_siphash_vectors(void **state)
+{
+    (void)state;
+    /* The SipHash-2-4 paper's test key 00..0f. */
+    uint64_t k0 = 0x0706050403020100ull, k1 = 0x0f0e0d0c0b0a0908ull;
+    unsigned char msg[15];
+    for (int i = 0; i < 15; i++)
+        msg[i] = (unsigned char)i;
+    assert_true(cddp_siphash("", 0, k0, k1) == 0x726fdb47dd0e0e31ull);
+    assert_true(cddp_siphash(msg, 15, k0, k1) == 0xa129ca6149be45e5ull);
+}
+
+static void test_strmap(void **state)
+{
+    (void)state;
+    enum { N = 5000 };
+    static char keys[N][16];
+    struct cddp_strmap m;
+    cddp_strmap_init(&m, 1, 2);
+    for (int i = 0; i < N; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "k%d", i);
+        assert_int_equal(cddp_strmap_put(&m, keys[i], strlen(keys[i]), keys[i]), 0);
+    }
+    assert_int_equal(m.len, N);
+    /* Delete every third key; the rest must stay reachable (backward shift). */
+    for (int i = 0; i < N; i += 3)
+        assert_ptr_equal(cddp_strmap_del(&m, keys[i], strlen(keys[i])), keys[i]);
+    for (int i = 0; i < N; i++) {
+        void *v = cddp_strmap_get(&m, keys[i], strlen(keys[i]));
+        if (i % 3 == 0)
+            assert_null(v);
+        else
+            assert_ptr_equal(v, keys[i]);
+    }
+    assert_null(cddp_strmap_del(&m, "absent", 6));
+    size_t it = 0, count = 0, kl;
+    const char *k;
+    void *v;
+    while (cddp_strmap_next(&m, &it, &k, &kl, &v))
+        count++;
+    assert_int_equal(count, m.len);
+    /* Replace keeps the count. */
+    assert_int_equal(cddp_strmap_put(&m, keys[1], strlen(keys[1]), keys[2]), 0);
+    assert_int_equal(count, m.len);
+    assert_ptr_equal(cddp_strmap_get(&m, keys[1], strlen(keys[1])), keys[2]);
+    cddp_strmap_free(&m);
+}
+
+struct item {
+    int v;
+    struct cddp_queue link;
+};
+
+static void test_queue(void **state)
+{
+    (void)state;
+    struct cddp_queue h;
+    struct item it[3] = {{.v = 0}, {.v = 1}, {.v = 2}};
+    cddp_queue_init(&h);
+    assert_true(cddp_queue_empty(&h));
+    cddp_queue_insert_tail(&h, &it[1].link);
+    cddp_queue_insert_tail(&h, &it[2].link);
+    cddp_queue_insert_head(&h, &it[0].link);
+    int expect = 0;
+    struct cddp_queue *q;
+    cddp_queue_foreach(q, &h)
+    {
+        assert_int_equal(cddp_queue_data(q, struct item, link)->v, expect++);
+    }
+    cddp_queue_remove(&it[1].link);
+    cddp_queue_remove(&it[1].link); /* twice is harmless */
+    assert_ptr_equal(cddp_queue_data(cddp_queue_head(&h), struct item, link), &it[0]);
+    assert_ptr_equal(h.prev, &it[2].link);
+}
+
+/* ---- frames ---- */
+
+struct frames {
+    int n;
+    char got[8][64];
+    size_t len[8];
+    int stop_after;
+};
+
+static int on_frame(void *arg, const char *p, size_t len)
+{
+    struct frames *f = arg;
+    assert_true(f->n < 8);
+    memcpy(f->got[f->n], p, len < 63 ? len : 63);
+    f->len[f->n] = len;
+    f->n++;
+    return f->stop_after && f->n == f->stop_after ? 99 : 0;
+}
+
+static void test_frame_split(void **state)
+{
+    (void)state;
+    struct cddp_buf b;
+    cddp_buf_init(&b, 1 << 20);
+    assert_int_equal(proto_frame_append(&b, "{\"a\":1}", 7), 0);
+    assert_int_equal(proto_frame_append(&b, "", 0), 0);
+    assert_int_equal(proto_frame_append(&b, "{}", 2), 0);
+    assert_int_equal(b.len, 4 + 7 + 4 + 0 + 4 + 2);
+    assert_memory_equal(b.data, "\0\0\0\7", 4);
+
+    /* Every split of the stream into two reads gives the same frames. */
+    for (size_t cut = 0; cut <= b.len; cut++) {
+        struct proto_decoder d;
+        struct frames f = {0};
+        proto_decoder_init(&d, 0);
+        assert_int_equal(proto_decoder_feed(&d, b.data, cut, on_frame, &f), 0);
+        assert_int_equal(proto_decoder_feed(&d, b.data + cut, b.len - cut, on_frame, &f), 0);
+        assert_int_equal(f.n, 3);
+        assert_int_equal(f.len[0], 7);
+        assert_memory_equal(f.got[0], "{\"a\":1}", 7);
+        assert_int_equal(f.len[1], 0);
+        assert_memory_equal(f.got[2], "{}", 2);
+        assert_int_equal(proto_decoder_pending(&d), 0);
+        proto_decoder_free(&d);
+    }
+    /* One byte at a time. */
+    struct proto_decoder d;
+    struct frames f = {0};
+    proto_decoder_init(&d, 0);
+    for (size_t i = 0; i < b.len; i++)
+        assert_int_equal(proto_decoder_feed(&d, b.data + i, 1, on_frame, &f), 0);
+    assert_int_equal(f.n, 3);
+    proto_decoder_free(&d);
+
+    /* A callback's nonzero return stops the decoder. */
+    struct frames g = {.stop_after = 1};
+    proto_decoder_init(&d, 0);
+    assert_int_equal(proto_decoder_feed(&d, b.data, b.len, on_frame, &g), 99);
+    assert_int_equal(g.n, 1);
+    proto_decoder_free(&d);
+    cddp_buf_free(&b);
+}
+
+static void test_frame_oversized(void **state)
+{
+    (void)state;
+    struct proto_decoder d;
+    struct frames f = {0};
+    unsigned char hdr[4];
+    /* A header announcing more than the limit is refused before the body. */
+    proto_frame_header(PROTO_FRAME_MAX + 1, hdr);
+    proto_decoder_init(&d, 0);
+    assert_int_equal(proto_decoder_feed(&d, hdr, 4, on_frame, &f), CDDP_ETOOBIG);
+    assert_int_equal(proto_decoder_announced(&d), PROTO_FRAME_MAX + 1);
+    proto_decoder_free(&d);
+
+    /* Also when the header arrives in pieces. */
+    proto_decoder_init(&d, 100);
+    proto_frame_header(101, hdr);
+    assert_int_equal(proto_decoder_feed(&d, hdr, 2, on_frame, &f), 0);
+    assert_int_equal(proto_decoder_feed(&d, hdr + 2, 2, on_frame, &f), CDDP_ETOOBIG);
+    proto_decoder_free(&d);
+
+    /* Exactly the limit is fine. */
+    proto_decoder_init(&d, 100);
+    char body[104] = {0};
+    proto_frame_header(100, (unsigned char *)body);
+    assert_int_equal(proto_decoder_feed(&d, body, sizeof(body), on_frame, &f), 0);
+    assert_int_equal(f.n, 1);
+    assert_int_equal(f.len[0], 100);
+    proto_decoder_free(&d);
+
+    struct cddp_buf b;
+    cddp_buf_init(&b, 4 << 20);
+    char *big = calloc(1, PROTO_FRAME_MAX + 1);
+    assert_int_equal(proto_frame_append(&b, big, PROTO_FRAME_MAX + 1), CDDP_ETOOBIG);
+    assert_int_equal(b.len, 0);
+    free(big);
+    cddp_buf_free(&b);
+}
+
+/* ---- messages ---- */
+
+static void roundtrip(const struct proto_msg *in, struct proto_msg *out)
+{
+    struct cddp_buf b;
+    char err[256];
+    cddp_buf_init(&b, PROTO_FRAME_MAX + 4);
+    assert_int_equal(proto_msg_encode(in, &b), 0);
+    assert_int_equal(proto_frame_length((unsigned char *)b.data), b.len - 4);
+    int rc = proto_msg_decode(b.data + 4, b.len - 4, out, err, sizeof(err));
+    if (rc)
+        fail_msg("decode of %s failed: %s", b.data + 4, err);
+    assert_int_equal(out->type, in->type);
+    cddp_buf_free(&b);
+}
+
+static void test_msg_roundtrip(void **state)
+{
+    (void)state;
+    struct proto_msg m = {0}, o;
+
+    m.type = PROTO_HELLO;
+    m.hello.token = "s3cr\"et";
+    m.hello.run_id = "job7";
+    roundtrip(&m, &o);
+    assert_string_equal(o.hello.token, "s3cr\"et");
+    assert_string_equal(o.hello.run_id, "job7");
+    assert_null(o.hello.client);
+    proto_msg_free(&o);
+
+    struct proto_conf_kv conf[2] = {{"join_timeout", "600"}, {"last_call_timeout", "0.5"}};
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_JOIN;
+    m.join.node_id = "host_42_0";
+    m.join.nproc = 8;
+    m.join.min_nodes = 1;
+    m.join.max_nodes = 4;
+    m.join.hostname = "node1.example";
+    m.join.master_port = 29500;
+    m.join.conf = conf;
+    m.join.nconf = 2;
+    roundtrip(&m, &o);
+    assert_string_equal(o.join.node_id, "host_42_0");
+    assert_int_equal(o.join.nproc, 8);
+    assert_int_equal(o.join.max_nodes, 4);
+    assert_null(o.join.local_addr);
+    assert_int_equal(o.join.nconf, 2);
+    assert_string_equal(o.join.conf[1].key, "last_call_timeout");
+    assert_string_equal(o.join.conf[1].value, "0.5");
+    proto_msg_free(&o);
+
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_ROUND;
+    m.round = (struct proto_round){.run_id = "job7",
+                                   .round = 3,
+                                   .node_rank = 1,
+                                   .nnodes = 2,
+                                   .world_size = 12,
+                                   .rank_offset = 8,
+                                   .nproc = 4,
+                                   .master_addr = "::1",
+                                   .master_port = 1234};
+    roundtrip(&m, &o);
+    assert_int_equal(o.round.round, 3);
+    assert_int_equal(o.round.rank_offset, 8);
+    assert_string_equal(o.round.master_addr, "::1");
+    proto_msg_free(&o);
+
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_RESTART;
+    m.restart.round = 4;
+    m.restart.reason = "node_lost";
+    m.restart.node_id = "b_1_0";
+    m.restart.counted = false;
+    roundtrip(&m, &o);
+    assert_string_equal(o.restart.reason, "node_lost");
+    assert_false(o.restart.counted);
+    proto_msg_free(&o);
+
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_ERROR;
+    m.error.code = CDDP_ETOKEN;
+    m.error.message = "bad token";
+    roundtrip(&m, &o);
+    assert_int_equal(o.error.code, CDDP_ETOKEN);
+    proto_msg_free(&o);
+
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_ERROR;
+    m.error.code = -ECONNRESET;
+    roundtrip(&m, &o);
+    assert_int_equal(o.error.code, -ECONNRESET);
+    proto_msg_free(&o);
+
+    /* Binary values survive base64, NUL bytes included. */
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_SET;
+    m.id = 77;
+    m.set.key = "torchelastic/x";
+    m.set.value = (struct proto_bytes){"a\0b\xff", 4};
+    roundtrip(&m, &o);
+    assert_int_equal(o.id, 77);
+    assert_int_equal(o.set.value.len, 4);
+    assert_memory_equal(o.set.value.data, "a\0b\xff", 4);
+    proto_msg_free(&o);
+
+    const char *keys[] = {"a", "b"};
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_WAIT;
+    m.id = 5;
+    m.wait.keys = keys;
+    m.wait.nkeys = 2;
+    m.wait.timeout_ms = 1500;
+    roundtrip(&m, &o);
+    assert_int_equal(o.wait.nkeys, 2);
+    assert_string_equal(o.wait.keys[1], "b");
+    assert_int_equal(o.wait.timeout_ms, 1500);
+    proto_msg_free(&o);
+
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_GET;
+    m.get.key = "k";
+    m.get.timeout_ms = -1;
+    roundtrip(&m, &o);
+    assert_true(o.get.timeout_ms < 0);
+    proto_msg_free(&o);
+
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_RESULT;
+    m.id = 9;
+    m.result.has_number = true;
+    m.result.number = -(1LL << 52);
+    m.result.has_value = true;
+    m.result.value = (struct proto_bytes){"", 0};
+    roundtrip(&m, &o);
+    assert_int_equal(o.result.code, 0);
+    assert_true(o.result.number == -(1LL << 52));
+    assert_true(o.result.has_value);
+    assert_int_equal(o.result.value.len, 0);
+    proto_msg_free(&o);
+
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_RESULT;
+    m.result.code = CDDP_ETIMEOUT;
+    m.result.message = "wait timed out";
+    roundtrip(&m, &o);
+    assert_int_equal(o.result.code, CDDP_ETIMEOUT);
+    assert_string_equal(o.result.message, "wait timed out");
+    proto_msg_free(&o);
+
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_COMPARE_SET;
+    m.compare_set.key = "k";
+    m.compare_set.expected = (struct proto_bytes){"", 0};
+    m.compare_set.desired = (struct proto_bytes){"xyz", 3};
+    roundtrip(&m, &o);
+    assert_int_equal(o.compare_set.desired.len, 3);
+    proto_msg_free(&o);
+
+    enum proto_type simple[] = {PROTO_HEARTBEAT, PROTO_LEAVE,   PROTO_CLOSE,
+                                PROTO_CLOSED,    PROTO_WELCOME, PROTO_STATUS};
+    for (size_t i = 0; i < sizeof(simple) / sizeof(simple[0]); i++) {
+        memset(&m, 0, sizeof(m));
+        m.type = simple[i];
+        roundtrip(&m, &o);
+        proto_msg_free(&o);
+    }
+}
+
+static void test_msg_encode_refuses(void **state)
+{
+    (void)state;
+    struct proto_msg m = {0};
+    struct cddp_buf b;
+    cddp_buf_init(&b, PROTO_FRAME_MAX + 4);
+    m.type = PROTO_ROUND;
+    m.round = (struct proto_round){.run_id = "r",
+                                   .nnodes = 2,
+                                   .node_rank = 2,
+                                   .world_size = 2,
+                                   .nproc = 1,
+                                   .master_addr = "a"};
+    assert_int_equal(proto_msg_encode(&m, &b), CDDP_EPROTO_FIELD);
+    assert_int_equal(b.len, 0);
+    m.type = (enum proto_type)999;
+    assert_int_equal(proto_msg_encode(&m, &b), CDDP_EPROTO_TYPE);
+    cddp_buf_free(&b);
+}
+
+static int decode_str(const char *json, char *err, size_t errlen)
+{
+    struct proto_msg m;
+    int rc = proto_msg_decode(json, strlen(json), &m, err, errlen);
+    if (rc == 0)
+        proto_msg_free(&m);
+    else
+        assert_true(strlen(err) > 0);
+    return rc;
+}
+
+static void test_msg_decode_errors(void **state)
+{
+    (void)state;
+    char err[256];
+    assert_int_equal(decode_str("", err, sizeof(err)), CDDP_EPARSE);
+    assert_int_equal(decode_str("[1]", err, sizeof(err)), CDDP_EPARSE);
+    assert_int_equal(decode_str("{\"v\":1", err, sizeof(err)), CDDP_EPARSE);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"heartbeat\"} x", err, sizeof(err)),
+                     CDDP_EPARSE);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"heartbeat\"}  \n", err, sizeof(err)), 0);
+    assert_int_equal(decode_str("{\"type\":\"heartbeat\"}", err, sizeof(err)), CDDP_EPROTO_FIELD);
+    assert_int_equal(decode_str("{\"v\":2,\"type\":\"heartbeat\"}", err, sizeof(err)),
+                     CDDP_EPROTO_VERSION);
+    assert_non_null(strstr(err, "version 2"));
+    assert_int_equal(decode_str("{\"v\":\"1\",\"type\":\"heartbeat\"}", err, sizeof(err)),
+                     CDDP_EPROTO_VERSION);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"bogus\"}", err, sizeof(err)),
+                     CDDP_EPROTO_TYPE);
+    assert_non_null(strstr(err, "bogus"));
+    assert_int_equal(decode_str("{\"v\":1,\"type\":7}", err, sizeof(err)), CDDP_EPROTO_FIELD);
+    /* Unknown extra fields are ignored. */
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"heartbeat\",\"later\":[1]}", err, sizeof(err)),
+                     0);
+
+    /* Nesting depth. */
+    char deep[64] = "{\"v\":1,\"type\":\"heartbeat\",\"x\":";
+    size_t n = strlen(deep);
+    for (int i = 0; i < PROTO_MAX_DEPTH; i++)
+        deep[n++] = '[';
+    deep[n] = '\0';
+    assert_int_equal(decode_str(deep, err, sizeof(err)), CDDP_ETOOBIG);
+    assert_non_null(strstr(err, "nested"));
+
+    /* Value count. */
+    size_t cap = 16 * PROTO_MAX_VALUES;
+    char *many = malloc(cap);
+    int len = snprintf(many, cap, "{\"v\":1,\"type\":\"heartbeat\",\"x\":[");
+    for (int i = 0; i < PROTO_MAX_VALUES + 1; i++)
+        len += snprintf(many + len, cap - (size_t)len, "1,");
+    snprintf(many + len, cap - (size_t)len, "1]}");
+    assert_int_equal(decode_str(many, err, sizeof(err)), CDDP_ETOOBIG);
+    free(many);
+
+    /* Strings: NUL escapes, raw NULs, ids, lengths. */
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"hello\",\"run_id\":\"a\\u0000b\"}", err, sizeof(err)),
+        CDDP_EPARSE);
+    const char raw_nul[] = "{\"v\":1,\"type\":\"heartbeat\",\"x\":\"a\0\"}";
+    struct proto_msg m;
+    assert_int_equal(proto_msg_decode(raw_nul, sizeof(raw_nul) - 1, &m, err, sizeof(err)),
+                     CDDP_EPARSE);
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"hello\",\"run_id\":\"has space\"}", err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_non_null(strstr(err, "run_id"));
+    char longid[400];
+    len = snprintf(longid, sizeof(longid), "{\"v\":1,\"type\":\"hello\",\"run_id\":\"");
+    for (int i = 0; i < PROTO_MAX_ID + 1; i++)
+        longid[len++] = 'x';
+    snprintf(longid + len, sizeof(longid) - (size_t)len, "\"}");
+    assert_int_equal(decode_str(longid, err, sizeof(err)), CDDP_EPROTO_FIELD);
+
+    /* Field types and ranges. */
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"join\",\"node_id\":\"a\",\"nproc\":0,"
+                                "\"min_nodes\":1,\"max_nodes\":1}",
+                                err, sizeof(err)),
+                     CDDP_EPROTO_FIELD);
+    assert_non_null(strstr(err, "nproc"));
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"join\",\"node_id\":\"a\",\"nproc\":1.5,"
+                                "\"min_nodes\":1,\"max_nodes\":1}",
+                                err, sizeof(err)),
+                     CDDP_EPROTO_FIELD);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"join\",\"node_id\":\"a\",\"nproc\":1,"
+                                "\"min_nodes\":3,\"max_nodes\":2}",
+                                err, sizeof(err)),
+                     CDDP_EPROTO_FIELD);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"join\",\"node_id\":\"a\",\"nproc\":1,"
+                                "\"min_nodes\":1,\"max_nodes\":2,\"conf\":{\"x\":1}}",
+                                err, sizeof(err)),
+                     CDDP_EPROTO_FIELD);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"join\",\"node_id\":\"a\",\"nproc\":1,"
+                                "\"min_nodes\":1,\"max_nodes\":2,\"conf\":[]}",
+                                err, sizeof(err)),
+                     CDDP_EPROTO_FIELD);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"set\",\"id\":1,\"key\":\"k\","
+                                "\"value\":\"not base64!\"}",
+                                err, sizeof(err)),
+                     CDDP_EPROTO_FIELD);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"set\",\"id\":1,\"key\":\"\","
+                                "\"value\":\"\"}",
+                                err, sizeof(err)),
+                     CDDP_EPROTO_FIELD);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"set\",\"id\":-1,\"key\":\"k\","
+                                "\"value\":\"\"}",
+                                err, sizeof(err)),
+                     CDDP_EPROTO_FIELD);
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"wait\",\"id\":1,\"keys\":[]}", err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"wait\",\"id\":1,\"keys\":[\"a\",2]}", err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"add\",\"id\":1,\"key\":\"a\","
+                                "\"delta\":1e300}",
+                                err, sizeof(err)),
+                     CDDP_EPROTO_FIELD);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"round\",\"run_id\":\"r\",\"round\":0,"
+                                "\"nnodes\":2,\"node_rank\":2,\"world_size\":2,"
+                                "\"rank_offset\":0,\"nproc\":1,\"master_addr\":\"a\","
+                                "\"master_port\":1}",
+                                err, sizeof(err)),
+                     CDDP_EPROTO_FIELD);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"restart\",\"round\":1,\"reason\":\"x\","
+                                "\"counted\":1}",
+                                err, sizeof(err)),
+                     CDDP_EPROTO_FIELD);
+    /* Unknown error names decode to EPEER. */
+    struct proto_msg e;
+    const char *js = "{\"v\":1,\"type\":\"error\",\"code\":\"EWHATEVER\",\"message\":\"m\"}";
+    assert_int_equal(proto_msg_decode(js, strlen(js), &e, err, sizeof(err)), 0);
+    assert_int_equal(e.error.code, CDDP_EPEER);
+    proto_msg_free(&e);
+}
+
+static void test_base64(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *in, *out;
+    } v[] = {{"", ""},
+             {"f", "Zg=="},
+             {"fo", "Zm8="},
+             {"foo", "Zm9v"},
+             {"foob", "Zm9vYg=="},
+             {"fooba", "Zm9vYmE="},
+             {"foobar", "Zm9vYmFy"}};
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        char enc[16], dec[16];
+        proto_base64_encode(v[i].in, strlen(v[i].in), enc);
+        assert_string_equal(enc, v[i].out);
+        long n = proto_base64_decode(enc, strlen(enc), dec, sizeof(dec));
+        assert_int_equal(n, (long)strlen(v[i].in));
+        assert_memory_equal(dec, v[i].in, (size_t)n);
+    }
+    char d[8];
+    assert_int_equal(proto_base64_decode("Zg=", 3, d, 8), CDDP_EPARSE);
+    assert_int_equal(proto_base64_decode("Zh==", 4, d, 8), CDDP_EPARSE); /* non-zero pad bits */
+    assert_int_equal(proto_base64_decode("Z=g=", 4, d, 8), CDDP_EPARSE);
+    assert_int_equal(proto_base64_decode("Zg==Zg==", 8, d, 8), CDDP_EPARSE);
+    assert_int_equal(proto_base64_decode("Zm9vYmFy", 8, d, 5), CDDP_ETOOBIG);
+}
+
+static void test_error_names(void **state)
+{
+    (void)state;
+    assert_string_equal(proto_error_name(CDDP_ETIMEOUT), "ETIMEOUT");
+    assert_int_equal(proto_error_code("ETIMEOUT"), CDDP_ETIMEOUT);
+    assert_int_equal(proto_error_code("ECONNREFUSED"), -ECONNREFUSED);
+    assert_int_equal(proto_error_code("OK"), 0);
+    assert_int_equal(proto_error_code("nonsense"), CDDP_EPEER);
+#define XX(name, num, msg) assert_int_equal(proto_error_code(proto_error_name(num)), num);
+    CDDP_ERRORS(XX)
+#undef XX
+}
+
+/* ---- store ---- */
+
+static void test_store_basic(void **state)
+{
+    (void)state;
+    struct proto_store *s = proto_store_new(NULL, 1, 2);
+    const void *v;
+    size_t vl;
+    int64_t n;
+    assert_int_equal(proto_store_get(s, "a", &v, &vl), CDDP_ENOTFOUND);
+    assert_int_equal(proto_store_set(s, "a", "x\0y", 3), 0);
+    assert_int_equal(proto_store_get(s, "a", &v, &vl), 0);
+    assert_int_equal(vl, 3);
+    assert_memory_equal(v, "x\0y", 3);
+    assert_int_equal(proto_store_set(s, "a", "", 0), 0);
+    assert_int_equal(proto_store_get(s, "a", &v, &vl), 0);
+    assert_int_equal(vl, 0);
+
+    assert_int_equal(proto_store_add(s, "cnt", 1, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(proto_store_add(s, "cnt", 41, &n), 0);
+    assert_int_equal(n, 42);
+    assert_int_equal(proto_store_add(s, "cnt", -50, &n), 0);
+    assert_int_equal(n, -8);
+    assert_int_equal(proto_store_get(s, "cnt", &v, &vl), 0);
+    assert_memory_equal(v, "-8", 2);
+    assert_int_equal(proto_store_add(s, "a", 1, &n), CDDP_EPARSE);
+    assert_int_equal(proto_store_add(s, "cnt", PROTO_MAX_INT, &n), 0);
+    assert_int_equal(proto_store_add(s, "cnt", 9, &n), CDDP_ERANGE_ARG);
+    assert_int_equal(proto_store_add(s, "fresh", PROTO_MAX_INT + 1, &n), CDDP_ERANGE_ARG);
+    assert_int_equal(proto_store_get(s, "fresh", &v, &vl), CDDP_ENOTFOUND);
+    assert_int_equal(proto_store_num_keys(s), 2);
+    proto_store_free(s);
+}
+
+static void test_store_compare_set(void **state)
+{
+    (void)state;
+    struct proto_store *s = proto_store_new(NULL, 1, 2);
+    const void *cur;
+    size_t cl;
+    /* Missing key, non-empty expected: nothing stored, expected returned. */
+    assert_int_equal(proto_store_compare_set(s, "k", "e", 1, "d", 1, &cur, &cl), 0);
+    assert_int_equal(cl, 1);
+    assert_memory_equal(cur, "e", 1);
+    assert_int_equal(proto_store_num_keys(s), 0);
+    /* Missing key, empty expected: set. */
+    assert_int_equal(proto_store_compare_set(s, "k", "", 0, "d1", 2, &cur, &cl), 0);
+    assert_memory_equal(cur, "d1", 2);
+    /* Mismatch: current value back, unchanged. */
+    assert_int_equal(proto_store_compare_set(s, "k", "zz", 2, "d2", 2, &cur, &cl), 0);
+    assert_memory_equal(cur, "d1", 2);
+    /* Match: replaced. */
+    assert_int_equal(proto_store_compare_set(s, "k", "d1", 2, "d2", 2, &cur, &cl), 0);
+    assert_memory_equal(cur, "d2", 2);
+    /* Torch's rendezvous sentinel dance. */
+    assert_int_equal(proto_store_compare_set(s, "k", "", 0, "x", 1, &cur, &cl), 0);
+    assert_memory_equal(cur, "d2", 2);
+    proto_store_free(s);
+}
+
+static void test_store_wait(void **state)
+{
+    (void)state;
+    struct proto_store *s = proto_store_new(NULL, 1, 2);
+    struct proto_store_owner a, b;
+    struct proto_store_event ev;
+    bool ready;
+    proto_store_owner_init(&a);
+    proto_store_owner_init(&b);
+
+    const char *k1[] = {"x", "y", "x"};
+    assert_int_equal(proto_store_wait(s, k1, 3, 1000, &a, 1, false, &ready), 0);
+    assert_false(ready);
+    assert_int_equal(a.nwaiters, 1);
+    const char *k2[] = {"y"};
+    assert_int_equal(proto_store_wait(s, k2, 1, PROTO_STORE_NEVER, &b, 2, true, &ready), 0);
+    assert_false(ready);
+    assert_int_equal(proto_store_next_deadline(s), 1000);
+
+    assert_int_equal(proto_store_set(s, "x", "1", 1), 0);
+    assert_false(proto_store_next_event(s, &ev)); /* a still misses y */
+    assert_int_equal(proto_store_set(s, "y", "2", 1), 0);
+    assert_true(proto_store_next_event(s, &ev));
+    assert_int_equal(ev.kind, PROTO_STORE_READY);
+    assert_ptr_equal(ev.owner, &a);
+    assert_int_equal(ev.req_id, 1);
+    assert_false(ev.is_get);
+    assert_true(proto_store_next_event(s, &ev));
+    assert_ptr_equal(ev.owner, &b);
+    assert_true(ev.is_get);
+    assert_string_equal(ev.key, "y");
+    assert_false(proto_store_next_event(s, &ev));
+    assert_int_equal(a.nwaiters, 0);
+    assert_int_equal(proto_store_next_deadline(s), PROTO_STORE_NEVER);
+
+    /* Already set: ready at once, nothing registered. */
+    assert_int_equal(proto_store_wait(s, k1, 2, 5, &a, 3, false, &ready), 0);
+    assert_true(ready);
+    assert_int_equal(a.nwaiters, 0);
+
+    /* Timeouts fire in deadline order; entries of missing keys go away. */
+    size_t bytes0 = proto_store_bytes(s);
+    const char *kz[] = {"z"};
+    assert_int_equal(proto_store_wait(s, kz, 1, 300, &a, 10, false, &ready), 0);
+    assert_int_equal(proto_store_wait(s, kz, 1, 100, &b, 11, false, &ready), 0);
+    assert_int_equal(proto_store_wait(s, kz, 1, 200, &a, 12, false, &ready), 0);
+    assert_true(proto_store_bytes(s) > bytes0);
+    proto_store_expire(s, 99);
+    assert_false(proto_store_next_event(s, &ev));
+    proto_store_expire(s, 250);
+    assert_true(proto_store_next_event(s, &ev));
+    assert_int_equal(ev.req_id, 11);
+    assert_int_equal(ev.kind, PROTO_STORE_TIMEOUT);
+    assert_true(proto_store_next_event(s, &ev));
+    assert_int_equal(ev.req_id, 12);
+    assert_false(proto_store_next_event(s, &ev));
+    assert_int_equal(proto_store_next_deadline(s), 300);
+
+    /* Cancelling an owner drops its waiters without events. */
+    proto_store_cancel_owner(s, &a);
+    assert_int_equal(a.nwaiters, 0);
+    assert_int_equal(proto_store_next_deadline(s), PROTO_STORE_NEVER);
+    assert_int_equal(proto_store_bytes(s), bytes0);
+    proto_store_expire(s, 1000);
+    assert_false(proto_store_next_event(s, &ev));
+
+    /* Free with waiters still registered (with and without deadlines). */
+    const char *kq[] = {"q", "r"};
+    assert_int_equal(proto_store_wait(s, kq, 2, PROTO_STORE_NEVER, &a, 20, false, &ready), 0);
+    assert_int_equal(proto_store_wait(s, kq, 1, 50, &b, 21, false, &ready), 0);
+    proto_store_free(s);
+}
+
+static void test_store_limits(void **state)
+{
+    (void)state;
+    struct proto_store_limits lim = {.max_bytes = 4096, .max_keys = 3, .max_waiters = 2};
+    struct proto_store *s = proto_store_new(&lim, 1, 2);
+    char big[5000] = {0};
+    bool ready;
+    int64_t n;
+    assert_int_equal(proto_store_set(s, "a", big, sizeof(big)), CDDP_ETOOBIG);
+    assert_int_equal(proto_store_num_keys(s), 0);
+    assert_int_equal(proto_store_set(s, "a", "1", 1), 0);
+    assert_int_equal(proto_store_set(s, "b", "1", 1), 0);
+    assert_int_equal(proto_store_add(s, "c", 1, &n), 0);
+    assert_int_equal(proto_store_set(s, "d", "1", 1), CDDP_ETOOBIG);
+    assert_int_equal(proto_store_set(s, "a", "22", 2), 0); /* replacing is fine */
+
+    struct proto_store_owner o;
+    proto_store_owner_init(&o);
+    const char *k[] = {"a"};
+    const char *m[] = {"zz"};
+    assert_int_equal(proto_store_wait(s, k, 1, 1, &o, 1, false, &ready), 0);
+    assert_true(ready);
+    /* A new key for a waiter counts against max_keys too. */
+    assert_int_equal(proto_store_wait(s, m, 1, 1, &o, 1, false, &ready), CDDP_ETOOBIG);
+    assert_int_equal(o.nwaiters, 0);
+    proto_store_free(s);
+
+    lim.max_keys = 100;
+    s = proto_store_new(&lim, 1, 2);
+    assert_int_equal(proto_store_wait(s, m, 1, 1, &o, 1, false, &ready), 0);
+    assert_int_equal(proto_store_wait(s, m, 1, 1, &o, 2, false, &ready), 0);
+    assert_int_equal(proto_store_wait(s, m, 1, 1, &o, 3, false, &ready), CDDP_ETOOBIG);
+    proto_store_cancel_owner(s, &o);
+    proto_store_free(s);
+}
+
+/* Many waiters on one key (an exit barrier of 10,000 nodes) all wake. */
+static void test_store_barrier(void **state)
+{
+    (void)state;
+    enum { N = 10000 };
+    struct proto_store *s = proto_store_new(NULL, 3, 4);
+    struct proto_store_owner *o = calloc(N, sizeof(*o));
+    const char *k[] = {"last_member"};
+    bool ready;
+    int64_t n = 0;
+    for (int i = 0; i < N; i++) {
+        proto_store_owner_init(&o[i]);
+        assert_int_equal(proto_store_add(s, "num_members", 1, &n), 0);
+        if (n == N)
+            break;
+        assert_int_equal(proto_store_wait(s, k, 1, 60000, &o[i], (uint64_t)i, false, &ready), 0);
+        assert_false(ready);
+    }
+    assert_int_equal(n, N);
+    assert_int_equal(proto_store_set(s, "last_member", "1", 1), 0);
+    struct proto_store_event ev;
+    int woke = 0;
+    while (proto_store_next_event(s, &ev)) {
+        assert_int_equal(ev.kind, PROTO_STORE_READY);
+        assert_int_equal(ev.req_id, (uint64_t)woke);
+        woke++;
+    }
+    assert_int_equal(woke, N - 1);
+    assert_int_equal(proto_store_next_deadline(s), PROTO_STORE_NEVER);
+    proto_store_free(s);
+    free(o);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_siphash_vectors),
+        cmocka_unit_test(test_strmap),
+        cmocka_unit_test(test_queue),
+        cmocka_unit_test(test_frame_split),
+        cmocka_unit_test(test_frame_oversized),
+        cmocka_unit_test(test_msg_roundtrip),
+        cmocka_unit_test(test_msg_encode_refuses),
+        cmocka_unit_test(test_msg_decode_errors),
+        cmocka_unit_test(test_base64),
+        cmocka_unit_test(test_error_names),
+        cmocka_unit_test(test_store_basic),
+        cmocka_unit_test(test_store_compare_set),
+        cmocka_unit_test(test_store_wait),
+        cmocka_unit_test(test_store_limits),
+        cmocka_unit_test(test_store_barrier),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
