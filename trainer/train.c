@@ -31,6 +31,8 @@
 #include "common/log.h"           /* log_info, log_debug */
 #include "common/strutil.h"       /* cddp_parse_long, cddp_parse_double */
 #include "config.h"               /* CDDP_VERSION */
+#include "trainer/checkpoint.h"   /* trn_weights_load, trn_weights_save */
+#include "trainer/data/dataset.h" /* trn_dataset: synthetic, idx, folder */
 #include "trainer/data/sampler.h" /* trn_sampler: DistributedSampler semantics */
 #include "trainer/fatal.h"        /* trn_fatal, trn_malloc */
 #include "trainer/ops/ops.h"      /* trn_backend */
@@ -55,7 +57,10 @@ struct config {
     long log_every;
     long threads; /* 0: OMP_NUM_THREADS, else all cores */
     bool eval;
+    const char *eval_logits; /* write the test split's logits here */
     bool zero_init_residual;
+    const char *init; /* torchvision weights to start from */
+    const char *save; /* where to write the final weights */
 };
 
 /* The seed script's values. */
@@ -85,6 +90,8 @@ static void usage(FILE *f)
                "  --num-classes N         outputs of the fc layer (the dataset's)\n"
                "  --zero-init-residual    zero the last BN weight of every block (torchvision's "
                "option)\n"
+               "  --init PATH             start from a torchvision state_dict (.safetensors)\n"
+               "  --save PATH             write the final state_dict there (.safetensors)\n"
                "  --seed N                seeds initialisation, data order and synthetic data (0)\n"
                "  --lr X                  learning rate (0.01)\n"
                "  --momentum X            SGD momentum (0.9)\n"
@@ -102,6 +109,8 @@ static void usage(FILE *f)
                "  --log-every N           print the loss every N batches (50)\n"
                "  --threads N             CPU threads (OMP_NUM_THREADS, else all cores)\n"
                "  --eval                  report accuracy on the test split at the end\n"
+               "  --eval-logits PATH      with --eval, also write the test logits (N, classes) "
+               "to PATH\n"
                "  --help, --version\n");
 }
 
@@ -153,7 +162,10 @@ enum {
     OPT_LOG_EVERY,
     OPT_THREADS,
     OPT_EVAL,
+    OPT_EVAL_LOGITS,
     OPT_ZERO_INIT_RESIDUAL,
+    OPT_INIT,
+    OPT_SAVE,
     OPT_HELP,
     OPT_VERSION,
 };
@@ -176,7 +188,10 @@ static const struct option long_options[] = {
     {"log-every", required_argument, NULL, OPT_LOG_EVERY},
     {"threads", required_argument, NULL, OPT_THREADS},
     {"eval", no_argument, NULL, OPT_EVAL},
+    {"eval-logits", required_argument, NULL, OPT_EVAL_LOGITS},
     {"zero-init-residual", no_argument, NULL, OPT_ZERO_INIT_RESIDUAL},
+    {"init", required_argument, NULL, OPT_INIT},
+    {"save", required_argument, NULL, OPT_SAVE},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -250,8 +265,17 @@ static void parse_args(int argc, char **argv, struct config *c)
         case OPT_EVAL:
             c->eval = true;
             break;
+        case OPT_EVAL_LOGITS:
+            c->eval_logits = optarg;
+            break;
         case OPT_ZERO_INIT_RESIDUAL:
             c->zero_init_residual = true;
+            break;
+        case OPT_INIT:
+            c->init = optarg;
+            break;
+        case OPT_SAVE:
+            c->save = optarg;
             break;
         case OPT_HELP:
             usage(stdout);
@@ -267,78 +291,85 @@ static void parse_args(int argc, char **argv, struct config *c)
     }
     if (optind < argc)
         bad_flag(argv[optind], "unexpected argument (options start with --; see --help)");
+    if (c->eval_logits && !c->eval)
+        bad_flag("--eval-logits", "needs --eval");
 }
 
 /* ------------------------------------------------------------------------ */
 /* Data                                                                      */
 
-/*
- * Placeholder until trainer/data/ lands its datasets (synthetic, idx,
- * folder behind one interface): the seed's RandomDataset, each image and
- * label a function of (seed, index), so any rank can produce any sample.
- */
-struct dataset {
-    size_t len;
-    int channels, height, width, num_classes;
-    uint64_t seed;
-};
-
-static int dataset_open(struct dataset *ds, const struct config *c, bool test, char *err,
-                        size_t errlen)
+/* Opens --data for split; exits 2 with the dataset's one-line message when
+ * it cannot (a missing directory or file, a bad spec, a malformed file). */
+static struct trn_dataset *open_data(const struct config *c, enum trn_split split)
 {
-    if (strcmp(c->data, "synthetic") != 0) {
-        snprintf(err, errlen, "--data: '%s' is not supported yet (synthetic)", c->data);
-        return CDDP_ECONFIG;
+    struct trn_dataset_opts o = {
+        .split = split,
+        .seed = (uint64_t)c->seed,
+        .num_samples = (size_t)c->num_samples,
+        .image_size = (int)c->image_size,
+        .num_classes = (int)c->num_classes,
+        .limit = split == TRN_SPLIT_TRAIN ? (size_t)c->limit : 0,
+    };
+    struct trn_dataset *d;
+    char err[512];
+    if (trn_dataset_open(c->data, &o, &d, err, sizeof(err)) != 0) {
+        fprintf(stderr, "cddp-train: %s\n", err);
+        exit(CDDP_EXIT_USAGE);
     }
-    ds->len = (size_t)(test ? (c->num_samples / 5 > 0 ? c->num_samples / 5 : 1) : c->num_samples);
-    ds->channels = 3;
-    ds->height = ds->width = (int)c->image_size;
-    ds->num_classes = 1000;
-    ds->seed = (uint64_t)c->seed * 2 + (test ? 1 : 0);
-    return 0;
+    return d;
 }
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static void dataset_get(const struct dataset *ds, size_t index, float *chw, int32_t *label)
-{
-    uint64_t s = mix64(ds->seed * 0x9E3779B97F4A7C15ull + index + 1);
-    size_t n = (size_t)ds->channels * ds->height * ds->width;
-    for (size_t i = 0; i < n; i += 2) {
-        double u1 = ((s = mix64(s + 0x9E3779B97F4A7C15ull)) >> 11) * (1.0 / 9007199254740992.0);
-        double u2 = ((s = mix64(s + 0x9E3779B97F4A7C15ull)) >> 11) * (1.0 / 9007199254740992.0);
-        double r = sqrt(-2.0 * log(1.0 - u1)), th = 6.283185307179586 * u2;
-        chw[i] = (float)(r * cos(th));
-        if (i + 1 < n)
-            chw[i + 1] = (float)(r * sin(th));
-    }
-    *label = (int32_t)(mix64(s + 1) % (uint64_t)ds->num_classes);
-}
-
-/* Gathers the images at idx[0..n) into x (n, C, H, W) and their labels. */
-static void load_batch(const struct dataset *ds, const uint32_t *idx, int n, float *x,
+/* Gathers samples idx[0..n) into x (n, C, H, W) and their labels, on all
+ * threads (datasets are read-only after open). A sample that cannot be read
+ * (a corrupt JPEG) stops the worker with the dataset's message. */
+static void load_batch(const struct trn_dataset *d, const uint32_t *idx, int n, float *x,
                        int32_t *labels)
 {
-    size_t per = (size_t)ds->channels * ds->height * ds->width;
+    size_t per = trn_dataset_sample_size(d);
+    int failed = 0;
+    char first_err[512] = "";
 #pragma omp parallel for schedule(dynamic)
-    for (int i = 0; i < n; i++)
-        dataset_get(ds, idx[i], x + (size_t)i * per, &labels[i]);
+    for (int i = 0; i < n; i++) {
+        char err[512];
+        if (trn_dataset_get(d, idx[i], x + (size_t)i * per, &labels[i], err, sizeof(err)) != 0) {
+#pragma omp critical
+            if (!failed++)
+                cddp_strlcpy(first_err, err, sizeof(first_err));
+        }
+    }
+    if (failed) {
+        fprintf(stderr, "cddp-train: %s\n", first_err);
+        exit(CDDP_EXIT_FAILURE);
+    }
+}
+
+/* The model's state_dict as checkpoint.h's table (host pointers: the CPU
+ * backend's memory is host memory; a device backend stages through copies). */
+static struct trn_ckpt_tensor *state_table(const struct trn_resnet *m)
+{
+    TRN_CHECK(m->be->device == TRN_DEVICE_CPU, "weights files need host copies on this backend");
+    struct trn_ckpt_tensor *t = trn_calloc(m->n_state, sizeof(*t));
+    for (size_t i = 0; i < m->n_state; i++) {
+        const struct trn_state_entry *e = &m->state[i];
+        t[i].name = e->name;
+        t[i].dtype = e->dtype == TRN_I64 ? TRN_ST_I64 : TRN_ST_F32;
+        t[i].ndim = e->ndim;
+        memcpy(t[i].shape, e->shape, sizeof(t[i].shape));
+        t[i].data = e->data;
+    }
+    return t;
 }
 
 /* ------------------------------------------------------------------------ */
 /* Evaluation                                                                */
 
-/* Top-1 accuracy of the model in eval mode over the whole of ds. */
-static double evaluate(struct trn_resnet *m, const struct dataset *ds, int batch, float *x_host,
-                       float *x_dev, int32_t *labels)
+/* Top-1 accuracy of the model in eval mode over the whole of ds; with
+ * all_logits (ds->len, K) not NULL, every sample's logits too. */
+static double evaluate(struct trn_resnet *m, const struct trn_dataset *ds, int batch, float *x_host,
+                       float *x_dev, int32_t *labels, float *all_logits)
 {
     struct trn_backend *be = m->be;
-    size_t per = (size_t)ds->channels * ds->height * ds->width, correct = 0;
+    size_t per = trn_dataset_sample_size(ds), correct = 0;
     float *logits = trn_malloc((size_t)batch * m->num_classes * sizeof(float));
     uint32_t *idx = trn_malloc((size_t)batch * sizeof(uint32_t));
     for (size_t start = 0; start < ds->len; start += (size_t)batch) {
@@ -349,6 +380,9 @@ static double evaluate(struct trn_resnet *m, const struct dataset *ds, int batch
         be->ops->to_device(be, x_dev, x_host, (size_t)n * per * sizeof(float));
         trn_resnet_forward(m, x_dev, NULL, n, ds->height, ds->width, false);
         be->ops->to_host(be, logits, m->logits, (size_t)n * m->num_classes * sizeof(float));
+        if (all_logits)
+            memcpy(all_logits + start * (size_t)m->num_classes, logits,
+                   (size_t)n * m->num_classes * sizeof(float));
         for (int i = 0; i < n; i++) {
             const float *l = logits + (size_t)i * m->num_classes;
             int best = 0;
@@ -383,47 +417,45 @@ int main(int argc, char **argv)
         trn_fatal("%s", err);
 
     /* Data: the training split, and the test split for --eval. */
-    struct dataset train, test;
-    if (dataset_open(&train, &cfg, false, err, sizeof(err)) != 0) {
-        fprintf(stderr, "cddp-train: %s\n", err);
-        return CDDP_EXIT_USAGE;
-    }
-    if (cfg.eval && dataset_open(&test, &cfg, true, err, sizeof(err)) != 0) {
-        fprintf(stderr, "cddp-train: %s\n", err);
-        return CDDP_EXIT_USAGE;
-    }
-    if (cfg.limit > 0 && (size_t)cfg.limit < train.len)
-        train.len = (size_t)cfg.limit;
-    int num_classes = cfg.num_classes > 0 ? (int)cfg.num_classes : train.num_classes;
-    if (num_classes < train.num_classes)
+    struct trn_dataset *train = open_data(&cfg, TRN_SPLIT_TRAIN);
+    struct trn_dataset *test = cfg.eval ? open_data(&cfg, TRN_SPLIT_TEST) : NULL;
+    int num_classes = cfg.num_classes > 0 ? (int)cfg.num_classes : train->num_classes;
+    if (num_classes < train->num_classes)
         bad_flag("--num-classes", "%d is fewer than the dataset's %d classes", num_classes,
-                 train.num_classes);
+                 train->num_classes);
+    if (train->channels != 3)
+        trn_fatal("--data %s: %d channels per image; the model takes 3", cfg.data, train->channels);
 
-    /* The model, initialised as torchvision does (seeded). */
+    /* The model: torchvision's initialisation (seeded), or its weights (--init). */
     struct trn_resnet model;
     if (trn_resnet_create(&model, &be, trn_arch_find(cfg.arch), num_classes, err, sizeof(err)))
         trn_fatal("%s", err);
     trn_resnet_init(&model, (uint64_t)cfg.seed, cfg.zero_init_residual);
+    struct trn_ckpt_tensor *table = state_table(&model);
+    if (cfg.init && trn_weights_load(cfg.init, table, model.n_state, err, sizeof(err)) != 0) {
+        fprintf(stderr, "cddp-train: --init: %s\n", err);
+        return CDDP_EXIT_FAILURE;
+    }
     log_info("T0001", "%s: %zu parameters, %d classes, %s backend, %d threads", cfg.arch,
              model.num_params, num_classes, be.ops->name, be.threads);
 
     /* The order of samples: DistributedSampler semantics, reshuffled by seed + epoch. */
     struct trn_sampler sampler;
-    if (trn_sampler_init(&sampler, train.len, world, rank, cfg.shuffle, false, (uint64_t)cfg.seed))
-        trn_fatal("sampler: dataset of %zu samples over %d ranks", train.len, world);
+    if (trn_sampler_init(&sampler, train->len, world, rank, cfg.shuffle, false, (uint64_t)cfg.seed))
+        trn_fatal("sampler: dataset of %zu samples over %d ranks", train->len, world);
     int batch = (int)cfg.batch_size;
     long batches = (long)((sampler.num_samples + (size_t)batch - 1) / (size_t)batch);
     int last = (int)(sampler.num_samples - (size_t)(batches - 1) * (size_t)batch);
+    int height = train->height, width = train->width;
     /* PyTorch refuses to train batch norm on one value per channel. */
-    if (trn_resnet_min_bn_count(&model, batch, train.height, train.width) < 2 ||
-        trn_resnet_min_bn_count(&model, last, train.height, train.width) < 2)
+    if (trn_resnet_min_bn_count(&model, batch, height, width) < 2 ||
+        trn_resnet_min_bn_count(&model, last, height, width) < 2)
         bad_flag("--batch-size",
-                 "a batch of %d images of %dx%d leaves batch norm one value per "
-                 "channel; use a larger batch or a dataset size that is not 1 more than a "
-                 "multiple of it",
-                 last < batch ? last : batch, train.height, train.width);
+                 "a batch of %d images of %dx%d leaves batch norm one value per channel; use a "
+                 "larger batch, or a dataset size that is not 1 more than a multiple of it",
+                 last < batch ? last : batch, height, width);
 
-    size_t per = (size_t)train.channels * train.height * train.width;
+    size_t per = trn_dataset_sample_size(train);
     size_t xbytes = (size_t)batch * per * sizeof(float);
     float *x_host = trn_malloc(xbytes);
     float *x_dev = be.ops->alloc(&be, xbytes);
@@ -443,15 +475,15 @@ int main(int argc, char **argv)
                 break;
             int n = b == batches - 1 ? last : batch;
             uint64_t ts = cddp_mono_ns();
-            load_batch(&train, sampler.indices + (size_t)b * (size_t)batch, n, x_host, labels);
+            const uint32_t *idx = sampler.indices + (size_t)b * (size_t)batch;
+            load_batch(train, idx, n, x_host, labels);
             for (int i = 0; i < n; i++)
                 if (labels[i] < 0 || labels[i] >= num_classes)
-                    trn_fatal("label %d of sample %u is outside [0, %d)", labels[i],
-                              sampler.indices[(size_t)b * (size_t)batch + (size_t)i], num_classes);
+                    trn_fatal("label %d of sample %u is outside [0, %d)", labels[i], idx[i],
+                              num_classes);
             be.ops->to_device(&be, x_dev, x_host, (size_t)n * per * sizeof(float));
 
-            float loss =
-                trn_resnet_forward(&model, x_dev, labels, n, train.height, train.width, true);
+            float loss = trn_resnet_forward(&model, x_dev, labels, n, height, width, true);
             trn_resnet_backward(&model, 1.0f, false);
             trn_resnet_sgd_step(&model, (float)cfg.lr, (float)cfg.momentum,
                                 (float)cfg.weight_decay);
@@ -476,10 +508,35 @@ int main(int argc, char **argv)
             break;
     }
 
-    if (cfg.eval) {
-        double acc = evaluate(&model, &test, batch, x_host, x_dev, labels);
+    /* Evaluation on the test split, BN in eval mode. */
+    if (test) {
+        if (test->height != height || test->width != width || test->channels != 3)
+            trn_fatal("--eval: test images are %dx%dx%d, training images 3x%dx%d", test->channels,
+                      test->height, test->width, height, width);
+        float *all = cfg.eval_logits ? trn_malloc(test->len * (size_t)num_classes * 4) : NULL;
+        double acc = evaluate(&model, test, batch, x_host, x_dev, labels, all);
         if (rank == 0)
             printf("test accuracy: %.4f\n", acc);
+        if (all && rank == 0) {
+            struct trn_st_tensor t = {.name = "logits",
+                                      .dtype = TRN_ST_F32,
+                                      .ndim = 2,
+                                      .shape = {test->len, (uint64_t)num_classes},
+                                      .data = all};
+            if (trn_st_save(cfg.eval_logits, &t, 1, NULL, 0, err, sizeof(err)) != 0) {
+                fprintf(stderr, "cddp-train: --eval-logits: %s\n", err);
+                return CDDP_EXIT_FAILURE;
+            }
+        }
+        free(all);
+    }
+
+    /* The final weights (--save), as a torchvision state_dict. */
+    if (cfg.save && rank == 0 &&
+        trn_weights_save(cfg.save, cfg.arch, num_classes, table, model.n_state, err, sizeof(err)) !=
+            0) {
+        fprintf(stderr, "cddp-train: --save: %s\n", err);
+        return CDDP_EXIT_FAILURE;
     }
 
     struct rusage ru;
@@ -489,8 +546,11 @@ int main(int argc, char **argv)
     be.ops->free(&be, x_dev);
     free(x_host);
     free(labels);
+    free(table);
     trn_sampler_free(&sampler);
     trn_resnet_free(&model);
+    trn_dataset_close(train);
+    trn_dataset_close(test);
     trn_backend_cpu_free(&be);
     return CDDP_EXIT_OK;
 }

@@ -12,10 +12,11 @@
  * blocked nChw8c/nChw16c (B = 8, 16) and plain NCHW (B = 1). A channel's
  * values are then B-strided runs of H*W, one run per image.
  *
- * Numerics follow PyTorch's CPU kernels: statistics and backward sums are
- * accumulated in double. Per-image partial results are combined in a fixed
- * order (Chan's formula for the variance), so the result does not depend on
- * the number of threads, and neither does anything else here.
+ * Numerics follow PyTorch's CPU kernels: the forward step for step (see
+ * below), so a value near zero lands on the same side of the next ReLU as
+ * in PyTorch; backward sums are accumulated in double. Per-image partial
+ * results are combined in a fixed order, so nothing here depends on the
+ * number of threads.
  *
  * ResNet always follows a batch norm with a ReLU, sometimes after adding
  * the shortcut; bn_apply does the three in one pass, and the backward
@@ -48,64 +49,101 @@ static inline size_t run_off(const struct view *v, int i, int j)
 
 /* ---- statistics ---- */
 
-/* Per image and channel: mean and sum of squared deviations of one run. The
- * run (H*W*B floats) is read twice while it sits in cache. */
-static inline __attribute__((always_inline)) void run_moments(const float *x, int hw, const int B,
-                                                              double *mean, double *m2)
+/*
+ * PyTorch's arithmetic, step for step, so the normalised values (and hence
+ * which side of zero the following ReLU puts them) agree to the bit:
+ *   mean    = (float)(sum of x, in double / N)
+ *   var_sum = (float)(sum, in double, of the float (x - mean)^2)
+ *   var     = var_sum / N, in float
+ * Per-image partial sums are added in image order (deterministic for any
+ * number of threads; in double the order hardly ever shows in the float).
+ */
+static inline __attribute__((always_inline)) void run_sum(const float *x, int hw, const int B,
+                                                          double *out)
 {
-    double s[16] = {0}, q[16] = {0};
+    double s[16] = {0};
     for (int p = 0; p < hw; p++)
         for (int l = 0; l < B; l++)
             s[l] += x[(size_t)p * B + l];
     for (int l = 0; l < B; l++)
-        s[l] /= hw;
+        out[l] = s[l];
+}
+
+static inline __attribute__((always_inline)) void run_sqdev(const float *x, int hw, const int B,
+                                                            const float *mean, double *out)
+{
+    double q[16] = {0};
+    float m[16];
+    for (int l = 0; l < B; l++)
+        m[l] = mean[l];
     for (int p = 0; p < hw; p++)
         for (int l = 0; l < B; l++) {
-            double d = x[(size_t)p * B + l] - s[l];
+            float d = x[(size_t)p * B + l] - m[l];
             q[l] += d * d;
         }
-    for (int l = 0; l < B; l++) {
-        mean[l] = s[l];
-        m2[l] = q[l];
+    for (int l = 0; l < B; l++)
+        out[l] = q[l];
+}
+
+/* Sums part (N, C) over the images, in order, into out (C). */
+static void merge_images(const struct view *v, const double *part, double *out)
+{
+    for (int c = 0; c < v->c; c++) {
+        double s = 0;
+        for (int i = 0; i < v->n; i++)
+            s += part[(size_t)i * v->c + c];
+        out[c] = s;
     }
 }
 
+TRN_CPU_CLONES
 void cpu_bn_stats(struct trn_backend *be, const struct trn_tensor *x, float *mean, float *var)
 {
     (void)be;
     struct view v = view_of(x);
-    /* part_mean/part_m2: (N, C) per-image moments, merged below in image order. */
-    double *part = trn_malloc(sizeof(double) * 2 * (size_t)v.n * v.c);
-    double *pmean = part, *pm2 = part + (size_t)v.n * v.c;
+    double *part = trn_malloc(sizeof(double) * (size_t)(v.n + 1) * v.c);
+    double *tot = part + (size_t)v.n * v.c;
+    long count = (long)v.n * v.hw;
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < v.n * v.cb; t++) {
         int i = t / v.cb, j = t % v.cb;
         const float *xp = x->data + run_off(&v, i, j);
-        size_t o = (size_t)i * v.c + (size_t)j * v.b;
+        double *o = part + (size_t)i * v.c + (size_t)j * v.b;
         switch (v.b) {
         case 16:
-            run_moments(xp, v.hw, 16, pmean + o, pm2 + o);
+            run_sum(xp, v.hw, 16, o);
             break;
         case 8:
-            run_moments(xp, v.hw, 8, pmean + o, pm2 + o);
+            run_sum(xp, v.hw, 8, o);
             break;
         default:
-            run_moments(xp, v.hw, 1, pmean + o, pm2 + o);
+            run_sum(xp, v.hw, 1, o);
             break;
         }
     }
-    /* Chan et al.: merge equal-sized groups of hw values one image at a time. */
-    for (int c = 0; c < v.c; c++) {
-        double m = pmean[c], m2 = pm2[c], cnt = v.hw;
-        for (int i = 1; i < v.n; i++) {
-            double mi = pmean[(size_t)i * v.c + c], d = mi - m, tot = cnt + v.hw;
-            m += d * v.hw / tot;
-            m2 += pm2[(size_t)i * v.c + c] + d * d * cnt * v.hw / tot;
-            cnt = tot;
+    merge_images(&v, part, tot);
+    for (int c = 0; c < v.c; c++)
+        mean[c] = (float)(tot[c] / (double)count);
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < v.n * v.cb; t++) {
+        int i = t / v.cb, j = t % v.cb;
+        const float *xp = x->data + run_off(&v, i, j);
+        double *o = part + (size_t)i * v.c + (size_t)j * v.b;
+        switch (v.b) {
+        case 16:
+            run_sqdev(xp, v.hw, 16, mean + j * 16, o);
+            break;
+        case 8:
+            run_sqdev(xp, v.hw, 8, mean + j * 8, o);
+            break;
+        default:
+            run_sqdev(xp, v.hw, 1, mean + j, o);
+            break;
         }
-        mean[c] = (float)m;
-        var[c] = (float)(m2 / cnt);
     }
+    merge_images(&v, part, tot);
+    for (int c = 0; c < v.c; c++)
+        var[c] = (float)tot[c] / (float)count;
     free(part);
 }
 
@@ -115,22 +153,28 @@ void cpu_bn_prepare(struct trn_backend *be, int c, const float *mean, const floa
                     float *scale, float *shift)
 {
     (void)be;
+    float mom = (float)momentum; /* PyTorch casts the momentum to the parameters' type */
     for (int i = 0; i < c; i++) {
-        float is = (float)(1.0 / sqrt((double)var[i] + eps));
+        /* training: 1/sqrt in double from the batch variance; eval (no running
+         * pointers): in float from the running variance, as PyTorch does */
+        float is = running_mean ? (float)(1.0 / sqrt((double)var[i] + eps))
+                                : 1.0f / sqrtf(var[i] + (float)eps);
         invstd[i] = is;
         scale[i] = weight[i] * is;
-        shift[i] = bias[i] - mean[i] * scale[i];
+        shift[i] = fmaf(-mean[i], scale[i], bias[i]);
         if (running_mean) {
             /* count 1 cannot happen: resnet.c refuses a batch with one value per channel. */
             double unbiased = (double)var[i] * count / (count - 1);
-            running_mean[i] = (float)(momentum * mean[i] + (1 - momentum) * running_mean[i]);
-            running_var[i] = (float)(momentum * unbiased + (1 - momentum) * running_var[i]);
+            running_mean[i] = mom * mean[i] + (1 - mom) * running_mean[i];
+            running_var[i] = (float)(mom * unbiased + (double)((1 - mom) * running_var[i]));
         }
     }
 }
 
 /* ---- the transform (+ residual) (+ ReLU) ---- */
 
+/* y = relu?(fma(x, a, b) [+ r | + fma(r, ra, rb)]): PyTorch computes the batch
+ * norm as one fused multiply-add, then adds the shortcut. */
 static inline __attribute__((always_inline)) void
 apply_run(const float *x, const float *r, float *y, int hw, const int B, const float *a,
           const float *b, const float *ra, const float *rb, bool relu)
@@ -145,19 +189,26 @@ apply_run(const float *x, const float *r, float *y, int hw, const int B, const f
     if (!r) {
         for (int p = 0; p < hw; p++)
             for (int l = 0; l < B; l++) {
-                float v = A[l] * x[(size_t)p * B + l] + Bc[l];
+                float v = fmaf(x[(size_t)p * B + l], A[l], Bc[l]);
+                y[(size_t)p * B + l] = relu && v < 0 ? 0 : v;
+            }
+    } else if (!ra) {
+        for (int p = 0; p < hw; p++)
+            for (int l = 0; l < B; l++) {
+                float v = fmaf(x[(size_t)p * B + l], A[l], Bc[l]) + r[(size_t)p * B + l];
                 y[(size_t)p * B + l] = relu && v < 0 ? 0 : v;
             }
     } else {
         for (int p = 0; p < hw; p++)
             for (int l = 0; l < B; l++) {
-                float v = A[l] * x[(size_t)p * B + l] + Bc[l];
-                v += RA[l] * r[(size_t)p * B + l] + RB[l];
+                float v = fmaf(x[(size_t)p * B + l], A[l], Bc[l]) +
+                          fmaf(r[(size_t)p * B + l], RA[l], RB[l]);
                 y[(size_t)p * B + l] = relu && v < 0 ? 0 : v;
             }
     }
 }
 
+TRN_CPU_CLONES
 void cpu_bn_apply(struct trn_backend *be, const struct trn_tensor *x, const float *scale,
                   const float *shift, const struct trn_tensor *res, const float *res_scale,
                   const float *res_shift, bool relu, struct trn_tensor *y)
@@ -209,6 +260,7 @@ static inline __attribute__((always_inline)) void reduce_run(const float *x, con
     }
 }
 
+TRN_CPU_CLONES
 void cpu_bn_backward_reduce(struct trn_backend *be, const struct trn_tensor *x,
                             const struct trn_tensor *dy, const struct trn_tensor *relu_y,
                             const float *mean, float *sum_dy, float *sum_dy_xmu)
@@ -276,6 +328,7 @@ input_run(const float *x, const float *dy, const float *ry, float *dx, int hw, c
         }
 }
 
+TRN_CPU_CLONES
 void cpu_bn_backward_input(struct trn_backend *be, const struct trn_tensor *x,
                            const struct trn_tensor *dy, const struct trn_tensor *relu_y,
                            const float *mean, const float *invstd, const float *weight,
@@ -317,6 +370,7 @@ void cpu_bn_backward_input(struct trn_backend *be, const struct trn_tensor *x,
 
 /* ---- ReLU backward (with the shortcut's gradient added) ---- */
 
+TRN_CPU_CLONES
 void cpu_relu_backward(struct trn_backend *be, const struct trn_tensor *dy,
                        const struct trn_tensor *dy2, const struct trn_tensor *y,
                        struct trn_tensor *dx)

@@ -29,6 +29,16 @@ struct cpu_backend {
     size_t abuf_size;
 };
 
+/* Hot loops are compiled twice, for x86-64-v3 (AVX2, FMA) and the baseline,
+ * and the one the CPU supports is picked at load time. The FMA matters for
+ * more than speed: PyTorch's batch norm is one fused multiply-add, and so
+ * is ours (the baseline version calls fmaf, same result, slower). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TRN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define TRN_CPU_CLONES
+#endif
+
 #define dnnlCheck(call) cpu_dnnl_check((call), #call, __FILE__, __LINE__)
 void cpu_dnnl_check(dnnl_status_t st, const char *what, const char *file, int line);
 
