@@ -1,0 +1,206 @@
+/*
+ * ops.h: the interface between the ResNet graph (resnet.c) and a compute
+ * backend. ops/cpu/ implements it on the CPU (oneDNN convolutions, our own
+ * kernels for the rest); a CUDA backend (cuDNN, cuBLAS, kernels) implements
+ * the same table.
+ *
+ * Tensors know their device, dtype and layout. Activations live in the
+ * backend's preferred layout (be->act_layout): on the CPU that is oneDNN's
+ * channel-blocked nChw8c (nChw16c on AVX-512), kept end to end so no op pays
+ * a reorder; the network input is plain NCHW. Parameters are always in
+ * torchvision's layout (conv weights OIHW, Linear (out, in)): they live in one
+ * flat buffer that checkpoints and DDP buckets slice as they are; a backend
+ * that wants another weight layout converts on the fly (the CPU one does,
+ * like PyTorch's oneDNN path).
+ *
+ * Every function aborts the worker with file:line on an internal error (the
+ * llm.c habit: the agent restarts a failed worker). Shapes are checked by
+ * the caller (resnet.c builds them), not here.
+ *
+ * Batch-norm is split the way SyncBatchNorm needs it: per-channel statistics,
+ * then (after an optional exchange between ranks) the elementwise transform;
+ * in backward the per-channel reductions, then (after an optional allreduce)
+ * the elementwise input gradient.
+ */
+#ifndef CDDP_TRAINER_OPS_H
+#define CDDP_TRAINER_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum trn_device {
+    TRN_DEVICE_CPU,
+    TRN_DEVICE_CUDA,
+};
+
+enum trn_dtype {
+    TRN_F32,
+    TRN_BF16,
+    TRN_F16,
+    TRN_I64,
+};
+
+enum trn_layout {
+    TRN_LAYOUT_NCHW,    /* (N, C, H, W) row-major; also (N, C) with H = W = 1 */
+    TRN_LAYOUT_NCHW8C,  /* (N, C/8, H, W, 8): oneDNN nChw8c (C a multiple of 8) */
+    TRN_LAYOUT_NCHW16C, /* (N, C/16, H, W, 16): oneDNN nChw16c */
+    TRN_LAYOUT_NHWC,    /* (N, H, W, C): cuDNN's fast layout */
+};
+
+/* A 4-d activation (N, C, H, W) in some layout. Does not own data. */
+struct trn_tensor {
+    float *data;
+    int n, c, h, w;
+    enum trn_dtype dtype;
+    enum trn_layout layout;
+    enum trn_device device;
+};
+
+static inline size_t trn_tensor_numel(const struct trn_tensor *t)
+{
+    return (size_t)t->n * (size_t)t->c * (size_t)t->h * (size_t)t->w;
+}
+
+/* Channel block of a layout: 8 or 16 for the blocked ones, 1 otherwise. */
+static inline int trn_layout_block(enum trn_layout l)
+{
+    return l == TRN_LAYOUT_NCHW8C ? 8 : l == TRN_LAYOUT_NCHW16C ? 16 : 1;
+}
+
+/*
+ * A convolution layer as the backend sees it: the shape, and a place for the
+ * backend's plans (oneDNN primitives, cuDNN descriptors and algorithms),
+ * built on first use for an input shape and rebuilt when it changes (the last
+ * batch of an epoch, eval). No bias (torchvision's ResNet convs have none).
+ */
+struct trn_conv {
+    int cin, cout, k, stride, pad;
+    bool need_dx; /* false for the first conv: no gradient wanted for the input */
+    void *impl;   /* backend-private; freed by ops->conv_release */
+};
+
+struct trn_backend;
+
+struct trn_ops {
+    const char *name;
+
+    /* Memory on the backend's device, 64-byte aligned, zeroed. NULL if out of memory. */
+    void *(*alloc)(struct trn_backend *be, size_t bytes);
+    void (*free)(struct trn_backend *be, void *p);
+    /* Copies between host memory and the device (plain memcpy on the CPU). */
+    void (*to_device)(struct trn_backend *be, void *dst, const void *src, size_t bytes);
+    void (*to_host)(struct trn_backend *be, void *dst, const void *src, size_t bytes);
+    /* Waits until all queued work is done (no-op on the CPU). */
+    void (*synchronize)(struct trn_backend *be);
+
+    /* dst = src converted to dst's layout (same shape). */
+    void (*reorder)(struct trn_backend *be, const struct trn_tensor *src, struct trn_tensor *dst);
+
+    /* conv.c: y = conv(x, w); w is (cout, cin, k, k) OIHW. */
+    void (*conv_forward)(struct trn_backend *be, struct trn_conv *conv, const struct trn_tensor *x,
+                         const float *w, struct trn_tensor *y);
+    /* dw (OIHW) = (or +=, with accumulate) the weight gradient. Separate from
+     * the input gradient so the weight gradient can be handed to DDP first. */
+    void (*conv_backward_weights)(struct trn_backend *be, struct trn_conv *conv,
+                                  const struct trn_tensor *x, const struct trn_tensor *dy,
+                                  float *dw, bool accumulate);
+    /* dx = the input gradient (dx's shape is the input's). */
+    void (*conv_backward_data)(struct trn_backend *be, struct trn_conv *conv, const float *w,
+                               const struct trn_tensor *dy, struct trn_tensor *dx);
+    void (*conv_release)(struct trn_backend *be, struct trn_conv *conv);
+
+    /* bn.c. Per-channel mean and biased variance of x over (N, H, W). */
+    void (*bn_stats)(struct trn_backend *be, const struct trn_tensor *x, float *mean, float *var);
+    /*
+     * Per-channel glue between the two halves, over c channels: invstd =
+     * 1/sqrt(var + eps), scale = weight * invstd, shift = bias - mean * scale.
+     * With running_mean not NULL (training) also the running statistics:
+     * r = (1 - momentum) * r + momentum * batch, the variance unbiased
+     * (var * count / (count - 1)) as PyTorch. In eval, pass the running
+     * statistics as mean and var and NULL running pointers.
+     */
+    void (*bn_prepare)(struct trn_backend *be, int c, const float *mean, const float *var,
+                       double count, double eps, double momentum, const float *weight,
+                       const float *bias, float *running_mean, float *running_var, float *invstd,
+                       float *scale, float *shift);
+    /*
+     * y = relu?(scale[c] * x + shift[c] + res'), where res' is nothing (res
+     * NULL), res itself (res_scale NULL), or res_scale[c] * res + res_shift[c]
+     * (a second batch-norm folded in: the downsample branch). y may alias x.
+     */
+    void (*bn_apply)(struct trn_backend *be, const struct trn_tensor *x, const float *scale,
+                     const float *shift, const struct trn_tensor *res, const float *res_scale,
+                     const float *res_shift, bool relu, struct trn_tensor *y);
+    /*
+     * Backward reductions over (N, H, W) with g = dy, masked by relu_y > 0 when
+     * relu_y is not NULL (the ReLU that followed this batch-norm):
+     * sum_dy[c] = sum g, sum_dy_xmu[c] = sum g * (x - mean[c]).
+     */
+    void (*bn_backward_reduce)(struct trn_backend *be, const struct trn_tensor *x,
+                               const struct trn_tensor *dy, const struct trn_tensor *relu_y,
+                               const float *mean, float *sum_dy, float *sum_dy_xmu);
+    /* dweight = (or +=) sum_dy_xmu * invstd, dbias = (or +=) sum_dy. */
+    void (*bn_param_grads)(struct trn_backend *be, int c, const float *invstd, const float *sum_dy,
+                           const float *sum_dy_xmu, float *dweight, float *dbias, bool accumulate);
+    /*
+     * dx = (g - sum_dy/count - (x - mean) * invstd^2 * sum_dy_xmu/count) * invstd * weight,
+     * with g as in bn_backward_reduce; count is the number of values the
+     * statistics were taken over (all ranks' under SyncBN). dx may alias dy.
+     */
+    void (*bn_backward_input)(struct trn_backend *be, const struct trn_tensor *x,
+                              const struct trn_tensor *dy, const struct trn_tensor *relu_y,
+                              const float *mean, const float *invstd, const float *weight,
+                              const float *sum_dy, const float *sum_dy_xmu, double count,
+                              struct trn_tensor *dx);
+
+    /* pool.c. dx = (dy + dy2) masked by y > 0 (dy2 may be NULL; dx may alias either). */
+    void (*relu_backward)(struct trn_backend *be, const struct trn_tensor *dy,
+                          const struct trn_tensor *dy2, const struct trn_tensor *y,
+                          struct trn_tensor *dx);
+    /* 3x3, stride 2, padding 1 max-pool; argmax (one byte per output) saved for backward. */
+    void (*maxpool_forward)(struct trn_backend *be, const struct trn_tensor *x,
+                            struct trn_tensor *y, uint8_t *argmax);
+    void (*maxpool_backward)(struct trn_backend *be, const struct trn_tensor *dy,
+                             const uint8_t *argmax, struct trn_tensor *dx);
+    /* Adaptive average pool to 1x1: x (N, C, H, W) -> y (N, C) row-major. */
+    void (*avgpool_forward)(struct trn_backend *be, const struct trn_tensor *x, float *y);
+    void (*avgpool_backward)(struct trn_backend *be, const float *dy, struct trn_tensor *dx);
+
+    /* fc.c. y (N, out) = x (N, in) w^T + b, torch.nn.Linear's layout. */
+    void (*fc_forward)(struct trn_backend *be, int n, int in, int out, const float *x,
+                       const float *w, const float *b, float *y);
+    /* dw (out, in) and db (out) = (or +=) the gradients; dx (N, in) unless NULL. */
+    void (*fc_backward)(struct trn_backend *be, int n, int in, int out, const float *x,
+                        const float *w, const float *dy, float *dx, float *dw, float *db,
+                        bool accumulate);
+
+    /* loss.c. Softmax cross-entropy, mean over the batch. probs (N, K) saved for
+     * backward. Returns the loss (a host value: this synchronises). */
+    float (*xent_forward)(struct trn_backend *be, int n, int k, const float *logits,
+                          const int32_t *labels, float *probs);
+    /* dlogits = scale * (probs - onehot(labels)) / n. */
+    void (*xent_backward)(struct trn_backend *be, int n, int k, const float *probs,
+                          const int32_t *labels, float scale, float *dlogits);
+
+    /* sgd.c. torch.optim.SGD on n elements (see sgd.c for the exact update). */
+    void (*sgd_step)(struct trn_backend *be, float *param, const float *grad, float *momentum_buf,
+                     size_t n, float lr, float momentum, float weight_decay, bool first_step);
+};
+
+/* A backend instance: the table plus its state (oneDNN engine and stream,
+ * shared scratch memory; or a CUDA device, streams and handles). */
+struct trn_backend {
+    const struct trn_ops *ops;
+    enum trn_device device;
+    enum trn_layout act_layout; /* layout of activations between ops */
+    int threads;
+    void *impl;
+};
+
+/* The CPU backend with `threads` threads (0: OMP_NUM_THREADS, else all cores).
+ * Returns 0, or a negative code with a message in err. */
+int trn_backend_cpu_init(struct trn_backend *be, int threads, char *err, size_t errlen);
+void trn_backend_cpu_free(struct trn_backend *be);
+
+#endif
