@@ -111,6 +111,13 @@ struct launch_config {
     int status_port;         /* -1: no status port; 0: any free port */
     const char *status_addr; /* default 127.0.0.1 */
     double status_linger_s;  /* keep serving the final status this long after the run */
+    /* Where --status_linger came from: the option as typed, or the variable
+     * (CDDP_STATUS_LINGER, PET_STATUS_LINGER); and its text as given. */
+    const char *status_linger_src;
+    const char *status_linger_arg;
+    /* Set by launch_validate: a linger from the environment without a status
+     * port was dropped (cddprun warns; one typed on the command line is refused). */
+    bool status_linger_ignored;
 
     /* From the environment (envp at parse time). */
     uint64_t shutdown_timeout_ms; /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s */

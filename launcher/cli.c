@@ -745,6 +745,8 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     if (cddp_parse_double(raw.value[F_STATUS_LINGER], 0, 86400, &cfg->status_linger_s))
         return fail(err, errlen, CDDP_EPARSE, "%s: '%s' is not a number of seconds (0-86400)",
                     src_name(&raw, F_STATUS_LINGER), raw.value[F_STATUS_LINGER]);
+    cfg->status_linger_src = raw.source[F_STATUS_LINGER];
+    cfg->status_linger_arg = raw.value[F_STATUS_LINGER];
 
     /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT: seconds from the stop signal to SIGKILL. */
     cfg->shutdown_timeout_ms = 30000;
@@ -851,6 +853,20 @@ int launch_parse_endpoint(const char *endpoint, int default_port, char *host, si
 
 int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
 {
+    /* --status_linger keeps the status port serving after the run: without a
+     * port it can do nothing. Typed on the command line that is a mistake;
+     * from a variable (an environment shared by runs, some with the port
+     * off) it is dropped, and cddprun warns once. */
+    if (cfg->status_linger_s > 0 && cfg->status_port < 0) {
+        const char *src = cfg->status_linger_src ? cfg->status_linger_src : "--status_linger";
+        if (src[0] == '-')
+            return fail(err, errlen, CDDP_ECONFIG,
+                        "%s=%s needs --status_port: without a status port there is no status "
+                        "to keep serving",
+                        src, cfg->status_linger_arg);
+        cfg->status_linger_s = 0;
+        cfg->status_linger_ignored = true;
+    }
     if (cfg->logs_specs)
         return fail(err, errlen, CDDP_ECONFIG,
                     "--logs_specs=%s: logs_specs plugins are Python entry points; cddprun has "

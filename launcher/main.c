@@ -67,6 +67,12 @@ int main(int argc, char **argv)
         return CDDP_EXIT_USAGE;
     }
 
+    if (cfg.status_linger_ignored)
+        log_warn("L0003",
+                 "%s=%s has no effect without a status port (--status_port or "
+                 "CDDP_STATUS_PORT); ignored",
+                 cfg.status_linger_src, cfg.status_linger_arg);
+
     /* run.py: OMP_NUM_THREADS=1 for the workers when unset and nproc > 1. */
     if (getenv("OMP_NUM_THREADS") == NULL && cfg.nproc_per_node > 1) {
         log_warn("L0001", "\n*****************************************\n"

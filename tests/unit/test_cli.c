@@ -625,6 +625,21 @@ static void test_status_flags(void **state)
     char *e3[] = {(char *)"CDDP_STATUS_LINGER=soon", NULL};
     assert_true(parse_env(&c, e3, "w", NULL) < 0);
     assert_non_null(strstr(err, "CDDP_STATUS_LINGER"));
+    /* A linger without a status port: typed, a usage error; from a variable,
+     * dropped (main.c warns); with a port, kept. */
+    assert_int_equal(parse(&c, "--status_linger=5", "w"), 0);
+    assert_true(launch_validate(&c, err, sizeof(err)) < 0);
+    assert_non_null(strstr(err, "--status_linger=5 needs --status_port"));
+    char *lenv[] = {(char *)"CDDP_STATUS_LINGER=5", NULL};
+    assert_int_equal(parse_env(&c, lenv, "w", NULL), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_true(c.status_linger_ignored && c.status_linger_s == 0);
+    assert_string_equal(c.status_linger_src, "CDDP_STATUS_LINGER");
+    assert_int_equal(parse(&c, "--status_linger=5", "--status_port=0", "w"), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_true(!c.status_linger_ignored && c.status_linger_s == 5);
+    assert_int_equal(parse(&c, "--status_linger=0", "w"), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
     launch_config_free(&c);
 }
 
