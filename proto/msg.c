@@ -426,8 +426,13 @@ static int decode_join(struct dec *d)
         (rc = get_small(d, "max_nodes", true, 1, PROTO_MAX_NODES, 1, &m->join.max_nodes)) ||
         (rc = get_str(d, "local_addr", false, 255, STR_ID, &m->join.local_addr)) ||
         (rc = get_str(d, "hostname", false, 255, STR_ID, &m->join.hostname)) ||
-        (rc = get_small(d, "master_port", false, 0, 65535, 0, &m->join.master_port)))
+        (rc = get_small(d, "master_port", false, 0, 65535, 0, &m->join.master_port)) ||
+        (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0, &m->join.restart_count)))
         return rc;
+    int64_t round;
+    if ((rc = get_int(d, "round", false, 0, PROTO_MAX_INT, 0, &round)))
+        return rc;
+    m->join.round = (uint64_t)round;
     if (m->join.node_id[0] == '\0')
         return bad_field(d, "node_id", "must not be empty");
     if (m->join.min_nodes > m->join.max_nodes)
@@ -526,13 +531,17 @@ static int decode_fields(struct dec *d)
     case PROTO_HELLO:
         if ((rc = get_str(d, "token", false, PROTO_MAX_TOKEN, STR_TEXT, &m->hello.token)) ||
             (rc = get_str(d, "run_id", false, PROTO_MAX_ID, STR_ID, &m->hello.run_id)) ||
-            (rc = get_str(d, "client", false, PROTO_MAX_TEXT, STR_TEXT, &m->hello.client)))
+            (rc = get_str(d, "client", false, PROTO_MAX_TEXT, STR_TEXT, &m->hello.client)) ||
+            (rc = get_bool(d, "heartbeat_ack", &m->hello.heartbeat_ack)))
             return rc;
         if (m->hello.run_id == NULL)
             m->hello.run_id = "";
         return 0;
     case PROTO_WELCOME:
-        return get_str(d, "server", false, PROTO_MAX_TEXT, STR_TEXT, &m->welcome.server);
+        if ((rc = get_str(d, "server", false, PROTO_MAX_TEXT, STR_TEXT, &m->welcome.server)) ||
+            (rc = get_bool(d, "heartbeat_ack", &m->welcome.heartbeat_ack)))
+            return rc;
+        return get_bool(d, "resume", &m->welcome.resume);
     case PROTO_JOIN:
         return decode_join(d);
     case PROTO_JOINED:
@@ -541,6 +550,18 @@ static int decode_fields(struct dec *d)
         m->joined.round = (uint64_t)v;
         return get_bool(d, "waiting", &m->joined.waiting);
     case PROTO_HEARTBEAT:
+        if ((rc = get_int(d, "waiting", false, 0, PROTO_MAX_NODES, -1, &m->heartbeat.waiting)))
+            return rc;
+        m->heartbeat.has_waiting = m->heartbeat.waiting >= 0;
+        return 0;
+    case PROTO_RESUME:
+        if ((rc = get_id(d)) ||
+            (rc = get_str(d, "node_id", true, PROTO_MAX_ID, STR_ID, &m->resume.node_id)) ||
+            (rc = get_int(d, "round", true, 1, PROTO_MAX_INT, 1, &v)))
+            return rc;
+        m->resume.round = (uint64_t)v;
+        if (m->resume.node_id[0] == '\0')
+            return bad_field(d, "node_id", "must not be empty");
         return 0;
     case PROTO_LEAVE:
     case PROTO_CLOSE:
@@ -821,9 +842,15 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
         put_str(e, "token", m->hello.token, PROTO_MAX_TOKEN);
         put_str(e, "run_id", m->hello.run_id, PROTO_MAX_ID);
         put_str(e, "client", m->hello.client, PROTO_MAX_TEXT);
+        if (m->hello.heartbeat_ack)
+            put_bool(e, "heartbeat_ack", true);
         break;
     case PROTO_WELCOME:
         put_str(e, "server", m->welcome.server, PROTO_MAX_TEXT);
+        if (m->welcome.heartbeat_ack)
+            put_bool(e, "heartbeat_ack", true);
+        if (m->welcome.resume)
+            put_bool(e, "resume", true);
         break;
     case PROTO_JOIN:
         put_str(e, "node_id", m->join.node_id, PROTO_MAX_ID);
@@ -833,6 +860,10 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
         put_str(e, "local_addr", m->join.local_addr, 255);
         put_str(e, "hostname", m->join.hostname, 255);
         put_int(e, "master_port", m->join.master_port, 0, 65535);
+        if (m->join.round)
+            put_int(e, "round", (int64_t)m->join.round, 0, PROTO_MAX_INT);
+        if (m->join.restart_count)
+            put_int(e, "restart_count", m->join.restart_count, 0, PROTO_MAX_INT);
         if (e->rc || m->join.nconf == 0)
             break;
         if (m->join.nconf > PROTO_MAX_CONF) {
@@ -857,6 +888,13 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
         put_bool(e, "waiting", m->joined.waiting);
         break;
     case PROTO_HEARTBEAT:
+        if (m->heartbeat.has_waiting)
+            put_int(e, "waiting", m->heartbeat.waiting, 0, PROTO_MAX_NODES);
+        break;
+    case PROTO_RESUME:
+        put_id(e, m->id);
+        put_str(e, "node_id", m->resume.node_id, PROTO_MAX_ID);
+        put_int(e, "round", (int64_t)m->resume.round, 1, PROTO_MAX_INT);
         break;
     case PROTO_LEAVE:
     case PROTO_CLOSE:

@@ -59,7 +59,8 @@
     XX(ADD, "add")                                                                                 \
     XX(COMPARE_SET, "compare_set")                                                                 \
     XX(RESULT, "result")                                                                           \
-    XX(STATUS, "status")
+    XX(STATUS, "status")                                                                           \
+    XX(RESUME, "resume")
 
 enum proto_type {
     PROTO_NONE = 0,
@@ -108,10 +109,26 @@ struct proto_msg {
             const char *token;  /* may be NULL */
             const char *run_id; /* "" for a plain store */
             const char *client; /* free text, e.g. "cddprun 0.1.0" (may be NULL) */
+            /* Optional: answer this connection's heartbeats (a server that
+             * does says so in welcome), so the client can tell a silent
+             * server from a quiet one. */
+            bool heartbeat_ack;
         } hello;
         struct {
             const char *server;
+            bool heartbeat_ack; /* optional: heartbeats will be answered */
+            bool resume;        /* optional: the server understands "resume" */
         } welcome;
+        struct {
+            /* Server to agent only (an answer to a heartbeat), optional: the
+             * length of the wait list of the connection's run. */
+            bool has_waiting;
+            int64_t waiting;
+        } heartbeat;
+        struct {
+            const char *node_id; /* the node, as it joined on a connection now lost */
+            uint64_t round;      /* the round it runs in */
+        } resume;
         struct {
             const char *node_id;    /* unique in the run, e.g. "host_pid_0" */
             int nproc;              /* 1..PROTO_MAX_NPROC */
@@ -120,6 +137,11 @@ struct proto_msg {
             const char *local_addr; /* --local_addr, or NULL */
             const char *hostname;   /* how others can reach this node, or NULL */
             int master_port;        /* the port this node would serve MASTER_PORT on */
+            /* Optional: the last round this node ran in and the job's counted
+             * restarts as it knows them (0 when none); a run that has had no
+             * round yet (a restarted server) continues from there. */
+            uint64_t round;
+            int64_t restart_count;
             size_t nconf;
             const struct proto_conf_kv *conf; /* rdzv_conf, values as strings */
         } join;

@@ -245,6 +245,56 @@ static void test_msg_roundtrip(void **state)
     assert_int_equal(o.join.nconf, 2);
     assert_string_equal(o.join.conf[1].key, "last_call_timeout");
     assert_string_equal(o.join.conf[1].value, "0.5");
+    assert_int_equal(o.join.round, 0); /* optional, absent */
+    assert_int_equal(o.join.restart_count, 0);
+    proto_msg_free(&o);
+    m.join.round = 7;
+    m.join.restart_count = 2;
+    roundtrip(&m, &o);
+    assert_int_equal(o.join.round, 7);
+    assert_int_equal(o.join.restart_count, 2);
+    proto_msg_free(&o);
+
+    /* Heartbeat acknowledgements, resume (feature flags in hello and welcome). */
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_HELLO;
+    m.hello.run_id = "job7";
+    m.hello.heartbeat_ack = true;
+    roundtrip(&m, &o);
+    assert_true(o.hello.heartbeat_ack);
+    proto_msg_free(&o);
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_WELCOME;
+    m.welcome.server = "s";
+    m.welcome.heartbeat_ack = true;
+    m.welcome.resume = true;
+    roundtrip(&m, &o);
+    assert_true(o.welcome.heartbeat_ack && o.welcome.resume);
+    proto_msg_free(&o);
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_HEARTBEAT;
+    roundtrip(&m, &o);
+    assert_false(o.heartbeat.has_waiting); /* an agent's heartbeat carries nothing */
+    proto_msg_free(&o);
+    m.heartbeat.has_waiting = true;
+    m.heartbeat.waiting = 0;
+    roundtrip(&m, &o);
+    assert_true(o.heartbeat.has_waiting);
+    assert_int_equal(o.heartbeat.waiting, 0);
+    proto_msg_free(&o);
+    m.heartbeat.waiting = 3;
+    roundtrip(&m, &o);
+    assert_int_equal(o.heartbeat.waiting, 3);
+    proto_msg_free(&o);
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_RESUME;
+    m.id = 9;
+    m.resume.node_id = "host_42_0";
+    m.resume.round = 4;
+    roundtrip(&m, &o);
+    assert_int_equal(o.id, 9);
+    assert_string_equal(o.resume.node_id, "host_42_0");
+    assert_int_equal(o.resume.round, 4);
     proto_msg_free(&o);
 
     memset(&m, 0, sizeof(m));
@@ -455,6 +505,31 @@ static void test_msg_decode_errors(void **state)
     assert_non_null(strstr(err, "control"));
     assert_int_equal(
         decode_str("{\"v\":1,\"type\":\"heartbeat\",\"x\":\"\xc3\xa9\"}", err, sizeof(err)), 0);
+    /* The new optional fields are checked like the others. */
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"heartbeat\",\"waiting\":-1}", err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"heartbeat\",\"waiting\":\"2\"}", err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"welcome\",\"resume\":1}", err, sizeof(err)),
+                     CDDP_EPROTO_FIELD);
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"n\"}", err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_non_null(strstr(err, "round"));
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"n\",\"round\":0}", err,
+                   sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"a b\",\"round\":1}", err,
+                   sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"n\",\"round\":1}", err,
+                   sizeof(err)),
+        0);
     /* Unknown extra fields are ignored. */
     assert_int_equal(decode_str("{\"v\":1,\"type\":\"heartbeat\",\"later\":[1]}", err, sizeof(err)),
                      0);
