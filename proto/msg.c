@@ -427,7 +427,8 @@ static int decode_join(struct dec *d)
         (rc = get_str(d, "local_addr", false, 255, STR_ID, &m->join.local_addr)) ||
         (rc = get_str(d, "hostname", false, 255, STR_ID, &m->join.hostname)) ||
         (rc = get_small(d, "master_port", false, 0, 65535, 0, &m->join.master_port)) ||
-        (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0, &m->join.restart_count)))
+        (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0, &m->join.restart_count)) ||
+        (rc = get_small(d, "last_nnodes", false, 0, PROTO_MAX_NODES, 0, &m->join.last_nnodes)))
         return rc;
     int64_t round;
     if ((rc = get_int(d, "round", false, 0, PROTO_MAX_INT, 0, &round)))
@@ -862,6 +863,8 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
         put_int(e, "master_port", m->join.master_port, 0, 65535);
         if (m->join.round)
             put_int(e, "round", (int64_t)m->join.round, 0, PROTO_MAX_INT);
+        if (m->join.last_nnodes)
+            put_int(e, "last_nnodes", m->join.last_nnodes, 0, PROTO_MAX_NODES);
         if (m->join.restart_count)
             put_int(e, "restart_count", m->join.restart_count, 0, PROTO_MAX_INT);
         if (e->rc || m->join.nconf == 0)

@@ -137,10 +137,12 @@ struct proto_msg {
             const char *local_addr; /* --local_addr, or NULL */
             const char *hostname;   /* how others can reach this node, or NULL */
             int master_port;        /* the port this node would serve MASTER_PORT on */
-            /* Optional: the last round this node ran in and the job's counted
-             * restarts as it knows them (0 when none); a run that has had no
-             * round yet (a restarted server) continues from there. */
+            /* Optional: the last round this node ran in, its node count, and
+             * the job's counted restarts as this node knows them (0 when
+             * none); a run that has had no round yet (a restarted server)
+             * continues from there. */
             uint64_t round;
+            int last_nnodes;
             int64_t restart_count;
             size_t nconf;
             const struct proto_conf_kv *conf; /* rdzv_conf, values as strings */

@@ -334,6 +334,11 @@ static void apply_actions(struct rdzv_server *srv)
             log_warn("R0023", "%s: %s (%s)%s", c->name, a->error.message,
                      cddp_err_name(a->error.code), a->error.drop ? "; closing the connection" : "");
             break;
+        case RDZV_ACT_HEARTBEAT:
+            m.type = PROTO_HEARTBEAT;
+            m.heartbeat.has_waiting = true;
+            m.heartbeat.waiting = (int64_t)a->heartbeat.waiting;
+            break;
         case RDZV_ACT_RESULT:
             m.type = PROTO_RESULT;
             m.id = a->result.id;
@@ -465,8 +470,11 @@ static void handle_hello(struct conn *c, const struct proto_msg *m)
         return;
     }
     c->helloed = true;
+    c->peer.heartbeat_ack = m->hello.heartbeat_ack;
     struct proto_msg w = {.type = PROTO_WELCOME};
     w.welcome.server = srv->name;
+    w.welcome.heartbeat_ack = m->hello.heartbeat_ack;
+    w.welcome.resume = !srv->opt.store_only;
     send_msg(c, &w);
     log_debug("R0030", "%s: hello for run '%s' (%s)", c->name, m->hello.run_id,
               m->hello.client ? m->hello.client : "-");
@@ -512,6 +520,9 @@ static void dispatch(struct conn *c, const struct proto_msg *m)
         break;
     case PROTO_HEARTBEAT:
         rdzv_state_heartbeat(srv->state, now, &c->peer);
+        break;
+    case PROTO_RESUME:
+        rdzv_state_resume(srv->state, now, &c->peer, m->id, m->resume.node_id, m->resume.round);
         break;
     case PROTO_LEAVE:
         rdzv_state_leave(srv->state, now, &c->peer, m->leave.reason, m->leave.finished);

@@ -66,7 +66,8 @@ struct rdzv_run {
     enum rdzv_phase phase;
     bool configured;
     bool had_round;
-    bool expecting; /* the forming round follows a restart and waits for its members */
+    bool expecting;   /* the forming round follows a restart and waits for its members */
+    int resume_nodes; /* before the first round: the largest last_nnodes of the joins */
     int min_nodes, max_nodes;
     uint64_t last_call_ms;
     uint64_t close_timeout_ms;
@@ -590,7 +591,8 @@ static void check_complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t
         timer_disarm(st, &run->last_call);
         return;
     }
-    if (p >= (size_t)run->max_nodes || (run->expecting && run->count[N_RESTARTING] == 0)) {
+    if (p >= (size_t)run->max_nodes || (run->expecting && run->count[N_RESTARTING] == 0) ||
+        (!run->had_round && run->resume_nodes > 0 && p >= (size_t)run->resume_nodes)) {
         complete(st, run, now);
         return;
     }
@@ -825,6 +827,15 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
         }
         peer->node = node;
     }
+    if (!run->had_round && run->phase == RDZV_FORMING) {
+        /* Nodes that ran before (a restarted server): the job goes on. */
+        if (m->join.round >= run->round && m->join.round < (uint64_t)PROTO_MAX_INT)
+            run->round = m->join.round + 1;
+        if (m->join.restart_count > (int64_t)run->counted_restarts)
+            run->counted_restarts = (uint64_t)m->join.restart_count;
+        if (m->join.last_nnodes > run->resume_nodes)
+            run->resume_nodes = m->join.last_nnodes;
+    }
     if (!run->configured) {
         run->configured = true;
         run->min_nodes = m->join.min_nodes;
@@ -895,6 +906,64 @@ void rdzv_state_heartbeat(struct rdzv_state *st, uint64_t now, struct rdzv_peer 
 {
     begin(st);
     touch(peer, now);
+    if (peer->heartbeat_ack)
+        act(st, RDZV_ACT_HEARTBEAT, peer)->heartbeat.waiting =
+            peer->run ? peer->run->count[N_WAITING] : 0;
+}
+
+void rdzv_state_resume(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer, uint64_t id,
+                       const char *node_id, uint64_t round)
+{
+    begin(st);
+    if (st->opt.store_only) {
+        emit_error(st, peer, CDDP_ESTATE, true,
+                   "this server is a plain key-value store; it runs no rendezvous");
+        return;
+    }
+    if (!need_run(st, peer))
+        return;
+    struct rdzv_run *run = peer->run;
+    struct rdzv_node *node = cddp_strmap_get(&run->nodes, node_id, strlen(node_id));
+    if (node && peer->node == node) {
+        touch(peer, now);
+        emit_result(st, peer, id, 0, NULL); /* asked twice: it is here already */
+        return;
+    }
+    if (peer->node) {
+        emit_result(st, peer, id, CDDP_ESTATE,
+                    arena_printf(st, "this connection already joined as '%s'", peer->node->id));
+        return;
+    }
+    if (run->phase == RDZV_CLOSED) {
+        emit_result(st, peer, id, CDDP_ECLOSED,
+                    arena_printf(st, "rendezvous '%s' is closed (%s)", run->id,
+                                 run->close_reason ? run->close_reason : "closed"));
+        return;
+    }
+    if (node == NULL) {
+        emit_result(st, peer, id, CDDP_ESTATE,
+                    arena_printf(st,
+                                 "run '%s' has no node '%s' any more (it was removed, or the "
+                                 "server restarted)",
+                                 run->id, node_id));
+        return;
+    }
+    if (node->state != N_ACTIVE || run->phase != RDZV_RUNNING || run->round != round) {
+        emit_result(st, peer, id, CDDP_ESTATE,
+                    arena_printf(st, "run '%s' is %s round %llu; node '%s' must join again",
+                                 run->id, run->phase == RDZV_RUNNING ? "running" : "forming",
+                                 (unsigned long long)run->round, node_id));
+        return;
+    }
+    /* The same node, the same round: it only changes connection. */
+    struct rdzv_peer *old = node->peer;
+    old->node = NULL;
+    node->peer = peer;
+    peer->node = node;
+    touch(peer, now);
+    emit_error(st, old, CDDP_EEXISTS, true,
+               arena_printf(st, "node '%s' resumed on another connection", node->id));
+    emit_result(st, peer, id, 0, NULL);
 }
 
 void rdzv_state_leave(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,

@@ -62,6 +62,9 @@ struct rdzv_peer {
      * whether it is a loopback address: MASTER_ADDR comes from these. */
     char addr[64];
     bool loopback;
+    /* The shell's: the peer asked for its heartbeats to be answered (hello's
+     * heartbeat_ack); each is answered with RDZV_ACT_HEARTBEAT. */
+    bool heartbeat_ack;
 };
 
 /* addr may be NULL. */
@@ -73,7 +76,8 @@ enum rdzv_action_kind {
     RDZV_ACT_RESTART,    /* stop the workers and join again (round is the new one) */
     RDZV_ACT_CLOSED,     /* the run is closed */
     RDZV_ACT_ERROR,      /* an error for the peer; drop: close its connection after it */
-    RDZV_ACT_RESULT,     /* the result of a store request */
+    RDZV_ACT_RESULT,     /* the result of a store request (or of a resume) */
+    RDZV_ACT_HEARTBEAT,  /* a heartbeat answered: the run's wait list length */
 };
 
 struct rdzv_action {
@@ -110,6 +114,9 @@ struct rdzv_action {
             bool has_number;
             int64_t number;
         } result;
+        struct {
+            size_t waiting;
+        } heartbeat;
     };
 };
 
@@ -133,11 +140,27 @@ void rdzv_state_free(struct rdzv_state *st);
 int rdzv_state_hello(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
                      const char *run_id, char *err, size_t errlen);
 
-/* The join message of the protocol (m->type == PROTO_JOIN). */
+/* The join message of the protocol (m->type == PROTO_JOIN). A run that has
+ * had no round yet takes its round number and counted restarts from the
+ * joins (their round + 1 and restart_count, the largest), so a restarted
+ * server goes on where the job was; and completes its first round as soon
+ * as as many nodes joined as the largest last_nnodes (when >= min_nodes),
+ * instead of waiting out last call for nodes that were there before. */
 void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
                      const struct proto_msg *m);
-/* Any frame from a peer also counts as a heartbeat. */
+/* Any frame from a peer also counts as a heartbeat. A heartbeat message
+ * from a peer with heartbeat_ack set is answered (RDZV_ACT_HEARTBEAT) with
+ * the length of its run's wait list. */
 void rdzv_state_heartbeat(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer);
+/* A node whose connection broke on its side asks to go on, on this new
+ * connection, in the round it runs in (request id). If the run is running
+ * that round and the node is still an active member of it, the node moves
+ * to this peer (its old connection gets EEXISTS and is dropped) and nothing
+ * else changes: its workers keep running. Otherwise (the node was removed,
+ * the run moved on, the server restarted) nothing changes and the result is
+ * CDDP_ESTATE, or CDDP_ECLOSED for a closed run: the node must join again. */
+void rdzv_state_resume(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer, uint64_t id,
+                       const char *node_id, uint64_t round);
 /* A graceful leave: like a lost node, but the connection stays. finished:
  * the node's workers succeeded, so the others go on without it (no restart;
  * torch's exit barrier timing out on one node). */

@@ -249,9 +249,11 @@ static void test_msg_roundtrip(void **state)
     assert_int_equal(o.join.restart_count, 0);
     proto_msg_free(&o);
     m.join.round = 7;
+    m.join.last_nnodes = 3;
     m.join.restart_count = 2;
     roundtrip(&m, &o);
     assert_int_equal(o.join.round, 7);
+    assert_int_equal(o.join.last_nnodes, 3);
     assert_int_equal(o.join.restart_count, 2);
     proto_msg_free(&o);
 

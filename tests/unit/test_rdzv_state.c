@@ -671,6 +671,186 @@ static void test_finished_leave_is_quiet(void **state)
     sim_free(s);
 }
 
+/* ---- heartbeat acknowledgements, resume, a restarted server ---- */
+
+static void resume(struct sim *s, int i, uint64_t id, const char *node_id, uint64_t round)
+{
+    rdzv_state_resume(s->st, s->now, &s->peer[i], id, node_id, round);
+    collect(s);
+}
+
+static int result_code(struct sim *s, int i, uint64_t id)
+{
+    const struct rdzv_action *a = find(s, i, RDZV_ACT_RESULT);
+    assert_non_null(a);
+    assert_int_equal(a->result.id, id);
+    return a->result.code;
+}
+
+static void test_heartbeat_ack(void **state)
+{
+    (void)state;
+    struct sim *s = running3(NULL, 2, 3);
+    /* Only a peer that asked gets an answer: the run's wait list length. */
+    beat(s, 1);
+    s->peer[0].heartbeat_ack = true;
+    rdzv_state_heartbeat(s->st, s->now, &s->peer[0]);
+    collect(s);
+    assert_int_equal(s->nacts, 1);
+    const struct rdzv_action *a = find(s, 0, RDZV_ACT_HEARTBEAT);
+    assert_non_null(a);
+    assert_int_equal(a->heartbeat.waiting, 0);
+    /* The round is at max: a fourth node waits, and the answer says so. */
+    hello(s, 3, "job");
+    join(s, 3, "d", 2, 3, NULL);
+    assert_true(find(s, 3, RDZV_ACT_JOINED)->joined.waiting);
+    rdzv_state_heartbeat(s->st, s->now, &s->peer[0]);
+    collect(s);
+    assert_int_equal(find(s, 0, RDZV_ACT_HEARTBEAT)->heartbeat.waiting, 1);
+    /* A peer that said hello but never joined is answered too (its run's). */
+    hello(s, 4, "job");
+    s->peer[4].heartbeat_ack = true;
+    rdzv_state_heartbeat(s->st, s->now, &s->peer[4]);
+    collect(s);
+    assert_int_equal(find(s, 4, RDZV_ACT_HEARTBEAT)->heartbeat.waiting, 1);
+    /* The waiting node takes the place a lost one frees: none waits now. */
+    drop(s, 2);
+    join(s, 0, "a", 2, 3, NULL);
+    join(s, 1, "b", 2, 3, NULL); /* d was moved into the round when c went */
+    check_round(s, 3);
+    rdzv_state_heartbeat(s->st, s->now, &s->peer[0]);
+    collect(s);
+    assert_int_equal(find(s, 0, RDZV_ACT_HEARTBEAT)->heartbeat.waiting, 0);
+    sim_free(s);
+}
+
+static void test_resume(void **state)
+{
+    (void)state;
+    struct sim *s = running3(NULL, 2, 3);
+    uint64_t round = stats(s, "job").round;
+    /* Node b's agent lost its connection (the server did not notice): on a
+     * new connection it goes on in the same round, and nothing else happens. */
+    hello(s, 5, "job");
+    resume(s, 5, 7, "b", round);
+    assert_int_equal(result_code(s, 5, 7), 0);
+    const struct rdzv_action *old = find(s, 1, RDZV_ACT_ERROR);
+    assert_non_null(old);
+    assert_int_equal(old->error.code, CDDP_EEXISTS);
+    assert_true(old->error.drop);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 0);
+    /* The old connection closing costs nothing: b lives on the new one. */
+    drop(s, 1);
+    assert_int_equal(s->nacts, 0);
+    assert_int_equal(stats(s, "job").phase, RDZV_RUNNING);
+    assert_int_equal(stats(s, "job").active, 3);
+    /* Asking again on the same connection is harmless. */
+    resume(s, 5, 8, "b", round);
+    assert_int_equal(result_code(s, 5, 8), 0);
+    assert_int_equal(s->nacts, 1);
+    /* Its heartbeats keep it alive there (the old peer's would not). */
+    tick(s, s->now + 60000);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 0);
+    /* A failure reported on the new connection is b's. */
+    rdzv_state_failure(s->st, s->now, &s->peer[5], round, "exit 1");
+    collect(s);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 3);
+    assert_true(find(s, 5, RDZV_ACT_RESTART)->restart.counted);
+
+    /* Not resumable: nothing changes, the result says why. */
+    hello(s, 6, "job");
+    resume(s, 6, 1, "a", round); /* the run moved on: a restarts */
+    assert_int_equal(result_code(s, 6, 1), CDDP_ESTATE);
+    assert_int_equal(s->nacts, 1);
+    resume(s, 6, 2, "zz", round + 1); /* no such node */
+    assert_int_equal(result_code(s, 6, 2), CDDP_ESTATE);
+    join(s, 0, "a", 2, 3, NULL);
+    join(s, 2, "c", 2, 3, NULL);
+    join(s, 5, "b", 2, 3, NULL);
+    check_round(s, 3);
+    round = stats(s, "job").round;
+    resume(s, 6, 3, "a", round - 1); /* an old round */
+    assert_int_equal(result_code(s, 6, 3), CDDP_ESTATE);
+    resume(s, 5, 4, "a", round); /* this connection is b's */
+    assert_int_equal(result_code(s, 5, 4), CDDP_ESTATE);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 0);
+    drop(s, 0); /* a is lost for real: the others restart */
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    resume(s, 6, 5, "a", round);
+    assert_int_equal(result_code(s, 6, 5), CDDP_ESTATE);
+    assert_non_null(strstr(find(s, 6, RDZV_ACT_RESULT)->result.message, "no node 'a'"));
+    /* A closed run says so. */
+    rdzv_state_close(s->st, s->now, &s->peer[2], "done");
+    collect(s);
+    resume(s, 6, 6, "c", round);
+    assert_int_equal(result_code(s, 6, 6), CDDP_ECLOSED);
+    sim_free(s);
+
+    /* A plain store runs no rendezvous. */
+    s = sim_new(true);
+    hello(s, 0, "");
+    resume(s, 0, 1, "a", 1);
+    assert_int_equal(find(s, 0, RDZV_ACT_ERROR)->error.code, CDDP_ESTATE);
+    drop(s, 0);
+    sim_free(s);
+}
+
+static void join_back(struct sim *s, int i, const char *id, uint64_t round, int nnodes,
+                      int64_t restarts)
+{
+    struct proto_msg m = {.type = PROTO_JOIN};
+    m.join.node_id = id;
+    m.join.nproc = 2;
+    m.join.min_nodes = 1;
+    m.join.max_nodes = 4;
+    m.join.round = round;
+    m.join.last_nnodes = nnodes;
+    m.join.restart_count = restarts;
+    rdzv_state_join(s->st, s->now, &s->peer[i], &m);
+    collect(s);
+}
+
+static void test_restarted_server_goes_on(void **state)
+{
+    (void)state;
+    /* A fresh run (the server restarted) hears from nodes that ran round 5
+     * of 3 nodes after 2 counted restarts: the next round is 6, the count
+     * stays 2, and the round completes when the 3 are back (last call is
+     * 30 s), not before. */
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 4; i++)
+        hello(s, i, "job");
+    join_back(s, 0, "a", 5, 3, 2);
+    assert_int_equal(find(s, 0, RDZV_ACT_JOINED)->joined.round, 6);
+    join_back(s, 1, "b", 4, 3, 1); /* older news changes nothing */
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    join_back(s, 2, "c", 5, 3, 2);
+    check_round(s, 3);
+    const struct rdzv_action *a = find(s, 0, RDZV_ACT_ROUND);
+    assert_int_equal(a->round.round, 6);
+    assert_int_equal(a->round.restart_count, 2);
+    /* Once the run has had a round, joins no longer move it. */
+    join_back(s, 3, "d", 40, 9, 9);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 3);
+    assert_int_equal(stats(s, "job").round, 7);
+    for (int i = 0; i < 3; i++)
+        join_back(s, i, (const char *[]){"a", "b", "c"}[i], 6, 3, 2);
+    check_round(s, 4);
+    assert_int_equal(find(s, 3, RDZV_ACT_ROUND)->round.round, 7);
+    assert_int_equal(find(s, 3, RDZV_ACT_ROUND)->round.restart_count, 2);
+    sim_free(s);
+
+    /* Fewer come back than there were: last call completes the round. */
+    s = sim_new(false);
+    hello(s, 0, "job");
+    join_back(s, 0, "a", 2, 2, 0);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    tick(s, s->now + 30000);
+    check_round(s, 1);
+    assert_int_equal(find(s, 0, RDZV_ACT_ROUND)->round.round, 3);
+    sim_free(s);
+}
+
 /* ---- rdzv_state_visit (status pages) ---- */
 
 struct seen {
@@ -1276,7 +1456,7 @@ static void check_invariants(struct sim *s)
 static void test_random_sequences(void **state)
 {
     (void)state;
-    size_t seen[RDZV_ACT_RESULT + 1] = {0};
+    size_t seen[RDZV_ACT_HEARTBEAT + 1] = {0};
     for (int trial = 0; trial < 40; trial++) {
         struct sim *s = sim_new(false);
         int min = 1 + (int)rnd(3), max = min + (int)rnd(4);
@@ -1288,14 +1468,22 @@ static void test_random_sequences(void **state)
             uint32_t op = rnd(100);
             if (!s->connected[i]) {
                 hello(s, i, "job");
+                s->peer[i].heartbeat_ack = i % 2;
                 continue;
             }
-            if (op < 35) {
+            if (op < 30) {
                 join(s, i, ids[i], min, max,
                      "last_call_timeout=2,join_timeout=20,keep_alive_interval=1,"
                      "keep_alive_max_attempt=3");
+            } else if (op < 35) {
+                /* Another connection's node (or one long gone) resumes here. */
+                struct rdzv_run_stats r;
+                if (rdzv_state_run_stats(s->st, "job", &r) == 0)
+                    resume(s, i, (uint64_t)step, ids[rnd(10)], r.round - rnd(2));
             } else if (op < 50) {
-                beat(s, i);
+                rdzv_state_heartbeat(s->st, s->now, &s->peer[i]);
+                collect(s);
+                assert_int_equal(s->nacts, s->peer[i].heartbeat_ack ? 1 : 0);
             } else if (op < 60) {
                 drop(s, i);
             } else if (op < 65) {
@@ -1326,7 +1514,7 @@ static void test_random_sequences(void **state)
         sim_free(s);
     }
     /* The walk went through every kind of transition, many times. */
-    for (int k = RDZV_ACT_JOINED; k <= RDZV_ACT_CLOSED; k++)
+    for (int k = RDZV_ACT_JOINED; k <= RDZV_ACT_HEARTBEAT; k++)
         assert_true(seen[k] > 20);
 }
 
@@ -1345,6 +1533,9 @@ int main(void)
         cmocka_unit_test(test_heartbeat_timeout),
         cmocka_unit_test(test_waiting_node_scale_up),
         cmocka_unit_test(test_waiting_at_max),
+        cmocka_unit_test(test_heartbeat_ack),
+        cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_restarted_server_goes_on),
         cmocka_unit_test(test_visit),
         cmocka_unit_test(test_finished_leave_is_quiet),
         cmocka_unit_test(test_no_restart_livelock_with_zero_last_call),
