@@ -143,6 +143,11 @@ static void notify(struct agent *a)
         .max_restarts = a->cfg->max_restarts,
         .stop_reason = a->pol.stop_reason,
         .membership_restarts = a->membership_restarts,
+        .rdzv_connected = a->rdzv ? a->rdzv->info.connected : true,
+        .rdzv_disconnected_at = a->rdzv ? a->rdzv->info.disconnected_at : 0,
+        .rdzv_reconnects = a->rdzv ? a->rdzv->info.reconnects : 0,
+        .waiting_nodes = a->rdzv ? a->rdzv->info.waiting_nodes : -1,
+        .rdzv_server = a->rdzv ? a->rdzv->info.server : NULL,
         .start_time = a->start_time,
         .nworkers = a->nworkers,
         .workers = w,
@@ -264,6 +269,16 @@ static void on_rdzv_closed(struct agent_rdzv *r, int status, const char *reason)
         agent_failed(a, "A0109", "lost the rendezvous: %s",
                      reason ? reason : cddp_strerror(status));
     post(a, POLICY_EV_RDZV_CLOSED, 0, 0, 0);
+}
+
+/* The connection, the wait list or the hosted server changed: show it. */
+static void on_rdzv_info(struct agent_rdzv *r)
+{
+    struct agent *a = r->data;
+    if (a->dispatching)
+        a->changed = true; /* shown when the events in hand are done */
+    else
+        notify(a);
 }
 
 static void on_barrier(struct agent_rdzv *r, int status)
@@ -917,6 +932,7 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
     a->rdzv->data = a;
     a->rdzv->on_restart = on_rdzv_restart;
     a->rdzv->on_closed = on_rdzv_closed;
+    a->rdzv->on_info = on_rdzv_info;
     a->pol.coordinated = a->rdzv->coordinated;
     return 0;
 }
@@ -1040,6 +1056,10 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     }
     if (opened) {
         uv_run(&a->loop, UV_RUN_DEFAULT);
+        if (a->hooks && a->hooks->loop_done) {
+            a->hooks->loop_done(a->hooks->arg);
+            uv_run(&a->loop, UV_RUN_DEFAULT);
+        }
         if (uv_loop_close(&a->loop) != 0)
             log_error("A0005", "handles left open at exit");
     }

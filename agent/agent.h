@@ -55,7 +55,15 @@ struct agent_snapshot {
     /* Why the group is stopping (STOPPING, KILLING) or was last stopped. */
     enum stop_reason stop_reason;
     int membership_restarts; /* new rounds the rendezvous asked for (not in restart_count) */
-    double start_time;       /* the agent's, wall clock */
+    /* The rendezvous beyond rounds (agent/rdzv.h's agent_rdzv_info): the
+     * connection to its server, the run's wait list, the server this agent
+     * hosts (rdzv_server: NULL when none; valid during the call only). */
+    bool rdzv_connected;
+    double rdzv_disconnected_at;
+    unsigned rdzv_reconnects;
+    int64_t waiting_nodes; /* -1: not known */
+    const struct rdzv_server *rdzv_server;
+    double start_time; /* the agent's, wall clock */
     int nworkers;
     const struct agent_worker_info *workers;
 };
@@ -71,12 +79,19 @@ struct agent_worker_extras {
     char storage[512]; /* room for the hook's env strings */
 };
 
+struct rdzv_server;
+
 struct agent_hooks {
     void *arg;
     /* The loop exists (before any worker starts): add handles to it. */
     int (*start)(void *arg, uv_loop_t *loop);
-    /* The agent is shutting down: close your handles (the loop runs until they are closed). */
+    /* The agent is shutting down: start no new work. The loop may still run
+     * a while (a hosting agent serves the other nodes until they are done):
+     * handles kept for that must not keep it alive (uv_unref). */
     void (*stop)(void *arg);
+    /* The loop has nothing left to do: close your handles now (the loop
+     * runs once more to finish closing them). May be NULL. */
+    void (*loop_done)(void *arg);
     /* Called after every event that changed something. */
     void (*state_changed)(void *arg, const struct agent_snapshot *snap);
     /* Before each worker is spawned. 0, or an error that fails this start. */

@@ -91,6 +91,22 @@ struct agent_rdzv_ops {
                   agent_rdzv_close_cb cb);
 };
 
+struct rdzv_server;
+
+/* What the rendezvous knows besides rounds, for the status page. The
+ * implementation keeps it current and calls on_info after a change. */
+struct agent_rdzv_info {
+    /* false from a lost connection to the rendezvous server until the
+     * client reconnected (the workers keep running meanwhile) */
+    bool connected;
+    double disconnected_at; /* wall time of the loss; 0 while connected */
+    unsigned reconnects;    /* connections re-established after a loss */
+    int64_t waiting_nodes;  /* the run's wait list as the server last said; -1: unknown */
+    /* The server this agent hosts (NULL: none), for its status page: valid
+     * until on_info says it is NULL; read it on the loop thread only. */
+    const struct rdzv_server *server;
+};
+
 struct agent_rdzv {
     const struct agent_rdzv_ops *ops;
     uv_loop_t *loop;
@@ -102,6 +118,9 @@ struct agent_rdzv {
      * otherwise it was lost (status, reason). */
     void (*on_restart)(struct agent_rdzv *r, const char *reason, bool counted);
     void (*on_closed)(struct agent_rdzv *r, int status, const char *reason);
+    /* info changed (may be NULL). */
+    void (*on_info)(struct agent_rdzv *r);
+    struct agent_rdzv_info info;
     /* Set before a failed round callback: this node was on the wait list
      * (the job ran at max nodes) when the rendezvous closed, so nothing ran
      * here. */

@@ -39,6 +39,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/hostname.h"
 #include "common/log.h"
@@ -126,8 +127,18 @@ static void on_server_down(void *arg)
     uv_close((uv_handle_t *)&c->timer, on_timer_closed);
 }
 
+static void info_changed(struct c10d *c)
+{
+    if (c->base.on_info)
+        c->base.on_info(&c->base);
+}
+
 static void shutdown_server(struct c10d *c)
 {
+    if (c->base.info.server) {
+        c->base.info.server = NULL; /* the status page lets go of it first */
+        info_changed(c);
+    }
     if (c->server == NULL) {
         uv_close((uv_handle_t *)&c->timer, on_timer_closed);
         return;
@@ -408,13 +419,15 @@ static void describe_restart(const struct rdzv_event *ev, char *out, size_t len)
     else if (strcmp(r, "worker_failure") == 0)
         snprintf(out, len, "the worker group of node '%s' failed (restart %lld of the job)", n,
                  (long long)ev->restart_count);
+    else if (strcmp(r, "resume_failed") == 0)
+        snprintf(out, len, "this node's round ended while it was disconnected (%s)",
+                 ev->message ? ev->message : "the server did not resume it");
     else
         snprintf(out, len, "%s (node '%s')", r, n);
 }
 
 static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *data)
 {
-    (void)cl;
     struct c10d *c = data;
     char why[512];
     switch (ev->kind) {
@@ -426,7 +439,45 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
                      "(round %llu)",
                      c->run_id, (unsigned long long)ev->round);
         return;
+    case RDZV_EV_DISCONNECTED:
+        if (c->closing)
+            return;
+        log_warn("A0715", "%s; reconnecting (for up to %.1f s)%s",
+                 ev->message ? ev->message : "lost the connection to the rendezvous server",
+                 (double)c->conf.join_timeout_ms / 1000.0,
+                 c->join_cb ? " to join again"
+                            : "; this node's workers, if any, keep running meanwhile");
+        c->base.info.connected = false;
+        c->base.info.disconnected_at = cddp_wall_time();
+        info_changed(c);
+        return;
+    case RDZV_EV_RECONNECTED:
+        if (c->closing)
+            return;
+        if (ev->resumed)
+            log_warn("A0716",
+                     "reconnected to the rendezvous server: this node is still in round %llu; "
+                     "the workers keep running",
+                     (unsigned long long)ev->round);
+        else
+            log_warn("A0717", "reconnected to the rendezvous server");
+        c->base.info.connected = true;
+        c->base.info.disconnected_at = 0;
+        c->base.info.reconnects = rdzv_client_reconnects(cl);
+        info_changed(c);
+        return;
+    case RDZV_EV_WAITING:
+        c->base.info.waiting_nodes = ev->waiting_nodes;
+        info_changed(c);
+        return;
     case RDZV_EV_RESTART:
+        if (ev->reason && strcmp(ev->reason, "resume_failed") == 0 && !c->closing) {
+            /* Reconnected, but not to its round: connected all the same. */
+            c->base.info.connected = true;
+            c->base.info.disconnected_at = 0;
+            c->base.info.reconnects = rdzv_client_reconnects(cl);
+            info_changed(c);
+        }
         if (c->closing || c->base.on_restart == NULL)
             return;
         describe_restart(ev, why, sizeof(why));
@@ -482,6 +533,8 @@ int agent_rdzv_c10d_new(uv_loop_t *loop, const struct agent_rdzv_c10d_options *o
     c->base.ops = &c10d_ops;
     c->base.loop = loop;
     c->base.coordinated = true;
+    c->base.info.connected = true;
+    c->base.info.waiting_nodes = -1;
     c->loop = loop;
     c->nproc = o->nproc;
     c->fixed = o->fixed;
@@ -540,6 +593,7 @@ int agent_rdzv_c10d_new(uv_loop_t *loop, const struct agent_rdzv_c10d_options *o
             return rc;
         } else {
             port = rdzv_server_port(c->server);
+            c->base.info.server = c->server;
             log_info("A0703", "hosting the rendezvous of run '%s' on %s", c->run_id,
                      rdzv_server_address(c->server));
         }

@@ -97,6 +97,8 @@ int agent_rdzv_static_init(struct agent_rdzv_static *s, uv_loop_t *loop,
     s->next = *proto;
     s->next.round = 1;
     s->next.restart_count = 0;
+    s->base.info.connected = true; /* nothing to lose: no server */
+    s->base.info.waiting_nodes = 0;
     int rc = uv_timer_init(loop, &s->timer);
     if (rc)
         return rc;

@@ -25,6 +25,7 @@
 #include "common/status_http.h"
 #include "common/status_view.h"
 #include "common/strutil.h"
+#include "rendezvous/view.h"
 
 /* One attempt's progress pipe (read end). Allocated per attempt and freed in
  * its close callback, so a slot can open the next one while the last closes. */
@@ -68,6 +69,15 @@ struct agent_status {
     int node_rank, nnodes, world_size, master_port;
     int restart_count, max_restarts, membership_restarts;
     double start_time;
+    bool rdzv_connected;
+    double rdzv_disconnected_at;
+    unsigned rdzv_reconnects;
+    int64_t waiting_nodes;
+    /* The rendezvous server this agent hosts, as the last snapshot said
+     * (the agent clears it before the server goes); NULL: none. */
+    const struct rdzv_server *rdzv_server;
+    struct rdzv_view_builder rdzv_view_builder;
+    struct status_rdzv_view rdzv_view;
 
     /* What this module derives from the sequence of snapshots. */
     double join_started_at;       /* wall time the agent last began to rendezvous */
@@ -148,7 +158,7 @@ static enum status_exit_reason exit_reason(enum worker_state s, int exitcode)
     return STATUS_EXIT_FAILURE;
 }
 
-static void fill_view(struct agent_status *st, struct status_agent_view *v)
+static void fill_view(struct agent_status *st, struct status_agent_view *v, double now_wall)
 {
     const struct launch_config *cfg = st->cfg;
     bool have_round = st->round > 0;
@@ -167,11 +177,29 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v)
     v->round = st->round;
     v->last_round_at = st->last_round_at;
     v->last_round_duration_s = st->last_round_duration_s;
-    v->waiting_nodes = 0; /* the static rendezvous has no wait list */
+    v->waiting_nodes = st->waiting_nodes > 0 ? (unsigned)st->waiting_nodes : 0;
     v->rdzv_backend = cfg->rdzv_backend;
     v->rdzv_endpoint = st->endpoint;
     v->master_addr = have_round && st->master_addr[0] ? st->master_addr : NULL;
     v->master_port = have_round ? st->master_port : 0;
+    v->rdzv_connected = st->rdzv_connected;
+    v->rdzv_disconnected_at = st->rdzv_disconnected_at;
+    v->rdzv_reconnects = st->rdzv_reconnects;
+    v->rdzv_server = NULL;
+    if (st->rdzv_server && st->loop) {
+        /* The server this agent hosts, shown as cddp-rdzv shows itself. */
+        struct status_rdzv_view *r = &st->rdzv_view;
+        if (rdzv_view_build(&st->rdzv_view_builder, st->loop, st->rdzv_server, now_wall, r) == 0) {
+            r->program = "cddprun";
+            r->version = st->version;
+            r->pid = v->pid;
+            r->hostname = st->hostname;
+            r->started_at = st->start_time;
+            v->rdzv_server = r;
+        } else {
+            log_error("S0106", "status port: out of memory listing the rendezvous runs");
+        }
+    }
     v->restart_count = (unsigned)st->restart_count;
     v->max_restarts = (unsigned)st->max_restarts;
     v->restarts[STATUS_RESTART_WORKER_FAILURE] = (uint64_t)st->restart_count;
@@ -204,10 +232,11 @@ static void publish(struct agent_status *st)
     if (st->timers_open)
         uv_timer_stop(&st->coalesce);
     struct status_agent_view v;
-    fill_view(st, &v);
+    double wall = cddp_wall_time();
+    fill_view(st, &v, wall);
     struct status_snapshot *snap = NULL;
     uint64_t now = cddp_mono_ms();
-    int rc = status_agent_render(&v, cddp_wall_time(), now, &snap);
+    int rc = status_agent_render(&v, wall, now, &snap);
     if (rc) {
         /* The previous snapshot stays served; only memory can make this fail. */
         log_error("S0101", "status port: cannot render the agent's status: %s", cddp_strerror(rc));
@@ -410,13 +439,26 @@ static void on_stop(void *arg)
             chan_close(c);
         }
     }
+    /* The loop may run a while yet (a hosting agent serving the other nodes
+     * until they are done): the tick goes on bumping /livez and showing the
+     * rendezvous, without keeping the loop alive. loop_done closes it. */
+    if (st->timers_open) {
+        uv_unref((uv_handle_t *)&st->tick);
+        uv_unref((uv_handle_t *)&st->coalesce);
+    }
+    /* The agent's final state comes through state_changed after this, and is
+     * published then: the server lives until agent_status_free(). */
+}
+
+static void on_loop_done(void *arg)
+{
+    struct agent_status *st = arg;
+    st->rdzv_server = NULL; /* gone with the loop in any case */
     if (st->timers_open) {
         st->timers_open = false;
         uv_close((uv_handle_t *)&st->tick, NULL);
         uv_close((uv_handle_t *)&st->coalesce, NULL);
     }
-    /* The agent's final state comes through state_changed after this, and is
-     * published then: the server lives until agent_status_free(). */
 }
 
 static void on_state_changed(void *arg, const struct agent_snapshot *snap)
@@ -446,6 +488,11 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     st->max_restarts = snap->max_restarts;
     st->membership_restarts = snap->membership_restarts;
     st->start_time = snap->start_time;
+    st->rdzv_connected = snap->rdzv_connected;
+    st->rdzv_disconnected_at = snap->rdzv_disconnected_at;
+    st->rdzv_reconnects = snap->rdzv_reconnects;
+    st->waiting_nodes = snap->waiting_nodes;
+    st->rdzv_server = snap->rdzv_server;
 
     int n = snap->nworkers < st->nslots ? snap->nworkers : st->nslots;
     for (int i = 0; i < n; i++) {
@@ -531,6 +578,8 @@ int agent_status_new(const struct launch_config *cfg, const char *version,
     st->node_rank = -1;
     st->max_restarts = cfg->max_restarts;
     st->start_time = cddp_wall_time();
+    st->rdzv_connected = true;
+    st->waiting_nodes = -1;
     st->last_round_duration_s = -1;
     cddp_strlcpy(st->run_id, cfg->rdzv_id ? cfg->rdzv_id : "", sizeof(st->run_id));
     if (cfg->rdzv_endpoint && cfg->rdzv_endpoint[0])
@@ -562,6 +611,7 @@ void agent_status_hooks(struct agent_status *st, struct agent_hooks *hooks)
     hooks->arg = st;
     hooks->start = on_start;
     hooks->stop = on_stop;
+    hooks->loop_done = on_loop_done;
     hooks->state_changed = on_state_changed;
     hooks->prepare_worker = on_prepare_worker;
 }
@@ -605,6 +655,7 @@ void agent_status_free(struct agent_status *st)
     if (st == NULL)
         return;
     status_server_stop(st->server);
+    rdzv_view_builder_free(&st->rdzv_view_builder);
     free(st->slots);
     free(st->views);
     free(st);

@@ -145,6 +145,9 @@ static void prom_build_info(struct prom_writer *w, const char *program, const ch
     prom_sample(w, l, 2, 1);
 }
 
+static void rdzv_json_fields(struct jsonw *j, const struct status_rdzv_view *v);
+static void rdzv_metric_families(struct prom_writer *w, const struct status_rdzv_view *v);
+
 /* ---- the agent ------------------------------------------------------- */
 
 static void agent_json_worker(struct jsonw *j, const struct status_worker_view *wv,
@@ -218,6 +221,9 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
     jsonw_string(j, "endpoint", v->rdzv_endpoint);
     jsonw_string(j, "master_addr", v->master_addr);
     js_int_if(j, "master_port", v->master_port > 0, v->master_port);
+    jsonw_bool(j, "connected", v->rdzv_connected);
+    js_secs_if(j, "disconnected_at", v->rdzv_disconnected_at > 0, v->rdzv_disconnected_at);
+    jsonw_int(j, "reconnects", v->rdzv_reconnects);
     jsonw_object_end(j);
 
     jsonw_object_begin(j, "restarts");
@@ -240,6 +246,14 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
     for (size_t i = 0; i < v->nworkers; i++)
         agent_json_worker(j, &v->workers[i], now_mono_ms);
     jsonw_array_end(j);
+
+    if (v->rdzv_server) {
+        jsonw_object_begin(j, "rdzv_server");
+        rdzv_json_fields(j, v->rdzv_server);
+        jsonw_object_end(j);
+    } else {
+        jsonw_null(j, "rdzv_server");
+    }
     jsonw_object_end(j);
 }
 
@@ -284,6 +298,12 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
     prom_family(w, "cddp_agent_rdzv_waiting_nodes", PROM_GAUGE,
                 "Nodes waiting to join at the next round.");
     prom_sample0(w, v->waiting_nodes);
+    prom_family(w, "cddp_agent_rdzv_connected", PROM_GAUGE,
+                "1 while connected to the rendezvous server; 0 while reconnecting.");
+    prom_sample0(w, v->rdzv_connected);
+    prom_family(w, "cddp_agent_rdzv_reconnects_total", PROM_COUNTER,
+                "Connections to the rendezvous server re-established after a loss.");
+    prom_sample0(w, v->rdzv_reconnects);
     prom_family(w, "cddp_agent_restarts_total", PROM_COUNTER,
                 "Worker group restarts, by reason (worker_failure counts against max_restarts).");
     for (int i = 0; i < STATUS_RESTART_REASON_COUNT; i++)
@@ -366,6 +386,8 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
                 prom_sample1(w, "local_rank", lr, val);
         }
     }
+    if (v->rdzv_server)
+        rdzv_metric_families(w, v->rdzv_server);
 }
 
 int status_agent_render(const struct status_agent_view *v, double now_wall, uint64_t now_mono_ms,
@@ -425,10 +447,10 @@ static void rdzv_json_nodes(struct jsonw *j, const char *key,
     jsonw_array_end(j);
 }
 
-static void rdzv_json(struct jsonw *j, const struct status_rdzv_view *v, double now)
+/* What cddp-rdzv's /status holds after its header; an agent hosting the
+ * server shows the same under "rdzv_server". */
+static void rdzv_json_fields(struct jsonw *j, const struct status_rdzv_view *v)
 {
-    jsonw_object_begin(j, NULL);
-    js_header(j, "rdzv", v->program, v->version, v->pid, v->hostname, v->started_at, now);
     jsonw_string(j, "endpoint", v->endpoint);
     jsonw_bool(j, "ready", v->accepting);
     jsonw_int(j, "connections", v->connections);
@@ -454,12 +476,19 @@ static void rdzv_json(struct jsonw *j, const struct status_rdzv_view *v, double 
         jsonw_object_end(j);
     }
     jsonw_array_end(j);
+}
+
+static void rdzv_json(struct jsonw *j, const struct status_rdzv_view *v, double now)
+{
+    jsonw_object_begin(j, NULL);
+    js_header(j, "rdzv", v->program, v->version, v->pid, v->hostname, v->started_at, now);
+    rdzv_json_fields(j, v);
     jsonw_object_end(j);
 }
 
-static void rdzv_metrics(struct prom_writer *w, const struct status_rdzv_view *v)
+/* Every cddp_rdzv_* family (cddp-rdzv's, and a hosting agent's). */
+static void rdzv_metric_families(struct prom_writer *w, const struct status_rdzv_view *v)
 {
-    prom_build_info(w, v->program, v->version);
     prom_family(w, "cddp_rdzv_start_time_seconds", PROM_GAUGE,
                 "When the server started, in seconds since the epoch.");
     prom_sample0(w, v->started_at);
@@ -492,6 +521,12 @@ static void rdzv_metrics(struct prom_writer *w, const struct status_rdzv_view *v
     for (size_t i = 0; i < v->nruns; i++)
         prom_sample1(w, "run_id", v->runs[i].run_id ? v->runs[i].run_id : "",
                      (double)v->runs[i].round);
+}
+
+static void rdzv_metrics(struct prom_writer *w, const struct status_rdzv_view *v)
+{
+    prom_build_info(w, v->program, v->version);
+    rdzv_metric_families(w, v);
 }
 
 int status_rdzv_render(const struct status_rdzv_view *v, double now_wall,

@@ -25,6 +25,8 @@
 #include "common/progress.h"
 #include "common/status_http.h"
 
+struct status_rdzv_view;
+
 /* ---- the agent (cddprun) --------------------------------------------- */
 
 /* The agent as a whole. Ready (for /readyz) only in RUNNING. */
@@ -109,6 +111,12 @@ struct status_agent_view {
     const char *rdzv_endpoint; /* "10.0.0.1:29400" */
     const char *master_addr;   /* of the current round; NULL before */
     int master_port;
+    bool rdzv_connected;         /* false while reconnecting to the rendezvous server */
+    double rdzv_disconnected_at; /* wall time the connection was lost; 0 while connected */
+    unsigned rdzv_reconnects;    /* connections re-established after a loss */
+    /* The rendezvous server this agent hosts (its runs, members, wait list,
+     * connections); NULL when it hosts none. */
+    const struct status_rdzv_view *rdzv_server;
 
     unsigned restart_count; /* restarts that counted against max_restarts */
     unsigned max_restarts;
@@ -124,7 +132,9 @@ struct status_agent_view {
  * (*out, one reference, ready to publish). now_mono_ms is the clock the
  * progress times were taken with. Checks: "rendezvous" (a round is complete
  * and we are not waiting for the next), "workers" (the group is running).
- * 0, or a negative code with *out NULL.
+ * A hosted rendezvous server (v->rdzv_server) is shown as cddp-rdzv shows
+ * itself (its "rdzv_server" object and cddp_rdzv_* families, without a
+ * check of its own). 0, or a negative code with *out NULL.
  */
 int status_agent_render(const struct status_agent_view *v, double now_wall, uint64_t now_mono_ms,
                         struct status_snapshot **out);

@@ -2,9 +2,17 @@
  *
  * Connection life: resolve (uv_getaddrinfo) -> try each address -> on
  * failure back off (10 ms doubling to 1 s, with jitter) and resolve again,
- * until connect_timeout. Frames written before the connection is up wait in
- * outq and follow the hello. Store requests are matched to results by id;
- * the join is the one outstanding membership request. */
+ * until the deadline: connect_timeout for the first connection; after a
+ * connection that was welcomed is lost, reconnect_timeout from the loss.
+ * Frames written before the connection is up wait in outq and follow the
+ * hello (after a loss: they follow the welcome, and the resume or the
+ * repeated join that goes first). Store requests are matched to results by
+ * id; the join is the one outstanding membership request.
+ *
+ * Silence: the watch timer gives the server read_timeout to answer hello,
+ * and, when it answers heartbeats (welcome's heartbeat_ack), read_timeout
+ * (at least two heartbeat periods) between any two frames; past that the
+ * connection counts as lost, as if it had broken. */
 #include "rendezvous/client.h"
 
 #include <errno.h>
@@ -36,6 +44,7 @@ struct rdzv_client {
     uv_tcp_t tcp;
     uv_timer_t backoff_timer;
     uv_timer_t beat;
+    uv_timer_t watch; /* silence: see the top of the file */
     uv_connect_t connect_req;
     uv_getaddrinfo_t gai;
     enum cstate state;
@@ -45,8 +54,28 @@ struct rdzv_client {
     struct addrinfo numeric; /* the endpoint when it is an IP literal */
     struct sockaddr_storage numeric_addr;
     uint64_t connect_deadline;
+    uint64_t connect_ms; /* the budget the deadline was set with (messages) */
     uint64_t backoff_ms;
     unsigned seed;
+
+    /* The connection and its server. */
+    bool hold;          /* frames go to outq: not connected, or reconnected and not welcomed */
+    bool welcomed;      /* this connection got its welcome */
+    bool ever_welcomed; /* some connection did: a lost one is reconnected */
+    bool final;         /* the server refused us or closed the run: no reconnecting */
+    bool server_acks;   /* it answers heartbeats */
+    bool server_resume; /* it understands resume */
+    bool suspect;       /* the watch found read_timeout of silence; one more loop turn */
+    uint64_t last_rx;   /* loop time of the last bytes from the server */
+    uint64_t silence_ms;
+    uint64_t reconnect_ms;
+    bool reconnecting; /* since a loss, until the next welcome */
+    unsigned reconnects;
+    char lost_why[256];
+    bool in_round;      /* a round was given and no restart since: a lost connection resumes */
+    uint64_t resume_id; /* the resume request in flight; 0: none */
+    int64_t waiting;    /* the run's wait list as the server last said; -1: unknown */
+    int64_t restart_count;
 
     char *host, *run_id, *node_id, *local_addr, *hostname;
     int port, nproc, min_nodes, max_nodes;
@@ -60,6 +89,9 @@ struct rdzv_client {
     bool joining;
     rdzv_join_cb join_cb;
     void *join_arg;
+    int join_port;      /* its master_port */
+    bool join_queued;   /* the join waits in outq */
+    bool join_resend;   /* it went out on a connection since lost */
     bool error_to_join; /* the last ERROR went to a join callback */
     bool has_round;
     struct proto_round round;
@@ -78,7 +110,10 @@ struct rdzv_client {
 
 static void client_fail(struct rdzv_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+static void connection_lost(struct rdzv_client *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void start_resolve(struct rdzv_client *c);
+static void backoff(struct rdzv_client *c);
 static void try_next_address(struct rdzv_client *c);
 
 /* ---- small helpers ---- */
@@ -132,16 +167,22 @@ static void close_tcp(struct rdzv_client *c)
         uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
 }
 
-/* Pending store requests and the join fail with code (no events). */
-static void fail_pending(struct rdzv_client *c, int code)
+/* Pending requests fail with code (message: why). */
+static void fail_requests(struct rdzv_client *c, int code, const char *why)
 {
-    struct rdzv_store_result r = {.message = c->last_error};
+    struct rdzv_store_result r = {.message = why};
     while (!cddp_queue_empty(&c->reqs)) {
         struct req *q = cddp_queue_data(cddp_queue_head(&c->reqs), struct req, link);
         cddp_queue_remove(&q->link);
         q->cb(c, code, &r, q->arg);
         free(q);
     }
+}
+
+/* Pending store requests and the join fail with code (no events). */
+static void fail_pending(struct rdzv_client *c, int code)
+{
+    fail_requests(c, code, c->last_error);
     if (c->joining) {
         c->joining = false;
         c->join_cb(c, code, NULL, c->join_arg);
@@ -164,6 +205,7 @@ static void client_fail(struct rdzv_client *c, int code, const char *fmt, ...)
     }
     c->state = C_DEAD;
     uv_timer_stop(&c->beat);
+    uv_timer_stop(&c->watch);
     uv_timer_stop(&c->backoff_timer);
     close_tcp(c);
     bool notify = !c->joining && !c->error_to_join;
@@ -174,11 +216,61 @@ static void client_fail(struct rdzv_client *c, int code, const char *fmt, ...)
     }
 }
 
+static void emit(struct rdzv_client *c, const struct rdzv_event *ev)
+{
+    if (c->on_event && !c->closing)
+        c->on_event(c, ev, c->data);
+}
+
+/* The connection broke (closed or reset by the server, or silent for too
+ * long) without the server having said why: reconnect, unless the server
+ * had refused us or closed the run, or the time for it has run out. */
+static void connection_lost(struct rdzv_client *c, int code, const char *fmt, ...)
+{
+    if (c->state == C_DEAD || c->closing)
+        return;
+    char why[sizeof(c->lost_why)];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    if (c->final) {
+        client_fail(c, code, "%s", why);
+        return;
+    }
+    uv_timer_stop(&c->beat);
+    uv_timer_stop(&c->watch);
+    close_tcp(c); /* on_handle_closed tries the next address, then backs off */
+    c->state = C_CONNECTING;
+    c->hold = true;
+    c->welcomed = false;
+    c->suspect = false;
+    c->resume_id = 0;
+    if (c->joining && !c->join_queued)
+        c->join_resend = true;
+    snprintf(c->last_error, sizeof(c->last_error), "%s", why);
+    bool first = c->ever_welcomed && !c->reconnecting;
+    if (first) {
+        /* A connection that worked: try again for reconnect_timeout. */
+        c->reconnecting = true;
+        c->connect_ms = c->reconnect_ms;
+        c->connect_deadline = uv_now(c->loop) + c->reconnect_ms;
+        c->backoff_ms = 10;
+        cddp_strlcpy(c->lost_why, why, sizeof(c->lost_why));
+    }
+    /* What was asked on the lost connection is not coming back. */
+    fail_requests(c, CDDP_ERR_FROM_ERRNO(ECONNRESET), why);
+    if (first && c->state == C_CONNECTING) {
+        struct rdzv_event ev = {.kind = RDZV_EV_DISCONNECTED, .code = code, .message = why};
+        emit(c, &ev);
+    }
+}
+
 static int client_send(struct rdzv_client *c, const struct proto_msg *m)
 {
     if (c->closing || c->state == C_DEAD)
         return CDDP_ECLOSED;
-    if (c->state == C_CONNECTING)
+    if (c->hold)
         return proto_msg_encode(m, &c->outq);
     int rc = rdzv_wire_send((uv_stream_t *)&c->tcp, m);
     if (rc)
@@ -199,6 +291,9 @@ static void copy_round(struct rdzv_client *c, const struct proto_round *r)
     c->has_round = true;
 }
 
+static void send_join(struct rdzv_client *c);
+static void after_reconnect(struct rdzv_client *c);
+
 static void handle(struct rdzv_client *c, const struct proto_msg *m)
 {
     struct rdzv_event ev = {0};
@@ -208,6 +303,20 @@ static void handle(struct rdzv_client *c, const struct proto_msg *m)
     case PROTO_WELCOME:
         log_debug("R0201", "connected to %s (%s)", c->host,
                   m->welcome.server ? m->welcome.server : "?");
+        c->welcomed = true;
+        c->ever_welcomed = true;
+        c->server_acks = m->welcome.heartbeat_ack;
+        c->server_resume = m->welcome.resume;
+        if (c->reconnecting)
+            after_reconnect(c);
+        return;
+    case PROTO_HEARTBEAT:
+        if (m->heartbeat.has_waiting && m->heartbeat.waiting != c->waiting) {
+            c->waiting = m->heartbeat.waiting;
+            ev.kind = RDZV_EV_WAITING;
+            ev.waiting_nodes = c->waiting;
+            break;
+        }
         return;
     case PROTO_JOINED:
         ev.kind = RDZV_EV_JOINED;
@@ -216,14 +325,21 @@ static void handle(struct rdzv_client *c, const struct proto_msg *m)
         break;
     case PROTO_ROUND:
         copy_round(c, &m->round);
+        if (m->round.restart_count > c->restart_count)
+            c->restart_count = m->round.restart_count;
+        c->in_round = true;
         if (c->joining) {
             c->joining = false;
+            c->join_resend = false;
             c->join_cb(c, 0, &c->round, c->join_arg);
         }
         return;
     case PROTO_RESTART:
+        if (m->restart.restart_count > c->restart_count)
+            c->restart_count = m->restart.restart_count;
         if (c->joining)
             return; /* we are joining the next round already */
+        c->in_round = false;
         ev.kind = RDZV_EV_RESTART;
         ev.round = m->restart.round;
         ev.reason = m->restart.reason;
@@ -234,6 +350,8 @@ static void handle(struct rdzv_client *c, const struct proto_msg *m)
     case PROTO_CLOSED:
         snprintf(c->last_error, sizeof(c->last_error), "rendezvous closed: %s",
                  m->closed.reason ? m->closed.reason : "closed");
+        c->final = true;
+        c->in_round = false;
         if (c->joining) {
             c->joining = false;
             c->join_cb(c, CDDP_ECLOSED, NULL, c->join_arg);
@@ -244,6 +362,7 @@ static void handle(struct rdzv_client *c, const struct proto_msg *m)
         break;
     case PROTO_ERROR: {
         const char *msg = m->error.message ? m->error.message : cddp_strerror(m->error.code);
+        c->final = true; /* the server decided: nothing to reconnect for */
         if (c->joining) {
             snprintf(c->last_error, sizeof(c->last_error), "%s", msg);
             c->joining = false;
@@ -279,8 +398,7 @@ static void handle(struct rdzv_client *c, const struct proto_msg *m)
                     proto_type_name(m->type));
         return;
     }
-    if (c->on_event)
-        c->on_event(c, &ev, c->data);
+    emit(c, &ev);
 }
 
 static int on_frame(void *arg, const char *payload, size_t len)
@@ -295,7 +413,8 @@ static int on_frame(void *arg, const char *payload, size_t len)
     }
     handle(c, &m);
     proto_msg_free(&m);
-    return c->state == C_DEAD || c->closing ? CDDP_ECLOSED : 0;
+    /* Stop at a connection that ended meanwhile: what follows was its. */
+    return c->state != C_CONNECTED || c->closing ? CDDP_ECLOSED : 0;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -309,14 +428,16 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct rdzv_client *c = s->data;
-    if (nread == 0 || c->state == C_DEAD)
+    if (nread == 0 || c->state != C_CONNECTED)
         return;
     if (nread < 0) {
-        client_fail(c, nread == UV_EOF ? CDDP_ERR_FROM_ERRNO(ECONNRESET) : (int)nread,
-                    "connection to the rendezvous server %s:%d lost: %s", c->host, c->port,
-                    nread == UV_EOF ? "closed by the server" : uv_strerror((int)nread));
+        connection_lost(c, nread == UV_EOF ? CDDP_ERR_FROM_ERRNO(ECONNRESET) : (int)nread,
+                        "connection to the rendezvous server %s:%d lost: %s", c->host, c->port,
+                        nread == UV_EOF ? "closed by the server" : uv_strerror((int)nread));
         return;
     }
+    c->last_rx = uv_now(c->loop);
+    c->suspect = false;
     int rc = proto_decoder_feed(&c->dec, buf->base, (size_t)nread, on_frame, c);
     if (rc == CDDP_ETOOBIG)
         client_fail(c, rc, "the server sent a frame over %u bytes", PROTO_FRAME_MAX);
@@ -328,8 +449,55 @@ static void on_beat(uv_timer_t *t)
 {
     struct rdzv_client *c = t->data;
     struct proto_msg m = {.type = PROTO_HEARTBEAT};
-    if (c->state == C_CONNECTED)
+    if (c->state == C_CONNECTED && !c->hold)
         client_send(c, &m);
+}
+
+static void on_watch(uv_timer_t *t)
+{
+    struct rdzv_client *c = t->data;
+    if (c->state != C_CONNECTED || c->closing)
+        return;
+    /* Before welcome every server must answer; after it, only one that
+     * answers heartbeats is expected to speak (an older one stays quiet
+     * while nothing happens, and only its connection breaking is seen). */
+    uint64_t limit = !c->welcomed ? c->conf.read_timeout_ms : c->server_acks ? c->silence_ms : 0;
+    if (limit == 0)
+        return;
+    uint64_t now = uv_now(c->loop);
+    uint64_t quiet = now - c->last_rx;
+    if (quiet < limit) {
+        c->suspect = false;
+        uv_timer_start(&c->watch, on_watch, limit - quiet, 0);
+        return;
+    }
+    if (!c->suspect) {
+        /* A process that was stopped runs its timers before it reads what
+         * arrived meanwhile: one more turn of the loop reads it first. */
+        c->suspect = true;
+        uv_timer_start(&c->watch, on_watch, 1, 0);
+        return;
+    }
+    if (c->welcomed)
+        connection_lost(c, CDDP_ETIMEOUT,
+                        "the rendezvous server %s:%d sent nothing for %.1f s (read_timeout=%.1f s)",
+                        c->host, c->port, (double)quiet / 1000.0,
+                        (double)c->conf.read_timeout_ms / 1000.0);
+    else
+        connection_lost(c, CDDP_ETIMEOUT,
+                        "the rendezvous server %s:%d did not answer within %.1f s (read_timeout)",
+                        c->host, c->port, (double)c->conf.read_timeout_ms / 1000.0);
+}
+
+/* Writes what waited in outq; 0 or an error (the connection is then lost). */
+static int write_outq(struct rdzv_client *c)
+{
+    int rc = 0;
+    if (c->outq.len)
+        rc = rdzv_wire_write_buf((uv_stream_t *)&c->tcp, &c->outq);
+    cddp_buf_free(&c->outq);
+    c->join_queued = false;
+    return rc;
 }
 
 static void on_connected(uv_connect_t *req, int status)
@@ -344,27 +512,40 @@ static void on_connected(uv_connect_t *req, int status)
         return;
     }
     c->state = C_CONNECTED;
+    c->welcomed = false;
+    c->suspect = false;
+    c->last_rx = uv_now(c->loop);
+    /* Nothing of a lost connection's stream carries over. */
+    proto_decoder_free(&c->dec);
+    proto_decoder_init(&c->dec, PROTO_FRAME_MAX);
     uv_tcp_nodelay(&c->tcp, 1);
     int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
-    /* hello, then what was asked for while connecting, in one write. */
+    /* hello, then what was asked for while connecting, in one write; after
+     * a loss, what waits goes out after the welcome (after_reconnect). */
     struct proto_msg m = {.type = PROTO_HELLO};
     m.hello.token = c->conf.has_token ? c->conf.token : NULL;
     m.hello.run_id = c->run_id;
     m.hello.client = "cddprun " CDDP_VERSION;
+    m.hello.heartbeat_ack = true;
     struct cddp_buf first;
     cddp_buf_init(&first, c->outq.max + PROTO_FRAME_HEADER + PROTO_FRAME_MAX);
     if (rc == 0)
         rc = proto_msg_encode(&m, &first);
-    if (rc == 0 && c->outq.len)
+    if (rc == 0 && c->outq.len && !c->reconnecting)
         rc = cddp_buf_append(&first, c->outq.data, c->outq.len);
     if (rc == 0)
         rc = rdzv_wire_write_buf((uv_stream_t *)&c->tcp, &first);
     cddp_buf_free(&first);
-    cddp_buf_free(&c->outq);
+    if (!c->reconnecting) {
+        cddp_buf_free(&c->outq);
+        c->join_queued = false;
+        c->hold = false;
+    }
     if (rc) {
-        client_fail(c, rc, "cannot talk to %s:%d: %s", c->host, c->port, cddp_strerror(rc));
+        connection_lost(c, rc, "cannot talk to %s:%d: %s", c->host, c->port, cddp_strerror(rc));
         return;
     }
+    uv_timer_start(&c->watch, on_watch, c->conf.read_timeout_ms, 0);
     uv_timer_start(&c->beat, on_beat, c->conf.keep_alive_interval_ms,
                    c->conf.keep_alive_interval_ms);
 }
@@ -380,9 +561,13 @@ static void backoff(struct rdzv_client *c)
 {
     uint64_t now = uv_now(c->loop);
     if (now >= c->connect_deadline) {
-        client_fail(c, CDDP_ETIMEOUT, "%s (kept trying for %.1f s)",
-                    c->last_error[0] ? c->last_error : "cannot reach the rendezvous server",
-                    (double)c->conf.read_timeout_ms / 1000.0);
+        const char *last = c->last_error[0] ? c->last_error : "cannot reach the rendezvous server";
+        if (c->reconnecting)
+            client_fail(c, CDDP_ETIMEOUT, "%s; could not reconnect within %.1f s: %s", c->lost_why,
+                        (double)c->connect_ms / 1000.0, last);
+        else
+            client_fail(c, CDDP_ETIMEOUT, "%s (kept trying for %.1f s)", last,
+                        (double)c->connect_ms / 1000.0);
         return;
     }
     uint64_t ms = c->backoff_ms / 2 + (uint64_t)rand_r(&c->seed) % (c->backoff_ms / 2 + 1);
@@ -538,13 +723,21 @@ int rdzv_client_start(uv_loop_t *loop, const struct rdzv_client_options *o, rdzv
     c->data = data;
     c->seed = (unsigned)uv_hrtime() ^ (unsigned)(uintptr_t)c;
     c->backoff_ms = 10;
-    uint64_t ct = o->connect_timeout_ms ? o->connect_timeout_ms : c->conf.read_timeout_ms;
-    c->connect_deadline = uv_now(loop) + ct;
+    c->connect_ms = o->connect_timeout_ms ? o->connect_timeout_ms : c->conf.read_timeout_ms;
+    c->connect_deadline = uv_now(loop) + c->connect_ms;
+    c->reconnect_ms = o->reconnect_timeout_ms ? o->reconnect_timeout_ms : c->conf.join_timeout_ms;
+    c->silence_ms = c->conf.read_timeout_ms;
+    if (c->silence_ms < 2 * c->conf.keep_alive_interval_ms)
+        c->silence_ms = 2 * c->conf.keep_alive_interval_ms;
+    c->waiting = -1;
+    c->hold = true;
     uv_timer_init(loop, &c->backoff_timer);
     uv_timer_init(loop, &c->beat);
+    uv_timer_init(loop, &c->watch);
     c->backoff_timer.data = c;
     c->beat.data = c;
-    c->open_handles = 2;
+    c->watch.data = c;
+    c->open_handles = 3;
     struct sockaddr_in *in4 = (struct sockaddr_in *)&c->numeric_addr;
     struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&c->numeric_addr;
     if (uv_ip4_addr(c->host, c->port, in4) == 0) {
@@ -565,12 +758,9 @@ static void fmt_seconds(char *buf, size_t len, uint64_t ms)
     snprintf(buf, len, "%.3f", (double)ms / 1000.0);
 }
 
-int rdzv_client_join(struct rdzv_client *c, int master_port, rdzv_join_cb cb, void *arg)
+/* Sends (or queues) the join for the outstanding join request. */
+static int encode_join(struct rdzv_client *c)
 {
-    if (c->closing || c->state == C_DEAD)
-        return CDDP_ECLOSED;
-    if (c->joining)
-        return CDDP_ESTATE;
     /* The server keeps what it needs of rdzv_conf per node; the token only
      * ever travels in hello. */
     char v[5][32];
@@ -591,16 +781,132 @@ int rdzv_client_join(struct rdzv_client *c, int master_port, rdzv_join_cb cb, vo
     m.join.max_nodes = c->max_nodes;
     m.join.local_addr = c->local_addr;
     m.join.hostname = c->hostname;
-    m.join.master_port = master_port;
+    m.join.master_port = c->join_port;
+    /* Where the job was, for a server that restarted since. */
+    m.join.round = c->has_round ? c->round.round : 0;
+    m.join.last_nnodes = c->has_round ? c->round.nnodes : 0;
+    m.join.restart_count = c->restart_count;
     m.join.conf = kv;
     m.join.nconf = 5;
+    bool queued = c->hold;
     int rc = client_send(c, &m);
+    if (rc == 0)
+        c->join_queued = queued;
+    return rc;
+}
+
+static void send_join(struct rdzv_client *c)
+{
+    c->join_resend = false;
+    int rc = encode_join(c);
+    if (rc)
+        connection_lost(c, rc, "cannot send join to %s:%d: %s", c->host, c->port,
+                        cddp_strerror(rc));
+}
+
+int rdzv_client_join(struct rdzv_client *c, int master_port, rdzv_join_cb cb, void *arg)
+{
+    if (c->closing || c->state == C_DEAD)
+        return CDDP_ECLOSED;
+    if (c->joining)
+        return CDDP_ESTATE;
+    c->join_port = master_port;
+    c->join_resend = false;
+    int rc = encode_join(c);
     if (rc)
         return rc;
     c->joining = true;
+    c->in_round = false;
     c->join_cb = cb;
     c->join_arg = arg;
     return 0;
+}
+
+/* ---- after a lost connection: resume, or join again ---- */
+
+static int request(struct rdzv_client *c, struct proto_msg *m, rdzv_store_cb cb, void *arg);
+
+static void on_resumed(struct rdzv_client *c, int status, const struct rdzv_store_result *r,
+                       void *arg)
+{
+    (void)arg;
+    if (status == CDDP_ERR_FROM_ERRNO(ECONNRESET) || status == CDDP_ERR_FROM_ERRNO(ECANCELED))
+        return; /* lost again (the next welcome asks again), or closed */
+    c->resume_id = 0;
+    struct rdzv_event ev = {0};
+    if (status == 0) {
+        log_info("R0203", "reconnected to %s:%d: still in round %llu", c->host, c->port,
+                 (unsigned long long)c->round.round);
+        ev.kind = RDZV_EV_RECONNECTED;
+        ev.resumed = true;
+        ev.round = c->round.round;
+        emit(c, &ev);
+        return;
+    }
+    const char *why = r && r->message ? r->message : cddp_strerror(status);
+    c->in_round = false;
+    if (status == CDDP_ECLOSED) {
+        c->final = true;
+        snprintf(c->last_error, sizeof(c->last_error), "rendezvous closed: %s", why);
+        ev.kind = RDZV_EV_CLOSED;
+        ev.reason = why;
+        emit(c, &ev);
+        return;
+    }
+    /* Its round ended while it was away (or the server restarted): this
+     * node stops its workers and joins again, like any restart. */
+    ev.kind = RDZV_EV_RESTART;
+    ev.round = c->round.round;
+    ev.reason = "resume_failed";
+    ev.node_id = c->node_id;
+    ev.message = why;
+    ev.restart_count = c->restart_count;
+    emit(c, &ev);
+}
+
+/* A welcome after a lost connection. What goes first: the join again (the
+ * one outstanding went out on the lost connection), or a resume of the
+ * round this node runs in; then what waited meanwhile, in order. */
+static void after_reconnect(struct rdzv_client *c)
+{
+    c->reconnecting = false;
+    c->reconnects++;
+    c->backoff_ms = 10;
+    c->hold = false;
+    log_info("R0202", "reconnected to the rendezvous server %s:%d (%u reconnection%s)", c->host,
+             c->port, c->reconnects, c->reconnects == 1 ? "" : "s");
+    bool resume = false;
+    if (c->joining && c->join_resend) {
+        send_join(c);
+    } else if (!c->joining && c->in_round && c->server_resume) {
+        struct proto_msg m = {.type = PROTO_RESUME};
+        m.resume.node_id = c->node_id;
+        m.resume.round = c->round.round;
+        resume = request(c, &m, on_resumed, NULL) == 0;
+        if (resume)
+            c->resume_id = m.id;
+    }
+    if (c->state != C_CONNECTED)
+        return;
+    int rc = write_outq(c);
+    if (rc) {
+        connection_lost(c, rc, "cannot talk to %s:%d: %s", c->host, c->port, cddp_strerror(rc));
+        return;
+    }
+    if (resume || c->closing)
+        return;
+    struct rdzv_event ev = {.kind = RDZV_EV_RECONNECTED};
+    if (!c->joining && c->in_round) {
+        /* A server that cannot resume: the round is lost to this node. */
+        c->in_round = false;
+        ev.kind = RDZV_EV_RESTART;
+        ev.round = c->round.round;
+        ev.reason = "resume_failed";
+        ev.node_id = c->node_id;
+        ev.message = "the rendezvous server cannot resume a round (an older server)";
+        ev.restart_count = c->restart_count;
+    }
+    emit(c, &ev);
 }
 
 static int send_simple(struct rdzv_client *c, enum proto_type type, uint64_t round,
@@ -815,4 +1121,20 @@ void rdzv_client_close(struct rdzv_client *c, void (*close_cb)(void *arg), void 
     close_tcp(c);
     uv_close((uv_handle_t *)&c->backoff_timer, on_handle_closed);
     uv_close((uv_handle_t *)&c->beat, on_handle_closed);
+    uv_close((uv_handle_t *)&c->watch, on_handle_closed);
+}
+
+bool rdzv_client_connected(const struct rdzv_client *c)
+{
+    return c->state == C_CONNECTED && c->welcomed;
+}
+
+int64_t rdzv_client_waiting(const struct rdzv_client *c)
+{
+    return c->waiting;
+}
+
+unsigned rdzv_client_reconnects(const struct rdzv_client *c)
+{
+    return c->reconnects;
 }

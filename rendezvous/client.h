@@ -31,8 +31,24 @@
  * (round, or CDDP_ETIMEOUT after join_timeout, CDDP_ECLOSED, CDDP_ETOKEN,
  * CDDP_EMISMATCH, CDDP_ECONFIG, a connection error); a RESTART that crosses
  * our join is swallowed (we are rejoining anyway). Otherwise it comes as
- * events. A lost connection is final: event ERROR (or the join_cb), then
- * every call fails with CDDP_ECLOSED; make a new client to try again.
+ * events.
+ *
+ * A lost connection (closed or reset without a word from the server, or a
+ * server silent for read_timeout: heartbeats are answered by servers that
+ * say so in welcome) is reconnected, with backoff and jitter, for up to
+ * reconnect_timeout (join_timeout by default): event DISCONNECTED, then
+ *   - an outstanding join is sent again (its join_cb stays pending);
+ *   - a node in a round asks the server to resume it there: when the server
+ *     still runs that round with this node in it, event RECONNECTED
+ *     (resumed: its workers go on); otherwise event RESTART (reason
+ *     "resume_failed": the round ended meanwhile, or the server restarted
+ *     and lost it), or CLOSED;
+ *   - otherwise event RECONNECTED;
+ * store requests pending at the loss fail with -ECONNRESET; calls made
+ * while disconnected wait and go out, in order, after the welcome. Once
+ * the server refused us (an error message) or closed the run, or the time
+ * is up, the loss is final: event ERROR (or the join_cb), then every call
+ * fails with CDDP_ECLOSED.
  *
  * The process must ignore SIGPIPE (libuv writes with write(2)).
  */
@@ -66,14 +82,20 @@ struct rdzv_client_options {
     const struct rdzv_conf *conf;
     /* Give up connecting after this; 0: conf->read_timeout (60 s). */
     uint64_t connect_timeout_ms;
+    /* After a lost connection, give up reconnecting after this; 0:
+     * conf->join_timeout (600 s). */
+    uint64_t reconnect_timeout_ms;
 };
 
 enum rdzv_event_kind {
-    RDZV_EV_JOINED = 1, /* the server took our join (waiting: the round is full, we wait
-                           for a place); informational */
-    RDZV_EV_RESTART,    /* stop the workers, then join again */
-    RDZV_EV_CLOSED,     /* the rendezvous is closed: end the job */
-    RDZV_EV_ERROR,      /* the connection is lost or we were refused: final */
+    RDZV_EV_JOINED = 1,   /* the server took our join (waiting: the round is full, we wait
+                             for a place); informational */
+    RDZV_EV_RESTART,      /* stop the workers, then join again */
+    RDZV_EV_CLOSED,       /* the rendezvous is closed: end the job */
+    RDZV_EV_ERROR,        /* the connection is lost for good or we were refused: final */
+    RDZV_EV_DISCONNECTED, /* the connection was lost: reconnecting (message: why) */
+    RDZV_EV_RECONNECTED,  /* connected again (resumed: still in its round) */
+    RDZV_EV_WAITING,      /* the run's wait list changed (waiting_nodes) */
 };
 
 struct rdzv_event {
@@ -84,8 +106,10 @@ struct rdzv_event {
     const char *node_id;   /* RESTART: the node that caused it (may be NULL) */
     bool counted;          /* RESTART: a worker failure (counts against --max_restarts) */
     int64_t restart_count; /* RESTART: the run's counted restarts, this one included */
-    int code;              /* ERROR */
-    const char *message;   /* ERROR: one line */
+    int code;              /* ERROR, DISCONNECTED */
+    const char *message;   /* ERROR, DISCONNECTED: one line; RESTART: the server's detail */
+    bool resumed;          /* RECONNECTED: this node is still in its round */
+    int64_t waiting_nodes; /* WAITING */
 };
 
 typedef void (*rdzv_event_cb)(struct rdzv_client *c, const struct rdzv_event *ev, void *data);
@@ -149,6 +173,13 @@ const struct proto_round *rdzv_client_round(const struct rdzv_client *c);
 const char *rdzv_client_last_error(const struct rdzv_client *c);
 /* The node id in use. */
 const char *rdzv_client_node_id(const struct rdzv_client *c);
+/* Connected and welcomed now. */
+bool rdzv_client_connected(const struct rdzv_client *c);
+/* The run's wait list as the server last said (heartbeat answers); -1 while
+ * unknown. */
+int64_t rdzv_client_waiting(const struct rdzv_client *c);
+/* Connections re-established after a loss. */
+unsigned rdzv_client_reconnects(const struct rdzv_client *c);
 
 /* Closes the connection and frees the client: every pending callback gets
  * -ECANCELED first, then close_cb (may be NULL). Do not use c afterwards. */

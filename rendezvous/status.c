@@ -1,6 +1,6 @@
 /*
- * status.c: see status.h. A thin shell: it walks the state machine
- * (rdzv_state_visit) into plain views that common/status_view.c renders.
+ * status.c: see status.h. A thin shell: rendezvous/view.c walks the server
+ * into a plain view that common/status_view.c renders.
  */
 #include "rendezvous/status.h"
 
@@ -17,7 +17,7 @@
 #include "common/status_http.h"
 #include "common/status_view.h"
 #include "common/strutil.h"
-#include "rendezvous/state.h"
+#include "rendezvous/view.h"
 
 struct rdzv_status {
     struct status_server *server;
@@ -33,108 +33,23 @@ struct rdzv_status {
     char hostname[256];
     char endpoint[300];
     double started_at;
-
-    /* Scratch for one publish, kept between publishes. */
-    struct status_rdzv_run_view *runs;
-    size_t *first; /* per run: index of its first node in nodes */
-    size_t nruns, runs_cap, first_cap;
-    struct status_rdzv_node_view *nodes;
-    size_t nnodes, nodes_cap;
-    bool oom;
-    double now_wall;
-    uint64_t now_mono; /* the server's clock (uv_now), which the state's times use */
+    struct rdzv_view_builder view; /* scratch for one publish, kept between publishes */
 };
 
-static double wall_of(const struct rdzv_status *st, uint64_t t)
-{
-    if (t == 0)
-        return 0;
-    return t >= st->now_mono ? st->now_wall : st->now_wall - (double)(st->now_mono - t) / 1000.0;
-}
-
-static bool grow(void **p, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return true;
-    size_t n = *cap ? *cap * 2 : 16;
-    while (n < need)
-        n *= 2;
-    void *q = realloc(*p, n * size);
-    if (q == NULL)
-        return false;
-    *p = q;
-    *cap = n;
-    return true;
-}
-
-static void visit_run(void *arg, const struct rdzv_run_info *ri)
-{
-    struct rdzv_status *st = arg;
-    if (st->oom || !grow((void **)&st->runs, &st->runs_cap, st->nruns + 1, sizeof(*st->runs)) ||
-        !grow((void **)&st->first, &st->first_cap, st->nruns + 1, sizeof(*st->first))) {
-        st->oom = true;
-        return;
-    }
-    struct status_rdzv_run_view *r = &st->runs[st->nruns];
-    memset(r, 0, sizeof(*r));
-    r->run_id = ri->run_id;
-    r->state = ri->phase;
-    r->round = ri->round;
-    r->min_nodes = ri->min_nodes > 0 ? (unsigned)ri->min_nodes : 0;
-    r->max_nodes = ri->max_nodes > 0 ? (unsigned)ri->max_nodes : 0;
-    r->last_round_at = wall_of(st, ri->round_at);
-    st->first[st->nruns] = st->nnodes;
-    st->nruns++;
-}
-
-static void visit_node(void *arg, const struct rdzv_node_info *ni)
-{
-    struct rdzv_status *st = arg;
-    if (st->oom || st->nruns == 0 ||
-        !grow((void **)&st->nodes, &st->nodes_cap, st->nnodes + 1, sizeof(*st->nodes))) {
-        st->oom = true;
-        return;
-    }
-    struct status_rdzv_node_view *n = &st->nodes[st->nnodes++];
-    n->node = ni->node_id;
-    n->state = ni->state;
-    n->node_rank = ni->rank;
-    n->nproc = ni->nproc;
-    n->joined_at = wall_of(st, ni->joined_at);
-    n->last_seen_at = wall_of(st, ni->last_seen);
-    /* The visit gives the wait list last: members, then waiting. */
-    struct status_rdzv_run_view *r = &st->runs[st->nruns - 1];
-    if (strcmp(ni->state, "waiting") == 0)
-        r->nwaiting++;
-    else
-        r->nmembers++;
-}
+/* ---- cddp-rdzv's status port ---- */
 
 static void publish(struct rdzv_status *st)
 {
     if (st->timers_open)
         uv_timer_stop(&st->coalesce);
     uint64_t t0 = cddp_mono_ns();
-    struct rdzv_server_stats stats;
-    memset(&stats, 0, sizeof(stats));
-    st->nruns = st->nnodes = 0;
-    st->oom = false;
-    st->now_wall = cddp_wall_time();
-    if (st->srv) {
-        st->now_mono = uv_now(st->loop);
-        rdzv_server_stats(st->srv, &stats);
-        rdzv_state_visit(rdzv_server_state(st->srv), 0, visit_run, visit_node, st);
-    }
-    if (st->oom) {
+    struct status_rdzv_view v;
+    double now = cddp_wall_time();
+    memset(&v, 0, sizeof(v));
+    if (st->srv && rdzv_view_build(&st->view, st->loop, st->srv, now, &v) != 0) {
         log_error("S0201", "status port: out of memory listing the runs; not published");
         return;
     }
-    for (size_t i = 0; i < st->nruns; i++) {
-        st->runs[i].members = st->nodes + st->first[i];
-        st->runs[i].waiting = st->runs[i].members + st->runs[i].nmembers;
-    }
-    struct status_rdzv_view v;
-    memset(&v, 0, sizeof(v));
     v.program = "cddp-rdzv";
     v.version = st->version;
     v.pid = (int)getpid();
@@ -142,17 +57,8 @@ static void publish(struct rdzv_status *st)
     v.endpoint = st->endpoint;
     v.started_at = st->started_at;
     v.accepting = st->accepting && st->srv != NULL;
-    v.connections = (unsigned)stats.connections;
-    v.connections_total = stats.accepted;
-    v.refused[STATUS_REFUSED_LIMIT] = stats.refused_limit;
-    v.refused[STATUS_REFUSED_TOKEN] = stats.refused_token;
-    v.refused[STATUS_REFUSED_PROTOCOL] = stats.refused_protocol;
-    v.joins_total = stats.joins;
-    v.rounds_total = stats.rounds_completed;
-    v.nruns = st->nruns;
-    v.runs = st->runs;
     struct status_snapshot *snap = NULL;
-    int rc = status_rdzv_render(&v, st->now_wall, &snap);
+    int rc = status_rdzv_render(&v, now, &snap);
     if (rc) {
         log_error("S0202", "status port: cannot render the server's status: %s", cddp_strerror(rc));
         return;
@@ -258,8 +164,6 @@ void rdzv_status_free(struct rdzv_status *st)
     if (st == NULL)
         return;
     status_server_stop(st->server);
-    free(st->runs);
-    free(st->first);
-    free(st->nodes);
+    rdzv_view_builder_free(&st->view);
     free(st);
 }

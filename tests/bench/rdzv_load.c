@@ -219,6 +219,17 @@ static void on_event(struct rdzv_client *c, const struct rdzv_event *ev, void *d
         }
         finish(L, 1);
         break;
+    case RDZV_EV_DISCONNECTED:
+    case RDZV_EV_RECONNECTED:
+        if (L->stay) {
+            printf("{\"event\":\"%s\",\"agent\":%d,\"resumed\":%s}\n",
+                   ev->kind == RDZV_EV_DISCONNECTED ? "disconnected" : "reconnected", a->idx,
+                   ev->resumed ? "true" : "false");
+            fflush(stdout);
+        }
+        break;
+    case RDZV_EV_WAITING:
+        break;
     }
 }
 

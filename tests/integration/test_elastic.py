@@ -311,15 +311,19 @@ def test_sigstop_agent_removed_after_heartbeat_timeout(cluster):
 
 
 def test_lost_host_ends_the_job_with_a_clear_error(cluster):
-    """The agent hosting the rendezvous is killed: the others cannot go on
-    (use cddp-rdzv for that); they stop their workers and say why."""
+    """The agent hosting the rendezvous is killed: the others try to
+    reconnect for join_timeout (a restarted host would serve them a new
+    round), then stop their workers and say why."""
     port = free_port()
-    host = cluster.agent("0", *c10d(port, "1:2", conf="is_host=1," + FAST))
-    other = cluster.agent("1", *c10d(port, "1:2", conf="is_host=0," + FAST))
+    conf = "join_timeout=1.5," + FAST
+    host = cluster.agent("0", *c10d(port, "1:2", conf="is_host=1," + conf))
+    other = cluster.agent("1", *c10d(port, "1:2", conf="is_host=0," + conf))
     first = wait_round(cluster.out, 4)
     host.signal(signal.SIGKILL)
     assert other.wait() == 1
-    assert "lost the rendezvous" in other.text()
+    text = other.text()
+    assert "reconnecting (for up to 1.5 s)" in text
+    assert "lost the rendezvous" in text and "could not reconnect within 1.5 s" in text
     # Its own workers are gone when it exits; the host's go with the host
     # (its guardian kills them), a moment later.
     assert not any(alive(int(e["PID"])) for e in first if e["NODE"] == "1")

@@ -149,7 +149,9 @@ def test_endpoints_through_a_run(background, tmp_path):
     assert (st["node_rank"], st["nnodes"], st["world_size"], st["local_world_size"],
             st["round"]) == (0, 1, 2, 2, 1)
     assert st["rdzv"] == {"backend": "static", "endpoint": "127.0.0.1:29500",
-                          "master_addr": "127.0.0.1", "master_port": 29500}
+                          "master_addr": "127.0.0.1", "master_port": 29500,
+                          "connected": True, "disconnected_at": None, "reconnects": 0}
+    assert st["rdzv_server"] is None  # one static node hosts no server
     assert st["restarts"] == {"count": 0, "max": 1, "remaining": 1,
                               "by_reason": {"worker_failure": 0, "membership_change": 0}}
     assert st["last_round_duration_s"] >= 0 and st["last_round_at"] >= st["started_at"]

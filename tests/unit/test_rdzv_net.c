@@ -14,7 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <uv.h>
 
 #include "common/errors.h"
@@ -35,6 +40,9 @@ struct agent {
     int errors;
     int last_error;
     bool rejoin_on_restart;
+    int disconnects, reconnects, resumed;
+    int64_t waiting;
+    char restart_reason[32];
     struct world *w;
 };
 
@@ -119,6 +127,7 @@ static void on_event(struct rdzv_client *c, const struct rdzv_event *ev, void *d
     case RDZV_EV_RESTART:
         a->restarts++;
         a->last_counted = ev->counted;
+        snprintf(a->restart_reason, sizeof(a->restart_reason), "%s", ev->reason);
         if (a->rejoin_on_restart)
             assert_int_equal(rdzv_client_join(c, 0, on_join, a), 0);
         break;
@@ -130,6 +139,16 @@ static void on_event(struct rdzv_client *c, const struct rdzv_event *ev, void *d
         a->last_error = ev->code;
         break;
     case RDZV_EV_JOINED:
+        break;
+    case RDZV_EV_DISCONNECTED:
+        a->disconnects++;
+        break;
+    case RDZV_EV_RECONNECTED:
+        a->reconnects++;
+        a->resumed += ev->resumed;
+        break;
+    case RDZV_EV_WAITING:
+        a->waiting = ev->waiting_nodes;
         break;
     }
 }
@@ -488,6 +507,265 @@ static void test_connect_retry_and_timeout(void **state)
                      CDDP_ECONFIG);
 }
 
+/* ---- a server that dies, freezes, comes back: a child process ---- */
+
+static int free_tcp_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sin);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sin, &len), 0);
+    close(fd);
+    return ntohs(sin.sin_port);
+}
+
+static bool port_open(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET,
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                              .sin_port = htons((uint16_t)port)};
+    bool ok = connect(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* cddp's server on 127.0.0.1:port in a child process, on a loop of its own. */
+static pid_t server_child(int port)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        uv_loop_t loop;
+        struct rdzv_server *srv;
+        char err[256];
+        uv_loop_init(&loop);
+        struct rdzv_server_options o = {.host = "127.0.0.1", .port = port};
+        if (rdzv_server_start(&loop, &o, &srv, err, sizeof(err)) != 0)
+            _exit(3);
+        uv_run(&loop, UV_RUN_DEFAULT);
+        _exit(0);
+    }
+    for (int i = 0; i < 500 && !port_open(port); i++)
+        usleep(10000);
+    assert_true(port_open(port));
+    return pid;
+}
+
+static void kill_child(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    kill(pid, SIGCONT);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+}
+
+static void start_agent_conf(struct world *w, int i, int min, int max, const char *conf,
+                             uint64_t reconnect_ms)
+{
+    char err[256];
+    char id[32];
+    struct rdzv_conf rc;
+    rdzv_conf_init(&rc);
+    assert_int_equal(rdzv_conf_parse(&rc, conf, err, sizeof(err)), 0);
+    snprintf(id, sizeof(id), "node%d", i);
+    struct rdzv_client_options o = {.host = "127.0.0.1",
+                                    .port = w->port,
+                                    .run_id = "job",
+                                    .node_id = id,
+                                    .nproc = 1,
+                                    .min_nodes = min,
+                                    .max_nodes = max,
+                                    .conf = &rc,
+                                    .connect_timeout_ms = 5000,
+                                    .reconnect_timeout_ms = reconnect_ms};
+    assert_int_equal(
+        rdzv_client_start(&w->loop, &o, on_event, &w->a[i], &w->a[i].c, err, sizeof(err)), 0);
+}
+
+static void on_nothing(uv_timer_t *t)
+{
+    (void)t;
+}
+
+/* The loop runs for ms (the clients do what they do meanwhile). */
+static void run_for(struct world *w, uint64_t ms)
+{
+    uv_timer_t t;
+    uv_timer_init(&w->loop, &t);
+    uint64_t end = uv_now(&w->loop) + ms;
+    uv_timer_start(&t, on_nothing, ms, 0);
+    while (uv_now(&w->loop) < end)
+        uv_run(&w->loop, UV_RUN_ONCE);
+    uv_close((uv_handle_t *)&t, NULL);
+    uv_run(&w->loop, UV_RUN_NOWAIT);
+}
+
+static int want_disconnects;
+static bool all_disconnected(struct world *w)
+{
+    for (int i = 0; i < NCLI; i++) {
+        if (w->a[i].c && w->a[i].disconnects < want_disconnects)
+            return false;
+    }
+    return true;
+}
+
+/* Two nodes in round 1 of a server in a child process. */
+static pid_t two_in_a_round(struct world *w, const char *conf, uint64_t reconnect_ms)
+{
+    memset(w, 0, sizeof(*w));
+    uv_loop_init(&w->loop);
+    uv_timer_init(&w->loop, &w->guard);
+    uv_timer_start(&w->guard, on_guard, 20000, 0);
+    uv_unref((uv_handle_t *)&w->guard);
+    w->port = free_tcp_port();
+    pid_t pid = server_child(w->port);
+    for (int i = 0; i < 2; i++) {
+        w->a[i].w = w;
+        w->a[i].waiting = -1;
+        start_agent_conf(w, i, 2, 2, conf, reconnect_ms);
+        w->a[i].rejoin_on_restart = true;
+        assert_int_equal(rdzv_client_join(w->a[i].c, 0, on_join, &w->a[i]), 0);
+    }
+    want_joins = 1;
+    run_until(w, all_joined);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(w->a[i].status, 0);
+        assert_int_equal(w->a[i].round.round, 1);
+        assert_true(rdzv_client_connected(w->a[i].c));
+    }
+    return pid;
+}
+
+static void test_reconnect_after_server_restart(void **state)
+{
+    (void)state;
+    struct world w;
+    pid_t pid = two_in_a_round(&w, "keep_alive_interval=0.05,read_timeout=2", 0);
+    /* A request in flight when the server dies fails; the loss is seen. */
+    struct store_op lost = {0};
+    const char *keys[] = {"never"};
+    assert_int_equal(rdzv_client_wait(w.a[0].c, keys, 1, -1, on_store, &lost), 0);
+    run_for(&w, 50);
+    kill_child(pid);
+    want_disconnects = 1;
+    run_until(&w, all_disconnected);
+    assert_int_equal(lost.done, 1);
+    assert_int_equal(lost.status, -ECONNRESET);
+    assert_false(rdzv_client_connected(w.a[0].c));
+    /* Asked while disconnected: waits, and goes out after the reconnection. */
+    struct store_op set = {0}, get = {0};
+    assert_int_equal(rdzv_client_set(w.a[0].c, "k", "v", 1, on_store, &set), 0);
+    run_for(&w, 100); /* a few refused attempts */
+    assert_int_equal(set.done, 0);
+    /* The server comes back without the run: the nodes cannot resume their
+     * round, so they restart (not counted) and form the next one, numbered
+     * on from where they were. */
+    pid = server_child(w.port);
+    want_joins = 2;
+    run_until(&w, all_joined);
+    for (int i = 0; i < 2; i++) {
+        struct agent *a = &w.a[i];
+        assert_int_equal(a->status, 0);
+        assert_int_equal(a->round.round, 2);
+        assert_int_equal(a->round.nnodes, 2);
+        assert_int_equal(a->restarts, 1);
+        assert_string_equal(a->restart_reason, "resume_failed");
+        assert_false(a->last_counted);
+        assert_int_equal(a->errors, 0);
+        assert_int_equal(rdzv_client_reconnects(a->c), 1);
+    }
+    wait_op(&w, &set);
+    assert_int_equal(set.status, 0);
+    assert_int_equal(rdzv_client_get(w.a[1].c, "k", 1000, on_store, &get), 0);
+    wait_op(&w, &get);
+    assert_string_equal(get.value, "v");
+    kill_child(pid);
+    world_close(&w);
+}
+
+static void test_frozen_server(void **state)
+{
+    (void)state;
+    struct world w;
+    pid_t pid = two_in_a_round(
+        &w, "keep_alive_interval=0.05,keep_alive_max_attempt=40,read_timeout=0.5", 0);
+    /* Frozen for less than read_timeout: nobody notices. */
+    kill(pid, SIGSTOP);
+    run_for(&w, 200);
+    kill(pid, SIGCONT);
+    run_for(&w, 300);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(w.a[i].disconnects, 0);
+        assert_int_equal(w.a[i].restarts, 0);
+    }
+    /* Frozen for longer: each client gives the connection up (and the
+     * attempts that follow, which get no welcome), then reconnects once the
+     * server wakes; it removed them meanwhile, so a new round forms. */
+    kill(pid, SIGSTOP);
+    want_disconnects = 1;
+    run_until(&w, all_disconnected);
+    run_for(&w, 700);
+    kill(pid, SIGCONT);
+    want_joins = 2;
+    run_until(&w, all_joined);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(w.a[i].status, 0);
+        assert_true(w.a[i].round.round >= 2);
+        assert_int_equal(w.a[i].round.round, w.a[0].round.round);
+        assert_int_equal(w.a[i].disconnects, 1);
+        assert_int_equal(w.a[i].errors, 0);
+    }
+    kill_child(pid);
+    world_close(&w);
+}
+
+static void test_reconnect_gives_up(void **state)
+{
+    (void)state;
+    struct world w;
+    pid_t pid = two_in_a_round(&w, "keep_alive_interval=0.05", 300);
+    kill_child(pid);
+    while (w.a[0].errors == 0 || w.a[1].errors == 0)
+        uv_run(&w.loop, UV_RUN_ONCE);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(w.a[i].disconnects, 1);
+        assert_int_equal(w.a[i].last_error, CDDP_ETIMEOUT);
+        const char *e = rdzv_client_last_error(w.a[i].c);
+        assert_non_null(strstr(e, "closed by the server"));
+        assert_non_null(strstr(e, "could not reconnect within 0.3 s"));
+        assert_int_equal(rdzv_client_join(w.a[i].c, 0, on_join, &w.a[i]), CDDP_ECLOSED);
+    }
+    world_close(&w);
+}
+
+static void test_wait_list_in_heartbeat_answers(void **state)
+{
+    (void)state;
+    struct world w;
+    world_init(&w, NULL);
+    for (int i = 0; i < 3; i++) {
+        w.a[i].waiting = -1;
+        start_agent_conf(&w, i, 2, 2, "keep_alive_interval=0.02", 0);
+        assert_int_equal(rdzv_client_join(w.a[i].c, 0, on_join, &w.a[i]), 0);
+    }
+    /* Two form the round; the third waits for a place. */
+    while (w.a[0].joins_done + w.a[1].joins_done + w.a[2].joins_done < 2 || w.a[0].waiting != 1 ||
+           w.a[1].waiting != 1)
+        uv_run(&w.loop, UV_RUN_ONCE);
+    assert_int_equal(rdzv_client_waiting(w.a[0].c), 1);
+    int waiter = w.a[0].joins_done == 0 ? 0 : w.a[1].joins_done == 0 ? 1 : 2;
+    int member = waiter == 0 ? 1 : 0;
+    /* It goes: the members hear the list is empty again. */
+    rdzv_client_close(w.a[waiter].c, on_client_gone, &w);
+    w.a[waiter].c = NULL;
+    while (w.a[member].waiting != 0)
+        uv_run(&w.loop, UV_RUN_ONCE);
+    world_close(&w);
+}
+
 /* ---- the blocking store client, from threads ---- */
 
 struct waiter_arg {
@@ -629,6 +907,10 @@ int main(void)
         cmocka_unit_test(test_token),
         cmocka_unit_test(test_connect_retry_and_timeout),
         cmocka_unit_test(test_drain),
+        cmocka_unit_test(test_wait_list_in_heartbeat_answers),
+        cmocka_unit_test(test_reconnect_after_server_restart),
+        cmocka_unit_test(test_frozen_server),
+        cmocka_unit_test(test_reconnect_gives_up),
         cmocka_unit_test(test_blocking_store),
         cmocka_unit_test(test_blocking_store_token),
     };
