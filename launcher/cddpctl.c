@@ -373,6 +373,8 @@ static void print_counts(int width, const char *title, const cJSON *obj)
     printf("%s\n", *sep ? "" : "none");
 }
 
+static void print_runs(const cJSON *root, double now);
+
 static void print_agent(const cJSON *root)
 {
     double now = 0, v;
@@ -395,9 +397,22 @@ static void print_agent(const cJSON *root)
     char master[300] = "-";
     if (num(rdzv, "master_port", &v))
         snprintf(master, sizeof(master), "%s:%.0f", str(rdzv, "master_addr", "?"), v);
-    printf("%-10s%s %s, master %s, last round took %s, %s waiting\n", "rdzv",
+    printf("%-10s%s %s, master %s, last round took %s, %s waiting", "rdzv",
            str(rdzv, "backend", "-"), str(rdzv, "endpoint", "-"), master, took,
            fmt_num(root, "waiting_nodes", "%.0f", a, sizeof(a)));
+    if (cJSON_IsFalse(field(rdzv, "connected")))
+        printf(", DISCONNECTED %s, reconnecting",
+               fmt_ago(rdzv, "disconnected_at", now, b, sizeof(b)));
+    if (num(rdzv, "reconnects", &v) && v > 0)
+        printf(", %.0f reconnect%s", v, v == 1 ? "" : "s");
+    printf("\n");
+    const cJSON *hosted = field(root, "rdzv_server");
+    if (cJSON_IsObject(hosted))
+        printf("%-10sthe rendezvous server, on %s: %s connections, %s joins, %s rounds\n",
+               "hosting", str(hosted, "endpoint", "-"),
+               fmt_num(hosted, "connections", "%.0f", b, sizeof(b)),
+               fmt_num(hosted, "joins_total", "%.0f", c, sizeof(c)),
+               fmt_num(hosted, "rounds_total", "%.0f", d, sizeof(d)));
     const cJSON *rs = field(root, "restarts");
     printf("%-10s%s of %s", "restarts", fmt_num(rs, "count", "%.0f", a, sizeof(a)),
            fmt_num(rs, "max", "%.0f", b, sizeof(b)));
@@ -456,23 +471,14 @@ static void print_agent(const cJSON *root)
                   fmt_num(p, "samples_per_s", "%.1f", sps, sizeof(sps)), last_s);
     }
     table_print(&t, "");
+    if (cJSON_IsObject(hosted))
+        print_runs(hosted, now);
 }
 
-static void print_rdzv(const cJSON *root)
+/* The runs of a rendezvous server (cddp-rdzv's, or the one an agent hosts),
+ * then their nodes. */
+static void print_runs(const cJSON *root, double now)
 {
-    double now = 0;
-    num(root, "generated_at", &now);
-    print_header(root);
-    char a[64], b[64];
-    printf("%-12s%s (%s)\n", "endpoint", str(root, "endpoint", "-"),
-           cJSON_IsTrue(field(root, "ready")) ? "accepting agents" : "not accepting agents");
-    printf("%-12s%s open, %s total\n", "connections",
-           fmt_num(root, "connections", "%.0f", a, sizeof(a)),
-           fmt_num(root, "connections_total", "%.0f", b, sizeof(b)));
-    print_counts(12, "refused", field(root, "refused_connections"));
-    printf("%-12s%s joins, %s rounds\n", "totals", fmt_num(root, "joins_total", "%.0f", a, 32),
-           fmt_num(root, "rounds_total", "%.0f", b, 32));
-
     const cJSON *runs = field(root, "runs");
     printf("\n");
     if (!cJSON_IsArray(runs) || cJSON_GetArraySize(runs) == 0) {
@@ -518,6 +524,23 @@ static void print_rdzv(const cJSON *root)
         table_print(&t, "");
     else
         free(t.cells);
+}
+
+static void print_rdzv(const cJSON *root)
+{
+    double now = 0;
+    num(root, "generated_at", &now);
+    print_header(root);
+    char a[64], b[64];
+    printf("%-12s%s (%s)\n", "endpoint", str(root, "endpoint", "-"),
+           cJSON_IsTrue(field(root, "ready")) ? "accepting agents" : "not accepting agents");
+    printf("%-12s%s open, %s total\n", "connections",
+           fmt_num(root, "connections", "%.0f", a, sizeof(a)),
+           fmt_num(root, "connections_total", "%.0f", b, sizeof(b)));
+    print_counts(12, "refused", field(root, "refused_connections"));
+    printf("%-12s%s joins, %s rounds\n", "totals", fmt_num(root, "joins_total", "%.0f", a, 32),
+           fmt_num(root, "rounds_total", "%.0f", b, 32));
+    print_runs(root, now);
 }
 
 /* ---- commands -------------------------------------------------------- */

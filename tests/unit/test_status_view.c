@@ -322,6 +322,82 @@ static void test_rdzv(void **state)
     status_snapshot_unref(s);
 }
 
+/* An agent reconnecting to its rendezvous server, and one hosting it. */
+static void test_agent_rdzv(void **state)
+{
+    (void)state;
+    struct status_agent_view v;
+    fill_agent(&v);
+    v.rdzv_connected = false;
+    v.rdzv_disconnected_at = 1025.5;
+    v.rdzv_reconnects = 2;
+    v.waiting_nodes = 3;
+    struct status_snapshot *s;
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    assert_true(status_snapshot_ready(s)); /* the workers run on meanwhile */
+    cJSON *root = status_json(s);
+    const cJSON *r = cJSON_GetObjectItem(root, "rdzv");
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(r, "connected")));
+    assert_true(num(r, "disconnected_at") == 1025.5);
+    assert_true(num(r, "reconnects") == 2);
+    assert_true(num(root, "waiting_nodes") == 3);
+    assert_true(is_null(root, "rdzv_server"));
+    cJSON_Delete(root);
+    size_t len;
+    const char *m = status_snapshot_metrics(s, &len);
+    assert_non_null(strstr(m, "cddp_agent_rdzv_connected 0\n"));
+    assert_non_null(strstr(m, "cddp_agent_rdzv_reconnects_total 2\n"));
+    assert_non_null(strstr(m, "cddp_agent_rdzv_waiting_nodes 3\n"));
+    assert_null(strstr(m, "cddp_rdzv_")); /* hosts nothing */
+    status_snapshot_unref(s);
+
+    struct status_rdzv_node_view members[1] = {{"a_1_0", 0, 2, 1000, 1005, "active"}};
+    struct status_rdzv_node_view waiting[1] = {{"b_2_0", -1, 2, 1004, 1005, "waiting"}};
+    struct status_rdzv_run_view runs[1] = {
+        {"job\"7", "running", 3, 1, 1, 1002, 1, members, 1, waiting}};
+    struct status_rdzv_view srv = {.program = "cddprun",
+                                   .endpoint = "[::]:29400",
+                                   .accepting = true,
+                                   .connections = 2,
+                                   .joins_total = 4,
+                                   .rounds_total = 3,
+                                   .nruns = 1,
+                                   .runs = runs};
+    fill_agent(&v);
+    v.rdzv_connected = true;
+    v.rdzv_server = &srv;
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    assert_int_equal(status_snapshot_check_count(s), 2); /* no check of its own */
+    root = status_json(s);
+    r = cJSON_GetObjectItem(root, "rdzv");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(r, "connected")));
+    assert_true(is_null(r, "disconnected_at"));
+    const cJSON *h = cJSON_GetObjectItem(root, "rdzv_server");
+    assert_true(cJSON_IsObject(h));
+    assert_string_equal(str(h, "endpoint"), "[::]:29400");
+    assert_true(num(h, "connections") == 2);
+    assert_true(num(h, "rounds_total") == 3);
+    assert_null(cJSON_GetObjectItem(h, "kind")); /* the agent's header is the one */
+    const cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(h, "runs"), 0);
+    assert_string_equal(str(r0, "run_id"), "job\"7");
+    assert_true(num(r0, "round") == 3);
+    assert_string_equal(str(cJSON_GetArrayItem(cJSON_GetObjectItem(r0, "members"), 0), "node"),
+                        "a_1_0");
+    assert_string_equal(str(cJSON_GetArrayItem(cJSON_GetObjectItem(r0, "waiting"), 0), "node"),
+                        "b_2_0");
+    cJSON_Delete(root);
+    m = status_snapshot_metrics(s, &len);
+    assert_non_null(strstr(m, "cddp_rdzv_members{run_id=\"job\\\"7\"} 1\n"));
+    assert_non_null(strstr(m, "cddp_rdzv_waiting_nodes{run_id=\"job\\\"7\"} 1\n"));
+    assert_non_null(strstr(m, "cddp_rdzv_connections 2\n"));
+    assert_non_null(strstr(m, "cddp_agent_rdzv_connected 1\n"));
+    /* One cddp_build_info: the agent's (the server's families come without it). */
+    const char *bi = strstr(m, "# TYPE cddp_build_info");
+    assert_non_null(bi);
+    assert_null(strstr(bi + 1, "# TYPE cddp_build_info"));
+    status_snapshot_unref(s);
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -341,7 +417,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agent_json),    cmocka_unit_test(test_agent_not_ready),
         cmocka_unit_test(test_agent_metrics), cmocka_unit_test(test_rdzv),
-        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_agent_rdzv),    cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
