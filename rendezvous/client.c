@@ -835,8 +835,6 @@ static void on_resumed(struct rdzv_client *c, int status, const struct rdzv_stor
     c->resume_id = 0;
     struct rdzv_event ev = {0};
     if (status == 0) {
-        log_info("R0203", "reconnected to %s:%d: still in round %llu", c->host, c->port,
-                 (unsigned long long)c->round.round);
         ev.kind = RDZV_EV_RECONNECTED;
         ev.resumed = true;
         ev.round = c->round.round;
@@ -873,8 +871,8 @@ static void after_reconnect(struct rdzv_client *c)
     c->reconnects++;
     c->backoff_ms = 10;
     c->hold = false;
-    log_info("R0202", "reconnected to the rendezvous server %s:%d (%u reconnection%s)", c->host,
-             c->port, c->reconnects, c->reconnects == 1 ? "" : "s");
+    log_debug("R0202", "reconnected to the rendezvous server %s:%d (%u reconnection%s)", c->host,
+              c->port, c->reconnects, c->reconnects == 1 ? "" : "s");
     bool resume = false;
     if (c->joining && c->join_resend) {
         send_join(c);

@@ -13,16 +13,22 @@ the survivors' new round after a node is SIGKILLed or frozen (SIGSTOP), a
 late node admitted (scale-up) and one beyond max waiting, worker failures
 restarting every node (counted once, for the whole job), clear errors (join
 token, run id, --nnodes, a lost host, too few nodes), cddp-rdzv shared by
-two jobs, --standalone, the static backend with two nodes, IPv6. The
+two jobs, a lost cddp-rdzv (killed and restarted, frozen, a connection reset
+on the agent's side only: reconnect, then a new round or the same one),
+--standalone, the static backend with two nodes, IPv6. The
 conftest's orphan check runs after every test: a SIGKILLed agent's workers
 must be gone too.
 """
 import json
 import os
 import pathlib
+import queue
+import selectors
 import signal
 import socket
+import struct
 import subprocess
+import threading
 import time
 
 import pytest
@@ -495,6 +501,235 @@ def test_finished_job_is_closed_to_late_agents(cluster):
     finally:
         d.send_signal(signal.SIGTERM)
         assert d.wait(timeout=20) == 0
+
+
+# ---- a lost rendezvous server: reconnect, resume or a new round ----
+
+class Daemon:
+    """cddp-rdzv on 127.0.0.1:port, in its own session; restartable."""
+
+    def __init__(self, port):
+        self.port = port
+        self.p = None
+        self.start()
+
+    def start(self):
+        self.p = subprocess.Popen([binary("cddp-rdzv"), "--host", "127.0.0.1", "--port",
+                                   str(self.port)], stdout=subprocess.PIPE, text=True,
+                                  start_new_session=True)
+        assert "listening on" in self.p.stdout.readline()
+
+    def signal(self, sig):
+        os.kill(self.p.pid, sig)
+
+    def kill(self):
+        self.p.kill()
+        self.p.wait(timeout=10)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            assert self.p.wait(timeout=20) == 0
+
+
+@pytest.fixture
+def daemon():
+    """daemon() -> a Daemon on a free port; killed at teardown."""
+    ds = []
+
+    def start():
+        d = Daemon(free_port())
+        ds.append(d)
+        return d
+
+    yield start
+    for d in ds:
+        if d.p.poll() is None:
+            os.kill(d.p.pid, signal.SIGCONT)
+            d.kill()
+
+
+def test_daemon_killed_and_restarted_the_job_goes_on(cluster, daemon):
+    """cddp-rdzv dies with SIGKILL while two agents run: the workers keep
+    running while the agents reconnect; the restarted daemon has lost the
+    run, so the agents restart their workers (not counted) in a new round,
+    numbered on from the last; nobody exits."""
+    d = daemon()
+    conf = "is_host=0," + FAST
+    a = cluster.agent("0", *c10d(d.port, 2, conf=conf))
+    b = cluster.agent("1", *c10d(d.port, 2, conf=conf))
+    first = wait_round(cluster.out, 4)
+    before = snapshot(cluster.out)
+    d.kill()
+    for x in (a, b):
+        x.wait_log("reconnecting (for up to 600.0 s)")
+    assert all(alive(int(e["PID"])) for e in first), "the workers run on meanwhile"
+    d.start()
+    second = wait_round(cluster.out, 4, ignore=before)
+    check_world(second, 2, [2, 2])
+    assert {e["TORCHELASTIC_RESTART_COUNT"] for e in second} == {"0"}
+    wait_for(lambda: not any(alive(int(e["PID"])) for e in first), timeout=10,
+             what="the first round's workers to be stopped")
+    for x in (a, b):
+        x.wait_log("rendezvous complete: round 2")
+        assert "round ended while it was disconnected" in x.text()
+        assert x.bg.proc.poll() is None
+    stop(b, a)
+    d.stop()
+
+
+def test_daemon_frozen(cluster, daemon):
+    """cddp-rdzv stopped (SIGSTOP) but still connected: for less than
+    read_timeout nothing happens; for longer, the agents declare it lost and
+    reconnect; when it wakes (SIGCONT) it has removed them, and they form a
+    new round with it."""
+    d = daemon()
+    conf = "is_host=0,keep_alive_interval=0.2,keep_alive_max_attempt=10,last_call_timeout=0.5," \
+           "read_timeout=1.5"
+    a = cluster.agent("0", *c10d(d.port, 2, conf=conf))
+    b = cluster.agent("1", *c10d(d.port, 2, conf=conf))
+    first = wait_round(cluster.out, 4)
+    before = snapshot(cluster.out)
+    d.signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.6)  # the freeze under test: shorter than read_timeout
+    finally:
+        d.signal(signal.SIGCONT)
+    time.sleep(1.5)  # nothing may happen meanwhile, nor just after
+    assert snapshot(cluster.out) == before
+    assert all("reconnecting" not in x.text() for x in (a, b))
+
+    d.signal(signal.SIGSTOP)
+    try:
+        for x in (a, b):
+            x.wait_log("sent nothing for", timeout=15)
+        assert all(alive(int(e["PID"])) for e in first)
+    finally:
+        d.signal(signal.SIGCONT)
+    second = wait_round(cluster.out, 4, ignore=before)
+    check_world(second, 2, [2, 2])
+    assert {e["TORCHELASTIC_RESTART_COUNT"] for e in second} == {"0"}
+    for x in (a, b):
+        assert x.bg.proc.poll() is None
+    stop(b, a)
+    d.stop()
+
+
+class ResetProxy:
+    """A TCP relay in front of a server, run on a thread; reset() cuts the
+    agents' side of every connection (RST, as a middlebox dropping its state)
+    while the server's side stays open, so the server does not notice;
+    drop_stale() then closes those server sides."""
+
+    def __init__(self, target_port):
+        self.sel = selectors.DefaultSelector()
+        self.lsock = socket.create_server(("127.0.0.1", 0))
+        self.lsock.setblocking(False)
+        self.port = self.lsock.getsockname()[1]
+        self.target = target_port
+        self.peer = {}  # socket -> the other end (None: a server side left behind)
+        self.upstream = set()  # the server sides
+        self.cmds = queue.Queue()
+        self.stopping = False
+        self.sel.register(self.lsock, selectors.EVENT_READ)
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _close(self, s):
+        try:
+            self.sel.unregister(s)
+        except (KeyError, ValueError):
+            pass
+        s.close()
+        self.peer.pop(s, None)
+        self.upstream.discard(s)
+
+    def _command(self, cmd):
+        for s, other in list(self.peer.items()):
+            if cmd == "reset" and s not in self.upstream and other is not None:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.peer[other] = None
+                self._close(s)
+            elif cmd == "drop_stale" and other is None:
+                self._close(s)
+
+    def _run(self):
+        while not self.stopping:
+            while not self.cmds.empty():
+                cmd, done = self.cmds.get()
+                self._command(cmd)
+                done.set()
+            for key, _ in self.sel.select(timeout=0.02):
+                s = key.fileobj
+                if s is self.lsock:
+                    c, _ = self.lsock.accept()
+                    u = socket.create_connection(("127.0.0.1", self.target))
+                    for x in (c, u):
+                        x.setblocking(False)
+                        self.sel.register(x, selectors.EVENT_READ)
+                    self.peer[c], self.peer[u] = u, c
+                    self.upstream.add(u)
+                    continue
+                if s not in self.peer:
+                    continue  # closed earlier in this batch
+                try:
+                    data = s.recv(65536)
+                except OSError:
+                    data = b""
+                other = self.peer.get(s)
+                if not data:
+                    self._close(s)
+                    if other is not None:
+                        self._close(other)
+                elif other is not None:
+                    other.setblocking(True)
+                    other.sendall(data)
+                    other.setblocking(False)
+        for s in list(self.peer):
+            self._close(s)
+        self.lsock.close()
+
+    def _do(self, cmd):
+        done = threading.Event()
+        self.cmds.put((cmd, done))
+        assert done.wait(10), f"the proxy did not {cmd}"
+
+    def reset(self):
+        self._do("reset")
+
+    def drop_stale(self):
+        self._do("drop_stale")
+
+    def close(self):
+        self.stopping = True
+        self.t.join(10)
+
+
+def test_connection_reset_resumes_the_round(cluster, daemon):
+    """An agent's connection is reset on its side only (a middlebox): it
+    reconnects and resumes its round on the new connection; the server,
+    which never saw the old one go, has nothing to restart: the workers of
+    both nodes run on, untouched. The old connection closing later changes
+    nothing either."""
+    d = daemon()
+    proxy = ResetProxy(d.port)
+    try:
+        a = cluster.agent("0", *c10d(d.port, 2, conf="is_host=0," + FAST))
+        b = cluster.agent("1", *c10d(proxy.port, 2, conf="is_host=0," + FAST))
+        first = wait_round(cluster.out, 4)
+        before = snapshot(cluster.out)
+        proxy.reset()
+        b.wait_log("still in round 1; the workers keep running")
+        assert "reconnecting" in b.text()
+        proxy.drop_stale()  # the server sees the old connection go now
+        time.sleep(0.5)  # nothing may happen meanwhile
+        assert snapshot(cluster.out) == before
+        assert all(alive(int(e["PID"])) for e in first)
+        assert "will restart worker group" not in a.text() + b.text()
+        stop(b, a)
+    finally:
+        proxy.close()
+    d.stop()
 
 
 # ---- where the server runs ----
