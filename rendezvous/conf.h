@@ -11,8 +11,10 @@
  *   keep_alive_interval     s     5  heartbeat period
  *   keep_alive_max_attempt  n     3  a node is dead after this many missed heartbeats
  *   heartbeat_timeout       s     5  torch's deadline for one keep-alive write; accepted,
- *                                    no effect (heartbeats are one-way messages here)
- *   read_timeout            s    60  store operations and connect of the agent's client
+ *                                    no effect (a heartbeat is a queued message here)
+ *   read_timeout            s    60  the agent's client: connect (and each welcome), and
+ *                                    the silence after which a server that answers
+ *                                    heartbeats counts as lost (at least two heartbeats)
  *   is_host                 bool  -  host the server in this agent (default: guessed)
  *   timeout                 s     -  static backend: how long a round may take (torch's
  *                                    store timeout; 900 s when not given, as torchrun)

@@ -8,8 +8,7 @@ errors; no orphans and no port left behind.
 Workers are small scripts that wait for files the test writes, so each phase
 lasts until the test has looked at it. With the static rendezvous a round
 comes on the next loop turn, so the "rendezvous" state cannot be held open
-here: it is covered by the view tests (test_status_http.py) until the
-multi-node rendezvous lands.
+here: test_status_multinode.py holds it open with a node waiting for another.
 """
 import http.client
 import json
