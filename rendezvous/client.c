@@ -292,6 +292,7 @@ static void copy_round(struct rdzv_client *c, const struct proto_round *r)
 }
 
 static void send_join(struct rdzv_client *c);
+static int encode_join(struct rdzv_client *c, struct cddp_buf *into);
 static void after_reconnect(struct rdzv_client *c);
 
 static void handle(struct rdzv_client *c, const struct proto_msg *m)
@@ -531,6 +532,11 @@ static void on_connected(uv_connect_t *req, int status)
     cddp_buf_init(&first, c->outq.max + PROTO_FRAME_HEADER + PROTO_FRAME_MAX);
     if (rc == 0)
         rc = proto_msg_encode(&m, &first);
+    if (rc == 0 && !c->reconnecting && c->joining && c->join_resend) {
+        /* The first connection broke before its welcome: the join again. */
+        rc = encode_join(c, &first);
+        c->join_resend = false;
+    }
     if (rc == 0 && c->outq.len && !c->reconnecting)
         rc = cddp_buf_append(&first, c->outq.data, c->outq.len);
     if (rc == 0)
@@ -759,7 +765,9 @@ static void fmt_seconds(char *buf, size_t len, uint64_t ms)
 }
 
 /* Sends (or queues) the join for the outstanding join request. */
-static int encode_join(struct rdzv_client *c)
+/* The join of the outstanding join request: sent (or queued) when into is
+ * NULL, else appended to into. */
+static int encode_join(struct rdzv_client *c, struct cddp_buf *into)
 {
     /* The server keeps what it needs of rdzv_conf per node; the token only
      * ever travels in hello. */
@@ -788,6 +796,8 @@ static int encode_join(struct rdzv_client *c)
     m.join.restart_count = c->restart_count;
     m.join.conf = kv;
     m.join.nconf = 5;
+    if (into)
+        return proto_msg_encode(&m, into);
     bool queued = c->hold;
     int rc = client_send(c, &m);
     if (rc == 0)
@@ -798,7 +808,7 @@ static int encode_join(struct rdzv_client *c)
 static void send_join(struct rdzv_client *c)
 {
     c->join_resend = false;
-    int rc = encode_join(c);
+    int rc = encode_join(c, NULL);
     if (rc)
         connection_lost(c, rc, "cannot send join to %s:%d: %s", c->host, c->port,
                         cddp_strerror(rc));
@@ -812,7 +822,7 @@ int rdzv_client_join(struct rdzv_client *c, int master_port, rdzv_join_cb cb, vo
         return CDDP_ESTATE;
     c->join_port = master_port;
     c->join_resend = false;
-    int rc = encode_join(c);
+    int rc = encode_join(c, NULL);
     if (rc)
         return rc;
     c->joining = true;

@@ -639,6 +639,48 @@ static pid_t two_in_a_round(struct world *w, const char *conf, uint64_t reconnec
     return pid;
 }
 
+/* The first connection breaks before its welcome (something accepted it and
+ * hung up): the client tries again, join included, within connect_timeout. */
+static void test_first_connection_breaks(void **state)
+{
+    (void)state;
+    struct world w;
+    memset(&w, 0, sizeof(w));
+    uv_loop_init(&w.loop);
+    uv_timer_init(&w.loop, &w.guard);
+    uv_timer_start(&w.guard, on_guard, 20000, 0);
+    uv_unref((uv_handle_t *)&w.guard);
+    w.port = free_tcp_port();
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    int one = 1;
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in sin = {.sin_family = AF_INET,
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                              .sin_port = htons((uint16_t)w.port)};
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    assert_int_equal(listen(lfd, 8), 0);
+    w.a[0].w = &w;
+    start_agent_conf(&w, 0, 1, 1, "last_call_timeout=0", 0);
+    assert_int_equal(rdzv_client_join(w.a[0].c, 0, on_join, &w.a[0]), 0);
+    int cfd = -1;
+    while ((cfd = accept(lfd, NULL, NULL)) < 0)
+        uv_run(&w.loop, UV_RUN_NOWAIT);
+    char buf[4096];
+    while (recv(cfd, buf, sizeof(buf), MSG_DONTWAIT) <= 0) /* hello and join arrived */
+        uv_run(&w.loop, UV_RUN_NOWAIT);
+    close(cfd);
+    close(lfd);
+    char err[256];
+    struct rdzv_server_options o = {.host = "127.0.0.1", .port = w.port};
+    assert_int_equal(rdzv_server_start(&w.loop, &o, &w.srv, err, sizeof(err)), 0);
+    want_joins = 1;
+    run_until(&w, all_joined);
+    assert_int_equal(w.a[0].status, 0);
+    assert_int_equal(w.a[0].round.nnodes, 1);
+    assert_int_equal(w.a[0].disconnects, 0); /* never connected, as far as the agent knows */
+    world_close(&w);
+}
+
 static void test_reconnect_after_server_restart(void **state)
 {
     (void)state;
@@ -908,6 +950,7 @@ int main(void)
         cmocka_unit_test(test_connect_retry_and_timeout),
         cmocka_unit_test(test_drain),
         cmocka_unit_test(test_wait_list_in_heartbeat_answers),
+        cmocka_unit_test(test_first_connection_breaks),
         cmocka_unit_test(test_reconnect_after_server_restart),
         cmocka_unit_test(test_frozen_server),
         cmocka_unit_test(test_reconnect_gives_up),
