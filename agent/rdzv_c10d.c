@@ -23,6 +23,13 @@
  * and need it) and shuts it down; a hosting agent that LEAVEs closes the
  * rendezvous for every node first (its server goes with it).
  *
+ * A lost connection is the client's to mend (rendezvous/client.h): it
+ * reconnects and resumes this node's round; the agent hears of it as a
+ * restart when the round could not be resumed, as the rendezvous lost
+ * when the server stays away past join_timeout, and through
+ * base.info/on_info (connected, reconnects) for its status page, as for
+ * the run's wait list and the server this agent hosts.
+ *
  * The client calls its pending callbacks with -ECANCELED inside
  * rdzv_client_close; agent/rdzv.h promises that pending callbacks are not
  * called after close, so everything from the client is dropped once

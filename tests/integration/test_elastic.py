@@ -337,6 +337,28 @@ def test_lost_host_ends_the_job_with_a_clear_error(cluster):
              what="the killed host's workers to go")
 
 
+def test_restarted_host_serves_the_job_on(cluster):
+    """The hosting agent is killed and its node started again (a scheduler
+    restarting the pod): the new agent hosts a fresh rendezvous on the same
+    endpoint, the other agent reconnects to it, and the job goes on in a
+    new round (numbered on from the last) without spending a restart."""
+    port = free_port()
+    host = cluster.agent("0", *c10d(port, 2, conf="is_host=1," + FAST))
+    other = cluster.agent("1", *c10d(port, 2, conf="is_host=0," + FAST))
+    first = wait_round(cluster.out, 4)
+    before = snapshot(cluster.out)
+    host.signal(signal.SIGKILL)
+    other.wait_log("reconnecting")
+    again = cluster.agent("0", *c10d(port, 2, conf="is_host=1," + FAST))
+    second = wait_round(cluster.out, 4, ignore=before)
+    check_world(second, 2, [2, 2])
+    assert {e["TORCHELASTIC_RESTART_COUNT"] for e in second} == {"0"}
+    other.wait_log("rendezvous complete: round 2")
+    wait_for(lambda: not any(alive(int(e["PID"])) for e in first), timeout=10,
+             what="the first round's workers to go")
+    stop(other, again)
+
+
 def test_host_stopped_by_signal_closes_the_job(cluster):
     """The hosting agent is stopped (SIGTERM): its server goes with it, so
     it closes the rendezvous and every other node hears why."""
