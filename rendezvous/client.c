@@ -120,6 +120,8 @@ static void try_next_address(struct rdzv_client *c);
 
 /* Formats through a copy: callers may pass last_error itself as an argument. */
 static void set_error(struct rdzv_client *c, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+static void set_error(struct rdzv_client *c, const char *fmt, va_list ap)
 {
     char msg[sizeof(c->last_error)];
     vsnprintf(msg, sizeof(msg), fmt, ap);
