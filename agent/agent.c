@@ -808,7 +808,8 @@ static void on_closed(uv_handle_t *h)
 
 static void on_rdzv_closed_done(struct agent_rdzv *r)
 {
-    (void)r;
+    struct agent *a = r->data;
+    a->rdzv = NULL; /* freed after this (c10d); snapshots no longer read it */
 }
 
 static void agent_shutdown(struct agent *a)
