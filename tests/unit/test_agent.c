@@ -2,7 +2,8 @@
  * Tests for agent/agent.c's seams, with real workers: the hooks the status
  * server and the progress channel plug into (start/stop with the loop,
  * state_changed snapshots through a run with a restart, prepare_worker's
- * extra environment and inherited fds), and agent_run's exit statuses.
+ * extra environment and inherited fds, a handle kept past stop until
+ * loop_done), and agent_run's exit statuses.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +27,8 @@ struct record {
     int calls;
     int started, stopped;
     uv_timer_t ticker; /* a handle the "status server" owns */
+    uv_timer_t late;   /* one it keeps past stop, unref'd, until loop_done */
+    int loop_done, late_closed;
     enum agent_state states[256];
     int nstates;
     struct agent_snapshot last;
@@ -46,6 +49,8 @@ static int on_start(void *arg, uv_loop_t *loop)
     struct record *r = arg;
     r->started++;
     uv_timer_init(loop, &r->ticker);
+    uv_timer_init(loop, &r->late);
+    uv_timer_start(&r->late, tick, 1, 1);
     return uv_timer_start(&r->ticker, tick, 5, 5); /* keeps the loop alive until stop() */
 }
 
@@ -54,6 +59,22 @@ static void on_stop(void *arg)
     struct record *r = arg;
     r->stopped++;
     uv_close((uv_handle_t *)&r->ticker, NULL);
+    uv_unref((uv_handle_t *)&r->late); /* runs on while the loop does, holds nothing up */
+}
+
+static void on_late_closed(uv_handle_t *h)
+{
+    struct record *r = h->data;
+    r->late_closed++;
+}
+
+static void on_loop_done(void *arg)
+{
+    struct record *r = arg;
+    assert_int_equal(r->stopped, 1); /* after stop */
+    r->loop_done++;
+    r->late.data = r;
+    uv_close((uv_handle_t *)&r->late, on_late_closed);
 }
 
 static void on_change(void *arg, const struct agent_snapshot *s)
@@ -117,6 +138,7 @@ static int run_cddprun(struct record *r, ...)
         .arg = r,
         .start = on_start,
         .stop = on_stop,
+        .loop_done = on_loop_done,
         .state_changed = on_change,
         .prepare_worker = on_prepare,
     };
@@ -154,6 +176,8 @@ static void test_hooks_success(void **state)
     assert_int_equal(code, 0);
     assert_int_equal(r->started, 1);
     assert_int_equal(r->stopped, 1);
+    assert_int_equal(r->loop_done, 1);
+    assert_int_equal(r->late_closed, 1); /* closed before the loop was */
     assert_int_equal(r->prepared, 2);
     for (int i = 0; i < 2; i++) {
         char buf[64] = "", want[64];
@@ -174,6 +198,10 @@ static void test_hooks_success(void **state)
     assert_int_equal(r->last.round, 1);
     assert_int_equal(r->last.world_size, 2);
     assert_int_equal(r->last.restart_count, 0);
+    /* one static node: no server to lose, nobody waiting, nothing hosted */
+    assert_true(r->last.rdzv_connected);
+    assert_int_equal(r->last.rdzv_reconnects, 0);
+    assert_null(r->last.rdzv_server);
     assert_int_equal(r->npids, 2);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(r->last_workers[i].state, WORKER_SUCCEEDED);
