@@ -17,26 +17,33 @@
  * and the sampler).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
-#include "common/clock.h"         /* cddp_mono_ns */
-#include "common/errors.h"        /* error codes */
-#include "common/exitcodes.h"     /* CDDP_EXIT_* */
-#include "common/log.h"           /* log_info, log_debug */
-#include "common/strutil.h"       /* cddp_parse_long, cddp_parse_double */
-#include "config.h"               /* CDDP_VERSION */
-#include "trainer/checkpoint.h"   /* trn_weights_load, trn_weights_save */
-#include "trainer/data/dataset.h" /* trn_dataset: synthetic, idx, folder */
-#include "trainer/data/sampler.h" /* trn_sampler: DistributedSampler semantics */
-#include "trainer/fatal.h"        /* trn_fatal, trn_malloc */
-#include "trainer/ops/ops.h"      /* trn_backend */
-#include "trainer/resnet.h"       /* trn_resnet */
+#include "common/clock.h"           /* cddp_mono_ns */
+#include "common/errors.h"          /* error codes */
+#include "common/exitcodes.h"       /* CDDP_EXIT_* */
+#include "common/log.h"             /* log_info, log_debug */
+#include "common/strutil.h"         /* cddp_parse_long, cddp_parse_double */
+#include "config.h"                 /* CDDP_VERSION */
+#include "trainer/checkpoint.h"     /* trn_weights_load, trn_weights_save */
+#include "trainer/comm/bootstrap.h" /* trn_dist_init: torchrun's env -> communicator */
+#include "trainer/comm/failure.h"   /* trn_comm_fail: error file, exit 75 */
+#include "trainer/data/dataset.h"   /* trn_dataset: synthetic, idx, folder */
+#include "trainer/data/sampler.h"   /* trn_sampler: DistributedSampler semantics */
+#include "trainer/ddp.h"            /* trn_ddp: DDP buckets, SyncBatchNorm */
+#include "trainer/fatal.h"          /* trn_fatal, trn_malloc */
+#include "trainer/fault.h"          /* --fault */
+#include "trainer/ops/ops.h"        /* trn_backend */
+#include "trainer/resnet.h"         /* trn_resnet */
 
 /* ------------------------------------------------------------------------ */
 /* Flags                                                                     */
@@ -61,6 +68,15 @@ struct config {
     bool zero_init_residual;
     const char *init; /* torchvision weights to start from */
     const char *save; /* where to write the final weights */
+    /* distributed (docs/distributed.md) */
+    bool drop_last;
+    long accum_steps;          /* micro-batches per optimizer step */
+    bool sync_bn;              /* SyncBatchNorm */
+    double bucket_cap_mb;      /* DDP bucket size */
+    bool overlap;              /* allreduce buckets during backward */
+    double collective_timeout; /* s */
+    double init_timeout;       /* s */
+    struct trn_fault fault;
 };
 
 /* The seed script's values. */
@@ -76,6 +92,11 @@ static const struct config defaults = {
     .weight_decay = 1e-4,
     .shuffle = true,
     .log_every = 50,
+    .accum_steps = 1,
+    .bucket_cap_mb = TRN_DEFAULT_BUCKET_CAP_MB,
+    .overlap = true,
+    .collective_timeout = TRN_COMM_DEFAULT_TIMEOUT_S,
+    .init_timeout = TRN_DEFAULT_INIT_TIMEOUT_S,
 };
 
 static void usage(FILE *f)
@@ -111,6 +132,16 @@ static void usage(FILE *f)
                "  --eval                  report accuracy on the test split at the end\n"
                "  --eval-logits PATH      with --eval, also write the test logits (N, classes) "
                "to PATH\n"
+               "distributed (torchrun's environment; see docs/distributed.md):\n"
+               "  --accum-steps K         average gradients over K micro-batches per step (1)\n"
+               "  --sync-bn               batch-norm statistics over all ranks (SyncBatchNorm)\n"
+               "  --drop-last             drop the tail that does not divide among the ranks\n"
+               "  --bucket-cap-mb X       DDP gradient bucket size in MiB (25)\n"
+               "  --no-overlap            allreduce the gradients after backward, not during it\n"
+               "  --collective-timeout S  bound on every collective, then exit 75 (600)\n"
+               "  --init-timeout S        bound on connecting to the other ranks (300)\n"
+               "  --fault SPEC            inject a fault: crash@step=N[,rank=R][,every],\n"
+               "                          hang@step=N[,rank=R][,every], slow@step=N,ms=M[,...]\n"
                "  --help, --version\n");
 }
 
@@ -166,6 +197,14 @@ enum {
     OPT_ZERO_INIT_RESIDUAL,
     OPT_INIT,
     OPT_SAVE,
+    OPT_DROP_LAST,
+    OPT_ACCUM_STEPS,
+    OPT_SYNC_BN,
+    OPT_BUCKET_CAP_MB,
+    OPT_NO_OVERLAP,
+    OPT_COLLECTIVE_TIMEOUT,
+    OPT_INIT_TIMEOUT,
+    OPT_FAULT,
     OPT_HELP,
     OPT_VERSION,
 };
@@ -192,6 +231,14 @@ static const struct option long_options[] = {
     {"zero-init-residual", no_argument, NULL, OPT_ZERO_INIT_RESIDUAL},
     {"init", required_argument, NULL, OPT_INIT},
     {"save", required_argument, NULL, OPT_SAVE},
+    {"drop-last", no_argument, NULL, OPT_DROP_LAST},
+    {"accum-steps", required_argument, NULL, OPT_ACCUM_STEPS},
+    {"sync-bn", no_argument, NULL, OPT_SYNC_BN},
+    {"bucket-cap-mb", required_argument, NULL, OPT_BUCKET_CAP_MB},
+    {"no-overlap", no_argument, NULL, OPT_NO_OVERLAP},
+    {"collective-timeout", required_argument, NULL, OPT_COLLECTIVE_TIMEOUT},
+    {"init-timeout", required_argument, NULL, OPT_INIT_TIMEOUT},
+    {"fault", required_argument, NULL, OPT_FAULT},
     {"help", no_argument, NULL, OPT_HELP},
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
@@ -277,6 +324,35 @@ static void parse_args(int argc, char **argv, struct config *c)
         case OPT_SAVE:
             c->save = optarg;
             break;
+        case OPT_DROP_LAST:
+            c->drop_last = true;
+            break;
+        case OPT_ACCUM_STEPS:
+            c->accum_steps = flag_long("--accum-steps", optarg, 1, 65536);
+            break;
+        case OPT_SYNC_BN:
+            c->sync_bn = true;
+            break;
+        case OPT_BUCKET_CAP_MB:
+            c->bucket_cap_mb = flag_double("--bucket-cap-mb", optarg, 1e-3, 1e6);
+            break;
+        case OPT_NO_OVERLAP:
+            c->overlap = false;
+            break;
+        case OPT_COLLECTIVE_TIMEOUT:
+            c->collective_timeout = flag_double("--collective-timeout", optarg, 0.1, 1e7);
+            break;
+        case OPT_INIT_TIMEOUT:
+            c->init_timeout = flag_double("--init-timeout", optarg, 0.1, 1e7);
+            break;
+        case OPT_FAULT: {
+            char ferr[400];
+            if (trn_fault_parse(optarg, &c->fault, ferr, sizeof(ferr)) != 0) {
+                fprintf(stderr, "cddp-train: %s\n", ferr);
+                exit(CDDP_EXIT_USAGE);
+            }
+            break;
+        }
         case OPT_HELP:
             usage(stdout);
             exit(CDDP_EXIT_OK);
@@ -361,40 +437,113 @@ static struct trn_ckpt_tensor *state_table(const struct trn_resnet *m)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Distributed                                                               */
+
+/* Where the loop is, for the report when a collective fails. */
+struct where {
+    long step; /* -1: not in a step */
+    int rank;
+    const char *error_file;
+};
+
+/* A collective timed out or a peer failed: torchrun's error file, exit 75. */
+static void collective_failed(void *arg, const struct trn_comm_error *e)
+{
+    const struct where *w = arg;
+    trn_comm_fail(e, w->step, w->rank, w->error_file);
+}
+
+static void must_comm(struct trn_comm *comm, struct where *w, int rc)
+{
+    if (rc < 0)
+        collective_failed(w, trn_comm_last_error(comm));
+}
+
+/* Everything every rank must agree on (trn_ddp_check_config). */
+static void describe(const struct config *c, int num_classes, size_t train_len, char *buf,
+                     size_t len)
+{
+    snprintf(buf, len,
+             "--arch %s --num-classes %d --data %s (%zu samples) --batch-size %ld --epochs %ld "
+             "--steps %ld --seed %ld%s%s --accum-steps %ld%s --bucket-cap-mb %g%s --lr %g "
+             "--momentum %g --weight-decay %g",
+             c->arch, num_classes, c->data, train_len, c->batch_size, c->epochs, c->steps, c->seed,
+             c->shuffle ? "" : " --no-shuffle", c->drop_last ? " --drop-last" : "", c->accum_steps,
+             c->sync_bn ? " --sync-bn" : "", c->bucket_cap_mb, c->overlap ? "" : " --no-overlap",
+             c->lr, c->momentum, c->weight_decay);
+}
+
+/* CDDP_PROGRESS_FD (cddprun's progress channel, docs/status.md): one JSON
+ * line per step; dropped, never waited for, when the pipe is full. */
+static int progress_fd = -1;
+
+static void progress_open(void)
+{
+    const char *v = getenv("CDDP_PROGRESS_FD");
+    long fd;
+    if (v && cddp_parse_long(v, 0, 1 << 20, &fd) == 0 && fcntl((int)fd, F_GETFD) != -1) {
+        progress_fd = (int)fd;
+        fcntl(progress_fd, F_SETFL, fcntl(progress_fd, F_GETFL) | O_NONBLOCK);
+    }
+}
+
+static void progress_report(long step, int epoch, double loss, double samples_per_s)
+{
+    if (progress_fd < 0)
+        return;
+    char line[256];
+    int n = snprintf(line, sizeof(line),
+                     "{\"step\":%ld,\"epoch\":%d,\"loss\":%.6g,\"samples_per_s\":%.3f}\n", step,
+                     epoch, isfinite(loss) ? loss : 0.0, samples_per_s);
+    if (write(progress_fd, line, (size_t)n) < 0 && errno != EAGAIN && errno != EINTR)
+        progress_fd = -1; /* the agent went away: stop reporting */
+}
+
+/* ------------------------------------------------------------------------ */
 /* Evaluation                                                                */
 
-/* Top-1 accuracy of the model in eval mode over the whole of ds; with
- * all_logits (ds->len, K) not NULL, every sample's logits too. */
+/* Top-1 accuracy of the model in eval mode over the whole of ds, shared
+ * among the ranks (rank r takes samples r, r + world, ...; the counts are
+ * summed); with all_logits (ds->len, K), zeroed, not NULL, every sample's
+ * logits too, on every rank. */
 static double evaluate(struct trn_resnet *m, const struct trn_dataset *ds, int batch, float *x_host,
-                       float *x_dev, int32_t *labels, float *all_logits)
+                       float *x_dev, int32_t *labels, float *all_logits, struct trn_comm *comm,
+                       struct where *where)
 {
     struct trn_backend *be = m->be;
-    size_t per = trn_dataset_sample_size(ds), correct = 0;
-    float *logits = trn_malloc((size_t)batch * m->num_classes * sizeof(float));
+    int rank = trn_comm_rank(comm), world = trn_comm_world(comm);
+    size_t per = trn_dataset_sample_size(ds), K = (size_t)m->num_classes;
+    int64_t counts[2] = {0, 0}; /* correct, seen */
+    float *logits = trn_malloc((size_t)batch * K * sizeof(float));
     uint32_t *idx = trn_malloc((size_t)batch * sizeof(uint32_t));
-    for (size_t start = 0; start < ds->len; start += (size_t)batch) {
-        int n = (int)(ds->len - start < (size_t)batch ? ds->len - start : (size_t)batch);
-        for (int i = 0; i < n; i++)
-            idx[i] = (uint32_t)(start + (size_t)i);
+    size_t stride = (size_t)world;
+    for (size_t start = (size_t)rank; start < ds->len; start += (size_t)batch * stride) {
+        int n = 0;
+        for (size_t j = start; j < ds->len && n < batch; j += stride)
+            idx[n++] = (uint32_t)j;
         load_batch(ds, idx, n, x_host, labels);
         be->ops->to_device(be, x_dev, x_host, (size_t)n * per * sizeof(float));
         trn_resnet_forward(m, x_dev, NULL, n, ds->height, ds->width, false);
-        be->ops->to_host(be, logits, m->logits, (size_t)n * m->num_classes * sizeof(float));
-        if (all_logits)
-            memcpy(all_logits + start * (size_t)m->num_classes, logits,
-                   (size_t)n * m->num_classes * sizeof(float));
+        be->ops->to_host(be, logits, m->logits, (size_t)n * K * sizeof(float));
         for (int i = 0; i < n; i++) {
-            const float *l = logits + (size_t)i * m->num_classes;
-            int best = 0;
-            for (int k = 1; k < m->num_classes; k++)
+            const float *l = logits + (size_t)i * K;
+            if (all_logits)
+                memcpy(all_logits + idx[i] * K, l, K * sizeof(float));
+            size_t best = 0;
+            for (size_t k = 1; k < K; k++)
                 if (l[k] > l[best])
                     best = k;
-            correct += best == labels[i];
+            counts[0] += (int64_t)best == labels[i];
+            counts[1]++;
         }
     }
     free(idx);
     free(logits);
-    return (double)correct / (double)ds->len;
+    must_comm(comm, where, trn_comm_allreduce(comm, counts, 2, TRN_COMM_I64, TRN_COMM_SUM));
+    if (all_logits)
+        must_comm(comm, where,
+                  trn_comm_allreduce(comm, all_logits, ds->len * K, TRN_COMM_F32, TRN_COMM_SUM));
+    return counts[1] ? (double)counts[0] / (double)counts[1] : 0.0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -405,11 +554,29 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0); /* progress lines reach a pipe as they are printed */
     struct config cfg;
     parse_args(argc, argv, &cfg);
-    char err[512];
+    char err[1024];
+    const char *rank_env = getenv("RANK");
+    if (rank_env && *rank_env) {
+        char tag[32];
+        snprintf(tag, sizeof(tag), "rank%.16s", rank_env);
+        cddp_log_set_tag(tag);
+    }
 
-    /* Distributed set-up goes here (issue 6): rank and world from torchrun's
-     * environment. One process for now. */
-    int rank = 0, world = 1;
+    /* Distributed set-up (docs/distributed.md): rank and world from torchrun's
+     * environment, rank 0 serving the bootstrap store, gloo connected among
+     * all ranks. None of it set: one process. */
+    struct trn_dist dist;
+    struct trn_dist_options dopts = {.init_timeout_s = cfg.init_timeout,
+                                     .collective_timeout_s = cfg.collective_timeout};
+    int rc = trn_dist_init(&dist, &dopts, getenv, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "cddp-train: %s\n", err);
+        return rc == CDDP_ECONFIG || rc == CDDP_EPARSE || rc == CDDP_ERANGE_ARG ? CDDP_EXIT_USAGE
+                                                                                : CDDP_EXIT_FAILURE;
+    }
+    int rank = dist.env.rank, world = dist.env.world;
+    struct where where = {.step = -1, .rank = rank, .error_file = dist.env.error_file};
+    progress_open();
 
     /* The backend: oneDNN and our kernels on cfg.threads OpenMP threads. */
     struct trn_backend be;
@@ -439,10 +606,34 @@ int main(int argc, char **argv)
     log_info("T0001", "%s: %zu parameters, %d classes, %s backend, %d threads", cfg.arch,
              model.num_params, num_classes, be.ops->name, be.threads);
 
+    /* DDP (ddp.h): every rank starts from rank 0's model; gradients are
+     * averaged in buckets during backward; --sync-bn shares BN statistics. */
+    struct trn_ddp ddp;
+    struct trn_ddp_options ddo = {
+        .bucket_cap_mb = cfg.bucket_cap_mb, .overlap = cfg.overlap, .sync_bn = cfg.sync_bn};
+    if (trn_ddp_init(&ddp, &model, dist.comm, &ddo, collective_failed, &where, err, sizeof(err)))
+        trn_fatal("%s", err);
+    describe(&cfg, num_classes, train->len, err, sizeof(err));
+    char desc[sizeof(err)];
+    cddp_strlcpy(desc, err, sizeof(desc));
+    if (trn_ddp_check_config(&ddp, desc, err, sizeof(err)) != 0) {
+        fprintf(stderr, "cddp-train: %s\n", err);
+        return CDDP_EXIT_USAGE;
+    }
+    trn_ddp_broadcast_state(&ddp);
+    if (world > 1) {
+        trn_ddp_describe(&ddp, err, sizeof(err));
+        log_info("T6201", "DDP over %d ranks (%s): %s, overlap %s, sync-bn %s, accum-steps %ld",
+                 world, trn_comm_backend(dist.comm), err, cfg.overlap ? "on" : "off",
+                 cfg.sync_bn ? "on" : "off", cfg.accum_steps);
+    }
+
     /* The order of samples: DistributedSampler semantics, reshuffled by seed + epoch. */
     struct trn_sampler sampler;
-    if (trn_sampler_init(&sampler, train->len, world, rank, cfg.shuffle, false, (uint64_t)cfg.seed))
-        trn_fatal("sampler: dataset of %zu samples over %d ranks", train->len, world);
+    if (trn_sampler_init(&sampler, train->len, world, rank, cfg.shuffle, cfg.drop_last,
+                         (uint64_t)cfg.seed))
+        bad_flag("--drop-last", "%zu training samples cannot be dropped to a multiple of %d ranks",
+                 train->len, world);
     int batch = (int)cfg.batch_size;
     long batches = (long)((sampler.num_samples + (size_t)batch - 1) / (size_t)batch);
     int last = (int)(sampler.num_samples - (size_t)(batches - 1) * (size_t)batch);
@@ -462,41 +653,59 @@ int main(int argc, char **argv)
     TRN_CHECK(x_dev, "out of memory for the input batch (%zu bytes)", xbytes);
     int32_t *labels = trn_malloc((size_t)batch * sizeof(int32_t));
 
-    /* Training. A checkpoint would be resumed here (epoch, step, sampler
+    /* Training. A step is one optimizer step: --accum-steps micro-batches
+     * (the epoch's last step may have fewer), each loss divided by their
+     * number, gradients averaged across ranks only after the last one
+     * (no_sync). A checkpoint would be resumed here (epoch, step, sampler
      * position) and written at the end of a step below. */
     long step = 0;
+    long accum = cfg.accum_steps;
     for (int epoch = 0; epoch < cfg.epochs; epoch++) {
         trn_sampler_set_epoch(&sampler, epoch);
         uint64_t t0 = cddp_mono_ns();
         double loss_sum = 0;
         long images = 0, done = 0;
-        for (long b = 0; b < batches; b++) {
+        for (long g0 = 0; g0 < batches; g0 += accum) {
             if (cfg.steps && step >= cfg.steps)
                 break;
-            int n = b == batches - 1 ? last : batch;
+            where.step = step;
+            if (trn_fault_due(&cfg.fault, step, rank, dist.env.restart_count))
+                trn_fault_fire(&cfg.fault, step, rank);
+            long g1 = g0 + accum < batches ? g0 + accum : batches;
+            float k = (float)(g1 - g0), step_loss = 0;
+            long step_images = 0;
             uint64_t ts = cddp_mono_ns();
-            const uint32_t *idx = sampler.indices + (size_t)b * (size_t)batch;
-            load_batch(train, idx, n, x_host, labels);
-            for (int i = 0; i < n; i++)
-                if (labels[i] < 0 || labels[i] >= num_classes)
-                    trn_fatal("label %d of sample %u is outside [0, %d)", labels[i], idx[i],
-                              num_classes);
-            be.ops->to_device(&be, x_dev, x_host, (size_t)n * per * sizeof(float));
+            for (long b = g0; b < g1; b++) {
+                int n = b == batches - 1 ? last : batch;
+                const uint32_t *idx = sampler.indices + (size_t)b * (size_t)batch;
+                load_batch(train, idx, n, x_host, labels);
+                for (int i = 0; i < n; i++)
+                    if (labels[i] < 0 || labels[i] >= num_classes)
+                        trn_fatal("label %d of sample %u is outside [0, %d)", labels[i], idx[i],
+                                  num_classes);
+                be.ops->to_device(&be, x_dev, x_host, (size_t)n * per * sizeof(float));
 
-            float loss = trn_resnet_forward(&model, x_dev, labels, n, height, width, true);
-            trn_resnet_backward(&model, 1.0f, false);
+                trn_ddp_sync_buffers(&ddp);
+                float loss = trn_resnet_forward(&model, x_dev, labels, n, height, width, true);
+                trn_ddp_begin_backward(&ddp, b == g1 - 1);
+                trn_resnet_backward(&model, 1.0f / k, b > g0);
+                done++;
+                images += n;
+                step_images += n;
+                loss_sum += loss;
+                step_loss += loss / k;
+                if (!isfinite(loss))
+                    log_warn("T0003", "step %ld: loss is %f", step, (double)loss);
+                if (rank == 0 && b % cfg.log_every == 0)
+                    printf("Epoch %d [%ld/%ld] Loss: %.4f\n", epoch, b, batches, (double)loss);
+            }
+            trn_ddp_finish_backward(&ddp);
             trn_resnet_sgd_step(&model, (float)cfg.lr, (float)cfg.momentum,
                                 (float)cfg.weight_decay);
             step++;
-            done++;
-            images += n;
-            loss_sum += loss;
-            log_debug("T0002", "step %ld loss %.9g time %.6f s", step, (double)loss,
-                      (double)(cddp_mono_ns() - ts) * 1e-9);
-            if (!isfinite(loss))
-                log_warn("T0003", "step %ld: loss is %f", step, (double)loss);
-            if (rank == 0 && b % cfg.log_every == 0)
-                printf("Epoch %d [%ld/%ld] Loss: %.4f\n", epoch, b, batches, (double)loss);
+            double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
+            log_debug("T0002", "step %ld loss %.9g time %.6f s", step, (double)step_loss, secs);
+            progress_report(step, epoch, step_loss, (double)step_images / secs);
         }
         if (done == 0)
             break;
@@ -507,14 +716,30 @@ int main(int argc, char **argv)
         if (cfg.steps && step >= cfg.steps)
             break;
     }
+    where.step = -1;
 
-    /* Evaluation on the test split, BN in eval mode. */
+    /* Every rank holds the same model from here: the parameters were always
+     * equal; the running statistics are rank 0's (as DDP broadcasts them). */
+    trn_ddp_sync_buffers(&ddp);
+    if (cddp_log_enabled(CDDP_LOG_INFO))
+        log_info("T6202", "after %ld steps: state checksum %016" PRIx64, step,
+                 trn_ddp_state_checksum(&model));
+    if (world > 1)
+        log_info("T6203",
+                 "DDP: %ld steps, %ld bucket allreduces (%.1f MiB), %.3f s (%.2f ms/step) "
+                 "waiting for gradients after backward, %ld SyncBN exchanges",
+                 ddp.stats.backwards, ddp.stats.allreduces, ddp.stats.bytes / 1048576.0,
+                 ddp.stats.wait_s,
+                 ddp.stats.backwards ? ddp.stats.wait_s * 1e3 / (double)ddp.stats.backwards : 0.0,
+                 ddp.stats.bn_exchanges);
+
+    /* Evaluation on the test split, BN in eval mode, shared among the ranks. */
     if (test) {
         if (test->height != height || test->width != width || test->channels != 3)
             trn_fatal("--eval: test images are %dx%dx%d, training images 3x%dx%d", test->channels,
                       test->height, test->width, height, width);
-        float *all = cfg.eval_logits ? trn_malloc(test->len * (size_t)num_classes * 4) : NULL;
-        double acc = evaluate(&model, test, batch, x_host, x_dev, labels, all);
+        float *all = cfg.eval_logits ? trn_calloc(test->len * (size_t)num_classes, 4) : NULL;
+        double acc = evaluate(&model, test, batch, x_host, x_dev, labels, all, dist.comm, &where);
         if (rank == 0)
             printf("test accuracy: %.4f\n", acc);
         if (all && rank == 0) {
@@ -531,13 +756,16 @@ int main(int argc, char **argv)
         free(all);
     }
 
-    /* The final weights (--save), as a torchvision state_dict. */
+    /* The final weights (--save), as a torchvision state_dict, from rank 0. */
     if (cfg.save && rank == 0 &&
         trn_weights_save(cfg.save, cfg.arch, num_classes, table, model.n_state, err, sizeof(err)) !=
             0) {
         fprintf(stderr, "cddp-train: --save: %s\n", err);
         return CDDP_EXIT_FAILURE;
     }
+    /* Nobody leaves while another rank may still be reading from it. */
+    if (world > 1)
+        must_comm(dist.comm, &where, trn_comm_barrier(dist.comm));
 
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0)
@@ -547,10 +775,12 @@ int main(int argc, char **argv)
     free(x_host);
     free(labels);
     free(table);
+    trn_ddp_free(&ddp);
     trn_sampler_free(&sampler);
     trn_resnet_free(&model);
     trn_dataset_close(train);
     trn_dataset_close(test);
     trn_backend_cpu_free(&be);
+    trn_dist_close(&dist);
     return CDDP_EXIT_OK;
 }
