@@ -196,6 +196,11 @@ int trn_ddp_init(struct trn_ddp *d, struct trn_resnet *m, struct trn_comm *comm,
             max_c = m->bns[i]->c;
     /* world blocks of (2C + 1) for the gather, and 2C for the merged result */
     d->bn_buf = trn_calloc(((size_t)d->world + 1) * (2 * (size_t)max_c + 1), sizeof(float));
+    for (int b = 0; b < d->plan.n_buckets; b++) {
+        const struct trn_bucket *k = &d->plan.buckets[b];
+        log_debug("T6204", "bucket %d: %zu bytes, %s .. %s", b, k->numel * sizeof(float),
+                  d->tensor_names[k->first + k->count - 1], d->tensor_names[k->first]);
+    }
     if (d->world > 1) {
         m->hooks.arg = d;
         m->hooks.grad_ready = on_grad_ready;
