@@ -55,6 +55,7 @@ struct config {
     long image_size;  /* synthetic, folder */
     long num_classes; /* 0: the dataset's */
     long limit;       /* 0: all */
+    long eval_limit;  /* test images for --eval; 0: all */
     long batch_size;
     long epochs;
     long steps; /* 0: no limit */
@@ -130,6 +131,7 @@ static void usage(FILE *f)
                "  --log-every N           print the loss every N batches (50)\n"
                "  --threads N             CPU threads (OMP_NUM_THREADS, else all cores)\n"
                "  --eval                  report accuracy on the test split at the end\n"
+               "  --eval-limit N          evaluate on the first N test images only\n"
                "  --eval-logits PATH      with --eval, also write the test logits (N, classes) "
                "to PATH\n"
                "distributed (torchrun's environment; see docs/distributed.md):\n"
@@ -194,6 +196,7 @@ enum {
     OPT_THREADS,
     OPT_EVAL,
     OPT_EVAL_LOGITS,
+    OPT_EVAL_LIMIT,
     OPT_ZERO_INIT_RESIDUAL,
     OPT_INIT,
     OPT_SAVE,
@@ -228,6 +231,7 @@ static const struct option long_options[] = {
     {"threads", required_argument, NULL, OPT_THREADS},
     {"eval", no_argument, NULL, OPT_EVAL},
     {"eval-logits", required_argument, NULL, OPT_EVAL_LOGITS},
+    {"eval-limit", required_argument, NULL, OPT_EVAL_LIMIT},
     {"zero-init-residual", no_argument, NULL, OPT_ZERO_INIT_RESIDUAL},
     {"init", required_argument, NULL, OPT_INIT},
     {"save", required_argument, NULL, OPT_SAVE},
@@ -315,6 +319,9 @@ static void parse_args(int argc, char **argv, struct config *c)
         case OPT_EVAL_LOGITS:
             c->eval_logits = optarg;
             break;
+        case OPT_EVAL_LIMIT:
+            c->eval_limit = flag_long("--eval-limit", optarg, 1, 1L << 31);
+            break;
         case OPT_ZERO_INIT_RESIDUAL:
             c->zero_init_residual = true;
             break;
@@ -369,6 +376,8 @@ static void parse_args(int argc, char **argv, struct config *c)
         bad_flag(argv[optind], "unexpected argument (options start with --; see --help)");
     if (c->eval_logits && !c->eval)
         bad_flag("--eval-logits", "needs --eval");
+    if (c->eval_limit && !c->eval)
+        bad_flag("--eval-limit", "needs --eval");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -384,7 +393,7 @@ static struct trn_dataset *open_data(const struct config *c, enum trn_split spli
         .num_samples = (size_t)c->num_samples,
         .image_size = (int)c->image_size,
         .num_classes = (int)c->num_classes,
-        .limit = split == TRN_SPLIT_TRAIN ? (size_t)c->limit : 0,
+        .limit = (size_t)(split == TRN_SPLIT_TRAIN ? c->limit : c->eval_limit),
     };
     struct trn_dataset *d;
     char err[512];
