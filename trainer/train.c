@@ -571,20 +571,17 @@ int main(int argc, char **argv)
         cddp_log_set_tag(tag);
     }
 
-    /* Distributed set-up (docs/distributed.md): rank and world from torchrun's
-     * environment, rank 0 serving the bootstrap store, gloo connected among
-     * all ranks. None of it set: one process. */
-    struct trn_dist dist;
-    struct trn_dist_options dopts = {.init_timeout_s = cfg.init_timeout,
-                                     .collective_timeout_s = cfg.collective_timeout};
-    int rc = trn_dist_init(&dist, &dopts, getenv, err, sizeof(err));
+    /* Who we are (docs/distributed.md): rank and world from torchrun's
+     * environment; none of it set: one process. Connecting comes later,
+     * once everything a rank can check alone has been checked. */
+    struct trn_dist_env env;
+    int rc = trn_dist_env_read(&env, getenv, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "cddp-train: %s\n", err);
-        return rc == CDDP_ECONFIG || rc == CDDP_EPARSE || rc == CDDP_ERANGE_ARG ? CDDP_EXIT_USAGE
-                                                                                : CDDP_EXIT_FAILURE;
+        return CDDP_EXIT_USAGE;
     }
-    int rank = dist.env.rank, world = dist.env.world;
-    struct where where = {.step = -1, .rank = rank, .error_file = dist.env.error_file};
+    int rank = env.rank, world = env.world;
+    struct where where = {.step = -1, .rank = rank, .error_file = env.error_file};
     progress_open();
 
     /* The backend: oneDNN and our kernels on cfg.threads OpenMP threads. */
@@ -615,28 +612,6 @@ int main(int argc, char **argv)
     log_info("T0001", "%s: %zu parameters, %d classes, %s backend, %d threads", cfg.arch,
              model.num_params, num_classes, be.ops->name, be.threads);
 
-    /* DDP (ddp.h): every rank starts from rank 0's model; gradients are
-     * averaged in buckets during backward; --sync-bn shares BN statistics. */
-    struct trn_ddp ddp;
-    struct trn_ddp_options ddo = {
-        .bucket_cap_mb = cfg.bucket_cap_mb, .overlap = cfg.overlap, .sync_bn = cfg.sync_bn};
-    if (trn_ddp_init(&ddp, &model, dist.comm, &ddo, collective_failed, &where, err, sizeof(err)))
-        trn_fatal("%s", err);
-    describe(&cfg, num_classes, train->len, err, sizeof(err));
-    char desc[sizeof(err)];
-    cddp_strlcpy(desc, err, sizeof(desc));
-    if (trn_ddp_check_config(&ddp, desc, err, sizeof(err)) != 0) {
-        fprintf(stderr, "cddp-train: %s\n", err);
-        return CDDP_EXIT_USAGE;
-    }
-    trn_ddp_broadcast_state(&ddp);
-    if (world > 1) {
-        trn_ddp_describe(&ddp, err, sizeof(err));
-        log_info("T6201", "DDP over %d ranks (%s): %s, overlap %s, sync-bn %s, accum-steps %ld",
-                 world, trn_comm_backend(dist.comm), err, cfg.overlap ? "on" : "off",
-                 cfg.sync_bn ? "on" : "off", cfg.accum_steps);
-    }
-
     /* The order of samples: DistributedSampler semantics, reshuffled by seed + epoch. */
     struct trn_sampler sampler;
     if (trn_sampler_init(&sampler, train->len, world, rank, cfg.shuffle, cfg.drop_last,
@@ -654,6 +629,41 @@ int main(int argc, char **argv)
                  "a batch of %d images of %dx%d leaves batch norm one value per channel; use a "
                  "larger batch, or a dataset size that is not 1 more than a multiple of it",
                  last < batch ? last : batch, height, width);
+
+    /* Connecting (docs/distributed.md): rank 0 serves the bootstrap store on
+     * MASTER_ADDR:MASTER_PORT, every rank reaches it, gloo connects them all. */
+    struct trn_dist dist;
+    struct trn_dist_options dopts = {.init_timeout_s = cfg.init_timeout,
+                                     .collective_timeout_s = cfg.collective_timeout};
+    rc = trn_dist_init(&dist, &dopts, getenv, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "cddp-train: %s\n", err);
+        return rc == CDDP_ECONFIG || rc == CDDP_EPARSE || rc == CDDP_ERANGE_ARG ? CDDP_EXIT_USAGE
+                                                                                : CDDP_EXIT_FAILURE;
+    }
+
+    /* DDP (ddp.h): every rank starts from rank 0's model; gradients are
+     * averaged in buckets during backward; --sync-bn shares BN statistics. */
+    struct trn_ddp ddp;
+    struct trn_ddp_options ddo = {
+        .bucket_cap_mb = cfg.bucket_cap_mb, .overlap = cfg.overlap, .sync_bn = cfg.sync_bn};
+    if (trn_ddp_init(&ddp, &model, dist.comm, &ddo, collective_failed, &where, err, sizeof(err)))
+        trn_fatal("%s", err);
+    describe(&cfg, num_classes, train->len, err, sizeof(err));
+    char desc[sizeof(err)];
+    cddp_strlcpy(desc, err, sizeof(desc));
+    if (trn_ddp_check_config(&ddp, desc, err, sizeof(err)) != 0) {
+        fprintf(stderr, "cddp-train: %s\n", err);
+        trn_dist_close(&dist);
+        return CDDP_EXIT_USAGE;
+    }
+    trn_ddp_broadcast_state(&ddp);
+    if (world > 1) {
+        trn_ddp_describe(&ddp, err, sizeof(err));
+        log_info("T6201", "DDP over %d ranks (%s): %s, overlap %s, sync-bn %s, accum-steps %ld",
+                 world, trn_comm_backend(dist.comm), err, cfg.overlap ? "on" : "off",
+                 cfg.sync_bn ? "on" : "off", cfg.accum_steps);
+    }
 
     size_t per = trn_dataset_sample_size(train);
     size_t xbytes = (size_t)batch * per * sizeof(float);
@@ -678,7 +688,7 @@ int main(int argc, char **argv)
             if (cfg.steps && step >= cfg.steps)
                 break;
             where.step = step;
-            if (trn_fault_due(&cfg.fault, step, rank, dist.env.restart_count))
+            if (trn_fault_due(&cfg.fault, step, rank, env.restart_count))
                 trn_fault_fire(&cfg.fault, step, rank);
             long g1 = g0 + accum < batches ? g0 + accum : batches;
             float k = (float)(g1 - g0), step_loss = 0;
