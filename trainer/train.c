@@ -654,7 +654,14 @@ int main(int argc, char **argv)
     cddp_strlcpy(desc, err, sizeof(desc));
     if (trn_ddp_check_config(&ddp, desc, err, sizeof(err)) != 0) {
         fprintf(stderr, "cddp-train: %s\n", err);
+        trn_ddp_free(&ddp);
         trn_dist_close(&dist);
+        free(table);
+        trn_sampler_free(&sampler);
+        trn_resnet_free(&model);
+        trn_dataset_close(train);
+        trn_dataset_close(test);
+        trn_backend_cpu_free(&be);
         return CDDP_EXIT_USAGE;
     }
     trn_ddp_broadcast_state(&ddp);
