@@ -34,8 +34,6 @@
 
 extern char **environ;
 
-/* torchrun's exit barrier timeout (AAPI exit_barrier_timeout=300). */
-#define EXIT_BARRIER_TIMEOUT_MS 300000
 /* How often to look at process groups whose last members are not our
  * children (they can only be seen by asking); only while such groups exist. */
 #define GROUP_CHECK_MS 100
@@ -89,6 +87,10 @@ struct agent {
     bool changed;
 
     bool shutting_down;
+    /* How this node leaves the rendezvous (POLICY_ACT_EXIT's end_job, finished). */
+    enum agent_rdzv_farewell rdzv_how;
+    char rdzv_reason[1024];
+    char me[300]; /* "host (pid N)", for the other nodes' messages */
     int exit_code;
     bool reported;              /* the failure table was printed */
     char fail_reason[512];      /* why the agent itself failed, for its error file */
@@ -215,33 +217,54 @@ static void on_round(struct agent_rdzv *r, int status, const struct agent_round 
 {
     struct agent *a = r->data;
     if (status != 0) {
-        agent_failed(a, "A0101", "rendezvous failed: %s", reason ? reason : cddp_strerror(status));
-        post(a, POLICY_EV_ROUND_FAILED, 0, 0, 0);
+        struct policy_event ev = {.type = POLICY_EV_ROUND_FAILED, .graceful = r->was_waiting};
+        if (r->was_waiting)
+            log_warn("A0106",
+                     "[%s] the job ended while this node waited for a place (%s); nothing ran "
+                     "here",
+                     a->cfg->role, reason ? reason : "closed");
+        else
+            agent_failed(a, "A0101", "rendezvous failed: %s",
+                         reason ? reason : cddp_strerror(status));
+        post_event(a, &ev);
         return;
     }
     a->round = *round;
     a->have_round = true;
     log_info("A0102",
              "[%s] rendezvous complete: round %llu, group_rank=%d group_world_size=%d "
-             "world_size=%d master=%s:%d",
+             "world_size=%d master=%s:%d restart_count=%lld",
              a->cfg->role, (unsigned long long)round->round, round->node_rank, round->nnodes,
-             round->world_size, round->master_addr, round->master_port);
-    post(a, POLICY_EV_ROUND, 0, 0, 0);
+             round->world_size, round->master_addr, round->master_port,
+             (long long)round->restart_count);
+    if (a->pol.coordinated && round->restart_count > a->cfg->max_restarts)
+        agent_failed(a, "A0107",
+                     "[%s] worker groups of this job failed %lld times and max_restarts is %d: no "
+                     "restarts left",
+                     a->cfg->role, (long long)round->restart_count, a->cfg->max_restarts);
+    struct policy_event ev = {.type = POLICY_EV_ROUND, .restart_count = round->restart_count};
+    post_event(a, &ev);
 }
 
-static void on_rdzv_restart(struct agent_rdzv *r, const char *reason)
+static void on_rdzv_restart(struct agent_rdzv *r, const char *reason, bool counted)
 {
     struct agent *a = r->data;
-    log_warn("A0103", "[%s] the rendezvous asks for a new round (%s); will restart worker group",
-             a->cfg->role, reason ? reason : "membership changed");
+    log_warn("A0103", "[%s] %s; will restart worker group in a new round%s", a->cfg->role,
+             reason ? reason : "membership changed",
+             counted ? " (counts against --max_restarts)" : "");
     post(a, POLICY_EV_RDZV_RESTART, 0, 0, 0);
 }
 
 static void on_rdzv_closed(struct agent_rdzv *r, int status, const char *reason)
 {
     struct agent *a = r->data;
-    agent_failed(a, "A0104", "the rendezvous closed: %s",
-                 reason ? reason : (status ? cddp_strerror(status) : "closed"));
+    if (status == 0 && a->pol.state == AGENT_EXIT_BARRIER)
+        log_info("A0108", "the rendezvous closed: %s", reason ? reason : "closed");
+    else if (status == 0)
+        agent_failed(a, "A0104", "the rendezvous closed: %s", reason ? reason : "closed");
+    else
+        agent_failed(a, "A0109", "lost the rendezvous: %s",
+                     reason ? reason : cddp_strerror(status));
     post(a, POLICY_EV_RDZV_CLOSED, 0, 0, 0);
 }
 
@@ -250,7 +273,7 @@ static void on_barrier(struct agent_rdzv *r, int status)
     struct agent *a = r->data;
     if (status != 0)
         log_error("A0105", "Error waiting on exit barrier: %s", cddp_strerror(status));
-    post(a, POLICY_EV_BARRIER_DONE, 0, 0, 0);
+    post(a, POLICY_EV_BARRIER_DONE, 0, status, 0);
 }
 
 /* ---- workers ---- */
@@ -557,13 +580,42 @@ static void arm_deadline(struct agent *a, uint64_t deadline_ms)
     uv_timer_start(&a->deadline, on_deadline, delay + (delay ? 1 : 0), 0);
 }
 
+/* How this node leaves the rendezvous, and what the others are told. */
+static void rdzv_farewell(struct agent *a, const struct policy_action *act)
+{
+    a->rdzv_how = act->end_job    ? AGENT_RDZV_END_JOB
+                  : act->finished ? AGENT_RDZV_FINISHED
+                                  : AGENT_RDZV_LEAVE;
+    if (a->pol.state == AGENT_SUCCEEDED && act->end_job)
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "the job finished");
+    else if (act->finished && a->pol.state == AGENT_SUCCEEDED)
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason),
+                 "%s: its workers succeeded; the exit barrier ended without every node", a->me);
+    else if (act->end_job)
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason),
+                 "%s: worker groups failed and no restarts are left (max_restarts=%d)", a->me,
+                 a->cfg->max_restarts);
+    else if (a->pol.state == AGENT_TERMINATED)
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s received %s", a->me,
+                 cddp_signal_name(a->pol.term_signal));
+    else
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->me,
+                 a->fail_reason[0] ? a->fail_reason : "the agent failed");
+}
+
 static void do_action(struct agent *a, const struct policy_action *act)
 {
     switch (act->type) {
     case POLICY_ACT_JOIN: {
         if (act->reason != STOP_NONE)
             kill_strays(a);
-        if (act->reason == STOP_FAILURE)
+        if (act->reason == STOP_FAILURE && act->attempts_left < 0)
+            log_warn("A0406",
+                     "[%s] Worker group FAILED. 0/%d attempts left; joining the next round, "
+                     "which ends the job unless the failure does not count (a node was lost "
+                     "first)",
+                     a->cfg->role, a->cfg->max_restarts);
+        else if (act->reason == STOP_FAILURE)
             log_warn("A0401",
                      "[%s] Worker group FAILED. %d/%d attempts left; will restart worker group",
                      a->cfg->role, act->attempts_left + 1, a->cfg->max_restarts);
@@ -603,10 +655,10 @@ static void do_action(struct agent *a, const struct policy_action *act)
     }
     case POLICY_ACT_EXIT_BARRIER: {
         kill_strays(a);
-        int rc = a->rdzv->ops->exit_barrier(a->rdzv, EXIT_BARRIER_TIMEOUT_MS, on_barrier);
+        int rc = a->rdzv->ops->exit_barrier(a->rdzv, a->cfg->exit_barrier_timeout_ms, on_barrier);
         if (rc) {
             log_error("A0105", "Error waiting on exit barrier: %s", cddp_strerror(rc));
-            post(a, POLICY_EV_BARRIER_DONE, 0, 0, 0);
+            post(a, POLICY_EV_BARRIER_DONE, 0, rc, 0);
         }
         break;
     }
@@ -617,6 +669,7 @@ static void do_action(struct agent *a, const struct policy_action *act)
     case POLICY_ACT_EXIT:
         kill_strays(a);
         a->exit_code = act->exit_code;
+        rdzv_farewell(a, act);
         if (act->exit_code == CDDP_EXIT_OK)
             log_info("A0405", "[%s] worker group successfully finished", a->cfg->role);
         agent_shutdown(a);
@@ -765,29 +818,13 @@ static void agent_shutdown(struct agent *a)
             uv_close((uv_handle_t *)&a->sigs[i], on_closed);
         uv_close((uv_handle_t *)&a->deadline, on_closed);
         uv_close((uv_handle_t *)&a->group_check, on_closed);
-        if (a->rdzv)
-            a->rdzv->ops->close(a->rdzv, on_rdzv_closed_done);
+        if (a->rdzv) {
+            if (a->rdzv_reason[0] == '\0')
+                snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->me,
+                         a->fail_reason[0] ? a->fail_reason : "the agent failed");
+            a->rdzv->ops->close(a->rdzv, a->rdzv_how, a->rdzv_reason, on_rdzv_closed_done);
+        }
     }
-}
-
-/* A port free on every IPv4 address a moment ago (torch's get_free_port):
- * workers' rank 0 binds it for its store. */
-static int pick_free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return CDDP_ERR_FROM_ERRNO(errno);
-    struct sockaddr_in sin;
-    memset(&sin, 0, sizeof(sin));
-    sin.sin_family = AF_INET;
-    sin.sin_addr.s_addr = htonl(INADDR_ANY);
-    socklen_t len = sizeof(sin);
-    int rc = 0;
-    if (bind(fd, (struct sockaddr *)&sin, sizeof(sin)) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sin, &len) != 0)
-        rc = CDDP_ERR_FROM_ERRNO(errno);
-    close(fd);
-    return rc ? rc : ntohs(sin.sin_port);
 }
 
 /* str(uuid.uuid4().int): what torchrun uses for an empty --rdzv_id. */
@@ -823,26 +860,66 @@ static int make_round(struct agent *a, struct agent_round *r, char *err, size_t 
     r->rank_offset = 0;
     r->use_agent_store = 0;
     cddp_strlcpy(r->run_id, a->run_id, sizeof(r->run_id));
-    if (cfg->standalone) {
-        if (cfg->local_addr)
-            cddp_strlcpy(r->master_addr, cfg->local_addr, sizeof(r->master_addr));
-        else
-            cddp_fqdn(r->master_addr, sizeof(r->master_addr));
-        int port = pick_free_port();
-        if (port < 0) {
-            snprintf(err, errlen, "picking a free MASTER_PORT: %s", cddp_strerror(port));
-            return port;
-        }
-        r->master_port = port;
-    } else {
-        /* static: resolved by the launcher (launch_validate) */
-        if (cfg->static_addr[0] == '\0' || cfg->static_port <= 0) {
-            snprintf(err, errlen, "no static master address (the launcher did not validate)");
-            return CDDP_ECONFIG;
-        }
-        cddp_strlcpy(r->master_addr, cfg->static_addr, sizeof(r->master_addr));
-        r->master_port = cfg->static_port;
+    /* static: resolved by the launcher (launch_validate) */
+    if (cfg->static_addr[0] == '\0' || cfg->static_port <= 0) {
+        snprintf(err, errlen, "no static master address (the launcher did not validate)");
+        return CDDP_ECONFIG;
     }
+    cddp_strlcpy(r->master_addr, cfg->static_addr, sizeof(r->master_addr));
+    r->master_port = cfg->static_port;
+    return 0;
+}
+
+/* The rendezvous for cfg: no network for one static node (torchrun's
+ * default), cddp's rendezvous otherwise (agent/rdzv_c10d.c). */
+static int open_rdzv(struct agent *a, char *why, size_t whylen)
+{
+    const struct launch_config *cfg = a->cfg;
+    int rc;
+    bool fixed = strcmp(cfg->rdzv_backend, "static") == 0 && !cfg->standalone;
+    if (fixed && cfg->nnodes_max == 1) {
+        struct agent_round proto;
+        if ((rc = make_round(a, &proto, why, whylen)) != 0)
+            return rc;
+        if ((rc = agent_rdzv_static_init(&a->rdzv_static, &a->loop, &proto)) != 0)
+            return rc;
+        a->rdzv = &a->rdzv_static.base;
+    } else {
+        /* How the other nodes will hear of this one (a DNS lookup: only
+         * when there are other nodes). */
+        char host[256];
+        cddp_fqdn(host, sizeof(host));
+        snprintf(a->me, sizeof(a->me), "%s (pid %d)", host, (int)getpid());
+        struct rdzv_conf conf;
+        rdzv_conf_init(&conf);
+        for (int i = 0; i < cfg->rdzv_conf_len; i++) {
+            /* checked by the launcher; a bad one here is still refused */
+            rc = rdzv_conf_set(&conf, cfg->rdzv_conf[i].key, cfg->rdzv_conf[i].value, why, whylen);
+            if (rc)
+                return rc;
+        }
+        struct agent_rdzv_c10d_options o = {
+            .host = fixed ? cfg->static_addr : cfg->rdzv_host,
+            .port = fixed ? cfg->static_port + 1 : cfg->rdzv_port,
+            .run_id = a->run_id,
+            .min_nodes = cfg->nnodes_min,
+            .max_nodes = cfg->nnodes_max,
+            .nproc = cfg->nproc_per_node,
+            .local_addr = cfg->local_addr,
+            .conf = &conf,
+            .standalone = cfg->standalone,
+            .fixed = fixed,
+            .node_rank = cfg->node_rank,
+            .master_addr = cfg->static_addr,
+            .master_port = cfg->static_port,
+        };
+        if ((rc = agent_rdzv_c10d_new(&a->loop, &o, &a->rdzv, why, whylen)) != 0)
+            return rc;
+    }
+    a->rdzv->data = a;
+    a->rdzv->on_restart = on_rdzv_restart;
+    a->rdzv->on_closed = on_rdzv_closed;
+    a->pol.coordinated = a->rdzv->coordinated;
     return 0;
 }
 
@@ -879,17 +956,10 @@ static int agent_open(struct agent *a)
         log_warn("A0602", "config has no run_id, generated a random run_id: %s", a->run_id);
     }
     char why[512] = "";
-    struct agent_round proto;
-    if ((rc = make_round(a, &proto, why, sizeof(why))) != 0) {
-        agent_failed(a, "A0603", "%s", why);
+    if ((rc = open_rdzv(a, why, sizeof(why))) != 0) {
+        agent_failed(a, "A0603", "%s", why[0] ? why : cddp_strerror(rc));
         return rc;
     }
-    if ((rc = agent_rdzv_static_init(&a->rdzv_static, &a->loop, &proto)) != 0)
-        return rc;
-    a->rdzv = &a->rdzv_static.base;
-    a->rdzv->data = a;
-    a->rdzv->on_restart = on_rdzv_restart;
-    a->rdzv->on_closed = on_rdzv_closed;
 
     if ((rc = agent_logs_init(&a->logs, cfg->log_dir, a->run_id, why, sizeof(why))) != 0) {
         agent_failed(a, "A0604", "%s", why[0] ? why : cddp_strerror(rc));

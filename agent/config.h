@@ -61,6 +61,14 @@ struct launch_config {
     int rdzv_conf_len;
     char *rdzv_conf_buf; /* owned: the split copy rdzv_conf points into */
     bool standalone;
+    /* c10d (and --standalone): the endpoint, parsed by launch_validate
+     * (default port 29400; brackets removed from IPv6) */
+    char rdzv_host[256];
+    int rdzv_port;
+    /* whether --rdzv_backend / --node_rank were given (command line or
+     * PET_*): without them a multi-node run uses c10d (launch_validate) */
+    bool rdzv_backend_set;
+    bool node_rank_set;
 
     int max_restarts;
     double monitor_interval; /* accepted; exits are events here, not polled */
@@ -108,6 +116,9 @@ struct launch_config {
     uint64_t shutdown_timeout_ms; /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s */
     const char *prefix_template;  /* TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, or NULL */
     const char *error_file;       /* the agent's own TORCHELASTIC_ERROR_FILE, or NULL */
+
+    /* CDDP_EXIT_BARRIER_TIMEOUT: torch's exit_barrier_timeout, default 300 s */
+    uint64_t exit_barrier_timeout_ms;
 
     /* the entrypoint as typed, and the arguments after it */
     const char *entrypoint;

@@ -2,6 +2,7 @@
 #include "agent/policy.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +82,24 @@ static void finish(struct agent_policy *p, struct out *o, enum agent_state state
     struct policy_action *a = emit(o, POLICY_ACT_EXIT);
     a->exit_code = code;
     a->reason = p->stop_reason;
+    /* The job is over for every node when it succeeded (the exit barrier
+     * saw every node), or when worker failures used up the restarts. A
+     * signal, or a rendezvous that closed or could not be reached, ends
+     * this node only; when its workers had succeeded, the others are not
+     * disturbed by its going. */
+    a->end_job = (state == AGENT_SUCCEEDED && !p->barrier_failed) ||
+                 (state == AGENT_FAILED && p->stop_reason == STOP_FAILURE);
+    a->finished = !a->end_job && p->group_succeeded;
+}
+
+/* The run ends without a new round: the failure table when this node's
+ * workers failed (in the attempt that just ended), then exit 1. */
+static void fail_run(struct agent_policy *p, struct out *o, enum stop_reason reason)
+{
+    p->stop_reason = reason;
+    if (any_failed(p))
+        emit(o, POLICY_ACT_FAILURE_REPORT);
+    finish(p, o, AGENT_FAILED, CDDP_EXIT_FAILURE);
 }
 
 /* Every worker has exited and every group is empty: what the stop was for. */
@@ -92,7 +111,13 @@ static void stopped(struct agent_policy *p, struct out *o)
     }
     switch (p->stop_reason) {
     case STOP_FAILURE:
-        if (p->remaining_restarts > 0) {
+        if (p->coordinated) {
+            /* The next round says whether this failure counts. */
+            p->state = AGENT_RENDEZVOUS;
+            struct policy_action *a = emit(o, POLICY_ACT_JOIN);
+            a->reason = STOP_FAILURE;
+            a->attempts_left = p->remaining_restarts - 1;
+        } else if (p->remaining_restarts > 0) {
             p->remaining_restarts--;
             p->state = AGENT_RENDEZVOUS;
             struct policy_action *a = emit(o, POLICY_ACT_JOIN);
@@ -106,6 +131,7 @@ static void stopped(struct agent_policy *p, struct out *o)
     case STOP_SUCCESS:
     case STOP_NONE:
         p->state = AGENT_EXIT_BARRIER;
+        p->group_succeeded = true;
         emit(o, POLICY_ACT_EXIT_BARRIER);
         break;
     case STOP_SIGNAL:
@@ -116,9 +142,7 @@ static void stopped(struct agent_policy *p, struct out *o)
         emit(o, POLICY_ACT_JOIN)->reason = STOP_MEMBERSHIP;
         break;
     case STOP_RDZV_CLOSED:
-        if (any_failed(p))
-            emit(o, POLICY_ACT_FAILURE_REPORT);
-        finish(p, o, AGENT_FAILED, CDDP_EXIT_FAILURE);
+        fail_run(p, o, STOP_RDZV_CLOSED);
         break;
     }
 }
@@ -241,6 +265,21 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
         break;
     case POLICY_EV_ROUND:
         if (p->state == AGENT_RENDEZVOUS) {
+            if (p->coordinated) {
+                /* restart_count is at most 2^53; keep max - remaining (the
+                 * count policy_restart_count gives) within an int. */
+                int64_t count = ev->restart_count < 0         ? 0
+                                : ev->restart_count > INT_MAX ? INT_MAX
+                                                              : ev->restart_count;
+                int64_t left = (int64_t)p->max_restarts - count;
+                if (left < (int64_t)p->max_restarts - INT_MAX)
+                    left = (int64_t)p->max_restarts - INT_MAX;
+                p->remaining_restarts = (int)left;
+                if (left < 0) {
+                    fail_run(p, &o, STOP_FAILURE);
+                    break;
+                }
+            }
             for (int i = 0; i < p->nworkers; i++) {
                 p->workers[i].state = WORKER_RUNNING;
                 p->workers[i].exitcode = 0;
@@ -248,13 +287,19 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
             }
             p->stop_reason = STOP_NONE;
             p->state = AGENT_RUNNING;
+            p->group_succeeded = false;
+            p->barrier_failed = false;
             emit(&o, POLICY_ACT_START_WORKERS);
         }
         break;
     case POLICY_EV_ROUND_FAILED:
         if (p->state == AGENT_RENDEZVOUS) {
-            p->stop_reason = STOP_RDZV_CLOSED;
-            finish(p, &o, AGENT_FAILED, CDDP_EXIT_FAILURE);
+            if (ev->graceful) {
+                p->stop_reason = STOP_NONE;
+                finish(p, &o, AGENT_SUCCEEDED, CDDP_EXIT_OK);
+            } else {
+                fail_run(p, &o, STOP_RDZV_CLOSED);
+            }
         }
         break;
     case POLICY_EV_WORKER_EXIT:
@@ -282,15 +327,25 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
         on_signal(p, ev->sig, &o, now_ms);
         break;
     case POLICY_EV_RDZV_RESTART:
-        if (p->state == AGENT_RUNNING)
+        if (p->state == AGENT_RUNNING) {
             begin_stop(p, &o, STOP_MEMBERSHIP, SIGTERM, now_ms);
+        } else if ((p->state == AGENT_STOPPING || p->state == AGENT_KILLING) &&
+                   p->stop_reason == STOP_SUCCESS) {
+            /* The group succeeded, but the job goes on in a new round. */
+            p->stop_reason = STOP_MEMBERSHIP;
+        } else if (p->state == AGENT_EXIT_BARRIER) {
+            /* The barrier cannot complete: the other nodes start a new round. */
+            p->stop_reason = STOP_MEMBERSHIP;
+            p->state = AGENT_RENDEZVOUS;
+            p->group_succeeded = false;
+            emit(&o, POLICY_ACT_JOIN)->reason = STOP_MEMBERSHIP;
+        }
         break;
     case POLICY_EV_RDZV_CLOSED:
         if (p->state == AGENT_RUNNING) {
             begin_stop(p, &o, STOP_RDZV_CLOSED, SIGTERM, now_ms);
         } else if (p->state == AGENT_RENDEZVOUS) {
-            p->stop_reason = STOP_RDZV_CLOSED;
-            finish(p, &o, AGENT_FAILED, CDDP_EXIT_FAILURE);
+            fail_run(p, &o, STOP_RDZV_CLOSED);
         } else if ((p->state == AGENT_STOPPING || p->state == AGENT_KILLING) &&
                    (p->stop_reason == STOP_FAILURE || p->stop_reason == STOP_MEMBERSHIP)) {
             /* No new round can come: the stop now ends the run. */
@@ -301,8 +356,11 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
         }
         break;
     case POLICY_EV_BARRIER_DONE:
-        if (p->state == AGENT_EXIT_BARRIER)
+        if (p->state == AGENT_EXIT_BARRIER) {
+            /* torchrun only logs barrier errors: the workers succeeded. */
+            p->barrier_failed = ev->exitcode != 0;
             finish(p, &o, AGENT_SUCCEEDED, CDDP_EXIT_OK);
+        }
         break;
     }
     return o.n;

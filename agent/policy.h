@@ -19,8 +19,29 @@
  *   - A membership change pushed by the rendezvous restarts the group
  *     without spending a restart; a closed rendezvous stops and fails.
  *
- * Rendezvous engineers add membership events here, with tests beside the
- * existing ones (tests/unit/test_policy.c).
+ * Multi-node (coordinated) mode, for a rendezvous shared by several nodes:
+ *
+ *   - The rendezvous counts restarts for the whole job: a worker group
+ *     failing on any node makes every node restart in one new round, and
+ *     each round says how many counted restarts the job had before it
+ *     (POLICY_EV_ROUND's restart_count: TORCHELASTIC_RESTART_COUNT, the same
+ *     on every node). A round past --max_restarts ends the run: the failure
+ *     table if this node's workers failed, exit 1. So a failure here always
+ *     goes back to the rendezvous, which decides whether it counts (it does
+ *     not when a lost node had already ended the round: the failure was
+ *     likely its consequence).
+ *   - A restart pushed while the workers run, while processes a successful
+ *     group left behind are stopped, or during the exit barrier makes this
+ *     node stop and join the next round (the barrier is abandoned: the job
+ *     did not end in that round).
+ *   - At the end the agent closes the rendezvous for every node
+ *     (POLICY_ACT_EXIT's end_job: the exit barrier completed, or worker
+ *     failures used up the restarts); or, when this node's workers
+ *     succeeded but the others were not seen to finish (the barrier timed
+ *     out, a signal at the barrier), it leaves as finished (the others go
+ *     on undisturbed, as torch's); otherwise it only leaves (a signal, a
+ *     closed or unreachable rendezvous: the other nodes restart without it
+ *     if they can).
  */
 #ifndef CDDP_AGENT_POLICY_H
 #define CDDP_AGENT_POLICY_H
@@ -59,15 +80,15 @@ enum stop_reason {
 
 enum policy_event_type {
     POLICY_EV_START,
-    POLICY_EV_ROUND,        /* the rendezvous gave a round */
-    POLICY_EV_ROUND_FAILED, /* the rendezvous could not give one */
+    POLICY_EV_ROUND,        /* the rendezvous gave a round (restart_count) */
+    POLICY_EV_ROUND_FAILED, /* the rendezvous could not give one (graceful) */
     POLICY_EV_WORKER_EXIT,  /* local_rank, exitcode */
     POLICY_EV_GROUP_EMPTY,  /* local_rank: no process is left in its process group */
     POLICY_EV_DEADLINE,     /* the deadline set by POLICY_ACT_SET_DEADLINE passed */
     POLICY_EV_SIGNAL,       /* sig */
     POLICY_EV_RDZV_RESTART, /* membership changed */
     POLICY_EV_RDZV_CLOSED,
-    POLICY_EV_BARRIER_DONE,
+    POLICY_EV_BARRIER_DONE, /* exitcode: 0, or the barrier's error (timed out, ...) */
 };
 
 struct policy_event {
@@ -76,6 +97,12 @@ struct policy_event {
     int exitcode;     /* torchrun's convention: the exit status, or -N for death by signal N */
     bool group_empty; /* WORKER_EXIT: nothing else was left in its group */
     int sig;
+    /* ROUND, coordinated mode: counted restarts the job had before this
+     * round (ignored otherwise: one node counts its own). */
+    int64_t restart_count;
+    /* ROUND_FAILED: the job ended while this node waited for a place (the
+     * round was full): nothing ran here, exit 0 (torch's graceful exit). */
+    bool graceful;
 };
 
 enum policy_action_type {
@@ -96,7 +123,12 @@ struct policy_action {
     uint64_t deadline_ms;
     int exit_code;
     enum stop_reason reason; /* SIGNAL_GROUPS, JOIN, EXIT: why */
-    int attempts_left;       /* JOIN after a failure: restarts left after this one */
+    int attempts_left;       /* JOIN after a failure: restarts left after this one
+                                (coordinated: expected; < 0 when none are left) */
+    bool end_job;            /* EXIT: close the rendezvous for every node (the job is
+                                over) rather than only leave it */
+    bool finished;           /* EXIT, !end_job: this node's workers succeeded; leave
+                                without disturbing the others */
 };
 
 struct policy_worker {
@@ -116,6 +148,11 @@ struct agent_policy {
     int term_signal;      /* the agent's own signal, for STOP_SIGNAL */
     uint64_t deadline_ms; /* 0: none set */
     int exit_code;        /* valid in SUCCEEDED, FAILED, TERMINATED */
+    /* Multi-node: restarts are counted by the rendezvous (see above). Set
+     * after policy_init, before the first event. */
+    bool coordinated;
+    bool group_succeeded; /* every worker of the current round exited 0 */
+    bool barrier_failed;  /* the exit barrier ended without every node */
 };
 
 #define POLICY_MAX_ACTIONS 8
@@ -131,7 +168,9 @@ void policy_free(struct agent_policy *p);
 int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t now_ms,
                 struct policy_action *out);
 
-/* TORCHELASTIC_RESTART_COUNT: failure restarts so far. */
+/* TORCHELASTIC_RESTART_COUNT: failure restarts so far (coordinated: the
+ * job's, from the last round; above max_restarts only when the run ends
+ * for it). */
 static inline int policy_restart_count(const struct agent_policy *p)
 {
     return p->max_restarts - p->remaining_restarts;

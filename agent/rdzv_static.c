@@ -18,6 +18,7 @@ static void static_fire(uv_timer_t *t)
         s->join_cb = NULL;
         struct agent_round r = s->next;
         s->next.round++;
+        s->failures_reported = false;
         cb(&s->base, 0, &r, NULL);
     }
     if (s->barrier_cb) {
@@ -40,9 +41,14 @@ static int static_join(struct agent_rdzv *r, const struct agent_join *req, agent
 
 static int static_report_failure(struct agent_rdzv *r, int restart_count)
 {
-    (void)r;
+    struct agent_rdzv_static *s = (struct agent_rdzv_static *)r;
     (void)restart_count;
-    return 0; /* no peers to tell */
+    /* No peers to tell; the next round counts it (once per round). */
+    if (!s->failures_reported) {
+        s->failures_reported = true;
+        s->next.restart_count++;
+    }
+    return 0;
 }
 
 static int static_exit_barrier(struct agent_rdzv *r, uint64_t timeout_ms, agent_rdzv_status_cb cb)
@@ -62,9 +68,12 @@ static void static_closed(uv_handle_t *h)
         s->close_cb(&s->base);
 }
 
-static void static_close(struct agent_rdzv *r, agent_rdzv_close_cb cb)
+static void static_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const char *reason,
+                         agent_rdzv_close_cb cb)
 {
     struct agent_rdzv_static *s = (struct agent_rdzv_static *)r;
+    (void)how;
+    (void)reason;
     s->join_cb = NULL;
     s->barrier_cb = NULL;
     s->close_cb = cb;
@@ -87,6 +96,7 @@ int agent_rdzv_static_init(struct agent_rdzv_static *s, uv_loop_t *loop,
     s->base.loop = loop;
     s->next = *proto;
     s->next.round = 1;
+    s->next.restart_count = 0;
     int rc = uv_timer_init(loop, &s->timer);
     if (rc)
         return rc;

@@ -28,6 +28,7 @@
 #include "common/errors.h"
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "rendezvous/conf.h"
 
 enum flag_id {
     F_NNODES,
@@ -360,35 +361,13 @@ static char *strip(char *s)
     return s;
 }
 
-/* rdzv_conf keys torchrun's backends read, with the kind of value each takes. */
-enum conf_kind { CONF_NUMBER, CONF_BOOL, CONF_STRING, CONF_STORE_TYPE };
-static const struct {
-    const char *key;
-    enum conf_kind kind;
-} conf_keys[] = {
-    {"join_timeout", CONF_NUMBER},
-    {"last_call_timeout", CONF_NUMBER},
-    {"close_timeout", CONF_NUMBER},
-    {"heartbeat_timeout", CONF_NUMBER},
-    {"keep_alive_interval", CONF_NUMBER},
-    {"keep_alive_max_attempt", CONF_NUMBER},
-    {"read_timeout", CONF_NUMBER},
-    {"timeout", CONF_NUMBER},
-    {"is_host", CONF_BOOL},
-    {"store_type", CONF_STORE_TYPE},
-    {"etcd_prefix", CONF_STRING},
-    {"protocol", CONF_STRING},
-    {"cacert", CONF_STRING},
-    {"cert", CONF_STRING},
-    {"key", CONF_STRING},
-};
-
 /* torch's _parse_rendezvous_config: "k=v,k=v", whitespace stripped, an empty
  * key or value is an error; later keys win. */
 static int parse_rdzv_conf(struct launch_config *cfg, const struct raw_args *raw, char *err,
                            size_t errlen)
 {
     const char *name = src_name(raw, F_RDZV_CONF);
+    bool etcd = strncmp(cfg->rdzv_backend, "etcd", 4) == 0;
     char *buf = strdup(raw->value[F_RDZV_CONF]);
     if (buf == NULL)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
@@ -417,30 +396,16 @@ static int parse_rdzv_conf(struct launch_config *cfg, const struct raw_args *raw
                         "%s: must be in the form KEY1=VALUE1,...,KEYN=VALUEN", name);
         if (value == NULL || *value == '\0')
             return fail(err, errlen, CDDP_EPARSE, "%s: option '%s' must have a value", name, key);
-        int k = -1;
-        for (size_t j = 0; j < sizeof(conf_keys) / sizeof(conf_keys[0]); j++) {
-            if (strcmp(conf_keys[j].key, key) == 0)
-                k = (int)j;
+        /* The rendezvous's own checks (rendezvous/conf.c): unknown keys and
+         * bad values are refused here, before anything starts. The etcd
+         * backends are refused as a whole by launch_validate. */
+        if (!etcd) {
+            struct rdzv_conf scratch;
+            char why[512];
+            rdzv_conf_init(&scratch);
+            if (rdzv_conf_set(&scratch, key, value, why, sizeof(why)) != 0)
+                return fail(err, errlen, CDDP_EPARSE, "%s: %s", name, why);
         }
-        if (k < 0)
-            return fail(err, errlen, CDDP_EPARSE,
-                        "%s: unknown option '%s' (known: join_timeout, last_call_timeout, "
-                        "close_timeout, heartbeat_timeout, keep_alive_interval, "
-                        "keep_alive_max_attempt, read_timeout, timeout, is_host, store_type, "
-                        "etcd_prefix, protocol, cacert, cert, key)",
-                        name, key);
-        double d;
-        bool b;
-        if (conf_keys[k].kind == CONF_NUMBER && cddp_parse_double(value, 0, 1e9, &d) != 0)
-            return fail(err, errlen, CDDP_EPARSE, "%s: %s='%s' is not a number of seconds >= 0",
-                        name, key, value);
-        if (conf_keys[k].kind == CONF_BOOL && cddp_parse_bool(value, &b) != 0)
-            return fail(err, errlen, CDDP_EPARSE, "%s: %s='%s' is not a boolean (1/0, true/false)",
-                        name, key, value);
-        if (conf_keys[k].kind == CONF_STORE_TYPE && strcmp(value, "tcp") != 0 &&
-            strcmp(value, "file") != 0)
-            return fail(err, errlen, CDDP_EPARSE, "%s: store_type='%s' is not tcp or file", name,
-                        value);
         int slot = cfg->rdzv_conf_len;
         for (int j = 0; j < cfg->rdzv_conf_len; j++) {
             if (strcmp(cfg->rdzv_conf[j].key, key) == 0)
@@ -691,6 +656,7 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     if ((rc = choose(&raw, F_RDZV_BACKEND, backends, err, errlen)))
         return rc;
     cfg->rdzv_backend = raw.value[F_RDZV_BACKEND];
+    cfg->rdzv_backend_set = raw.source[F_RDZV_BACKEND] != NULL;
     cfg->rdzv_endpoint = raw.value[F_RDZV_ENDPOINT];
     cfg->rdzv_id = raw.value[F_RDZV_ID];
     if ((rc = parse_rdzv_conf(cfg, &raw, err, errlen)))
@@ -743,6 +709,7 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     if ((rc = parse_int_arg(&raw, F_NODE_RANK, 0, 1000000L, &v, "an integer >= 0", err, errlen)))
         return rc;
     cfg->node_rank = (int)v;
+    cfg->node_rank_set = raw.source[F_NODE_RANK] != NULL;
     cfg->master_addr = raw.value[F_MASTER_ADDR];
     if (cfg->master_addr[0] == '\0')
         return fail(err, errlen, CDDP_EPARSE, "%s: empty address", src_name(&raw, F_MASTER_ADDR));
@@ -788,6 +755,18 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
             return fail(err, errlen, CDDP_EPARSE,
                         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT='%s' is not a number of seconds >= 0", sto);
         cfg->shutdown_timeout_ms = (uint64_t)(secs * 1000.0 + 0.5);
+    }
+    /* CDDP_EXIT_BARRIER_TIMEOUT: torch's exit_barrier_timeout (300 s), which
+     * torchrun hard-codes. */
+    cfg->exit_barrier_timeout_ms = 300000;
+    const char *ebt = env_get(envp, "CDDP_EXIT_BARRIER_TIMEOUT");
+    if (ebt && *ebt) {
+        double secs;
+        if (cddp_parse_double(ebt, 0, 86400.0 * 7, &secs) != 0)
+            return fail(err, errlen, CDDP_EPARSE,
+                        "CDDP_EXIT_BARRIER_TIMEOUT='%s' is not a number of seconds in [0, 604800]",
+                        ebt);
+        cfg->exit_barrier_timeout_ms = (uint64_t)(secs * 1000.0 + 0.5);
     }
     cfg->prefix_template = env_get(envp, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
     cfg->error_file = env_get(envp, "TORCHELASTIC_ERROR_FILE");
@@ -881,20 +860,46 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
         return fail(err, errlen, CDDP_ECONFIG,
                     "--numa_binding=%s: NUMA binding is not supported by cddprun yet",
                     cfg->numa_binding);
-    if (cfg->nnodes_max > 1)
+    if (cfg->standalone) {
+        if (cfg->nnodes_max > 1)
+            return fail(err, errlen, CDDP_ECONFIG,
+                        "--standalone runs one node, but --nnodes=%s: give the nodes a "
+                        "rendezvous with --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT",
+                        cfg->nnodes_arg);
+        cddp_strlcpy(cfg->rdzv_host, "127.0.0.1", sizeof(cfg->rdzv_host));
+        cfg->rdzv_port = 0;
+        return 0;
+    }
+    /* torchrun's default backend is static, which makes every node rank 0
+     * when no --node_rank is given and ignores MIN of MIN:MAX: nobody asks
+     * for that. Without --rdzv_backend such a run is elastic: c10d. */
+    if (!cfg->rdzv_backend_set &&
+        (cfg->nnodes_min != cfg->nnodes_max || (cfg->nnodes_max > 1 && !cfg->node_rank_set)))
+        cfg->rdzv_backend = "c10d";
+    if (strncmp(cfg->rdzv_backend, "etcd", 4) == 0)
         return fail(err, errlen, CDDP_ECONFIG,
-                    "--nnodes=%s: multi-node runs need a rendezvous backend this build does "
-                    "not have yet; only --nnodes=1 is supported",
-                    cfg->nnodes_arg);
-    if (!cfg->standalone && strcmp(cfg->rdzv_backend, "static") != 0)
-        return fail(err, errlen, CDDP_ECONFIG,
-                    "--rdzv_backend=%s: not available in this build yet (for one node use "
-                    "--standalone or the default static backend)",
+                    "--rdzv_backend=%s: not yet supported by cddprun (use c10d: cddp's "
+                    "rendezvous, hosted by an agent or by cddp-rdzv)",
                     cfg->rdzv_backend);
+    if (strcmp(cfg->rdzv_backend, "c10d") == 0) {
+        /* torch's parse_rendezvous_endpoint with its default port 29400;
+         * an empty endpoint is localhost:29400. */
+        char why[256];
+        if (launch_parse_endpoint(cfg->rdzv_endpoint, 29400, cfg->rdzv_host, sizeof(cfg->rdzv_host),
+                                  &cfg->rdzv_port, why, sizeof(why)) != 0)
+            return fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: %s", why);
+        return 0;
+    }
+    /* static */
     if (cfg->node_rank >= cfg->nnodes_max)
         return fail(err, errlen, CDDP_ERANGE_ARG, "--node_rank=%d: must be less than --nnodes (%d)",
                     cfg->node_rank, cfg->nnodes_max);
-    if (!cfg->standalone) {
+    if (cfg->nnodes_min != cfg->nnodes_max)
+        return fail(err, errlen, CDDP_ECONFIG,
+                    "--nnodes=%s: the static backend runs a fixed number of nodes (--nnodes=N); "
+                    "for MIN:MAX use --rdzv_backend=c10d",
+                    cfg->nnodes_arg);
+    {
         /* static (launcher/api.py _get_addr_and_port): the endpoint, or
          * master_addr:master_port, names the master; its port is required. */
         char ep[512];
@@ -916,6 +921,12 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
                         "or 0)",
                         cfg->rdzv_endpoint);
         cfg->static_port = port;
+        /* Several static nodes meet on the port after MASTER_PORT, which
+         * the workers' rank 0 serves (docs/multi-node.md). */
+        if (cfg->nnodes_max > 1 && port == 65535)
+            return fail(err, errlen, CDDP_ERANGE_ARG,
+                        "--master_port=65535: with --nnodes > 1 the static backend also needs "
+                        "the next port, for the agents");
     }
     return 0;
 }
@@ -1124,6 +1135,7 @@ const struct launch_probe launch_system_probe = {system_cpu_count, system_gpu_co
 
 void launch_print_help(FILE *out)
 {
+    /* In parts: C11 compilers need only support string literals of 4095 bytes. */
     fprintf(out,
             "usage: cddprun [-h] [--version] [--nnodes NNODES] [--nproc-per-node NPROC_PER_NODE]\n"
             "               [--rdzv-backend RDZV_BACKEND] [--rdzv-endpoint RDZV_ENDPOINT]\n"
@@ -1156,13 +1168,20 @@ void launch_print_help(FILE *out)
             "options:\n"
             "  -h, --help            show this help and exit\n"
             "  --version             print the version and exit\n"
-            "  --nnodes NNODES       N or MIN:MAX nodes (default 1:1; this build: 1)\n"
+            "  --nnodes NNODES       N or MIN:MAX nodes (default 1:1; MIN:MAX needs c10d)\n"
             "  --nproc-per-node N    workers per node: an integer, cpu, gpu or auto (default 1)\n"
-            "  --rdzv-backend NAME   static (default); c10d, etcd, etcd-v2 are not in this build\n"
-            "  --rdzv-endpoint H:P   rendezvous endpoint; for static, the master address\n"
+            "  --rdzv-backend NAME   static (default: fixed node ranks) or c10d (elastic, cddp's\n"
+            "                        rendezvous); etcd, etcd-v2 are not supported yet. Unset,\n"
+            "                        several nodes without --node-rank, or MIN:MAX, are c10d\n"
+            "  --rdzv-endpoint H:P   c10d: the rendezvous server (default port 29400; the agent\n"
+            "                        on that host serves it unless cddp-rdzv does); static:\n"
+            "                        the master address\n"
             "  --rdzv-id ID          run id, TORCHELASTIC_RUN_ID (default none)\n"
-            "  --rdzv-conf K=V,...   rendezvous options (join_timeout, timeout, is_host, ...)\n"
-            "  --standalone          single node with a free MASTER_PORT and a random run id\n"
+            "  --rdzv-conf K=V,...   rendezvous options (join_timeout, last_call_timeout,\n"
+            "                        keep_alive_interval, is_host, timeout, token, ...)\n"
+            "  --standalone          single node: an in-process rendezvous on 127.0.0.1, a free\n"
+            "                        MASTER_PORT and a random run id\n");
+    fprintf(out,
             "  --max-restarts N      worker group restarts after failures (default 0)\n"
             "  --monitor-interval S  accepted for compatibility; exits are seen as they happen\n"
             "  --start-method M      spawn, fork or forkserver (accepted; used by --run-path only\n"
@@ -1179,7 +1198,8 @@ void launch_print_help(FILE *out)
             "  --node-rank N         this node's rank (static backend; default 0)\n"
             "  --master-addr ADDR    MASTER_ADDR (static backend; default 127.0.0.1)\n"
             "  --master-port PORT    MASTER_PORT (static backend; default 29500)\n"
-            "  --local-addr ADDR     this node's address (MASTER_ADDR for --standalone)\n"
+            "  --local-addr ADDR     this node's address as the others reach it (MASTER_ADDR\n"
+            "                        when this node is node 0)\n"
             "  --logs-specs NAME     torchrun plugin; refused (cddprun has no Python plugins)\n"
             "  --numa-binding MODE   refused (not supported yet)\n"
             "  --signals-to-handle L signals forwarded to the workers\n"
@@ -1198,8 +1218,10 @@ void launch_print_help(FILE *out)
         "\n"
         "Environment: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
         "(seconds between SIGTERM and SIGKILL, default 30), PYTHON_EXEC, OMP_NUM_THREADS,\n"
-        "TORCHELASTIC_ERROR_FILE, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.\n"
+        "TORCHELASTIC_ERROR_FILE, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, CDDP_RDZV_TOKEN\n"
+        "(the rendezvous's join token, when --rdzv_conf has no token=),\n"
+        "CDDP_EXIT_BARRIER_TIMEOUT (seconds, default 300).\n"
         "Workers also get CDDP_PROGRESS_FD, a pipe for progress lines (docs/status.md).\n"
         "Exit status: 0 success, 1 the workers failed, 2 bad usage, 128+N stopped by signal N.\n"
-        "See docs/cli.md and docs/torchrun-compat.md.\n");
+        "See docs/cli.md, docs/multi-node.md and docs/torchrun-compat.md.\n");
 }

@@ -50,9 +50,10 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
  */
 int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t errlen);
 
-/* Refuses, by name, what this build parses but cannot honour yet (multi-node
- * rendezvous backends, --nnodes > 1, ...), and derives the static master
- * address and port. 0 or a negative code with err. */
+/* Refuses, by name, what this build parses but cannot honour (the etcd
+ * backends, --standalone with several nodes, a MIN:MAX static run, ...),
+ * and derives the rendezvous endpoint (c10d, --standalone) or the static
+ * master address and port. 0 or a negative code with err. */
 int launch_validate(struct launch_config *cfg, char *err, size_t errlen);
 
 /* torch's parse_rendezvous_endpoint: "host[:port]", "[v6]:port", "[v6]";

@@ -546,7 +546,9 @@ static int decode_fields(struct dec *d)
     case PROTO_CLOSE:
     case PROTO_CLOSED:
         /* leave, close and closed share one layout. */
-        return get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->leave.reason);
+        if ((rc = get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->leave.reason)))
+            return rc;
+        return m->type == PROTO_LEAVE ? get_bool(d, "finished", &m->leave.finished) : 0;
     case PROTO_FAILURE:
         if ((rc = get_int(d, "round", true, 0, PROTO_MAX_INT, 0, &v)))
             return rc;
@@ -564,7 +566,8 @@ static int decode_fields(struct dec *d)
             (rc = get_small(d, "rank_offset", true, 0, INT32_MAX - 1, 0, &m->round.rank_offset)) ||
             (rc = get_small(d, "nproc", true, 1, PROTO_MAX_NPROC, 1, &m->round.nproc)) ||
             (rc = get_str(d, "master_addr", true, 255, STR_ID, &m->round.master_addr)) ||
-            (rc = get_small(d, "master_port", true, 0, 65535, 0, &m->round.master_port)))
+            (rc = get_small(d, "master_port", true, 0, 65535, 0, &m->round.master_port)) ||
+            (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0, &m->round.restart_count)))
             return rc;
         if (m->round.node_rank >= m->round.nnodes)
             return bad_field(d, "node_rank", "must be below nnodes");
@@ -576,7 +579,9 @@ static int decode_fields(struct dec *d)
             return rc;
         m->restart.round = (uint64_t)v;
         if ((rc = get_str(d, "reason", true, PROTO_MAX_TEXT, STR_TEXT, &m->restart.reason)) ||
-            (rc = get_str(d, "node_id", false, PROTO_MAX_ID, STR_ID, &m->restart.node_id)))
+            (rc = get_str(d, "node_id", false, PROTO_MAX_ID, STR_ID, &m->restart.node_id)) ||
+            (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0,
+                          &m->restart.restart_count)))
             return rc;
         return get_bool(d, "counted", &m->restart.counted);
     case PROTO_ERROR: {
@@ -857,6 +862,8 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
     case PROTO_CLOSE:
     case PROTO_CLOSED:
         put_str(e, "reason", m->leave.reason, PROTO_MAX_TEXT);
+        if (m->type == PROTO_LEAVE && m->leave.finished)
+            put_bool(e, "finished", true);
         break;
     case PROTO_FAILURE:
         put_int(e, "round", (int64_t)m->failure.round, 0, PROTO_MAX_INT);
@@ -873,12 +880,14 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
         put_int(e, "nproc", m->round.nproc, 1, PROTO_MAX_NPROC);
         put_str(e, "master_addr", m->round.master_addr ? m->round.master_addr : "", 255);
         put_int(e, "master_port", m->round.master_port, 0, 65535);
+        put_int(e, "restart_count", m->round.restart_count, 0, PROTO_MAX_INT);
         break;
     case PROTO_RESTART:
         put_int(e, "round", (int64_t)m->restart.round, 0, PROTO_MAX_INT);
         put_str(e, "reason", m->restart.reason ? m->restart.reason : "", PROTO_MAX_TEXT);
         put_str(e, "node_id", m->restart.node_id, PROTO_MAX_ID);
         put_bool(e, "counted", m->restart.counted);
+        put_int(e, "restart_count", m->restart.restart_count, 0, PROTO_MAX_INT);
         break;
     case PROTO_ERROR:
         put_str(e, "code", proto_error_name(m->error.code), 64);

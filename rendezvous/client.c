@@ -83,9 +83,12 @@ static void try_next_address(struct rdzv_client *c);
 
 /* ---- small helpers ---- */
 
+/* Formats through a copy: callers may pass last_error itself as an argument. */
 static void set_error(struct rdzv_client *c, const char *fmt, va_list ap)
 {
-    vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+    char msg[sizeof(c->last_error)];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    memcpy(c->last_error, msg, sizeof(msg));
 }
 
 static void maybe_free(struct rdzv_client *c)
@@ -226,6 +229,7 @@ static void handle(struct rdzv_client *c, const struct proto_msg *m)
         ev.reason = m->restart.reason;
         ev.node_id = m->restart.node_id;
         ev.counted = m->restart.counted;
+        ev.restart_count = m->restart.restart_count;
         break;
     case PROTO_CLOSED:
         snprintf(c->last_error, sizeof(c->last_error), "rendezvous closed: %s",
@@ -238,17 +242,18 @@ static void handle(struct rdzv_client *c, const struct proto_msg *m)
         ev.kind = RDZV_EV_CLOSED;
         ev.reason = m->closed.reason;
         break;
-    case PROTO_ERROR:
-        snprintf(c->last_error, sizeof(c->last_error), "%s",
-                 m->error.message ? m->error.message : cddp_strerror(m->error.code));
+    case PROTO_ERROR: {
+        const char *msg = m->error.message ? m->error.message : cddp_strerror(m->error.code);
         if (c->joining) {
+            snprintf(c->last_error, sizeof(c->last_error), "%s", msg);
             c->joining = false;
             c->error_to_join = true;
             c->join_cb(c, m->error.code, NULL, c->join_arg);
             return;
         }
-        client_fail(c, m->error.code, "%s", c->last_error);
+        client_fail(c, m->error.code, "%s", msg);
         return;
+    }
     case PROTO_RESULT: {
         struct cddp_queue *q;
         cddp_queue_foreach(q, &c->reqs)
@@ -599,7 +604,7 @@ int rdzv_client_join(struct rdzv_client *c, int master_port, rdzv_join_cb cb, vo
 }
 
 static int send_simple(struct rdzv_client *c, enum proto_type type, uint64_t round,
-                       const char *reason)
+                       const char *reason, bool finished)
 {
     struct proto_msg m = {.type = type};
     if (type == PROTO_FAILURE) {
@@ -607,6 +612,7 @@ static int send_simple(struct rdzv_client *c, enum proto_type type, uint64_t rou
         m.failure.reason = reason;
     } else {
         m.leave.reason = reason; /* leave and close share the layout */
+        m.leave.finished = finished;
     }
     return client_send(c, &m);
 }
@@ -615,17 +621,17 @@ int rdzv_client_report_failure(struct rdzv_client *c, const char *reason)
 {
     if (!c->has_round)
         return CDDP_ESTATE;
-    return send_simple(c, PROTO_FAILURE, c->round.round, reason);
+    return send_simple(c, PROTO_FAILURE, c->round.round, reason, false);
 }
 
-int rdzv_client_leave(struct rdzv_client *c, const char *reason)
+int rdzv_client_leave(struct rdzv_client *c, const char *reason, bool finished)
 {
-    return send_simple(c, PROTO_LEAVE, 0, reason);
+    return send_simple(c, PROTO_LEAVE, 0, reason, finished);
 }
 
 int rdzv_client_close_rendezvous(struct rdzv_client *c, const char *reason)
 {
-    return send_simple(c, PROTO_CLOSE, 0, reason);
+    return send_simple(c, PROTO_CLOSE, 0, reason, false);
 }
 
 /* Sends m as a request whose result goes to cb. */

@@ -78,13 +78,14 @@ enum rdzv_event_kind {
 
 struct rdzv_event {
     enum rdzv_event_kind kind;
-    uint64_t round;      /* RESTART: the round to join; JOINED: the round joined */
-    bool waiting;        /* JOINED: on the wait list */
-    const char *reason;  /* RESTART, CLOSED */
-    const char *node_id; /* RESTART: the node that caused it (may be NULL) */
-    bool counted;        /* RESTART: a worker failure (counts against --max_restarts) */
-    int code;            /* ERROR */
-    const char *message; /* ERROR: one line */
+    uint64_t round;        /* RESTART: the round to join; JOINED: the round joined */
+    bool waiting;          /* JOINED: on the wait list */
+    const char *reason;    /* RESTART, CLOSED */
+    const char *node_id;   /* RESTART: the node that caused it (may be NULL) */
+    bool counted;          /* RESTART: a worker failure (counts against --max_restarts) */
+    int64_t restart_count; /* RESTART: the run's counted restarts, this one included */
+    int code;              /* ERROR */
+    const char *message;   /* ERROR: one line */
 };
 
 typedef void (*rdzv_event_cb)(struct rdzv_client *c, const struct rdzv_event *ev, void *data);
@@ -115,8 +116,9 @@ int rdzv_client_join(struct rdzv_client *c, int master_port, rdzv_join_cb cb, vo
 
 /* Our worker group failed in the current round (counted restart for all). */
 int rdzv_client_report_failure(struct rdzv_client *c, const char *reason);
-/* We leave the job (the others restart without us, not counted). */
-int rdzv_client_leave(struct rdzv_client *c, const char *reason);
+/* We leave the job: the others restart without us (not counted); or,
+ * finished, our workers succeeded and the others go on undisturbed. */
+int rdzv_client_leave(struct rdzv_client *c, const char *reason, bool finished);
 /* Closes the rendezvous for every node (event CLOSED everywhere, us too). */
 int rdzv_client_close_rendezvous(struct rdzv_client *c, const char *reason);
 

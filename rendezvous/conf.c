@@ -24,7 +24,8 @@ void rdzv_conf_init(struct rdzv_conf *c)
 const char *rdzv_conf_known_keys(void)
 {
     return "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, "
-           "keep_alive_max_attempt, read_timeout, is_host, timeout, use_libuv, token";
+           "keep_alive_max_attempt, heartbeat_timeout, read_timeout, is_host, timeout, "
+           "store_type, use_libuv, token";
 }
 
 static int seconds(const char *key, const char *value, bool positive, uint64_t *out, char *err,
@@ -66,6 +67,19 @@ int rdzv_conf_set(struct rdzv_conf *c, const char *key, const char *value, char 
         return seconds(key, value, true, &c->read_timeout_ms, err, errlen);
     if (strcmp(key, "timeout") == 0)
         return seconds(key, value, true, &c->timeout_ms, err, errlen);
+    if (strcmp(key, "heartbeat_timeout") == 0)
+        return seconds(key, value, true, &c->heartbeat_timeout_ms, err, errlen);
+    if (strcmp(key, "store_type") == 0) {
+        /* torch's c10d backend can keep its state in a TCPStore or a
+         * FileStore; cddp's rendezvous is always its own server. */
+        if (strcmp(value, "tcp") == 0)
+            return 0;
+        snprintf(err, errlen,
+                 "rdzv_conf store_type='%s': only 'tcp' (cddp's rendezvous is a server, not a "
+                 "file)",
+                 value);
+        return CDDP_ECONFIG;
+    }
     if (strcmp(key, "keep_alive_max_attempt") == 0) {
         long n;
         if (cddp_parse_long(value, 1, 1000000, &n) != 0) {

@@ -10,9 +10,13 @@
  *                                    connection goes (late nodes get "closed")
  *   keep_alive_interval     s     5  heartbeat period
  *   keep_alive_max_attempt  n     3  a node is dead after this many missed heartbeats
+ *   heartbeat_timeout       s     5  torch's deadline for one keep-alive write; accepted,
+ *                                    no effect (heartbeats are one-way messages here)
  *   read_timeout            s    60  store operations and connect of the agent's client
  *   is_host                 bool  -  host the server in this agent (default: guessed)
- *   timeout                 s     -  static backend's store timeout (torch's)
+ *   timeout                 s     -  static backend: how long a round may take (torch's
+ *                                    store timeout; 900 s when not given, as torchrun)
+ *   store_type              str tcp  torch's c10d store; only tcp (no FileStore)
  *   use_libuv               bool  -  accepted for torch 2.x compatibility; no effect
  *   token                   str   -  join token (cddp's; CDDP_RDZV_TOKEN also sets it)
  *
@@ -35,8 +39,9 @@ struct rdzv_conf {
     uint64_t keep_alive_interval_ms;
     int keep_alive_max_attempt;
     uint64_t read_timeout_ms;
-    int is_host;         /* -1: not given */
-    uint64_t timeout_ms; /* 0: not given */
+    int is_host;                   /* -1: not given */
+    uint64_t timeout_ms;           /* 0: not given */
+    uint64_t heartbeat_timeout_ms; /* 0: not given; accepted, no effect */
     bool use_libuv;
     bool has_token;
     char token[PROTO_MAX_TOKEN + 1];

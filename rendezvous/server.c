@@ -73,6 +73,11 @@ struct rdzv_server {
     void (*shutdown_cb)(void *arg);
     void *shutdown_arg;
     struct rdzv_server_stats stats;
+    /* rdzv_server_drain: one at a time */
+    uv_timer_t drain_timer;
+    char *drain_run; /* NULL: no drain pending */
+    void (*drain_cb)(void *arg);
+    void *drain_arg;
     char readbuf[READ_BUF_SIZE];
     bool readbuf_busy;
 };
@@ -312,6 +317,7 @@ static void apply_actions(struct rdzv_server *srv)
             m.restart.reason = a->restart.reason;
             m.restart.node_id = a->restart.node_id;
             m.restart.counted = a->restart.counted;
+            m.restart.restart_count = a->restart.restart_count;
             srv->stats.restarts++;
             log_debug("R0022", "%s: restart for round %llu (%s of %s)", c->name,
                       (unsigned long long)a->restart.round, a->restart.reason,
@@ -349,6 +355,7 @@ static void apply_actions(struct rdzv_server *srv)
 }
 
 static void on_tick(uv_timer_t *t);
+static void check_drain(struct rdzv_server *srv);
 
 /* Drops what was asked to drop (which can ask for more), then re-arms the
  * state machine's timer. */
@@ -367,6 +374,7 @@ static void flush(struct rdzv_server *srv)
     }
     if (srv->shutting_down)
         return;
+    check_drain(srv);
     uint64_t due = rdzv_state_next_deadline(srv->state);
     if (due == RDZV_NEVER) {
         uv_timer_stop(&srv->tick);
@@ -382,6 +390,56 @@ static void on_tick(uv_timer_t *t)
     rdzv_state_tick(srv->state, now_ms(srv));
     apply_actions(srv);
     flush(srv);
+}
+
+/* ---- draining ---- */
+
+static void drain_fire(struct rdzv_server *srv)
+{
+    void (*cb)(void *) = srv->drain_cb;
+    void *arg = srv->drain_arg;
+    free(srv->drain_run);
+    srv->drain_run = NULL;
+    srv->drain_cb = NULL;
+    uv_timer_stop(&srv->drain_timer);
+    if (cb)
+        cb(arg);
+}
+
+static void on_drain_timer(uv_timer_t *t)
+{
+    struct rdzv_server *srv = t->data;
+    if (srv->drain_run)
+        drain_fire(srv);
+}
+
+/* After every event: has the drained run lost its last connection? The
+ * callback runs from the timer, so never inside rdzv_server_drain or in
+ * the middle of a libuv callback of ours. */
+static void check_drain(struct rdzv_server *srv)
+{
+    if (srv->drain_run == NULL)
+        return;
+    struct rdzv_run_stats st;
+    if (rdzv_state_run_stats(srv->state, srv->drain_run, &st) == 0 && st.peers > 0)
+        return;
+    uv_timer_start(&srv->drain_timer, on_drain_timer, 0, 0);
+}
+
+int rdzv_server_drain(struct rdzv_server *srv, const char *run_id, uint64_t timeout_ms,
+                      void (*cb)(void *arg), void *arg)
+{
+    if (srv->shutting_down || srv->drain_run)
+        return CDDP_ESTATE;
+    srv->drain_run = strdup(run_id ? run_id : "");
+    if (srv->drain_run == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    srv->drain_cb = cb;
+    srv->drain_arg = arg;
+    if (timeout_ms != UINT64_MAX)
+        uv_timer_start(&srv->drain_timer, on_drain_timer, timeout_ms, 0);
+    check_drain(srv);
+    return 0;
 }
 
 /* ---- receiving ---- */
@@ -456,7 +514,7 @@ static void dispatch(struct conn *c, const struct proto_msg *m)
         rdzv_state_heartbeat(srv->state, now, &c->peer);
         break;
     case PROTO_LEAVE:
-        rdzv_state_leave(srv->state, now, &c->peer, m->leave.reason);
+        rdzv_state_leave(srv->state, now, &c->peer, m->leave.reason, m->leave.finished);
         break;
     case PROTO_FAILURE:
         rdzv_state_failure(srv->state, now, &c->peer, m->failure.round, m->failure.reason);
@@ -753,9 +811,11 @@ int rdzv_server_start(uv_loop_t *loop, const struct rdzv_server_options *o,
         free(srv);
         return rc;
     }
-    srv->open_handles = 2; /* listener, tick */
+    srv->open_handles = 3; /* listener, tick, drain_timer */
     uv_timer_init(loop, &srv->tick);
     srv->tick.data = srv;
+    uv_timer_init(loop, &srv->drain_timer);
+    srv->drain_timer.data = srv;
     *out = srv;
     return 0;
 }
@@ -787,6 +847,10 @@ void rdzv_server_shutdown(struct rdzv_server *srv, const char *reason, void (*cb
 {
     if (srv->shutting_down)
         return;
+    if (srv->drain_run)
+        drain_fire(srv);
+    if (srv->shutting_down)
+        return; /* the drain's callback shut the server down itself */
     /* Tell every node first, while everything is still open. */
     rdzv_state_close_all(srv->state, now_ms(srv), reason ? reason : "server shutting down");
     apply_actions(srv);
@@ -796,6 +860,7 @@ void rdzv_server_shutdown(struct rdzv_server *srv, const char *reason, void (*cb
     srv->shutdown_arg = arg;
     uv_close((uv_handle_t *)srv->listener, on_listener_closed);
     uv_close((uv_handle_t *)&srv->tick, on_server_handle_closed);
+    uv_close((uv_handle_t *)&srv->drain_timer, on_server_handle_closed);
     struct cddp_queue *q = srv->conns.next;
     while (q != &srv->conns) {
         struct conn *c = cddp_queue_data(q, struct conn, link);

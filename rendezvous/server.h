@@ -79,6 +79,17 @@ int rdzv_server_port(const struct rdzv_server *s);
 const char *rdzv_server_address(const struct rdzv_server *s);
 void rdzv_server_stats(const struct rdzv_server *s, struct rdzv_server_stats *out);
 
+/* Waits for the end of a job: calls cb once run_id has no connection left
+ * (every node of the job went away, or the run is gone), or when timeout_ms
+ * has passed (UINT64_MAX: no limit), whichever comes first; never from inside this call. The
+ * server keeps serving meanwhile (late nodes of a closed run are told it is
+ * closed). This is how an agent hosting the rendezvous lets the other nodes
+ * finish before it shuts the server down. One drain at a time: CDDP_ESTATE
+ * for a second (cb is not called then). rdzv_server_shutdown calls a
+ * pending drain's cb before it closes anything. */
+int rdzv_server_drain(struct rdzv_server *s, const char *run_id, uint64_t timeout_ms,
+                      void (*cb)(void *arg), void *arg);
+
 /* Stops accepting, closes every run (each node gets "closed" with reason),
  * flushes what is queued (at most about a second), closes every connection
  * and handle and frees the server; then calls cb (may be NULL). The server

@@ -384,6 +384,7 @@ static struct rdzv_run *run_new(struct rdzv_state *st, const char *run_id)
     memcpy(run->id, run_id, idlen + 1);
     run->idlen = idlen;
     run->phase = RDZV_FORMING;
+    run->round = 1; /* 0 means "no round yet" everywhere in cddp */
     for (int i = 0; i < N_COUNT; i++)
         cddp_queue_init(&run->lists[i]);
     timer_init(&run->last_call, T_LAST_CALL, run);
@@ -540,7 +541,8 @@ static void complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
                                         .rank_offset = offset,
                                         .nproc = node->nproc,
                                         .master_addr = maddr,
-                                        .master_port = mport};
+                                        .master_port = mport,
+                                        .restart_count = (int64_t)run->counted_restarts};
         offset += node->nproc;
     }
     /* Nodes outside this round lose their old rank; late members are no
@@ -588,11 +590,20 @@ static void check_complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t
         timer_disarm(st, &run->last_call);
         return;
     }
-    if (p >= (size_t)run->max_nodes || (run->expecting && run->count[N_RESTARTING] == 0) ||
-        run->last_call_ms == 0) {
+    if (p >= (size_t)run->max_nodes || (run->expecting && run->count[N_RESTARTING] == 0)) {
         complete(st, run, now);
         return;
     }
+    /* After a restart the members still stopping their workers are waited
+     * for (dead ones are removed by their heartbeats), even with
+     * last_call_timeout=0: completing without them would make each late
+     * member's join restart the round again, for ever. */
+    if (run->last_call_ms == 0 && !run->expecting) {
+        complete(st, run, now);
+        return;
+    }
+    if (run->last_call_ms == 0)
+        return;
     if (!timer_armed(&run->last_call))
         timer_arm(st, &run->last_call, add_ms(now, run->last_call_ms));
 }
@@ -620,6 +631,7 @@ static void restart(struct rdzv_state *st, struct rdzv_run *run, const char *rea
         a->restart.reason = r;
         a->restart.node_id = nid;
         a->restart.counted = counted;
+        a->restart.restart_count = (int64_t)run->counted_restarts;
     }
 }
 
@@ -886,12 +898,21 @@ void rdzv_state_heartbeat(struct rdzv_state *st, uint64_t now, struct rdzv_peer 
 }
 
 void rdzv_state_leave(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
-                      const char *reason)
+                      const char *reason, bool finished)
 {
     (void)reason;
     begin(st);
-    if (peer->node)
-        node_remove(st, peer->node, now, "node_left");
+    struct rdzv_node *node = peer->node;
+    if (node == NULL)
+        return;
+    if (!finished) {
+        node_remove(st, node, now, "node_left");
+        return;
+    }
+    /* Its part of the job is done: the running round goes on without it. */
+    struct rdzv_run *run = node->run;
+    node_free(st, node);
+    check_complete(st, run, now);
 }
 
 void rdzv_state_failure(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer, uint64_t round,

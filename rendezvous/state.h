@@ -90,6 +90,7 @@ struct rdzv_action {
             const char *reason;
             const char *node_id;
             bool counted;
+            int64_t restart_count; /* the run's counted restarts, this one included */
         } restart;
         struct {
             const char *reason;
@@ -137,9 +138,11 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
                      const struct proto_msg *m);
 /* Any frame from a peer also counts as a heartbeat. */
 void rdzv_state_heartbeat(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer);
-/* A graceful leave: like a lost node, but the connection stays. */
+/* A graceful leave: like a lost node, but the connection stays. finished:
+ * the node's workers succeeded, so the others go on without it (no restart;
+ * torch's exit barrier timing out on one node). */
 void rdzv_state_leave(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
-                      const char *reason);
+                      const char *reason, bool finished);
 /* The node's worker group failed in `round`: every member restarts, counted.
  * Reports about an older round, or from a non-member, are ignored. */
 void rdzv_state_failure(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer, uint64_t round,

@@ -544,8 +544,9 @@ def test_log_dir_devnull(tmp_path):
     (["/nonexistent/train.py"], "/nonexistent/train.py"),
     (["/nonexistent/worker"], "/nonexistent/worker"),
     (["--no_python", "-m", "x"], "--no_python"),
-    (["--nnodes=2", "w"], "--nnodes=2"),
-    (["--rdzv_backend=c10d", "--rdzv_endpoint=10.0.0.1:29400", "w"], "c10d"),
+    (["--rdzv_backend=static", "--nnodes=1:4", "w"], "--nnodes=1:4"),
+    (["--standalone", "--nnodes=2", "w"], "--standalone"),
+    (["--rdzv_backend=c10d", "--rdzv_conf=join_timout=1", "w"], "join_timout"),
     (["--rdzv_backend=etcd", "w"], "etcd"),
     (["--numa_binding=node", "w"], "--numa_binding"),
 ])

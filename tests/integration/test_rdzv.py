@@ -238,7 +238,7 @@ def test_sigkill_agent_restarts_the_others_at_once(rz):
     rounds = [a.expect("round", timeout=5) for a in survivors]
     elapsed = time.monotonic() - t0
     assert {r["nnodes"] for r in rounds} == {2}
-    assert {r["round"] for r in rounds} == {1}
+    assert {r["round"] for r in rounds} == {2}
     assert sorted(r["node_rank"] for r in rounds) == [0, 1]
     # rank 0 survived and keeps its rank (MASTER_ADDR stays put)
     for a, r in zip(survivors, rounds):
@@ -293,7 +293,7 @@ def test_late_joiner_scale_up_and_wait_list(rz):
     assert rounds[2]["node_rank"] == 2  # the newcomer comes after them
     # At max_nodes a fourth node waits and the running nodes are left alone.
     extra = rz.agent(d, min_nodes=2, max_nodes=3, conf=conf)
-    assert extra.expect("waiting")["round"] == 1
+    assert extra.expect("waiting")["round"] == 2
     assert a.quiet_for(0.5)
     # When a member leaves, the waiting node takes its place.
     os.kill(late.pid, signal.SIGKILL)
@@ -331,10 +331,12 @@ def test_failure_report_is_a_counted_restart(rz):
     for p in (a, b):
         ev = p.expect("restart")
         assert ev["counted"] is True and ev["reason"] == "worker_failure"
-        assert ev["node_id"] == "b" and ev["round"] == 1
+        assert ev["node_id"] == "b" and ev["round"] == 2
+        assert ev["restart_count"] == 1
     for p, n in ((a, "a"), (b, "b")):
         p.join(n, 2, 2)
-    assert a.expect("round")["round"] == 1
+    r = a.expect("round")
+    assert r["round"] == 2 and r["restart_count"] == 1
     a.close(), b.close()
 
 

@@ -421,6 +421,14 @@ static void test_pet_bad_values_named(void **state)
     char *e4[] = {(char *)"TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon", NULL};
     assert_true(parse_env(&c, e4, "w", NULL) < 0);
     assert_non_null(strstr(err, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"));
+    char *e6[] = {(char *)"CDDP_EXIT_BARRIER_TIMEOUT=2.5", NULL};
+    assert_int_equal(parse_env(&c, e6, "w", NULL), 0);
+    assert_int_equal(c.exit_barrier_timeout_ms, 2500);
+    assert_int_equal(parse(&c, "w"), 0);
+    assert_int_equal(c.exit_barrier_timeout_ms, 300000);
+    char *e7[] = {(char *)"CDDP_EXIT_BARRIER_TIMEOUT=-1", NULL};
+    assert_true(parse_env(&c, e7, "w", NULL) < 0);
+    assert_non_null(strstr(err, "CDDP_EXIT_BARRIER_TIMEOUT"));
     char *e5[] = {(char *)"PET_REDIRECTS=9", NULL};
     assert_true(parse_env(&c, e5, "w", NULL) < 0);
     assert_non_null(strstr(err, "PET_REDIRECTS"));
@@ -620,6 +628,98 @@ static void test_status_flags(void **state)
     launch_config_free(&c);
 }
 
+static void test_validate_multinode(void **state)
+{
+    (void)state;
+    struct launch_config c = {0};
+    /* c10d: torch's endpoint parsing with the default port 29400 */
+    struct {
+        const char *arg, *host;
+        int port;
+    } eps[] = {
+        {"--rdzv_endpoint=", "localhost", 29400},
+        {"--rdzv_endpoint=node0", "node0", 29400},
+        {"--rdzv_endpoint=node0:1234", "node0", 1234},
+        {"--rdzv_endpoint=[::1]:29401", "::1", 29401},
+        {"--rdzv_endpoint=10.0.0.1:29400", "10.0.0.1", 29400},
+    };
+    for (size_t i = 0; i < sizeof(eps) / sizeof(eps[0]); i++) {
+        assert_int_equal(parse(&c, "--rdzv_backend=c10d", "--nnodes=1:4", eps[i].arg, "w"), 0);
+        if (launch_validate(&c, err, sizeof(err)) != 0)
+            fail_msg("%s: %s", eps[i].arg, err);
+        assert_string_equal(c.rdzv_host, eps[i].host);
+        assert_int_equal(c.rdzv_port, eps[i].port);
+    }
+    assert_int_equal(parse(&c, "--rdzv_backend=c10d", "--rdzv_endpoint=h:x", "w"), 0);
+    assert_true(launch_validate(&c, err, sizeof(err)) < 0);
+    assert_non_null(strstr(err, "--rdzv_endpoint"));
+    /* the design's commands: without --rdzv_backend and --node_rank, several
+     * nodes (or MIN:MAX) are c10d; torchrun's static would make every node
+     * rank 0 */
+    assert_int_equal(parse(&c, "--nnodes=2", "--nproc_per_node=4", "--rdzv_endpoint=HOST:29400",
+                           "--rdzv_id=job7", "w"),
+                     0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_backend, "c10d");
+    assert_string_equal(c.rdzv_host, "HOST");
+    assert_int_equal(c.rdzv_port, 29400);
+    assert_int_equal(parse(&c, "--nnodes=1:4", "--max_restarts=3", "w"), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_backend, "c10d");
+    assert_string_equal(c.rdzv_host, "localhost");
+    /* ... with either given, torchrun's choice stands */
+    assert_int_equal(parse(&c, "--nnodes=2", "--node_rank=0", "--rdzv_endpoint=HOST:29400", "w"),
+                     0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_backend, "static");
+    assert_string_equal(c.static_addr, "HOST");
+    char *pet_rank[] = {(char *)"PET_NODE_RANK=1", NULL};
+    assert_int_equal(parse_env(&c, pet_rank, "--nnodes=2", "w", NULL), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_backend, "static");
+    assert_int_equal(parse(&c, "--nnodes=2", "--rdzv_backend=static", "w"), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_backend, "static");
+    assert_int_equal(parse(&c, "w"), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_backend, "static"); /* one node: no network at all */
+    /* static with several nodes: the agents need MASTER_PORT + 1 */
+    assert_int_equal(parse(&c, "--nnodes=2", "--node_rank=1", "--master_port=65535", "w"), 0);
+    assert_true(launch_validate(&c, err, sizeof(err)) < 0);
+    assert_non_null(strstr(err, "65535"));
+    assert_int_equal(parse(&c, "--nnodes=2", "--node_rank=1", "--master_addr=n0", "w"), 0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.static_addr, "n0");
+    /* --standalone is one node */
+    assert_int_equal(parse(&c, "--standalone", "--nnodes=2", "w"), 0);
+    assert_true(launch_validate(&c, err, sizeof(err)) < 0);
+    assert_non_null(strstr(err, "--standalone"));
+    /* rdzv_conf: the rendezvous's own checks, by key */
+    const char *bad_conf[][2] = {
+        {"--rdzv_conf=join_timout=5", "join_timout"},
+        {"--rdzv_conf=store_type=file", "store_type"},
+        {"--rdzv_conf=keep_alive_max_attempt=0", "keep_alive_max_attempt"},
+        {"--rdzv_conf=etcd_prefix=/x", "etcd_prefix"},
+    };
+    for (size_t i = 0; i < sizeof(bad_conf) / sizeof(bad_conf[0]); i++) {
+        err[0] = '\0';
+        assert_true(parse(&c, "--rdzv_backend=c10d", bad_conf[i][0], "w") < 0);
+        if (strstr(err, bad_conf[i][1]) == NULL || strstr(err, "--rdzv_conf") == NULL)
+            fail_msg("%s: '%s'", bad_conf[i][0], err);
+    }
+    assert_int_equal(parse(&c, "--rdzv_backend=c10d",
+                           "--rdzv_conf=token=s3cret,is_host=0,heartbeat_timeout=5,"
+                           "keep_alive_interval=0.5",
+                           "w"),
+                     0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    /* etcd: its keys pass the parser, the backend itself is refused by name */
+    assert_int_equal(parse(&c, "--rdzv_backend=etcd-v2", "--rdzv_conf=etcd_prefix=/x", "w"), 0);
+    assert_true(launch_validate(&c, err, sizeof(err)) < 0);
+    assert_non_null(strstr(err, "not yet"));
+    launch_config_free(&c);
+}
+
 static void test_refused_until_supported(void **state)
 {
     (void)state;
@@ -628,9 +728,7 @@ static void test_refused_until_supported(void **state)
         const char *args[3];
         const char *what;
     } refused[] = {
-        {{"--nnodes=2", "w", NULL}, "--nnodes=2"},
-        {{"--nnodes=1:4", "w", NULL}, "--nnodes=1:4"},
-        {{"--rdzv_backend=c10d", "w", NULL}, "c10d"},
+        {{"--rdzv_backend=static", "--nnodes=1:4", "w"}, "--nnodes=1:4"}, /* a fixed count */
         {{"--rdzv-backend=etcd", "w", NULL}, "etcd"},
         {{"--rdzv_backend=etcd-v2", "w", NULL}, "etcd-v2"},
         {{"--node_rank=1", "w", NULL}, "--node_rank"},
@@ -641,7 +739,10 @@ static void test_refused_until_supported(void **state)
         {{"--rdzv_endpoint=host:0", "w", NULL}, "HOST:PORT"},
     };
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
-        assert_int_equal(parse(&c, refused[i].args[0], refused[i].args[1]), 0);
+        assert_int_equal(refused[i].args[2]
+                             ? parse(&c, refused[i].args[0], refused[i].args[1], refused[i].args[2])
+                             : parse(&c, refused[i].args[0], refused[i].args[1]),
+                         0);
         err[0] = '\0';
         assert_true(launch_validate(&c, err, sizeof(err)) < 0);
         if (strstr(err, refused[i].what) == NULL)
@@ -811,6 +912,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_status_flags),
         cmocka_unit_test(test_refused_until_supported),
+        cmocka_unit_test(test_validate_multinode),
         cmocka_unit_test_setup_teardown(test_resolve, resolve_setup, resolve_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

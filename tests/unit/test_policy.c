@@ -374,8 +374,9 @@ static void test_rendezvous_closed(void **state)
     exit_clean(&p, 0, 1, 1);
     EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_JOIN);
     step(&p, POLICY_EV_RDZV_CLOSED, 0, 0, 2);
-    EXPECT(POLICY_ACT_EXIT);
+    EXPECT(POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT); /* the failure that led here */
     assert_int_equal(p.state, AGENT_FAILED);
+    assert_false(acts[1].end_job);
     policy_free(&p);
     assert_int_equal(policy_init(&p, 1, 0, TIMEOUT), 0);
     step(&p, POLICY_EV_START, 0, 0, 0);
@@ -416,6 +417,221 @@ static void test_stale_events(void **state)
     exit_clean(&p, 0, 5, 3); /* a second exit of the same worker */
     EXPECT_NONE();
     assert_int_equal(p.workers[0].state, WORKER_SUCCEEDED);
+    policy_free(&p);
+}
+
+/* ---- coordinated (multi-node) mode ---- */
+
+static int step_round(struct agent_policy *p, int64_t restart_count, uint64_t now)
+{
+    struct policy_event ev = {.type = POLICY_EV_ROUND, .restart_count = restart_count};
+    nacts = policy_step(p, &ev, now, acts);
+    return nacts;
+}
+
+static void running_coordinated(struct agent_policy *p, int n, int max_restarts)
+{
+    assert_int_equal(policy_init(p, n, max_restarts, TIMEOUT), 0);
+    p->coordinated = true;
+    step(p, POLICY_EV_START, 0, 0, 0);
+    EXPECT(POLICY_ACT_JOIN);
+    step_round(p, 0, 0);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(p->state, AGENT_RUNNING);
+}
+
+static void test_coordinated_failure_counted_by_round(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running_coordinated(&p, 2, 1);
+    /* A local failure is reported, and always goes back to the rendezvous. */
+    exit_clean(&p, 0, 3, 1);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    exit_clean(&p, 1, -SIGTERM, 2);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(acts[1].reason, STOP_FAILURE);
+    assert_int_equal(acts[1].attempts_left, 0);
+    assert_int_equal(policy_restart_count(&p), 0); /* not decided here */
+    /* The round counts it: restart 1 of 1. */
+    step_round(&p, 1, 3);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(policy_restart_count(&p), 1);
+    /* Again: no attempt is expected to be left, but the rendezvous decides. */
+    exit_clean(&p, 1, 1, 4);
+    exit_clean(&p, 0, -SIGTERM, 5);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(acts[1].attempts_left, -1);
+    /* Not counted (a lost node had ended the round first): the job goes on. */
+    step_round(&p, 1, 6);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(policy_restart_count(&p), 1);
+    exit_clean(&p, 1, 1, 7);
+    exit_clean(&p, 0, -SIGTERM, 8);
+    /* Counted: past --max_restarts. The table (our workers failed), exit 1,
+     * and the job is over for every node. */
+    step_round(&p, 2, 9);
+    EXPECT(POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT);
+    assert_int_equal(acts[1].exit_code, CDDP_EXIT_FAILURE);
+    assert_int_equal(acts[1].reason, STOP_FAILURE);
+    assert_true(acts[1].end_job);
+    assert_int_equal(p.state, AGENT_FAILED);
+    assert_int_equal(policy_restart_count(&p), 2);
+    policy_free(&p);
+}
+
+static void test_coordinated_peer_failure(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running_coordinated(&p, 2, 1);
+    /* Another node's group failed: the rendezvous asks everyone to restart. */
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 1);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(acts[0].reason, STOP_MEMBERSHIP);
+    exit_clean(&p, 0, -SIGTERM, 2);
+    exit_clean(&p, 1, 1, 3); /* failing because its peers went away: not a failure */
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(acts[1].reason, STOP_MEMBERSHIP);
+    step_round(&p, 1, 4);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(policy_restart_count(&p), 1);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 5);
+    exit_clean(&p, 0, -SIGTERM, 6);
+    exit_clean(&p, 1, -SIGTERM, 7);
+    /* Past the budget: no table (nothing failed here), still the job's end. */
+    step_round(&p, 2, 8);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, CDDP_EXIT_FAILURE);
+    assert_true(acts[0].end_job);
+    policy_free(&p);
+    /* A huge count cannot wrap. */
+    running_coordinated(&p, 1, 3);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 1);
+    exit_clean(&p, 0, -SIGTERM, 2);
+    step_round(&p, INT64_MAX, 3);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_true(policy_restart_count(&p) > 3);
+    policy_free(&p);
+}
+
+static void test_coordinated_restart_at_barrier(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    EXPECT(POLICY_ACT_EXIT_BARRIER);
+    /* A node was lost before every node reached the barrier: new round. */
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 2);
+    EXPECT(POLICY_ACT_JOIN);
+    assert_int_equal(acts[0].reason, STOP_MEMBERSHIP);
+    assert_int_equal(p.state, AGENT_RENDEZVOUS);
+    step(&p, POLICY_EV_BARRIER_DONE, 0, 0, 3); /* the old barrier: stale */
+    EXPECT_NONE();
+    step_round(&p, 0, 4);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    policy_free(&p);
+
+    /* While stopping what a successful group left behind: rejoin, no barrier. */
+    running_coordinated(&p, 2, 0);
+    exit_clean(&p, 0, 0, 1);
+    step(&p, POLICY_EV_WORKER_EXIT, 1, 0, 2); /* left a process in its group */
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 3);
+    EXPECT_NONE();
+    step(&p, POLICY_EV_GROUP_EMPTY, 1, 0, 4);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(acts[1].reason, STOP_MEMBERSHIP);
+    policy_free(&p);
+
+    /* During a failure stop a restart changes nothing: the stop goes on to
+     * a join either way. */
+    running_coordinated(&p, 2, 2);
+    exit_clean(&p, 0, 1, 1);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 2);
+    EXPECT_NONE();
+    assert_int_equal(p.stop_reason, STOP_FAILURE);
+    policy_free(&p);
+}
+
+static void test_end_job(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    /* success: the job is over */
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    step(&p, POLICY_EV_BARRIER_DONE, 0, 0, 2);
+    assert_true(find(POLICY_ACT_EXIT)->end_job);
+    policy_free(&p);
+    /* a signal: this node leaves, the others may go on */
+    running_coordinated(&p, 1, 0);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGTERM, 1);
+    exit_clean(&p, 0, -SIGTERM, 2);
+    assert_false(find(POLICY_ACT_EXIT)->end_job);
+    policy_free(&p);
+    /* the rendezvous closed under us, or no round could form: leave */
+    running_coordinated(&p, 1, 0);
+    step(&p, POLICY_EV_RDZV_CLOSED, 0, 0, 1);
+    exit_clean(&p, 0, -SIGTERM, 2);
+    assert_false(find(POLICY_ACT_EXIT)->end_job);
+    policy_free(&p);
+    assert_int_equal(policy_init(&p, 1, 0, TIMEOUT), 0);
+    p.coordinated = true;
+    step(&p, POLICY_EV_START, 0, 0, 0);
+    step(&p, POLICY_EV_ROUND_FAILED, 0, 0, 1);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_false(acts[0].end_job);
+    policy_free(&p);
+    /* one node, restarts used up: the job is over */
+    running(&p, 1, 0);
+    exit_clean(&p, 0, 1, 1);
+    assert_true(find(POLICY_ACT_EXIT)->end_job);
+    assert_false(find(POLICY_ACT_EXIT)->finished);
+    policy_free(&p);
+    /* our workers succeeded but the barrier timed out: leave as finished,
+     * the others go on undisturbed */
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    struct policy_event ev = {.type = POLICY_EV_BARRIER_DONE, .exitcode = -4009};
+    nacts = policy_step(&p, &ev, 2, acts);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, CDDP_EXIT_OK);
+    assert_false(acts[0].end_job);
+    assert_true(acts[0].finished);
+    policy_free(&p);
+    /* a signal at the barrier: the same */
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGTERM, 2);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, 128 + SIGTERM);
+    assert_true(acts[0].finished);
+    policy_free(&p);
+    /* ... but not after the next round started */
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 2);
+    step_round(&p, 0, 3);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGTERM, 4);
+    exit_clean(&p, 0, -SIGTERM, 5);
+    assert_false(find(POLICY_ACT_EXIT)->finished);
+    policy_free(&p);
+}
+
+static void test_graceful_exit_from_wait_list(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    assert_int_equal(policy_init(&p, 2, 0, TIMEOUT), 0);
+    p.coordinated = true;
+    step(&p, POLICY_EV_START, 0, 0, 0);
+    struct policy_event ev = {.type = POLICY_EV_ROUND_FAILED, .graceful = true};
+    nacts = policy_step(&p, &ev, 1, acts);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, CDDP_EXIT_OK);
+    assert_int_equal(p.state, AGENT_SUCCEEDED);
     policy_free(&p);
 }
 
@@ -537,6 +753,58 @@ static void test_random_walk_invariants(void **state)
     }
 }
 
+/* Coordinated random walks: rounds carry arbitrary counts; workers only
+ * start in a round within the budget, the count always comes from the last
+ * round, and the run ends at most once. */
+static void test_random_walk_coordinated(void **state)
+{
+    (void)state;
+    for (int run = 0; run < 2000; run++) {
+        struct agent_policy p;
+        int n = 1 + (int)next_rand(3);
+        int budget = (int)next_rand(3);
+        assert_int_equal(policy_init(&p, n, budget, (uint64_t)next_rand(3) * 10), 0);
+        p.coordinated = true;
+        uint64_t now = 0;
+        int exits = 0;
+        int64_t last_count = 0;
+        step(&p, POLICY_EV_START, 0, 0, now);
+        for (int k = 0; k < 200 && !policy_finished(&p); k++) {
+            now += next_rand(20);
+            struct policy_event ev = {.type = (enum policy_event_type)next_rand(10),
+                                      .local_rank = (int)next_rand((unsigned)n),
+                                      .exitcode = (int)next_rand(3) - 1,
+                                      .group_empty = next_rand(2) == 0,
+                                      .sig = SIGTERM,
+                                      .restart_count = (int64_t)next_rand(5),
+                                      .graceful = next_rand(4) == 0};
+            if (ev.type == POLICY_EV_DEADLINE && p.deadline_ms)
+                now = p.deadline_ms;
+            enum agent_state before = p.state;
+            nacts = policy_step(&p, &ev, now, acts);
+            if (ev.type == POLICY_EV_ROUND && before == AGENT_RENDEZVOUS)
+                last_count = ev.restart_count;
+            for (int i = 0; i < nacts; i++) {
+                if (acts[i].type == POLICY_ACT_START_WORKERS)
+                    assert_true(last_count <= budget);
+                if (acts[i].type == POLICY_ACT_EXIT) {
+                    exits++;
+                    assert_true(policy_finished(&p));
+                }
+            }
+            assert_int_equal(policy_restart_count(&p), last_count);
+            if (p.state == AGENT_RENDEZVOUS || p.state == AGENT_EXIT_BARRIER) {
+                for (int i = 0; i < n; i++)
+                    assert_int_not_equal(p.workers[i].state, WORKER_RUNNING);
+            }
+        }
+        assert_true(exits <= 1);
+        if (policy_finished(&p))
+            assert_int_equal(exits, 1);
+        policy_free(&p);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -554,6 +822,12 @@ int main(void)
         cmocka_unit_test(test_membership_restart),
         cmocka_unit_test(test_rendezvous_closed),
         cmocka_unit_test(test_stale_events),
+        cmocka_unit_test(test_coordinated_failure_counted_by_round),
+        cmocka_unit_test(test_coordinated_peer_failure),
+        cmocka_unit_test(test_coordinated_restart_at_barrier),
+        cmocka_unit_test(test_end_job),
+        cmocka_unit_test(test_graceful_exit_from_wait_list),
+        cmocka_unit_test(test_random_walk_coordinated),
         cmocka_unit_test(test_finished_states_are_final),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_random_walk_invariants),

@@ -205,7 +205,7 @@ static void test_round_restart_rejoin(void **state)
     for (int i = 0; i < 3; i += 2) {
         assert_int_equal(w.a[i].restarts, 1);
         assert_false(w.a[i].last_counted);
-        assert_int_equal(w.a[i].round.round, 1);
+        assert_int_equal(w.a[i].round.round, 2);
         assert_int_equal(w.a[i].round.nnodes, 2);
     }
     assert_int_equal(w.a[0].round.node_rank, 0);
@@ -218,7 +218,7 @@ static void test_round_restart_rejoin(void **state)
     assert_int_equal(w.a[0].restarts, 2);
     assert_true(w.a[0].last_counted);
     assert_int_equal(w.a[2].restarts, 2);
-    assert_int_equal(w.a[0].round.round, 2);
+    assert_int_equal(w.a[0].round.round, 3);
 
     /* Close the rendezvous: every node hears it. */
     assert_int_equal(rdzv_client_close_rendezvous(w.a[0].c, "job done"), 0);
@@ -227,6 +227,76 @@ static void test_round_restart_rejoin(void **state)
     assert_int_equal(w.a[0].errors, 0);
     world_close(&w);
     assert_int_equal(w.clients_gone, 3);
+}
+
+/* ---- drain: the hosting agent waits for the other nodes to go ---- */
+
+static int drained;
+static void on_drained(void *arg)
+{
+    (void)arg;
+    drained++;
+}
+
+/* The drain's callback comes from a timer; once no connection is left,
+ * UV_RUN_ONCE would then block until the guard: turn the loop without
+ * blocking instead. */
+static void run_until_drained(struct world *w)
+{
+    while (drained == 0)
+        uv_run(&w->loop, UV_RUN_NOWAIT);
+}
+
+static void test_drain(void **state)
+{
+    (void)state;
+    struct world w;
+    world_init(&w, NULL);
+    for (int i = 0; i < 2; i++) {
+        start_agent(&w, i, NULL, 2, 2);
+        assert_int_equal(rdzv_client_join(w.a[i].c, 0, on_join, &w.a[i]), 0);
+    }
+    want_joins = 1;
+    run_until(&w, all_joined);
+
+    /* Both nodes are connected: the drain waits; a second one is refused. */
+    drained = 0;
+    assert_int_equal(rdzv_server_drain(w.srv, "job", 10000, on_drained, NULL), 0);
+    assert_int_equal(rdzv_server_drain(w.srv, "job", 10000, on_drained, NULL), CDDP_ESTATE);
+    for (int k = 0; k < 20; k++)
+        uv_run(&w.loop, UV_RUN_NOWAIT);
+    assert_int_equal(drained, 0);
+    /* Another run's connections do not count. */
+    rdzv_client_close(w.a[0].c, on_client_gone, &w);
+    w.a[0].c = NULL;
+    uv_run(&w.loop, UV_RUN_NOWAIT);
+    assert_int_equal(drained, 0);
+    rdzv_client_close(w.a[1].c, on_client_gone, &w);
+    w.a[1].c = NULL;
+    uint64_t t0 = uv_now(&w.loop);
+    run_until_drained(&w);
+    assert_int_equal(drained, 1);
+    assert_true(uv_now(&w.loop) - t0 < 5000); /* the last connection, not the timeout */
+
+    /* A run that never existed is drained at once; one that stays connected
+     * is given up on at the timeout. */
+    drained = 0;
+    assert_int_equal(rdzv_server_drain(w.srv, "nobody", 10000, on_drained, NULL), 0);
+    assert_int_equal(drained, 0); /* never inside the call */
+    run_until_drained(&w);
+    start_agent(&w, 2, NULL, 2, 2);
+    assert_int_equal(rdzv_client_join(w.a[2].c, 0, on_join, &w.a[2]), 0);
+    for (int k = 0; k < 20; k++)
+        uv_run(&w.loop, UV_RUN_NOWAIT);
+    drained = 0;
+    assert_int_equal(rdzv_server_drain(w.srv, "job", 50, on_drained, NULL), 0);
+    run_until_drained(&w);
+    assert_non_null(w.a[2].c);
+    /* A drain pending at shutdown is called first. */
+    drained = 0;
+    assert_int_equal(rdzv_server_drain(w.srv, "job", 10000, on_drained, NULL), 0);
+    world_close(&w);
+    assert_int_equal(drained, 1);
 }
 
 struct store_op {
@@ -558,6 +628,7 @@ int main(void)
         cmocka_unit_test(test_store_ops_and_barrier),
         cmocka_unit_test(test_token),
         cmocka_unit_test(test_connect_retry_and_timeout),
+        cmocka_unit_test(test_drain),
         cmocka_unit_test(test_blocking_store),
         cmocka_unit_test(test_blocking_store_token),
     };

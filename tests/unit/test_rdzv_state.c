@@ -69,6 +69,12 @@ static void test_conf(void **state)
                      CDDP_ECONFIG);
     assert_int_equal(rdzv_conf_parse(&c, "is_host=maybe", err, sizeof(err)), CDDP_ECONFIG);
     assert_int_equal(rdzv_conf_parse(&c, "join_timeout=1e99", err, sizeof(err)), CDDP_ECONFIG);
+    /* torch's other c10d keys: heartbeat_timeout (no effect here), store_type=tcp only. */
+    assert_int_equal(rdzv_conf_parse(&c, "heartbeat_timeout=7,store_type=tcp", err, sizeof(err)),
+                     0);
+    assert_int_equal(c.heartbeat_timeout_ms, 7000);
+    assert_int_equal(rdzv_conf_parse(&c, "store_type=file", err, sizeof(err)), CDDP_ECONFIG);
+    assert_non_null(strstr(err, "store_type='file'"));
 }
 
 /* ---- a simulated server ---- */
@@ -289,7 +295,7 @@ static void test_round_min_max_equal(void **state)
     assert_int_equal(s->nacts, 1);
     const struct rdzv_action *a = find(s, 0, RDZV_ACT_JOINED);
     assert_non_null(a);
-    assert_int_equal(a->joined.round, 0);
+    assert_int_equal(a->joined.round, 1);
     assert_false(a->joined.waiting);
     assert_int_equal(stats(s, "job").participants, 1);
     assert_false(stats(s, "job").last_call_armed);
@@ -301,7 +307,7 @@ static void test_round_min_max_equal(void **state)
     assert_int_equal(rank_of(s, 0), 1);
     a = find(s, 0, RDZV_ACT_ROUND);
     assert_string_equal(a->round.run_id, "job");
-    assert_int_equal(a->round.round, 0);
+    assert_int_equal(a->round.round, 1);
     assert_string_equal(a->round.master_addr, "10.0.0.2");
     assert_int_equal(a->round.master_port, 29501);
     assert_int_equal(stats(s, "job").phase, RDZV_RUNNING);
@@ -448,7 +454,7 @@ static void test_disconnect_restarts_survivors(void **state)
     for (int i = 0; i < 3; i += 2) {
         const struct rdzv_action *a = find(s, i, RDZV_ACT_RESTART);
         assert_non_null(a);
-        assert_int_equal(a->restart.round, 1);
+        assert_int_equal(a->restart.round, 2);
         assert_string_equal(a->restart.reason, "node_lost");
         assert_string_equal(a->restart.node_id, "b");
         assert_false(a->restart.counted);
@@ -457,13 +463,13 @@ static void test_disconnect_restarts_survivors(void **state)
     join(s, 0, "a", 2, 3, NULL);
     assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
     const struct rdzv_action *j = find(s, 0, RDZV_ACT_JOINED);
-    assert_int_equal(j->joined.round, 1);
+    assert_int_equal(j->joined.round, 2);
     /* The last expected survivor completes the round at once (no last call). */
     join(s, 2, "c", 2, 3, NULL);
     check_round(s, 2);
     assert_int_equal(rank_of(s, 0), 0);
     assert_int_equal(rank_of(s, 2), 1); /* rank 2 >= 2 nodes: fills the hole */
-    assert_int_equal(find(s, 0, RDZV_ACT_ROUND)->round.round, 1);
+    assert_int_equal(find(s, 0, RDZV_ACT_ROUND)->round.round, 2);
     sim_free(s);
 }
 
@@ -533,7 +539,7 @@ static void test_waiting_node_scale_up(void **state)
     const struct rdzv_action *j = find(s, 2, RDZV_ACT_JOINED);
     assert_non_null(j);
     assert_false(j->joined.waiting);
-    assert_int_equal(j->joined.round, 1);
+    assert_int_equal(j->joined.round, 2);
     assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
     assert_string_equal(find(s, 0, RDZV_ACT_RESTART)->restart.reason, "node_joined");
     assert_false(find(s, 0, RDZV_ACT_RESTART)->restart.counted);
@@ -570,14 +576,14 @@ static void test_waiting_at_max(void **state)
     join(s, 2, "c", 1, 2, NULL);
     assert_true(find(s, 2, RDZV_ACT_JOINED)->joined.waiting);
     /* A member leaves: the waiting node takes its place. */
-    rdzv_state_leave(s->st, s->now, &s->peer[0], "done");
+    rdzv_state_leave(s->st, s->now, &s->peer[0], "done", false);
     collect(s);
     assert_non_null(find(s, 1, RDZV_ACT_RESTART));
     assert_string_equal(find(s, 1, RDZV_ACT_RESTART)->restart.reason, "node_left");
     j = find(s, 2, RDZV_ACT_JOINED);
     assert_non_null(j);
     assert_false(j->joined.waiting);
-    assert_int_equal(j->joined.round, 1);
+    assert_int_equal(j->joined.round, 2);
     assert_int_equal(count(s, RDZV_ACT_ERROR), 0); /* leave does not drop */
     join(s, 1, "b", 1, 2, NULL);
     check_round(s, 2);
@@ -586,6 +592,82 @@ static void test_waiting_at_max(void **state)
     /* The node that left may join again: it waits (at max). */
     join(s, 0, "a", 1, 2, NULL);
     assert_true(find(s, 0, RDZV_ACT_JOINED)->joined.waiting);
+    sim_free(s);
+}
+
+static void test_no_restart_livelock_with_zero_last_call(void **state)
+{
+    (void)state;
+    /* min 2, max 4, last_call_timeout=0, three running: a fourth joins.
+     * The next round must wait for all three members stopping their
+     * workers; completing at min would leave one out, and its join would
+     * restart the round again, and so on. */
+    const char *c0 = "last_call_timeout=0";
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 3; i++)
+        hello(s, i, "job");
+    join(s, 0, "a", 2, 4, c0);
+    join(s, 1, "b", 2, 4, c0);
+    check_round(s, 2); /* min is enough at once with last_call_timeout=0 */
+    join(s, 2, "c", 2, 4, c0);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    join(s, 0, "a", 2, 4, c0);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0); /* b is expected back */
+    join(s, 1, "b", 2, 4, c0);
+    check_round(s, 3);
+    hello(s, 3, "job");
+    join(s, 3, "d", 2, 4, "last_call_timeout=0");
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 3);
+    join(s, 0, "a", 2, 4, "last_call_timeout=0");
+    join(s, 1, "b", 2, 4, "last_call_timeout=0");
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0); /* c is still expected */
+    join(s, 2, "c", 2, 4, "last_call_timeout=0");
+    check_round(s, 4);
+    assert_int_equal(stats(s, "job").restarting, 0);
+    /* A member that dies instead of rejoining is not waited for. */
+    drop(s, 3);
+    join(s, 0, "a", 2, 4, "last_call_timeout=0");
+    join(s, 1, "b", 2, 4, "last_call_timeout=0");
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    drop(s, 2);
+    check_round(s, 2);
+    sim_free(s);
+}
+
+static void test_finished_leave_is_quiet(void **state)
+{
+    (void)state;
+    /* A node whose workers succeeded leaves (its exit barrier timed out):
+     * the others go on, nobody restarts; torch only prunes it. */
+    struct sim *s = running3(NULL, 2, 3);
+    rdzv_state_leave(s->st, s->now, &s->peer[2], "exit barrier timed out", true);
+    collect(s);
+    assert_int_equal(s->nacts, 0);
+    assert_int_equal(stats(s, "job").phase, RDZV_RUNNING);
+    assert_int_equal(stats(s, "job").active, 2);
+    /* Its connection going later changes nothing either. */
+    drop(s, 2);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 0);
+    /* A failure afterwards restarts the two that are left. */
+    rdzv_state_failure(s->st, s->now, &s->peer[0], stats(s, "job").round, "exit 1");
+    collect(s);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    join(s, 0, "a", 2, 3, NULL);
+    join(s, 1, "b", 2, 3, NULL);
+    check_round(s, 2);
+    sim_free(s);
+
+    /* While a round forms after a restart, a finished member is no longer
+     * expected: the others complete the round without it. */
+    s = running3("last_call_timeout=600", 2, 3);
+    rdzv_state_failure(s->st, s->now, &s->peer[0], stats(s, "job").round, "exit 1");
+    collect(s);
+    join(s, 0, "a", 2, 3, NULL);
+    join(s, 1, "b", 2, 3, NULL);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0); /* c is expected */
+    rdzv_state_leave(s->st, s->now, &s->peer[2], NULL, true);
+    collect(s);
+    check_round(s, 2);
     sim_free(s);
 }
 
@@ -695,7 +777,7 @@ static void test_failure_counted(void **state)
 {
     (void)state;
     struct sim *s = running3(NULL, 3, 3);
-    rdzv_state_failure(s->st, s->now, &s->peer[1], 0, "exit 1");
+    rdzv_state_failure(s->st, s->now, &s->peer[1], 1, "exit 1");
     collect(s);
     assert_int_equal(count(s, RDZV_ACT_RESTART), 3); /* the reporter too */
     for (int i = 0; i < 3; i++) {
@@ -703,19 +785,22 @@ static void test_failure_counted(void **state)
         assert_true(a->restart.counted);
         assert_string_equal(a->restart.reason, "worker_failure");
         assert_string_equal(a->restart.node_id, "b");
-        assert_int_equal(a->restart.round, 1);
+        assert_int_equal(a->restart.round, 2);
+        assert_int_equal(a->restart.restart_count, 1);
     }
     /* Other nodes' reports about the same failed round change nothing. */
-    rdzv_state_failure(s->st, s->now, &s->peer[0], 0, "exit 1");
+    rdzv_state_failure(s->st, s->now, &s->peer[0], 1, "exit 1");
     collect(s);
     assert_int_equal(s->nacts, 0);
     for (int i = 0; i < 3; i++)
         join(s, i, i == 0 ? "a" : i == 1 ? "b" : "c", 3, 3, NULL);
     check_round(s, 3);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
         assert_int_equal(rank_of(s, i), i);
+        assert_int_equal(find(s, i, RDZV_ACT_ROUND)->round.restart_count, 1);
+    }
     /* A report about an old round is stale. */
-    rdzv_state_failure(s->st, s->now, &s->peer[0], 0, "late");
+    rdzv_state_failure(s->st, s->now, &s->peer[0], 1, "late");
     collect(s);
     assert_int_equal(s->nacts, 0);
     sim_free(s);
@@ -729,7 +814,7 @@ static void test_member_rejoin(void **state)
     assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
     assert_null(find(s, 2, RDZV_ACT_RESTART));
     assert_string_equal(find(s, 0, RDZV_ACT_RESTART)->restart.reason, "node_rejoined");
-    assert_int_equal(find(s, 2, RDZV_ACT_JOINED)->joined.round, 1);
+    assert_int_equal(find(s, 2, RDZV_ACT_JOINED)->joined.round, 2);
     join(s, 0, "a", 3, 3, NULL);
     join(s, 1, "b", 3, 3, NULL);
     check_round(s, 3);
@@ -780,7 +865,7 @@ static void test_laggard_after_last_call(void **state)
     assert_int_equal(stats(s, "job").restarting, 0);
     join(s, 2, "c", 2, 3, NULL);
     assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
-    assert_int_equal(find(s, 2, RDZV_ACT_JOINED)->joined.round, 2);
+    assert_int_equal(find(s, 2, RDZV_ACT_JOINED)->joined.round, 3);
     sim_free(s);
 }
 
@@ -1138,7 +1223,7 @@ static void test_ten_thousand_nodes(void **state)
             continue;
         rounds++;
         int i = (int)(a[k].peer - peers);
-        assert_int_equal(a[k].round.round, 1);
+        assert_int_equal(a[k].round.round, 2);
         assert_int_equal(a[k].round.nnodes, N - 1);
         /* Every survivor below N-1 keeps its rank; the last fills rank 0. */
         if (rank[i] < N - 1)
@@ -1214,7 +1299,7 @@ static void test_random_sequences(void **state)
             } else if (op < 60) {
                 drop(s, i);
             } else if (op < 65) {
-                rdzv_state_leave(s->st, s->now, &s->peer[i], NULL);
+                rdzv_state_leave(s->st, s->now, &s->peer[i], NULL, rnd(2) == 0);
                 collect(s);
             } else if (op < 72) {
                 struct rdzv_run_stats r;
@@ -1261,6 +1346,8 @@ int main(void)
         cmocka_unit_test(test_waiting_node_scale_up),
         cmocka_unit_test(test_waiting_at_max),
         cmocka_unit_test(test_visit),
+        cmocka_unit_test(test_finished_leave_is_quiet),
+        cmocka_unit_test(test_no_restart_livelock_with_zero_last_call),
         cmocka_unit_test(test_failure_counted),
         cmocka_unit_test(test_member_rejoin),
         cmocka_unit_test(test_lost_below_min_waits_then_times_out),
