@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/clock.h"         /* cddp_mono_ns */
 #include "common/errors.h"        /* error codes */
@@ -530,7 +531,7 @@ static bool ckpt_resume(struct ckpt *k, const struct config *c, struct trn_resne
                  k->path, meta.lr, meta.momentum, meta.weight_decay, c->lr, c->momentum,
                  c->weight_decay);
     if (c->init)
-        log_info("T0504", "resuming from %s; --init %s is not used", k->path, c->init);
+        log_info("T0504", "resuming from %s; --init %s is not read", k->path, c->init);
     if (rank == 0)
         printf("=> resumed from checkpoint '%s' (epoch %d, batch %ld, step %ld)\n", k->path, *epoch,
                *first_batch, *step);
@@ -660,7 +661,10 @@ int main(int argc, char **argv)
         trn_fatal("%s", err);
     trn_resnet_init(&model, (uint64_t)cfg.seed, cfg.zero_init_residual);
     struct trn_ckpt_tensor *table = state_table(&model);
-    if (cfg.init && trn_weights_load(cfg.init, table, model.n_state, err, sizeof(err)) != 0) {
+    /* (A checkpoint to resume replaces these weights below: --init is not read then.) */
+    bool resuming = cfg.checkpoint && !cfg.no_resume && access(cfg.checkpoint, F_OK) == 0;
+    if (cfg.init && !resuming &&
+        trn_weights_load(cfg.init, table, model.n_state, err, sizeof(err)) != 0) {
         fprintf(stderr, "cddp-train: --init: %s\n", err);
         return CDDP_EXIT_FAILURE;
     }
@@ -695,7 +699,12 @@ int main(int argc, char **argv)
     ckpt_init(&ck, &cfg, &model, table);
     int start_epoch = 0;
     long step = 0, first_batch = 0;
-    ckpt_resume(&ck, &cfg, &model, &sampler, batch, rank, &start_epoch, &step, &first_batch);
+    if (!ckpt_resume(&ck, &cfg, &model, &sampler, batch, rank, &start_epoch, &step, &first_batch) &&
+        resuming) {
+        fprintf(stderr, "cddp-train: --checkpoint: %s: removed while cddp-train was starting\n",
+                cfg.checkpoint);
+        return CDDP_EXIT_FAILURE;
+    }
     for (int epoch = start_epoch; epoch < cfg.epochs; epoch++) {
         trn_sampler_set_epoch(&sampler, epoch);
         uint64_t t0 = cddp_mono_ns();

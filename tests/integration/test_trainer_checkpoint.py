@@ -87,9 +87,10 @@ def test_resume_inside_an_epoch_is_exact(tmp_path, reference):
     m = meta_of(ck)
     assert (m["epoch"], m["step"], m["sampler.epoch_offset"]) == ("2", str(STEPS), "0"), m
 
-    # Finished: a rerun trains nothing and writes the same weights again.
+    # Finished: a rerun trains nothing and writes the same weights again; the
+    # checkpoint replaces --init, which is not even read.
     os.unlink(out)
-    r = train("--checkpoint", ck, "--save", out)
+    r = train("--checkpoint", ck, "--save", out, "--init", tmp_path / "gone.safetensors")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == \
         [f"=> resumed from checkpoint '{ck}' (epoch 2, batch 0, step {STEPS})"], r.stdout
