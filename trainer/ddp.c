@@ -262,6 +262,20 @@ int trn_ddp_check_config(struct trn_ddp *d, const char *desc, char *err, size_t 
     return CDDP_EMISMATCH;
 }
 
+int trn_ddp_check_same(struct trn_ddp *d, const int64_t *v, size_t n)
+{
+    if (d->world == 1 || n == 0)
+        return 0;
+    int64_t *all = trn_calloc((size_t)d->world * n, sizeof(int64_t));
+    must(d, trn_comm_allgather(d->comm, v, all, n, TRN_COMM_I64));
+    int rc = 0;
+    for (int r = 1; r < d->world && rc == 0; r++)
+        if (memcmp(all + (size_t)r * n, all, n * sizeof(int64_t)) != 0)
+            rc = CDDP_EMISMATCH;
+    free(all);
+    return rc;
+}
+
 void trn_ddp_broadcast_state(struct trn_ddp *d)
 {
     if (d->world == 1)

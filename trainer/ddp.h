@@ -100,6 +100,10 @@ void trn_ddp_free(struct trn_ddp *d);
  */
 int trn_ddp_check_config(struct trn_ddp *d, const char *desc, char *err, size_t errlen);
 
+/* 0 when v[0..n) is the same on every rank, else CDDP_EMISMATCH (on
+ * every rank). */
+int trn_ddp_check_same(struct trn_ddp *d, const int64_t *v, size_t n);
+
 /* Parameters, buffers and num_batches_tracked from rank 0 to every rank. */
 void trn_ddp_broadcast_state(struct trn_ddp *d);
 

@@ -12,9 +12,9 @@
  *     Epoch 0 finished, avg loss: 6.9120, time: 812.35s, throughput: 61.6 img/s
  *
  * This file reads top to bottom as the program: flags, the backend and the
- * model, the data, the training loop, evaluation, saving. The pieces live
- * beside it: resnet.c (the graph), ops/cpu/ (the kernels), data/ (datasets
- * and the sampler).
+ * model, the data, checkpoints, the training loop, evaluation, saving. The
+ * pieces live beside it: resnet.c (the graph), ops/cpu/ (the kernels), data/
+ * (datasets and the sampler), checkpoint.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/clock.h"           /* cddp_mono_ns */
@@ -34,7 +35,7 @@
 #include "common/log.h"             /* log_info, log_debug */
 #include "common/strutil.h"         /* cddp_parse_long, cddp_parse_double */
 #include "config.h"                 /* CDDP_VERSION */
-#include "trainer/checkpoint.h"     /* trn_weights_load, trn_weights_save */
+#include "trainer/checkpoint.h"     /* trn_ckpt_*, trn_weights_load, trn_weights_save */
 #include "trainer/comm/bootstrap.h" /* trn_dist_init: torchrun's env -> communicator */
 #include "trainer/comm/failure.h"   /* trn_comm_fail: error file, exit 75 */
 #include "trainer/data/dataset.h"   /* trn_dataset: synthetic, idx, folder */
@@ -67,8 +68,12 @@ struct config {
     bool eval;
     const char *eval_logits; /* write the test split's logits here */
     bool zero_init_residual;
-    const char *init; /* torchvision weights to start from */
-    const char *save; /* where to write the final weights */
+    const char *init;       /* torchvision weights to start from */
+    const char *save;       /* where to write the final weights */
+    const char *checkpoint; /* resumed from if it exists, written every ckpt_every steps and at
+                               each epoch's end */
+    long ckpt_every;        /* 0: at epoch ends only */
+    bool no_resume;         /* ignore (and overwrite) an existing checkpoint */
     /* distributed (docs/distributed.md) */
     bool drop_last;
     long accum_steps;          /* micro-batches per optimizer step */
@@ -134,6 +139,13 @@ static void usage(FILE *f)
                "  --eval-limit N          evaluate on the first N test images only\n"
                "  --eval-logits PATH      with --eval, also write the test logits (N, classes) "
                "to PATH\n"
+               "checkpoints:\n"
+               "  --checkpoint PATH       resume from PATH if it exists; write it at the end of "
+               "every\n"
+               "                          epoch, every --ckpt-every steps and when training "
+               "stops\n"
+               "  --ckpt-every N          also write the checkpoint every N steps\n"
+               "  --no-resume             start over even if PATH exists (overwriting it)\n"
                "distributed (torchrun's environment; see docs/distributed.md):\n"
                "  --accum-steps K         average gradients over K micro-batches per step (1)\n"
                "  --sync-bn               batch-norm statistics over all ranks (SyncBatchNorm)\n"
@@ -200,6 +212,9 @@ enum {
     OPT_ZERO_INIT_RESIDUAL,
     OPT_INIT,
     OPT_SAVE,
+    OPT_CHECKPOINT,
+    OPT_CKPT_EVERY,
+    OPT_NO_RESUME,
     OPT_DROP_LAST,
     OPT_ACCUM_STEPS,
     OPT_SYNC_BN,
@@ -235,6 +250,9 @@ static const struct option long_options[] = {
     {"zero-init-residual", no_argument, NULL, OPT_ZERO_INIT_RESIDUAL},
     {"init", required_argument, NULL, OPT_INIT},
     {"save", required_argument, NULL, OPT_SAVE},
+    {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
+    {"ckpt-every", required_argument, NULL, OPT_CKPT_EVERY},
+    {"no-resume", no_argument, NULL, OPT_NO_RESUME},
     {"drop-last", no_argument, NULL, OPT_DROP_LAST},
     {"accum-steps", required_argument, NULL, OPT_ACCUM_STEPS},
     {"sync-bn", no_argument, NULL, OPT_SYNC_BN},
@@ -247,6 +265,36 @@ static const struct option long_options[] = {
     {"version", no_argument, NULL, OPT_VERSION},
     {NULL, 0, NULL, 0},
 };
+
+/* --checkpoint's companions need it; its directory must exist now, not at
+ * the first write an epoch later. */
+static void check_checkpoint_flags(const struct config *c)
+{
+    if (!c->checkpoint) {
+        if (c->ckpt_every)
+            bad_flag("--ckpt-every", "needs --checkpoint");
+        if (c->no_resume)
+            bad_flag("--no-resume", "needs --checkpoint");
+        return;
+    }
+    if (c->checkpoint[0] == '\0')
+        bad_flag("--checkpoint", "needs a file name");
+    if ((c->save && strcmp(c->save, c->checkpoint) == 0) ||
+        (c->eval_logits && strcmp(c->eval_logits, c->checkpoint) == 0))
+        bad_flag("--checkpoint", "'%s' is also the --save or --eval-logits file", c->checkpoint);
+    char dir[4096];
+    cddp_strlcpy(dir, c->checkpoint, sizeof(dir));
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        cddp_strlcpy(dir, ".", sizeof(dir));
+    else
+        slash[slash == dir] = '\0'; /* "/ckpt" keeps "/" */
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        bad_flag("--checkpoint", "directory '%s' does not exist", dir);
+    if (stat(c->checkpoint, &st) == 0 && !S_ISREG(st.st_mode))
+        bad_flag("--checkpoint", "'%s' exists and is not a file", c->checkpoint);
+}
 
 static void parse_args(int argc, char **argv, struct config *c)
 {
@@ -331,6 +379,15 @@ static void parse_args(int argc, char **argv, struct config *c)
         case OPT_SAVE:
             c->save = optarg;
             break;
+        case OPT_CHECKPOINT:
+            c->checkpoint = optarg;
+            break;
+        case OPT_CKPT_EVERY:
+            c->ckpt_every = flag_long("--ckpt-every", optarg, 1, 1L << 40);
+            break;
+        case OPT_NO_RESUME:
+            c->no_resume = true;
+            break;
         case OPT_DROP_LAST:
             c->drop_last = true;
             break;
@@ -378,6 +435,7 @@ static void parse_args(int argc, char **argv, struct config *c)
         bad_flag("--eval-logits", "needs --eval");
     if (c->eval_limit && !c->eval)
         bad_flag("--eval-limit", "needs --eval");
+    check_checkpoint_flags(c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -509,6 +567,177 @@ static void progress_report(long step, int epoch, double loss, double samples_pe
 }
 
 /* ------------------------------------------------------------------------ */
+/* Checkpoints (--checkpoint, --ckpt-every, --no-resume)                     */
+
+/* What a checkpoint holds besides its metadata: the state_dict table, the
+ * momentum buffer of each parameter (views into model->momentum, named as
+ * the parameter), and the trainer's generator. */
+struct ckpt {
+    const char *path; /* NULL: no checkpoints */
+    struct trn_ckpt_tensor *model, *momentum;
+    size_t n_model, n_mom;
+    /* The trainer's run-time generator (xoshiro256** state), seeded from
+     * --seed. Nothing draws from it yet (no dropout or augmentation; the
+     * shuffle is a function of seed + epoch, synthetic data of seed + index),
+     * but it is saved and restored so that whatever draws from it later
+     * resumes exactly. */
+    uint64_t rng[4];
+    long last_step; /* step of the checkpoint last written or resumed; -1: none */
+};
+
+static void ckpt_init(struct ckpt *k, const struct config *c, const struct trn_resnet *m,
+                      struct trn_ckpt_tensor *table)
+{
+    memset(k, 0, sizeof(*k));
+    k->path = c->checkpoint;
+    k->model = table;
+    k->n_model = m->n_state;
+    k->momentum = trn_calloc(m->n_state, sizeof(*k->momentum));
+    for (size_t i = 0; i < m->n_state; i++) {
+        if (m->state[i].kind != TRN_STATE_PARAM)
+            continue;
+        k->momentum[k->n_mom] = table[i];
+        k->momentum[k->n_mom++].data = m->momentum + m->state[i].off; /* host memory on the CPU */
+    }
+    uint64_t x = (uint64_t)c->seed ^ 0x6A09E667F3BCC909ull; /* not the initialisation's stream */
+    for (int i = 0; i < 4; i++) {                           /* splitmix64 */
+        uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        k->rng[i] = z ^ (z >> 31);
+    }
+    k->last_step = -1;
+}
+
+/*
+ * Continues from --checkpoint when it exists (unless --no-resume): the
+ * model's tensors, the momentum buffers and the optimizer's step count, the
+ * generator, and the position: *epoch, *step, and *first_batch of *epoch.
+ * Returns false when there is nothing to resume (no --checkpoint, no file
+ * yet, or --no-resume). A checkpoint that cannot be read or does not fit
+ * this run stops the trainer with one line and exit 1, the file untouched:
+ * never a silent fresh start. Rules: docs/trainer-data.md, "Resuming".
+ *
+ * DDP (issue 6): every rank calls this and reads the same file, so all
+ * ranks resume the same step at the same sampler position.
+ */
+static bool ckpt_resume(struct ckpt *k, const struct config *c, struct trn_resnet *m,
+                        const struct trn_sampler *s, int batch, int rank, int *epoch, long *step,
+                        long *first_batch)
+{
+    if (!k->path || c->no_resume)
+        return false;
+    struct trn_ckpt_meta meta;
+    char err[2048];
+    int rc = trn_ckpt_load(k->path, c->arch, k->model, k->n_model, k->momentum, k->n_mom, &meta,
+                           err, sizeof(err));
+    if (rc == CDDP_ENOTFOUND)
+        return false;
+    if (rc != 0) {
+        fprintf(stderr, "cddp-train: --checkpoint: %s\n", err);
+        exit(CDDP_EXIT_FAILURE);
+    }
+    struct trn_ckpt_run run = {
+        .seed = (uint64_t)c->seed,
+        .world_size = s->world,
+        .batch_size = batch,
+        .dataset_len = s->dataset_len,
+        .shuffle = s->shuffle,
+        .drop_last = s->drop_last,
+        .rank_samples = s->num_samples,
+    };
+    struct trn_ckpt_start start;
+    if (trn_ckpt_resume_point(&meta, &run, &start, err, sizeof(err)) != 0) {
+        fprintf(stderr, "cddp-train: --checkpoint: %s: %s\n", k->path, err);
+        exit(CDDP_EXIT_FAILURE);
+    }
+    if (meta.epoch > INT32_MAX) {
+        fprintf(stderr, "cddp-train: --checkpoint: %s: epoch %ld is out of range\n", k->path,
+                meta.epoch);
+        exit(CDDP_EXIT_FAILURE);
+    }
+    m->optimizer_steps = meta.optimizer_steps;
+    memcpy(k->rng, meta.rng, sizeof(k->rng));
+    *epoch = (int)start.epoch;
+    *step = meta.step;
+    *first_batch = (long)(start.rank_offset / (uint64_t)batch);
+    k->last_step = meta.step;
+    if (start.resized)
+        log_warn("T0502",
+                 "%s: written at the end of an epoch with world size %d, batch size %d, %" PRIu64
+                 " samples%s; epoch %d is laid out for this run: world size %d, batch size %d, "
+                 "%zu samples%s",
+                 k->path, meta.world_size, meta.batch_size, meta.dataset_len,
+                 meta.shuffle ? "" : ", --no-shuffle", *epoch, s->world, batch, s->dataset_len,
+                 s->shuffle ? "" : ", --no-shuffle");
+    if (meta.lr != c->lr || meta.momentum != c->momentum || meta.weight_decay != c->weight_decay)
+        log_warn("T0503",
+                 "%s: written with --lr %g --momentum %g --weight-decay %g; continuing with "
+                 "--lr %g --momentum %g --weight-decay %g",
+                 k->path, meta.lr, meta.momentum, meta.weight_decay, c->lr, c->momentum,
+                 c->weight_decay);
+    if (c->init)
+        log_info("T0504", "resuming from %s; --init %s is not read", k->path, c->init);
+    if (rank == 0)
+        printf("=> resumed from checkpoint '%s' (epoch %d, batch %ld, step %ld)\n", k->path, *epoch,
+               *first_batch, *step);
+    return true;
+}
+
+/*
+ * Writes --checkpoint, atomically: the model, the momentum buffers, and
+ * where training stands: `step` steps in all, in `epoch` with rank_offset of
+ * this rank's samples of it done (at an epoch's end: the next epoch, 0). Does
+ * nothing without --checkpoint, or when this step's checkpoint is already
+ * the one on disk. A write that fails stops the trainer (exit 1); the
+ * previous checkpoint stays in place.
+ *
+ * DDP (issue 6): the state is the same on every rank; rank 0 writes, and
+ * every rank then waits at a barrier here, so no rank runs on (or exits)
+ * before the checkpoint it would be restarted from exists.
+ */
+static void ckpt_save(struct ckpt *k, const struct config *c, const struct trn_resnet *m,
+                      const struct trn_sampler *s, int batch, int rank, int epoch, long step,
+                      size_t rank_offset, struct trn_comm *comm, struct where *where)
+{
+    if (!k->path || k->last_step == step)
+        return;
+    struct trn_ckpt_meta meta = {
+        .num_classes = m->num_classes,
+        .seed = (uint64_t)c->seed,
+        .epoch = epoch,
+        .step = step,
+        .epoch_offset = (uint64_t)rank_offset * (uint64_t)s->world,
+        .world_size = s->world,
+        .batch_size = batch,
+        .dataset_len = s->dataset_len,
+        .shuffle = s->shuffle,
+        .drop_last = s->drop_last,
+        .optimizer_steps = m->optimizer_steps,
+        .lr = c->lr,
+        .momentum = c->momentum,
+        .weight_decay = c->weight_decay,
+    };
+    cddp_strlcpy(meta.arch, c->arch, sizeof(meta.arch));
+    memcpy(meta.rng, k->rng, sizeof(meta.rng));
+    if (rank == 0) {
+        char err[1024];
+        uint64_t t0 = cddp_mono_ns();
+        if (trn_ckpt_save(k->path, k->model, k->n_model, k->momentum, k->n_mom, &meta, err,
+                          sizeof(err)) != 0) {
+            fprintf(stderr, "cddp-train: --checkpoint: %s\n", err);
+            exit(CDDP_EXIT_FAILURE);
+        }
+        log_info("T0501", "checkpoint: step %ld, epoch %d + %zu samples, written to %s in %.3f s",
+                 step, epoch, rank_offset, k->path, (double)(cddp_mono_ns() - t0) * 1e-9);
+    }
+    /* Nobody runs on before the checkpoint it would restart from exists. */
+    if (trn_comm_world(comm) > 1)
+        must_comm(comm, where, trn_comm_barrier(comm));
+    k->last_step = step;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Evaluation                                                                */
 
 /* Top-1 accuracy of the model in eval mode over the whole of ds, shared
@@ -605,7 +834,10 @@ int main(int argc, char **argv)
         trn_fatal("%s", err);
     trn_resnet_init(&model, (uint64_t)cfg.seed, cfg.zero_init_residual);
     struct trn_ckpt_tensor *table = state_table(&model);
-    if (cfg.init && trn_weights_load(cfg.init, table, model.n_state, err, sizeof(err)) != 0) {
+    /* (A checkpoint to resume replaces these weights below: --init is not read then.) */
+    bool resuming = cfg.checkpoint && !cfg.no_resume && access(cfg.checkpoint, F_OK) == 0;
+    if (cfg.init && !resuming &&
+        trn_weights_load(cfg.init, table, model.n_state, err, sizeof(err)) != 0) {
         fprintf(stderr, "cddp-train: --init: %s\n", err);
         return CDDP_EXIT_FAILURE;
     }
@@ -630,6 +862,21 @@ int main(int argc, char **argv)
                  "larger batch, or a dataset size that is not 1 more than a multiple of it",
                  last < batch ? last : batch, height, width);
 
+    /* Where to start: from scratch, or where --checkpoint left off. Every
+     * rank reads the same file (on several nodes it must be on a shared
+     * filesystem; the ranks check below that they agree). */
+    struct ckpt ck;
+    ckpt_init(&ck, &cfg, &model, table);
+    int start_epoch = 0;
+    long step = 0, first_batch = 0;
+    bool resumed =
+        ckpt_resume(&ck, &cfg, &model, &sampler, batch, rank, &start_epoch, &step, &first_batch);
+    if (!resumed && resuming) {
+        fprintf(stderr, "cddp-train: --checkpoint: %s: removed while cddp-train was starting\n",
+                cfg.checkpoint);
+        return CDDP_EXIT_FAILURE;
+    }
+
     /* Connecting (docs/distributed.md): rank 0 serves the bootstrap store on
      * MASTER_ADDR:MASTER_PORT, every rank reaches it, gloo connects them all. */
     struct trn_dist dist;
@@ -652,17 +899,30 @@ int main(int argc, char **argv)
     describe(&cfg, num_classes, train->len, err, sizeof(err));
     char desc[sizeof(err)];
     cddp_strlcpy(desc, err, sizeof(desc));
+    int64_t at[4] = {resumed, step, start_epoch, first_batch};
     if (trn_ddp_check_config(&ddp, desc, err, sizeof(err)) != 0) {
         fprintf(stderr, "cddp-train: %s\n", err);
+        rc = CDDP_EXIT_USAGE;
+    } else if (trn_ddp_check_same(&ddp, at, 4) != 0) {
+        fprintf(stderr,
+                "cddp-train: --checkpoint %s: the ranks would resume from different places (this "
+                "rank: %s, step %ld); on several nodes the checkpoint must be on a shared "
+                "filesystem\n",
+                cfg.checkpoint ? cfg.checkpoint : "(none)", resumed ? "resumed" : "fresh start",
+                step);
+        rc = CDDP_EXIT_FAILURE;
+    }
+    if (rc != 0) {
         trn_ddp_free(&ddp);
         trn_dist_close(&dist);
+        free(ck.momentum);
         free(table);
         trn_sampler_free(&sampler);
         trn_resnet_free(&model);
         trn_dataset_close(train);
         trn_dataset_close(test);
         trn_backend_cpu_free(&be);
-        return CDDP_EXIT_USAGE;
+        return rc;
     }
     trn_ddp_broadcast_state(&ddp);
     if (world > 1) {
@@ -679,19 +939,18 @@ int main(int argc, char **argv)
     TRN_CHECK(x_dev, "out of memory for the input batch (%zu bytes)", xbytes);
     int32_t *labels = trn_malloc((size_t)batch * sizeof(int32_t));
 
-    /* Training. A step is one optimizer step: --accum-steps micro-batches
-     * (the epoch's last step may have fewer), each loss divided by their
-     * number, gradients averaged across ranks only after the last one
-     * (no_sync). A checkpoint would be resumed here (epoch, step, sampler
-     * position) and written at the end of a step below. */
-    long step = 0;
+    /* Training: from the start, or from where --checkpoint left off. A step
+     * is one optimizer step: --accum-steps micro-batches (the epoch's last
+     * step may have fewer), each loss divided by their number, gradients
+     * averaged across ranks only after the last one (no_sync). */
     long accum = cfg.accum_steps;
-    for (int epoch = 0; epoch < cfg.epochs; epoch++) {
+    for (int epoch = start_epoch; epoch < cfg.epochs; epoch++) {
         trn_sampler_set_epoch(&sampler, epoch);
         uint64_t t0 = cddp_mono_ns();
         double loss_sum = 0;
         long images = 0, done = 0;
-        for (long g0 = 0; g0 < batches; g0 += accum) {
+        long b0 = epoch == start_epoch ? first_batch : 0; /* a resumed epoch starts inside */
+        for (long g0 = b0; g0 < batches; g0 += accum) {
             if (cfg.steps && step >= cfg.steps)
                 break;
             where.step = step;
@@ -732,6 +991,10 @@ int main(int argc, char **argv)
             double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
             log_debug("T0002", "step %ld loss %.9g time %.6f s", step, (double)step_loss, secs);
             progress_report(step, epoch, step_loss, (double)step_images / secs);
+            /* --ckpt-every (an epoch's last step is saved as the epoch's end, below) */
+            if (cfg.ckpt_every && step % cfg.ckpt_every == 0 && g1 < batches)
+                ckpt_save(&ck, &cfg, &model, &sampler, batch, rank, epoch, step,
+                          (size_t)g1 * (size_t)batch, dist.comm, &where);
         }
         if (done == 0)
             break;
@@ -739,6 +1002,10 @@ int main(int argc, char **argv)
         if (rank == 0)
             printf("Epoch %d finished, avg loss: %.4f, time: %.2fs, throughput: %.1f img/s\n",
                    epoch, loss_sum / (double)done, secs, (double)images * world / secs);
+        /* A checkpoint at the epoch's end, or where --steps stopped it. */
+        bool complete = b0 + done == batches;
+        ckpt_save(&ck, &cfg, &model, &sampler, batch, rank, complete ? epoch + 1 : epoch, step,
+                  complete ? 0 : (size_t)(b0 + done) * (size_t)batch, dist.comm, &where);
         if (cfg.steps && step >= cfg.steps)
             break;
     }
@@ -800,6 +1067,7 @@ int main(int argc, char **argv)
     be.ops->free(&be, x_dev);
     free(x_host);
     free(labels);
+    free(ck.momentum);
     free(table);
     trn_ddp_free(&ddp);
     trn_sampler_free(&sampler);
