@@ -12,12 +12,18 @@ What they assert:
     the ranks);
   - a rank that hangs (--fault hang) makes the others exit 75 within
     --collective-timeout with torchrun's error file naming the collective
-    and the step;
+    and the step; under cddprun --max_restarts=1 the group is restarted,
+    resumes from the last checkpoint (every rank the same one) and
+    finishes with the weights of an uninterrupted run, bit for bit;
+  - a rank that crashes at step N, likewise: the restarted group resumes
+    from the last checkpoint before N and ends bitwise where an
+    uninterrupted run ends (deterministic CPU arithmetic, 1 thread per rank);
   - bootstrap failures: a wrong MASTER_PORT is a clear error within
     --init-timeout.
 Small models and images (resnet18, 32x32 synthetic data) keep each test to
 seconds, also under ASan.
 """
+import glob
 import json
 import os
 import re
@@ -151,3 +157,59 @@ def test_wrong_master_port_is_a_clear_error(background, tmp_path):
     assert f"cannot reach the bootstrap store at 127.0.0.1:{wrong} within" in p1.err, p1.err
     assert "MASTER_ADDR and MASTER_PORT" in p1.err
     assert port != wrong
+
+
+# Restarts under cddprun: 2 ranks, 2 epochs of 4 steps (shuffled), a
+# checkpoint every 2 steps; the uninterrupted run is the reference.
+RESTART = SMALL[:-4] + ["--epochs", "2", "--log-every", "1", "--num-samples", "32",
+                        "--batch-size", "4", "--ckpt-every", "2"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    out = tmp / "final.safetensors"
+    r = cddprun(tmp, 2, RESTART + ["--checkpoint", str(tmp / "ck.safetensors"), "--save",
+                                   str(out)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Epoch 1 finished" in r.stdout
+    return out.read_bytes()
+
+
+def attempt_files(tmp_path, attempt, name):
+    return sorted(glob.glob(str(tmp_path / "logs" / "*" / f"attempt_{attempt}" / "*" / name)))
+
+
+def test_crash_then_restart_resumes_bitwise(tmp_path, uninterrupted):
+    out = tmp_path / "final.safetensors"
+    r = cddprun(tmp_path, 2, RESTART + ["--checkpoint", str(tmp_path / "ck.safetensors"),
+                                        "--save", str(out), "--fault", "crash@step=5,rank=1"],
+                extra=["--max_restarts=1"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "fault injection: crash at step 5 on rank 1" in r.stderr
+    # the second attempt started from the checkpoint of step 4 (the last one
+    # written), inside epoch 1, and ran to the end
+    assert "=> resumed from checkpoint" in r.stdout and "step 4)" in r.stdout, r.stdout
+    assert "Epoch 1 finished" in r.stdout
+    assert out.read_bytes() == uninterrupted
+
+
+def test_hang_then_restart_resumes_and_completes(tmp_path, uninterrupted):
+    out = tmp_path / "final.safetensors"
+    t0 = time.monotonic()
+    r = cddprun(tmp_path, 2, RESTART + ["--checkpoint", str(tmp_path / "ck.safetensors"),
+                                        "--save", str(out), "--collective-timeout", "5",
+                                        "--fault", "hang@step=3,rank=1"],
+                extra=["--max_restarts=1"])
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    # attempt 0: rank 0 timed out in step 3's first collective and wrote its error file
+    files = attempt_files(tmp_path, 0, "error.json")
+    assert files, list((tmp_path / "logs").rglob("*"))
+    msg = json.loads(open(files[0]).read())["message"]["message"]
+    assert msg.startswith("CollectiveTimeoutError: ") and "at step 3 on rank 0" in msg, msg
+    assert "failed (exitcode: 75) local_rank: 0" in r.stderr, r.stderr[-3000:]
+    # attempt 1 resumed from step 2's checkpoint and finished
+    assert "=> resumed from checkpoint" in r.stdout and "step 2)" in r.stdout, r.stdout
+    assert out.read_bytes() == uninterrupted
+    assert took < 150, took
