@@ -618,8 +618,8 @@ static void ckpt_init(struct ckpt *k, const struct config *c, const struct trn_r
  * this run stops the trainer with one line and exit 1, the file untouched:
  * never a silent fresh start. Rules: docs/trainer-data.md, "Resuming".
  *
- * DDP (issue 6): every rank calls this and reads the same file, so all
- * ranks resume the same step at the same sampler position.
+ * DDP: every rank calls this and reads the same file, so all ranks resume
+ * the same step at the same sampler position (main() checks they agree).
  */
 static bool ckpt_resume(struct ckpt *k, const struct config *c, struct trn_resnet *m,
                         const struct trn_sampler *s, int batch, int rank, int *epoch, long *step,
@@ -692,7 +692,7 @@ static bool ckpt_resume(struct ckpt *k, const struct config *c, struct trn_resne
  * the one on disk. A write that fails stops the trainer (exit 1); the
  * previous checkpoint stays in place.
  *
- * DDP (issue 6): the state is the same on every rank; rank 0 writes, and
+ * DDP: the state is the same on every rank; rank 0 writes, and
  * every rank then waits at a barrier here, so no rank runs on (or exits)
  * before the checkpoint it would be restarted from exists.
  */
