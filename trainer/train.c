@@ -526,18 +526,24 @@ static void must_comm(struct trn_comm *comm, struct where *w, int rc)
         collective_failed(w, trn_comm_last_error(comm));
 }
 
-/* Everything every rank must agree on (trn_ddp_check_config). */
-static void describe(const struct config *c, int num_classes, size_t train_len, char *buf,
-                     size_t len)
+/* Everything every rank must agree on (trn_ddp_check_config): what shapes
+ * the collectives (model, batches, steps, buckets, SyncBN, evaluation,
+ * checkpoint barriers) and the data order. Paths, threads and timeouts may
+ * differ. */
+static void describe(const struct config *c, int num_classes, const struct trn_dataset *d,
+                     char *buf, size_t len)
 {
     snprintf(buf, len,
-             "--arch %s --num-classes %d --data %s (%zu samples) --batch-size %ld --epochs %ld "
-             "--steps %ld --seed %ld%s%s --accum-steps %ld%s --bucket-cap-mb %g%s --lr %g "
-             "--momentum %g --weight-decay %g",
-             c->arch, num_classes, c->data, train_len, c->batch_size, c->epochs, c->steps, c->seed,
-             c->shuffle ? "" : " --no-shuffle", c->drop_last ? " --drop-last" : "", c->accum_steps,
-             c->sync_bn ? " --sync-bn" : "", c->bucket_cap_mb, c->overlap ? "" : " --no-overlap",
-             c->lr, c->momentum, c->weight_decay);
+             "--arch %s --num-classes %d --data %s (%zu samples of %dx%dx%d) --batch-size %ld "
+             "--epochs %ld --steps %ld --seed %ld%s%s --accum-steps %ld%s --bucket-cap-mb %g%s "
+             "--lr %g --momentum %g --weight-decay %g%s --eval-limit %ld%s%s --ckpt-every %ld",
+             c->arch, num_classes, c->data, d->len, d->channels, d->height, d->width, c->batch_size,
+             c->epochs, c->steps, c->seed, c->shuffle ? "" : " --no-shuffle",
+             c->drop_last ? " --drop-last" : "", c->accum_steps, c->sync_bn ? " --sync-bn" : "",
+             c->bucket_cap_mb, c->overlap ? "" : " --no-overlap", c->lr, c->momentum,
+             c->weight_decay, c->eval ? " --eval" : "", c->eval_limit,
+             c->eval_logits ? " --eval-logits" : "", c->checkpoint ? " --checkpoint" : "",
+             c->ckpt_every);
 }
 
 /* CDDP_PROGRESS_FD (cddprun's progress channel, docs/status.md): one JSON
@@ -896,7 +902,7 @@ int main(int argc, char **argv)
         .bucket_cap_mb = cfg.bucket_cap_mb, .overlap = cfg.overlap, .sync_bn = cfg.sync_bn};
     if (trn_ddp_init(&ddp, &model, dist.comm, &ddo, collective_failed, &where, err, sizeof(err)))
         trn_fatal("%s", err);
-    describe(&cfg, num_classes, train->len, err, sizeof(err));
+    describe(&cfg, num_classes, train, err, sizeof(err));
     char desc[sizeof(err)];
     cddp_strlcpy(desc, err, sizeof(desc));
     int64_t at[4] = {resumed, step, start_epoch, first_batch};
