@@ -19,7 +19,8 @@ What they assert:
     from the last checkpoint before N and ends bitwise where an
     uninterrupted run ends (deterministic CPU arithmetic, 1 thread per rank);
   - bootstrap failures: a wrong MASTER_PORT is a clear error within
-    --init-timeout.
+    --init-timeout;
+  - each step is reported on cddprun's progress channel (CDDP_PROGRESS_FD).
 Small models and images (resnet18, 32x32 synthetic data) keep each test to
 seconds, also under ASan.
 """
@@ -27,6 +28,7 @@ import glob
 import json
 import os
 import re
+import subprocess
 import time
 
 import pytest
@@ -213,3 +215,19 @@ def test_hang_then_restart_resumes_and_completes(tmp_path, uninterrupted):
     assert "=> resumed from checkpoint" in r.stdout and "step 2)" in r.stdout, r.stdout
     assert out.read_bytes() == uninterrupted
     assert took < 150, took
+
+
+def test_progress_lines_on_the_progress_channel(tmp_path):
+    r_fd, w_fd = os.pipe()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["CDDP_PROGRESS_FD"] = str(w_fd)
+    p = subprocess.Popen([binary("cddp-train"), *SMALL, "--num-samples", "12", "--batch-size",
+                          "4", "--threads", "1"], env=env, pass_fds=(w_fd,),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    os.close(w_fd)
+    with os.fdopen(r_fd) as fh:
+        lines = fh.read().splitlines()
+    assert p.wait(timeout=120) == 0, p.stderr.read()
+    reports = [json.loads(l) for l in lines]
+    assert [x["step"] for x in reports] == [1, 2, 3], lines
+    assert all(x["epoch"] == 0 and x["loss"] > 0 and x["samples_per_s"] > 0 for x in reports)
