@@ -4,8 +4,9 @@
  *   1. read RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (env.h);
  *      none set: world size 1, nothing to connect;
  *   2. rank 0 serves the bootstrap store on MASTER_ADDR:MASTER_PORT
- *      (store_server.h); every rank, rank 0 included, connects to it with
- *      backoff until --init-timeout (store_client.h);
+ *      (rendezvous/store.h: the rendezvous server in store-only mode, on a
+ *      thread of its own); every rank, rank 0 included, connects to it with
+ *      its blocking client, with backoff until --init-timeout;
  *   3. sanity through the store: no RANK claimed twice, one WORLD_SIZE;
  *   4. the communicator connects its mesh through the store (comm.h), and a
  *      barrier confirms every rank is connected.
@@ -25,8 +26,8 @@
 
 #define TRN_DEFAULT_INIT_TIMEOUT_S 300.0
 
-struct trn_store_server;
-struct trn_store_client;
+struct rdzv_store_thread;
+struct rdzv_store_client;
 
 struct trn_dist_options {
     double init_timeout_s;       /* <= 0: TRN_DEFAULT_INIT_TIMEOUT_S */
@@ -34,11 +35,17 @@ struct trn_dist_options {
     const char *backend;         /* NULL: "gloo" */
 };
 
+/* rendezvous/store.h's client as the communicator's struct trn_kv. */
+struct trn_store_kv {
+    struct trn_kv kv; /* first */
+    struct rdzv_store_client *client;
+};
+
 struct trn_dist {
     struct trn_dist_env env;
     struct trn_comm *comm;
-    struct trn_store_server *server; /* rank 0 only */
-    struct trn_store_client *client;
+    struct rdzv_store_thread *server; /* rank 0 only */
+    struct trn_store_kv store;
 };
 
 /* Fills *d. lookup is getenv (or a table in tests). On failure returns a
