@@ -406,6 +406,13 @@ int main(int argc, char **argv)
     struct config cfg;
     parse_args(argc, argv, &cfg);
     char err[512];
+    int rc = CDDP_EXIT_FAILURE;
+    /* Everything main owns, released at `out` (usage errors exit earlier, from bad_flag). */
+    struct trn_resnet model = {0};
+    struct trn_sampler sampler = {0};
+    struct trn_ckpt_tensor *table = NULL;
+    float *x_host = NULL, *x_dev = NULL, *all_logits = NULL;
+    int32_t *labels = NULL;
 
     /* Distributed set-up goes here (issue 6): rank and world from torchrun's
      * environment. One process for now. */
@@ -427,20 +434,18 @@ int main(int argc, char **argv)
         trn_fatal("--data %s: %d channels per image; the model takes 3", cfg.data, train->channels);
 
     /* The model: torchvision's initialisation (seeded), or its weights (--init). */
-    struct trn_resnet model;
     if (trn_resnet_create(&model, &be, trn_arch_find(cfg.arch), num_classes, err, sizeof(err)))
         trn_fatal("%s", err);
     trn_resnet_init(&model, (uint64_t)cfg.seed, cfg.zero_init_residual);
-    struct trn_ckpt_tensor *table = state_table(&model);
+    table = state_table(&model);
     if (cfg.init && trn_weights_load(cfg.init, table, model.n_state, err, sizeof(err)) != 0) {
         fprintf(stderr, "cddp-train: --init: %s\n", err);
-        return CDDP_EXIT_FAILURE;
+        goto out;
     }
     log_info("T0001", "%s: %zu parameters, %d classes, %s backend, %d threads", cfg.arch,
              model.num_params, num_classes, be.ops->name, be.threads);
 
     /* The order of samples: DistributedSampler semantics, reshuffled by seed + epoch. */
-    struct trn_sampler sampler;
     if (trn_sampler_init(&sampler, train->len, world, rank, cfg.shuffle, false, (uint64_t)cfg.seed))
         trn_fatal("sampler: dataset of %zu samples over %d ranks", train->len, world);
     int batch = (int)cfg.batch_size;
@@ -457,10 +462,10 @@ int main(int argc, char **argv)
 
     size_t per = trn_dataset_sample_size(train);
     size_t xbytes = (size_t)batch * per * sizeof(float);
-    float *x_host = trn_malloc(xbytes);
-    float *x_dev = be.ops->alloc(&be, xbytes);
+    x_host = trn_malloc(xbytes);
+    x_dev = be.ops->alloc(&be, xbytes);
     TRN_CHECK(x_dev, "out of memory for the input batch (%zu bytes)", xbytes);
-    int32_t *labels = trn_malloc((size_t)batch * sizeof(int32_t));
+    labels = trn_malloc((size_t)batch * sizeof(int32_t));
 
     /* Training. A checkpoint would be resumed here (epoch, step, sampler
      * position) and written at the end of a step below. */
@@ -513,22 +518,22 @@ int main(int argc, char **argv)
         if (test->height != height || test->width != width || test->channels != 3)
             trn_fatal("--eval: test images are %dx%dx%d, training images 3x%dx%d", test->channels,
                       test->height, test->width, height, width);
-        float *all = cfg.eval_logits ? trn_malloc(test->len * (size_t)num_classes * 4) : NULL;
-        double acc = evaluate(&model, test, batch, x_host, x_dev, labels, all);
+        if (cfg.eval_logits)
+            all_logits = trn_malloc(test->len * (size_t)num_classes * sizeof(float));
+        double acc = evaluate(&model, test, batch, x_host, x_dev, labels, all_logits);
         if (rank == 0)
             printf("test accuracy: %.4f\n", acc);
-        if (all && rank == 0) {
+        if (all_logits && rank == 0) {
             struct trn_st_tensor t = {.name = "logits",
                                       .dtype = TRN_ST_F32,
                                       .ndim = 2,
                                       .shape = {test->len, (uint64_t)num_classes},
-                                      .data = all};
+                                      .data = all_logits};
             if (trn_st_save(cfg.eval_logits, &t, 1, NULL, 0, err, sizeof(err)) != 0) {
                 fprintf(stderr, "cddp-train: --eval-logits: %s\n", err);
-                return CDDP_EXIT_FAILURE;
+                goto out;
             }
         }
-        free(all);
     }
 
     /* The final weights (--save), as a torchvision state_dict. */
@@ -536,14 +541,17 @@ int main(int argc, char **argv)
         trn_weights_save(cfg.save, cfg.arch, num_classes, table, model.n_state, err, sizeof(err)) !=
             0) {
         fprintf(stderr, "cddp-train: --save: %s\n", err);
-        return CDDP_EXIT_FAILURE;
+        goto out;
     }
 
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0)
         log_debug("T0004", "peak_rss_kb %ld", ru.ru_maxrss);
+    rc = CDDP_EXIT_OK;
 
+out:
     be.ops->free(&be, x_dev);
+    free(all_logits);
     free(x_host);
     free(labels);
     free(table);
@@ -552,5 +560,5 @@ int main(int argc, char **argv)
     trn_dataset_close(train);
     trn_dataset_close(test);
     trn_backend_cpu_free(&be);
-    return CDDP_EXIT_OK;
+    return rc;
 }
