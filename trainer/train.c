@@ -467,15 +467,19 @@ int main(int argc, char **argv)
     TRN_CHECK(x_dev, "out of memory for the input batch (%zu bytes)", xbytes);
     labels = trn_malloc((size_t)batch * sizeof(int32_t));
 
-    /* Training. A checkpoint would be resumed here (epoch, step, sampler
-     * position) and written at the end of a step below. */
-    long step = 0;
-    for (int epoch = 0; epoch < cfg.epochs; epoch++) {
+    /* Where training starts: step 0 of epoch 0, or where a checkpoint left
+     * off (resuming sets these three, the weights, the momentum buffers and
+     * model.optimizer_steps; the epoch's order is a function of seed + epoch,
+     * so skipping its first start_batch batches lands on the same samples). */
+    long step = 0, start_batch = 0;
+    int start_epoch = 0;
+
+    for (int epoch = start_epoch; epoch < cfg.epochs; epoch++) {
         trn_sampler_set_epoch(&sampler, epoch);
         uint64_t t0 = cddp_mono_ns();
         double loss_sum = 0;
         long images = 0, done = 0;
-        for (long b = 0; b < batches; b++) {
+        for (long b = epoch == start_epoch ? start_batch : 0; b < batches; b++) {
             if (cfg.steps && step >= cfg.steps)
                 break;
             int n = b == batches - 1 ? last : batch;
@@ -502,6 +506,8 @@ int main(int argc, char **argv)
                 log_warn("T0003", "step %ld: loss is %f", step, (double)loss);
             if (rank == 0 && b % cfg.log_every == 0)
                 printf("Epoch %d [%ld/%ld] Loss: %.4f\n", epoch, b, batches, (double)loss);
+            /* A checkpoint is written here (every N steps, and after an
+             * epoch's last batch): epoch, b + 1, step. */
         }
         if (done == 0)
             break;
