@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/utf8.h"
 #include "proto/frame.h"
 
 /* The longest JSON string the pre-scan lets through: a base64 store value. */
@@ -214,6 +215,29 @@ static int prescan(const char *p, size_t n, char *err, size_t errlen)
                 i++;
             } else if (c == '"') {
                 in_str = false;
+            } else if (c < 0x20) {
+                /* JSON forbids raw control characters in strings; cJSON would
+                 * take them, and our encoder would then write them escaped. */
+                return fail(err, errlen, CDDP_EPARSE,
+                            "control character 0x%02x in a string at "
+                            "offset %zu",
+                            c, i);
+            } else if (c >= 0x80) {
+                /* Strings are UTF-8: a peer cannot make us store (and later
+                 * echo) bytes that are not. Check the length the lead byte
+                 * announces fits before reading the continuation bytes. */
+                size_t want = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+                unsigned char seq[5] = {0};
+                size_t len = 0;
+                if (i + want <= n) {
+                    memcpy(seq, p + i, want);
+                    len = cddp_utf8_len(seq);
+                }
+                if (len == 0)
+                    return fail(err, errlen, CDDP_EPARSE, "invalid UTF-8 in a string at offset %zu",
+                                i);
+                i += len - 1;
+                slen += len - 1;
             }
             continue;
         }
@@ -522,7 +546,9 @@ static int decode_fields(struct dec *d)
     case PROTO_CLOSE:
     case PROTO_CLOSED:
         /* leave, close and closed share one layout. */
-        return get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->leave.reason);
+        if ((rc = get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->leave.reason)))
+            return rc;
+        return m->type == PROTO_LEAVE ? get_bool(d, "finished", &m->leave.finished) : 0;
     case PROTO_FAILURE:
         if ((rc = get_int(d, "round", true, 0, PROTO_MAX_INT, 0, &v)))
             return rc;
@@ -540,7 +566,8 @@ static int decode_fields(struct dec *d)
             (rc = get_small(d, "rank_offset", true, 0, INT32_MAX - 1, 0, &m->round.rank_offset)) ||
             (rc = get_small(d, "nproc", true, 1, PROTO_MAX_NPROC, 1, &m->round.nproc)) ||
             (rc = get_str(d, "master_addr", true, 255, STR_ID, &m->round.master_addr)) ||
-            (rc = get_small(d, "master_port", true, 0, 65535, 0, &m->round.master_port)))
+            (rc = get_small(d, "master_port", true, 0, 65535, 0, &m->round.master_port)) ||
+            (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0, &m->round.restart_count)))
             return rc;
         if (m->round.node_rank >= m->round.nnodes)
             return bad_field(d, "node_rank", "must be below nnodes");
@@ -552,7 +579,9 @@ static int decode_fields(struct dec *d)
             return rc;
         m->restart.round = (uint64_t)v;
         if ((rc = get_str(d, "reason", true, PROTO_MAX_TEXT, STR_TEXT, &m->restart.reason)) ||
-            (rc = get_str(d, "node_id", false, PROTO_MAX_ID, STR_ID, &m->restart.node_id)))
+            (rc = get_str(d, "node_id", false, PROTO_MAX_ID, STR_ID, &m->restart.node_id)) ||
+            (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0,
+                          &m->restart.restart_count)))
             return rc;
         return get_bool(d, "counted", &m->restart.counted);
     case PROTO_ERROR: {
@@ -662,12 +691,64 @@ out:
     return rc;
 }
 
-/* ---- encoding ---- */
+/* ---- encoding ----
+ *
+ * Written straight into the output buffer (no cJSON tree, no number
+ * formatting through doubles): the server encodes one round message per
+ * node, and at 10,000 nodes that cost matters. */
 
 struct enc {
-    cJSON *o;
+    struct cddp_buf *b;
     int rc;
+    bool first;
 };
+
+static void raw(struct enc *e, const char *p, size_t n)
+{
+    if (e->rc == 0)
+        e->rc = cddp_buf_append(e->b, p, n);
+}
+
+static void key(struct enc *e, const char *name)
+{
+    if (!e->first)
+        raw(e, ",", 1);
+    e->first = false;
+    raw(e, "\"", 1);
+    raw(e, name, strlen(name));
+    raw(e, "\":", 2);
+}
+
+/* A JSON string: quotes, backslashes and control characters escaped;
+ * other bytes as they are. */
+static void quoted(struct enc *e, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    raw(e, "\"", 1);
+    const char *run = s;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        raw(e, run, (size_t)(s - run));
+        run = s + 1;
+        char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+        if (c == '"' || c == '\\') {
+            esc[1] = (char)c;
+            raw(e, esc, 2);
+        } else if (c == '\n') {
+            raw(e, "\\n", 2);
+        } else if (c == '\t') {
+            raw(e, "\\t", 2);
+        } else if (c == '\r') {
+            raw(e, "\\r", 2);
+        } else {
+            raw(e, esc, 6);
+        }
+    }
+    raw(e, run, (size_t)(s - run));
+    raw(e, "\"", 1);
+}
 
 static void put_str(struct enc *e, const char *name, const char *s, size_t max)
 {
@@ -677,16 +758,8 @@ static void put_str(struct enc *e, const char *name, const char *s, size_t max)
         e->rc = CDDP_EPROTO_FIELD;
         return;
     }
-    if (cJSON_AddStringToObject(e->o, name, s) == NULL)
-        e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
-}
-
-static void put_num(struct enc *e, const char *name, double v)
-{
-    if (e->rc)
-        return;
-    if (cJSON_AddNumberToObject(e->o, name, v) == NULL)
-        e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+    key(e, name);
+    quoted(e, s);
 }
 
 static void put_int(struct enc *e, const char *name, int64_t v, int64_t min, int64_t max)
@@ -697,15 +770,18 @@ static void put_int(struct enc *e, const char *name, int64_t v, int64_t min, int
         e->rc = CDDP_EPROTO_FIELD;
         return;
     }
-    put_num(e, name, (double)v);
+    char buf[24];
+    int n = snprintf(buf, sizeof(buf), "%lld", (long long)v);
+    key(e, name);
+    raw(e, buf, (size_t)n);
 }
 
 static void put_bool(struct enc *e, const char *name, bool v)
 {
     if (e->rc)
         return;
-    if (cJSON_AddBoolToObject(e->o, name, v) == NULL)
-        e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+    key(e, name);
+    raw(e, v ? "true" : "false", v ? 4 : 5);
 }
 
 static void put_bytes(struct enc *e, const char *name, struct proto_bytes b)
@@ -716,15 +792,15 @@ static void put_bytes(struct enc *e, const char *name, struct proto_bytes b)
         e->rc = CDDP_ETOOBIG;
         return;
     }
-    char *s = malloc(proto_base64_len(b.len) + 1);
-    if (s == NULL) {
+    char *text = malloc(proto_base64_len(b.len) + 1);
+    if (text == NULL) {
         e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
         return;
     }
-    proto_base64_encode(b.data ? b.data : "", b.len, s);
-    if (cJSON_AddStringToObject(e->o, name, s) == NULL)
-        e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
-    free(s);
+    proto_base64_encode(b.data ? b.data : "", b.len, text);
+    key(e, name);
+    quoted(e, text);
+    free(text);
 }
 
 static void put_id(struct enc *e, uint64_t id)
@@ -749,7 +825,7 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
     case PROTO_WELCOME:
         put_str(e, "server", m->welcome.server, PROTO_MAX_TEXT);
         break;
-    case PROTO_JOIN: {
+    case PROTO_JOIN:
         put_str(e, "node_id", m->join.node_id, PROTO_MAX_ID);
         put_int(e, "nproc", m->join.nproc, 1, PROTO_MAX_NPROC);
         put_int(e, "min_nodes", m->join.min_nodes, 1, PROTO_MAX_NODES);
@@ -763,20 +839,19 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
             e->rc = CDDP_EPROTO_FIELD;
             break;
         }
-        cJSON *conf = cJSON_AddObjectToObject(e->o, "conf");
-        if (conf == NULL) {
-            e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
-            break;
+        key(e, "conf");
+        raw(e, "{", 1);
+        e->first = true;
+        for (size_t i = 0; i < m->join.nconf && e->rc == 0; i++) {
+            if (strlen(m->join.conf[i].key) > 64) {
+                e->rc = CDDP_EPROTO_FIELD;
+                break;
+            }
+            put_str(e, m->join.conf[i].key, m->join.conf[i].value, 1024);
         }
-        struct enc ce = {conf, 0};
-        for (size_t i = 0; i < m->join.nconf && ce.rc == 0; i++) {
-            if (strlen(m->join.conf[i].key) > 64)
-                ce.rc = CDDP_EPROTO_FIELD;
-            put_str(&ce, m->join.conf[i].key, m->join.conf[i].value, 1024);
-        }
-        e->rc = ce.rc;
+        raw(e, "}", 1);
+        e->first = false;
         break;
-    }
     case PROTO_JOINED:
         put_int(e, "round", (int64_t)m->joined.round, 0, PROTO_MAX_INT);
         put_bool(e, "waiting", m->joined.waiting);
@@ -787,6 +862,8 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
     case PROTO_CLOSE:
     case PROTO_CLOSED:
         put_str(e, "reason", m->leave.reason, PROTO_MAX_TEXT);
+        if (m->type == PROTO_LEAVE && m->leave.finished)
+            put_bool(e, "finished", true);
         break;
     case PROTO_FAILURE:
         put_int(e, "round", (int64_t)m->failure.round, 0, PROTO_MAX_INT);
@@ -803,12 +880,14 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
         put_int(e, "nproc", m->round.nproc, 1, PROTO_MAX_NPROC);
         put_str(e, "master_addr", m->round.master_addr ? m->round.master_addr : "", 255);
         put_int(e, "master_port", m->round.master_port, 0, 65535);
+        put_int(e, "restart_count", m->round.restart_count, 0, PROTO_MAX_INT);
         break;
     case PROTO_RESTART:
         put_int(e, "round", (int64_t)m->restart.round, 0, PROTO_MAX_INT);
         put_str(e, "reason", m->restart.reason ? m->restart.reason : "", PROTO_MAX_TEXT);
         put_str(e, "node_id", m->restart.node_id, PROTO_MAX_ID);
         put_bool(e, "counted", m->restart.counted);
+        put_int(e, "restart_count", m->restart.restart_count, 0, PROTO_MAX_INT);
         break;
     case PROTO_ERROR:
         put_str(e, "code", proto_error_name(m->error.code), 64);
@@ -824,7 +903,7 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
         put_str(e, "key", m->get.key, PROTO_MAX_KEY);
         put_timeout(e, m->get.timeout_ms);
         break;
-    case PROTO_WAIT: {
+    case PROTO_WAIT:
         put_id(e, m->id);
         put_timeout(e, m->wait.timeout_ms);
         if (e->rc)
@@ -833,19 +912,19 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
             e->rc = CDDP_EPROTO_FIELD;
             break;
         }
-        cJSON *keys = cJSON_AddArrayToObject(e->o, "keys");
-        for (size_t i = 0; keys && i < m->wait.nkeys && e->rc == 0; i++) {
-            cJSON *s = NULL;
-            if (strlen(m->wait.keys[i]) > PROTO_MAX_KEY)
+        key(e, "keys");
+        raw(e, "[", 1);
+        for (size_t i = 0; i < m->wait.nkeys && e->rc == 0; i++) {
+            if (strlen(m->wait.keys[i]) > PROTO_MAX_KEY) {
                 e->rc = CDDP_EPROTO_FIELD;
-            else if ((s = cJSON_CreateString(m->wait.keys[i])) == NULL ||
-                     !cJSON_AddItemToArray(keys, s))
-                e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+                break;
+            }
+            if (i)
+                raw(e, ",", 1);
+            quoted(e, m->wait.keys[i]);
         }
-        if (keys == NULL)
-            e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+        raw(e, "]", 1);
         break;
-    }
     case PROTO_ADD:
         put_id(e, m->id);
         put_str(e, "key", m->add.key, PROTO_MAX_KEY);
@@ -867,9 +946,16 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
             put_bytes(e, "value", m->result.value);
         if (m->result.has_number)
             put_int(e, "number", m->result.number, -PROTO_MAX_INT, PROTO_MAX_INT);
-        if (m->result.status && e->rc == 0 &&
-            !cJSON_AddItemReferenceToObject(e->o, "status", m->result.status))
-            e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+        if (m->result.status && e->rc == 0) {
+            char *st = cJSON_PrintUnformatted(m->result.status);
+            if (st == NULL) {
+                e->rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
+                break;
+            }
+            key(e, "status");
+            raw(e, st, strlen(st));
+            cJSON_free(st);
+        }
         break;
     case PROTO_STATUS:
         put_id(e, m->id);
@@ -880,37 +966,62 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
     }
 }
 
-char *proto_msg_to_json(const struct proto_msg *m, int *err)
+/* Appends the JSON object for m to b; all or nothing. */
+static int encode_json(const struct proto_msg *m, struct cddp_buf *b)
 {
-    struct enc e = {cJSON_CreateObject(), 0};
-    char *s = NULL;
-    if (e.o == NULL) {
-        e.rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
-        goto out;
-    }
+    size_t mark = b->len;
+    struct enc e = {.b = b, .rc = 0, .first = true};
     if ((int)m->type <= 0 || m->type >= PROTO_TYPE_COUNT) {
         e.rc = CDDP_EPROTO_TYPE;
-        goto out;
+    } else {
+        raw(&e, "{\"v\":1,\"type\":\"", 15);
+        raw(&e, type_names[m->type], strlen(type_names[m->type]));
+        raw(&e, "\"", 1);
+        e.first = false;
+        encode_fields(&e, m);
+        raw(&e, "}", 1);
     }
-    put_num(&e, "v", PROTO_VERSION);
-    put_str(&e, "type", type_names[m->type], 32);
-    encode_fields(&e, m);
-    if (e.rc == 0 && (s = cJSON_PrintUnformatted(e.o)) == NULL)
-        e.rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
-out:
-    cJSON_Delete(e.o);
+    if (e.rc) {
+        b->len = mark;
+        if (b->data)
+            b->data[mark] = '\0';
+    }
+    return e.rc;
+}
+
+char *proto_msg_to_json(const struct proto_msg *m, int *err)
+{
+    struct cddp_buf b;
+    cddp_buf_init(&b, PROTO_FRAME_MAX);
+    int rc = encode_json(m, &b);
+    if (rc == 0 && b.data == NULL)
+        rc = CDDP_ERR_FROM_ERRNO(ENOMEM);
     if (err)
-        *err = e.rc;
-    return s;
+        *err = rc;
+    if (rc) {
+        cddp_buf_free(&b);
+        return NULL;
+    }
+    return b.data;
 }
 
 int proto_msg_encode(const struct proto_msg *m, struct cddp_buf *out)
 {
-    int rc;
-    char *s = proto_msg_to_json(m, &rc);
-    if (s == NULL)
+    size_t mark = out->len;
+    unsigned char hdr[PROTO_FRAME_HEADER] = {0};
+    int rc = cddp_buf_append(out, hdr, sizeof(hdr));
+    if (rc)
         return rc;
-    rc = proto_frame_append(out, s, strlen(s));
-    cJSON_free(s);
-    return rc;
+    rc = encode_json(m, out);
+    size_t len = out->len - mark - PROTO_FRAME_HEADER;
+    if (rc == 0 && len > PROTO_FRAME_MAX)
+        rc = CDDP_ETOOBIG;
+    if (rc) {
+        out->len = mark;
+        if (out->data)
+            out->data[mark] = '\0';
+        return rc;
+    }
+    proto_frame_header((uint32_t)len, (unsigned char *)out->data + mark);
+    return 0;
 }

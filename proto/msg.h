@@ -86,7 +86,7 @@ struct proto_conf_kv {
 /* The round a node is told about when its rendezvous completes. */
 struct proto_round {
     const char *run_id;
-    uint64_t round;  /* numbered from 0 per run */
+    uint64_t round;  /* numbered from 1 per run (0: no round yet) */
     int node_rank;   /* 0..nnodes-1, torchrun's GROUP_RANK */
     int nnodes;      /* nodes in the round */
     int world_size;  /* sum of every node's nproc */
@@ -94,6 +94,9 @@ struct proto_round {
     int nproc;       /* this node's workers (LOCAL_WORLD_SIZE) */
     const char *master_addr;
     int master_port;
+    /* Worker-failure restarts the run has had before this round (optional
+     * on the wire, default 0): every node's TORCHELASTIC_RESTART_COUNT. */
+    int64_t restart_count;
 };
 
 struct proto_msg {
@@ -126,6 +129,9 @@ struct proto_msg {
         } joined;
         struct {
             const char *reason; /* may be NULL */
+            /* leave only: this node's workers succeeded; the others go on
+             * without it (no restart). Optional on the wire. */
+            bool finished;
         } leave, close, closed;
         struct {
             uint64_t round;
@@ -135,8 +141,9 @@ struct proto_msg {
         struct {
             uint64_t round;     /* the new round to join */
             const char *reason; /* "node_lost", "node_joined", "node_left", "worker_failure", ... */
-            const char *node_id; /* the node that caused it, or NULL */
-            bool counted;        /* counts against --max_restarts (worker failures) */
+            const char *node_id;   /* the node that caused it, or NULL */
+            bool counted;          /* counts against --max_restarts (worker failures) */
+            int64_t restart_count; /* the run's counted restarts, this one included (optional) */
         } restart;
         struct {
             int code; /* a CDDP_* or -errno code */
@@ -194,7 +201,8 @@ void proto_msg_free(struct proto_msg *m);
  * (a field out of range or too long) or -ENOMEM; out is unchanged on error. */
 int proto_msg_encode(const struct proto_msg *m, struct cddp_buf *out);
 
-/* The JSON payload alone, as a NUL-terminated string the caller frees. NULL on error. */
+/* The JSON payload alone, as a NUL-terminated string the caller frees with
+ * free(). NULL on error (*err says why). */
 char *proto_msg_to_json(const struct proto_msg *m, int *err);
 
 /* Error names on the wire: "ETIMEOUT", "ECONNRESET", ... <-> codes. Unknown

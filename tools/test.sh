@@ -30,6 +30,8 @@ stage "fuzz (build-fuzz/: clang, libFuzzer, a few seconds per target)"
 # Only the fuzz targets are built here; their results join the summary.
 rm -f build-fuzz/meson-logs/testlog.json
 if [ -f build-fuzz/build.ninja ] || CC=clang meson setup build-fuzz -Dfuzz=true -Dcuda=disabled >/dev/null; then
+    # Regenerate first if meson files changed, so the target list is current.
+    ninja -C build-fuzz build.ninja >/dev/null
     fuzz_targets=$(cd build-fuzz && meson introspect --targets | $PY -c \
         'import json,os,sys; print(" ".join(os.path.relpath(t["filename"][0]) for t in json.load(sys.stdin) if t["name"].startswith("fuzz_")))')
     # shellcheck disable=SC2086

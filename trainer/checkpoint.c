@@ -117,6 +117,8 @@ static int save_file(const char *path, const struct trn_ckpt_tensor *model, size
         META("sampler.world_size", "%d", meta->world_size);
         META("sampler.batch_size", "%d", meta->batch_size);
         META("sampler.dataset_len", "%" PRIu64, meta->dataset_len);
+        META("sampler.shuffle", "%d", meta->shuffle ? 1 : 0);
+        META("sampler.drop_last", "%d", meta->drop_last ? 1 : 0);
         META("rng", "%016" PRIx64 "%016" PRIx64 "%016" PRIx64 "%016" PRIx64, meta->rng[0],
              meta->rng[1], meta->rng[2], meta->rng[3]);
         META("optimizer", "sgd");
@@ -459,6 +461,12 @@ static int parse_meta(const struct trn_st_file *f, const char *path, struct trn_
     if ((rc = meta_long(f, path, "sampler.batch_size", INT32_MAX, &v, err, errlen)))
         return rc;
     m->batch_size = (int)v;
+    if ((rc = meta_long(f, path, "sampler.shuffle", 1, &v, err, errlen)))
+        return rc;
+    m->shuffle = v != 0;
+    if ((rc = meta_long(f, path, "sampler.drop_last", 1, &v, err, errlen)))
+        return rc;
+    m->drop_last = v != 0;
     if (rng == NULL || strlen(rng) != 64 || strspn(rng, "0123456789abcdef") != 64)
         return errorf(err, errlen, CDDP_ECORRUPT,
                       "%s: checkpoint metadata 'rng' is missing or not 64 hex digits", path);
@@ -533,6 +541,69 @@ int trn_ckpt_load(const char *path, const char *arch, const struct trn_ckpt_tens
     free(w);
     trn_st_close(&f);
     return rc;
+}
+
+/* ---------------------------------------------------------------- resume */
+
+int trn_ckpt_resume_point(const struct trn_ckpt_meta *m, const struct trn_ckpt_run *run,
+                          struct trn_ckpt_start *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof(*out));
+    if (m->seed != run->seed)
+        return errorf(err, errlen, CDDP_EMISMATCH,
+                      "written by a run with --seed %" PRIu64 ", this run has --seed %" PRIu64
+                      " (the seed decides the data order); use the same seed, or --no-resume to "
+                      "start over",
+                      m->seed, run->seed);
+    if (m->world_size < 1 || m->batch_size < 1)
+        return errorf(err, errlen, CDDP_ECORRUPT,
+                      "sampler position counted with world size %d and batch size %d",
+                      m->world_size, m->batch_size);
+    bool same = m->world_size == run->world_size && m->batch_size == run->batch_size &&
+                m->dataset_len == run->dataset_len && m->shuffle == run->shuffle &&
+                m->drop_last == run->drop_last;
+    out->epoch = m->epoch;
+    if (m->epoch_offset == 0) {
+        out->resized = !same;
+        return 0;
+    }
+    if (!same) {
+        /* Name every difference, in flag terms. */
+        struct cddp_buf b;
+        cddp_buf_init(&b, 256);
+        if (m->world_size != run->world_size)
+            cddp_buf_printf(&b, "%sworld size %d, this run %d", b.len ? "; " : "", m->world_size,
+                            run->world_size);
+        if (m->batch_size != run->batch_size)
+            cddp_buf_printf(&b, "%s--batch-size %d, this run %d", b.len ? "; " : "", m->batch_size,
+                            run->batch_size);
+        if (m->dataset_len != run->dataset_len)
+            cddp_buf_printf(&b, "%s%" PRIu64 " training samples, this run %" PRIu64,
+                            b.len ? "; " : "", m->dataset_len, run->dataset_len);
+        if (m->shuffle != run->shuffle)
+            cddp_buf_printf(&b, "%s%s, this run %s", b.len ? "; " : "",
+                            m->shuffle ? "shuffled" : "--no-shuffle",
+                            run->shuffle ? "shuffled" : "--no-shuffle");
+        if (m->drop_last != run->drop_last)
+            cddp_buf_printf(&b, "%sdrop_last %s, this run %s", b.len ? "; " : "",
+                            m->drop_last ? "on" : "off", run->drop_last ? "on" : "off");
+        int rc = errorf(err, errlen, CDDP_EMISMATCH,
+                        "stopped inside epoch %ld (%" PRIu64 " samples in) with %s: a position "
+                        "inside an epoch only carries over to the same settings; rerun with "
+                        "them, or --no-resume to start over",
+                        m->epoch, m->epoch_offset, b.data ? b.data : "other settings");
+        cddp_buf_free(&b);
+        return rc;
+    }
+    uint64_t per = m->epoch_offset / (uint64_t)m->world_size;
+    if (m->epoch_offset % (uint64_t)m->world_size != 0 || per % (uint64_t)m->batch_size != 0 ||
+        per >= run->rank_samples)
+        return errorf(err, errlen, CDDP_ECORRUPT,
+                      "sampler position %" PRIu64 " is not a batch boundary inside epoch %ld "
+                      "(%d rank(s) x %" PRIu64 " samples, batches of %d)",
+                      m->epoch_offset, m->epoch, m->world_size, run->rank_samples, m->batch_size);
+    out->rank_offset = per;
+    return 0;
 }
 
 int trn_weights_load(const char *path, const struct trn_ckpt_tensor *model, size_t n_model,

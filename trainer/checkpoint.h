@@ -14,7 +14,8 @@
  *   - each parameter's SGD momentum buffer as "optimizer.momentum_buffer.NAME";
  *   - metadata (strings): format "pt", cddp.checkpoint (format version, 1),
  *     arch, num_classes, seed, epoch, step, sampler.* (the position in the
- *     epoch and what it was counted with), rng, optimizer.*, and data_crc32:
+ *     epoch and what it was counted with: world size, batch size, dataset
+ *     length, shuffle, drop_last), rng, optimizer.*, and data_crc32:
  *     the CRC-32 of the data buffer, so a flipped bit anywhere is caught.
  * It is written atomically (trn_st_save: temporary file, fsync, rename,
  * fsync of the directory). Loading checks, before it trusts anything: the
@@ -29,6 +30,7 @@
 #ifndef CDDP_TRAINER_CHECKPOINT_H
 #define CDDP_TRAINER_CHECKPOINT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,6 +61,8 @@ struct trn_ckpt_meta {
     int world_size;        /* ranks that counted epoch_offset */
     int batch_size;        /* per rank */
     uint64_t dataset_len;  /* training samples the sampler ranged over */
+    bool shuffle;          /* the sampler's order: shuffled by seed + epoch, or the dataset's */
+    bool drop_last;        /* the sampler cut the tail instead of padding it */
     uint64_t rng[4];       /* the trainer's generator state */
     long optimizer_steps;  /* SGD steps taken (0: momentum buffers not yet filled) */
     double lr, momentum, weight_decay;
@@ -85,6 +89,39 @@ int trn_ckpt_save(const char *path, const struct trn_ckpt_tensor *model, size_t 
 int trn_ckpt_load(const char *path, const char *arch, const struct trn_ckpt_tensor *model,
                   size_t n_model, const struct trn_ckpt_tensor *momentum, size_t n_mom,
                   struct trn_ckpt_meta *meta, char *err, size_t errlen);
+
+/* What a resuming run is: the settings a checkpoint's sampler position
+ * depends on. */
+struct trn_ckpt_run {
+    uint64_t seed;
+    int world_size, batch_size; /* batch_size per rank */
+    uint64_t dataset_len;
+    bool shuffle, drop_last;
+    uint64_t rank_samples; /* samples each rank gets per epoch (the sampler's num_samples) */
+};
+
+/* Where a resumed run starts. */
+struct trn_ckpt_start {
+    long epoch;
+    uint64_t rank_offset; /* samples of `epoch` this rank has already trained on: a multiple of
+                             the batch size, less than rank_samples */
+    bool resized;         /* at an epoch boundary, with another world size, batch size, dataset
+                             length or sampler setting than the checkpoint's */
+};
+
+/*
+ * The resume decision, pure: where a run with settings `run` continues the
+ * checkpoint described by m. The seed must be the checkpoint's (it decides
+ * the data order and the synthetic data). At an epoch boundary
+ * (epoch_offset 0) anything else may differ: the next epoch is laid out
+ * for this run. Inside an epoch the position counts samples of an order
+ * that only the same world size, batch size, dataset length, shuffle and
+ * drop_last reproduce: any difference is refused, naming it. A position
+ * that is not a batch boundary inside the epoch is corrupt.
+ * 0; CDDP_EMISMATCH or CDDP_ECORRUPT with a one-line err (without the path).
+ */
+int trn_ckpt_resume_point(const struct trn_ckpt_meta *m, const struct trn_ckpt_run *run,
+                          struct trn_ckpt_start *out, char *err, size_t errlen);
 
 /* Writes the state_dict alone (--save): metadata format "pt", arch,
  * num_classes. Atomic. */

@@ -44,8 +44,8 @@ static void check_roundtrip(const struct proto_msg *m)
         fprintf(stderr, "encoding is not a fixed point:\n%s\n%s\n", a, b ? b : "(null)");
         abort();
     }
-    cJSON_free(b);
-    cJSON_free(a);
+    free(b);
+    free(a);
     proto_msg_free(&m2);
 }
 

@@ -8,6 +8,9 @@ target=$1 seeds=$2 dict=$3 secs=$4
 name=$(basename "$target")
 work=$(cd "$(dirname "$target")" && pwd)/fuzz-work/$name
 mkdir -p "$work/corpus" "$work/artifacts"
-exec "$target" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+# -error_exitcode=1: libFuzzer's default (77) would read as "skipped" to meson.
+# -seed=1: a fresh checkout (CI) explores the same inputs every time, so a
+# run fails only on a real regression; longer local runs explore further.
+exec "$target" -max_total_time="$secs" -timeout=10 -error_exitcode=1 -seed=1 -rss_limit_mb=2048 -max_len=65536 \
     -print_final_stats=1 -dict="$dict" -artifact_prefix="$work/artifacts/" \
     "$work/corpus" "$seeds"

@@ -39,6 +39,13 @@ def train(*args, timeout=300, env=None):
     (["--eval-logits", "x.safetensors"], "--eval-logits"),
     (["--lr"], "--lr"),
     (["stray"], "stray"),
+    (["--eval-limit", "10"], "--eval-limit"),
+    (["--accum-steps", "0"], "--accum-steps"),
+    (["--bucket-cap-mb", "0"], "--bucket-cap-mb"),
+    (["--collective-timeout", "soon"], "--collective-timeout"),
+    (["--init-timeout", "-1"], "--init-timeout"),
+    (["--fault", "explode@step=1"], "--fault"),
+    (["--fault", "slow@step=1"], "--fault"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(args, flag):
     r = train(*args)

@@ -21,6 +21,7 @@
 
 #include "common/errors.h"
 #include "trainer/checkpoint.h"
+#include "trainer/data/sampler.h"
 
 static char tmpdir[256];
 static char err[2048];
@@ -110,6 +111,7 @@ static struct trn_ckpt_meta sample_meta(long step)
         .world_size = 4,
         .batch_size = 32,
         .dataset_len = 60000,
+        .shuffle = true,
         .rng = {1, 0xFFFFFFFFFFFFFFFFull, 0x0123456789ABCDEFull, 0},
         .optimizer_steps = step,
         .lr = 0.1 / 3,
@@ -169,6 +171,7 @@ static void test_round_trip(void **state)
     assert_int_equal(got.world_size, 4);
     assert_int_equal(got.batch_size, 32);
     assert_int_equal(got.dataset_len, 60000);
+    assert_true(got.shuffle && !got.drop_last);
     assert_memory_equal(got.rng, m.rng, sizeof(m.rng));
     assert_int_equal(got.optimizer_steps, 123);
     assert_true(got.lr == m.lr); /* %.17g round-trips doubles exactly */
@@ -307,6 +310,12 @@ static void test_damage(void **state)
     spit(bad, img, n);
     p[9] = '2';
     expect_refused(bad, &b, "resnet18", CDDP_ECORRUPT, "metadata 'epoch' is 'x'");
+    p = strstr(hdr, "\"sampler.shuffle\":\"1\"");
+    assert_non_null(p);
+    p[19] = '2';
+    spit(bad, img, n);
+    p[19] = '1';
+    expect_refused(bad, &b, "resnet18", CDDP_ECORRUPT, "'sampler.shuffle' = 2 is out of range");
     p = strstr(hdr, "\"data_crc32\":\"");
     assert_non_null(p);
     p[14] = 'z';
@@ -453,12 +462,118 @@ static void test_weights(void **state)
     assert_non_null(strstr(err, "missing keys: \"e\""));
 }
 
+/* The resume decision over every small configuration: each batch boundary
+ * inside an epoch, as written by a run, resumes at exactly that sample of
+ * this rank's order; every other position is refused as corrupt; inside an
+ * epoch any change of world size, batch size, dataset length, shuffle or
+ * drop_last is refused naming it, at an epoch boundary it is accepted (and
+ * flagged); another seed is always refused. */
+static void test_resume_point(void **state)
+{
+    (void)state;
+    struct trn_ckpt_start st;
+    long checked = 0;
+    for (int world = 1; world <= 4; world++)
+        for (int batch = 1; batch <= 5; batch++)
+            for (uint64_t len = (uint64_t)world; len <= 13; len++)
+                for (int drop = 0; drop <= 1; drop++) {
+                    struct trn_sampler s;
+                    assert_int_equal(trn_sampler_init(&s, len, world, world - 1, true, drop, 3), 0);
+                    struct trn_ckpt_run run = {.seed = 3,
+                                               .world_size = world,
+                                               .batch_size = batch,
+                                               .dataset_len = len,
+                                               .shuffle = true,
+                                               .drop_last = drop,
+                                               .rank_samples = s.num_samples};
+                    struct trn_ckpt_meta m = {.seed = 3,
+                                              .epoch = 4,
+                                              .world_size = world,
+                                              .batch_size = batch,
+                                              .dataset_len = len,
+                                              .shuffle = true,
+                                              .drop_last = drop};
+                    /* every position a run writes: b batches into the epoch, summed over ranks */
+                    for (uint64_t off = 0; off <= (s.num_samples + 1) * (uint64_t)world; off++) {
+                        m.epoch_offset = off;
+                        uint64_t per = off / (uint64_t)world;
+                        bool boundary = off % (uint64_t)world == 0 && per % (uint64_t)batch == 0 &&
+                                        per < s.num_samples;
+                        int rc = trn_ckpt_resume_point(&m, &run, &st, err, sizeof(err));
+                        if (boundary) {
+                            if (rc)
+                                fail_msg("w%d b%d len %d off %d: %s", world, batch, (int)len,
+                                         (int)off, err);
+                            assert_int_equal(st.epoch, 4);
+                            assert_int_equal(st.rank_offset, per);
+                            assert_false(st.resized);
+                        } else {
+                            assert_int_equal(rc, CDDP_ECORRUPT);
+                            assert_non_null(strstr(err, "not a batch boundary"));
+                        }
+                        checked++;
+                    }
+                    /* each setting changed, mid-epoch and at the boundary */
+                    for (int change = 0; change < 5; change++) {
+                        struct trn_ckpt_run r = run;
+                        const char *named[] = {"world size", "--batch-size", "training samples",
+                                               "--no-shuffle", "drop_last"};
+                        if (change == 0)
+                            r.world_size++;
+                        else if (change == 1)
+                            r.batch_size++;
+                        else if (change == 2)
+                            r.dataset_len++;
+                        else if (change == 3)
+                            r.shuffle = false;
+                        else
+                            r.drop_last = !drop;
+                        m.epoch_offset = (uint64_t)world * (uint64_t)batch;
+                        if (m.epoch_offset / (uint64_t)world < s.num_samples) {
+                            assert_int_equal(trn_ckpt_resume_point(&m, &r, &st, err, sizeof(err)),
+                                             CDDP_EMISMATCH);
+                            assert_non_null(strstr(err, named[change]));
+                            assert_non_null(strstr(err, "--no-resume"));
+                        }
+                        m.epoch_offset = 0;
+                        assert_int_equal(trn_ckpt_resume_point(&m, &r, &st, err, sizeof(err)), 0);
+                        assert_true(st.resized && st.epoch == 4 && st.rank_offset == 0);
+                    }
+                    trn_sampler_free(&s);
+                }
+    print_message("resume point: %ld positions checked\n", checked);
+
+    /* Another seed, at a boundary or not; damaged counts. */
+    struct trn_ckpt_meta m = sample_meta(9);
+    struct trn_ckpt_run run = {.seed = 1,
+                               .world_size = 4,
+                               .batch_size = 32,
+                               .dataset_len = 60000,
+                               .shuffle = true,
+                               .rank_samples = 15000};
+    assert_int_equal(trn_ckpt_resume_point(&m, &run, &st, err, sizeof(err)), CDDP_EMISMATCH);
+    assert_non_null(strstr(err, "--seed 18446744073709551615, this run has --seed 1"));
+    m.seed = 1;
+    assert_int_equal(trn_ckpt_resume_point(&m, &run, &st, err, sizeof(err)), 0);
+    assert_int_equal(st.rank_offset, 96);
+    m.world_size = 0;
+    assert_int_equal(trn_ckpt_resume_point(&m, &run, &st, err, sizeof(err)), CDDP_ECORRUPT);
+    /* two settings at once: both named, in one line */
+    m = sample_meta(9);
+    m.seed = 1;
+    run.world_size = 2;
+    run.shuffle = false;
+    assert_int_equal(trn_ckpt_resume_point(&m, &run, &st, err, sizeof(err)), CDDP_EMISMATCH);
+    assert_non_null(strstr(err, "world size 4, this run 2; shuffled, this run --no-shuffle"));
+    assert_null(strchr(err, '\n'));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip), cmocka_unit_test(test_mismatches),
         cmocka_unit_test(test_damage),     cmocka_unit_test(test_killed_writer),
-        cmocka_unit_test(test_weights),
+        cmocka_unit_test(test_weights),    cmocka_unit_test(test_resume_point),
     };
     return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
 }

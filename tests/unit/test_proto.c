@@ -257,11 +257,33 @@ static void test_msg_roundtrip(void **state)
                                    .rank_offset = 8,
                                    .nproc = 4,
                                    .master_addr = "::1",
-                                   .master_port = 1234};
+                                   .master_port = 1234,
+                                   .restart_count = 2};
     roundtrip(&m, &o);
     assert_int_equal(o.round.round, 3);
     assert_int_equal(o.round.rank_offset, 8);
     assert_string_equal(o.round.master_addr, "::1");
+    assert_int_equal(o.round.restart_count, 2);
+    proto_msg_free(&o);
+    /* restart_count is optional: a round without it is count 0 */
+    const char *bare = "{\"v\":1,\"type\":\"round\",\"run_id\":\"j\",\"round\":1,\"node_rank\":0,"
+                       "\"nnodes\":1,\"world_size\":1,\"rank_offset\":0,\"nproc\":1,"
+                       "\"master_addr\":\"h\",\"master_port\":1}";
+    char derr[256];
+    assert_int_equal(proto_msg_decode(bare, strlen(bare), &o, derr, sizeof(derr)), 0);
+    assert_int_equal(o.round.restart_count, 0);
+    proto_msg_free(&o);
+
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_LEAVE;
+    m.leave.reason = "barrier timed out";
+    m.leave.finished = true;
+    roundtrip(&m, &o);
+    assert_true(o.leave.finished);
+    proto_msg_free(&o);
+    m.leave.finished = false;
+    roundtrip(&m, &o);
+    assert_false(o.leave.finished);
     proto_msg_free(&o);
 
     memset(&m, 0, sizeof(m));
@@ -270,9 +292,11 @@ static void test_msg_roundtrip(void **state)
     m.restart.reason = "node_lost";
     m.restart.node_id = "b_1_0";
     m.restart.counted = false;
+    m.restart.restart_count = 5;
     roundtrip(&m, &o);
     assert_string_equal(o.restart.reason, "node_lost");
     assert_false(o.restart.counted);
+    assert_int_equal(o.restart.restart_count, 5);
     proto_msg_free(&o);
 
     memset(&m, 0, sizeof(m));
@@ -416,6 +440,21 @@ static void test_msg_decode_errors(void **state)
                      CDDP_EPROTO_TYPE);
     assert_non_null(strstr(err, "bogus"));
     assert_int_equal(decode_str("{\"v\":1,\"type\":7}", err, sizeof(err)), CDDP_EPROTO_FIELD);
+    /* Strings are UTF-8 without raw control characters (a fuzzer finding:
+     * such bytes decoded, then re-encoded into something that did not). */
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"heartbeat\",\"x\":\"\xff\"}", err, sizeof(err)),
+        CDDP_EPARSE);
+    assert_non_null(strstr(err, "UTF-8"));
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"heartbeat\",\"x\":\"\xc3\"}", err, sizeof(err)),
+        CDDP_EPARSE);
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"heartbeat\",\"x\":\"a\x03\"}", err, sizeof(err)),
+        CDDP_EPARSE);
+    assert_non_null(strstr(err, "control"));
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"heartbeat\",\"x\":\"\xc3\xa9\"}", err, sizeof(err)), 0);
     /* Unknown extra fields are ignored. */
     assert_int_equal(decode_str("{\"v\":1,\"type\":\"heartbeat\",\"later\":[1]}", err, sizeof(err)),
                      0);

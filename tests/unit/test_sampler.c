@@ -68,6 +68,34 @@ static void test_shuffle_disjoint_and_epochs_differ(void **state)
         assert_int_equal(seen[i], 1);
 }
 
+/* torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist() from
+ * torch 1.13.1: the shuffled order is PyTorch's, so a world of 1 sees it whole. */
+static void test_shuffle_is_torch_randperm(void **state)
+{
+    (void)state;
+    static const uint32_t seed0_n10[] = {4, 1, 7, 5, 3, 9, 0, 8, 6, 2};
+    static const uint32_t seed7_n23[] = {10, 15, 1,  9, 11, 20, 7, 14, 21, 12, 5, 18,
+                                         17, 0,  16, 3, 6,  8,  2, 4,  13, 19, 22};
+    struct trn_sampler s;
+    assert_int_equal(trn_sampler_init(&s, 10, 1, 0, true, false, 0), 0);
+    trn_sampler_set_epoch(&s, 0);
+    assert_memory_equal(s.indices, seed0_n10, sizeof(seed0_n10));
+    trn_sampler_free(&s);
+    /* seed + epoch: seed 3 at epoch 4 is torch's seed 7 */
+    assert_int_equal(trn_sampler_init(&s, 23, 1, 0, true, false, 3), 0);
+    trn_sampler_set_epoch(&s, 4);
+    assert_memory_equal(s.indices, seed7_n23, sizeof(seed7_n23));
+    trn_sampler_free(&s);
+    /* DistributedSampler(range(23), 4, rank=3, seed=7): every 4th from position 3,
+     * the last one padding from the head of the permutation (10) */
+    assert_int_equal(trn_sampler_init(&s, 23, 4, 3, true, false, 7), 0);
+    trn_sampler_set_epoch(&s, 0);
+    static const uint32_t r3[] = {9, 14, 18, 3, 4, 10};
+    assert_int_equal(s.num_samples, 6);
+    assert_memory_equal(s.indices, r3, sizeof(r3));
+    trn_sampler_free(&s);
+}
+
 static void test_bad_args(void **state)
 {
     (void)state;
@@ -82,6 +110,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_shuffle_matches_torch),
         cmocka_unit_test(test_shuffle_disjoint_and_epochs_differ),
+        cmocka_unit_test(test_shuffle_is_torch_randperm),
         cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

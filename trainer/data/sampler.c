@@ -6,22 +6,53 @@
 
 #include "common/errors.h"
 
-static uint64_t splitmix64(uint64_t *x)
+/*
+ * torch.randperm(n, generator=torch.Generator().manual_seed(seed)) on the
+ * CPU, bit for bit: PyTorch's CPU generator is MT19937 seeded with the low
+ * 32 bits of the seed, and randperm swaps element i with i + random() % (n - i).
+ * That is torch 1.13's rule for every n (checked here up to 2^32 / 20 + 1);
+ * later PyTorch versions draw 64 bits from n >= 2^32 / 20 on, so past about
+ * 214 million samples the order matches 1.13, not them.
+ */
+struct mt19937 {
+    uint32_t s[624];
+    int i;
+};
+
+static void mt_seed(struct mt19937 *m, uint64_t seed)
 {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    m->s[0] = (uint32_t)(seed & 0xffffffffu);
+    for (int j = 1; j < 624; j++)
+        m->s[j] = 1812433253u * (m->s[j - 1] ^ (m->s[j - 1] >> 30)) + (uint32_t)j;
+    m->i = 624;
 }
 
-/* Uniform in [0, n) without modulo bias (Lemire's method with rejection). */
-static uint64_t bounded(uint64_t *state, uint64_t n)
+static uint32_t mt_next(struct mt19937 *m)
 {
-    uint64_t threshold = -n % n;
-    for (;;) {
-        uint64_t r = splitmix64(state);
-        if (r >= threshold)
-            return r % n;
+    if (m->i >= 624) {
+        for (int k = 0; k < 624; k++) {
+            uint32_t y = (m->s[k] & 0x80000000u) | (m->s[(k + 1) % 624] & 0x7fffffffu);
+            m->s[k] = m->s[(k + 397) % 624] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
+        }
+        m->i = 0;
+    }
+    uint32_t y = m->s[m->i++];
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    y ^= y >> 18;
+    return y;
+}
+
+static void torch_randperm(uint32_t *perm, size_t n, uint64_t seed)
+{
+    struct mt19937 m;
+    mt_seed(&m, seed);
+    for (size_t i = 0; i + 1 < n; i++) {
+        size_t z = (size_t)(mt_next(&m) % (n - i));
+        uint32_t t = perm[i];
+        perm[i] = perm[i + z];
+        perm[i + z] = t;
     }
 }
 
@@ -65,15 +96,8 @@ void trn_sampler_set_epoch(struct trn_sampler *s, int epoch)
     size_t n = s->dataset_len;
     for (size_t i = 0; i < n; i++)
         s->perm[i] = (uint32_t)i;
-    if (s->shuffle) {
-        uint64_t state = s->seed + (uint64_t)(int64_t)epoch;
-        for (size_t i = n - 1; i > 0; i--) {
-            size_t j = (size_t)bounded(&state, (uint64_t)i + 1);
-            uint32_t t = s->perm[i];
-            s->perm[i] = s->perm[j];
-            s->perm[j] = t;
-        }
-    }
+    if (s->shuffle)
+        torch_randperm(s->perm, n, s->seed + (uint64_t)(int64_t)epoch);
     /* Position k of the padded (or cut) list is perm[k % n]: padding repeats the head. */
     size_t w = (size_t)s->world;
     for (size_t i = 0; i < s->num_samples; i++)

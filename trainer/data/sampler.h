@@ -10,10 +10,10 @@
  *   - without drop_last it is padded to total_size by repeating its head
  *     (the whole list as many times as needed); with drop_last it is cut;
  *   - this rank takes indices[rank : total_size : world] (strided).
- * With shuffle off the indices equal PyTorch's exactly. With shuffle on the
- * permutation is ours (Fisher-Yates over splitmix64), not torch.randperm's:
- * same guarantees (deterministic per seed + epoch, identical on every rank),
- * not the same numbers.
+ * The indices equal PyTorch's exactly, shuffled or not: the shuffle is
+ * torch.randperm's algorithm on PyTorch's CPU generator (MT19937 seeded with
+ * seed + epoch), so a C run and a PyTorch run see the same samples in the
+ * same order (checked against torch 1.13 in tests/compat/test_sampler_torch.py).
  */
 #ifndef CDDP_TRAINER_SAMPLER_H
 #define CDDP_TRAINER_SAMPLER_H

@@ -1,0 +1,1069 @@
+/*
+ * agent.c: the agent's libuv loop. It only translates: kernel and rendezvous
+ * notifications become policy events (agent/policy.c decides), and the
+ * policy's actions become syscalls. See agent.h.
+ */
+#include "agent/agent.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "agent/env.h"
+#include "agent/logs.h"
+#include "agent/rdzv.h"
+#include "agent/report.h"
+#include "agent/workers.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/exitcodes.h"
+#include "common/hostname.h"
+#include "common/log.h"
+#include "common/signames.h"
+#include "common/strutil.h"
+
+extern char **environ;
+
+/* How often to look at process groups whose last members are not our
+ * children (they can only be seen by asking); only while such groups exist. */
+#define GROUP_CHECK_MS 100
+
+struct agent_worker {
+    struct agent_worker_info info;
+    pid_t pgid;        /* the worker's process group (= its pid); 0 if never started */
+    bool leader_alive; /* the worker process itself has not been reaped */
+    bool group_alive;  /* processes may be left in its group */
+    uint64_t exit_seq;
+    char error_file[4096];
+};
+
+struct agent {
+    uv_loop_t loop;
+    const struct launch_config *cfg;
+    const struct agent_hooks *hooks;
+    struct agent_policy pol;
+
+    struct agent_rdzv_static rdzv_static;
+    struct agent_rdzv *rdzv;
+    struct agent_round round;
+    bool have_round;
+
+    int nworkers;
+    struct agent_worker *workers;
+    int attempt; /* restart count of the running attempt */
+    uint64_t exit_seq;
+    int membership_restarts; /* rounds joined because the rendezvous asked */
+
+    struct agent_guardian guardian;
+    struct agent_logs logs;
+    struct agent_tee_set tees;
+
+    uv_signal_t sigchld;
+    uv_signal_t sigs[LAUNCH_MAX_SIGNALS];
+    int nsigs;
+    uv_timer_t deadline;
+    uv_timer_t group_check;
+    bool handles_open;
+
+    char run_id[128];
+    const char *entry_name;
+    double start_time;
+
+    /* Events raised while actions run are queued, so the policy never sees
+     * one event inside another. */
+    struct policy_event *queue;
+    size_t qhead, qtail, qcap;
+    bool dispatching;
+    bool changed;
+
+    bool shutting_down;
+    /* How this node leaves the rendezvous (POLICY_ACT_EXIT's end_job, finished). */
+    enum agent_rdzv_farewell rdzv_how;
+    char rdzv_reason[1024];
+    char me[300]; /* "host (pid N)", for the other nodes' messages */
+    int exit_code;
+    bool reported;              /* the failure table was printed */
+    char fail_reason[512];      /* why the agent itself failed, for its error file */
+    sigset_t inherited_ignored; /* passed on to the workers */
+};
+
+static void agent_shutdown(struct agent *a);
+
+/* Logs an agent-level failure and keeps the first one for the error file. */
+static void agent_failed(struct agent *a, const char *id, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void agent_failed(struct agent *a, const char *id, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    log_error(id, "%s", msg);
+    if (a->fail_reason[0] == '\0')
+        cddp_strlcpy(a->fail_reason, msg, sizeof(a->fail_reason));
+}
+
+/* ---- events ---- */
+
+static void notify(struct agent *a)
+{
+    if (a->hooks == NULL || a->hooks->state_changed == NULL)
+        return;
+    struct agent_worker_info infos[64];
+    struct agent_worker_info *w =
+        a->nworkers <= 64 ? infos : malloc(sizeof(*w) * (size_t)a->nworkers);
+    if (w == NULL)
+        return;
+    for (int i = 0; i < a->nworkers; i++) {
+        w[i] = a->workers[i].info;
+        w[i].state = a->pol.workers[i].state;
+    }
+    struct agent_snapshot s = {
+        .run_id = a->run_id,
+        .role = a->cfg->role,
+        .rdzv_backend = a->cfg->rdzv_backend,
+        .rdzv_endpoint = a->cfg->rdzv_endpoint,
+        .state = a->pol.state,
+        .round = a->have_round ? a->round.round : 0,
+        .node_rank = a->round.node_rank,
+        .nnodes = a->round.nnodes,
+        .world_size = a->round.world_size,
+        .master_addr = a->round.master_addr,
+        .master_port = a->round.master_port,
+        .restart_count = policy_restart_count(&a->pol),
+        .max_restarts = a->cfg->max_restarts,
+        .stop_reason = a->pol.stop_reason,
+        .membership_restarts = a->membership_restarts,
+        .start_time = a->start_time,
+        .nworkers = a->nworkers,
+        .workers = w,
+    };
+    a->hooks->state_changed(a->hooks->arg, &s);
+    if (w != infos)
+        free(w);
+}
+
+static void do_action(struct agent *a, const struct policy_action *act);
+
+static void post_event(struct agent *a, const struct policy_event *in);
+
+static void post(struct agent *a, enum policy_event_type type, int local_rank, int exitcode,
+                 int sig)
+{
+    struct policy_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.type = type;
+    ev.local_rank = local_rank;
+    ev.exitcode = exitcode;
+    ev.sig = sig;
+    post_event(a, &ev);
+}
+
+static void post_event(struct agent *a, const struct policy_event *in)
+{
+    if (a->qtail == a->qcap) {
+        if (a->qhead > 0) {
+            memmove(a->queue, a->queue + a->qhead, (a->qtail - a->qhead) * sizeof(*a->queue));
+            a->qtail -= a->qhead;
+            a->qhead = 0;
+        } else {
+            size_t cap = a->qcap ? a->qcap * 2 : 16;
+            struct policy_event *q = realloc(a->queue, cap * sizeof(*q));
+            if (q == NULL) {
+                log_crit("A0001", "out of memory queuing an event");
+                abort();
+            }
+            a->queue = q;
+            a->qcap = cap;
+        }
+    }
+    a->queue[a->qtail++] = *in;
+    if (a->dispatching)
+        return;
+    a->dispatching = true;
+    while (a->qhead < a->qtail) {
+        struct policy_event e = a->queue[a->qhead++];
+        struct policy_action acts[POLICY_MAX_ACTIONS];
+        enum agent_state before = a->pol.state;
+        int n = policy_step(&a->pol, &e, cddp_mono_ms(), acts);
+        if (n > 0 || before != a->pol.state || e.type == POLICY_EV_WORKER_EXIT)
+            a->changed = true;
+        for (int i = 0; i < n; i++)
+            do_action(a, &acts[i]);
+    }
+    a->qhead = a->qtail = 0;
+    a->dispatching = false;
+    if (a->changed) {
+        a->changed = false;
+        notify(a);
+    }
+}
+
+/* ---- rendezvous callbacks ---- */
+
+static void on_round(struct agent_rdzv *r, int status, const struct agent_round *round,
+                     const char *reason)
+{
+    struct agent *a = r->data;
+    if (status != 0) {
+        struct policy_event ev = {.type = POLICY_EV_ROUND_FAILED, .graceful = r->was_waiting};
+        if (r->was_waiting)
+            log_warn("A0106",
+                     "[%s] the job ended while this node waited for a place (%s); nothing ran "
+                     "here",
+                     a->cfg->role, reason ? reason : "closed");
+        else
+            agent_failed(a, "A0101", "rendezvous failed: %s",
+                         reason ? reason : cddp_strerror(status));
+        post_event(a, &ev);
+        return;
+    }
+    a->round = *round;
+    a->have_round = true;
+    log_info("A0102",
+             "[%s] rendezvous complete: round %llu, group_rank=%d group_world_size=%d "
+             "world_size=%d master=%s:%d restart_count=%lld",
+             a->cfg->role, (unsigned long long)round->round, round->node_rank, round->nnodes,
+             round->world_size, round->master_addr, round->master_port,
+             (long long)round->restart_count);
+    if (a->pol.coordinated && round->restart_count > a->cfg->max_restarts)
+        agent_failed(a, "A0107",
+                     "[%s] worker groups of this job failed %lld times and max_restarts is %d: no "
+                     "restarts left",
+                     a->cfg->role, (long long)round->restart_count, a->cfg->max_restarts);
+    struct policy_event ev = {.type = POLICY_EV_ROUND, .restart_count = round->restart_count};
+    post_event(a, &ev);
+}
+
+static void on_rdzv_restart(struct agent_rdzv *r, const char *reason, bool counted)
+{
+    struct agent *a = r->data;
+    log_warn("A0103", "[%s] %s; will restart worker group in a new round%s", a->cfg->role,
+             reason ? reason : "membership changed",
+             counted ? " (counts against --max_restarts)" : "");
+    post(a, POLICY_EV_RDZV_RESTART, 0, 0, 0);
+}
+
+static void on_rdzv_closed(struct agent_rdzv *r, int status, const char *reason)
+{
+    struct agent *a = r->data;
+    if (status == 0 && a->pol.state == AGENT_EXIT_BARRIER)
+        log_info("A0108", "the rendezvous closed: %s", reason ? reason : "closed");
+    else if (status == 0)
+        agent_failed(a, "A0104", "the rendezvous closed: %s", reason ? reason : "closed");
+    else
+        agent_failed(a, "A0109", "lost the rendezvous: %s",
+                     reason ? reason : cddp_strerror(status));
+    post(a, POLICY_EV_RDZV_CLOSED, 0, 0, 0);
+}
+
+static void on_barrier(struct agent_rdzv *r, int status)
+{
+    struct agent *a = r->data;
+    if (status != 0)
+        log_error("A0105", "Error waiting on exit barrier: %s", cddp_strerror(status));
+    post(a, POLICY_EV_BARRIER_DONE, 0, status, 0);
+}
+
+/* ---- workers ---- */
+
+static int open_dest(struct agent *a, int local_rank, int stream, const char *path,
+                     const char *prefix, int *fd)
+{
+    *fd = -1;
+    switch (agent_stream_dest(a->cfg, a->logs.devnull, local_rank, stream)) {
+    case AGENT_DEST_INHERIT:
+        return 0;
+    case AGENT_DEST_FILE:
+        *fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        return *fd < 0 ? CDDP_ERR_FROM_ERRNO(errno) : 0;
+    case AGENT_DEST_DEVNULL:
+        *fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        return *fd < 0 ? CDDP_ERR_FROM_ERRNO(errno) : 0;
+    case AGENT_DEST_TEE:
+        return agent_tee_open(&a->tees, path, stream, prefix, fd);
+    }
+    return 0;
+}
+
+/* The worker has its copies of the hook's fds (or will never get them). */
+static void release_extras(struct agent_worker_extras *x)
+{
+    for (int k = 0; x->close_fds && k < x->nfds; k++) {
+        if (x->fds[k] >= 0)
+            close(x->fds[k]);
+        x->fds[k] = -1;
+    }
+}
+
+static int start_worker(struct agent *a, int i)
+{
+    struct agent_worker *w = &a->workers[i];
+    struct agent_env_spec spec;
+    memset(&spec, 0, sizeof(spec));
+    int rc = agent_worker_ranks(&a->round, a->nworkers, i, &spec.ranks);
+    if (rc) {
+        log_error("A0201", "round %llu cannot hold %d workers (world_size %d, rank offset %d)",
+                  (unsigned long long)a->round.round, a->nworkers, a->round.world_size,
+                  a->round.rank_offset);
+        return rc;
+    }
+    w->info.local_rank = i;
+    w->info.rank = spec.ranks.rank;
+    char out_path[4096], err_path[4096];
+    agent_logs_path(&a->logs, a->attempt, i, "error.json", w->error_file, sizeof(w->error_file));
+    agent_logs_path(&a->logs, a->attempt, i, "stdout.log", out_path, sizeof(out_path));
+    agent_logs_path(&a->logs, a->attempt, i, "stderr.log", err_path, sizeof(err_path));
+
+    struct agent_worker_extras extras;
+    memset(&extras, 0, sizeof(extras));
+    if (a->hooks && a->hooks->prepare_worker) {
+        rc = a->hooks->prepare_worker(a->hooks->arg, i, a->attempt, &extras);
+        if (rc) {
+            log_error("A0202", "preparing local_rank %d: %s", i, cddp_strerror(rc));
+            return rc;
+        }
+    }
+    spec.role = a->cfg->role;
+    spec.master_addr = a->round.master_addr;
+    spec.master_port = a->round.master_port;
+    spec.restart_count = a->attempt;
+    spec.max_restarts = a->cfg->max_restarts;
+    spec.run_id = a->round.run_id;
+    spec.use_agent_store = a->round.use_agent_store != 0;
+    spec.error_file = w->error_file;
+    spec.extra = extras.env;
+    spec.nextra = extras.nenv;
+    struct agent_env env;
+    if ((rc = agent_env_build(environ, &spec, &env)) != 0) {
+        release_extras(&extras);
+        return rc;
+    }
+
+    char prefix[128];
+    agent_log_prefix(a->cfg->prefix_template, a->cfg->role, spec.ranks.rank, i, prefix,
+                     sizeof(prefix));
+    int out_fd = -1, err_fd = -1;
+    rc = open_dest(a, i, 1, out_path, prefix, &out_fd);
+    if (rc == 0)
+        rc = open_dest(a, i, 2, err_path, prefix, &err_fd);
+    pid_t pid = 0;
+    if (rc == 0) {
+        struct agent_spawn sp = {
+            .path = a->cfg->program,
+            .argv = a->cfg->argv,
+            .envp = env.envp,
+            .fd_out = out_fd,
+            .fd_err = err_fd,
+            .keep_fds = extras.fds,
+            .nkeep = extras.nfds,
+            .ignored = &a->inherited_ignored,
+        };
+        rc = agent_spawn(&sp, &pid);
+    }
+    if (out_fd >= 0)
+        close(out_fd);
+    if (err_fd >= 0)
+        close(err_fd);
+    release_extras(&extras);
+    agent_env_free(&env);
+    if (rc) {
+        log_error("A0203", "starting local_rank %d (%s): %s", i, a->cfg->program,
+                  cddp_strerror(rc));
+        return rc;
+    }
+    w->pgid = pid;
+    w->leader_alive = true;
+    w->group_alive = true;
+    w->info.pid = pid;
+    w->info.exitcode = 0;
+    w->info.exit_time = 0;
+    if (w->info.start_time != 0)
+        w->info.restarts++;
+    w->info.start_time = cddp_wall_time();
+    if (agent_guardian_add(&a->guardian, pid) != 0)
+        log_warn("A0204", "the guardian is gone; it is restarted when its exit is seen");
+    log_debug("A0205", "started local_rank %d rank %d pid %d", i, spec.ranks.rank, (int)pid);
+    return 0;
+}
+
+static void start_workers(struct agent *a)
+{
+    a->attempt = policy_restart_count(&a->pol);
+    char why[512] = "";
+    int rc = agent_logs_attempt(&a->logs, a->attempt, a->nworkers, why, sizeof(why));
+    if (rc)
+        log_error("A0206", "%s", why[0] ? why : cddp_strerror(rc));
+    log_info("A0207", "[%s] starting %d workers (attempt %d, restart count %d/%d)", a->cfg->role,
+             a->nworkers, a->attempt, a->attempt, a->cfg->max_restarts);
+    for (int i = 0; i < a->nworkers; i++) {
+        struct agent_worker *w = &a->workers[i];
+        if (rc == 0 && start_worker(a, i) == 0)
+            continue;
+        /* Could not start: counts as a failed worker (exit code 1); nothing
+         * runs in its group. */
+        rc = rc ? rc : -1;
+        w->pgid = 0;
+        w->leader_alive = false;
+        w->group_alive = false;
+        w->info.pid = 0;
+        w->info.exitcode = 1;
+        w->info.exit_time = cddp_wall_time();
+        w->info.exits++;
+        w->exit_seq = ++a->exit_seq;
+        struct policy_event ev = {
+            .type = POLICY_EV_WORKER_EXIT, .local_rank = i, .exitcode = 1, .group_empty = true};
+        post_event(a, &ev);
+        rc = 0; /* try the others: the policy stops them anyway */
+    }
+}
+
+static void signal_groups(struct agent *a, int sig)
+{
+    for (int i = 0; i < a->nworkers; i++) {
+        struct agent_worker *w = &a->workers[i];
+        if (!w->group_alive || w->pgid <= 0)
+            continue;
+        if (w->leader_alive) {
+            if (sig == SIGKILL)
+                log_warn("A0208",
+                         "Unable to shutdown process %d via the stop signal, forcefully "
+                         "exiting via SIGKILL",
+                         (int)w->pgid);
+            else
+                log_warn("A0209", "Sending process %d closing signal %s", (int)w->pgid,
+                         cddp_signal_name(sig));
+        }
+        int rc = agent_signal_group(w->pgid, sig);
+        /* A worker forked a moment ago may not have made its group yet
+         * (setsid runs in the child): signal the process itself. Its pid
+         * cannot have been reused: it is not reaped. */
+        if (rc == 0 && w->leader_alive && !agent_group_alive(w->pgid) && kill(w->pgid, sig) != 0 &&
+            errno != ESRCH)
+            rc = CDDP_ERR_FROM_ERRNO(errno);
+        if (rc)
+            log_warn("A0210", "signalling process group %d: %s", (int)w->pgid, cddp_strerror(rc));
+    }
+}
+
+static const char *entry_name(const struct launch_config *cfg)
+{
+    /* torchrun's _get_entrypoint_name: the script or module for python, the
+     * binary as given, the function's name for --run_path. */
+    return cfg->kind == LAUNCH_RUN_PATH ? "run_script_path" : cfg->entrypoint;
+}
+
+static void failure_report(struct agent *a)
+{
+    int n = 0;
+    struct agent_failure *f = calloc((size_t)a->nworkers, sizeof(*f));
+    if (f == NULL) {
+        log_crit("A0301", "out of memory building the failure report");
+        return;
+    }
+    for (int i = 0; i < a->nworkers; i++) {
+        struct agent_worker *w = &a->workers[i];
+        if (w->info.exitcode == 0)
+            continue;
+        f[n].local_rank = i;
+        f[n].rank = w->info.rank;
+        f[n].pid = (int)w->info.pid;
+        f[n].exitcode = w->info.exitcode;
+        f[n].observed = w->info.exit_time;
+        f[n].seq = w->exit_seq;
+        agent_failure_load(&f[n], w->error_file);
+        n++;
+    }
+    if (n == 0) {
+        free(f);
+        return;
+    }
+    char host[256];
+    cddp_fqdn(host, sizeof(host));
+    struct cddp_buf table;
+    cddp_buf_init(&table, 256u << 20);
+    int root = agent_failure_root(f, n);
+    if (agent_failure_table(a->entry_name, f, n, host, &table) == 0) {
+        /* torchrun prints it as the uncaught ChildFailedError's message. */
+        cddp_buf_append(&table, "\n", 1);
+        const char *p = table.data;
+        size_t len = table.len;
+        while (len > 0) {
+            ssize_t wr = write(2, p, len);
+            if (wr < 0 && errno == EINTR)
+                continue;
+            if (wr <= 0)
+                break;
+            p += wr;
+            len -= (size_t)wr;
+        }
+    }
+    if (a->cfg->error_file) {
+        int rc = agent_write_error_file(a->cfg->error_file, &f[root], a->entry_name, table.data);
+        if (rc)
+            log_error("A0302", "writing the agent's error file %s: %s", a->cfg->error_file,
+                      cddp_strerror(rc));
+        else
+            log_info("A0303", "dumped error file to parent's %s", a->cfg->error_file);
+    }
+    cddp_buf_free(&table);
+    for (int i = 0; i < n; i++)
+        agent_failure_free(&f[i]);
+    free(f);
+}
+
+/* Processes a worker started outside its own process group (a daemon that
+ * called setsid) are re-parented to the agent (a subreaper) once their parent
+ * is gone; killpg cannot reach them. When a group of workers has been fully
+ * stopped, whatever child of ours is left, other than the guardian, is one of
+ * those: it does not outlive the attempt. */
+static void kill_strays(struct agent *a)
+{
+    DIR *tasks = opendir("/proc/self/task");
+    if (tasks == NULL)
+        return;
+    struct dirent *t;
+    while ((t = readdir(tasks)) != NULL) {
+        if (t->d_name[0] == '.')
+            continue;
+        char path[300];
+        snprintf(path, sizeof(path), "/proc/self/task/%s/children", t->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        long pid;
+        while (fscanf(f, "%ld", &pid) == 1) {
+            if (pid <= 0 || pid == a->guardian.pid)
+                continue;
+            log_warn("A0506",
+                     "killing process %ld, left behind by a worker outside its process group", pid);
+            kill(-(pid_t)pid, SIGKILL); /* its own group, if it leads one */
+            kill((pid_t)pid, SIGKILL);
+        }
+        fclose(f);
+    }
+    closedir(tasks);
+}
+
+/* ---- actions ---- */
+
+static void arm_deadline(struct agent *a, uint64_t deadline_ms);
+
+static void on_deadline(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    /* libuv counts from the loop's cached time, which can lag the clock the
+     * policy reads: a tick that comes early is re-armed, never dropped. */
+    if (a->pol.deadline_ms && cddp_mono_ms() < a->pol.deadline_ms) {
+        arm_deadline(a, a->pol.deadline_ms);
+        return;
+    }
+    post(a, POLICY_EV_DEADLINE, 0, 0, 0);
+}
+
+static void arm_deadline(struct agent *a, uint64_t deadline_ms)
+{
+    uv_update_time(&a->loop);
+    uint64_t now = cddp_mono_ms();
+    uint64_t delay = deadline_ms > now ? deadline_ms - now : 0;
+    uv_timer_start(&a->deadline, on_deadline, delay + (delay ? 1 : 0), 0);
+}
+
+/* How this node leaves the rendezvous, and what the others are told. */
+static void rdzv_farewell(struct agent *a, const struct policy_action *act)
+{
+    a->rdzv_how = act->end_job    ? AGENT_RDZV_END_JOB
+                  : act->finished ? AGENT_RDZV_FINISHED
+                                  : AGENT_RDZV_LEAVE;
+    if (a->pol.state == AGENT_SUCCEEDED && act->end_job)
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "the job finished");
+    else if (act->finished && a->pol.state == AGENT_SUCCEEDED)
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason),
+                 "%s: its workers succeeded; the exit barrier ended without every node", a->me);
+    else if (act->end_job)
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason),
+                 "%s: worker groups failed and no restarts are left (max_restarts=%d)", a->me,
+                 a->cfg->max_restarts);
+    else if (a->pol.state == AGENT_TERMINATED)
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s received %s", a->me,
+                 cddp_signal_name(a->pol.term_signal));
+    else
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->me,
+                 a->fail_reason[0] ? a->fail_reason : "the agent failed");
+}
+
+static void do_action(struct agent *a, const struct policy_action *act)
+{
+    switch (act->type) {
+    case POLICY_ACT_JOIN: {
+        if (act->reason != STOP_NONE)
+            kill_strays(a);
+        if (act->reason == STOP_FAILURE && act->attempts_left < 0)
+            log_warn("A0406",
+                     "[%s] Worker group FAILED. 0/%d attempts left; joining the next round, "
+                     "which ends the job unless the failure does not count (a node was lost "
+                     "first)",
+                     a->cfg->role, a->cfg->max_restarts);
+        else if (act->reason == STOP_FAILURE)
+            log_warn("A0401",
+                     "[%s] Worker group FAILED. %d/%d attempts left; will restart worker group",
+                     a->cfg->role, act->attempts_left + 1, a->cfg->max_restarts);
+        else if (act->reason == STOP_MEMBERSHIP) {
+            log_warn("A0402", "[%s] membership changed; will restart worker group", a->cfg->role);
+            a->membership_restarts++;
+        }
+        struct agent_join req = {
+            .local_world_size = a->nworkers,
+            .role = a->cfg->role,
+            .restart_count = policy_restart_count(&a->pol),
+        };
+        int rc = a->rdzv->ops->join(a->rdzv, &req, on_round);
+        if (rc) {
+            agent_failed(a, "A0403", "joining the rendezvous: %s", cddp_strerror(rc));
+            post(a, POLICY_EV_ROUND_FAILED, 0, 0, 0);
+        }
+        break;
+    }
+    case POLICY_ACT_START_WORKERS:
+        start_workers(a);
+        break;
+    case POLICY_ACT_SIGNAL_GROUPS:
+        signal_groups(a, act->sig);
+        break;
+    case POLICY_ACT_SET_DEADLINE:
+        arm_deadline(a, act->deadline_ms);
+        break;
+    case POLICY_ACT_CLEAR_DEADLINE:
+        uv_timer_stop(&a->deadline);
+        break;
+    case POLICY_ACT_REPORT_FAILURE: {
+        int rc = a->rdzv->ops->report_failure(a->rdzv, policy_restart_count(&a->pol));
+        if (rc)
+            log_warn("A0404", "telling the rendezvous about the failure: %s", cddp_strerror(rc));
+        break;
+    }
+    case POLICY_ACT_EXIT_BARRIER: {
+        kill_strays(a);
+        int rc = a->rdzv->ops->exit_barrier(a->rdzv, a->cfg->exit_barrier_timeout_ms, on_barrier);
+        if (rc) {
+            log_error("A0105", "Error waiting on exit barrier: %s", cddp_strerror(rc));
+            post(a, POLICY_EV_BARRIER_DONE, 0, rc, 0);
+        }
+        break;
+    }
+    case POLICY_ACT_FAILURE_REPORT:
+        failure_report(a);
+        a->reported = true;
+        break;
+    case POLICY_ACT_EXIT:
+        kill_strays(a);
+        a->exit_code = act->exit_code;
+        rdzv_farewell(a, act);
+        if (act->exit_code == CDDP_EXIT_OK)
+            log_info("A0405", "[%s] worker group successfully finished", a->cfg->role);
+        agent_shutdown(a);
+        break;
+    }
+}
+
+/* ---- kernel notifications ---- */
+
+static void check_groups(struct agent *a);
+
+static void on_group_check(uv_timer_t *t)
+{
+    check_groups(t->data);
+}
+
+/* Groups whose leader is gone: empty now? (Only asked after an exit, and on
+ * a slow timer while some group outlives its leader.) */
+static void check_groups(struct agent *a)
+{
+    bool waiting = false;
+    for (int i = 0; i < a->nworkers; i++) {
+        struct agent_worker *w = &a->workers[i];
+        if (w->leader_alive || !w->group_alive)
+            continue;
+        if (agent_group_alive(w->pgid)) {
+            waiting = true;
+            continue;
+        }
+        w->group_alive = false;
+        agent_guardian_remove(&a->guardian, w->pgid);
+        post(a, POLICY_EV_GROUP_EMPTY, i, 0, 0);
+    }
+    if (a->shutting_down)
+        return;
+    if (waiting && !uv_is_active((uv_handle_t *)&a->group_check))
+        uv_timer_start(&a->group_check, on_group_check, GROUP_CHECK_MS, GROUP_CHECK_MS);
+    else if (!waiting)
+        uv_timer_stop(&a->group_check);
+}
+
+static void restart_guardian(struct agent *a)
+{
+    agent_guardian_stop(&a->guardian); /* closes our end; the pid is already reaped */
+    if (a->shutting_down)
+        return;
+    int rc = agent_guardian_start(&a->guardian);
+    if (rc) {
+        log_error("A0501", "restarting the guardian: %s; workers may outlive a killed agent",
+                  cddp_strerror(rc));
+        return;
+    }
+    for (int i = 0; i < a->nworkers; i++) {
+        if (a->workers[i].group_alive && a->workers[i].pgid > 0)
+            agent_guardian_add(&a->guardian, a->workers[i].pgid);
+    }
+}
+
+static void on_sigchld(uv_signal_t *h, int signum)
+{
+    struct agent *a = h->data;
+    (void)signum;
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid < 0 && errno == EINTR)
+            continue;
+        if (pid <= 0)
+            break;
+        if (pid == a->guardian.pid) {
+            log_warn("A0502", "the guardian (pid %d) exited; starting a new one", (int)pid);
+            a->guardian.pid = 0;
+            restart_guardian(a);
+            continue;
+        }
+        struct agent_worker *w = NULL;
+        int i;
+        for (i = 0; i < a->nworkers; i++) {
+            if (a->workers[i].leader_alive && a->workers[i].pgid == pid) {
+                w = &a->workers[i];
+                break;
+            }
+        }
+        if (w == NULL)
+            continue; /* a worker's descendant, re-parented to us (subreaper) */
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+        w->leader_alive = false;
+        w->info.exitcode = code;
+        w->info.exit_time = cddp_wall_time();
+        w->info.exits++;
+        w->exit_seq = ++a->exit_seq;
+        if (code != 0 && a->pol.state == AGENT_RUNNING)
+            log_error("A0503", "failed (exitcode: %d) local_rank: %d (pid: %d) of binary: %s", code,
+                      i, (int)pid, a->entry_name);
+        else
+            log_debug("A0504", "local_rank %d (pid %d) exited with %d", i, (int)pid, code);
+        /* Usually nothing else runs in its group: say so with the exit, so
+         * the policy does not stop a group that is already gone. */
+        struct policy_event ev = {.type = POLICY_EV_WORKER_EXIT, .local_rank = i, .exitcode = code};
+        if (!agent_group_alive(w->pgid)) {
+            w->group_alive = false;
+            agent_guardian_remove(&a->guardian, w->pgid);
+            ev.group_empty = true;
+        }
+        post_event(a, &ev);
+    }
+    check_groups(a);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    struct agent *a = h->data;
+    log_warn("A0505", "Received %s death signal, shutting down workers", cddp_signal_name(signum));
+    post(a, POLICY_EV_SIGNAL, 0, 0, signum);
+}
+
+/* ---- start and stop ---- */
+
+static void on_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void on_rdzv_closed_done(struct agent_rdzv *r)
+{
+    (void)r;
+}
+
+static void agent_shutdown(struct agent *a)
+{
+    if (a->shutting_down)
+        return;
+    a->shutting_down = true;
+    /* Every group is empty by now (the policy only exits then); make sure. */
+    for (int i = 0; i < a->nworkers; i++) {
+        if (a->workers[i].group_alive && a->workers[i].pgid > 0)
+            agent_signal_group(a->workers[i].pgid, SIGKILL);
+    }
+    agent_tee_set_close(&a->tees);
+    if (a->hooks && a->hooks->stop)
+        a->hooks->stop(a->hooks->arg);
+    if (a->handles_open) {
+        a->handles_open = false;
+        uv_close((uv_handle_t *)&a->sigchld, on_closed);
+        for (int i = 0; i < a->nsigs; i++)
+            uv_close((uv_handle_t *)&a->sigs[i], on_closed);
+        uv_close((uv_handle_t *)&a->deadline, on_closed);
+        uv_close((uv_handle_t *)&a->group_check, on_closed);
+        if (a->rdzv) {
+            if (a->rdzv_reason[0] == '\0')
+                snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->me,
+                         a->fail_reason[0] ? a->fail_reason : "the agent failed");
+            a->rdzv->ops->close(a->rdzv, a->rdzv_how, a->rdzv_reason, on_rdzv_closed_done);
+        }
+    }
+}
+
+/* str(uuid.uuid4().int): what torchrun uses for an empty --rdzv_id. */
+static void random_run_id(char *out, size_t len)
+{
+    unsigned char b[16] = {0};
+    if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b))
+        memset(b, 0x5a, sizeof(b));
+    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+    __extension__ unsigned __int128 v = 0;
+    for (int i = 0; i < 16; i++)
+        v = (v << 8) | b[i];
+    char digits[48];
+    int n = 0;
+    do {
+        digits[n++] = (char)('0' + (int)(v % 10));
+        v /= 10;
+    } while (v > 0);
+    size_t k = 0;
+    while (n > 0 && k + 1 < len)
+        out[k++] = digits[--n];
+    out[k] = '\0';
+}
+
+static int make_round(struct agent *a, struct agent_round *r, char *err, size_t errlen)
+{
+    const struct launch_config *cfg = a->cfg;
+    memset(r, 0, sizeof(*r));
+    r->node_rank = cfg->node_rank;
+    r->nnodes = 1;
+    r->world_size = cfg->nproc_per_node;
+    r->rank_offset = 0;
+    r->use_agent_store = 0;
+    cddp_strlcpy(r->run_id, a->run_id, sizeof(r->run_id));
+    /* static: resolved by the launcher (launch_validate) */
+    if (cfg->static_addr[0] == '\0' || cfg->static_port <= 0) {
+        snprintf(err, errlen, "no static master address (the launcher did not validate)");
+        return CDDP_ECONFIG;
+    }
+    cddp_strlcpy(r->master_addr, cfg->static_addr, sizeof(r->master_addr));
+    r->master_port = cfg->static_port;
+    return 0;
+}
+
+/* The rendezvous for cfg: no network for one static node (torchrun's
+ * default), cddp's rendezvous otherwise (agent/rdzv_c10d.c). */
+static int open_rdzv(struct agent *a, char *why, size_t whylen)
+{
+    const struct launch_config *cfg = a->cfg;
+    int rc;
+    bool fixed = strcmp(cfg->rdzv_backend, "static") == 0 && !cfg->standalone;
+    if (fixed && cfg->nnodes_max == 1) {
+        struct agent_round proto;
+        if ((rc = make_round(a, &proto, why, whylen)) != 0)
+            return rc;
+        if ((rc = agent_rdzv_static_init(&a->rdzv_static, &a->loop, &proto)) != 0)
+            return rc;
+        a->rdzv = &a->rdzv_static.base;
+    } else {
+        /* How the other nodes will hear of this one (a DNS lookup: only
+         * when there are other nodes). */
+        char host[256];
+        cddp_fqdn(host, sizeof(host));
+        snprintf(a->me, sizeof(a->me), "%s (pid %d)", host, (int)getpid());
+        struct rdzv_conf conf;
+        rdzv_conf_init(&conf);
+        for (int i = 0; i < cfg->rdzv_conf_len; i++) {
+            /* checked by the launcher; a bad one here is still refused */
+            rc = rdzv_conf_set(&conf, cfg->rdzv_conf[i].key, cfg->rdzv_conf[i].value, why, whylen);
+            if (rc)
+                return rc;
+        }
+        struct agent_rdzv_c10d_options o = {
+            .host = fixed ? cfg->static_addr : cfg->rdzv_host,
+            .port = fixed ? cfg->static_port + 1 : cfg->rdzv_port,
+            .run_id = a->run_id,
+            .min_nodes = cfg->nnodes_min,
+            .max_nodes = cfg->nnodes_max,
+            .nproc = cfg->nproc_per_node,
+            .local_addr = cfg->local_addr,
+            .conf = &conf,
+            .standalone = cfg->standalone,
+            .fixed = fixed,
+            .node_rank = cfg->node_rank,
+            .master_addr = cfg->static_addr,
+            .master_port = cfg->static_port,
+        };
+        if ((rc = agent_rdzv_c10d_new(&a->loop, &o, &a->rdzv, why, whylen)) != 0)
+            return rc;
+    }
+    a->rdzv->data = a;
+    a->rdzv->on_restart = on_rdzv_restart;
+    a->rdzv->on_closed = on_rdzv_closed;
+    a->pol.coordinated = a->rdzv->coordinated;
+    return 0;
+}
+
+static int agent_open(struct agent *a)
+{
+    const struct launch_config *cfg = a->cfg;
+    int rc;
+    agent_tee_set_init(&a->tees, &a->loop);
+    uv_signal_init(&a->loop, &a->sigchld);
+    a->sigchld.data = a;
+    uv_timer_init(&a->loop, &a->deadline);
+    a->deadline.data = a;
+    uv_timer_init(&a->loop, &a->group_check);
+    a->group_check.data = a;
+    for (int i = 0; i < cfg->nsignals; i++) {
+        uv_signal_init(&a->loop, &a->sigs[i]);
+        a->sigs[i].data = a;
+        a->nsigs++;
+    }
+    a->handles_open = true;
+
+    rc = uv_signal_start(&a->sigchld, on_sigchld, SIGCHLD);
+    for (int i = 0; rc == 0 && i < a->nsigs; i++)
+        rc = uv_signal_start(&a->sigs[i], on_signal, cfg->signals[i]);
+    if (rc) {
+        agent_failed(a, "A0601", "installing signal handlers: %s", uv_strerror(rc));
+        return rc;
+    }
+
+    if (cfg->rdzv_id[0])
+        cddp_strlcpy(a->run_id, cfg->rdzv_id, sizeof(a->run_id));
+    else {
+        random_run_id(a->run_id, sizeof(a->run_id));
+        log_warn("A0602", "config has no run_id, generated a random run_id: %s", a->run_id);
+    }
+    char why[512] = "";
+    if ((rc = open_rdzv(a, why, sizeof(why))) != 0) {
+        agent_failed(a, "A0603", "%s", why[0] ? why : cddp_strerror(rc));
+        return rc;
+    }
+
+    if ((rc = agent_logs_init(&a->logs, cfg->log_dir, a->run_id, why, sizeof(why))) != 0) {
+        agent_failed(a, "A0604", "%s", why[0] ? why : cddp_strerror(rc));
+        return rc;
+    }
+    if (!a->logs.devnull)
+        log_info("A0605", "log directory set to: %s", a->logs.run_dir);
+    if (a->hooks && a->hooks->start && (rc = a->hooks->start(a->hooks->arg, &a->loop)) != 0) {
+        agent_failed(a, "A0606", "starting the agent's extensions: %s", cddp_strerror(rc));
+        return rc;
+    }
+    return 0;
+}
+
+static void log_config(const struct agent *a)
+{
+    const struct launch_config *cfg = a->cfg;
+    log_info("A0007",
+             "Starting elastic_operator with launch configs:\n"
+             "  entrypoint       : %s\n"
+             "  min_nodes        : %d\n"
+             "  max_nodes        : %d\n"
+             "  nproc_per_node   : %d\n"
+             "  run_id           : %s\n"
+             "  rdzv_backend     : %s\n"
+             "  rdzv_endpoint    : %s\n"
+             "  max_restarts     : %d\n"
+             "  log_dir          : %s\n"
+             "  shutdown_timeout : %.3f s",
+             a->entry_name, cfg->nnodes_min, cfg->nnodes_max, cfg->nproc_per_node, a->run_id,
+             cfg->rdzv_backend, cfg->rdzv_endpoint, cfg->max_restarts,
+             cfg->log_dir ? cfg->log_dir : "(temporary)",
+             (double)cfg->shutdown_timeout_ms / 1000.0);
+}
+
+int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
+{
+    struct agent *a = calloc(1, sizeof(*a));
+    if (a == NULL) {
+        log_crit("A0002", "out of memory");
+        return CDDP_EXIT_FAILURE;
+    }
+    a->cfg = cfg;
+    a->hooks = hooks;
+    a->nworkers = cfg->nproc_per_node;
+    a->entry_name = entry_name(cfg);
+    a->start_time = cddp_wall_time();
+    a->exit_code = CDDP_EXIT_FAILURE;
+    a->guardian.fd = -1;
+    a->workers = calloc((size_t)a->nworkers, sizeof(*a->workers));
+    int rc = a->workers
+                 ? policy_init(&a->pol, a->nworkers, cfg->max_restarts, cfg->shutdown_timeout_ms)
+                 : CDDP_ERR_FROM_ERRNO(ENOMEM);
+    if (rc == 0) {
+        /* Before any worker exists, and before the loop owns signals. */
+        agent_inherited_ignored(&a->inherited_ignored);
+        signal(SIGPIPE, SIG_IGN);
+        if (agent_become_subreaper() != 0)
+            log_warn("A0003", "PR_SET_CHILD_SUBREAPER failed: a worker's orphaned children are "
+                              "only stopped through its process group");
+        rc = agent_guardian_start(&a->guardian);
+        if (rc)
+            agent_failed(a, "A0004", "starting the guardian: %s", cddp_strerror(rc));
+    }
+    bool opened = false;
+    if (rc == 0) {
+        rc = uv_loop_init(&a->loop);
+        if (rc)
+            agent_failed(a, "A0006", "uv_loop_init: %s", uv_strerror(rc));
+    }
+    if (rc == 0) {
+        opened = true;
+        rc = agent_open(a);
+    }
+    if (rc == 0) {
+        log_config(a);
+        post(a, POLICY_EV_START, 0, 0, 0);
+    } else if (opened) {
+        agent_shutdown(a);
+    }
+    if (opened) {
+        uv_run(&a->loop, UV_RUN_DEFAULT);
+        if (uv_loop_close(&a->loop) != 0)
+            log_error("A0005", "handles left open at exit");
+    }
+    agent_guardian_stop(&a->guardian);
+    /* A temporary log directory nobody asked for goes away after a success;
+     * after a failure it holds the error files the table points at. */
+    bool asked_for_files =
+        a->cfg->redirects.is_map || a->cfg->redirects.all || a->cfg->tee.is_map || a->cfg->tee.all;
+    if (a->pol.state == AGENT_SUCCEEDED && !asked_for_files)
+        agent_logs_remove_tmp(&a->logs);
+    agent_logs_free(&a->logs);
+    int code = rc ? CDDP_EXIT_FAILURE : a->exit_code;
+    if (code == CDDP_EXIT_FAILURE && !a->reported && cfg->error_file) {
+        int wrc = agent_write_agent_error(cfg->error_file,
+                                          a->fail_reason[0] ? a->fail_reason : "the agent failed");
+        if (wrc)
+            log_error("A0302", "writing the agent's error file %s: %s", cfg->error_file,
+                      cddp_strerror(wrc));
+    }
+    policy_free(&a->pol);
+    free(a->workers);
+    free(a->queue);
+    free(a);
+    return code;
+}

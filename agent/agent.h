@@ -1,0 +1,91 @@
+/*
+ * agent.h: the per-node elastic agent (one libuv loop).
+ *
+ *   agent_run(config, hooks) -> exit status
+ *
+ * The loop turns kernel notifications (SIGCHLD for worker and descendant
+ * exits, handled signals, timers) and rendezvous callbacks into policy events
+ * (agent/policy.h) and carries out the policy's actions: spawn (workers.c),
+ * environment (env.c), logs and tees (logs.c), failure report (report.c).
+ *
+ * Its state is kept in plain structs (struct agent_snapshot below) that the
+ * status server (issue 4) renders; hooks let it see every state change and
+ * give workers extra fds and environment variables (the progress channel).
+ */
+#ifndef CDDP_AGENT_AGENT_H
+#define CDDP_AGENT_AGENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "agent/config.h"
+#include "agent/policy.h"
+
+/* One worker (local rank) as the status page shows it. */
+struct agent_worker_info {
+    int local_rank;
+    int rank;  /* global rank in the current round */
+    pid_t pid; /* 0 before its first start */
+    enum worker_state state;
+    int exitcode;      /* when exited: status, or -N for signal N */
+    double start_time; /* wall clock, seconds */
+    double exit_time;  /* wall clock, seconds; 0 while running */
+    int restarts;      /* how many times it was started again */
+    unsigned exits;    /* exits seen for this local rank, failed starts included */
+};
+
+/* The agent's state. Valid only during the state_changed call: copy what you
+ * keep (the status server publishes an immutable copy of its own). */
+struct agent_snapshot {
+    const char *run_id;
+    const char *role;
+    const char *rdzv_backend;
+    const char *rdzv_endpoint;
+    enum agent_state state;
+    uint64_t round; /* 0 before the first round */
+    int node_rank;
+    int nnodes;
+    int world_size;
+    const char *master_addr;
+    int master_port;
+    int restart_count; /* TORCHELASTIC_RESTART_COUNT */
+    int max_restarts;
+    /* Why the group is stopping (STOPPING, KILLING) or was last stopped. */
+    enum stop_reason stop_reason;
+    int membership_restarts; /* new rounds the rendezvous asked for (not in restart_count) */
+    double start_time;       /* the agent's, wall clock */
+    int nworkers;
+    const struct agent_worker_info *workers;
+};
+
+/* Extra inheritance for one worker, filled by the prepare_worker hook. */
+#define AGENT_EXTRA_MAX 8
+struct agent_worker_extras {
+    struct launch_kv env[AGENT_EXTRA_MAX]; /* set in the worker's environment */
+    int nenv;
+    int fds[AGENT_EXTRA_MAX]; /* become fds 3, 4, ... in the worker; the hook keeps ownership */
+    int nfds;
+    bool close_fds;    /* the agent closes fds[] once the spawn is done (or failed) */
+    char storage[512]; /* room for the hook's env strings */
+};
+
+struct agent_hooks {
+    void *arg;
+    /* The loop exists (before any worker starts): add handles to it. */
+    int (*start)(void *arg, uv_loop_t *loop);
+    /* The agent is shutting down: close your handles (the loop runs until they are closed). */
+    void (*stop)(void *arg);
+    /* Called after every event that changed something. */
+    void (*state_changed)(void *arg, const struct agent_snapshot *snap);
+    /* Before each worker is spawned. 0, or an error that fails this start. */
+    int (*prepare_worker)(void *arg, int local_rank, int restart_count,
+                          struct agent_worker_extras *extras);
+};
+
+/* Runs the job described by cfg to the end. Returns the process exit status:
+ * 0, 1 (failed), or 128+N (stopped by signal N). hooks may be NULL. */
+int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks);
+
+#endif

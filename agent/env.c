@@ -1,0 +1,172 @@
+/* env.c: see env.h. */
+#include "agent/env.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/errors.h"
+#include "common/strutil.h"
+
+int agent_worker_ranks(const struct agent_round *round, int local_world_size, int local_rank,
+                       struct agent_worker_ranks *out)
+{
+    if (local_world_size < 1 || local_rank < 0 || local_rank >= local_world_size ||
+        round->nnodes < 1 || round->node_rank < 0 || round->node_rank >= round->nnodes ||
+        round->rank_offset < 0 || round->world_size < local_world_size ||
+        round->rank_offset > round->world_size - local_world_size)
+        return CDDP_ERANGE_ARG;
+    out->local_rank = local_rank;
+    out->rank = round->rank_offset + local_rank;
+    out->group_rank = round->node_rank;
+    out->role_rank = out->rank;
+    out->local_world_size = local_world_size;
+    out->world_size = round->world_size;
+    out->group_world_size = round->nnodes;
+    out->role_world_size = round->world_size;
+    return 0;
+}
+
+const char *agent_env_get(char *const *envp, const char *name)
+{
+    size_t n = strlen(name);
+    for (char *const *e = envp; e && *e; e++) {
+        if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+            return *e + n + 1;
+    }
+    return NULL;
+}
+
+/* The variables the agent sets, in torchrun's order. */
+enum {
+    V_LOCAL_RANK,
+    V_RANK,
+    V_GROUP_RANK,
+    V_ROLE_RANK,
+    V_ROLE_NAME,
+    V_LOCAL_WORLD_SIZE,
+    V_WORLD_SIZE,
+    V_GROUP_WORLD_SIZE,
+    V_ROLE_WORLD_SIZE,
+    V_MASTER_ADDR,
+    V_MASTER_PORT,
+    V_RESTART_COUNT,
+    V_MAX_RESTARTS,
+    V_RUN_ID,
+    V_USE_AGENT_STORE,
+    V_NCCL_ASYNC,
+    V_ERROR_FILE,
+    V_COUNT,
+};
+
+static const char *const var_names[V_COUNT] = {
+    "LOCAL_RANK",
+    "RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "TORCHELASTIC_ERROR_FILE",
+};
+
+static bool key_is(const char *entry, const char *name)
+{
+    size_t n = strlen(name);
+    return strncmp(entry, name, n) == 0 && entry[n] == '=';
+}
+
+static bool overridden(const char *entry, const struct agent_env_spec *spec)
+{
+    for (int i = 0; i < V_COUNT; i++) {
+        if (key_is(entry, var_names[i]))
+            return true;
+    }
+    for (int i = 0; i < spec->nextra; i++) {
+        if (key_is(entry, spec->extra[i].key))
+            return true;
+    }
+    return false;
+}
+
+int agent_env_build(char *const *base, const struct agent_env_spec *spec, struct agent_env *out)
+{
+    out->envp = NULL;
+    out->strings = NULL;
+    const struct agent_worker_ranks *r = &spec->ranks;
+    /* torchrun keeps TORCH_NCCL_ASYNC_ERROR_HANDLING when the agent has it. */
+    const char *nccl = agent_env_get(base, var_names[V_NCCL_ASYNC]);
+    char num[V_COUNT][24];
+    const char *val[V_COUNT];
+    snprintf(num[V_LOCAL_RANK], sizeof(num[0]), "%d", r->local_rank);
+    snprintf(num[V_RANK], sizeof(num[0]), "%d", r->rank);
+    snprintf(num[V_GROUP_RANK], sizeof(num[0]), "%d", r->group_rank);
+    snprintf(num[V_ROLE_RANK], sizeof(num[0]), "%d", r->role_rank);
+    snprintf(num[V_LOCAL_WORLD_SIZE], sizeof(num[0]), "%d", r->local_world_size);
+    snprintf(num[V_WORLD_SIZE], sizeof(num[0]), "%d", r->world_size);
+    snprintf(num[V_GROUP_WORLD_SIZE], sizeof(num[0]), "%d", r->group_world_size);
+    snprintf(num[V_ROLE_WORLD_SIZE], sizeof(num[0]), "%d", r->role_world_size);
+    snprintf(num[V_MASTER_PORT], sizeof(num[0]), "%d", spec->master_port);
+    snprintf(num[V_RESTART_COUNT], sizeof(num[0]), "%d", spec->restart_count);
+    snprintf(num[V_MAX_RESTARTS], sizeof(num[0]), "%d", spec->max_restarts);
+    for (int i = 0; i < V_COUNT; i++)
+        val[i] = num[i];
+    val[V_ROLE_NAME] = spec->role;
+    val[V_MASTER_ADDR] = spec->master_addr;
+    val[V_RUN_ID] = spec->run_id;
+    val[V_USE_AGENT_STORE] = spec->use_agent_store ? "True" : "False"; /* Python's str(bool) */
+    val[V_NCCL_ASYNC] = nccl ? nccl : "1";
+    val[V_ERROR_FILE] = spec->error_file;
+
+    size_t nbase = 0;
+    for (char *const *e = base; e && *e; e++)
+        nbase++;
+    size_t bytes = 0;
+    for (int i = 0; i < V_COUNT; i++)
+        bytes += strlen(var_names[i]) + strlen(val[i]) + 2;
+    for (int i = 0; i < spec->nextra; i++)
+        bytes += strlen(spec->extra[i].key) + strlen(spec->extra[i].value) + 2;
+
+    out->envp = malloc((nbase + V_COUNT + (size_t)spec->nextra + 1) * sizeof(char *));
+    out->strings = malloc(bytes);
+    if (out->envp == NULL || out->strings == NULL) {
+        agent_env_free(out);
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    size_t n = 0;
+    for (char *const *e = base; e && *e; e++) {
+        if (!overridden(*e, spec))
+            out->envp[n++] = *e;
+    }
+    char *p = out->strings;
+    for (int i = 0; i < V_COUNT + spec->nextra; i++) {
+        const char *k = i < V_COUNT ? var_names[i] : spec->extra[i - V_COUNT].key;
+        const char *v = i < V_COUNT ? val[i] : spec->extra[i - V_COUNT].value;
+        size_t kl = strlen(k), vl = strlen(v);
+        memcpy(p, k, kl);
+        p[kl] = '=';
+        memcpy(p + kl + 1, v, vl + 1);
+        out->envp[n++] = p;
+        p += kl + vl + 2;
+    }
+    out->envp[n] = NULL;
+    return 0;
+}
+
+void agent_env_free(struct agent_env *env)
+{
+    free(env->envp);
+    free(env->strings);
+    env->envp = NULL;
+    env->strings = NULL;
+}

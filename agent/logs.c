@@ -1,0 +1,489 @@
+/* logs.c: see logs.h. */
+#include "agent/logs.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/errors.h"
+#include "common/log.h"
+
+enum agent_stream_dest agent_stream_dest(const struct launch_config *cfg, bool logs_devnull,
+                                         int local_rank, int stream)
+{
+    /* torchrun with --log_dir=/dev/null redirects nothing and tails nothing,
+     * and skips the filter too (DefaultLogsSpecs.reify). */
+    if (logs_devnull)
+        return AGENT_DEST_INHERIT;
+    unsigned bit = stream == 1 ? LAUNCH_STD_OUT : LAUNCH_STD_ERR;
+    unsigned tee = launch_std_for(&cfg->tee, local_rank);
+    unsigned redirect = launch_std_for(&cfg->redirects, local_rank) | tee;
+    bool shown = launch_rank_shown(cfg, local_rank);
+    if (tee & bit)
+        return shown ? AGENT_DEST_TEE : AGENT_DEST_FILE;
+    if (redirect & bit)
+        return AGENT_DEST_FILE;
+    return shown ? AGENT_DEST_INHERIT : AGENT_DEST_DEVNULL;
+}
+
+static bool ident_start(char c)
+{
+    return c == '_' || isalpha((unsigned char)c);
+}
+
+static bool ident_char(char c)
+{
+    return c == '_' || isalnum((unsigned char)c);
+}
+
+void agent_log_prefix(const char *tmpl, const char *role, int rank, int local_rank, char *out,
+                      size_t len)
+{
+    struct cddp_buf b;
+    cddp_buf_init(&b, len > 0 ? len - 1 : 0);
+    if (tmpl == NULL) {
+        cddp_buf_printf(&b, "[%s%d]:", role, local_rank);
+    } else {
+        for (const char *p = tmpl; *p;) {
+            if (*p != '$') {
+                cddp_buf_append(&b, p++, 1);
+                continue;
+            }
+            if (p[1] == '$') {
+                cddp_buf_append(&b, "$", 1);
+                p += 2;
+                continue;
+            }
+            bool braced = p[1] == '{';
+            const char *name = p + 1 + braced;
+            size_t n = 0;
+            if (ident_start(name[0])) {
+                while (ident_char(name[n]))
+                    n++;
+            }
+            if (n == 0 || (braced && name[n] != '}')) {
+                cddp_buf_append(&b, p++, 1); /* not a placeholder: keep the '$' */
+                continue;
+            }
+            size_t whole = 1 + braced + n + braced;
+            if (n == 9 && strncmp(name, "role_name", n) == 0)
+                cddp_buf_printf(&b, "%s", role);
+            else if (n == 4 && strncmp(name, "rank", n) == 0)
+                cddp_buf_printf(&b, "%d", rank);
+            else if (n == 10 && strncmp(name, "local_rank", n) == 0)
+                cddp_buf_printf(&b, "%d", local_rank);
+            else
+                cddp_buf_append(&b, p, whole); /* unknown: left as written */
+            p += whole;
+        }
+    }
+    if (len > 0) {
+        size_t n = b.len < len - 1 ? b.len : len - 1;
+        if (n)
+            memcpy(out, b.data, n);
+        out[n] = '\0';
+    }
+    cddp_buf_free(&b);
+}
+
+/* ---- directories ---- */
+
+static int mkdir_p(const char *path)
+{
+    char buf[4096];
+    if (cddp_strlcpy(buf, path, sizeof(buf)) >= sizeof(buf))
+        return CDDP_ERR_FROM_ERRNO(ENAMETOOLONG);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return CDDP_ERR_FROM_ERRNO(errno);
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return CDDP_ERR_FROM_ERRNO(errno);
+    struct stat st;
+    if (stat(buf, &st) != 0)
+        return CDDP_ERR_FROM_ERRNO(errno);
+    if (!S_ISDIR(st.st_mode))
+        return CDDP_ERR_FROM_ERRNO(ENOTDIR);
+    return 0;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+static void rm_rf(const char *path)
+{
+    nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *str_printf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return NULL;
+    char *s = malloc((size_t)n + 1);
+    if (s == NULL)
+        return NULL;
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+int agent_logs_init(struct agent_logs *l, const char *log_dir, const char *run_id, char *err,
+                    size_t errlen)
+{
+    memset(l, 0, sizeof(*l));
+    if (log_dir && strcmp(log_dir, "/dev/null") == 0) {
+        l->devnull = true;
+        return 0;
+    }
+    int rc;
+    if (log_dir == NULL) {
+        const char *tmp = getenv("TMPDIR");
+        l->root = str_printf("%s/torchelastic_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (l->root == NULL)
+            return CDDP_ERR_FROM_ERRNO(ENOMEM);
+        if (mkdtemp(l->root) == NULL) {
+            rc = CDDP_ERR_FROM_ERRNO(errno);
+            snprintf(err, errlen, "cannot create a log directory %s: %s", l->root, strerror(errno));
+            return rc;
+        }
+        l->root_is_ours = true;
+    } else {
+        /* Absolute, as Python's mkdtemp makes torchrun's paths: a worker that
+         * changes directory can still write its TORCHELASTIC_ERROR_FILE. */
+        char cwd[4096];
+        if (log_dir[0] != '/' && getcwd(cwd, sizeof(cwd)) != NULL)
+            l->root = str_printf("%s/%s", cwd, log_dir);
+        else
+            l->root = strdup(log_dir);
+        if (l->root == NULL)
+            return CDDP_ERR_FROM_ERRNO(ENOMEM);
+        if ((rc = mkdir_p(l->root)) != 0) {
+            snprintf(err, errlen, "--log_dir=%s: %s", log_dir, cddp_strerror(rc));
+            return rc;
+        }
+    }
+    /* tempfile.mkdtemp(prefix=f"{run_id}_", dir=root); a '/' in the id would
+     * make it a path, so it becomes '_'. */
+    l->run_dir = str_printf("%s/%s_XXXXXX", l->root, run_id);
+    if (l->run_dir == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    for (char *p = l->run_dir + strlen(l->root) + 1; *p; p++) {
+        if (*p == '/')
+            *p = '_';
+    }
+    if (mkdtemp(l->run_dir) == NULL) {
+        rc = CDDP_ERR_FROM_ERRNO(errno);
+        snprintf(err, errlen, "cannot create the run log directory %s: %s", l->run_dir,
+                 strerror(errno));
+        return rc;
+    }
+    return 0;
+}
+
+int agent_logs_path(const struct agent_logs *l, int attempt, int local_rank, const char *file,
+                    char *out, size_t len)
+{
+    if (l->devnull) {
+        if (len)
+            out[0] = '\0';
+        return 0;
+    }
+    int n;
+    if (local_rank < 0)
+        n = snprintf(out, len, "%s/attempt_%d", l->run_dir, attempt);
+    else if (file == NULL)
+        n = snprintf(out, len, "%s/attempt_%d/%d", l->run_dir, attempt, local_rank);
+    else
+        n = snprintf(out, len, "%s/attempt_%d/%d/%s", l->run_dir, attempt, local_rank, file);
+    return n < 0 || (size_t)n >= len ? CDDP_ERR_FROM_ERRNO(ENAMETOOLONG) : 0;
+}
+
+int agent_logs_attempt(struct agent_logs *l, int attempt, int nworkers, char *err, size_t errlen)
+{
+    if (l->devnull)
+        return 0;
+    char path[4096];
+    int rc = agent_logs_path(l, attempt, -1, NULL, path, sizeof(path));
+    if (rc)
+        return rc;
+    rm_rf(path);
+    if (mkdir(path, 0777) != 0) {
+        rc = CDDP_ERR_FROM_ERRNO(errno);
+        snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+        return rc;
+    }
+    for (int i = 0; i < nworkers; i++) {
+        if ((rc = agent_logs_path(l, attempt, i, NULL, path, sizeof(path))) != 0)
+            return rc;
+        if (mkdir(path, 0777) != 0) {
+            rc = CDDP_ERR_FROM_ERRNO(errno);
+            snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+void agent_logs_remove_tmp(struct agent_logs *l)
+{
+    if (l->root_is_ours && l->root)
+        rm_rf(l->root);
+}
+
+void agent_logs_free(struct agent_logs *l)
+{
+    free(l->root);
+    free(l->run_dir);
+    l->root = NULL;
+    l->run_dir = NULL;
+}
+
+/* ---- line splitting ---- */
+
+void agent_lines_init(struct agent_lines *s, const char *prefix)
+{
+    s->prefix_len = cddp_strlcpy(s->prefix, prefix, sizeof(s->prefix));
+    if (s->prefix_len >= sizeof(s->prefix))
+        s->prefix_len = sizeof(s->prefix) - 1;
+    cddp_buf_init(&s->pending, AGENT_TEE_MAX_LINE + sizeof(s->prefix) + 1);
+}
+
+static void emit_line(struct agent_lines *s, const char *data, size_t len,
+                      void (*emit)(void *, const char *, size_t), void *arg)
+{
+    /* prefix + line + '\n' in one call, so lines of different workers do
+     * not interleave mid-line on the console. */
+    struct cddp_buf b;
+    cddp_buf_init(&b, len + s->prefix_len + 1);
+    if (cddp_buf_append(&b, s->prefix, s->prefix_len) == 0 && cddp_buf_append(&b, data, len) == 0 &&
+        cddp_buf_append(&b, "\n", 1) == 0)
+        emit(arg, b.data, b.len);
+    cddp_buf_free(&b);
+}
+
+void agent_lines_feed(struct agent_lines *s, const char *data, size_t len,
+                      void (*emit)(void *arg, const char *line, size_t len), void *arg)
+{
+    while (len > 0) {
+        const char *nl = memchr(data, '\n', len);
+        size_t seg = nl ? (size_t)(nl - data) : len; /* bytes before the newline */
+        size_t room = AGENT_TEE_MAX_LINE - s->pending.len;
+        if (seg > room) {
+            /* Too long for one line: cut it at the limit. */
+            cddp_buf_append(&s->pending, data, room);
+            emit_line(s, s->pending.data, s->pending.len, emit, arg);
+            cddp_buf_reset(&s->pending);
+            data += room;
+            len -= room;
+            continue;
+        }
+        if (nl == NULL) {
+            cddp_buf_append(&s->pending, data, seg); /* wait for the rest of the line */
+            return;
+        }
+        if (s->pending.len == 0) {
+            emit_line(s, data, seg, emit, arg); /* the common case: no copy */
+        } else {
+            cddp_buf_append(&s->pending, data, seg);
+            emit_line(s, s->pending.data, s->pending.len, emit, arg);
+            cddp_buf_reset(&s->pending);
+        }
+        data += seg + 1;
+        len -= seg + 1;
+    }
+}
+
+void agent_lines_flush(struct agent_lines *s, void (*emit)(void *arg, const char *line, size_t len),
+                       void *arg)
+{
+    if (s->pending.len > 0) {
+        emit_line(s, s->pending.data, s->pending.len, emit, arg);
+        cddp_buf_reset(&s->pending);
+    }
+}
+
+void agent_lines_free(struct agent_lines *s)
+{
+    cddp_buf_free(&s->pending);
+}
+
+/* ---- tees ---- */
+
+struct agent_tee {
+    uv_pipe_t pipe;
+    struct agent_tee_set *set;
+    struct cddp_queue node; /* in set->tees */
+    int file_fd;
+    int console_fd;
+    bool finished;
+    struct agent_lines lines;
+};
+
+/* Blocking write of everything; a full console that is non-blocking gets a
+ * bounded wait. Output nobody can take (EPIPE) is dropped. */
+static void write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN) {
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            if (poll(&pfd, 1, 1000) > 0)
+                continue;
+        }
+        return;
+    }
+}
+
+static void console_emit(void *arg, const char *line, size_t len)
+{
+    struct agent_tee *t = arg;
+    write_all(t->console_fd, line, len);
+}
+
+static void tee_data(struct agent_tee *t, const char *buf, size_t n)
+{
+    if (t->file_fd >= 0)
+        write_all(t->file_fd, buf, n);
+    agent_lines_feed(&t->lines, buf, n, console_emit, t);
+}
+
+static void tee_closed(uv_handle_t *h)
+{
+    struct agent_tee *t = h->data;
+    agent_lines_free(&t->lines);
+    free(t);
+}
+
+static void tee_finish(struct agent_tee *t)
+{
+    if (t->finished)
+        return;
+    t->finished = true;
+    agent_lines_flush(&t->lines, console_emit, t);
+    if (t->file_fd >= 0)
+        close(t->file_fd);
+    t->file_fd = -1;
+    cddp_queue_remove(&t->node);
+    t->set->open--;
+    uv_close((uv_handle_t *)&t->pipe, tee_closed);
+}
+
+/* One buffer for every tee: a read callback consumes it before returning. */
+static char tee_buffer[65536];
+
+static void tee_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)h;
+    (void)suggested;
+    *buf = uv_buf_init(tee_buffer, sizeof(tee_buffer));
+}
+
+static void tee_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct agent_tee *t = s->data;
+    if (nread > 0) {
+        tee_data(t, buf->base, (size_t)nread);
+    } else if (nread < 0) {
+        if (nread != UV_EOF)
+            log_warn("A0301", "reading a worker's output: %s", uv_strerror((int)nread));
+        tee_finish(t);
+    }
+}
+
+void agent_tee_set_init(struct agent_tee_set *set, uv_loop_t *loop)
+{
+    set->loop = loop;
+    cddp_queue_init(&set->tees);
+    set->open = 0;
+}
+
+int agent_tee_open(struct agent_tee_set *set, const char *file_path, int console_fd,
+                   const char *prefix, int *worker_fd)
+{
+    struct agent_tee *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    t->set = set;
+    t->console_fd = console_fd;
+    t->file_fd = open(file_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (t->file_fd < 0) {
+        int rc = CDDP_ERR_FROM_ERRNO(errno);
+        free(t);
+        return rc;
+    }
+    uv_file fds[2];
+    int rc = uv_pipe(fds, UV_NONBLOCK_PIPE, 0); /* read end non-blocking, both CLOEXEC */
+    if (rc) {
+        close(t->file_fd);
+        free(t);
+        return rc;
+    }
+    uv_pipe_init(set->loop, &t->pipe, 0);
+    t->pipe.data = t;
+    rc = uv_pipe_open(&t->pipe, fds[0]);
+    if (rc == 0)
+        rc = uv_read_start((uv_stream_t *)&t->pipe, tee_alloc, tee_read);
+    agent_lines_init(&t->lines, prefix);
+    cddp_queue_insert_tail(&set->tees, &t->node);
+    set->open++;
+    if (rc) {
+        close(fds[1]);
+        tee_finish(t);
+        return rc;
+    }
+    *worker_fd = fds[1];
+    return 0;
+}
+
+void agent_tee_set_close(struct agent_tee_set *set)
+{
+    while (!cddp_queue_empty(&set->tees)) {
+        struct agent_tee *t = cddp_queue_data(cddp_queue_head(&set->tees), struct agent_tee, node);
+        uv_read_stop((uv_stream_t *)&t->pipe);
+        uv_os_fd_t fd;
+        if (uv_fileno((uv_handle_t *)&t->pipe, &fd) == 0) {
+            for (;;) {
+                ssize_t n = read(fd, tee_buffer, sizeof(tee_buffer));
+                if (n > 0) {
+                    tee_data(t, tee_buffer, (size_t)n);
+                    continue;
+                }
+                if (n < 0 && errno == EINTR)
+                    continue;
+                break; /* EOF, or EAGAIN: a process outside the group still holds it */
+            }
+        }
+        tee_finish(t);
+    }
+}

@@ -1,0 +1,103 @@
+/*
+ * logs.h: where workers' output goes, as torchrun's DefaultLogsSpecs.
+ *
+ *   <log_dir>/<run_id>_<random>/attempt_<restart_count>/<local_rank>/
+ *       stdout.log  stderr.log  error.json
+ *
+ * log_dir defaults to a new torchelastic_XXXXXX directory under $TMPDIR.
+ * An attempt directory is wiped and recreated when it is used again (a
+ * restart for a membership change keeps its restart count). With
+ * --log_dir=/dev/null nothing is written and TORCHELASTIC_ERROR_FILE is "".
+ *
+ * Per worker stream: inherited from the agent (no -r/-t), written to its file
+ * (-r), or teed: the worker writes into a pipe the agent's loop reads; the
+ * bytes go to the file unchanged and, line by line, to the agent's own
+ * stdout/stderr behind a "[<role><local_rank>]:" prefix (or
+ * TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE). --local_ranks_filter hides other
+ * ranks from the console: their teed streams go only to the files, their
+ * inherited streams to /dev/null.
+ */
+#ifndef CDDP_AGENT_LOGS_H
+#define CDDP_AGENT_LOGS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <uv.h>
+
+#include "agent/config.h"
+#include "common/queue.h"
+#include "common/strutil.h"
+
+enum agent_stream_dest {
+    AGENT_DEST_INHERIT, /* the agent's own stdout/stderr */
+    AGENT_DEST_FILE,    /* stdout.log / stderr.log only */
+    AGENT_DEST_TEE,     /* the file, and the console with a prefix */
+    AGENT_DEST_DEVNULL, /* filtered out by --local_ranks_filter */
+};
+
+/* Where stream (1 stdout, 2 stderr) of local_rank goes. Pure. */
+enum agent_stream_dest agent_stream_dest(const struct launch_config *cfg, bool logs_devnull,
+                                         int local_rank, int stream);
+
+/* Python's string.Template.safe_substitute over ${role_name}, ${rank},
+ * ${local_rank} (and $name forms; $$ is a dollar; anything else stays).
+ * Writes at most len-1 bytes to out, always NUL-terminated. */
+void agent_log_prefix(const char *tmpl, const char *role, int rank, int local_rank, char *out,
+                      size_t len);
+
+struct agent_logs {
+    char *root;        /* the base directory */
+    bool root_is_ours; /* we created it (mkdtemp) */
+    bool devnull;      /* --log_dir=/dev/null */
+    char *run_dir;     /* <root>/<run_id>_XXXXXX */
+};
+
+/* Creates the base directory (mkdir -p, or mkdtemp) and the run directory.
+ * 0 or a negative code with a one-line reason in err. */
+int agent_logs_init(struct agent_logs *l, const char *log_dir, const char *run_id, char *err,
+                    size_t errlen);
+/* Wipes and creates attempt_<attempt>/ and its <local_rank>/ directories. */
+int agent_logs_attempt(struct agent_logs *l, int attempt, int nworkers, char *err, size_t errlen);
+/* <run_dir>/attempt_<attempt>/<local_rank>/<file>, or "" under /dev/null. */
+int agent_logs_path(const struct agent_logs *l, int attempt, int local_rank, const char *file,
+                    char *out, size_t len);
+/* Removes the base directory when it is a temporary one we created. */
+void agent_logs_remove_tmp(struct agent_logs *l);
+void agent_logs_free(struct agent_logs *l);
+
+/*
+ * A line splitter: bytes in, whole lines out with the prefix. A line longer
+ * than AGENT_TEE_MAX_LINE is cut there; a last line without a newline gets
+ * one at EOF. Pure except for the write callback.
+ */
+#define AGENT_TEE_MAX_LINE 65536
+struct agent_lines {
+    char prefix[128];
+    size_t prefix_len;
+    struct cddp_buf pending; /* a partial line */
+};
+void agent_lines_init(struct agent_lines *s, const char *prefix);
+/* emit(arg, line, len) is called once per line, with prefix and newline included. */
+void agent_lines_feed(struct agent_lines *s, const char *data, size_t len,
+                      void (*emit)(void *arg, const char *line, size_t len), void *arg);
+void agent_lines_flush(struct agent_lines *s, void (*emit)(void *arg, const char *line, size_t len),
+                       void *arg);
+void agent_lines_free(struct agent_lines *s);
+
+/* One teed stream: a pipe read by the loop. Owned by the tee set; it frees
+ * itself once the pipe reaches EOF (every writer gone) or the set is closed. */
+struct agent_tee_set {
+    uv_loop_t *loop;
+    struct cddp_queue tees; /* the open ones (struct agent_tee, in logs.c) */
+    int open;
+};
+
+void agent_tee_set_init(struct agent_tee_set *set, uv_loop_t *loop);
+/* Opens file_path (truncating) and a pipe; *worker_fd is the write end to
+ * give the worker (the caller closes it after spawning). 0 or -errno. */
+int agent_tee_open(struct agent_tee_set *set, const char *file_path, int console_fd,
+                   const char *prefix, int *worker_fd);
+/* Reads what is left in every pipe without waiting, then closes them all. */
+void agent_tee_set_close(struct agent_tee_set *set);
+
+#endif

@@ -1,0 +1,428 @@
+/* policy.c: see policy.h. Pure: no I/O, no clock, no globals. */
+#include "agent/policy.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/errors.h"
+#include "common/exitcodes.h"
+
+int policy_init(struct agent_policy *p, int nworkers, int max_restarts,
+                uint64_t shutdown_timeout_ms)
+{
+    memset(p, 0, sizeof(*p));
+    p->workers = calloc((size_t)(nworkers > 0 ? nworkers : 1), sizeof(*p->workers));
+    if (p->workers == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    p->state = AGENT_INIT;
+    p->nworkers = nworkers;
+    p->max_restarts = max_restarts;
+    p->remaining_restarts = max_restarts;
+    p->shutdown_timeout_ms = shutdown_timeout_ms;
+    return 0;
+}
+
+void policy_free(struct agent_policy *p)
+{
+    free(p->workers);
+    p->workers = NULL;
+}
+
+struct out {
+    struct policy_action *a;
+    int n;
+};
+
+static struct policy_action *emit(struct out *o, enum policy_action_type type)
+{
+    /* POLICY_MAX_ACTIONS bounds every path below; the check keeps a future
+     * mistake from writing past the caller's array. */
+    if (o->n >= POLICY_MAX_ACTIONS)
+        return &o->a[POLICY_MAX_ACTIONS - 1];
+    struct policy_action *a = &o->a[o->n++];
+    memset(a, 0, sizeof(*a));
+    a->type = type;
+    return a;
+}
+
+static bool any_running(const struct agent_policy *p)
+{
+    for (int i = 0; i < p->nworkers; i++) {
+        if (p->workers[i].state == WORKER_RUNNING)
+            return true;
+    }
+    return false;
+}
+
+static bool any_group_alive(const struct agent_policy *p)
+{
+    for (int i = 0; i < p->nworkers; i++) {
+        if (p->workers[i].group_alive)
+            return true;
+    }
+    return false;
+}
+
+static bool any_failed(const struct agent_policy *p)
+{
+    for (int i = 0; i < p->nworkers; i++) {
+        if (p->workers[i].state == WORKER_FAILED)
+            return true;
+    }
+    return false;
+}
+
+static void finish(struct agent_policy *p, struct out *o, enum agent_state state, int code)
+{
+    p->state = state;
+    p->exit_code = code;
+    struct policy_action *a = emit(o, POLICY_ACT_EXIT);
+    a->exit_code = code;
+    a->reason = p->stop_reason;
+    /* The job is over for every node when it succeeded (the exit barrier
+     * saw every node), or when worker failures used up the restarts. A
+     * signal, or a rendezvous that closed or could not be reached, ends
+     * this node only; when its workers had succeeded, the others are not
+     * disturbed by its going. */
+    a->end_job = (state == AGENT_SUCCEEDED && !p->barrier_failed) ||
+                 (state == AGENT_FAILED && p->stop_reason == STOP_FAILURE);
+    a->finished = !a->end_job && p->group_succeeded;
+}
+
+/* The run ends without a new round: the failure table when this node's
+ * workers failed (in the attempt that just ended), then exit 1. */
+static void fail_run(struct agent_policy *p, struct out *o, enum stop_reason reason)
+{
+    p->stop_reason = reason;
+    if (any_failed(p))
+        emit(o, POLICY_ACT_FAILURE_REPORT);
+    finish(p, o, AGENT_FAILED, CDDP_EXIT_FAILURE);
+}
+
+/* Every worker has exited and every group is empty: what the stop was for. */
+static void stopped(struct agent_policy *p, struct out *o)
+{
+    if (p->deadline_ms) {
+        p->deadline_ms = 0;
+        emit(o, POLICY_ACT_CLEAR_DEADLINE);
+    }
+    switch (p->stop_reason) {
+    case STOP_FAILURE:
+        if (p->coordinated) {
+            /* The next round says whether this failure counts. */
+            p->state = AGENT_RENDEZVOUS;
+            struct policy_action *a = emit(o, POLICY_ACT_JOIN);
+            a->reason = STOP_FAILURE;
+            a->attempts_left = p->remaining_restarts - 1;
+        } else if (p->remaining_restarts > 0) {
+            p->remaining_restarts--;
+            p->state = AGENT_RENDEZVOUS;
+            struct policy_action *a = emit(o, POLICY_ACT_JOIN);
+            a->reason = STOP_FAILURE;
+            a->attempts_left = p->remaining_restarts;
+        } else {
+            emit(o, POLICY_ACT_FAILURE_REPORT);
+            finish(p, o, AGENT_FAILED, CDDP_EXIT_FAILURE);
+        }
+        break;
+    case STOP_SUCCESS:
+    case STOP_NONE:
+        p->state = AGENT_EXIT_BARRIER;
+        p->group_succeeded = true;
+        emit(o, POLICY_ACT_EXIT_BARRIER);
+        break;
+    case STOP_SIGNAL:
+        finish(p, o, AGENT_TERMINATED, CDDP_EXIT_SIGNAL_BASE + p->term_signal);
+        break;
+    case STOP_MEMBERSHIP:
+        p->state = AGENT_RENDEZVOUS;
+        emit(o, POLICY_ACT_JOIN)->reason = STOP_MEMBERSHIP;
+        break;
+    case STOP_RDZV_CLOSED:
+        fail_run(p, o, STOP_RDZV_CLOSED);
+        break;
+    }
+}
+
+static void check_stopped(struct agent_policy *p, struct out *o)
+{
+    if (!any_running(p) && !any_group_alive(p))
+        stopped(p, o);
+}
+
+static void begin_stop(struct agent_policy *p, struct out *o, enum stop_reason reason, int sig,
+                       uint64_t now_ms)
+{
+    p->stop_reason = reason;
+    p->state = AGENT_STOPPING;
+    if (reason == STOP_FAILURE)
+        emit(o, POLICY_ACT_REPORT_FAILURE);
+    if (!any_running(p) && !any_group_alive(p)) {
+        stopped(p, o);
+        return;
+    }
+    struct policy_action *a = emit(o, POLICY_ACT_SIGNAL_GROUPS);
+    a->sig = sig;
+    a->reason = reason;
+    /* 0 would mean "no deadline": a zero timeout still needs one, now. */
+    p->deadline_ms = now_ms + p->shutdown_timeout_ms;
+    if (p->deadline_ms == 0)
+        p->deadline_ms = 1;
+    emit(o, POLICY_ACT_SET_DEADLINE)->deadline_ms = p->deadline_ms;
+}
+
+static void on_worker_exit(struct agent_policy *p, const struct policy_event *ev, uint64_t now_ms,
+                           struct out *o)
+{
+    if (ev->local_rank < 0 || ev->local_rank >= p->nworkers)
+        return;
+    struct policy_worker *w = &p->workers[ev->local_rank];
+    if (w->state != WORKER_RUNNING)
+        return;
+    w->exitcode = ev->exitcode;
+    if (ev->group_empty)
+        w->group_alive = false;
+    if (p->state == AGENT_RUNNING) {
+        if (ev->exitcode != 0) {
+            w->state = WORKER_FAILED;
+            begin_stop(p, o, STOP_FAILURE, SIGTERM, now_ms);
+            return;
+        }
+        w->state = WORKER_SUCCEEDED;
+        if (!any_running(p)) {
+            if (any_group_alive(p))
+                begin_stop(p, o, STOP_SUCCESS, SIGTERM, now_ms);
+            else
+                stopped(p, o); /* stop_reason is STOP_NONE: success */
+        }
+        return;
+    }
+    if (p->state == AGENT_STOPPING || p->state == AGENT_KILLING) {
+        w->state = ev->exitcode == 0 ? WORKER_SUCCEEDED : WORKER_STOPPED;
+        check_stopped(p, o);
+    }
+}
+
+static void on_signal(struct agent_policy *p, int sig, struct out *o, uint64_t now_ms)
+{
+    switch (p->state) {
+    case AGENT_INIT:
+    case AGENT_RENDEZVOUS:
+    case AGENT_EXIT_BARRIER:
+        p->stop_reason = STOP_SIGNAL;
+        p->term_signal = sig;
+        finish(p, o, AGENT_TERMINATED, CDDP_EXIT_SIGNAL_BASE + sig);
+        break;
+    case AGENT_RUNNING:
+        p->term_signal = sig;
+        begin_stop(p, o, STOP_SIGNAL, sig, now_ms);
+        break;
+    case AGENT_STOPPING:
+        if (p->stop_reason == STOP_SIGNAL) {
+            /* A second signal: the user wants out now. */
+            p->state = AGENT_KILLING;
+            p->deadline_ms = 0;
+            emit(o, POLICY_ACT_CLEAR_DEADLINE);
+            struct policy_action *a = emit(o, POLICY_ACT_SIGNAL_GROUPS);
+            a->sig = SIGKILL;
+            a->reason = STOP_SIGNAL;
+        } else {
+            /* Stopping for a restart or success: no restart now; forward the
+             * signal and keep the deadline already running. */
+            p->stop_reason = STOP_SIGNAL;
+            p->term_signal = sig;
+            struct policy_action *a = emit(o, POLICY_ACT_SIGNAL_GROUPS);
+            a->sig = sig;
+            a->reason = STOP_SIGNAL;
+        }
+        break;
+    case AGENT_KILLING:
+        if (p->stop_reason != STOP_SIGNAL) {
+            p->stop_reason = STOP_SIGNAL;
+            p->term_signal = sig;
+        }
+        break;
+    case AGENT_SUCCEEDED:
+    case AGENT_FAILED:
+    case AGENT_TERMINATED:
+        break;
+    }
+}
+
+int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t now_ms,
+                struct policy_action *out)
+{
+    struct out o = {out, 0};
+    switch (ev->type) {
+    case POLICY_EV_START:
+        if (p->state == AGENT_INIT) {
+            p->state = AGENT_RENDEZVOUS;
+            emit(&o, POLICY_ACT_JOIN)->reason = STOP_NONE;
+        }
+        break;
+    case POLICY_EV_ROUND:
+        if (p->state == AGENT_RENDEZVOUS) {
+            if (p->coordinated) {
+                /* restart_count is at most 2^53; keep max - remaining (the
+                 * count policy_restart_count gives) within an int. */
+                int64_t count = ev->restart_count < 0         ? 0
+                                : ev->restart_count > INT_MAX ? INT_MAX
+                                                              : ev->restart_count;
+                int64_t left = (int64_t)p->max_restarts - count;
+                if (left < (int64_t)p->max_restarts - INT_MAX)
+                    left = (int64_t)p->max_restarts - INT_MAX;
+                p->remaining_restarts = (int)left;
+                if (left < 0) {
+                    fail_run(p, &o, STOP_FAILURE);
+                    break;
+                }
+            }
+            for (int i = 0; i < p->nworkers; i++) {
+                p->workers[i].state = WORKER_RUNNING;
+                p->workers[i].exitcode = 0;
+                p->workers[i].group_alive = true;
+            }
+            p->stop_reason = STOP_NONE;
+            p->state = AGENT_RUNNING;
+            p->group_succeeded = false;
+            p->barrier_failed = false;
+            emit(&o, POLICY_ACT_START_WORKERS);
+        }
+        break;
+    case POLICY_EV_ROUND_FAILED:
+        if (p->state == AGENT_RENDEZVOUS) {
+            if (ev->graceful) {
+                p->stop_reason = STOP_NONE;
+                finish(p, &o, AGENT_SUCCEEDED, CDDP_EXIT_OK);
+            } else {
+                fail_run(p, &o, STOP_RDZV_CLOSED);
+            }
+        }
+        break;
+    case POLICY_EV_WORKER_EXIT:
+        on_worker_exit(p, ev, now_ms, &o);
+        break;
+    case POLICY_EV_GROUP_EMPTY:
+        if (ev->local_rank < 0 || ev->local_rank >= p->nworkers)
+            break;
+        if (p->workers[ev->local_rank].state == WORKER_RUNNING)
+            break; /* the leader is alive, so its group cannot be empty: stale */
+        p->workers[ev->local_rank].group_alive = false;
+        if (p->state == AGENT_STOPPING || p->state == AGENT_KILLING)
+            check_stopped(p, &o);
+        break;
+    case POLICY_EV_DEADLINE:
+        if (p->state == AGENT_STOPPING && p->deadline_ms && now_ms >= p->deadline_ms) {
+            p->state = AGENT_KILLING;
+            p->deadline_ms = 0;
+            struct policy_action *a = emit(&o, POLICY_ACT_SIGNAL_GROUPS);
+            a->sig = SIGKILL;
+            a->reason = p->stop_reason;
+        }
+        break;
+    case POLICY_EV_SIGNAL:
+        on_signal(p, ev->sig, &o, now_ms);
+        break;
+    case POLICY_EV_RDZV_RESTART:
+        if (p->state == AGENT_RUNNING) {
+            begin_stop(p, &o, STOP_MEMBERSHIP, SIGTERM, now_ms);
+        } else if ((p->state == AGENT_STOPPING || p->state == AGENT_KILLING) &&
+                   p->stop_reason == STOP_SUCCESS) {
+            /* The group succeeded, but the job goes on in a new round. */
+            p->stop_reason = STOP_MEMBERSHIP;
+        } else if (p->state == AGENT_EXIT_BARRIER) {
+            /* The barrier cannot complete: the other nodes start a new round. */
+            p->stop_reason = STOP_MEMBERSHIP;
+            p->state = AGENT_RENDEZVOUS;
+            p->group_succeeded = false;
+            emit(&o, POLICY_ACT_JOIN)->reason = STOP_MEMBERSHIP;
+        }
+        break;
+    case POLICY_EV_RDZV_CLOSED:
+        if (p->state == AGENT_RUNNING) {
+            begin_stop(p, &o, STOP_RDZV_CLOSED, SIGTERM, now_ms);
+        } else if (p->state == AGENT_RENDEZVOUS) {
+            fail_run(p, &o, STOP_RDZV_CLOSED);
+        } else if ((p->state == AGENT_STOPPING || p->state == AGENT_KILLING) &&
+                   (p->stop_reason == STOP_FAILURE || p->stop_reason == STOP_MEMBERSHIP)) {
+            /* No new round can come: the stop now ends the run. */
+            p->stop_reason = STOP_RDZV_CLOSED;
+        } else if (p->state == AGENT_EXIT_BARRIER) {
+            /* torchrun only logs barrier errors: the workers succeeded. */
+            finish(p, &o, AGENT_SUCCEEDED, CDDP_EXIT_OK);
+        }
+        break;
+    case POLICY_EV_BARRIER_DONE:
+        if (p->state == AGENT_EXIT_BARRIER) {
+            /* torchrun only logs barrier errors: the workers succeeded. */
+            p->barrier_failed = ev->exitcode != 0;
+            finish(p, &o, AGENT_SUCCEEDED, CDDP_EXIT_OK);
+        }
+        break;
+    }
+    return o.n;
+}
+
+const char *agent_state_name(enum agent_state s)
+{
+    switch (s) {
+    case AGENT_INIT:
+        return "INIT";
+    case AGENT_RENDEZVOUS:
+        return "RENDEZVOUS";
+    case AGENT_RUNNING:
+        return "HEALTHY";
+    case AGENT_STOPPING:
+        return "STOPPING";
+    case AGENT_KILLING:
+        return "KILLING";
+    case AGENT_EXIT_BARRIER:
+        return "EXIT_BARRIER";
+    case AGENT_SUCCEEDED:
+        return "SUCCEEDED";
+    case AGENT_FAILED:
+        return "FAILED";
+    case AGENT_TERMINATED:
+        return "TERMINATED";
+    }
+    return "UNKNOWN";
+}
+
+const char *worker_state_name(enum worker_state s)
+{
+    switch (s) {
+    case WORKER_INIT:
+        return "INIT";
+    case WORKER_RUNNING:
+        return "RUNNING";
+    case WORKER_SUCCEEDED:
+        return "SUCCEEDED";
+    case WORKER_FAILED:
+        return "FAILED";
+    case WORKER_STOPPED:
+        return "STOPPED";
+    }
+    return "UNKNOWN";
+}
+
+const char *stop_reason_name(enum stop_reason r)
+{
+    switch (r) {
+    case STOP_NONE:
+        return "none";
+    case STOP_FAILURE:
+        return "failure";
+    case STOP_SUCCESS:
+        return "success";
+    case STOP_SIGNAL:
+        return "signal";
+    case STOP_MEMBERSHIP:
+        return "membership";
+    case STOP_RDZV_CLOSED:
+        return "rendezvous closed";
+    }
+    return "unknown";
+}

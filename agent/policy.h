@@ -1,0 +1,188 @@
+/*
+ * policy.h: the agent's decisions as a pure function.
+ *
+ *     policy_step(policy, event, now) -> state change + a list of actions
+ *
+ * No processes, sockets, clocks or logging here: the loop (agent.c) turns
+ * kernel and rendezvous notifications into events and carries out the
+ * actions. The rules are torchrun's SimpleElasticAgent (reference section 3):
+ *
+ *   - Any worker exiting non-zero fails the whole group: every worker's
+ *     process group gets SIGTERM, then SIGKILL at the shutdown deadline.
+ *     Once every group is empty the group restarts (a new rendezvous round)
+ *     while restarts remain, TORCHELASTIC_RESTART_COUNT counting them;
+ *     otherwise the agent reports the failures and exits 1.
+ *   - All workers exiting 0 is success: exit barrier, then exit 0. Processes
+ *     a worker left behind in its group are stopped first.
+ *   - A handled signal is forwarded to every group, then the same stop
+ *     sequence; the agent exits 128+signal. A second signal kills at once.
+ *   - A membership change pushed by the rendezvous restarts the group
+ *     without spending a restart; a closed rendezvous stops and fails.
+ *
+ * Multi-node (coordinated) mode, for a rendezvous shared by several nodes:
+ *
+ *   - The rendezvous counts restarts for the whole job: a worker group
+ *     failing on any node makes every node restart in one new round, and
+ *     each round says how many counted restarts the job had before it
+ *     (POLICY_EV_ROUND's restart_count: TORCHELASTIC_RESTART_COUNT, the same
+ *     on every node). A round past --max_restarts ends the run: the failure
+ *     table if this node's workers failed, exit 1. So a failure here always
+ *     goes back to the rendezvous, which decides whether it counts (it does
+ *     not when a lost node had already ended the round: the failure was
+ *     likely its consequence).
+ *   - A restart pushed while the workers run, while processes a successful
+ *     group left behind are stopped, or during the exit barrier makes this
+ *     node stop and join the next round (the barrier is abandoned: the job
+ *     did not end in that round).
+ *   - At the end the agent closes the rendezvous for every node
+ *     (POLICY_ACT_EXIT's end_job: the exit barrier completed, or worker
+ *     failures used up the restarts); or, when this node's workers
+ *     succeeded but the others were not seen to finish (the barrier timed
+ *     out, a signal at the barrier), it leaves as finished (the others go
+ *     on undisturbed, as torch's); otherwise it only leaves (a signal, a
+ *     closed or unreachable rendezvous: the other nodes restart without it
+ *     if they can).
+ */
+#ifndef CDDP_AGENT_POLICY_H
+#define CDDP_AGENT_POLICY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum agent_state {
+    AGENT_INIT,
+    AGENT_RENDEZVOUS,   /* waiting for a round */
+    AGENT_RUNNING,      /* the worker group runs (torchrun: HEALTHY) */
+    AGENT_STOPPING,     /* stop signal sent; waiting for every group to empty */
+    AGENT_KILLING,      /* the deadline passed: SIGKILL sent */
+    AGENT_EXIT_BARRIER, /* all workers succeeded; waiting for the other nodes */
+    AGENT_SUCCEEDED,
+    AGENT_FAILED,
+    AGENT_TERMINATED, /* stopped by a signal */
+};
+
+enum worker_state {
+    WORKER_INIT,
+    WORKER_RUNNING,
+    WORKER_SUCCEEDED, /* exited 0 */
+    WORKER_FAILED,    /* exited non-zero on its own */
+    WORKER_STOPPED,   /* exited non-zero after the agent began stopping the group */
+};
+
+enum stop_reason {
+    STOP_NONE,
+    STOP_FAILURE,     /* a worker failed */
+    STOP_SUCCESS,     /* all workers exited 0; processes they left behind are stopped */
+    STOP_SIGNAL,      /* the agent got a handled signal */
+    STOP_MEMBERSHIP,  /* the rendezvous asked for a new round */
+    STOP_RDZV_CLOSED, /* the rendezvous closed or was lost */
+};
+
+enum policy_event_type {
+    POLICY_EV_START,
+    POLICY_EV_ROUND,        /* the rendezvous gave a round (restart_count) */
+    POLICY_EV_ROUND_FAILED, /* the rendezvous could not give one (graceful) */
+    POLICY_EV_WORKER_EXIT,  /* local_rank, exitcode */
+    POLICY_EV_GROUP_EMPTY,  /* local_rank: no process is left in its process group */
+    POLICY_EV_DEADLINE,     /* the deadline set by POLICY_ACT_SET_DEADLINE passed */
+    POLICY_EV_SIGNAL,       /* sig */
+    POLICY_EV_RDZV_RESTART, /* membership changed */
+    POLICY_EV_RDZV_CLOSED,
+    POLICY_EV_BARRIER_DONE, /* exitcode: 0, or the barrier's error (timed out, ...) */
+};
+
+struct policy_event {
+    enum policy_event_type type;
+    int local_rank;
+    int exitcode;     /* torchrun's convention: the exit status, or -N for death by signal N */
+    bool group_empty; /* WORKER_EXIT: nothing else was left in its group */
+    int sig;
+    /* ROUND, coordinated mode: counted restarts the job had before this
+     * round (ignored otherwise: one node counts its own). */
+    int64_t restart_count;
+    /* ROUND_FAILED: the job ended while this node waited for a place (the
+     * round was full): nothing ran here, exit 0 (torch's graceful exit). */
+    bool graceful;
+};
+
+enum policy_action_type {
+    POLICY_ACT_JOIN,          /* ask the rendezvous for the next round */
+    POLICY_ACT_START_WORKERS, /* start every worker; attempt = policy_restart_count() */
+    POLICY_ACT_SIGNAL_GROUPS, /* sig to every worker's process group that still has processes */
+    POLICY_ACT_SET_DEADLINE,  /* deliver POLICY_EV_DEADLINE at deadline_ms */
+    POLICY_ACT_CLEAR_DEADLINE,
+    POLICY_ACT_REPORT_FAILURE, /* tell the rendezvous this node's group failed */
+    POLICY_ACT_EXIT_BARRIER,
+    POLICY_ACT_FAILURE_REPORT, /* print the failure table; write the agent's error file */
+    POLICY_ACT_EXIT,           /* stop the loop and exit with exit_code */
+};
+
+struct policy_action {
+    enum policy_action_type type;
+    int sig;
+    uint64_t deadline_ms;
+    int exit_code;
+    enum stop_reason reason; /* SIGNAL_GROUPS, JOIN, EXIT: why */
+    int attempts_left;       /* JOIN after a failure: restarts left after this one
+                                (coordinated: expected; < 0 when none are left) */
+    bool end_job;            /* EXIT: close the rendezvous for every node (the job is
+                                over) rather than only leave it */
+    bool finished;           /* EXIT, !end_job: this node's workers succeeded; leave
+                                without disturbing the others */
+};
+
+struct policy_worker {
+    enum worker_state state;
+    int exitcode;
+    bool group_alive;
+};
+
+struct agent_policy {
+    enum agent_state state;
+    int nworkers;
+    struct policy_worker *workers; /* owned */
+    int max_restarts;
+    int remaining_restarts;
+    uint64_t shutdown_timeout_ms;
+    enum stop_reason stop_reason;
+    int term_signal;      /* the agent's own signal, for STOP_SIGNAL */
+    uint64_t deadline_ms; /* 0: none set */
+    int exit_code;        /* valid in SUCCEEDED, FAILED, TERMINATED */
+    /* Multi-node: restarts are counted by the rendezvous (see above). Set
+     * after policy_init, before the first event. */
+    bool coordinated;
+    bool group_succeeded; /* every worker of the current round exited 0 */
+    bool barrier_failed;  /* the exit barrier ended without every node */
+};
+
+#define POLICY_MAX_ACTIONS 8
+
+/* 0 or -ENOMEM. */
+int policy_init(struct agent_policy *p, int nworkers, int max_restarts,
+                uint64_t shutdown_timeout_ms);
+void policy_free(struct agent_policy *p);
+
+/* Applies ev at time now_ms (monotonic milliseconds); writes up to
+ * POLICY_MAX_ACTIONS actions to out, to be carried out in order, and returns
+ * how many. Events that do not apply in the current state are ignored. */
+int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t now_ms,
+                struct policy_action *out);
+
+/* TORCHELASTIC_RESTART_COUNT: failure restarts so far (coordinated: the
+ * job's, from the last round; above max_restarts only when the run ends
+ * for it). */
+static inline int policy_restart_count(const struct agent_policy *p)
+{
+    return p->max_restarts - p->remaining_restarts;
+}
+
+static inline bool policy_finished(const struct agent_policy *p)
+{
+    return p->state == AGENT_SUCCEEDED || p->state == AGENT_FAILED || p->state == AGENT_TERMINATED;
+}
+
+const char *agent_state_name(enum agent_state s);
+const char *worker_state_name(enum worker_state s);
+const char *stop_reason_name(enum stop_reason r);
+
+#endif

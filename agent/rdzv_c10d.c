@@ -1,0 +1,581 @@
+/*
+ * rdzv_c10d.c: the multi-node rendezvous behind agent/rdzv.h, over cddp's
+ * rendezvous server (rendezvous/client.c), which the agent hosts in-process
+ * when it should (docs/multi-node.md):
+ *
+ *   --standalone          always: on 127.0.0.1, a free port;
+ *   static, --nnodes > 1  node 0 (--node_rank=0): every interface, port
+ *                         MASTER_PORT + 1 (MASTER_PORT is the workers');
+ *   c10d                  rdzv_conf is_host=1: always (an error if it cannot
+ *                         listen); is_host=0: never; unset: when the
+ *                         endpoint names this machine (torchrun's guess,
+ *                         cddp_host_is_local), and a port already taken
+ *                         means another agent here serves it: be a client.
+ *
+ * Life: new -> join -> round -> (restart -> join -> round)* -> close.
+ * close(END_JOB) sends "close" and waits (at most ACK_TIMEOUT_MS) for the
+ * server's "closed" echo, so the reason reaches every node before this
+ * connection goes; close(LEAVE, FINISHED) sends "leave" (finished: the
+ * others go on without a restart) and waits the same way for the answer
+ * to a store request sent after it. An agent hosting the server then drains
+ * it (until the job's other connections are gone: at most close_timeout
+ * after END_JOB, without limit after FINISHED, since the others still work
+ * and need it) and shuts it down; a hosting agent that LEAVEs closes the
+ * rendezvous for every node first (its server goes with it).
+ *
+ * The client calls its pending callbacks with -ECANCELED inside
+ * rdzv_client_close; agent/rdzv.h promises that pending callbacks are not
+ * called after close, so everything from the client is dropped once
+ * closing is set.
+ */
+#include "agent/rdzv.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/errors.h"
+#include "common/hostname.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "rendezvous/client.h"
+#include "rendezvous/conf.h"
+#include "rendezvous/server.h"
+
+/* How long close waits for the server's echo of "close". */
+#define ACK_TIMEOUT_MS 5000
+/* torchrun's static rendezvous timeout when rdzv_conf has none (LaunchConfig). */
+#define STATIC_TIMEOUT_MS 900000
+
+struct c10d {
+    struct agent_rdzv base;
+    uv_loop_t *loop;
+    struct rdzv_client *client; /* NULL once closed */
+    struct rdzv_server *server; /* when hosting; NULL once shut down */
+    struct rdzv_conf conf;
+    uv_timer_t timer; /* a deferred join failure; the close echo's deadline */
+    char run_id[PROTO_MAX_ID + 1];
+    int nproc;
+    bool fixed; /* static backend: node rank and MASTER_ADDR/PORT given */
+    int node_rank;
+    char master_addr[256];
+    int master_port;
+    uint64_t round; /* the last round (0: none yet) */
+    int round_nnodes;
+
+    agent_round_cb join_cb;
+    bool join_deferred; /* join_cb fails from the timer with deferred_* */
+    int deferred_status;
+    char deferred_reason[512];
+    bool waiting; /* the server put our join on the wait list */
+
+    agent_rdzv_status_cb barrier_cb;
+    uint64_t barrier_gen; /* a join abandons the barrier of the last round */
+
+    bool closing;
+    enum agent_rdzv_farewell how;
+    bool awaiting_ack;
+    char close_reason[512];
+    agent_rdzv_close_cb close_cb;
+};
+
+struct barrier_tag {
+    struct c10d *c;
+    uint64_t gen;
+};
+
+int agent_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return CDDP_ERR_FROM_ERRNO(errno);
+    struct sockaddr_in sin;
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof(sin);
+    int rc = 0;
+    if (bind(fd, (struct sockaddr *)&sin, sizeof(sin)) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sin, &len) != 0)
+        rc = CDDP_ERR_FROM_ERRNO(errno);
+    close(fd);
+    return rc ? rc : ntohs(sin.sin_port);
+}
+
+/* ---- closing ---- */
+
+static void on_timer_closed(uv_handle_t *h)
+{
+    struct c10d *c = h->data;
+    agent_rdzv_close_cb cb = c->close_cb;
+    struct agent_rdzv *base = &c->base;
+    if (cb)
+        cb(base);
+    free(c);
+}
+
+static void on_server_down(void *arg)
+{
+    struct c10d *c = arg;
+    c->server = NULL;
+    uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+}
+
+static void shutdown_server(struct c10d *c)
+{
+    if (c->server == NULL) {
+        uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+        return;
+    }
+    log_info("A0711", "shutting down the rendezvous server of run '%s'", c->run_id);
+    rdzv_server_shutdown(c->server, c->close_reason, on_server_down, c);
+}
+
+static void on_drained(void *arg)
+{
+    shutdown_server(arg);
+}
+
+/* The client is gone: a hosting agent now lets the other nodes finish. */
+static void on_client_closed(void *arg)
+{
+    struct c10d *c = arg;
+    if (c->server && c->how != AGENT_RDZV_LEAVE) {
+        uint64_t ms = c->how == AGENT_RDZV_END_JOB ? c->conf.close_timeout_ms : UINT64_MAX;
+        if (ms == UINT64_MAX)
+            log_warn("A0714",
+                     "this node's workers succeeded; it keeps serving the rendezvous of run '%s' "
+                     "until the other nodes finish",
+                     c->run_id);
+        else
+            log_info("A0712", "waiting up to %.1f s for the other nodes of run '%s' to go",
+                     (double)ms / 1000.0, c->run_id);
+        if (rdzv_server_drain(c->server, c->run_id, ms, on_drained, c) == 0)
+            return;
+    }
+    shutdown_server(c);
+}
+
+static void close_client(struct c10d *c)
+{
+    c->awaiting_ack = false;
+    uv_timer_stop(&c->timer);
+    struct rdzv_client *cl = c->client;
+    c->client = NULL;
+    if (cl)
+        rdzv_client_close(cl, on_client_closed, c); /* our callbacks ignore -ECANCELED */
+    else
+        on_client_closed(c);
+}
+
+static void on_leave_ack(struct rdzv_client *cl, int status, const struct rdzv_store_result *r,
+                         void *arg)
+{
+    (void)cl;
+    (void)status; /* "not found" is the expected answer; any answer will do */
+    (void)r;
+    struct c10d *c = arg;
+    if (c->awaiting_ack)
+        close_client(c);
+}
+
+static void on_ack_timeout(uv_timer_t *t)
+{
+    struct c10d *c = t->data;
+    if (c->awaiting_ack) {
+        log_warn("A0713", "the rendezvous server did not confirm closing run '%s' within %.1f s",
+                 c->run_id, ACK_TIMEOUT_MS / 1000.0);
+        close_client(c);
+    }
+}
+
+static void c10d_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const char *reason,
+                       agent_rdzv_close_cb cb)
+{
+    struct c10d *c = (struct c10d *)r;
+    if (c->closing)
+        return;
+    c->closing = true;
+    c->close_cb = cb;
+    c->how = how;
+    cddp_strlcpy(c->close_reason, reason && reason[0] ? reason : "the job ended",
+                 sizeof(c->close_reason));
+    c->join_cb = NULL;
+    c->join_deferred = false;
+    c->barrier_cb = NULL;
+    uv_timer_stop(&c->timer);
+    if (c->client == NULL) {
+        close_client(c);
+        return;
+    }
+    /* A hosting agent that leaves takes the server with it: close the run
+     * for every node then too, so they hear why instead of a dropped
+     * connection. */
+    if (how == AGENT_RDZV_END_JOB || (how == AGENT_RDZV_LEAVE && c->server)) {
+        if (rdzv_client_close_rendezvous(c->client, c->close_reason) == 0) {
+            c->awaiting_ack = true;
+            uv_timer_start(&c->timer, on_ack_timeout, ACK_TIMEOUT_MS, 0);
+            return;
+        }
+    } else if (rdzv_client_leave(c->client, c->close_reason, how == AGENT_RDZV_FINISHED) == 0 &&
+               rdzv_client_get(c->client, "cddp/agent/leave_ack", -1, on_leave_ack, c) == 0) {
+        /* The server answers requests in order: when this answer comes,
+         * the leave was seen (a connection closed at once could lose it,
+         * and a lost node makes the others restart). */
+        c->awaiting_ack = true;
+        uv_timer_start(&c->timer, on_ack_timeout, ACK_TIMEOUT_MS, 0);
+        return;
+    }
+    close_client(c);
+}
+
+/* ---- rounds ---- */
+
+static void on_deferred(uv_timer_t *t)
+{
+    struct c10d *c = t->data;
+    if (!c->join_deferred || c->join_cb == NULL)
+        return;
+    agent_round_cb cb = c->join_cb;
+    c->join_cb = NULL;
+    c->join_deferred = false;
+    cb(&c->base, c->deferred_status, NULL, c->deferred_reason);
+}
+
+static void on_joined(struct rdzv_client *cl, int status, const struct proto_round *pr, void *arg)
+{
+    struct c10d *c = arg;
+    if (c->closing) {
+        /* Our own "close" crossed a join: the echo came here. */
+        if (c->awaiting_ack && status != 0)
+            close_client(c);
+        return;
+    }
+    if (c->join_cb == NULL || c->join_deferred)
+        return;
+    agent_round_cb cb = c->join_cb;
+    c->join_cb = NULL;
+    if (status != 0) {
+        c->base.was_waiting = c->waiting && status == CDDP_ECLOSED;
+        cb(&c->base, status, NULL, rdzv_client_last_error(cl));
+        return;
+    }
+    struct agent_round r;
+    memset(&r, 0, sizeof(r));
+    r.round = pr->round;
+    r.restart_count = pr->restart_count;
+    r.node_rank = pr->node_rank;
+    r.nnodes = pr->nnodes;
+    r.world_size = pr->world_size;
+    r.rank_offset = pr->rank_offset;
+    r.use_agent_store = 0;
+    cddp_strlcpy(r.run_id, pr->run_id, sizeof(r.run_id));
+    if (c->fixed) {
+        cddp_strlcpy(r.master_addr, c->master_addr, sizeof(r.master_addr));
+        r.master_port = c->master_port;
+        if (pr->node_rank != c->node_rank) {
+            char why[256];
+            snprintf(why, sizeof(why),
+                     "the static rendezvous made this node rank %d, but --node_rank=%d: two "
+                     "agents were started with the same --node_rank",
+                     pr->node_rank, c->node_rank);
+            cb(&c->base, CDDP_EMISMATCH, NULL, why);
+            return;
+        }
+    } else {
+        cddp_strlcpy(r.master_addr, pr->master_addr, sizeof(r.master_addr));
+        r.master_port = pr->master_port;
+    }
+    c->round = r.round;
+    c->round_nnodes = r.nnodes;
+    cb(&c->base, 0, &r, NULL);
+}
+
+static void defer_join_failure(struct c10d *c, int status, const char *reason)
+{
+    c->join_deferred = true;
+    c->deferred_status = status;
+    cddp_strlcpy(c->deferred_reason, reason, sizeof(c->deferred_reason));
+    uv_timer_start(&c->timer, on_deferred, 0, 0);
+}
+
+static int c10d_join(struct agent_rdzv *r, const struct agent_join *req, agent_round_cb cb)
+{
+    struct c10d *c = (struct c10d *)r;
+    if (c->join_cb || c->closing)
+        return CDDP_ESTATE;
+    if (req->local_world_size != c->nproc)
+        return CDDP_EMISMATCH;
+    /* The barrier of the last round, if any, can no longer complete. */
+    c->barrier_cb = NULL;
+    c->barrier_gen++;
+    c->waiting = false;
+    c->base.was_waiting = false;
+    c->join_cb = cb;
+    /* MASTER_PORT: a free port here, used if this node becomes node 0
+     * (torch's get_free_port). The static backend's is given. */
+    int port = 0;
+    if (!c->fixed) {
+        port = agent_free_port();
+        if (port < 0) {
+            char why[128];
+            snprintf(why, sizeof(why), "picking a free MASTER_PORT: %s", cddp_strerror(port));
+            defer_join_failure(c, port, why);
+            return 0;
+        }
+    }
+    int rc = rdzv_client_join(c->client, port, on_joined, c);
+    if (rc == CDDP_ECLOSED) {
+        /* The connection is gone: say why, from the loop. */
+        defer_join_failure(c, rc, rdzv_client_last_error(c->client));
+        return 0;
+    }
+    if (rc)
+        c->join_cb = NULL;
+    return rc;
+}
+
+static int c10d_report_failure(struct agent_rdzv *r, int restart_count)
+{
+    struct c10d *c = (struct c10d *)r;
+    char why[64];
+    snprintf(why, sizeof(why), "worker group failed (restart count %d)", restart_count);
+    return c->closing ? CDDP_ECLOSED : rdzv_client_report_failure(c->client, why);
+}
+
+static void on_barrier(struct rdzv_client *cl, int status, void *arg)
+{
+    (void)cl;
+    struct barrier_tag *t = arg;
+    struct c10d *c = t->c;
+    uint64_t gen = t->gen;
+    free(t);
+    if (c->closing || gen != c->barrier_gen || c->barrier_cb == NULL)
+        return;
+    agent_rdzv_status_cb cb = c->barrier_cb;
+    c->barrier_cb = NULL;
+    cb(&c->base, status);
+}
+
+static int c10d_exit_barrier(struct agent_rdzv *r, uint64_t timeout_ms, agent_rdzv_status_cb cb)
+{
+    struct c10d *c = (struct c10d *)r;
+    if (c->barrier_cb || c->closing || c->round == 0)
+        return CDDP_ESTATE;
+    /* torch's key (store_util.barrier), one per round: a barrier abandoned
+     * for a new round never mixes with the next one. */
+    char prefix[96];
+    snprintf(prefix, sizeof(prefix), "torchelastic/agent/terminal_state/%llu",
+             (unsigned long long)c->round);
+    struct barrier_tag *t = malloc(sizeof(*t));
+    if (t == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    t->c = c;
+    t->gen = ++c->barrier_gen;
+    int64_t ms = timeout_ms > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)timeout_ms;
+    int rc = rdzv_client_barrier(c->client, prefix, c->round_nnodes, ms, on_barrier, t);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    c->barrier_cb = cb;
+    return 0;
+}
+
+/* ---- pushed news ---- */
+
+static void describe_restart(const struct rdzv_event *ev, char *out, size_t len)
+{
+    const char *n = ev->node_id ? ev->node_id : "?";
+    const char *r = ev->reason ? ev->reason : "";
+    if (strcmp(r, "node_lost") == 0)
+        snprintf(out, len, "node '%s' was lost (its connection dropped)", n);
+    else if (strcmp(r, "heartbeat_timeout") == 0)
+        snprintf(out, len, "node '%s' was lost (no heartbeat)", n);
+    else if (strcmp(r, "node_left") == 0)
+        snprintf(out, len, "node '%s' left", n);
+    else if (strcmp(r, "node_joined") == 0)
+        snprintf(out, len, "node '%s' joined (scale-up)", n);
+    else if (strcmp(r, "node_rejoined") == 0)
+        snprintf(out, len, "node '%s' asked for a new round", n);
+    else if (strcmp(r, "node_replaced") == 0)
+        snprintf(out, len, "node '%s' reconnected", n);
+    else if (strcmp(r, "worker_failure") == 0)
+        snprintf(out, len, "the worker group of node '%s' failed (restart %lld of the job)", n,
+                 (long long)ev->restart_count);
+    else
+        snprintf(out, len, "%s (node '%s')", r, n);
+}
+
+static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *data)
+{
+    (void)cl;
+    struct c10d *c = data;
+    char why[512];
+    switch (ev->kind) {
+    case RDZV_EV_JOINED:
+        c->waiting = ev->waiting;
+        if (ev->waiting && !c->closing)
+            log_warn("A0701",
+                     "run '%s' runs at its maximum number of nodes: this node waits for a place "
+                     "(round %llu)",
+                     c->run_id, (unsigned long long)ev->round);
+        return;
+    case RDZV_EV_RESTART:
+        if (c->closing || c->base.on_restart == NULL)
+            return;
+        describe_restart(ev, why, sizeof(why));
+        c->base.on_restart(&c->base, why, ev->counted);
+        return;
+    case RDZV_EV_CLOSED:
+    case RDZV_EV_ERROR:
+        if (c->closing) {
+            if (c->awaiting_ack)
+                close_client(c);
+            return;
+        }
+        if (c->base.on_closed == NULL)
+            return;
+        if (ev->kind == RDZV_EV_CLOSED)
+            c->base.on_closed(&c->base, 0, ev->reason ? ev->reason : "closed");
+        else
+            c->base.on_closed(&c->base, ev->code ? ev->code : CDDP_ECLOSED,
+                              ev->message ? ev->message : cddp_strerror(ev->code));
+        return;
+    }
+}
+
+/* ---- start ---- */
+
+static const struct agent_rdzv_ops c10d_ops = {
+    .name = "c10d",
+    .join = c10d_join,
+    .report_failure = c10d_report_failure,
+    .exit_barrier = c10d_exit_barrier,
+    .close = c10d_close,
+};
+
+static bool is_loopback_literal(const char *h)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, h, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    return inet_pton(AF_INET6, h, &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6);
+}
+
+enum host_mode { HOST_NO, HOST_YES, HOST_GUESS };
+
+int agent_rdzv_c10d_new(uv_loop_t *loop, const struct agent_rdzv_c10d_options *o,
+                        struct agent_rdzv **out, char *err, size_t errlen)
+{
+    struct c10d *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    c->base.ops = &c10d_ops;
+    c->base.loop = loop;
+    c->base.coordinated = true;
+    c->loop = loop;
+    c->nproc = o->nproc;
+    c->fixed = o->fixed;
+    c->node_rank = o->node_rank;
+    cddp_strlcpy(c->run_id, o->run_id, sizeof(c->run_id));
+    if (o->fixed) {
+        cddp_strlcpy(c->master_addr, o->master_addr, sizeof(c->master_addr));
+        c->master_port = o->master_port;
+    }
+    if (o->conf)
+        c->conf = *o->conf;
+    else
+        rdzv_conf_init(&c->conf);
+    int rc;
+    if (o->fixed) /* torch's static rendezvous waits `timeout` for every node */
+        c->conf.join_timeout_ms = c->conf.timeout_ms ? c->conf.timeout_ms : STATIC_TIMEOUT_MS;
+    const char *token = c->conf.has_token ? c->conf.token : getenv("CDDP_RDZV_TOKEN");
+
+    /* Where the server is, and whether this agent serves it. */
+    const char *host = o->host;
+    int port = o->port;
+    const char *bind = NULL; /* every interface */
+    enum host_mode mode;
+    if (o->standalone) {
+        mode = HOST_YES;
+        host = bind = "127.0.0.1";
+        port = 0;
+    } else if (o->fixed) {
+        mode = o->node_rank == 0 ? HOST_YES : HOST_NO;
+    } else if (c->conf.is_host >= 0) {
+        mode = c->conf.is_host ? HOST_YES : HOST_NO;
+    } else {
+        mode = cddp_host_is_local(host) ? HOST_GUESS : HOST_NO;
+    }
+    /* A loopback endpoint is served on loopback only, not to the network. */
+    if (!o->standalone && is_loopback_literal(host))
+        bind = host;
+    char why[512] = "";
+    if (mode != HOST_NO) {
+        struct rdzv_server_options so = {
+            .host = bind,
+            .port = port,
+            .token = token,
+            .read_timeout_ms = c->conf.read_timeout_ms,
+            .name = "cddprun (in-process)",
+        };
+        rc = rdzv_server_start(loop, &so, &c->server, why, sizeof(why));
+        if (rc == UV_EADDRINUSE && mode == HOST_GUESS) {
+            log_info("A0702",
+                     "%s:%d is served already (another agent on this machine?): joining it", host,
+                     port);
+            c->server = NULL;
+        } else if (rc) {
+            snprintf(err, errlen, "cannot host the rendezvous: %s", why);
+            free(c);
+            return rc;
+        } else {
+            port = rdzv_server_port(c->server);
+            log_info("A0703", "hosting the rendezvous of run '%s' on %s", c->run_id,
+                     rdzv_server_address(c->server));
+        }
+    }
+
+    uv_timer_init(loop, &c->timer);
+    c->timer.data = c;
+    char fqdn[256];
+    cddp_fqdn(fqdn, sizeof(fqdn));
+    char node_id[PROTO_MAX_ID + 1];
+    if (o->fixed) /* sorts by node rank: the server ranks newcomers by node id */
+        snprintf(node_id, sizeof(node_id), "r%07d_%.180s_%d", o->node_rank, fqdn, (int)getpid());
+    else
+        snprintf(node_id, sizeof(node_id), "%.200s_%d_0", fqdn, (int)getpid());
+    struct rdzv_client_options co = {
+        .host = host,
+        .port = port,
+        .run_id = o->run_id,
+        .node_id = node_id,
+        .nproc = o->nproc,
+        .min_nodes = o->min_nodes,
+        .max_nodes = o->max_nodes,
+        .local_addr = o->local_addr,
+        .hostname = fqdn,
+        .conf = &c->conf,
+    };
+    rc = rdzv_client_start(loop, &co, on_event, c, &c->client, why, sizeof(why));
+    if (rc) {
+        snprintf(err, errlen, "rendezvous client: %s", why);
+        /* What was started closes itself on the loop, then frees c. */
+        cddp_strlcpy(c->close_reason, "the agent could not start", sizeof(c->close_reason));
+        c->closing = true;
+        c->client = NULL;
+        shutdown_server(c);
+        return rc;
+    }
+    *out = &c->base;
+    return 0;
+}

@@ -1,0 +1,382 @@
+/* report.c: see report.h. */
+#include "agent/report.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/errors.h"
+#include "common/signames.h"
+
+#define ERROR_FILE_MAX (4u << 20)
+
+/* "\n" -> "\n  ", as torch indents a traceback under its field. */
+static char *indent(const char *s)
+{
+    size_t extra = 0;
+    for (const char *p = s; *p; p++)
+        extra += *p == '\n' ? 2 : 0;
+    char *out = malloc(strlen(s) + extra + 1);
+    if (out == NULL)
+        return NULL;
+    char *q = out;
+    for (const char *p = s; *p; p++) {
+        *q++ = *p;
+        if (*p == '\n') {
+            *q++ = ' ';
+            *q++ = ' ';
+        }
+    }
+    *q = '\0';
+    return out;
+}
+
+static char *read_file(const char *path, size_t max, int *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        *err = errno;
+        return NULL;
+    }
+    struct cddp_buf b;
+    cddp_buf_init(&b, max);
+    char chunk[8192];
+    for (;;) {
+        ssize_t n = read(fd, chunk, sizeof(chunk));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            *err = errno;
+            break;
+        }
+        if (n == 0) {
+            *err = 0;
+            break;
+        }
+        if (cddp_buf_append(&b, chunk, (size_t)n) != 0) {
+            *err = EFBIG;
+            break;
+        }
+    }
+    close(fd);
+    if (*err) {
+        cddp_buf_free(&b);
+        return NULL;
+    }
+    if (b.data == NULL)
+        cddp_buf_append(&b, "", 0);
+    return b.data;
+}
+
+/* Python's int() of a JSON number or numeric string; false if neither. */
+static bool json_int(const cJSON *v, long *out)
+{
+    if (cJSON_IsNumber(v) && isfinite(v->valuedouble)) {
+        *out = (long)v->valuedouble;
+        return true;
+    }
+    if (cJSON_IsString(v)) {
+        return cddp_parse_long(v->valuestring, -(1L << 62), 1L << 62, out) == 0;
+    }
+    return false;
+}
+
+static void set_default_message(struct agent_failure *f)
+{
+    char buf[256];
+    if (f->exitcode < 0)
+        snprintf(buf, sizeof(buf), "Signal %d (%s) received by PID %d", -f->exitcode,
+                 cddp_signal_name(-f->exitcode), f->pid);
+    else
+        snprintf(buf, sizeof(buf),
+                 "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html");
+    free(f->message);
+    f->message = strdup(buf);
+}
+
+int agent_failure_load(struct agent_failure *f, const char *error_file_path)
+{
+    f->message = NULL;
+    f->error_json = NULL;
+    f->has_error_file = false;
+    f->timestamp = (long)floor(f->observed);
+    cddp_strlcpy(f->error_file, AGENT_NOT_AVAILABLE, sizeof(f->error_file));
+
+    struct stat st;
+    if (error_file_path == NULL || error_file_path[0] == '\0' || stat(error_file_path, &st) != 0 ||
+        !S_ISREG(st.st_mode)) {
+        set_default_message(f);
+        return f->message ? 0 : CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    f->has_error_file = true;
+    cddp_strlcpy(f->error_file, error_file_path, sizeof(f->error_file));
+
+    int err = 0;
+    char *text = read_file(error_file_path, ERROR_FILE_MAX, &err);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    const cJSON *msg = root ? cJSON_GetObjectItemCaseSensitive(root, "message") : NULL;
+    char why[256] = "";
+    if (text == NULL)
+        snprintf(why, sizeof(why), "<error file unreadable: %s>", strerror(err));
+    else if (root == NULL || !cJSON_IsObject(root))
+        snprintf(why, sizeof(why), "<error file is not a JSON object>");
+    else if (msg == NULL || !(cJSON_IsString(msg) || cJSON_IsObject(msg)))
+        snprintf(why, sizeof(why), "<error file has no \"message\">");
+
+    if (why[0]) {
+        f->message = strdup(why);
+    } else if (cJSON_IsString(msg)) {
+        /* The plain-string format: message as is, top-level "timestamp". */
+        long ts;
+        if (json_int(cJSON_GetObjectItemCaseSensitive(root, "timestamp"), &ts))
+            f->timestamp = ts;
+        f->message = strdup(msg->valuestring);
+        f->error_json = strdup(text);
+    } else {
+        const cJSON *extra = cJSON_GetObjectItemCaseSensitive(msg, "extraInfo");
+        const cJSON *stack = cJSON_GetObjectItemCaseSensitive(extra, "py_callstack");
+        const cJSON *text_msg = cJSON_GetObjectItemCaseSensitive(msg, "message");
+        long ts;
+        if (json_int(cJSON_GetObjectItemCaseSensitive(extra, "timestamp"), &ts))
+            f->timestamp = ts;
+        const char *show = cJSON_IsString(stack)      ? stack->valuestring
+                           : cJSON_IsString(text_msg) ? text_msg->valuestring
+                                                      : AGENT_NOT_AVAILABLE;
+        f->message = indent(show);
+        f->error_json = strdup(text);
+    }
+    cJSON_Delete(root);
+    free(text);
+    if (f->message && f->message[0] == '\0')
+        set_default_message(f);
+    return f->message ? 0 : CDDP_ERR_FROM_ERRNO(ENOMEM);
+}
+
+void agent_failure_free(struct agent_failure *f)
+{
+    free(f->message);
+    free(f->error_json);
+    f->message = NULL;
+    f->error_json = NULL;
+}
+
+int agent_failure_root(const struct agent_failure *f, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++) {
+        if (f[i].timestamp < f[best].timestamp ||
+            (f[i].timestamp == f[best].timestamp && f[i].seq < f[best].seq))
+            best = i;
+    }
+    return best;
+}
+
+/* datetime.fromtimestamp(ts).isoformat(sep="_") */
+static void iso_time(long ts, char *out, size_t len)
+{
+    time_t t = (time_t)ts;
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(out, len, "%Y-%m-%d_%H:%M:%S", &tm);
+}
+
+static int format_failure(struct cddp_buf *b, int idx, const struct agent_failure *f,
+                          const char *host)
+{
+    char when[64];
+    iso_time(f->timestamp, when, sizeof(when));
+    return cddp_buf_printf(b,
+                           "[%d]:\n"
+                           "  time      : %s\n"
+                           "  host      : %s\n"
+                           "  rank      : %d (local_rank: %d)\n"
+                           "  exitcode  : %d (pid: %d)\n"
+                           "  error_file: %s\n"
+                           "  traceback : %s",
+                           idx, when, host, f->rank, f->local_rank, f->exitcode, f->pid,
+                           f->error_file, f->message ? f->message : AGENT_NOT_AVAILABLE);
+}
+
+static size_t longest_line(const char *s, size_t len)
+{
+    size_t best = 0, cur = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == '\n') {
+            best = cur > best ? cur : best;
+            cur = 0;
+        } else {
+            cur++;
+        }
+    }
+    return cur > best ? cur : best;
+}
+
+static int repeat(struct cddp_buf *b, char c, size_t n)
+{
+    char line[64];
+    memset(line, c, sizeof(line));
+    while (n > 0) {
+        size_t k = n < sizeof(line) ? n : sizeof(line);
+        int rc = cddp_buf_append(b, line, k);
+        if (rc)
+            return rc;
+        n -= k;
+    }
+    return cddp_buf_append(b, "\n", 1);
+}
+
+int agent_failure_table(const char *name, const struct agent_failure *f, int n, const char *host,
+                        struct cddp_buf *out)
+{
+    if (n <= 0)
+        return CDDP_ESTATE;
+    int root = agent_failure_root(f, n);
+    struct cddp_buf others, rootb, one;
+    cddp_buf_init(&others, 64u << 20);
+    cddp_buf_init(&rootb, 64u << 20);
+    cddp_buf_init(&one, 64u << 20);
+    size_t width = strlen(name) + strlen(" FAILED");
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        cddp_buf_reset(&one);
+        rc = format_failure(&one, i, &f[i], host);
+        if (rc)
+            break;
+        size_t w = longest_line(one.data, one.len);
+        width = w > width ? w : width;
+        if (i == root) {
+            rc = cddp_buf_append(&rootb, one.data, one.len);
+        } else {
+            if (others.len)
+                rc = cddp_buf_append(&others, "\n", 1);
+            if (rc == 0)
+                rc = cddp_buf_append(&others, one.data, one.len);
+        }
+    }
+    if (width > 60)
+        width = 60;
+    if (rc == 0 && others.len == 0)
+        rc = cddp_buf_printf(&others, "  <NO_OTHER_FAILURES>");
+    if (rc == 0)
+        rc = repeat(out, '=', width);
+    if (rc == 0)
+        rc = cddp_buf_printf(out, "%s FAILED\n", name);
+    if (rc == 0)
+        rc = repeat(out, '-', width);
+    if (rc == 0)
+        rc = cddp_buf_printf(out, "Failures:\n%s\n", others.data);
+    if (rc == 0)
+        rc = repeat(out, '-', width);
+    if (rc == 0)
+        rc = cddp_buf_printf(out, "Root Cause (first observed failure):\n%s\n", rootb.data);
+    if (rc == 0)
+        rc = repeat(out, '=', width);
+    cddp_buf_free(&others);
+    cddp_buf_free(&rootb);
+    cddp_buf_free(&one);
+    return rc;
+}
+
+static int write_atomically(const char *path, const char *data)
+{
+    char tmp[4200];
+    int n = snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+    if (n < 0 || (size_t)n >= sizeof(tmp))
+        return CDDP_ERR_FROM_ERRNO(ENAMETOOLONG);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return CDDP_ERR_FROM_ERRNO(errno);
+    size_t len = strlen(data);
+    const char *p = data;
+    int rc = 0;
+    while (len > 0) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            rc = CDDP_ERR_FROM_ERRNO(w < 0 ? errno : EIO);
+            break;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    if (close(fd) != 0 && rc == 0)
+        rc = CDDP_ERR_FROM_ERRNO(errno);
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = CDDP_ERR_FROM_ERRNO(errno);
+    if (rc)
+        unlink(tmp);
+    return rc;
+}
+
+int agent_write_error_file(const char *path, const struct agent_failure *root, const char *name,
+                           const char *table)
+{
+    cJSON *doc = root->error_json ? cJSON_Parse(root->error_json) : NULL;
+    if (doc) {
+        cJSON *msg = cJSON_GetObjectItemCaseSensitive(doc, "message");
+        /* torch's override_error_code_in_rootcause_data: dict messages only. */
+        if (cJSON_IsObject(msg) && root->exitcode != 0) {
+            cJSON_DeleteItemFromObjectCaseSensitive(msg, "errorCode");
+            cJSON_AddNumberToObject(msg, "errorCode", root->exitcode);
+        }
+    } else {
+        char text[512], ts[32];
+        if (root->exitcode < 0)
+            snprintf(text, sizeof(text),
+                     "ChildFailedError: %s FAILED: local_rank %d (rank %d, pid %d) was "
+                     "killed by %s",
+                     name, root->local_rank, root->rank, root->pid,
+                     cddp_signal_name(-root->exitcode));
+        else
+            snprintf(text, sizeof(text),
+                     "ChildFailedError: %s FAILED: local_rank %d (rank %d, pid %d) exited "
+                     "with code %d",
+                     name, root->local_rank, root->rank, root->pid, root->exitcode);
+        snprintf(ts, sizeof(ts), "%ld", root->timestamp);
+        doc = cJSON_CreateObject();
+        cJSON *msg = cJSON_AddObjectToObject(doc, "message");
+        cJSON_AddStringToObject(msg, "message", text);
+        cJSON *extra = cJSON_AddObjectToObject(msg, "extraInfo");
+        cJSON_AddStringToObject(extra, "py_callstack", table ? table : "");
+        cJSON_AddStringToObject(extra, "timestamp", ts);
+        cJSON_AddNumberToObject(msg, "errorCode", root->exitcode);
+    }
+    char *json = doc ? cJSON_PrintUnformatted(doc) : NULL;
+    cJSON_Delete(doc);
+    if (json == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    int rc = write_atomically(path, json);
+    cJSON_free(json);
+    return rc;
+}
+
+int agent_write_agent_error(const char *path, const char *message)
+{
+    char text[1024], ts[32];
+    snprintf(text, sizeof(text), "AgentError: %s", message);
+    snprintf(ts, sizeof(ts), "%ld", (long)time(NULL));
+    cJSON *doc = cJSON_CreateObject();
+    cJSON *msg = doc ? cJSON_AddObjectToObject(doc, "message") : NULL;
+    cJSON *extra = msg ? cJSON_AddObjectToObject(msg, "extraInfo") : NULL;
+    if (extra == NULL || cJSON_AddStringToObject(msg, "message", text) == NULL ||
+        cJSON_AddStringToObject(extra, "py_callstack", text) == NULL ||
+        cJSON_AddStringToObject(extra, "timestamp", ts) == NULL) {
+        cJSON_Delete(doc);
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    char *json = cJSON_PrintUnformatted(doc);
+    cJSON_Delete(doc);
+    if (json == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    int rc = write_atomically(path, json);
+    cJSON_free(json);
+    return rc;
+}

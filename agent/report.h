@@ -1,0 +1,86 @@
+/*
+ * report.h: worker failures as torchrun reports them.
+ *
+ * A failure is one worker's non-zero exit. If the worker wrote error.json
+ * (torch's @record, or --run_path), its message and timestamp come from
+ * there; otherwise the timestamp is when the exit was seen and the message
+ * names the signal or points at torch's docs. The root cause is the earliest
+ * failure (torchrun compares whole seconds; cddprun breaks ties by the order
+ * the exits were seen, where torchrun would take the lowest rank).
+ *
+ * Table (torch.distributed.elastic.multiprocessing.errors.ChildFailedError):
+ *
+ *   ============================================================
+ *   <name> FAILED
+ *   ------------------------------------------------------------
+ *   Failures:
+ *   [1]:
+ *     time      : 2023-09-04_10:10:23
+ *     ...
+ *   ------------------------------------------------------------
+ *   Root Cause (first observed failure):
+ *   [0]:
+ *     time      : ...
+ *     host      : <fqdn>
+ *     rank      : <rank> (local_rank: <local_rank>)
+ *     exitcode  : <code> (pid: <pid>)
+ *     error_file: <path or <N/A>>
+ *     traceback : <message>
+ *   ============================================================
+ */
+#ifndef CDDP_AGENT_REPORT_H
+#define CDDP_AGENT_REPORT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/strutil.h"
+
+#define AGENT_NOT_AVAILABLE "<N/A>"
+
+struct agent_failure {
+    int local_rank;
+    int rank;
+    int pid;
+    int exitcode;    /* exit status, or -N for death by signal N */
+    double observed; /* wall-clock time the exit was seen */
+    uint64_t seq;    /* order in which exits were seen */
+    long timestamp;  /* seconds: error.json's, else observed */
+    bool has_error_file;
+    char error_file[4096]; /* the path, or "<N/A>" */
+    char *message;         /* the table's traceback field; owned */
+    char *error_json;      /* error.json as read, when it parsed; owned */
+};
+
+/*
+ * Fills f (local_rank, rank, pid, exitcode, observed, seq set by the caller)
+ * from error_file_path when that file exists. A file that does not parse is
+ * reported in the message rather than fatal (torchrun would crash). Returns 0
+ * or -ENOMEM.
+ */
+int agent_failure_load(struct agent_failure *f, const char *error_file_path);
+void agent_failure_free(struct agent_failure *f);
+
+/* Index of the root cause among n > 0 failures. */
+int agent_failure_root(const struct agent_failure *f, int n);
+
+/* Appends the table for failures f[0..n) (in local-rank order) to out. */
+int agent_failure_table(const char *name, const struct agent_failure *f, int n, const char *host,
+                        struct cddp_buf *out);
+
+/*
+ * The agent's own error file (its TORCHELASTIC_ERROR_FILE): the root cause's
+ * error.json with message.errorCode set to its exit code, as torchrun's
+ * @record; when the worker wrote none, a record of the same shape that
+ * describes the failure (torchrun writes nothing then). Written to a
+ * temporary file and renamed. 0 or a negative code.
+ */
+int agent_write_error_file(const char *path, const struct agent_failure *root, const char *name,
+                           const char *table);
+
+/* The agent's error file when the agent itself failed (a log directory it
+ * cannot create, a rendezvous that failed): torch's record format with
+ * message = "AgentError: <message>" and the current time. */
+int agent_write_agent_error(const char *path, const char *message);
+
+#endif

@@ -1,0 +1,611 @@
+/*
+ * status.c: see status.h. A thin shell: it copies what the agent's hooks
+ * show into plain views (common/status_view.h renders them) and moves
+ * progress bytes from pipes into common/progress.c's parser.
+ */
+#include "agent/status.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/exitcodes.h"
+#include "common/hostname.h"
+#include "common/hostport.h"
+#include "common/log.h"
+#include "common/progress.h"
+#include "common/signames.h"
+#include "common/status_http.h"
+#include "common/status_view.h"
+#include "common/strutil.h"
+
+/* One attempt's progress pipe (read end). Allocated per attempt and freed in
+ * its close callback, so a slot can open the next one while the last closes. */
+struct progress_chan {
+    uv_pipe_t pipe;
+    struct agent_status *st;
+    int local_rank;
+};
+
+/* One local rank, across attempts. */
+struct status_slot {
+    struct progress_parser parser;
+    struct progress_chan *chan; /* the current attempt's reader; NULL when none */
+    bool prepared;              /* a worker was prepared on this slot before */
+    struct agent_worker_info info;
+    unsigned exits_counted; /* info.exits already counted in worker_exits */
+    int last_exitcode;      /* of the last exit counted (torchrun's: -N for signal N) */
+    double last_exit_at;    /* 0: none yet */
+};
+
+struct agent_status {
+    const struct launch_config *cfg;
+    const char *version;
+    struct status_server *server; /* NULL: no status port */
+    uv_loop_t *loop;              /* set by the start hook */
+    uv_timer_t tick;              /* heartbeat + republish */
+    uv_timer_t coalesce;          /* a pending progress-only publish */
+    bool timers_open;
+    bool stopped;        /* the stop hook ran: no more handles */
+    bool linger_blocked; /* cfg->signals are blocked for agent_status_linger() */
+    uint64_t last_publish_ms;
+
+    /* The agent as its last snapshot showed it (strings copied). */
+    char run_id[128];
+    char master_addr[256];
+    char hostname[256];
+    char endpoint[300];
+    enum agent_state state;
+    enum stop_reason stop_reason;
+    uint64_t round;
+    int node_rank, nnodes, world_size, master_port;
+    int restart_count, max_restarts, membership_restarts;
+    double start_time;
+
+    /* What this module derives from the sequence of snapshots. */
+    double join_started_at;       /* wall time the agent last began to rendezvous */
+    double last_round_at;         /* 0: none yet */
+    double last_round_duration_s; /* < 0: none yet */
+    uint64_t worker_exits[STATUS_EXIT_REASON_COUNT];
+
+    int nslots;
+    struct status_slot *slots;
+    struct status_worker_view *views; /* scratch for rendering */
+    char readbuf[65536];
+};
+
+/* ---- publishing ---- */
+
+static enum status_agent_state view_state(const struct agent_status *st)
+{
+    switch (st->state) {
+    case AGENT_INIT:
+        return STATUS_AGENT_INIT;
+    case AGENT_RENDEZVOUS:
+        return STATUS_AGENT_RENDEZVOUS;
+    case AGENT_RUNNING:
+        return STATUS_AGENT_RUNNING;
+    case AGENT_STOPPING:
+    case AGENT_KILLING:
+        /* Stopping the group to start it again, or for good? The policy
+         * restarts after a failure while restarts remain, and always for a
+         * new round the rendezvous asked for. */
+        if (st->stop_reason == STOP_MEMBERSHIP ||
+            (st->stop_reason == STOP_FAILURE && st->restart_count < st->max_restarts))
+            return STATUS_AGENT_RESTARTING;
+        return STATUS_AGENT_STOPPING;
+    case AGENT_EXIT_BARRIER:
+        return STATUS_AGENT_EXIT_BARRIER;
+    case AGENT_SUCCEEDED:
+        return STATUS_AGENT_SUCCEEDED;
+    case AGENT_FAILED:
+        return STATUS_AGENT_FAILED;
+    case AGENT_TERMINATED:
+        return STATUS_AGENT_TERMINATED;
+    }
+    return STATUS_AGENT_INIT;
+}
+
+static enum status_worker_state view_worker_state(enum worker_state s)
+{
+    switch (s) {
+    case WORKER_INIT:
+        return STATUS_WORKER_INIT;
+    case WORKER_RUNNING:
+        return STATUS_WORKER_RUNNING;
+    case WORKER_SUCCEEDED:
+        return STATUS_WORKER_SUCCEEDED;
+    case WORKER_FAILED:
+        return STATUS_WORKER_FAILED;
+    case WORKER_STOPPED:
+        return STATUS_WORKER_STOPPED;
+    }
+    return STATUS_WORKER_INIT;
+}
+
+/* How a worker's exit counts (cddp_agent_worker_exits_total). The policy has
+ * already judged it: STOPPED means it ended while the agent was stopping the
+ * group, whatever its code. */
+static enum status_exit_reason exit_reason(enum worker_state s, int exitcode)
+{
+    if (exitcode == 0)
+        return STATUS_EXIT_SUCCESS;
+    if (s == WORKER_STOPPED)
+        return STATUS_EXIT_STOPPED;
+    if (exitcode < 0)
+        return STATUS_EXIT_SIGNAL;
+    if (exitcode == CDDP_EXIT_COLLECTIVE_TIMEOUT)
+        return STATUS_EXIT_COLLECTIVE_TIMEOUT;
+    if (exitcode == CDDP_EXIT_WATCHDOG)
+        return STATUS_EXIT_WATCHDOG;
+    return STATUS_EXIT_FAILURE;
+}
+
+static void fill_view(struct agent_status *st, struct status_agent_view *v)
+{
+    const struct launch_config *cfg = st->cfg;
+    bool have_round = st->round > 0;
+    memset(v, 0, sizeof(*v));
+    v->program = "cddprun";
+    v->version = st->version;
+    v->pid = (int)getpid();
+    v->hostname = st->hostname;
+    v->run_id = st->run_id;
+    v->started_at = st->start_time;
+    v->state = view_state(st);
+    v->node_rank = have_round ? st->node_rank : -1;
+    v->nnodes = have_round ? st->nnodes : 0;
+    v->world_size = have_round ? st->world_size : 0;
+    v->local_world_size = cfg->nproc_per_node;
+    v->round = st->round;
+    v->last_round_at = st->last_round_at;
+    v->last_round_duration_s = st->last_round_duration_s;
+    v->waiting_nodes = 0; /* the static rendezvous has no wait list */
+    v->rdzv_backend = cfg->rdzv_backend;
+    v->rdzv_endpoint = st->endpoint;
+    v->master_addr = have_round && st->master_addr[0] ? st->master_addr : NULL;
+    v->master_port = have_round ? st->master_port : 0;
+    v->restart_count = (unsigned)st->restart_count;
+    v->max_restarts = (unsigned)st->max_restarts;
+    v->restarts[STATUS_RESTART_WORKER_FAILURE] = (uint64_t)st->restart_count;
+    v->restarts[STATUS_RESTART_MEMBERSHIP_CHANGE] = (uint64_t)st->membership_restarts;
+    memcpy(v->worker_exits, st->worker_exits, sizeof(v->worker_exits));
+    for (int i = 0; i < st->nslots; i++) {
+        const struct status_slot *s = &st->slots[i];
+        struct status_worker_view *w = &st->views[i];
+        memset(w, 0, sizeof(*w));
+        w->local_rank = i;
+        w->rank = have_round ? s->info.rank : -1;
+        w->state = view_worker_state(s->info.state);
+        w->pid = w->state == STATUS_WORKER_RUNNING ? (int)s->info.pid : 0;
+        w->exit_code = s->last_exit_at > 0 && s->last_exitcode >= 0 ? s->last_exitcode : -1;
+        w->signal = s->last_exit_at > 0 && s->last_exitcode < 0 ? -s->last_exitcode : 0;
+        w->started_at = s->info.start_time;
+        w->exited_at = s->last_exit_at;
+        w->restarts = s->info.restarts > 0 ? (unsigned)s->info.restarts : 0;
+        w->progress = s->parser.report;
+    }
+    v->nworkers = (size_t)st->nslots;
+    v->workers = st->views;
+}
+
+/* Renders what is known now and hands it to the HTTP thread. */
+static void publish(struct agent_status *st)
+{
+    if (st->server == NULL)
+        return;
+    if (st->timers_open)
+        uv_timer_stop(&st->coalesce);
+    struct status_agent_view v;
+    fill_view(st, &v);
+    struct status_snapshot *snap = NULL;
+    uint64_t now = cddp_mono_ms();
+    int rc = status_agent_render(&v, cddp_wall_time(), now, &snap);
+    if (rc) {
+        /* The previous snapshot stays served; only memory can make this fail. */
+        log_error("S0101", "status port: cannot render the agent's status: %s", cddp_strerror(rc));
+        return;
+    }
+    status_server_publish(st->server, snap);
+    st->last_publish_ms = now;
+}
+
+static void on_coalesce(uv_timer_t *t)
+{
+    publish(t->data);
+}
+
+/* Progress changed: publish now, or when AGENT_STATUS_COALESCE_MS have passed
+ * since the last publish, so a worker reporting every millisecond costs one
+ * render per interval. */
+static void progress_changed(struct agent_status *st)
+{
+    if (st->server == NULL || !st->timers_open)
+        return;
+    uint64_t now = cddp_mono_ms();
+    uint64_t since = now - st->last_publish_ms;
+    if (since >= AGENT_STATUS_COALESCE_MS) {
+        publish(st);
+        return;
+    }
+    if (!uv_is_active((uv_handle_t *)&st->coalesce))
+        uv_timer_start(&st->coalesce, on_coalesce, AGENT_STATUS_COALESCE_MS - since, 0);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    struct agent_status *st = t->data;
+    status_server_heartbeat(st->server);
+    publish(st);
+}
+
+/* ---- the progress channel ---- */
+
+static void on_chan_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void chan_close(struct progress_chan *c)
+{
+    struct status_slot *s = &c->st->slots[c->local_rank];
+    if (s->chan == c)
+        s->chan = NULL;
+    uv_close((uv_handle_t *)&c->pipe, on_chan_closed);
+}
+
+static void chan_feed(struct progress_chan *c, const char *data, size_t n)
+{
+    struct status_slot *s = &c->st->slots[c->local_rank];
+    progress_feed(&s->parser, data, n, cddp_mono_ms(), cddp_wall_time());
+}
+
+static void chan_eof(struct progress_chan *c)
+{
+    struct status_slot *s = &c->st->slots[c->local_rank];
+    progress_eof(&s->parser, cddp_mono_ms(), cddp_wall_time());
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct progress_chan *c = h->data;
+    (void)suggested;
+    /* One buffer for every pipe: each read is parsed before the next. */
+    buf->base = c->st->readbuf;
+    buf->len = sizeof(c->st->readbuf);
+}
+
+static void on_read(uv_stream_t *stream, ssize_t n, const uv_buf_t *buf)
+{
+    struct progress_chan *c = stream->data;
+    struct agent_status *st = c->st;
+    if (n > 0) {
+        chan_feed(c, buf->base, (size_t)n);
+    } else if (n == UV_EOF) {
+        /* Every writer is gone (the worker and whatever inherited the fd). */
+        chan_eof(c);
+        chan_close(c);
+    } else if (n < 0) {
+        log_warn("S0102", "progress channel of local_rank %d: %s; its progress is no longer read",
+                 c->local_rank, uv_strerror((int)n));
+        chan_close(c);
+    }
+    if (n != 0)
+        progress_changed(st);
+}
+
+/* Reads what is already in the pipe (it is non-blocking): lines a worker
+ * wrote just before it exited may not have reached on_read yet when the agent
+ * moves on to the next attempt or to its end. */
+static void chan_drain(struct progress_chan *c)
+{
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0)
+        return;
+    for (;;) {
+        ssize_t n = read(fd, c->st->readbuf, sizeof(c->st->readbuf));
+        if (n > 0) {
+            chan_feed(c, c->st->readbuf, (size_t)n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0)
+            chan_eof(c);
+        return;
+    }
+}
+
+/* A pipe for local_rank's next worker: the read end on the loop, the write
+ * end returned in *wfd. 0 or a negative code (nothing left open). */
+static int chan_open(struct agent_status *st, int local_rank, int *wfd)
+{
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return CDDP_ERR_FROM_ERRNO(errno);
+    struct progress_chan *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        close(fds[0]);
+        close(fds[1]);
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    c->st = st;
+    c->local_rank = local_rank;
+    int rc = uv_pipe_init(st->loop, &c->pipe, 0);
+    if (rc) {
+        close(fds[0]);
+        close(fds[1]);
+        free(c);
+        return rc;
+    }
+    c->pipe.data = c;
+    rc = uv_pipe_open(&c->pipe, fds[0]);
+    if (rc == 0)
+        rc = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+    if (rc) {
+        /* uv_pipe_open did not take fds[0] when it failed; the handle is
+         * closed either way (and frees c). */
+        uv_os_fd_t owned;
+        if (uv_fileno((uv_handle_t *)&c->pipe, &owned) != 0)
+            close(fds[0]);
+        close(fds[1]);
+        uv_close((uv_handle_t *)&c->pipe, on_chan_closed);
+        return rc;
+    }
+    st->slots[local_rank].chan = c;
+    *wfd = fds[1];
+    return 0;
+}
+
+/* ---- the agent's hooks ---- */
+
+static int on_start(void *arg, uv_loop_t *loop)
+{
+    struct agent_status *st = arg;
+    st->loop = loop;
+    if (st->server == NULL)
+        return 0;
+    uv_timer_init(loop, &st->tick);
+    uv_timer_init(loop, &st->coalesce);
+    st->tick.data = st;
+    st->coalesce.data = st;
+    st->timers_open = true;
+    status_server_heartbeat(st->server);
+    publish(st);
+    return uv_timer_start(&st->tick, on_tick, AGENT_STATUS_TICK_MS, AGENT_STATUS_TICK_MS);
+}
+
+/* From the agent's stop until the end of the linger, a handled signal must
+ * end the linger, not kill the process with its default action (libuv gives
+ * the signals back to SIG_DFL as the loop closes). Blocked, it stays pending
+ * until agent_status_linger() takes it. */
+static void block_for_linger(struct agent_status *st, sigset_t *set)
+{
+    sigemptyset(set);
+    for (int i = 0; i < st->cfg->nsignals; i++)
+        sigaddset(set, st->cfg->signals[i]);
+    if (!st->linger_blocked && st->server && st->cfg->status_linger_s > 0) {
+        pthread_sigmask(SIG_BLOCK, set, NULL);
+        st->linger_blocked = true;
+    }
+}
+
+static void on_stop(void *arg)
+{
+    struct agent_status *st = arg;
+    sigset_t set;
+    st->stopped = true;
+    block_for_linger(st, &set); /* the run has ended: nothing left to forward */
+    for (int i = 0; i < st->nslots; i++) {
+        struct progress_chan *c = st->slots[i].chan;
+        if (c) {
+            chan_drain(c);
+            chan_close(c);
+        }
+    }
+    if (st->timers_open) {
+        st->timers_open = false;
+        uv_close((uv_handle_t *)&st->tick, NULL);
+        uv_close((uv_handle_t *)&st->coalesce, NULL);
+    }
+    /* The agent's final state comes through state_changed after this, and is
+     * published then: the server lives until agent_status_free(). */
+}
+
+static void on_state_changed(void *arg, const struct agent_snapshot *snap)
+{
+    struct agent_status *st = arg;
+    double now = cddp_wall_time();
+
+    if (snap->state == AGENT_RENDEZVOUS && st->state != AGENT_RENDEZVOUS)
+        st->join_started_at = now;
+    if (snap->round != st->round && snap->round > 0) {
+        /* Rounds come from the rendezvous on a later loop turn than the join
+         * (agent/rdzv.h), so the join was seen. */
+        st->last_round_at = now;
+        st->last_round_duration_s = st->join_started_at > 0 ? now - st->join_started_at : -1;
+    }
+    cddp_strlcpy(st->run_id, snap->run_id ? snap->run_id : "", sizeof(st->run_id));
+    cddp_strlcpy(st->master_addr, snap->master_addr ? snap->master_addr : "",
+                 sizeof(st->master_addr));
+    st->state = snap->state;
+    st->stop_reason = snap->stop_reason;
+    st->round = snap->round;
+    st->node_rank = snap->node_rank;
+    st->nnodes = snap->nnodes;
+    st->world_size = snap->world_size;
+    st->master_port = snap->master_port;
+    st->restart_count = snap->restart_count;
+    st->max_restarts = snap->max_restarts;
+    st->membership_restarts = snap->membership_restarts;
+    st->start_time = snap->start_time;
+
+    int n = snap->nworkers < st->nslots ? snap->nworkers : st->nslots;
+    for (int i = 0; i < n; i++) {
+        struct status_slot *s = &st->slots[i];
+        const struct agent_worker_info *w = &snap->workers[i];
+        s->info = *w;
+        /* Every exit is in some snapshot: a worker is started again only
+         * after a new round, which comes on a later loop turn. Count any the
+         * agent reported together as the last one. */
+        if (w->exits > s->exits_counted) {
+            enum status_exit_reason r = exit_reason(w->state, w->exitcode);
+            st->worker_exits[r] += w->exits - s->exits_counted;
+            s->exits_counted = w->exits;
+            s->last_exitcode = w->exitcode;
+            s->last_exit_at = w->exit_time > 0 ? w->exit_time : now;
+        }
+    }
+    publish(st);
+}
+
+static int on_prepare_worker(void *arg, int local_rank, int restart_count,
+                             struct agent_worker_extras *x)
+{
+    struct agent_status *st = arg;
+    (void)restart_count;
+    if (local_rank < 0 || local_rank >= st->nslots || st->loop == NULL || st->stopped)
+        return 0;
+    struct status_slot *s = &st->slots[local_rank];
+    if (s->chan) {
+        chan_drain(s->chan);
+        chan_close(s->chan);
+    }
+    if (s->prepared)
+        progress_restart(&s->parser);
+    s->prepared = true;
+    if (x->nfds >= AGENT_EXTRA_MAX || x->nenv >= AGENT_EXTRA_MAX)
+        return 0;
+    int wfd = -1;
+    int rc = chan_open(st, local_rank, &wfd);
+    if (rc) {
+        /* Progress is optional: the worker runs without CDDP_PROGRESS_FD. */
+        log_warn("S0103", "local_rank %d gets no progress channel: %s", local_rank,
+                 cddp_strerror(rc));
+        return 0;
+    }
+    int fdnum = 3 + x->nfds; /* agent.h: fds[] become 3, 4, ... in the worker */
+    x->fds[x->nfds++] = wfd;
+    x->close_fds = true;
+    snprintf(x->storage, sizeof(x->storage), "%d", fdnum);
+    x->env[x->nenv].key = "CDDP_PROGRESS_FD";
+    x->env[x->nenv].value = x->storage;
+    x->nenv++;
+    return 0;
+}
+
+/* ---- life cycle ---- */
+
+int agent_status_new(const struct launch_config *cfg, const char *version,
+                     struct agent_status **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct agent_status *st = calloc(1, sizeof(*st));
+    int n = cfg->nproc_per_node > 0 ? cfg->nproc_per_node : 1;
+    if (st) {
+        st->slots = calloc((size_t)n, sizeof(*st->slots));
+        st->views = calloc((size_t)n, sizeof(*st->views));
+    }
+    if (st == NULL || st->slots == NULL || st->views == NULL) {
+        snprintf(err, errlen, "status: out of memory");
+        if (st) {
+            free(st->slots);
+            free(st->views);
+        }
+        free(st);
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    st->cfg = cfg;
+    st->version = version;
+    st->nslots = n;
+    for (int i = 0; i < n; i++)
+        progress_init(&st->slots[i].parser);
+    st->state = AGENT_INIT;
+    st->node_rank = -1;
+    st->max_restarts = cfg->max_restarts;
+    st->start_time = cddp_wall_time();
+    st->last_round_duration_s = -1;
+    cddp_strlcpy(st->run_id, cfg->rdzv_id ? cfg->rdzv_id : "", sizeof(st->run_id));
+    if (cfg->rdzv_endpoint && cfg->rdzv_endpoint[0])
+        cddp_strlcpy(st->endpoint, cfg->rdzv_endpoint, sizeof(st->endpoint));
+    else if (cfg->static_addr[0])
+        cddp_hostport_format(cfg->static_addr, cfg->static_port, st->endpoint,
+                             sizeof(st->endpoint));
+
+    if (cfg->status_port >= 0) {
+        cddp_fqdn(st->hostname, sizeof(st->hostname));
+        struct status_server_options o;
+        status_server_options_default(&o);
+        o.addr = cfg->status_addr;
+        o.port = cfg->status_port;
+        o.program = "cddprun";
+        int rc = status_server_start(&o, &st->server, err, errlen);
+        if (rc) {
+            agent_status_free(st);
+            return rc;
+        }
+    }
+    *out = st;
+    return 0;
+}
+
+void agent_status_hooks(struct agent_status *st, struct agent_hooks *hooks)
+{
+    memset(hooks, 0, sizeof(*hooks));
+    hooks->arg = st;
+    hooks->start = on_start;
+    hooks->stop = on_stop;
+    hooks->state_changed = on_state_changed;
+    hooks->prepare_worker = on_prepare_worker;
+}
+
+int agent_status_port(const struct agent_status *st)
+{
+    return st && st->server ? status_server_port(st->server) : -1;
+}
+
+void agent_status_linger(struct agent_status *st, const struct launch_config *cfg)
+{
+    if (st == NULL || st->server == NULL || cfg->status_linger_s <= 0)
+        return;
+    /* The loop is gone: its handled signals end the wait instead, taken with
+     * sigtimedwait (blocked since the stop hook; the HTTP thread blocks all).
+     * They stay blocked after: the process is about to exit, with the run's
+     * status, which a late signal must not turn into death by signal. */
+    sigset_t set;
+    block_for_linger(st, &set);
+    log_info("S0104", "status port: serving the final status for %.3g s", cfg->status_linger_s);
+    uint64_t end = cddp_mono_ms() + (uint64_t)(cfg->status_linger_s * 1000.0);
+    for (;;) {
+        /* Still alive: /livez stays 200 while the final status is served. */
+        status_server_heartbeat(st->server);
+        publish(st);
+        uint64_t now = cddp_mono_ms();
+        if (now >= end)
+            break;
+        uint64_t wait = end - now < AGENT_STATUS_TICK_MS ? end - now : AGENT_STATUS_TICK_MS;
+        struct timespec ts = {(time_t)(wait / 1000), (long)(wait % 1000) * 1000000L};
+        int sig = sigtimedwait(&set, NULL, &ts);
+        if (sig > 0) {
+            log_info("S0105", "status port: %s ends the wait", cddp_signal_name(sig));
+            break;
+        }
+    }
+}
+
+void agent_status_free(struct agent_status *st)
+{
+    if (st == NULL)
+        return;
+    status_server_stop(st->server);
+    free(st->slots);
+    free(st->views);
+    free(st);
+}

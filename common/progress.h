@@ -1,0 +1,89 @@
+/*
+ * progress.h: the worker progress channel, agent side (pure: no I/O, no clock).
+ *
+ * Each worker may write one JSON object per line to the file descriptor
+ * named by CDDP_PROGRESS_FD (docs/status.md):
+ *
+ *     {"step":120,"epoch":1,"loss":2.31,"samples_per_s":612.5}
+ *
+ * The agent reads the pipe without blocking and hands whatever bytes arrived
+ * to progress_feed(); lines may arrive split or several at a time. Known
+ * fields, all optional:
+ *
+ *     step           integer >= 0
+ *     epoch          integer >= 0
+ *     loss           number; Python's NaN, Infinity and -Infinity are
+ *                    accepted, because a diverging loss is when you want it
+ *     samples_per_s  number >= 0
+ *
+ * A valid line updates the fields it carries; the others keep their last
+ * value (so a script may report the loss less often than the step). Unknown
+ * keys are ignored, so scripts can send more. A line that is not a JSON
+ * object, has a known field of the wrong type, or is longer than
+ * PROGRESS_LINE_MAX is dropped whole and counted in `malformed`; blank
+ * lines are ignored. JSON nesting is bounded (PROGRESS_MAX_DEPTH).
+ *
+ * Times are the caller's: the monotonic ms and wall seconds at which the
+ * bytes were read. The watchdog (a later issue) reads mono_ms and
+ * step_mono_ms.
+ */
+#ifndef CDDP_COMMON_PROGRESS_H
+#define CDDP_COMMON_PROGRESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PROGRESS_LINE_MAX 4096 /* bytes, newline excluded; PIPE_BUF writes stay whole */
+#define PROGRESS_MAX_DEPTH 16
+
+/* Bits of progress_report.fields. */
+enum {
+    PROGRESS_STEP = 1u << 0,
+    PROGRESS_EPOCH = 1u << 1,
+    PROGRESS_LOSS = 1u << 2,
+    PROGRESS_SAMPLES_PER_S = 1u << 3,
+};
+
+/* The latest values of one worker: plain data, copied into status views. */
+struct progress_report {
+    unsigned fields; /* PROGRESS_* bits: which values have been reported */
+    int64_t step;
+    int64_t epoch;
+    double loss;
+    double samples_per_s;
+    double wall;           /* wall time of the last valid line; 0 = none yet */
+    uint64_t mono_ms;      /* monotonic ms of the last valid line; 0 = none yet */
+    uint64_t step_mono_ms; /* monotonic ms when step last changed; 0 = never */
+    uint64_t lines;        /* valid lines */
+    uint64_t malformed;    /* dropped lines (bad JSON, bad field, too long) */
+};
+
+struct progress_parser {
+    struct progress_report report;
+    size_t len;       /* bytes of the current partial line in buf */
+    bool overflowing; /* the current line passed PROGRESS_LINE_MAX: skip to newline */
+    char buf[PROGRESS_LINE_MAX + 1];
+};
+
+void progress_init(struct progress_parser *p);
+
+/* A new worker attempt on the same slot: forgets the values and any partial
+ * line, keeps the line counters (they are per slot, for _total metrics). */
+void progress_restart(struct progress_parser *p);
+
+/* Feeds n bytes read at (now_mono_ms, now_wall). Returns the number of valid
+ * lines they completed. */
+unsigned progress_feed(struct progress_parser *p, const char *data, size_t n, uint64_t now_mono_ms,
+                       double now_wall);
+
+/* End of the stream: a last line without a newline is taken as a line.
+ * Returns 1 when it was valid, else 0. */
+unsigned progress_eof(struct progress_parser *p, uint64_t now_mono_ms, double now_wall);
+
+/* Parses one line (no newline) into *out, leaving fields absent from the line
+ * untouched and setting *fields to the ones present. 0, or CDDP_EPARSE. */
+int progress_parse_line(const char *line, size_t len, struct progress_report *out,
+                        unsigned *fields);
+
+#endif

@@ -1,0 +1,520 @@
+/* status_view.c: see status_view.h. The JSON schema and the metric families
+ * here are documented in docs/status.md: change both together. */
+#include "common/status_view.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/errors.h"
+#include "common/jsonw.h"
+#include "common/prom.h"
+#include "common/signames.h"
+#include "common/strutil.h"
+
+#define METRICS_MAX ((size_t)16 << 20)
+#define JSON_MAX ((size_t)64 << 20)
+
+static const char *const agent_state_names[] = {
+    "init",      "rendezvous", "running",      "restarting", "stopping",
+    "succeeded", "failed",     "exit_barrier", "terminated",
+};
+static const char *const worker_state_names[] = {
+    "init", "running", "succeeded", "failed", "stopped",
+};
+static const char *const restart_reason_names[] = {
+    "worker_failure",
+    "membership_change",
+};
+static const char *const exit_reason_names[] = {
+    "success", "failure", "signal", "collective_timeout", "watchdog", "stopped",
+};
+static const char *const refusal_names[] = {
+    "limit",
+    "token",
+    "protocol",
+};
+
+_Static_assert(sizeof(agent_state_names) / sizeof(agent_state_names[0]) == STATUS_AGENT_STATE_COUNT,
+               "agent state names");
+_Static_assert(sizeof(worker_state_names) / sizeof(worker_state_names[0]) ==
+                   STATUS_WORKER_STATE_COUNT,
+               "worker state names");
+_Static_assert(sizeof(restart_reason_names) / sizeof(restart_reason_names[0]) ==
+                   STATUS_RESTART_REASON_COUNT,
+               "restart reason names");
+_Static_assert(sizeof(exit_reason_names) / sizeof(exit_reason_names[0]) == STATUS_EXIT_REASON_COUNT,
+               "exit reason names");
+_Static_assert(sizeof(refusal_names) / sizeof(refusal_names[0]) == STATUS_REFUSAL_COUNT,
+               "refusal names");
+
+#define NAME_OF(table, v, count) ((unsigned)(v) < (count) ? table[v] : "unknown")
+
+const char *status_agent_state_name(enum status_agent_state s)
+{
+    return NAME_OF(agent_state_names, s, STATUS_AGENT_STATE_COUNT);
+}
+const char *status_worker_state_name(enum status_worker_state s)
+{
+    return NAME_OF(worker_state_names, s, STATUS_WORKER_STATE_COUNT);
+}
+const char *status_restart_reason_name(enum status_restart_reason r)
+{
+    return NAME_OF(restart_reason_names, r, STATUS_RESTART_REASON_COUNT);
+}
+const char *status_exit_reason_name(enum status_exit_reason r)
+{
+    return NAME_OF(exit_reason_names, r, STATUS_EXIT_REASON_COUNT);
+}
+const char *status_refusal_name(enum status_refusal r)
+{
+    return NAME_OF(refusal_names, r, STATUS_REFUSAL_COUNT);
+}
+
+/* ---- JSON ------------------------------------------------------------ */
+
+static void js_int_if(struct jsonw *j, const char *k, bool known, int64_t v)
+{
+    if (known)
+        jsonw_int(j, k, v);
+    else
+        jsonw_null(j, k);
+}
+
+static void js_secs_if(struct jsonw *j, const char *k, bool known, double v)
+{
+    if (known)
+        jsonw_seconds(j, k, v);
+    else
+        jsonw_null(j, k);
+}
+
+/* Non-finite numbers are not JSON: they become the strings Python's json
+ * module would have written, so a diverged loss still shows. */
+static void js_real(struct jsonw *j, const char *k, double v)
+{
+    if (isnan(v))
+        jsonw_string(j, k, "NaN");
+    else if (isinf(v))
+        jsonw_string(j, k, v > 0 ? "Infinity" : "-Infinity");
+    else
+        jsonw_number(j, k, v);
+}
+
+static void js_header(struct jsonw *j, const char *kind, const char *program, const char *version,
+                      int pid, const char *hostname, double started_at, double now)
+{
+    jsonw_string(j, "kind", kind);
+    jsonw_string(j, "program", program);
+    jsonw_string(j, "version", version);
+    jsonw_int(j, "pid", pid);
+    jsonw_string(j, "hostname", hostname);
+    jsonw_seconds(j, "generated_at", now);
+    js_secs_if(j, "started_at", started_at > 0, started_at);
+    js_secs_if(j, "uptime_s", started_at > 0, now - started_at);
+}
+
+/* Finishes a snapshot from its rendered parts; takes over both buffers. */
+static int finish(int rc, struct cddp_buf *json, struct cddp_buf *metrics,
+                  struct status_snapshot *s, struct status_snapshot **out)
+{
+    /* A newline after the JSON, for curl in a terminal. */
+    if (rc == 0)
+        rc = cddp_buf_append(json, "\n", 1);
+    if (rc == 0)
+        rc = status_snapshot_set_status(s, json->data, json->len);
+    if (rc == 0)
+        rc = status_snapshot_set_metrics(s, metrics->data ? metrics->data : "", metrics->len);
+    cddp_buf_free(json);
+    cddp_buf_free(metrics);
+    if (rc) {
+        status_snapshot_unref(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+static void prom_build_info(struct prom_writer *w, const char *program, const char *version)
+{
+    struct prom_label l[] = {{"program", program ? program : ""},
+                             {"version", version ? version : ""}};
+    prom_family(w, "cddp_build_info", PROM_GAUGE, "Always 1; the program and its version.");
+    prom_sample(w, l, 2, 1);
+}
+
+/* ---- the agent ------------------------------------------------------- */
+
+static void agent_json_worker(struct jsonw *j, const struct status_worker_view *wv,
+                              uint64_t now_mono_ms)
+{
+    jsonw_object_begin(j, NULL);
+    jsonw_int(j, "local_rank", wv->local_rank);
+    js_int_if(j, "rank", wv->rank >= 0, wv->rank);
+    js_int_if(j, "pid", wv->pid > 0, wv->pid);
+    jsonw_string(j, "state", status_worker_state_name(wv->state));
+    js_int_if(j, "exit_code", wv->exit_code >= 0, wv->exit_code);
+    js_int_if(j, "signal", wv->signal > 0, wv->signal);
+    jsonw_string(j, "signal_name", wv->signal > 0 ? cddp_signal_name(wv->signal) : NULL);
+    js_secs_if(j, "started_at", wv->started_at > 0, wv->started_at);
+    js_secs_if(j, "exited_at", wv->exited_at > 0, wv->exited_at);
+    jsonw_int(j, "restarts", wv->restarts);
+
+    const struct progress_report *p = &wv->progress;
+    if (p->lines == 0 && p->malformed == 0) {
+        jsonw_null(j, "progress");
+    } else {
+        jsonw_object_begin(j, "progress");
+        js_int_if(j, "step", p->fields & PROGRESS_STEP, p->step);
+        js_int_if(j, "epoch", p->fields & PROGRESS_EPOCH, p->epoch);
+        if (p->fields & PROGRESS_LOSS)
+            js_real(j, "loss", p->loss);
+        else
+            jsonw_null(j, "loss");
+        if (p->fields & PROGRESS_SAMPLES_PER_S)
+            jsonw_number(j, "samples_per_s", p->samples_per_s);
+        else
+            jsonw_null(j, "samples_per_s");
+        bool seen = p->mono_ms > 0;
+        js_secs_if(j, "time", seen, p->wall);
+        js_secs_if(j, "age_s", seen,
+                   now_mono_ms > p->mono_ms ? (double)(now_mono_ms - p->mono_ms) / 1000.0 : 0);
+        js_secs_if(j, "step_age_s", p->step_mono_ms > 0,
+                   now_mono_ms > p->step_mono_ms ? (double)(now_mono_ms - p->step_mono_ms) / 1000.0
+                                                 : 0);
+        jsonw_int(j, "lines", (int64_t)p->lines);
+        jsonw_int(j, "malformed", (int64_t)p->malformed);
+        jsonw_object_end(j);
+    }
+    jsonw_object_end(j);
+}
+
+static bool agent_ready(const struct status_agent_view *v)
+{
+    return v->state == STATUS_AGENT_RUNNING;
+}
+
+static void agent_json(struct jsonw *j, const struct status_agent_view *v, double now,
+                       uint64_t now_mono_ms)
+{
+    jsonw_object_begin(j, NULL);
+    js_header(j, "agent", v->program, v->version, v->pid, v->hostname, v->started_at, now);
+    jsonw_string(j, "run_id", v->run_id);
+    jsonw_string(j, "state", status_agent_state_name(v->state));
+    jsonw_bool(j, "ready", agent_ready(v));
+    js_int_if(j, "node_rank", v->node_rank >= 0, v->node_rank);
+    js_int_if(j, "nnodes", v->nnodes > 0, v->nnodes);
+    js_int_if(j, "world_size", v->world_size > 0, v->world_size);
+    jsonw_int(j, "local_world_size", v->local_world_size);
+    jsonw_int(j, "round", (int64_t)v->round);
+    js_secs_if(j, "last_round_at", v->last_round_at > 0, v->last_round_at);
+    js_secs_if(j, "last_round_duration_s", v->last_round_duration_s >= 0, v->last_round_duration_s);
+    jsonw_int(j, "waiting_nodes", v->waiting_nodes);
+
+    jsonw_object_begin(j, "rdzv");
+    jsonw_string(j, "backend", v->rdzv_backend);
+    jsonw_string(j, "endpoint", v->rdzv_endpoint);
+    jsonw_string(j, "master_addr", v->master_addr);
+    js_int_if(j, "master_port", v->master_port > 0, v->master_port);
+    jsonw_object_end(j);
+
+    jsonw_object_begin(j, "restarts");
+    jsonw_int(j, "count", v->restart_count);
+    jsonw_int(j, "max", v->max_restarts);
+    jsonw_int(j, "remaining",
+              v->max_restarts > v->restart_count ? v->max_restarts - v->restart_count : 0);
+    jsonw_object_begin(j, "by_reason");
+    for (int i = 0; i < STATUS_RESTART_REASON_COUNT; i++)
+        jsonw_int(j, restart_reason_names[i], (int64_t)v->restarts[i]);
+    jsonw_object_end(j);
+    jsonw_object_end(j);
+
+    jsonw_object_begin(j, "worker_exits");
+    for (int i = 0; i < STATUS_EXIT_REASON_COUNT; i++)
+        jsonw_int(j, exit_reason_names[i], (int64_t)v->worker_exits[i]);
+    jsonw_object_end(j);
+
+    jsonw_array_begin(j, "workers");
+    for (size_t i = 0; i < v->nworkers; i++)
+        agent_json_worker(j, &v->workers[i], now_mono_ms);
+    jsonw_array_end(j);
+    jsonw_object_end(j);
+}
+
+static void agent_metrics(struct prom_writer *w, const struct status_agent_view *v)
+{
+    prom_build_info(w, v->program, v->version);
+    struct prom_label info[] = {
+        {"run_id", v->run_id ? v->run_id : ""},
+        {"hostname", v->hostname ? v->hostname : ""},
+        {"rdzv_backend", v->rdzv_backend ? v->rdzv_backend : ""},
+        {"rdzv_endpoint", v->rdzv_endpoint ? v->rdzv_endpoint : ""},
+    };
+    prom_family(w, "cddp_agent_info", PROM_GAUGE, "Always 1; the run this agent belongs to.");
+    prom_sample(w, info, 4, 1);
+    prom_family(w, "cddp_agent_start_time_seconds", PROM_GAUGE,
+                "When the agent started, in seconds since the epoch.");
+    prom_sample0(w, v->started_at);
+    prom_family(w, "cddp_agent_state", PROM_GAUGE, "1 for the agent's current state, else 0.");
+    for (int i = 0; i < STATUS_AGENT_STATE_COUNT; i++)
+        prom_sample1(w, "state", agent_state_names[i], v->state == (enum status_agent_state)i);
+    prom_family(w, "cddp_agent_ready", PROM_GAUGE,
+                "1 when the worker group runs in a complete round (as /readyz).");
+    prom_sample0(w, agent_ready(v));
+    prom_family(w, "cddp_agent_node_rank", PROM_GAUGE,
+                "This node's rank in the current round; -1 before the first round.");
+    prom_sample0(w, v->node_rank);
+    prom_family(w, "cddp_agent_nnodes", PROM_GAUGE, "Nodes in the current round.");
+    prom_sample0(w, v->nnodes);
+    prom_family(w, "cddp_agent_world_size", PROM_GAUGE, "Workers in the current round, all nodes.");
+    prom_sample0(w, v->world_size);
+    prom_family(w, "cddp_agent_rdzv_round", PROM_GAUGE,
+                "The rendezvous round the worker group was started in; 0 before the first.");
+    prom_sample0(w, (double)v->round);
+    prom_family(w, "cddp_agent_rdzv_last_round_duration_seconds", PROM_GAUGE,
+                "How long the last rendezvous took, from join to round.");
+    if (v->last_round_duration_s >= 0)
+        prom_sample0(w, v->last_round_duration_s);
+    prom_family(w, "cddp_agent_rdzv_last_round_timestamp_seconds", PROM_GAUGE,
+                "When the last round completed, in seconds since the epoch.");
+    if (v->last_round_at > 0)
+        prom_sample0(w, v->last_round_at);
+    prom_family(w, "cddp_agent_rdzv_waiting_nodes", PROM_GAUGE,
+                "Nodes waiting to join at the next round.");
+    prom_sample0(w, v->waiting_nodes);
+    prom_family(w, "cddp_agent_restarts_total", PROM_COUNTER,
+                "Worker group restarts, by reason (worker_failure counts against max_restarts).");
+    for (int i = 0; i < STATUS_RESTART_REASON_COUNT; i++)
+        prom_sample1(w, "reason", restart_reason_names[i], (double)v->restarts[i]);
+    prom_family(w, "cddp_agent_max_restarts", PROM_GAUGE, "The --max_restarts budget.");
+    prom_sample0(w, v->max_restarts);
+    prom_family(w, "cddp_agent_worker_exits_total", PROM_COUNTER,
+                "Worker process exits, by reason.");
+    for (int i = 0; i < STATUS_EXIT_REASON_COUNT; i++)
+        prom_sample1(w, "reason", exit_reason_names[i], (double)v->worker_exits[i]);
+    prom_family(w, "cddp_agent_workers", PROM_GAUGE, "Local worker processes, by state.");
+    for (int st = 0; st < STATUS_WORKER_STATE_COUNT; st++) {
+        unsigned n = 0;
+        for (size_t i = 0; i < v->nworkers; i++)
+            n += v->workers[i].state == (enum status_worker_state)st;
+        prom_sample1(w, "state", worker_state_names[st], n);
+    }
+
+    /* Per local rank: bounded by --nproc_per_node, stable across rounds. */
+    static const struct {
+        const char *name;
+        enum prom_type type;
+        const char *help;
+    } fam[] = {
+        {"cddp_worker_start_time_seconds", PROM_GAUGE,
+         "When the worker's current process started, in seconds since the epoch."},
+        {"cddp_worker_last_exit_timestamp_seconds", PROM_GAUGE,
+         "When the agent saw the worker's last process exit, in seconds since the epoch."},
+        {"cddp_worker_progress_step", PROM_GAUGE, "The last step the worker reported."},
+        {"cddp_worker_progress_epoch", PROM_GAUGE, "The last epoch the worker reported."},
+        {"cddp_worker_loss", PROM_GAUGE, "The last loss the worker reported."},
+        {"cddp_worker_samples_per_second", PROM_GAUGE,
+         "The last throughput the worker reported, in samples per second."},
+        {"cddp_worker_last_progress_timestamp_seconds", PROM_GAUGE,
+         "When the worker last reported progress, in seconds since the epoch."},
+        {"cddp_worker_progress_lines_total", PROM_COUNTER,
+         "Valid progress lines read from the worker."},
+        {"cddp_worker_progress_malformed_lines_total", PROM_COUNTER,
+         "Progress lines dropped as malformed or too long."},
+    };
+    char lr[16];
+    for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
+        prom_family(w, fam[f].name, fam[f].type, fam[f].help);
+        for (size_t i = 0; i < v->nworkers; i++) {
+            const struct status_worker_view *wv = &v->workers[i];
+            const struct progress_report *p = &wv->progress;
+            prom_format_value(wv->local_rank, lr, sizeof(lr));
+            bool have;
+            double val;
+            switch (f) {
+            case 0:
+                have = wv->started_at > 0, val = wv->started_at;
+                break;
+            case 1:
+                have = wv->exited_at > 0, val = wv->exited_at;
+                break;
+            case 2:
+                have = p->fields & PROGRESS_STEP, val = (double)p->step;
+                break;
+            case 3:
+                have = p->fields & PROGRESS_EPOCH, val = (double)p->epoch;
+                break;
+            case 4:
+                have = p->fields & PROGRESS_LOSS, val = p->loss;
+                break;
+            case 5:
+                have = p->fields & PROGRESS_SAMPLES_PER_S, val = p->samples_per_s;
+                break;
+            case 6:
+                have = p->mono_ms > 0, val = p->wall;
+                break;
+            case 7:
+                have = true, val = (double)p->lines;
+                break;
+            default:
+                have = true, val = (double)p->malformed;
+                break;
+            }
+            if (have)
+                prom_sample1(w, "local_rank", lr, val);
+        }
+    }
+}
+
+int status_agent_render(const struct status_agent_view *v, double now_wall, uint64_t now_mono_ms,
+                        struct status_snapshot **out)
+{
+    *out = NULL;
+    struct status_snapshot *s = status_snapshot_new();
+    if (s == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    struct cddp_buf json, metrics;
+    cddp_buf_init(&json, JSON_MAX);
+    cddp_buf_init(&metrics, METRICS_MAX);
+    struct jsonw j;
+    jsonw_init(&j, &json);
+    agent_json(&j, v, now_wall, now_mono_ms);
+    struct prom_writer w;
+    prom_init(&w, &metrics);
+    agent_metrics(&w, v);
+
+    /* /readyz: both must pass. */
+    bool have_round =
+        v->round > 0 && v->state != STATUS_AGENT_INIT && v->state != STATUS_AGENT_RENDEZVOUS;
+    char reason[96];
+    snprintf(reason, sizeof(reason), "agent is %s%s", status_agent_state_name(v->state),
+             v->round == 0 ? ", no round yet" : "");
+    int rc = status_snapshot_add_check(s, "rendezvous", have_round, have_round ? NULL : reason);
+    if (rc == 0) {
+        snprintf(reason, sizeof(reason), "worker group is not running: agent is %s",
+                 status_agent_state_name(v->state));
+        rc =
+            status_snapshot_add_check(s, "workers", agent_ready(v), agent_ready(v) ? NULL : reason);
+    }
+    if (rc == 0)
+        rc = jsonw_finish(&j);
+    if (rc == 0)
+        rc = prom_finish(&w);
+    return finish(rc, &json, &metrics, s, out);
+}
+
+/* ---- the rendezvous server ------------------------------------------- */
+
+static void rdzv_json_nodes(struct jsonw *j, const char *key,
+                            const struct status_rdzv_node_view *nodes, size_t n)
+{
+    jsonw_array_begin(j, key);
+    for (size_t i = 0; i < n; i++) {
+        jsonw_object_begin(j, NULL);
+        jsonw_string(j, "node", nodes[i].node);
+        if (nodes[i].state)
+            jsonw_string(j, "state", nodes[i].state);
+        js_int_if(j, "node_rank", nodes[i].node_rank >= 0, nodes[i].node_rank);
+        js_int_if(j, "nproc", nodes[i].nproc > 0, nodes[i].nproc);
+        js_secs_if(j, "joined_at", nodes[i].joined_at > 0, nodes[i].joined_at);
+        js_secs_if(j, "last_seen_at", nodes[i].last_seen_at > 0, nodes[i].last_seen_at);
+        jsonw_object_end(j);
+    }
+    jsonw_array_end(j);
+}
+
+static void rdzv_json(struct jsonw *j, const struct status_rdzv_view *v, double now)
+{
+    jsonw_object_begin(j, NULL);
+    js_header(j, "rdzv", v->program, v->version, v->pid, v->hostname, v->started_at, now);
+    jsonw_string(j, "endpoint", v->endpoint);
+    jsonw_bool(j, "ready", v->accepting);
+    jsonw_int(j, "connections", v->connections);
+    jsonw_int(j, "connections_total", (int64_t)v->connections_total);
+    jsonw_object_begin(j, "refused_connections");
+    for (int i = 0; i < STATUS_REFUSAL_COUNT; i++)
+        jsonw_int(j, refusal_names[i], (int64_t)v->refused[i]);
+    jsonw_object_end(j);
+    jsonw_int(j, "joins_total", (int64_t)v->joins_total);
+    jsonw_int(j, "rounds_total", (int64_t)v->rounds_total);
+    jsonw_array_begin(j, "runs");
+    for (size_t i = 0; i < v->nruns; i++) {
+        const struct status_rdzv_run_view *r = &v->runs[i];
+        jsonw_object_begin(j, NULL);
+        jsonw_string(j, "run_id", r->run_id);
+        jsonw_string(j, "state", r->state);
+        jsonw_int(j, "round", (int64_t)r->round);
+        jsonw_int(j, "min_nodes", r->min_nodes);
+        jsonw_int(j, "max_nodes", r->max_nodes);
+        js_secs_if(j, "last_round_at", r->last_round_at > 0, r->last_round_at);
+        rdzv_json_nodes(j, "members", r->members, r->nmembers);
+        rdzv_json_nodes(j, "waiting", r->waiting, r->nwaiting);
+        jsonw_object_end(j);
+    }
+    jsonw_array_end(j);
+    jsonw_object_end(j);
+}
+
+static void rdzv_metrics(struct prom_writer *w, const struct status_rdzv_view *v)
+{
+    prom_build_info(w, v->program, v->version);
+    prom_family(w, "cddp_rdzv_start_time_seconds", PROM_GAUGE,
+                "When the server started, in seconds since the epoch.");
+    prom_sample0(w, v->started_at);
+    prom_family(w, "cddp_rdzv_ready", PROM_GAUGE, "1 while the server accepts agents.");
+    prom_sample0(w, v->accepting);
+    prom_family(w, "cddp_rdzv_connections", PROM_GAUGE, "Open agent connections.");
+    prom_sample0(w, v->connections);
+    prom_family(w, "cddp_rdzv_connections_total", PROM_COUNTER, "Agent connections accepted.");
+    prom_sample0(w, (double)v->connections_total);
+    prom_family(w, "cddp_rdzv_refused_connections_total", PROM_COUNTER,
+                "Agent connections refused, by reason.");
+    for (int i = 0; i < STATUS_REFUSAL_COUNT; i++)
+        prom_sample1(w, "reason", refusal_names[i], (double)v->refused[i]);
+    prom_family(w, "cddp_rdzv_joins_total", PROM_COUNTER, "Join requests, all runs.");
+    prom_sample0(w, (double)v->joins_total);
+    prom_family(w, "cddp_rdzv_rounds_total", PROM_COUNTER, "Rounds completed, all runs.");
+    prom_sample0(w, (double)v->rounds_total);
+    prom_family(w, "cddp_rdzv_runs", PROM_GAUGE, "Runs (rendezvous ids) the server holds.");
+    prom_sample0(w, (double)v->nruns);
+    prom_family(w, "cddp_rdzv_members", PROM_GAUGE, "Nodes in the current round, by run.");
+    for (size_t i = 0; i < v->nruns; i++)
+        prom_sample1(w, "run_id", v->runs[i].run_id ? v->runs[i].run_id : "",
+                     (double)v->runs[i].nmembers);
+    prom_family(w, "cddp_rdzv_waiting_nodes", PROM_GAUGE,
+                "Nodes on the wait list for the next round, by run.");
+    for (size_t i = 0; i < v->nruns; i++)
+        prom_sample1(w, "run_id", v->runs[i].run_id ? v->runs[i].run_id : "",
+                     (double)v->runs[i].nwaiting);
+    prom_family(w, "cddp_rdzv_round", PROM_GAUGE, "The current round, by run.");
+    for (size_t i = 0; i < v->nruns; i++)
+        prom_sample1(w, "run_id", v->runs[i].run_id ? v->runs[i].run_id : "",
+                     (double)v->runs[i].round);
+}
+
+int status_rdzv_render(const struct status_rdzv_view *v, double now_wall,
+                       struct status_snapshot **out)
+{
+    *out = NULL;
+    struct status_snapshot *s = status_snapshot_new();
+    if (s == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    struct cddp_buf json, metrics;
+    cddp_buf_init(&json, JSON_MAX);
+    cddp_buf_init(&metrics, METRICS_MAX);
+    struct jsonw j;
+    jsonw_init(&j, &json);
+    rdzv_json(&j, v, now_wall);
+    struct prom_writer w;
+    prom_init(&w, &metrics);
+    rdzv_metrics(&w, v);
+    int rc = status_snapshot_add_check(s, "listener", v->accepting,
+                                       v->accepting ? NULL : "not accepting agents");
+    if (rc == 0)
+        rc = jsonw_finish(&j);
+    if (rc == 0)
+        rc = prom_finish(&w);
+    return finish(rc, &json, &metrics, s, out);
+}

@@ -1,0 +1,189 @@
+/*
+ * status_view.h: what cddprun and cddp-rdzv show on their status port.
+ *
+ * A view is plain data the owner fills from its own state (agent/status.c,
+ * rendezvous/main.c); a renderer turns it, at a given time, into a
+ * status_snapshot: the /status JSON, the /metrics families, and the /readyz
+ * checks. Renderers are pure (no clock, no I/O), so the JSON schema and the
+ * metric families are unit-tested here and the owners only fill numbers.
+ * docs/status.md documents both for users; cddpctl reads the JSON.
+ *
+ * Conventions: times are wall-clock seconds since the epoch (double), 0 when
+ * unknown; durations are seconds; counts that Prometheus sees as counters
+ * only grow for the life of the process.
+ *
+ * Enumerations are append-only (their names are part of the JSON and the
+ * metric labels): add new values before the _COUNT entry, never renumber.
+ */
+#ifndef CDDP_COMMON_STATUS_VIEW_H
+#define CDDP_COMMON_STATUS_VIEW_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/progress.h"
+#include "common/status_http.h"
+
+/* ---- the agent (cddprun) --------------------------------------------- */
+
+/* The agent as a whole. Ready (for /readyz) only in RUNNING. */
+enum status_agent_state {
+    STATUS_AGENT_INIT,         /* parsing, before the first rendezvous */
+    STATUS_AGENT_RENDEZVOUS,   /* waiting for a round */
+    STATUS_AGENT_RUNNING,      /* the worker group runs in a complete round */
+    STATUS_AGENT_RESTARTING,   /* stopping the group to restart it */
+    STATUS_AGENT_STOPPING,     /* shutting down (signal, or the end) */
+    STATUS_AGENT_SUCCEEDED,    /* every worker exited 0 */
+    STATUS_AGENT_FAILED,       /* out of restarts, or rendezvous failed */
+    STATUS_AGENT_EXIT_BARRIER, /* local workers succeeded; waiting for the other nodes */
+    STATUS_AGENT_TERMINATED,   /* stopped by a signal (exits 128+N) */
+    STATUS_AGENT_STATE_COUNT
+};
+
+/* One worker process (torchrun's WorkerState, as our agent sees it). */
+enum status_worker_state {
+    STATUS_WORKER_INIT,      /* not started in this round yet */
+    STATUS_WORKER_RUNNING,   /* started, not exited */
+    STATUS_WORKER_SUCCEEDED, /* exited 0 */
+    STATUS_WORKER_FAILED,    /* exited non-zero or died of a signal */
+    STATUS_WORKER_STOPPED,   /* stopped by the agent (restart, shutdown) */
+    STATUS_WORKER_STATE_COUNT
+};
+
+/* Why the agent restarted its worker group (label of cddp_agent_restarts_total). */
+enum status_restart_reason {
+    STATUS_RESTART_WORKER_FAILURE,    /* counts against --max_restarts */
+    STATUS_RESTART_MEMBERSHIP_CHANGE, /* nodes joined or left; does not count */
+    STATUS_RESTART_REASON_COUNT
+};
+
+/* How a worker process ended (label of cddp_agent_worker_exits_total). */
+enum status_exit_reason {
+    STATUS_EXIT_SUCCESS,            /* exit 0 */
+    STATUS_EXIT_FAILURE,            /* any other non-zero exit code */
+    STATUS_EXIT_SIGNAL,             /* killed by a signal the agent did not send */
+    STATUS_EXIT_COLLECTIVE_TIMEOUT, /* exit 75 (common/exitcodes.h) */
+    STATUS_EXIT_WATCHDOG,           /* exit 76, or killed by the progress watchdog */
+    STATUS_EXIT_STOPPED,            /* stopped by the agent (restart, shutdown) */
+    STATUS_EXIT_REASON_COUNT
+};
+
+const char *status_agent_state_name(enum status_agent_state s);
+const char *status_worker_state_name(enum status_worker_state s);
+const char *status_restart_reason_name(enum status_restart_reason r);
+const char *status_exit_reason_name(enum status_exit_reason r);
+
+struct status_worker_view {
+    int local_rank;
+    int rank; /* global; -1 before the first round */
+    int pid;  /* 0 when not running */
+    enum status_worker_state state;
+    int exit_code;                   /* of the last exit; -1 if none or killed by a signal */
+    int signal;                      /* signal that killed the last process, 0 if none */
+    double started_at;               /* wall time the current (or last) process started */
+    double exited_at;                /* wall time the agent saw the last process exit; 0 if none */
+    unsigned restarts;               /* times this local rank was started again */
+    struct progress_report progress; /* progress.mono_ms == 0: never reported */
+};
+
+struct status_agent_view {
+    const char *program; /* "cddprun" */
+    const char *version; /* CDDP_VERSION */
+    int pid;
+    const char *hostname;
+    const char *run_id;
+    double started_at;
+
+    enum status_agent_state state;
+    int node_rank;                /* -1 before the first round */
+    int nnodes;                   /* of the current round; 0 before */
+    int world_size;               /* 0 before the first round */
+    int local_world_size;         /* --nproc_per_node */
+    uint64_t round;               /* rendezvous round (version); 0 before the first */
+    double last_round_at;         /* wall time the last round completed */
+    double last_round_duration_s; /* join -> round; < 0 when none yet */
+    unsigned waiting_nodes;       /* nodes waiting for the next round */
+
+    const char *rdzv_backend;  /* "c10d", "static", "etcd", ... */
+    const char *rdzv_endpoint; /* "10.0.0.1:29400" */
+    const char *master_addr;   /* of the current round; NULL before */
+    int master_port;
+
+    unsigned restart_count; /* restarts that counted against max_restarts */
+    unsigned max_restarts;
+    uint64_t restarts[STATUS_RESTART_REASON_COUNT]; /* all restarts, by reason */
+    uint64_t worker_exits[STATUS_EXIT_REASON_COUNT];
+
+    size_t nworkers;
+    const struct status_worker_view *workers;
+};
+
+/*
+ * Renders the agent's status at (now_wall, now_mono_ms) into a new snapshot
+ * (*out, one reference, ready to publish). now_mono_ms is the clock the
+ * progress times were taken with. Checks: "rendezvous" (a round is complete
+ * and we are not waiting for the next), "workers" (the group is running).
+ * 0, or a negative code with *out NULL.
+ */
+int status_agent_render(const struct status_agent_view *v, double now_wall, uint64_t now_mono_ms,
+                        struct status_snapshot **out);
+
+/* ---- the rendezvous server (cddp-rdzv) -------------------------------- */
+
+/* Why the server refused a connection (label of
+ * cddp_rdzv_refused_connections_total). */
+enum status_refusal {
+    STATUS_REFUSED_LIMIT,    /* connection limit reached */
+    STATUS_REFUSED_TOKEN,    /* join token missing or wrong */
+    STATUS_REFUSED_PROTOCOL, /* bad frame, version or message */
+    STATUS_REFUSAL_COUNT
+};
+
+const char *status_refusal_name(enum status_refusal r);
+
+struct status_rdzv_node_view {
+    const char *node; /* how the server names the agent: "host:port" or an id */
+    int node_rank;    /* in the current round; -1 when waiting */
+    int nproc;        /* local world size it asked for; 0 unknown */
+    double joined_at;
+    double last_seen_at; /* last heartbeat */
+    const char *state;   /* the state machine's name for it ("active", ...); NULL: not shown */
+};
+
+struct status_rdzv_run_view {
+    const char *run_id;
+    const char *state; /* the rendezvous state machine's name for it */
+    uint64_t round;
+    unsigned min_nodes, max_nodes;
+    double last_round_at;
+    size_t nmembers;
+    const struct status_rdzv_node_view *members;
+    size_t nwaiting;
+    const struct status_rdzv_node_view *waiting; /* the wait list */
+};
+
+struct status_rdzv_view {
+    const char *program; /* "cddp-rdzv" */
+    const char *version;
+    int pid;
+    const char *hostname;
+    const char *endpoint; /* where agents connect */
+    double started_at;
+    bool accepting; /* listening and not shutting down: the "listener" check */
+
+    unsigned connections; /* open agent connections */
+    uint64_t connections_total;
+    uint64_t refused[STATUS_REFUSAL_COUNT];
+    uint64_t joins_total;
+    uint64_t rounds_total;
+
+    size_t nruns;
+    const struct status_rdzv_run_view *runs;
+};
+
+/* As status_agent_render. Check: "listener". */
+int status_rdzv_render(const struct status_rdzv_view *v, double now_wall,
+                       struct status_snapshot **out);
+
+#endif

@@ -1,0 +1,67 @@
+/*
+ * cli.h: torchrun's command line -> struct launch_config.
+ *
+ * Every torchrun flag in both spellings (--nproc-per-node, --nproc_per_node),
+ * the same defaults, PET_<NAME> environment defaults (command line > PET_* >
+ * default), argparse's unique-prefix abbreviations, then the entrypoint and
+ * its arguments. Every bad input is one line in err naming the flag (or the
+ * PET_ variable) and the problem; the caller prints it and exits 2.
+ */
+#ifndef CDDP_LAUNCHER_CLI_H
+#define CDDP_LAUNCHER_CLI_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "agent/config.h"
+
+/* launch_parse() returns these (positive) when there is nothing to run. */
+enum {
+    LAUNCH_PARSED_HELP = 1,
+    LAUNCH_PARSED_VERSION = 2,
+};
+
+/* Host facts --nproc_per_node=cpu|gpu|auto need; tests pass their own. */
+struct launch_probe {
+    long (*cpu_count)(void);
+    long (*gpu_count)(void); /* CUDA devices visible to this process */
+};
+
+/* The machine's own counts (sysconf; /proc/driver/nvidia and CUDA_VISIBLE_DEVICES). */
+extern const struct launch_probe launch_system_probe;
+
+/*
+ * Parses argv (argv[0] is the program) with envp for PET_* defaults and
+ * PYTHON_EXEC. Fills cfg (zeroed first; free with launch_config_free() even
+ * on error). Returns 0, LAUNCH_PARSED_HELP, LAUNCH_PARSED_VERSION, or a
+ * negative code with a one-line reason in err. Touches no file; see
+ * launch_resolve().
+ */
+int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *probe,
+                 struct launch_config *cfg, char *err, size_t errlen);
+
+/*
+ * Forms the worker command (cfg->kind, program, argv) from the entrypoint:
+ * a .py file runs as `python3 -u script` (PYTHON_EXEC in envp overrides
+ * python3), -m as `python3 -u -m module`, --no_python or an executable that
+ * is not a .py file runs directly. Checks that what will be executed exists
+ * and is executable, and that --log_dir is not a file. 0 or a negative code
+ * with a one-line reason in err.
+ */
+int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t errlen);
+
+/* Refuses, by name, what this build parses but cannot honour (the etcd
+ * backends, --standalone with several nodes, a MIN:MAX static run, ...),
+ * and derives the rendezvous endpoint (c10d, --standalone) or the static
+ * master address and port. 0 or a negative code with err. */
+int launch_validate(struct launch_config *cfg, char *err, size_t errlen);
+
+/* torch's parse_rendezvous_endpoint: "host[:port]", "[v6]:port", "[v6]";
+ * the last colon splits (so "::1:29500" is ::1 port 29500); a missing port
+ * gives default_port. 0 or CDDP_EPARSE with err. */
+int launch_parse_endpoint(const char *endpoint, int default_port, char *host, size_t hostlen,
+                          int *port, char *err, size_t errlen);
+
+void launch_print_help(FILE *out);
+
+#endif

@@ -1,0 +1,818 @@
+/* client.c: see client.h.
+ *
+ * Connection life: resolve (uv_getaddrinfo) -> try each address -> on
+ * failure back off (10 ms doubling to 1 s, with jitter) and resolve again,
+ * until connect_timeout. Frames written before the connection is up wait in
+ * outq and follow the hello. Store requests are matched to results by id;
+ * the join is the one outstanding membership request. */
+#include "rendezvous/client.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "common/queue.h"
+#include "common/strutil.h"
+#include "config.h"
+#include "proto/frame.h"
+#include "rendezvous/wire.h"
+
+enum cstate { C_CONNECTING, C_CONNECTED, C_DEAD };
+
+struct req {
+    struct cddp_queue link;
+    uint64_t id;
+    rdzv_store_cb cb;
+    void *arg;
+};
+
+struct rdzv_client {
+    uv_loop_t *loop;
+    uv_tcp_t tcp;
+    uv_timer_t backoff_timer;
+    uv_timer_t beat;
+    uv_connect_t connect_req;
+    uv_getaddrinfo_t gai;
+    enum cstate state;
+    bool tcp_open;  /* tcp initialised and not yet closed */
+    bool resolving; /* gai in flight */
+    struct addrinfo *ai, *ai_next;
+    struct addrinfo numeric; /* the endpoint when it is an IP literal */
+    struct sockaddr_storage numeric_addr;
+    uint64_t connect_deadline;
+    uint64_t backoff_ms;
+    unsigned seed;
+
+    char *host, *run_id, *node_id, *local_addr, *hostname;
+    int port, nproc, min_nodes, max_nodes;
+    struct rdzv_conf conf;
+
+    struct cddp_buf outq;
+    struct proto_decoder dec;
+    struct cddp_queue reqs;
+    uint64_t next_id;
+
+    bool joining;
+    rdzv_join_cb join_cb;
+    void *join_arg;
+    bool error_to_join; /* the last ERROR went to a join callback */
+    bool has_round;
+    struct proto_round round;
+    char round_run_id[PROTO_MAX_ID + 1];
+    char round_master[256];
+
+    rdzv_event_cb on_event;
+    void *data;
+    char last_error[512];
+
+    bool closing;
+    int open_handles;
+    void (*close_cb)(void *arg);
+    void *close_arg;
+};
+
+static void client_fail(struct rdzv_client *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void start_resolve(struct rdzv_client *c);
+static void try_next_address(struct rdzv_client *c);
+
+/* ---- small helpers ---- */
+
+/* Formats through a copy: callers may pass last_error itself as an argument. */
+static void set_error(struct rdzv_client *c, const char *fmt, va_list ap)
+{
+    char msg[sizeof(c->last_error)];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    memcpy(c->last_error, msg, sizeof(msg));
+}
+
+static void maybe_free(struct rdzv_client *c)
+{
+    if (!c->closing || c->open_handles > 0 || c->resolving)
+        return;
+    void (*cb)(void *) = c->close_cb;
+    void *arg = c->close_arg;
+    if (c->ai)
+        uv_freeaddrinfo(c->ai);
+    cddp_buf_free(&c->outq);
+    proto_decoder_free(&c->dec);
+    free(c->host);
+    free(c->run_id);
+    free(c->node_id);
+    free(c->local_addr);
+    free(c->hostname);
+    free(c);
+    if (cb)
+        cb(arg);
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    struct rdzv_client *c = h->data;
+    if (h == (uv_handle_t *)&c->tcp)
+        c->tcp_open = false;
+    c->open_handles--;
+    if (c->closing) {
+        maybe_free(c);
+        return;
+    }
+    /* A failed attempt's handle is closed: try the next address. */
+    if (h == (uv_handle_t *)&c->tcp && c->state == C_CONNECTING)
+        try_next_address(c);
+}
+
+static void close_tcp(struct rdzv_client *c)
+{
+    if (c->tcp_open && !uv_is_closing((uv_handle_t *)&c->tcp))
+        uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+}
+
+/* Pending store requests and the join fail with code (no events). */
+static void fail_pending(struct rdzv_client *c, int code)
+{
+    struct rdzv_store_result r = {.message = c->last_error};
+    while (!cddp_queue_empty(&c->reqs)) {
+        struct req *q = cddp_queue_data(cddp_queue_head(&c->reqs), struct req, link);
+        cddp_queue_remove(&q->link);
+        q->cb(c, code, &r, q->arg);
+        free(q);
+    }
+    if (c->joining) {
+        c->joining = false;
+        c->join_cb(c, code, NULL, c->join_arg);
+    }
+}
+
+/* The connection is gone for good. One notification: the join callback if
+ * a join is outstanding, else event ERROR (unless the server's error was
+ * just given to a join). */
+static void client_fail(struct rdzv_client *c, int code, const char *fmt, ...)
+{
+    if (c->state == C_DEAD)
+        return;
+    /* Keep the server's reason when it was already given to a join. */
+    if (!c->error_to_join) {
+        va_list ap;
+        va_start(ap, fmt);
+        set_error(c, fmt, ap);
+        va_end(ap);
+    }
+    c->state = C_DEAD;
+    uv_timer_stop(&c->beat);
+    uv_timer_stop(&c->backoff_timer);
+    close_tcp(c);
+    bool notify = !c->joining && !c->error_to_join;
+    fail_pending(c, code);
+    if (notify && !c->closing && c->on_event) {
+        struct rdzv_event ev = {.kind = RDZV_EV_ERROR, .code = code, .message = c->last_error};
+        c->on_event(c, &ev, c->data);
+    }
+}
+
+static int client_send(struct rdzv_client *c, const struct proto_msg *m)
+{
+    if (c->closing || c->state == C_DEAD)
+        return CDDP_ECLOSED;
+    if (c->state == C_CONNECTING)
+        return proto_msg_encode(m, &c->outq);
+    int rc = rdzv_wire_send((uv_stream_t *)&c->tcp, m);
+    if (rc)
+        snprintf(c->last_error, sizeof(c->last_error), "cannot send %s: %s",
+                 proto_type_name(m->type), cddp_strerror(rc));
+    return rc;
+}
+
+/* ---- receiving ---- */
+
+static void copy_round(struct rdzv_client *c, const struct proto_round *r)
+{
+    c->round = *r;
+    cddp_strlcpy(c->round_run_id, r->run_id, sizeof(c->round_run_id));
+    cddp_strlcpy(c->round_master, r->master_addr, sizeof(c->round_master));
+    c->round.run_id = c->round_run_id;
+    c->round.master_addr = c->round_master;
+    c->has_round = true;
+}
+
+static void handle(struct rdzv_client *c, const struct proto_msg *m)
+{
+    struct rdzv_event ev = {0};
+    if (m->type != PROTO_ERROR)
+        c->error_to_join = false;
+    switch (m->type) {
+    case PROTO_WELCOME:
+        log_debug("R0201", "connected to %s (%s)", c->host,
+                  m->welcome.server ? m->welcome.server : "?");
+        return;
+    case PROTO_JOINED:
+        ev.kind = RDZV_EV_JOINED;
+        ev.round = m->joined.round;
+        ev.waiting = m->joined.waiting;
+        break;
+    case PROTO_ROUND:
+        copy_round(c, &m->round);
+        if (c->joining) {
+            c->joining = false;
+            c->join_cb(c, 0, &c->round, c->join_arg);
+        }
+        return;
+    case PROTO_RESTART:
+        if (c->joining)
+            return; /* we are joining the next round already */
+        ev.kind = RDZV_EV_RESTART;
+        ev.round = m->restart.round;
+        ev.reason = m->restart.reason;
+        ev.node_id = m->restart.node_id;
+        ev.counted = m->restart.counted;
+        ev.restart_count = m->restart.restart_count;
+        break;
+    case PROTO_CLOSED:
+        snprintf(c->last_error, sizeof(c->last_error), "rendezvous closed: %s",
+                 m->closed.reason ? m->closed.reason : "closed");
+        if (c->joining) {
+            c->joining = false;
+            c->join_cb(c, CDDP_ECLOSED, NULL, c->join_arg);
+            return;
+        }
+        ev.kind = RDZV_EV_CLOSED;
+        ev.reason = m->closed.reason;
+        break;
+    case PROTO_ERROR: {
+        const char *msg = m->error.message ? m->error.message : cddp_strerror(m->error.code);
+        if (c->joining) {
+            snprintf(c->last_error, sizeof(c->last_error), "%s", msg);
+            c->joining = false;
+            c->error_to_join = true;
+            c->join_cb(c, m->error.code, NULL, c->join_arg);
+            return;
+        }
+        client_fail(c, m->error.code, "%s", msg);
+        return;
+    }
+    case PROTO_RESULT: {
+        struct cddp_queue *q;
+        cddp_queue_foreach(q, &c->reqs)
+        {
+            struct req *r = cddp_queue_data(q, struct req, link);
+            if (r->id != m->id)
+                continue;
+            cddp_queue_remove(&r->link);
+            struct rdzv_store_result res = {.message = m->result.message};
+            if (m->result.has_value) {
+                res.value = m->result.value.data;
+                res.len = m->result.value.len;
+            }
+            res.number = m->result.number;
+            r->cb(c, m->result.code, &res, r->arg);
+            free(r);
+            return;
+        }
+        return; /* an answer nobody waits for any more */
+    }
+    default:
+        client_fail(c, CDDP_EPROTO_TYPE, "the server sent '%s', which servers do not send",
+                    proto_type_name(m->type));
+        return;
+    }
+    if (c->on_event)
+        c->on_event(c, &ev, c->data);
+}
+
+static int on_frame(void *arg, const char *payload, size_t len)
+{
+    struct rdzv_client *c = arg;
+    struct proto_msg m;
+    char err[256];
+    int rc = proto_msg_decode(payload, len, &m, err, sizeof(err));
+    if (rc) {
+        client_fail(c, rc, "bad message from the rendezvous server: %s", err);
+        return rc;
+    }
+    handle(c, &m);
+    proto_msg_free(&m);
+    return c->state == C_DEAD || c->closing ? CDDP_ECLOSED : 0;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)h;
+    (void)suggested;
+    static _Thread_local char readbuf[64 * 1024];
+    *buf = uv_buf_init(readbuf, sizeof(readbuf));
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct rdzv_client *c = s->data;
+    if (nread == 0 || c->state == C_DEAD)
+        return;
+    if (nread < 0) {
+        client_fail(c, nread == UV_EOF ? CDDP_ERR_FROM_ERRNO(ECONNRESET) : (int)nread,
+                    "connection to the rendezvous server %s:%d lost: %s", c->host, c->port,
+                    nread == UV_EOF ? "closed by the server" : uv_strerror((int)nread));
+        return;
+    }
+    int rc = proto_decoder_feed(&c->dec, buf->base, (size_t)nread, on_frame, c);
+    if (rc == CDDP_ETOOBIG)
+        client_fail(c, rc, "the server sent a frame over %u bytes", PROTO_FRAME_MAX);
+}
+
+/* ---- connecting ---- */
+
+static void on_beat(uv_timer_t *t)
+{
+    struct rdzv_client *c = t->data;
+    struct proto_msg m = {.type = PROTO_HEARTBEAT};
+    if (c->state == C_CONNECTED)
+        client_send(c, &m);
+}
+
+static void on_connected(uv_connect_t *req, int status)
+{
+    struct rdzv_client *c = req->data;
+    if (c->closing || c->state != C_CONNECTING)
+        return;
+    if (status < 0) {
+        snprintf(c->last_error, sizeof(c->last_error), "cannot connect to %s:%d: %s", c->host,
+                 c->port, uv_strerror(status));
+        close_tcp(c); /* on_handle_closed tries the next address */
+        return;
+    }
+    c->state = C_CONNECTED;
+    uv_tcp_nodelay(&c->tcp, 1);
+    int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    /* hello, then what was asked for while connecting, in one write. */
+    struct proto_msg m = {.type = PROTO_HELLO};
+    m.hello.token = c->conf.has_token ? c->conf.token : NULL;
+    m.hello.run_id = c->run_id;
+    m.hello.client = "cddprun " CDDP_VERSION;
+    struct cddp_buf first;
+    cddp_buf_init(&first, c->outq.max + PROTO_FRAME_HEADER + PROTO_FRAME_MAX);
+    if (rc == 0)
+        rc = proto_msg_encode(&m, &first);
+    if (rc == 0 && c->outq.len)
+        rc = cddp_buf_append(&first, c->outq.data, c->outq.len);
+    if (rc == 0)
+        rc = rdzv_wire_write_buf((uv_stream_t *)&c->tcp, &first);
+    cddp_buf_free(&first);
+    cddp_buf_free(&c->outq);
+    if (rc) {
+        client_fail(c, rc, "cannot talk to %s:%d: %s", c->host, c->port, cddp_strerror(rc));
+        return;
+    }
+    uv_timer_start(&c->beat, on_beat, c->conf.keep_alive_interval_ms,
+                   c->conf.keep_alive_interval_ms);
+}
+
+static void on_backoff(uv_timer_t *t)
+{
+    struct rdzv_client *c = t->data;
+    start_resolve(c);
+}
+
+/* Out of addresses for this round: wait, then resolve again (or give up). */
+static void backoff(struct rdzv_client *c)
+{
+    uint64_t now = uv_now(c->loop);
+    if (now >= c->connect_deadline) {
+        client_fail(c, CDDP_ETIMEOUT, "%s (kept trying for %.1f s)",
+                    c->last_error[0] ? c->last_error : "cannot reach the rendezvous server",
+                    (double)c->conf.read_timeout_ms / 1000.0);
+        return;
+    }
+    uint64_t ms = c->backoff_ms / 2 + (uint64_t)rand_r(&c->seed) % (c->backoff_ms / 2 + 1);
+    if (ms > c->connect_deadline - now)
+        ms = c->connect_deadline - now;
+    c->backoff_ms = c->backoff_ms * 2 > 1000 ? 1000 : c->backoff_ms * 2;
+    uv_timer_start(&c->backoff_timer, on_backoff, ms, 0);
+}
+
+static void try_next_address(struct rdzv_client *c)
+{
+    if (c->closing || c->state != C_CONNECTING)
+        return;
+    while (c->ai_next) {
+        struct addrinfo *a = c->ai_next;
+        c->ai_next = a->ai_next;
+        uv_tcp_init(c->loop, &c->tcp);
+        c->tcp.data = c;
+        c->tcp_open = true;
+        c->open_handles++;
+        c->connect_req.data = c;
+        int rc = uv_tcp_connect(&c->connect_req, &c->tcp, a->ai_addr, on_connected);
+        if (rc == 0)
+            return;
+        snprintf(c->last_error, sizeof(c->last_error), "cannot connect to %s:%d: %s", c->host,
+                 c->port, uv_strerror(rc));
+        close_tcp(c); /* on_handle_closed comes back here */
+        return;
+    }
+    backoff(c);
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    struct rdzv_client *c = req->data;
+    c->resolving = false;
+    if (c->closing) {
+        if (res)
+            uv_freeaddrinfo(res);
+        maybe_free(c);
+        return;
+    }
+    if (status < 0) {
+        snprintf(c->last_error, sizeof(c->last_error), "cannot resolve '%s': %s", c->host,
+                 uv_strerror(status));
+        backoff(c);
+        return;
+    }
+    if (c->ai)
+        uv_freeaddrinfo(c->ai);
+    c->ai = res;
+    c->ai_next = res;
+    try_next_address(c);
+}
+
+/* Resolves the endpoint afresh (names may move between attempts). */
+static void start_resolve(struct rdzv_client *c)
+{
+    if (c->closing || c->state != C_CONNECTING)
+        return;
+    /* A numeric address needs no resolver (and no thread-pool trip: a
+     * load generator starts thousands of clients at once). */
+    if (c->numeric.ai_addr) {
+        c->ai_next = &c->numeric;
+        try_next_address(c);
+        return;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | AI_ADDRCONFIG};
+    char service[16];
+    snprintf(service, sizeof(service), "%d", c->port);
+    c->gai.data = c;
+    int rc = uv_getaddrinfo(c->loop, &c->gai, on_resolved, c->host, service, &hints);
+    if (rc) {
+        snprintf(c->last_error, sizeof(c->last_error), "cannot resolve '%s': %s", c->host,
+                 uv_strerror(rc));
+        backoff(c);
+        return;
+    }
+    c->resolving = true;
+}
+
+/* ---- the API ---- */
+
+static char *dup_or_null(const char *s)
+{
+    return s && s[0] ? strdup(s) : NULL;
+}
+
+int rdzv_client_start(uv_loop_t *loop, const struct rdzv_client_options *o, rdzv_event_cb on_event,
+                      void *data, struct rdzv_client **out, char *err, size_t errlen)
+{
+    if (o->host == NULL || o->host[0] == '\0' || o->port <= 0 || o->port > 65535) {
+        snprintf(err, errlen, "rendezvous endpoint needs a host and a port in 1..65535");
+        return CDDP_ECONFIG;
+    }
+    if (o->run_id == NULL || strlen(o->run_id) > PROTO_MAX_ID) {
+        snprintf(err, errlen, "run id missing or longer than %d bytes", PROTO_MAX_ID);
+        return CDDP_ECONFIG;
+    }
+    if (o->min_nodes < 1 || o->max_nodes < o->min_nodes || o->max_nodes > PROTO_MAX_NODES ||
+        o->nproc < 1 || o->nproc > PROTO_MAX_NPROC) {
+        snprintf(err, errlen, "bad node counts: nnodes %d:%d, nproc %d", o->min_nodes, o->max_nodes,
+                 o->nproc);
+        return CDDP_ECONFIG;
+    }
+    struct rdzv_client *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    c->loop = loop;
+    c->port = o->port;
+    c->nproc = o->nproc;
+    c->min_nodes = o->min_nodes;
+    c->max_nodes = o->max_nodes;
+    if (o->conf)
+        c->conf = *o->conf;
+    else
+        rdzv_conf_init(&c->conf);
+    const char *env_token = getenv("CDDP_RDZV_TOKEN");
+    if (!c->conf.has_token && env_token && env_token[0]) {
+        cddp_strlcpy(c->conf.token, env_token, sizeof(c->conf.token));
+        c->conf.has_token = true;
+    }
+    char hostname[256] = "localhost";
+    if (o->hostname && o->hostname[0])
+        cddp_strlcpy(hostname, o->hostname, sizeof(hostname));
+    else
+        gethostname(hostname, sizeof(hostname) - 1);
+    char node_id[PROTO_MAX_ID + 1];
+    if (o->node_id && o->node_id[0])
+        cddp_strlcpy(node_id, o->node_id, sizeof(node_id));
+    else
+        snprintf(node_id, sizeof(node_id), "%.200s_%d_0", hostname, (int)getpid());
+    c->host = strdup(o->host);
+    c->run_id = strdup(o->run_id);
+    c->node_id = strdup(node_id);
+    c->local_addr = dup_or_null(o->local_addr);
+    c->hostname = strdup(hostname);
+    if (!c->host || !c->run_id || !c->node_id || !c->hostname ||
+        (o->local_addr && o->local_addr[0] && !c->local_addr)) {
+        c->closing = true;
+        maybe_free(c);
+        snprintf(err, errlen, "out of memory");
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    cddp_buf_init(&c->outq, 4u << 20);
+    proto_decoder_init(&c->dec, PROTO_FRAME_MAX);
+    cddp_queue_init(&c->reqs);
+    c->on_event = on_event;
+    c->data = data;
+    c->seed = (unsigned)uv_hrtime() ^ (unsigned)(uintptr_t)c;
+    c->backoff_ms = 10;
+    uint64_t ct = o->connect_timeout_ms ? o->connect_timeout_ms : c->conf.read_timeout_ms;
+    c->connect_deadline = uv_now(loop) + ct;
+    uv_timer_init(loop, &c->backoff_timer);
+    uv_timer_init(loop, &c->beat);
+    c->backoff_timer.data = c;
+    c->beat.data = c;
+    c->open_handles = 2;
+    struct sockaddr_in *in4 = (struct sockaddr_in *)&c->numeric_addr;
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&c->numeric_addr;
+    if (uv_ip4_addr(c->host, c->port, in4) == 0) {
+        c->numeric.ai_addr = (struct sockaddr *)in4;
+        c->numeric.ai_addrlen = sizeof(*in4);
+    } else if (uv_ip6_addr(c->host, c->port, in6) == 0) {
+        c->numeric.ai_addr = (struct sockaddr *)in6;
+        c->numeric.ai_addrlen = sizeof(*in6);
+    }
+    c->state = C_CONNECTING;
+    start_resolve(c);
+    *out = c;
+    return 0;
+}
+
+static void fmt_seconds(char *buf, size_t len, uint64_t ms)
+{
+    snprintf(buf, len, "%.3f", (double)ms / 1000.0);
+}
+
+int rdzv_client_join(struct rdzv_client *c, int master_port, rdzv_join_cb cb, void *arg)
+{
+    if (c->closing || c->state == C_DEAD)
+        return CDDP_ECLOSED;
+    if (c->joining)
+        return CDDP_ESTATE;
+    /* The server keeps what it needs of rdzv_conf per node; the token only
+     * ever travels in hello. */
+    char v[5][32];
+    fmt_seconds(v[0], sizeof(v[0]), c->conf.join_timeout_ms);
+    fmt_seconds(v[1], sizeof(v[1]), c->conf.last_call_timeout_ms);
+    fmt_seconds(v[2], sizeof(v[2]), c->conf.close_timeout_ms);
+    fmt_seconds(v[3], sizeof(v[3]), c->conf.keep_alive_interval_ms);
+    snprintf(v[4], sizeof(v[4]), "%d", c->conf.keep_alive_max_attempt);
+    struct proto_conf_kv kv[5] = {{"join_timeout", v[0]},
+                                  {"last_call_timeout", v[1]},
+                                  {"close_timeout", v[2]},
+                                  {"keep_alive_interval", v[3]},
+                                  {"keep_alive_max_attempt", v[4]}};
+    struct proto_msg m = {.type = PROTO_JOIN};
+    m.join.node_id = c->node_id;
+    m.join.nproc = c->nproc;
+    m.join.min_nodes = c->min_nodes;
+    m.join.max_nodes = c->max_nodes;
+    m.join.local_addr = c->local_addr;
+    m.join.hostname = c->hostname;
+    m.join.master_port = master_port;
+    m.join.conf = kv;
+    m.join.nconf = 5;
+    int rc = client_send(c, &m);
+    if (rc)
+        return rc;
+    c->joining = true;
+    c->join_cb = cb;
+    c->join_arg = arg;
+    return 0;
+}
+
+static int send_simple(struct rdzv_client *c, enum proto_type type, uint64_t round,
+                       const char *reason, bool finished)
+{
+    struct proto_msg m = {.type = type};
+    if (type == PROTO_FAILURE) {
+        m.failure.round = round;
+        m.failure.reason = reason;
+    } else {
+        m.leave.reason = reason; /* leave and close share the layout */
+        m.leave.finished = finished;
+    }
+    return client_send(c, &m);
+}
+
+int rdzv_client_report_failure(struct rdzv_client *c, const char *reason)
+{
+    if (!c->has_round)
+        return CDDP_ESTATE;
+    return send_simple(c, PROTO_FAILURE, c->round.round, reason, false);
+}
+
+int rdzv_client_leave(struct rdzv_client *c, const char *reason, bool finished)
+{
+    return send_simple(c, PROTO_LEAVE, 0, reason, finished);
+}
+
+int rdzv_client_close_rendezvous(struct rdzv_client *c, const char *reason)
+{
+    return send_simple(c, PROTO_CLOSE, 0, reason, false);
+}
+
+/* Sends m as a request whose result goes to cb. */
+static int request(struct rdzv_client *c, struct proto_msg *m, rdzv_store_cb cb, void *arg)
+{
+    if (c->closing || c->state == C_DEAD)
+        return CDDP_ECLOSED;
+    struct req *r = malloc(sizeof(*r));
+    if (r == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    m->id = ++c->next_id;
+    int rc = client_send(c, m);
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    r->id = m->id;
+    r->cb = cb;
+    r->arg = arg;
+    cddp_queue_insert_tail(&c->reqs, &r->link);
+    return 0;
+}
+
+int rdzv_client_set(struct rdzv_client *c, const char *key, const void *val, size_t len,
+                    rdzv_store_cb cb, void *arg)
+{
+    struct proto_msg m = {.type = PROTO_SET};
+    m.set.key = key;
+    m.set.value = (struct proto_bytes){val, len};
+    return request(c, &m, cb, arg);
+}
+
+int rdzv_client_get(struct rdzv_client *c, const char *key, int64_t timeout_ms, rdzv_store_cb cb,
+                    void *arg)
+{
+    struct proto_msg m = {.type = PROTO_GET};
+    m.get.key = key;
+    m.get.timeout_ms = timeout_ms;
+    return request(c, &m, cb, arg);
+}
+
+int rdzv_client_wait(struct rdzv_client *c, const char *const *keys, size_t n, int64_t timeout_ms,
+                     rdzv_store_cb cb, void *arg)
+{
+    struct proto_msg m = {.type = PROTO_WAIT};
+    m.wait.keys = keys;
+    m.wait.nkeys = n;
+    m.wait.timeout_ms = timeout_ms;
+    return request(c, &m, cb, arg);
+}
+
+int rdzv_client_add(struct rdzv_client *c, const char *key, int64_t delta, rdzv_store_cb cb,
+                    void *arg)
+{
+    struct proto_msg m = {.type = PROTO_ADD};
+    m.add.key = key;
+    m.add.delta = delta;
+    return request(c, &m, cb, arg);
+}
+
+int rdzv_client_compare_set(struct rdzv_client *c, const char *key, const void *expected,
+                            size_t elen, const void *desired, size_t dlen, rdzv_store_cb cb,
+                            void *arg)
+{
+    struct proto_msg m = {.type = PROTO_COMPARE_SET};
+    m.compare_set.key = key;
+    m.compare_set.expected = (struct proto_bytes){expected, elen};
+    m.compare_set.desired = (struct proto_bytes){desired, dlen};
+    return request(c, &m, cb, arg);
+}
+
+/* ---- the exit barrier: add -> (set) -> wait ---- */
+
+struct barrier {
+    int n;
+    int64_t timeout_ms;
+    rdzv_done_cb cb;
+    void *arg;
+    char members[PROTO_MAX_KEY + 1];
+    char last[PROTO_MAX_KEY + 1];
+};
+
+static void barrier_done(struct rdzv_client *c, struct barrier *b, int status)
+{
+    rdzv_done_cb cb = b->cb;
+    void *arg = b->arg;
+    free(b);
+    cb(c, status, arg);
+}
+
+static void barrier_waited(struct rdzv_client *c, int status, const struct rdzv_store_result *r,
+                           void *arg)
+{
+    (void)r;
+    barrier_done(c, arg, status);
+}
+
+static void barrier_wait(struct rdzv_client *c, struct barrier *b)
+{
+    const char *keys[1] = {b->last};
+    int rc = rdzv_client_wait(c, keys, 1, b->timeout_ms, barrier_waited, b);
+    if (rc)
+        barrier_done(c, b, rc);
+}
+
+static void barrier_set(struct rdzv_client *c, int status, const struct rdzv_store_result *r,
+                        void *arg)
+{
+    (void)r;
+    struct barrier *b = arg;
+    if (status)
+        barrier_done(c, b, status);
+    else
+        barrier_wait(c, b);
+}
+
+static void barrier_added(struct rdzv_client *c, int status, const struct rdzv_store_result *r,
+                          void *arg)
+{
+    struct barrier *b = arg;
+    if (status) {
+        barrier_done(c, b, status);
+        return;
+    }
+    if (r->number == b->n) {
+        int rc = rdzv_client_set(c, b->last, "1", 1, barrier_set, b);
+        if (rc)
+            barrier_done(c, b, rc);
+        return;
+    }
+    barrier_wait(c, b);
+}
+
+int rdzv_client_barrier(struct rdzv_client *c, const char *prefix, int n, int64_t timeout_ms,
+                        rdzv_done_cb cb, void *arg)
+{
+    if (n < 1 || strlen(prefix) + 16 > PROTO_MAX_KEY)
+        return CDDP_ECONFIG;
+    struct barrier *b = calloc(1, sizeof(*b));
+    if (b == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    b->n = n;
+    b->timeout_ms = timeout_ms;
+    b->cb = cb;
+    b->arg = arg;
+    snprintf(b->members, sizeof(b->members), "%s/num_members", prefix);
+    snprintf(b->last, sizeof(b->last), "%s/last_member", prefix);
+    int rc = rdzv_client_add(c, b->members, 1, barrier_added, b);
+    if (rc)
+        free(b);
+    return rc;
+}
+
+const struct proto_round *rdzv_client_round(const struct rdzv_client *c)
+{
+    return c->has_round ? &c->round : NULL;
+}
+
+const char *rdzv_client_last_error(const struct rdzv_client *c)
+{
+    return c->last_error;
+}
+
+const char *rdzv_client_node_id(const struct rdzv_client *c)
+{
+    return c->node_id;
+}
+
+void rdzv_client_close(struct rdzv_client *c, void (*close_cb)(void *arg), void *arg)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    c->close_cb = close_cb;
+    c->close_arg = arg;
+    snprintf(c->last_error, sizeof(c->last_error), "the client was closed");
+    fail_pending(c, CDDP_ERR_FROM_ERRNO(ECANCELED));
+    c->state = C_DEAD;
+    if (c->resolving)
+        uv_cancel((uv_req_t *)&c->gai);
+    close_tcp(c);
+    uv_close((uv_handle_t *)&c->backoff_timer, on_handle_closed);
+    uv_close((uv_handle_t *)&c->beat, on_handle_closed);
+}

@@ -1,0 +1,157 @@
+/*
+ * client.h: the agent's rendezvous client, asynchronous, on the caller's
+ * libuv loop (docs/protocol.md has the messages and the round diagram).
+ *
+ * One client is one agent (one node) in one run. The agent drives it:
+ *
+ *   rdzv_client_start()   connect (retrying with backoff until the server is
+ *                         up, at most connect_timeout), say hello (token),
+ *                         beat every keep_alive_interval from then on
+ *   rdzv_client_join()    join the next round; join_cb(0, round) when it
+ *                         completes: node_rank, nnodes, world_size,
+ *                         rank_offset, MASTER_ADDR/PORT, round number
+ *   ... workers run ...
+ *   event RESTART         a node was lost / joined / failed: stop the
+ *                         workers, then rdzv_client_join() again
+ *                         (restart.counted: count it against --max_restarts)
+ *   rdzv_client_report_failure()  our worker group failed: every node
+ *                         restarts (counted), us too (event RESTART)
+ *   rdzv_client_barrier() the exit barrier after success (torch's)
+ *   rdzv_client_close_rendezvous()  the job is over (or failed for good):
+ *                         every node gets event CLOSED
+ *   rdzv_client_close()   free it
+ *
+ * Callbacks run on the loop thread. As in libuv: when a function that takes
+ * a callback returns an error, that callback is never called; once it
+ * returned 0 the callback is called exactly once (with -ECANCELED if the
+ * client is closed first). Callbacks may call any function here, including
+ * rdzv_client_close().
+ *
+ * While a join is outstanding, membership news comes through its join_cb
+ * (round, or CDDP_ETIMEOUT after join_timeout, CDDP_ECLOSED, CDDP_ETOKEN,
+ * CDDP_EMISMATCH, CDDP_ECONFIG, a connection error); a RESTART that crosses
+ * our join is swallowed (we are rejoining anyway). Otherwise it comes as
+ * events. A lost connection is final: event ERROR (or the join_cb), then
+ * every call fails with CDDP_ECLOSED; make a new client to try again.
+ *
+ * The process must ignore SIGPIPE (libuv writes with write(2)).
+ */
+#ifndef CDDP_RENDEZVOUS_CLIENT_H
+#define CDDP_RENDEZVOUS_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "proto/msg.h"
+#include "rendezvous/conf.h"
+
+struct rdzv_client;
+
+struct rdzv_client_options {
+    const char *host; /* the rendezvous endpoint: name, IPv4 or IPv6 (no brackets) */
+    int port;
+    const char *run_id;  /* --rdzv_id */
+    const char *node_id; /* unique in the run; NULL: "<hostname>_<pid>_0" */
+    int nproc;           /* workers on this node (--nproc_per_node) */
+    int min_nodes, max_nodes;
+    const char *local_addr; /* --local_addr (MASTER_ADDR if we become node 0), or NULL */
+    const char *hostname;   /* how others reach us if no local_addr; NULL: gethostname() */
+    /* rdzv_conf (timeouts, keep-alive, token); NULL: torchrun's defaults.
+     * Without a token there, CDDP_RDZV_TOKEN from the environment is used.
+     * The client sends the server what it needs of it, never the token
+     * except in hello. */
+    const struct rdzv_conf *conf;
+    /* Give up connecting after this; 0: conf->read_timeout (60 s). */
+    uint64_t connect_timeout_ms;
+};
+
+enum rdzv_event_kind {
+    RDZV_EV_JOINED = 1, /* the server took our join (waiting: the round is full, we wait
+                           for a place); informational */
+    RDZV_EV_RESTART,    /* stop the workers, then join again */
+    RDZV_EV_CLOSED,     /* the rendezvous is closed: end the job */
+    RDZV_EV_ERROR,      /* the connection is lost or we were refused: final */
+};
+
+struct rdzv_event {
+    enum rdzv_event_kind kind;
+    uint64_t round;        /* RESTART: the round to join; JOINED: the round joined */
+    bool waiting;          /* JOINED: on the wait list */
+    const char *reason;    /* RESTART, CLOSED */
+    const char *node_id;   /* RESTART: the node that caused it (may be NULL) */
+    bool counted;          /* RESTART: a worker failure (counts against --max_restarts) */
+    int64_t restart_count; /* RESTART: the run's counted restarts, this one included */
+    int code;              /* ERROR */
+    const char *message;   /* ERROR: one line */
+};
+
+typedef void (*rdzv_event_cb)(struct rdzv_client *c, const struct rdzv_event *ev, void *data);
+typedef void (*rdzv_join_cb)(struct rdzv_client *c, int status, const struct proto_round *round,
+                             void *arg);
+
+/* What a store operation returns; pointers valid during the callback. */
+struct rdzv_store_result {
+    const void *value; /* get, compare_set (NUL-terminated, not counted in len) */
+    size_t len;
+    int64_t number;      /* add */
+    const char *message; /* with status != 0 */
+};
+typedef void (*rdzv_store_cb)(struct rdzv_client *c, int status, const struct rdzv_store_result *r,
+                              void *arg);
+typedef void (*rdzv_done_cb)(struct rdzv_client *c, int status, void *arg);
+
+/* Creates the client and starts connecting. Options are copied. on_event
+ * gets unsolicited news (see above); data is handed back to it. 0, or a
+ * negative code with a reason in err (bad options, out of memory). */
+int rdzv_client_start(uv_loop_t *loop, const struct rdzv_client_options *o, rdzv_event_cb on_event,
+                      void *data, struct rdzv_client **out, char *err, size_t errlen);
+
+/* Joins the next round. master_port: the port this node's rank 0 worker
+ * would serve on if this node becomes node 0 (published as MASTER_PORT).
+ * CDDP_ESTATE if a join is outstanding, CDDP_ECLOSED if the client is done. */
+int rdzv_client_join(struct rdzv_client *c, int master_port, rdzv_join_cb cb, void *arg);
+
+/* Our worker group failed in the current round (counted restart for all). */
+int rdzv_client_report_failure(struct rdzv_client *c, const char *reason);
+/* We leave the job: the others restart without us (not counted); or,
+ * finished, our workers succeeded and the others go on undisturbed. */
+int rdzv_client_leave(struct rdzv_client *c, const char *reason, bool finished);
+/* Closes the rendezvous for every node (event CLOSED everywhere, us too). */
+int rdzv_client_close_rendezvous(struct rdzv_client *c, const char *reason);
+
+/* The run's key-value store. timeout_ms < 0: get answers ENOTFOUND at once
+ * for a missing key, wait waits without limit. */
+int rdzv_client_set(struct rdzv_client *c, const char *key, const void *val, size_t len,
+                    rdzv_store_cb cb, void *arg);
+int rdzv_client_get(struct rdzv_client *c, const char *key, int64_t timeout_ms, rdzv_store_cb cb,
+                    void *arg);
+int rdzv_client_wait(struct rdzv_client *c, const char *const *keys, size_t n, int64_t timeout_ms,
+                     rdzv_store_cb cb, void *arg);
+int rdzv_client_add(struct rdzv_client *c, const char *key, int64_t delta, rdzv_store_cb cb,
+                    void *arg);
+int rdzv_client_compare_set(struct rdzv_client *c, const char *key, const void *expected,
+                            size_t elen, const void *desired, size_t dlen, rdzv_store_cb cb,
+                            void *arg);
+
+/* torch's exit barrier (store_util.barrier): add(prefix/num_members, 1);
+ * the n-th member sets prefix/last_member; everyone waits for it, at most
+ * timeout_ms. Use a prefix unique to the round, e.g.
+ * "torchelastic/agent/terminal_state/<round>". cb(0) or cb(CDDP_ETIMEOUT, ...). */
+int rdzv_client_barrier(struct rdzv_client *c, const char *prefix, int n, int64_t timeout_ms,
+                        rdzv_done_cb cb, void *arg);
+
+/* The last completed round (NULL before the first), valid until the next. */
+const struct proto_round *rdzv_client_round(const struct rdzv_client *c);
+/* One line about the last failure (the server's message if it sent one). */
+const char *rdzv_client_last_error(const struct rdzv_client *c);
+/* The node id in use. */
+const char *rdzv_client_node_id(const struct rdzv_client *c);
+
+/* Closes the connection and frees the client: every pending callback gets
+ * -ECANCELED first, then close_cb (may be NULL). Do not use c afterwards. */
+void rdzv_client_close(struct rdzv_client *c, void (*close_cb)(void *arg), void *arg);
+
+#endif

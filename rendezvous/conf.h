@@ -1,0 +1,70 @@
+/*
+ * conf.h: torchrun's --rdzv_conf ("key1=v1,key2=v2") for the c10d-style
+ * rendezvous, checked key by key. Every key torchrun's rendezvous backends
+ * read is accepted; anything else is refused with an error that names the
+ * key and lists the known ones.
+ *
+ *   join_timeout            s   600  a round must complete within this after a node joins
+ *   last_call_timeout       s    30  after min_nodes joined, wait this long for more
+ *   close_timeout           s    30  a closed run is remembered this long after its last
+ *                                    connection goes (late nodes get "closed")
+ *   keep_alive_interval     s     5  heartbeat period
+ *   keep_alive_max_attempt  n     3  a node is dead after this many missed heartbeats
+ *   heartbeat_timeout       s     5  torch's deadline for one keep-alive write; accepted,
+ *                                    no effect (heartbeats are one-way messages here)
+ *   read_timeout            s    60  store operations and connect of the agent's client
+ *   is_host                 bool  -  host the server in this agent (default: guessed)
+ *   timeout                 s     -  static backend: how long a round may take (torch's
+ *                                    store timeout; 900 s when not given, as torchrun)
+ *   store_type              str tcp  torch's c10d store; only tcp (no FileStore)
+ *   use_libuv               bool  -  accepted for torch 2.x compatibility; no effect
+ *   token                   str   -  join token (cddp's; CDDP_RDZV_TOKEN also sets it)
+ *
+ * Durations are seconds, decimals allowed (torch takes integers; "0.5" is a
+ * cddp extension for tests).
+ */
+#ifndef CDDP_RENDEZVOUS_CONF_H
+#define CDDP_RENDEZVOUS_CONF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/msg.h"
+
+struct rdzv_conf {
+    uint64_t join_timeout_ms;
+    uint64_t last_call_timeout_ms;
+    uint64_t close_timeout_ms;
+    uint64_t keep_alive_interval_ms;
+    int keep_alive_max_attempt;
+    uint64_t read_timeout_ms;
+    int is_host;                   /* -1: not given */
+    uint64_t timeout_ms;           /* 0: not given */
+    uint64_t heartbeat_timeout_ms; /* 0: not given; accepted, no effect */
+    bool use_libuv;
+    bool has_token;
+    char token[PROTO_MAX_TOKEN + 1];
+};
+
+/* torchrun's defaults. */
+void rdzv_conf_init(struct rdzv_conf *c);
+
+/* Sets one key. 0, or CDDP_ECONFIG with a one-line reason in err. */
+int rdzv_conf_set(struct rdzv_conf *c, const char *key, const char *value, char *err,
+                  size_t errlen);
+
+/* Parses "k1=v1,k2=v2" (torch's format; blanks around keys and values are
+ * ignored, an empty string is no keys). 0 or CDDP_ECONFIG with err. */
+int rdzv_conf_parse(struct rdzv_conf *c, const char *s, char *err, size_t errlen);
+
+/* The known keys, comma-separated, for messages. */
+const char *rdzv_conf_known_keys(void);
+
+/* How long a node may stay silent before it is dead. */
+static inline uint64_t rdzv_conf_dead_after_ms(const struct rdzv_conf *c)
+{
+    return c->keep_alive_interval_ms * (uint64_t)c->keep_alive_max_attempt;
+}
+
+#endif

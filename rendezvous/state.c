@@ -1,0 +1,1265 @@
+/* state.c: see state.h for the semantics; docs/protocol.md for the diagram.
+ *
+ * Each node is in exactly one of five lists of its run, by state:
+ *   IDLE         connected and joined once, but in no round (late rejoin)
+ *   PARTICIPANT  joined the forming round
+ *   WAITING      joined while the round runs at max_nodes (or while a
+ *                forming round is full): admitted when a place frees up
+ *   ACTIVE       member of the running round
+ *   RESTARTING   member of the last round, told to restart, expected back
+ * Timers (heartbeat, join timeout, last call, store waits, GC of closed
+ * runs) sit in one binary min-heap for the whole state. Heartbeats only
+ * record the time; the heartbeat timer re-arms itself lazily when it fires
+ * early, so 100,000 nodes beating cost no heap work. */
+#include "rendezvous/state.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/errors.h"
+#include "common/queue.h"
+#include "common/strmap.h"
+#include "common/strutil.h"
+#include "rendezvous/conf.h"
+
+enum node_state { N_IDLE, N_PARTICIPANT, N_WAITING, N_ACTIVE, N_RESTARTING, N_COUNT };
+
+static const char *const node_state_names[N_COUNT] = {"idle", "participant", "waiting", "active",
+                                                      "restarting"};
+
+enum timer_kind { T_BEAT, T_JOIN, T_LAST_CALL, T_STORE, T_GC };
+
+struct timer {
+    uint64_t due;
+    size_t idx; /* SIZE_MAX: not armed */
+    enum timer_kind kind;
+    void *owner;
+};
+
+struct rdzv_node {
+    struct rdzv_run *run;
+    struct rdzv_peer *peer;
+    enum node_state state;
+    struct cddp_queue link;
+    int nproc;
+    int master_port;
+    int prev_rank; /* rank in the last completed round it was part of, or -1 */
+    uint64_t last_beat;
+    uint64_t joined_at; /* its last join (status pages) */
+    uint64_t dead_after_ms;
+    uint64_t join_timeout_ms;
+    uint64_t keep_alive_ms;
+    int keep_alive_max;
+    struct timer beat;
+    struct timer join;
+    char *local_addr;
+    char *hostname;
+    size_t idlen;
+    char id[];
+};
+
+struct rdzv_run {
+    struct cddp_queue link;
+    enum rdzv_phase phase;
+    bool configured;
+    bool had_round;
+    bool expecting; /* the forming round follows a restart and waits for its members */
+    int min_nodes, max_nodes;
+    uint64_t last_call_ms;
+    uint64_t close_timeout_ms;
+    uint64_t round;
+    uint64_t round_at; /* when the current round completed (status pages) */
+    uint64_t restarts, counted_restarts;
+    struct cddp_queue lists[N_COUNT];
+    size_t count[N_COUNT];
+    struct timer last_call;
+    struct timer store_timer;
+    struct timer gc;
+    struct proto_store *store;
+    size_t npeers;
+    struct cddp_strmap nodes;
+    uint64_t closed_at;
+    char *close_reason;
+    struct rdzv_node **ranked; /* scratch for completing a round */
+    size_t ranked_cap;
+    size_t idlen;
+    char id[];
+};
+
+struct arena_chunk {
+    struct arena_chunk *next;
+    size_t size, used;
+    char data[];
+};
+
+struct rdzv_state {
+    struct rdzv_state_options opt;
+    struct cddp_strmap runs;
+    struct cddp_queue run_list;
+    size_t nruns;
+    struct timer **heap;
+    size_t heap_len, heap_cap;
+    struct rdzv_action *acts;
+    size_t nacts, acts_cap;
+    struct rdzv_action sink; /* where actions go when memory runs out */
+    struct arena_chunk *arena;
+};
+
+/* ---- small helpers: arena, actions ---- */
+
+static void arena_reset(struct rdzv_state *st)
+{
+    /* Keep the first (oldest) chunk, free the rest. */
+    struct arena_chunk *c = st->arena;
+    while (c && c->next) {
+        struct arena_chunk *next = c->next;
+        free(c);
+        c = next;
+    }
+    st->arena = c;
+    if (c)
+        c->used = 0;
+}
+
+static char *arena_alloc(struct rdzv_state *st, size_t n)
+{
+    struct arena_chunk *c = st->arena;
+    if (c == NULL || c->size - c->used < n) {
+        size_t size = n > 4096 ? n : 4096;
+        struct arena_chunk *nc = malloc(sizeof(*nc) + size);
+        if (nc == NULL)
+            return NULL;
+        nc->size = size;
+        nc->used = 0;
+        nc->next = st->arena;
+        st->arena = nc;
+        c = nc;
+    }
+    char *p = c->data + c->used;
+    c->used += n;
+    return p;
+}
+
+static const char *arena_strdup(struct rdzv_state *st, const char *s)
+{
+    if (s == NULL)
+        return NULL;
+    size_t n = strlen(s) + 1;
+    char *p = arena_alloc(st, n);
+    if (p == NULL)
+        return "";
+    memcpy(p, s, n);
+    return p;
+}
+
+static const char *arena_printf(struct rdzv_state *st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static const char *arena_printf(struct rdzv_state *st, const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    return arena_strdup(st, buf);
+}
+
+static void begin(struct rdzv_state *st)
+{
+    st->nacts = 0;
+    arena_reset(st);
+}
+
+static struct rdzv_action *act(struct rdzv_state *st, enum rdzv_action_kind kind,
+                               struct rdzv_peer *peer)
+{
+    if (st->nacts == st->acts_cap) {
+        size_t cap = st->acts_cap ? st->acts_cap * 2 : 64;
+        struct rdzv_action *a = realloc(st->acts, cap * sizeof(*a));
+        if (a == NULL) {
+            memset(&st->sink, 0, sizeof(st->sink));
+            return &st->sink;
+        }
+        st->acts = a;
+        st->acts_cap = cap;
+    }
+    struct rdzv_action *a = &st->acts[st->nacts++];
+    memset(a, 0, sizeof(*a));
+    a->kind = kind;
+    a->peer = peer;
+    return a;
+}
+
+static void emit_error(struct rdzv_state *st, struct rdzv_peer *peer, int code, bool drop,
+                       const char *message)
+{
+    struct rdzv_action *a = act(st, RDZV_ACT_ERROR, peer);
+    a->error.code = code;
+    a->error.message = message;
+    a->error.drop = drop;
+}
+
+static void emit_result(struct rdzv_state *st, struct rdzv_peer *peer, uint64_t id, int code,
+                        const char *message)
+{
+    struct rdzv_action *a = act(st, RDZV_ACT_RESULT, peer);
+    a->result.id = id;
+    a->result.code = code;
+    a->result.message = message;
+}
+
+size_t rdzv_state_actions(const struct rdzv_state *st, const struct rdzv_action **out)
+{
+    *out = st->acts;
+    return st->nacts;
+}
+
+/* ---- timers ---- */
+
+static void heap_swap(struct rdzv_state *st, size_t a, size_t b)
+{
+    struct timer *t = st->heap[a];
+    st->heap[a] = st->heap[b];
+    st->heap[b] = t;
+    st->heap[a]->idx = a;
+    st->heap[b]->idx = b;
+}
+
+static void heap_up(struct rdzv_state *st, size_t i)
+{
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (st->heap[p]->due <= st->heap[i]->due)
+            break;
+        heap_swap(st, i, p);
+        i = p;
+    }
+}
+
+static void heap_down(struct rdzv_state *st, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < st->heap_len && st->heap[l]->due < st->heap[m]->due)
+            m = l;
+        if (r < st->heap_len && st->heap[r]->due < st->heap[m]->due)
+            m = r;
+        if (m == i)
+            break;
+        heap_swap(st, i, m);
+        i = m;
+    }
+}
+
+static void timer_init(struct timer *t, enum timer_kind kind, void *owner)
+{
+    t->due = RDZV_NEVER;
+    t->idx = SIZE_MAX;
+    t->kind = kind;
+    t->owner = owner;
+}
+
+static bool timer_armed(const struct timer *t)
+{
+    return t->idx != SIZE_MAX;
+}
+
+static void timer_disarm(struct rdzv_state *st, struct timer *t)
+{
+    size_t i = t->idx;
+    if (i == SIZE_MAX)
+        return;
+    t->idx = SIZE_MAX;
+    st->heap_len--;
+    if (i == st->heap_len)
+        return;
+    st->heap[i] = st->heap[st->heap_len];
+    st->heap[i]->idx = i;
+    heap_down(st, i);
+    heap_up(st, i);
+}
+
+/* Arms (or moves) t to due. Without memory the timer stays disarmed; the
+ * only cost is a late timeout. */
+static void timer_arm(struct rdzv_state *st, struct timer *t, uint64_t due)
+{
+    if (due == RDZV_NEVER) {
+        timer_disarm(st, t);
+        return;
+    }
+    if (timer_armed(t)) {
+        uint64_t old = t->due;
+        t->due = due;
+        if (due < old)
+            heap_up(st, t->idx);
+        else
+            heap_down(st, t->idx);
+        return;
+    }
+    if (st->heap_len == st->heap_cap) {
+        size_t cap = st->heap_cap ? st->heap_cap * 2 : 64;
+        struct timer **h = realloc(st->heap, cap * sizeof(*h));
+        if (h == NULL)
+            return;
+        st->heap = h;
+        st->heap_cap = cap;
+    }
+    t->due = due;
+    t->idx = st->heap_len;
+    st->heap[st->heap_len++] = t;
+    heap_up(st, t->idx);
+}
+
+uint64_t rdzv_state_next_deadline(const struct rdzv_state *st)
+{
+    return st->heap_len ? st->heap[0]->due : RDZV_NEVER;
+}
+
+static uint64_t add_ms(uint64_t now, uint64_t ms)
+{
+    return ms > RDZV_NEVER - 1 - now ? RDZV_NEVER - 1 : now + ms;
+}
+
+/* ---- state, runs, nodes ---- */
+
+void rdzv_peer_init(struct rdzv_peer *p, const char *addr, bool loopback, void *data)
+{
+    memset(p, 0, sizeof(*p));
+    proto_store_owner_init(&p->store_owner);
+    p->data = data;
+    p->loopback = loopback;
+    if (addr)
+        cddp_strlcpy(p->addr, addr, sizeof(p->addr));
+}
+
+struct rdzv_state *rdzv_state_new(const struct rdzv_state_options *o)
+{
+    struct rdzv_state *st = calloc(1, sizeof(*st));
+    if (st == NULL)
+        return NULL;
+    if (o)
+        st->opt = *o;
+    if (st->opt.max_runs == 0)
+        st->opt.max_runs = 10000;
+    cddp_strmap_init(&st->runs, st->opt.seed[0], st->opt.seed[1]);
+    cddp_queue_init(&st->run_list);
+    return st;
+}
+
+static void node_set_state(struct rdzv_node *n, enum node_state s)
+{
+    struct rdzv_run *run = n->run;
+    cddp_queue_remove(&n->link);
+    run->count[n->state]--;
+    n->state = s;
+    cddp_queue_insert_tail(&run->lists[s], &n->link);
+    run->count[s]++;
+}
+
+/* Frees a node; its peer forgets it. The caller has dealt with its role. */
+static void node_free(struct rdzv_state *st, struct rdzv_node *n)
+{
+    struct rdzv_run *run = n->run;
+    cddp_queue_remove(&n->link);
+    run->count[n->state]--;
+    timer_disarm(st, &n->beat);
+    timer_disarm(st, &n->join);
+    cddp_strmap_del(&run->nodes, n->id, n->idlen);
+    if (n->peer)
+        n->peer->node = NULL;
+    free(n->local_addr);
+    free(n->hostname);
+    free(n);
+}
+
+static struct rdzv_run *run_new(struct rdzv_state *st, const char *run_id)
+{
+    size_t idlen = strlen(run_id);
+    struct rdzv_run *run = calloc(1, sizeof(*run) + idlen + 1);
+    if (run == NULL)
+        return NULL;
+    memcpy(run->id, run_id, idlen + 1);
+    run->idlen = idlen;
+    run->phase = RDZV_FORMING;
+    run->round = 1; /* 0 means "no round yet" everywhere in cddp */
+    for (int i = 0; i < N_COUNT; i++)
+        cddp_queue_init(&run->lists[i]);
+    timer_init(&run->last_call, T_LAST_CALL, run);
+    timer_init(&run->store_timer, T_STORE, run);
+    timer_init(&run->gc, T_GC, run);
+    cddp_strmap_init(&run->nodes, st->opt.seed[0] ^ 0x5bd1e995u, st->opt.seed[1]);
+    run->store = proto_store_new(&st->opt.store_limits, st->opt.seed[1], st->opt.seed[0]);
+    if (run->store == NULL || cddp_strmap_put(&st->runs, run->id, idlen, run) != 0) {
+        proto_store_free(run->store);
+        free(run);
+        return NULL;
+    }
+    cddp_queue_insert_tail(&st->run_list, &run->link);
+    st->nruns++;
+    return run;
+}
+
+static void run_free(struct rdzv_state *st, struct rdzv_run *run)
+{
+    for (int i = 0; i < N_COUNT; i++) {
+        while (!cddp_queue_empty(&run->lists[i]))
+            node_free(st, cddp_queue_data(cddp_queue_head(&run->lists[i]), struct rdzv_node, link));
+    }
+    timer_disarm(st, &run->last_call);
+    timer_disarm(st, &run->store_timer);
+    timer_disarm(st, &run->gc);
+    proto_store_free(run->store);
+    cddp_strmap_free(&run->nodes);
+    cddp_strmap_del(&st->runs, run->id, run->idlen);
+    cddp_queue_remove(&run->link);
+    st->nruns--;
+    free(run->close_reason);
+    free(run->ranked);
+    free(run);
+}
+
+void rdzv_state_free(struct rdzv_state *st)
+{
+    if (st == NULL)
+        return;
+    while (!cddp_queue_empty(&st->run_list))
+        run_free(st, cddp_queue_data(cddp_queue_head(&st->run_list), struct rdzv_run, link));
+    cddp_strmap_free(&st->runs);
+    free(st->heap);
+    free(st->acts);
+    arena_reset(st);
+    free(st->arena);
+    free(st);
+}
+
+static void touch(struct rdzv_peer *peer, uint64_t now)
+{
+    if (peer->node)
+        peer->node->last_beat = now;
+}
+
+/* ---- rounds ---- */
+
+static int cmp_rest(const void *a, const void *b)
+{
+    const struct rdzv_node *x = *(struct rdzv_node *const *)a;
+    const struct rdzv_node *y = *(struct rdzv_node *const *)b;
+    /* Survivors (in their old rank order) before newcomers (by node id). */
+    if ((x->prev_rank >= 0) != (y->prev_rank >= 0))
+        return x->prev_rank >= 0 ? -1 : 1;
+    if (x->prev_rank >= 0)
+        return x->prev_rank < y->prev_rank ? -1 : x->prev_rank > y->prev_rank;
+    return strcmp(x->id, y->id);
+}
+
+/* MASTER_ADDR: node 0's address as the others reach it. */
+static const char *master_addr(struct rdzv_run *run, struct rdzv_node *n0)
+{
+    struct rdzv_peer *p = n0->peer;
+    if (n0->local_addr)
+        return n0->local_addr;
+    if (p->addr[0] && !p->loopback)
+        return p->addr;
+    /* Node 0 came over loopback: right if every node is on this machine. */
+    bool all_local = true;
+    struct cddp_queue *q;
+    cddp_queue_foreach(q, &run->lists[N_PARTICIPANT])
+    {
+        struct rdzv_peer *o = cddp_queue_data(q, struct rdzv_node, link)->peer;
+        if (o->addr[0] && !o->loopback) {
+            all_local = false;
+            break;
+        }
+    }
+    if (all_local && p->addr[0])
+        return p->addr;
+    if (n0->hostname)
+        return n0->hostname;
+    return p->addr[0] ? p->addr : "127.0.0.1";
+}
+
+static void fail_round(struct rdzv_state *st, struct rdzv_run *run, uint64_t now, const char *why);
+
+static void complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
+{
+    size_t n = run->count[N_PARTICIPANT];
+    if (n > run->ranked_cap) {
+        struct rdzv_node **r = realloc(run->ranked, n * sizeof(*r));
+        if (r == NULL)
+            return; /* tried again at the next event */
+        run->ranked = r;
+        run->ranked_cap = n;
+    }
+    struct rdzv_node **rest = malloc(n * sizeof(*rest));
+    if (rest == NULL)
+        return;
+    struct rdzv_node **slot = run->ranked;
+    memset(slot, 0, n * sizeof(*slot));
+    size_t nrest = 0;
+    int64_t world = 0;
+    struct cddp_queue *q;
+    cddp_queue_foreach(q, &run->lists[N_PARTICIPANT])
+    {
+        struct rdzv_node *node = cddp_queue_data(q, struct rdzv_node, link);
+        world += node->nproc;
+        if (node->prev_rank >= 0 && (size_t)node->prev_rank < n && slot[node->prev_rank] == NULL)
+            slot[node->prev_rank] = node;
+        else
+            rest[nrest++] = node;
+    }
+    if (world > INT32_MAX) {
+        free(rest);
+        fail_round(st, run, now,
+                   arena_printf(st, "world size %lld of run '%s' exceeds 2^31-1", (long long)world,
+                                run->id));
+        return;
+    }
+    qsort(rest, nrest, sizeof(*rest), cmp_rest);
+    for (size_t i = 0, j = 0; i < n; i++) {
+        if (slot[i] == NULL)
+            slot[i] = rest[j++];
+    }
+    free(rest);
+
+    const char *maddr = arena_strdup(st, master_addr(run, slot[0]));
+    int mport = slot[0]->master_port;
+    int offset = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct rdzv_node *node = slot[i];
+        node->prev_rank = (int)i;
+        node_set_state(node, N_ACTIVE);
+        timer_disarm(st, &node->join);
+        struct rdzv_action *a = act(st, RDZV_ACT_ROUND, node->peer);
+        a->round = (struct proto_round){.run_id = run->id,
+                                        .round = run->round,
+                                        .node_rank = (int)i,
+                                        .nnodes = (int)n,
+                                        .world_size = (int)world,
+                                        .rank_offset = offset,
+                                        .nproc = node->nproc,
+                                        .master_addr = maddr,
+                                        .master_port = mport,
+                                        .restart_count = (int64_t)run->counted_restarts};
+        offset += node->nproc;
+    }
+    /* Nodes outside this round lose their old rank; late members are no
+     * longer expected. */
+    while (!cddp_queue_empty(&run->lists[N_RESTARTING]))
+        node_set_state(
+            cddp_queue_data(cddp_queue_head(&run->lists[N_RESTARTING]), struct rdzv_node, link),
+            N_IDLE);
+    cddp_queue_foreach(q, &run->lists[N_IDLE])
+    {
+        cddp_queue_data(q, struct rdzv_node, link)->prev_rank = -1;
+    }
+    cddp_queue_foreach(q, &run->lists[N_WAITING])
+    {
+        cddp_queue_data(q, struct rdzv_node, link)->prev_rank = -1;
+    }
+    run->phase = RDZV_RUNNING;
+    run->round_at = now;
+    run->had_round = true;
+    run->expecting = false;
+    timer_disarm(st, &run->last_call);
+}
+
+static void join_as_participant(struct rdzv_state *st, struct rdzv_node *node, uint64_t now)
+{
+    node_set_state(node, N_PARTICIPANT);
+    timer_arm(st, &node->join, add_ms(now, node->join_timeout_ms));
+    struct rdzv_action *a = act(st, RDZV_ACT_JOINED, node->peer);
+    a->joined.round = node->run->round;
+    a->joined.waiting = false;
+}
+
+/* Decides whether the forming round completes now, or arms last call. */
+static void check_complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
+{
+    if (run->phase != RDZV_FORMING)
+        return;
+    while (run->count[N_WAITING] > 0 &&
+           run->count[N_PARTICIPANT] + run->count[N_RESTARTING] < (size_t)run->max_nodes)
+        join_as_participant(
+            st, cddp_queue_data(cddp_queue_head(&run->lists[N_WAITING]), struct rdzv_node, link),
+            now);
+    size_t p = run->count[N_PARTICIPANT];
+    if (p == 0 || p < (size_t)run->min_nodes) {
+        timer_disarm(st, &run->last_call);
+        return;
+    }
+    if (p >= (size_t)run->max_nodes || (run->expecting && run->count[N_RESTARTING] == 0)) {
+        complete(st, run, now);
+        return;
+    }
+    /* After a restart the members still stopping their workers are waited
+     * for (dead ones are removed by their heartbeats), even with
+     * last_call_timeout=0: completing without them would make each late
+     * member's join restart the round again, for ever. */
+    if (run->last_call_ms == 0 && !run->expecting) {
+        complete(st, run, now);
+        return;
+    }
+    if (run->last_call_ms == 0)
+        return;
+    if (!timer_armed(&run->last_call))
+        timer_arm(st, &run->last_call, add_ms(now, run->last_call_ms));
+}
+
+/* Ends the running round: every member is told to restart and is expected
+ * in the next one. The caller then adds joiners and calls check_complete. */
+static void restart(struct rdzv_state *st, struct rdzv_run *run, const char *reason,
+                    const char *node_id, bool counted)
+{
+    const char *r = arena_strdup(st, reason);
+    const char *nid = arena_strdup(st, node_id);
+    run->round++;
+    run->restarts++;
+    if (counted)
+        run->counted_restarts++;
+    run->phase = RDZV_FORMING;
+    run->expecting = run->count[N_ACTIVE] > 0;
+    timer_disarm(st, &run->last_call);
+    while (!cddp_queue_empty(&run->lists[N_ACTIVE])) {
+        struct rdzv_node *node =
+            cddp_queue_data(cddp_queue_head(&run->lists[N_ACTIVE]), struct rdzv_node, link);
+        node_set_state(node, N_RESTARTING);
+        struct rdzv_action *a = act(st, RDZV_ACT_RESTART, node->peer);
+        a->restart.round = run->round;
+        a->restart.reason = r;
+        a->restart.node_id = nid;
+        a->restart.counted = counted;
+        a->restart.restart_count = (int64_t)run->counted_restarts;
+    }
+}
+
+/* A round that can never run (world size overflow): every participant gets
+ * the error and the run closes. */
+static void close_run(struct rdzv_state *st, struct rdzv_run *run, uint64_t now,
+                      const char *reason);
+
+static void fail_round(struct rdzv_state *st, struct rdzv_run *run, uint64_t now, const char *why)
+{
+    struct cddp_queue *q;
+    cddp_queue_foreach(q, &run->lists[N_PARTICIPANT])
+    {
+        emit_error(st, cddp_queue_data(q, struct rdzv_node, link)->peer, CDDP_ECONFIG, false, why);
+    }
+    close_run(st, run, now, why);
+}
+
+/* A node is gone (connection lost, heartbeats missed, left, timed out,
+ * replaced). Members left behind restart at once. */
+static void node_remove(struct rdzv_state *st, struct rdzv_node *node, uint64_t now,
+                        const char *reason)
+{
+    struct rdzv_run *run = node->run;
+    enum node_state was = node->state;
+    const char *id = arena_strdup(st, node->id);
+    node_free(st, node);
+    if (run->phase == RDZV_CLOSED)
+        return;
+    if (was == N_ACTIVE && run->phase == RDZV_RUNNING)
+        restart(st, run, reason, id, false);
+    check_complete(st, run, now);
+}
+
+static void close_run(struct rdzv_state *st, struct rdzv_run *run, uint64_t now, const char *reason)
+{
+    if (run->phase == RDZV_CLOSED)
+        return;
+    run->phase = RDZV_CLOSED;
+    run->closed_at = now;
+    free(run->close_reason);
+    run->close_reason = strdup(reason ? reason : "closed");
+    const char *r = arena_strdup(st, reason ? reason : "closed");
+    for (int i = 0; i < N_COUNT; i++) {
+        while (!cddp_queue_empty(&run->lists[i])) {
+            struct rdzv_node *node =
+                cddp_queue_data(cddp_queue_head(&run->lists[i]), struct rdzv_node, link);
+            act(st, RDZV_ACT_CLOSED, node->peer)->closed.reason = r;
+            node_free(st, node);
+        }
+    }
+    timer_disarm(st, &run->last_call);
+}
+
+/* Frees a run nobody uses any more; a closed one only after close_timeout. */
+static void maybe_gc(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
+{
+    /* A plain store keeps its keys for as long as the server runs: a client
+     * may set a key and go before the others come for it. */
+    if (run->npeers > 0 || st->opt.store_only)
+        return;
+    if (run->phase != RDZV_CLOSED) {
+        run_free(st, run);
+        return;
+    }
+    uint64_t due = add_ms(run->closed_at, run->close_timeout_ms);
+    if (now >= due)
+        run_free(st, run);
+    else
+        timer_arm(st, &run->gc, due);
+}
+
+/* ---- the calls ---- */
+
+int rdzv_state_hello(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                     const char *run_id, char *err, size_t errlen)
+{
+    (void)now;
+    begin(st);
+    if (peer->run) {
+        snprintf(err, errlen, "hello sent twice on one connection");
+        emit_error(st, peer, CDDP_ESTATE, true, arena_strdup(st, err));
+        return CDDP_ESTATE;
+    }
+    if (st->opt.store_only || run_id == NULL)
+        run_id = "";
+    struct rdzv_run *run = cddp_strmap_get(&st->runs, run_id, strlen(run_id));
+    if (run == NULL) {
+        if (st->nruns >= st->opt.max_runs) {
+            snprintf(err, errlen, "this server already serves %zu runs (its limit)", st->nruns);
+            emit_error(st, peer, CDDP_ETOOBIG, true, arena_strdup(st, err));
+            return CDDP_ETOOBIG;
+        }
+        run = run_new(st, run_id);
+        if (run == NULL) {
+            snprintf(err, errlen, "out of memory");
+            emit_error(st, peer, CDDP_ERR_FROM_ERRNO(ENOMEM), true, "out of memory");
+            return CDDP_ERR_FROM_ERRNO(ENOMEM);
+        }
+    }
+    peer->run = run;
+    run->npeers++;
+    timer_disarm(st, &run->gc);
+    return 0;
+}
+
+static bool need_run(struct rdzv_state *st, struct rdzv_peer *peer)
+{
+    if (peer->run)
+        return true;
+    emit_error(st, peer, CDDP_ESTATE, true, "send hello first");
+    return false;
+}
+
+void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                     const struct proto_msg *m)
+{
+    char err[512];
+    begin(st);
+    if (st->opt.store_only) {
+        emit_error(st, peer, CDDP_ESTATE, true,
+                   "this server is a plain key-value store; it runs no rendezvous");
+        return;
+    }
+    if (!need_run(st, peer))
+        return;
+    struct rdzv_run *run = peer->run;
+    if (run->phase == RDZV_CLOSED) {
+        emit_error(st, peer, CDDP_ECLOSED, false,
+                   arena_printf(st, "rendezvous '%s' is closed (%s)", run->id,
+                                run->close_reason ? run->close_reason : "closed"));
+        return;
+    }
+    struct rdzv_conf conf;
+    rdzv_conf_init(&conf);
+    for (size_t i = 0; i < m->join.nconf; i++) {
+        if (rdzv_conf_set(&conf, m->join.conf[i].key, m->join.conf[i].value, err, sizeof(err)) !=
+            0) {
+            emit_error(st, peer, CDDP_ECONFIG, false, arena_strdup(st, err));
+            return;
+        }
+    }
+    if (run->configured &&
+        (m->join.min_nodes != run->min_nodes || m->join.max_nodes != run->max_nodes)) {
+        emit_error(st, peer, CDDP_EMISMATCH, false,
+                   arena_printf(st,
+                                "run '%s' was started with --nnodes=%d:%d; node '%s' asks "
+                                "for %d:%d",
+                                run->id, run->min_nodes, run->max_nodes, m->join.node_id,
+                                m->join.min_nodes, m->join.max_nodes));
+        return;
+    }
+
+    struct rdzv_node *node = peer->node;
+    if (node && strcmp(node->id, m->join.node_id) != 0) {
+        emit_error(st, peer, CDDP_ESTATE, false,
+                   arena_printf(st, "this connection already joined as '%s'", node->id));
+        return;
+    }
+    if (node == NULL) {
+        size_t idlen = strlen(m->join.node_id);
+        struct rdzv_node *other = cddp_strmap_get(&run->nodes, m->join.node_id, idlen);
+        if (other) {
+            /* A reconnecting agent replaces its stale connection. */
+            emit_error(st, other->peer, CDDP_EEXISTS, true,
+                       arena_printf(st, "node '%s' joined again on another connection", other->id));
+            node_remove(st, other, now, "node_replaced");
+            if (run->phase == RDZV_CLOSED)
+                return;
+        }
+        node = calloc(1, sizeof(*node) + idlen + 1);
+        if (node == NULL) {
+            emit_error(st, peer, CDDP_ERR_FROM_ERRNO(ENOMEM), true, "out of memory");
+            return;
+        }
+        memcpy(node->id, m->join.node_id, idlen + 1);
+        node->idlen = idlen;
+        node->run = run;
+        node->peer = peer;
+        node->prev_rank = -1;
+        node->state = N_IDLE;
+        cddp_queue_init(&node->link);
+        cddp_queue_insert_tail(&run->lists[N_IDLE], &node->link);
+        run->count[N_IDLE]++;
+        timer_init(&node->beat, T_BEAT, node);
+        timer_init(&node->join, T_JOIN, node);
+        if (cddp_strmap_put(&run->nodes, node->id, idlen, node) != 0) {
+            node_free(st, node);
+            emit_error(st, peer, CDDP_ERR_FROM_ERRNO(ENOMEM), true, "out of memory");
+            return;
+        }
+        peer->node = node;
+    }
+    if (!run->configured) {
+        run->configured = true;
+        run->min_nodes = m->join.min_nodes;
+        run->max_nodes = m->join.max_nodes;
+        run->last_call_ms = conf.last_call_timeout_ms;
+        run->close_timeout_ms = conf.close_timeout_ms;
+    }
+    node->nproc = m->join.nproc;
+    node->master_port = m->join.master_port;
+    free(node->local_addr);
+    free(node->hostname);
+    node->local_addr =
+        m->join.local_addr && m->join.local_addr[0] ? strdup(m->join.local_addr) : NULL;
+    node->hostname = m->join.hostname && m->join.hostname[0] ? strdup(m->join.hostname) : NULL;
+    node->join_timeout_ms = conf.join_timeout_ms;
+    node->keep_alive_ms = conf.keep_alive_interval_ms;
+    node->keep_alive_max = conf.keep_alive_max_attempt;
+    node->dead_after_ms = rdzv_conf_dead_after_ms(&conf);
+    node->last_beat = now;
+    node->joined_at = now;
+    if (!timer_armed(&node->beat))
+        timer_arm(st, &node->beat, add_ms(now, node->dead_after_ms));
+
+    struct rdzv_action *a;
+    switch (node->state) {
+    case N_PARTICIPANT: /* a repeated join: say again where it stands */
+    case N_WAITING:
+        a = act(st, RDZV_ACT_JOINED, peer);
+        a->joined.round = run->round;
+        a->joined.waiting = node->state == N_WAITING;
+        return;
+    case N_ACTIVE:
+        /* A member asks for a new round (its agent restarts on its own):
+         * the others restart too, not counted, as torch's rejoin does. */
+        node_set_state(node, N_IDLE);
+        restart(st, run, "node_rejoined", node->id, false);
+        join_as_participant(st, node, now);
+        check_complete(st, run, now);
+        return;
+    case N_RESTARTING:
+        join_as_participant(st, node, now);
+        check_complete(st, run, now);
+        return;
+    case N_IDLE:
+    default:
+        break;
+    }
+    if (run->phase == RDZV_RUNNING) {
+        if (run->count[N_ACTIVE] < (size_t)run->max_nodes) {
+            restart(st, run, "node_joined", node->id, false);
+            join_as_participant(st, node, now);
+            check_complete(st, run, now);
+            return;
+        }
+    } else if (run->count[N_PARTICIPANT] + run->count[N_RESTARTING] < (size_t)run->max_nodes) {
+        join_as_participant(st, node, now);
+        check_complete(st, run, now);
+        return;
+    }
+    /* Full: wait for a place (torch's redundancy list). */
+    node_set_state(node, N_WAITING);
+    a = act(st, RDZV_ACT_JOINED, peer);
+    a->joined.round = run->round;
+    a->joined.waiting = true;
+}
+
+void rdzv_state_heartbeat(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer)
+{
+    begin(st);
+    touch(peer, now);
+}
+
+void rdzv_state_leave(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                      const char *reason, bool finished)
+{
+    (void)reason;
+    begin(st);
+    struct rdzv_node *node = peer->node;
+    if (node == NULL)
+        return;
+    if (!finished) {
+        node_remove(st, node, now, "node_left");
+        return;
+    }
+    /* Its part of the job is done: the running round goes on without it. */
+    struct rdzv_run *run = node->run;
+    node_free(st, node);
+    check_complete(st, run, now);
+}
+
+void rdzv_state_failure(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer, uint64_t round,
+                        const char *reason)
+{
+    (void)reason;
+    begin(st);
+    touch(peer, now);
+    struct rdzv_node *node = peer->node;
+    if (node == NULL || node->state != N_ACTIVE || node->run->phase != RDZV_RUNNING ||
+        round != node->run->round)
+        return;
+    restart(st, node->run, "worker_failure", node->id, true);
+    check_complete(st, node->run, now);
+}
+
+void rdzv_state_close(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                      const char *reason)
+{
+    begin(st);
+    if (st->opt.store_only) {
+        emit_error(st, peer, CDDP_ESTATE, true,
+                   "this server is a plain key-value store; it runs no rendezvous");
+        return;
+    }
+    if (!need_run(st, peer))
+        return;
+    struct rdzv_run *run = peer->run;
+    const char *r = reason && reason[0] ? reason : "closed";
+    /* The closer hears back even if it never joined. */
+    if (peer->node == NULL)
+        act(st, RDZV_ACT_CLOSED, peer)->closed.reason =
+            arena_strdup(st, run->close_reason ? run->close_reason : r);
+    close_run(st, run, now, r);
+}
+
+static void drain_store(struct rdzv_state *st, struct rdzv_run *run)
+{
+    struct proto_store_event ev;
+    while (proto_store_next_event(run->store, &ev)) {
+        struct rdzv_peer *peer = cddp_queue_data(ev.owner, struct rdzv_peer, store_owner);
+        if (ev.kind == PROTO_STORE_TIMEOUT) {
+            emit_result(st, peer, ev.req_id, CDDP_ETIMEOUT, "timed out waiting for the key(s)");
+            continue;
+        }
+        struct rdzv_action *a = act(st, RDZV_ACT_RESULT, peer);
+        a->result.id = ev.req_id;
+        if (ev.is_get) {
+            a->result.code = proto_store_get(run->store, ev.key, &a->result.value, &a->result.vlen);
+            a->result.has_value = a->result.code == 0;
+        }
+    }
+    timer_arm(st, &run->store_timer, proto_store_next_deadline(run->store));
+}
+
+static const char *store_error(struct rdzv_state *st, int rc, const char *key)
+{
+    switch (rc) {
+    case CDDP_ENOTFOUND:
+        return arena_printf(st, "key '%.200s' not found", key);
+    case CDDP_ETOOBIG:
+        return "the store is full (its byte, key or waiter limit)";
+    case CDDP_EPARSE:
+        return arena_printf(st, "key '%.200s' does not hold an integer", key);
+    case CDDP_ERANGE_ARG:
+        return "the result is outside +-2^53";
+    default:
+        return cddp_strerror(rc);
+    }
+}
+
+void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                      const struct proto_msg *m)
+{
+    begin(st);
+    if (!need_run(st, peer))
+        return;
+    touch(peer, now);
+    struct rdzv_run *run = peer->run;
+    struct proto_store *s = run->store;
+    struct rdzv_action *a;
+    const void *val;
+    size_t vlen;
+    bool ready;
+    int rc;
+    switch (m->type) {
+    case PROTO_SET:
+        rc = proto_store_set(s, m->set.key, m->set.value.data, m->set.value.len);
+        emit_result(st, peer, m->id, rc, rc ? store_error(st, rc, m->set.key) : NULL);
+        break;
+    case PROTO_GET:
+        rc = proto_store_get(s, m->get.key, &val, &vlen);
+        if (rc == CDDP_ENOTFOUND && m->get.timeout_ms >= 0) {
+            const char *keys[1] = {m->get.key};
+            rc = proto_store_wait(s, keys, 1, add_ms(now, (uint64_t)m->get.timeout_ms),
+                                  &peer->store_owner, m->id, true, &ready);
+            if (rc == 0)
+                break; /* answered when the key is set or time is up */
+        }
+        a = act(st, RDZV_ACT_RESULT, peer);
+        a->result.id = m->id;
+        a->result.code = rc;
+        if (rc == 0) {
+            a->result.has_value = true;
+            a->result.value = val;
+            a->result.vlen = vlen;
+        } else {
+            a->result.message = store_error(st, rc, m->get.key);
+        }
+        break;
+    case PROTO_WAIT: {
+        uint64_t deadline =
+            m->wait.timeout_ms < 0 ? PROTO_STORE_NEVER : add_ms(now, (uint64_t)m->wait.timeout_ms);
+        rc = proto_store_wait(s, m->wait.keys, m->wait.nkeys, deadline, &peer->store_owner, m->id,
+                              false, &ready);
+        if (rc || ready)
+            emit_result(st, peer, m->id, rc, rc ? store_error(st, rc, m->wait.keys[0]) : NULL);
+        break;
+    }
+    case PROTO_ADD: {
+        int64_t n;
+        rc = proto_store_add(s, m->add.key, m->add.delta, &n);
+        a = act(st, RDZV_ACT_RESULT, peer);
+        a->result.id = m->id;
+        a->result.code = rc;
+        if (rc == 0) {
+            a->result.has_number = true;
+            a->result.number = n;
+        } else {
+            a->result.message = store_error(st, rc, m->add.key);
+        }
+        break;
+    }
+    case PROTO_COMPARE_SET:
+        rc = proto_store_compare_set(s, m->compare_set.key, m->compare_set.expected.data,
+                                     m->compare_set.expected.len, m->compare_set.desired.data,
+                                     m->compare_set.desired.len, &val, &vlen);
+        a = act(st, RDZV_ACT_RESULT, peer);
+        a->result.id = m->id;
+        a->result.code = rc;
+        if (rc == 0) {
+            a->result.has_value = true;
+            a->result.value = val;
+            a->result.vlen = vlen;
+        } else {
+            a->result.message = store_error(st, rc, m->compare_set.key);
+        }
+        break;
+    default:
+        emit_result(st, peer, m->id, CDDP_EPROTO_TYPE, "not a store request");
+        return;
+    }
+    drain_store(st, run);
+}
+
+void rdzv_state_disconnect(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer)
+{
+    begin(st);
+    if (peer->node)
+        node_remove(st, peer->node, now, "node_lost");
+    struct rdzv_run *run = peer->run;
+    if (run == NULL)
+        return;
+    proto_store_cancel_owner(run->store, &peer->store_owner);
+    timer_arm(st, &run->store_timer, proto_store_next_deadline(run->store));
+    peer->run = NULL;
+    run->npeers--;
+    maybe_gc(st, run, now);
+}
+
+static void fire(struct rdzv_state *st, struct timer *t, uint64_t now)
+{
+    switch (t->kind) {
+    case T_BEAT: {
+        struct rdzv_node *node = t->owner;
+        uint64_t due = add_ms(node->last_beat, node->dead_after_ms);
+        if (now < due) {
+            timer_arm(st, t, due);
+            return;
+        }
+        emit_error(st, node->peer, CDDP_ETIMEOUT, true,
+                   arena_printf(st,
+                                "node '%s' sent no heartbeat for %.1f s (keep_alive_interval=%.1f "
+                                "s x keep_alive_max_attempt=%d): removed from run '%s'",
+                                node->id, (double)(now - node->last_beat) / 1000.0,
+                                (double)node->keep_alive_ms / 1000.0, node->keep_alive_max,
+                                node->run->id));
+        node_remove(st, node, now, "heartbeat_timeout");
+        return;
+    }
+    case T_JOIN: {
+        struct rdzv_node *node = t->owner;
+        struct rdzv_run *run = node->run;
+        if (node->state != N_PARTICIPANT || run->phase != RDZV_FORMING)
+            return;
+        emit_error(st, node->peer, CDDP_ETIMEOUT, false,
+                   arena_printf(st,
+                                "rendezvous '%s' round %llu did not complete within "
+                                "join_timeout=%.1f s: %zu node(s) joined, min_nodes=%d",
+                                run->id, (unsigned long long)run->round,
+                                (double)node->join_timeout_ms / 1000.0, run->count[N_PARTICIPANT],
+                                run->min_nodes));
+        node_remove(st, node, now, "join_timeout");
+        return;
+    }
+    case T_LAST_CALL: {
+        struct rdzv_run *run = t->owner;
+        if (run->phase == RDZV_FORMING && run->count[N_PARTICIPANT] >= (size_t)run->min_nodes &&
+            run->count[N_PARTICIPANT] > 0)
+            complete(st, run, now);
+        return;
+    }
+    case T_STORE: {
+        struct rdzv_run *run = t->owner;
+        proto_store_expire(run->store, now);
+        drain_store(st, run);
+        return;
+    }
+    case T_GC:
+        maybe_gc(st, t->owner, now);
+        return;
+    }
+}
+
+void rdzv_state_tick(struct rdzv_state *st, uint64_t now)
+{
+    begin(st);
+    while (st->heap_len > 0 && st->heap[0]->due <= now) {
+        struct timer *t = st->heap[0];
+        timer_disarm(st, t);
+        fire(st, t, now);
+    }
+}
+
+void rdzv_state_close_all(struct rdzv_state *st, uint64_t now, const char *reason)
+{
+    begin(st);
+    struct cddp_queue *q;
+    cddp_queue_foreach(q, &st->run_list)
+    {
+        close_run(st, cddp_queue_data(q, struct rdzv_run, link), now, reason);
+    }
+}
+
+/* ---- introspection ---- */
+
+static const char *phase_name(enum rdzv_phase p)
+{
+    return p == RDZV_FORMING ? "forming" : p == RDZV_RUNNING ? "running" : "closed";
+}
+
+cJSON *rdzv_state_status(const struct rdzv_state *st, uint64_t now)
+{
+    (void)now;
+    cJSON *root = cJSON_CreateObject();
+    cJSON *runs = cJSON_AddArrayToObject(root, "runs");
+    cJSON_AddNumberToObject(root, "nruns", (double)st->nruns);
+    size_t shown = 0;
+    struct cddp_queue *q;
+    cddp_queue_foreach(q, &st->run_list)
+    {
+        if (runs == NULL || shown++ >= 1000)
+            break;
+        const struct rdzv_run *run = cddp_queue_data(q, struct rdzv_run, link);
+        cJSON *r = cJSON_CreateObject();
+        if (r == NULL)
+            break;
+        cJSON_AddStringToObject(r, "run_id", run->id);
+        cJSON_AddStringToObject(r, "phase", phase_name(run->phase));
+        cJSON_AddNumberToObject(r, "round", (double)run->round);
+        cJSON_AddNumberToObject(r, "min_nodes", run->min_nodes);
+        cJSON_AddNumberToObject(r, "max_nodes", run->max_nodes);
+        for (int i = 0; i < N_COUNT; i++)
+            cJSON_AddNumberToObject(r, node_state_names[i], (double)run->count[i]);
+        cJSON_AddNumberToObject(r, "connections", (double)run->npeers);
+        cJSON_AddNumberToObject(r, "restarts", (double)run->restarts);
+        cJSON_AddNumberToObject(r, "counted_restarts", (double)run->counted_restarts);
+        cJSON_AddNumberToObject(r, "store_keys", (double)proto_store_num_keys(run->store));
+        cJSON_AddItemToArray(runs, r);
+    }
+    return root;
+}
+
+int rdzv_state_run_stats(const struct rdzv_state *st, const char *run_id,
+                         struct rdzv_run_stats *out)
+{
+    const struct rdzv_run *run = cddp_strmap_get(&st->runs, run_id, strlen(run_id));
+    if (run == NULL)
+        return CDDP_ENOTFOUND;
+    out->phase = run->phase;
+    out->round = run->round;
+    out->participants = run->count[N_PARTICIPANT];
+    out->waiting = run->count[N_WAITING];
+    out->active = run->count[N_ACTIVE];
+    out->restarting = run->count[N_RESTARTING];
+    out->nodes = run->nodes.len;
+    out->peers = run->npeers;
+    out->min_nodes = run->min_nodes;
+    out->max_nodes = run->max_nodes;
+    out->last_call_armed = timer_armed(&run->last_call);
+    return 0;
+}
+
+size_t rdzv_state_num_runs(const struct rdzv_state *st)
+{
+    return st->nruns;
+}
+
+void rdzv_state_visit(const struct rdzv_state *st, size_t max_runs,
+                      void (*run_cb)(void *arg, const struct rdzv_run_info *run),
+                      void (*node_cb)(void *arg, const struct rdzv_node_info *node), void *arg)
+{
+    static const enum node_state order[N_COUNT] = {N_ACTIVE, N_RESTARTING, N_PARTICIPANT, N_IDLE,
+                                                   N_WAITING};
+    size_t shown = 0;
+    struct cddp_queue *q;
+    cddp_queue_foreach(q, &st->run_list)
+    {
+        if (max_runs && shown++ >= max_runs)
+            break;
+        const struct rdzv_run *run = cddp_queue_data(q, struct rdzv_run, link);
+        struct rdzv_run_info ri = {
+            .run_id = run->id,
+            .phase = phase_name(run->phase),
+            .round = run->round,
+            .min_nodes = run->min_nodes,
+            .max_nodes = run->max_nodes,
+            .round_at = run->had_round ? run->round_at : 0,
+            .nnodes = run->nodes.len,
+        };
+        run_cb(arg, &ri);
+        for (int k = 0; k < N_COUNT; k++) {
+            struct cddp_queue *nq;
+            cddp_queue_foreach(nq, &run->lists[order[k]])
+            {
+                const struct rdzv_node *n = cddp_queue_data(nq, struct rdzv_node, link);
+                bool ranked = n->state == N_ACTIVE || n->state == N_RESTARTING;
+                struct rdzv_node_info ni = {
+                    .node_id = n->id,
+                    .state = node_state_names[n->state],
+                    .rank = ranked ? n->prev_rank : -1,
+                    .nproc = n->nproc,
+                    .joined_at = n->joined_at,
+                    .last_seen = n->last_beat,
+                };
+                node_cb(arg, &ni);
+            }
+        }
+    }
+}

@@ -1,0 +1,211 @@
+/*
+ * state.h: the rendezvous state machine (pure: no sockets, no clock reads).
+ *
+ * One struct rdzv_state holds every job ("run", by run_id) a server serves.
+ * The shell (rendezvous/server.c, or a test, or a benchmark) turns what
+ * happens into calls: a connection says hello, joins, beats, leaves, fails,
+ * closes, uses the store, or drops; time passes (rdzv_state_tick). `now` is
+ * always an argument, in milliseconds of the caller's monotonic clock. Each
+ * call replaces the list of actions (rdzv_state_actions) the shell must
+ * carry out: messages to peers and connections to drop. Pointers inside
+ * actions stay valid until the next call.
+ *
+ * Semantics are torch's dynamic rendezvous (DynamicRendezvousHandler), with
+ * pushes instead of polling; docs/protocol.md has the diagram:
+ *  - a round forms from joining nodes; it completes at once when max_nodes
+ *    joined, when every node expected back after a restart has rejoined
+ *    (and at least min_nodes are there), or last_call_timeout after the
+ *    min_nodes-th node joined;
+ *  - a node that joins a running round goes to the wait list; if the round
+ *    is below max_nodes every member is told to restart (not counted) and
+ *    the waiting node joins the next round; at max it waits (torch's
+ *    redundancy list) until a place frees up;
+ *  - a member that is lost (its connection drops, or it misses
+ *    keep_alive_max_attempt heartbeats) or leaves makes every other member
+ *    restart at once (not counted) -- torch waits for an NCCL timeout;
+ *  - a member reporting a worker failure makes every member restart, counted
+ *    against --max_restarts;
+ *  - a node whose round does not complete within its join_timeout gets
+ *    ETIMEOUT; closing a run tells every node and refuses later joins;
+ *  - node ranks are stable across rounds where membership allows (a
+ *    survivor keeps its rank if it is still below the new node count; holes
+ *    are filled by the others in rank order, then by newcomers sorted by
+ *    node id, as torch sorts); rank offsets are prefix sums of each node's
+ *    nproc; MASTER_ADDR/PORT are node 0's.
+ */
+#ifndef CDDP_RENDEZVOUS_STATE_H
+#define CDDP_RENDEZVOUS_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "proto/msg.h"
+#include "proto/store.h"
+
+#define RDZV_NEVER UINT64_MAX
+
+struct rdzv_run;
+struct rdzv_node;
+
+/* One per connection, embedded in the shell's connection struct and
+ * initialised with rdzv_peer_init. The fields marked private belong to the
+ * state machine. */
+struct rdzv_peer {
+    struct rdzv_run *run;                 /* private */
+    struct rdzv_node *node;               /* private */
+    struct proto_store_owner store_owner; /* private */
+    void *data;                           /* the shell's */
+    /* The peer's IP address as the server sees it ("" if none), and
+     * whether it is a loopback address: MASTER_ADDR comes from these. */
+    char addr[64];
+    bool loopback;
+};
+
+/* addr may be NULL. */
+void rdzv_peer_init(struct rdzv_peer *p, const char *addr, bool loopback, void *data);
+
+enum rdzv_action_kind {
+    RDZV_ACT_JOINED = 1, /* a join was taken: participant of `round`, or waiting */
+    RDZV_ACT_ROUND,      /* the round completed: this node's place in it */
+    RDZV_ACT_RESTART,    /* stop the workers and join again (round is the new one) */
+    RDZV_ACT_CLOSED,     /* the run is closed */
+    RDZV_ACT_ERROR,      /* an error for the peer; drop: close its connection after it */
+    RDZV_ACT_RESULT,     /* the result of a store request */
+};
+
+struct rdzv_action {
+    enum rdzv_action_kind kind;
+    struct rdzv_peer *peer;
+    union {
+        struct {
+            uint64_t round;
+            bool waiting;
+        } joined;
+        struct proto_round round;
+        struct {
+            uint64_t round;
+            const char *reason;
+            const char *node_id;
+            bool counted;
+            int64_t restart_count; /* the run's counted restarts, this one included */
+        } restart;
+        struct {
+            const char *reason;
+        } closed;
+        struct {
+            int code;
+            const char *message;
+            bool drop;
+        } error;
+        struct {
+            uint64_t id;
+            int code;
+            const char *message;
+            bool has_value;
+            const void *value;
+            size_t vlen;
+            bool has_number;
+            int64_t number;
+        } result;
+    };
+};
+
+struct rdzv_state_options {
+    /* A plain key-value store: hello binds every peer to one store, which
+     * lives as long as the state; joins are refused. This is the trainer's
+     * bootstrap store. */
+    bool store_only;
+    struct proto_store_limits store_limits;
+    uint64_t seed[2]; /* hash keys; pick at random */
+    size_t max_runs;  /* 0: 10,000 */
+};
+
+struct rdzv_state *rdzv_state_new(const struct rdzv_state_options *o);
+/* Frees everything. Peers must have been disconnected (or be discarded). */
+void rdzv_state_free(struct rdzv_state *st);
+
+/* Binds peer to run_id's run (created if new). 0, CDDP_ESTATE (hello twice:
+ * also an ERROR action with drop) or CDDP_ETOOBIG (too many runs), with a
+ * reason in err. */
+int rdzv_state_hello(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                     const char *run_id, char *err, size_t errlen);
+
+/* The join message of the protocol (m->type == PROTO_JOIN). */
+void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                     const struct proto_msg *m);
+/* Any frame from a peer also counts as a heartbeat. */
+void rdzv_state_heartbeat(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer);
+/* A graceful leave: like a lost node, but the connection stays. finished:
+ * the node's workers succeeded, so the others go on without it (no restart;
+ * torch's exit barrier timing out on one node). */
+void rdzv_state_leave(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                      const char *reason, bool finished);
+/* The node's worker group failed in `round`: every member restarts, counted.
+ * Reports about an older round, or from a non-member, are ignored. */
+void rdzv_state_failure(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer, uint64_t round,
+                        const char *reason);
+/* Closes the peer's run: CLOSED to every node, later joins refused. */
+void rdzv_state_close(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                      const char *reason);
+/* A store request (set, get, wait, add, compare_set). */
+void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                      const struct proto_msg *m);
+/* The connection is gone. The peer is unbound and may be freed afterwards. */
+void rdzv_state_disconnect(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer);
+/* Time passed: heartbeats, last call, join timeouts, store waits, GC. */
+void rdzv_state_tick(struct rdzv_state *st, uint64_t now);
+/* When rdzv_state_tick next has something to do (RDZV_NEVER: nothing). */
+uint64_t rdzv_state_next_deadline(const struct rdzv_state *st);
+/* Closes every run (server shutdown): CLOSED to every node. */
+void rdzv_state_close_all(struct rdzv_state *st, uint64_t now, const char *reason);
+
+/* The actions of the last call. */
+size_t rdzv_state_actions(const struct rdzv_state *st, const struct rdzv_action **out);
+
+/* A snapshot for the status request: {"runs":[...],"nruns":N}. Caller frees. */
+cJSON *rdzv_state_status(const struct rdzv_state *st, uint64_t now);
+
+/* For tests and benchmarks: one run's counters. CDDP_ENOTFOUND if no such run. */
+enum rdzv_phase { RDZV_FORMING = 1, RDZV_RUNNING, RDZV_CLOSED };
+struct rdzv_run_stats {
+    enum rdzv_phase phase;
+    uint64_t round;
+    size_t participants, waiting, active, restarting, nodes, peers;
+    int min_nodes, max_nodes;
+    bool last_call_armed;
+};
+int rdzv_state_run_stats(const struct rdzv_state *st, const char *run_id,
+                         struct rdzv_run_stats *out);
+size_t rdzv_state_num_runs(const struct rdzv_state *st);
+
+/* For status pages (cddp-rdzv's status port): every run and its nodes, read
+ * only. Times are the caller's monotonic ms, as passed to the calls; the
+ * strings are valid until the next call that changes the state. */
+struct rdzv_run_info {
+    const char *run_id;
+    const char *phase; /* "forming", "running", "closed" */
+    uint64_t round;
+    int min_nodes, max_nodes;
+    uint64_t round_at; /* when the current round completed; 0: none yet */
+    size_t nnodes;
+};
+struct rdzv_node_info {
+    const char *node_id;
+    const char *state; /* "idle", "participant", "waiting", "active", "restarting" */
+    int rank;          /* node rank in the current round (active, restarting); else -1 */
+    int nproc;
+    uint64_t joined_at; /* when its last join was taken */
+    uint64_t last_seen; /* its last frame */
+};
+/* Calls run_cb for each run (at most max_runs; 0: all), each followed by
+ * node_cb for each of its nodes: the round's (active, restarting,
+ * participant), then idle ones (connected, in no round), then the wait list
+ * last. */
+void rdzv_state_visit(const struct rdzv_state *st, size_t max_runs,
+                      void (*run_cb)(void *arg, const struct rdzv_run_info *run),
+                      void (*node_cb)(void *arg, const struct rdzv_node_info *node), void *arg);
+
+#endif

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""cddprun against Debian's torchrun, side by side in one run.
+
+    /usr/bin/python3 tests/bench/bench_launcher.py [--build build] [--runs 40] [--torch-runs 5]
+
+Three figures, each measured for both launchers in the same run, the runs
+interleaved so both see the same machine load:
+
+1. End-to-end wall time of `--nproc_per_node=4 --no_python /bin/true`
+   (torchrun with --monitor_interval=0.1, torch 2.x's default).
+2. Peak RSS of the launcher. cddprun reports its own VmHWM at LOGLEVEL=DEBUG
+   (wait4's ru_maxrss cannot be used for it: Linux carries the pre-exec
+   image's peak into it, and that image is a fork of this Python script,
+   bigger than cddprun). torchrun: wait4's ru_maxrss, which its ~240 MiB
+   Python process dominates.
+3. Restart latency: from rank 0's failing exit to its replacement's first
+   instruction, with 4 workers whose peers stop at once on SIGTERM
+   (tests/bench/restart_worker.c records CLOCK_REALTIME at both points).
+
+It prints figures; it never passes or fails on them. Targets (issue 2):
+cddprun >= 50x faster end to end, agent peak RSS < 8 MiB, restart < 20 ms.
+"""
+import argparse
+import os
+import pathlib
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TORCH_PY = "/usr/bin/python3"
+TORCHRUN = [TORCH_PY, str(ROOT / "tests" / "compat" / "torchrun_py311.py")]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_once(cmd, env):
+    """(wall seconds, ru_maxrss KiB, exit code, stderr)"""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, ru = os.wait4(p.pid, 0)
+        t1 = time.perf_counter()
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        return t1 - t0, ru.ru_maxrss, p.returncode, err.read().decode(errors="replace")
+
+
+def cddprun_cmd(build, *args):
+    return [str(build / "launcher" / "cddprun"), *args]
+
+
+def torchrun_cmd(*args):
+    return TORCHRUN + ["--monitor_interval=0.1", f"--master_port={free_port()}", *args]
+
+
+def fmt_ms(s):
+    return f"{s * 1000:.1f} ms" if s < 10 else f"{s:.2f} s"
+
+
+def machine():
+    cpu = "?"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()
+    return (f"{platform.node()}, {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, "
+            f"load average {load[0]:.2f} at start")
+
+
+def restart_latencies(cmd, env, attempts, out):
+    env = dict(env, BENCH_OUT=str(out), BENCH_ATTEMPTS=str(attempts))
+    if out.exists():
+        out.unlink()
+    _, _, rc, err = run_once(cmd, env)
+    if rc != 0:
+        raise SystemExit(f"restart run failed ({rc}):\n{err}")
+    exits, starts = {}, {}
+    for line in out.read_text().splitlines():
+        what, attempt, rank, ns = line.split()
+        if rank == "0":
+            (exits if what == "exit" else starts)[int(attempt)] = int(ns)
+    return [(starts[a + 1] - exits[a]) / 1e9 for a in sorted(exits) if a + 1 in starts]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=str(ROOT / "build"))
+    ap.add_argument("--runs", type=int, default=40, help="cddprun runs per figure")
+    ap.add_argument("--torch-runs", type=int, default=5, help="torchrun runs per figure")
+    ap.add_argument("--restarts", type=int, default=20, help="cddprun restarts measured")
+    ap.add_argument("--torch-restarts", type=int, default=4)
+    args = ap.parse_args()
+    build = pathlib.Path(args.build).resolve()
+    worker = build / "tests" / "bench" / "bench_restart_worker"
+    if not worker.exists():
+        raise SystemExit(f"{worker} is not built (ninja -C {build})")
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHON_EXEC=TORCH_PY)
+    env.pop("LOGLEVEL", None)
+    print(f"# launcher benchmark, {time.strftime('%Y-%m-%d %H:%M %Z')}")
+    print(f"# machine: {machine()}")
+
+    # 1 + 2: wall time and RSS, interleaved.
+    c_wall, c_rss, c_self, t_wall, t_rss = [], [], [], [], []
+    true_args = ["--nproc_per_node=4", "--no_python", "/bin/true"]
+    for i in range(max(args.runs, args.torch_runs)):
+        if i < args.runs:
+            w, rss, rc, err = run_once(cddprun_cmd(build, *true_args), dict(env, LOGLEVEL="DEBUG"))
+            assert rc == 0, err
+            c_wall.append(w)
+            c_rss.append(rss)
+            m = re.search(r"peak RSS (\d+) KiB", err)
+            if m:
+                c_self.append(int(m.group(1)))
+        if i < args.torch_runs:
+            w, rss, rc, err = run_once(torchrun_cmd(*true_args), env)
+            assert rc == 0, err
+            t_wall.append(w)
+            t_rss.append(rss)
+
+    # 3: restart latency
+    with tempfile.TemporaryDirectory() as d:
+        out = pathlib.Path(d) / "events"
+        c_lat = restart_latencies(
+            cddprun_cmd(build, "--nproc_per_node=4", f"--max_restarts={args.restarts}",
+                        "--no_python", str(worker)), env, args.restarts + 1, out)
+        t_lat = restart_latencies(
+            torchrun_cmd("--nproc_per_node=4", f"--max_restarts={args.torch_restarts}",
+                         "--no_python", str(worker)), env, args.torch_restarts + 1, out)
+
+    med = statistics.median
+    print()
+    print("| figure | cddprun | torchrun 1.13.1 | ratio |")
+    print("|---|---|---|---|")
+    print(f"| wall, 4 x /bin/true (median; min) | {fmt_ms(med(c_wall))}; {fmt_ms(min(c_wall))} "
+          f"| {fmt_ms(med(t_wall))}; {fmt_ms(min(t_wall))} | {med(t_wall) / med(c_wall):.0f}x |")
+    if c_self:
+        print(f"| launcher peak RSS (max; cddprun VmHWM, torchrun ru_maxrss) "
+              f"| {max(c_self) / 1024:.1f} MiB | {max(t_rss) / 1024:.1f} MiB "
+              f"| {max(t_rss) / max(c_self):.0f}x |")
+    print(f"| failing exit -> replacement running (median; max) | {fmt_ms(med(c_lat))}; "
+          f"{fmt_ms(max(c_lat))} | {fmt_ms(med(t_lat))}; {fmt_ms(max(t_lat))} "
+          f"| {med(t_lat) / med(c_lat):.0f}x |")
+    print()
+    print(f"# samples: wall {len(c_wall)} cddprun / {len(t_wall)} torchrun; restarts "
+          f"{len(c_lat)} / {len(t_lat)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

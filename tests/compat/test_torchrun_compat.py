@@ -1,0 +1,194 @@
+"""cddprun side by side with Debian's torchrun (torch 1.13.1, through
+tests/compat/torchrun_py311.py): the same command under both, compared.
+
+- the workers' environment, key by key, on the first attempt and after a
+  failure restart; the only differences allowed are the ones
+  docs/torchrun-compat.md documents (DOCUMENTED below);
+- tee prefixes and the log directory layout;
+- the failure table and the agent's error file for a worker that raises
+  under @record;
+- a real PyTorch DDP script (gloo, env://, DistributedSampler, DDP) giving
+  byte-identical results;
+- exit codes.
+"""
+import json
+import os
+import pathlib
+import re
+
+import pytest
+
+from conftest import ROOT, TORCH_PY, binary, free_port, run
+
+TORCHRUN = [TORCH_PY, str(ROOT / "tests" / "compat" / "torchrun_py311.py")]
+
+# Keys whose value differs on purpose (docs/torchrun-compat.md, "Environment").
+DOCUMENTED = {
+    # torch 1.13 sets the old name; torch >= 2.2 (and cddprun) the TORCH_ one.
+    "NCCL_ASYNC_ERROR_HANDLING": ("1", None),
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": (None, "1"),
+    # static rendezvous: 1.13's workers use the agent's store; ours serve their own.
+    "TORCHELASTIC_USE_AGENT_STORE": ("True", "False"),
+    # exported by torch 2.x's launcher (after #154849), not by 1.13.
+    "TORCHELASTIC_SIGNALS_TO_HANDLE": (None, "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
+    # cddp's progress channel (docs/status.md): the pipe is the worker's fd 3.
+    "CDDP_PROGRESS_FD": (None, "3"),
+}
+# Same layout, different temporary directory: compared by shape.
+ERROR_FILE_RE = r"/logs/cmp_[^/]+/attempt_{attempt}/{lr}/error\.json$"
+
+pytestmark = [pytest.mark.torch, pytest.mark.heavy]
+
+
+def base_env(tmp_path, **extra):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    # A C locale makes Python 3.11 add LC_CTYPE to its own environment (PEP 538),
+    # which torchrun would pass on; a UTF-8 locale keeps the two bases equal.
+    env["LC_ALL"] = "C.UTF-8"
+    env["TMPDIR"] = str(tmp_path)
+    env.update(extra)
+    return env
+
+
+def launch(which, args, env, timeout=300):
+    cmd = TORCHRUN if which == "torchrun" else [binary("cddprun")]
+    return run(cmd + [str(a) for a in args], env=env, timeout=timeout)
+
+
+def read_env(path):
+    return dict(l.split("=", 1) for l in path.read_text().splitlines() if "=" in l)
+
+
+def test_env_tee_logs_restart_match_torchrun(tmp_path, torch_python):
+    worker = tmp_path / "w"
+    worker.write_text("""#!/bin/sh
+env > "$OUT/env.$TORCHELASTIC_RESTART_COUNT.$LOCAL_RANK"
+echo "hello from $LOCAL_RANK attempt $TORCHELASTIC_RESTART_COUNT"
+echo "oops from $LOCAL_RANK" >&2
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$LOCAL_RANK" = 1 ]; then exit 1; fi
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec sleep 30; fi
+exit 0
+""")
+    worker.chmod(0o755)
+    results = {}
+    for which in ("torchrun", "cddprun"):
+        out = tmp_path / which
+        out.mkdir()
+        args = ["--nproc_per_node=2", "--max_restarts=1", "--rdzv_id=cmp", "--role=tr",
+                f"--master_port={free_port()}", "--monitor_interval=0.1",
+                f"--log_dir={out / 'logs'}", "--tee=3", "--no_python", worker]
+        r = launch(which, args, base_env(tmp_path, OUT=str(out)))
+        assert r.returncode == 0, f"{which}: {r.stderr}"
+        results[which] = (out, r)
+
+    (t_out, t_r), (c_out, c_r) = results["torchrun"], results["cddprun"]
+    for attempt in (0, 1):
+        for lr in (0, 1):
+            te = read_env(t_out / f"env.{attempt}.{lr}")
+            ce = read_env(c_out / f"env.{attempt}.{lr}")
+            for k in sorted(set(te) | set(ce)):
+                if k in ("OUT", "_"):
+                    continue
+                tv, cv = te.get(k), ce.get(k)
+                if k in DOCUMENTED:
+                    assert (tv, cv) == DOCUMENTED[k], (k, tv, cv)
+                elif k == "TORCHELASTIC_ERROR_FILE":
+                    for v in (tv, cv):
+                        assert re.search(ERROR_FILE_RE.format(attempt=attempt, lr=lr), v), v
+                elif k == "MASTER_PORT":
+                    assert tv.isdigit() and cv.isdigit()
+                else:
+                    assert tv == cv, f"attempt {attempt} rank {lr}: {k}: torchrun {tv!r}, cddprun {cv!r}"
+            assert ce["TORCHELASTIC_RESTART_COUNT"] == str(attempt)
+            assert ce["OMP_NUM_THREADS"] == "1"
+
+    # tee: the same prefixed lines on the same streams (order between ranks may differ)
+    def teed(text):
+        return sorted(l for l in text.splitlines() if re.match(r"^\[tr\d\]:", l))
+    assert teed(t_r.stdout) == teed(c_r.stdout)
+    assert "[tr1]:hello from 1 attempt 1" in teed(c_r.stdout)
+    assert teed(t_r.stderr) == teed(c_r.stderr)
+    assert "[tr0]:oops from 0" in teed(c_r.stderr)
+
+    # log layout: <log_dir>/cmp_<random>/attempt_<n>/<lr>/{stdout,stderr}.log, same files
+    def layout(root):
+        (run_dir,) = (root / "logs").iterdir()
+        assert run_dir.name.startswith("cmp_")
+        return sorted((str(p.relative_to(run_dir)), p.read_text() if p.is_file() else None)
+                      for p in run_dir.rglob("*"))
+    assert layout(t_out) == layout(c_out)
+
+
+RAISER = """
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    raise ValueError("the worker failed on purpose")
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def table_of(stderr):
+    lines = stderr.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("====="))
+    end = max(i for i, l in enumerate(lines) if l.startswith("====="))
+    masked = []
+    for l in lines[start:end + 1]:
+        l = re.sub(r"time      : \S+", "time      : T", l)
+        l = re.sub(r"host      : \S+", "host      : H", l)
+        l = re.sub(r"\(pid: \d+\)", "(pid: P)", l)
+        l = re.sub(r"/\S*/attempt_", "DIR/attempt_", l)
+        l = re.sub(r'File "[^"]*"', 'File "F"', l)
+        masked.append(l)
+    return masked
+
+
+def test_failure_table_and_error_file_match_torchrun(tmp_path, torch_python):
+    script = tmp_path / "raiser.py"
+    script.write_text(RAISER)
+    tables, files = {}, {}
+    for which in ("torchrun", "cddprun"):
+        agent_file = tmp_path / f"{which}.error.json"
+        r = launch(which, ["--nproc_per_node=1", f"--master_port={free_port()}",
+                           "--monitor_interval=0.1", script],
+                   base_env(tmp_path, TORCHELASTIC_ERROR_FILE=str(agent_file)))
+        assert r.returncode == 1, f"{which}: {r.stderr}"
+        tables[which] = table_of(r.stderr)
+        files[which] = json.loads(agent_file.read_text())
+    assert tables["cddprun"] == tables["torchrun"], "\n".join(
+        ["torchrun:"] + tables["torchrun"] + ["cddprun:"] + tables["cddprun"])
+    assert any("ValueError: the worker failed on purpose" in l for l in tables["cddprun"])
+    t, c = files["torchrun"]["message"], files["cddprun"]["message"]
+    assert c["message"] == t["message"] == "ValueError: the worker failed on purpose"
+    assert c["errorCode"] == t["errorCode"] == 1
+    assert set(c["extraInfo"]) == set(t["extraInfo"])
+
+
+def test_ddp_script_same_results(tmp_path, torch_python):
+    script = ROOT / "tests" / "compat" / "ddp_train.py"
+    results = {}
+    for which in ("torchrun", "cddprun"):
+        out = tmp_path / which
+        out.mkdir()
+        r = launch(which, ["--nproc_per_node=2", f"--master_port={free_port()}",
+                           "--monitor_interval=0.1", script, "--out", out],
+                   base_env(tmp_path), timeout=600)
+        assert r.returncode == 0, f"{which}: {r.stderr}"
+        results[which] = json.loads((out / "result.json").read_text())
+        assert (out / "checkpoint.pt").stat().st_size > 0
+    t, c = results["torchrun"], results["cddprun"]
+    assert c["world_size"] == 2
+    assert c["losses"] == t["losses"]
+    assert c["weights_sha256"] == t["weights_sha256"]
+    for k, v in t["env"].items():
+        if k != "MASTER_PORT":
+            assert c["env"][k] == v, k
+
+
+def test_bad_flag_exit_code_matches_torchrun(tmp_path, torch_python):
+    for which in ("torchrun", "cddprun"):
+        r = launch(which, ["--nproc_per_node=2", "--no_such_flag", "x.py"], base_env(tmp_path))
+        assert r.returncode == 2, f"{which}: {r.returncode} {r.stderr}"

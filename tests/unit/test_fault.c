@@ -1,0 +1,122 @@
+/* Unit tests for trainer/fault.c: --fault parsing and when a fault fires. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "common/errors.h"
+#include "trainer/fault.h"
+
+static void test_parse_ok(void **state)
+{
+    (void)state;
+    struct trn_fault f;
+    char err[256];
+    assert_int_equal(trn_fault_parse("crash@step=5", &f, err, sizeof(err)), 0);
+    assert_int_equal(f.kind, TRN_FAULT_CRASH);
+    assert_int_equal(f.step, 5);
+    assert_int_equal(f.rank, -1);
+    assert_false(f.every);
+
+    assert_int_equal(trn_fault_parse("hang@step=0,rank=3", &f, err, sizeof(err)), 0);
+    assert_int_equal(f.kind, TRN_FAULT_HANG);
+    assert_int_equal(f.step, 0);
+    assert_int_equal(f.rank, 3);
+
+    assert_int_equal(trn_fault_parse("slow@step=7,ms=250", &f, err, sizeof(err)), 0);
+    assert_int_equal(f.kind, TRN_FAULT_SLOW);
+    assert_int_equal(f.ms, 250);
+    assert_int_equal(f.rank, -1);
+
+    /* Fields in any order, every anywhere. */
+    assert_int_equal(trn_fault_parse("slow@every,ms=1,rank=0,step=9", &f, err, sizeof(err)), 0);
+    assert_int_equal(f.step, 9);
+    assert_int_equal(f.rank, 0);
+    assert_int_equal(f.ms, 1);
+    assert_true(f.every);
+    assert_string_equal(trn_fault_kind_name(f.kind), "slow");
+}
+
+static void expect_bad(const char *spec, int code, const char *needle)
+{
+    struct trn_fault f;
+    char err[256] = "";
+    int rc = trn_fault_parse(spec, &f, err, sizeof(err));
+    if (rc != code || strstr(err, needle) == NULL)
+        fail_msg("'%s': rc %d, err '%s' (wanted %d and '%s')", spec, rc, err, code, needle);
+    assert_int_equal(f.kind, TRN_FAULT_NONE);
+    assert_non_null(strstr(err, "--fault"));
+}
+
+static void test_parse_bad(void **state)
+{
+    (void)state;
+    expect_bad("", CDDP_EPARSE, "empty");
+    expect_bad("crash", CDDP_EPARSE, "missing '@'");
+    expect_bad("explode@step=1", CDDP_EPARSE, "unknown fault kind 'explode'");
+    expect_bad("crash@", CDDP_EPARSE, "empty field");
+    expect_bad("crash@rank=1", CDDP_EPARSE, "missing step");
+    expect_bad("crash@step=-1", CDDP_ERANGE_ARG, "step must be");
+    expect_bad("crash@step=x", CDDP_EPARSE, "step must be");
+    expect_bad("crash@step=1,step=2", CDDP_EPARSE, "'step' given twice");
+    expect_bad("crash@step=1,rank=1,rank=2", CDDP_EPARSE, "'rank' given twice");
+    expect_bad("crash@step=1,,every", CDDP_EPARSE, "empty field");
+    expect_bad("crash@step=1,every,every", CDDP_EPARSE, "'every' given twice");
+    expect_bad("crash@step=1,ms=5", CDDP_EPARSE, "ms= applies to slow only");
+    expect_bad("slow@step=1", CDDP_EPARSE, "slow needs ms");
+    expect_bad("slow@step=1,ms=0", CDDP_ERANGE_ARG, "ms must be");
+    expect_bad("hang@step=1,often", CDDP_EPARSE, "unknown field 'often'");
+    expect_bad("hang@step=1,when=2", CDDP_EPARSE, "unknown field 'when'");
+    char longspec[300];
+    memset(longspec, 'a', sizeof(longspec) - 1);
+    longspec[sizeof(longspec) - 1] = '\0';
+    expect_bad(longspec, CDDP_ERANGE_ARG, "too long");
+}
+
+static void test_due(void **state)
+{
+    (void)state;
+    struct trn_fault f;
+    char err[256];
+    assert_int_equal(trn_fault_parse("crash@step=4,rank=1", &f, err, sizeof(err)), 0);
+    assert_true(trn_fault_due(&f, 4, 1, 0));
+    assert_false(trn_fault_due(&f, 3, 1, 0));
+    assert_false(trn_fault_due(&f, 5, 1, 0));
+    assert_false(trn_fault_due(&f, 4, 0, 0));
+    /* A restarted attempt does not repeat it... */
+    assert_false(trn_fault_due(&f, 4, 1, 1));
+    assert_false(trn_fault_due(&f, 4, 1, 7));
+    /* ...unless ,every. */
+    assert_int_equal(trn_fault_parse("crash@step=4,rank=1,every", &f, err, sizeof(err)), 0);
+    assert_true(trn_fault_due(&f, 4, 1, 1));
+    assert_true(trn_fault_due(&f, 4, 1, 7));
+    /* No rank: every rank. */
+    assert_int_equal(trn_fault_parse("hang@step=2", &f, err, sizeof(err)), 0);
+    for (int r = 0; r < 8; r++)
+        assert_true(trn_fault_due(&f, 2, r, 0));
+    struct trn_fault none = {0};
+    assert_false(trn_fault_due(&none, 0, 0, 0));
+}
+
+static void test_fire_slow_returns(void **state)
+{
+    (void)state;
+    struct trn_fault f = {.kind = TRN_FAULT_SLOW, .step = 0, .rank = -1, .ms = 5};
+    trn_fault_fire(&f, 0, 0);
+    struct trn_fault none = {0};
+    trn_fault_fire(&none, 0, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_ok),
+        cmocka_unit_test(test_parse_bad),
+        cmocka_unit_test(test_due),
+        cmocka_unit_test(test_fire_slow_returns),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

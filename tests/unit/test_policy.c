@@ -1,0 +1,836 @@
+/*
+ * Unit tests for agent/policy.c: every state with every event, the restart
+ * budget, the stop sequence (SIGTERM, deadline, SIGKILL, empty groups),
+ * signals (forwarded, second one kills, exit 128+N), success with processes
+ * left behind, membership restarts and a closed rendezvous; then a long
+ * random walk that checks the invariants after every step.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <string.h>
+
+#include "agent/policy.h"
+#include "common/exitcodes.h"
+
+#define TIMEOUT 30000
+
+static struct policy_action acts[POLICY_MAX_ACTIONS];
+static int nacts;
+
+static int step(struct agent_policy *p, enum policy_event_type type, int rank, int code,
+                uint64_t now)
+{
+    struct policy_event ev = {.type = type, .local_rank = rank, .exitcode = code};
+    if (type == POLICY_EV_SIGNAL)
+        ev.sig = code;
+    memset(acts, 0xab, sizeof(acts));
+    nacts = policy_step(p, &ev, now, acts);
+    assert_true(nacts >= 0 && nacts <= POLICY_MAX_ACTIONS);
+    return nacts;
+}
+
+/* A worker exit whose group has nothing else in it. */
+static int exit_clean(struct agent_policy *p, int rank, int code, uint64_t now)
+{
+    struct policy_event ev = {
+        .type = POLICY_EV_WORKER_EXIT, .local_rank = rank, .exitcode = code, .group_empty = true};
+    nacts = policy_step(p, &ev, now, acts);
+    return nacts;
+}
+
+static const struct policy_action *find(enum policy_action_type t)
+{
+    for (int i = 0; i < nacts; i++) {
+        if (acts[i].type == t)
+            return &acts[i];
+    }
+    return NULL;
+}
+
+static void expect(const enum policy_action_type *types, int n)
+{
+    if (nacts != n)
+        fail_msg("expected %d actions, got %d", n, nacts);
+    for (int i = 0; i < n; i++) {
+        if (acts[i].type != types[i])
+            fail_msg("action %d: expected type %d, got %d", i, types[i], acts[i].type);
+    }
+}
+#define EXPECT(...)                                                                                \
+    do {                                                                                           \
+        const enum policy_action_type t_[] = {__VA_ARGS__};                                        \
+        expect(t_, (int)(sizeof(t_) / sizeof(t_[0])));                                             \
+    } while (0)
+#define EXPECT_NONE() assert_int_equal(nacts, 0)
+
+/* A policy with n workers, running (START, ROUND done). */
+static void running(struct agent_policy *p, int n, int max_restarts)
+{
+    assert_int_equal(policy_init(p, n, max_restarts, TIMEOUT), 0);
+    step(p, POLICY_EV_START, 0, 0, 0);
+    EXPECT(POLICY_ACT_JOIN);
+    assert_int_equal(acts[0].reason, STOP_NONE);
+    assert_int_equal(p->state, AGENT_RENDEZVOUS);
+    step(p, POLICY_EV_ROUND, 0, 0, 0);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(p->state, AGENT_RUNNING);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(p->workers[i].state, WORKER_RUNNING);
+        assert_true(p->workers[i].group_alive);
+    }
+}
+
+static void test_start_and_round(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 4, 0);
+    /* a second START or ROUND is stale */
+    step(&p, POLICY_EV_START, 0, 0, 1);
+    EXPECT_NONE();
+    step(&p, POLICY_EV_ROUND, 0, 0, 1);
+    EXPECT_NONE();
+    assert_int_equal(policy_restart_count(&p), 0);
+    policy_free(&p);
+}
+
+static void test_success_clean(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 3, 2);
+    exit_clean(&p, 1, 0, 10);
+    EXPECT_NONE(); /* an early success is simply awaited */
+    assert_int_equal(p.workers[1].state, WORKER_SUCCEEDED);
+    exit_clean(&p, 0, 0, 11);
+    EXPECT_NONE();
+    exit_clean(&p, 2, 0, 12);
+    EXPECT(POLICY_ACT_EXIT_BARRIER);
+    assert_int_equal(p.state, AGENT_EXIT_BARRIER);
+    step(&p, POLICY_EV_BARRIER_DONE, 0, 0, 13);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, CDDP_EXIT_OK);
+    assert_int_equal(p.state, AGENT_SUCCEEDED);
+    assert_true(policy_finished(&p));
+    policy_free(&p);
+}
+
+static void test_success_leaves_processes(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 2, 0);
+    exit_clean(&p, 0, 0, 10);
+    EXPECT_NONE();
+    /* rank 1 exits 0 but left a child in its group: stop it first */
+    step(&p, POLICY_EV_WORKER_EXIT, 1, 0, 20);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(acts[0].sig, SIGTERM);
+    assert_int_equal(acts[0].reason, STOP_SUCCESS);
+    assert_int_equal(acts[1].deadline_ms, 20 + TIMEOUT);
+    assert_int_equal(p.state, AGENT_STOPPING);
+    step(&p, POLICY_EV_GROUP_EMPTY, 1, 0, 30);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_EXIT_BARRIER);
+    step(&p, POLICY_EV_BARRIER_DONE, 0, 0, 31);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(p.exit_code, 0);
+    policy_free(&p);
+}
+
+static void test_failure_restarts_then_fails(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 3, 2);
+    for (int attempt = 0; attempt < 3; attempt++) {
+        uint64_t t = 1000u * (uint64_t)(attempt + 1);
+        assert_int_equal(policy_restart_count(&p), attempt);
+        exit_clean(&p, 1, 3, t);
+        EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+        assert_int_equal(acts[1].sig, SIGTERM);
+        assert_int_equal(acts[1].reason, STOP_FAILURE);
+        assert_int_equal(acts[2].deadline_ms, t + TIMEOUT);
+        assert_int_equal(p.state, AGENT_STOPPING);
+        assert_int_equal(p.workers[1].state, WORKER_FAILED);
+        /* peers die of the SIGTERM: STOPPED, not FAILED */
+        exit_clean(&p, 0, -SIGTERM, t + 1);
+        EXPECT_NONE();
+        assert_int_equal(p.workers[0].state, WORKER_STOPPED);
+        assert_int_equal(p.workers[0].exitcode, -SIGTERM);
+        step(&p, POLICY_EV_WORKER_EXIT, 2, 0, t + 2); /* exited 0 on SIGTERM; group busy */
+        EXPECT_NONE();
+        assert_int_equal(p.workers[2].state, WORKER_SUCCEEDED);
+        step(&p, POLICY_EV_GROUP_EMPTY, 2, 0, t + 3);
+        if (attempt < 2) {
+            EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+            assert_int_equal(acts[1].reason, STOP_FAILURE);
+            assert_int_equal(acts[1].attempts_left, 1 - attempt);
+            assert_int_equal(p.state, AGENT_RENDEZVOUS);
+            assert_int_equal(policy_restart_count(&p), attempt + 1);
+            step(&p, POLICY_EV_ROUND, 0, 0, t + 4);
+            EXPECT(POLICY_ACT_START_WORKERS);
+            for (int i = 0; i < 3; i++)
+                assert_int_equal(p.workers[i].state, WORKER_RUNNING);
+        } else {
+            EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT);
+            assert_int_equal(acts[2].exit_code, CDDP_EXIT_FAILURE);
+            assert_int_equal(p.state, AGENT_FAILED);
+            assert_int_equal(policy_restart_count(&p), 2);
+        }
+    }
+    policy_free(&p);
+}
+
+static void test_no_restarts(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 1, 0);
+    exit_clean(&p, 0, -SIGKILL, 5);
+    /* the only worker is gone with its group: report at once */
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT);
+    assert_int_equal(p.exit_code, CDDP_EXIT_FAILURE);
+    policy_free(&p);
+}
+
+static void test_deadline_then_kill(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 2, 1);
+    exit_clean(&p, 0, 1, 100);
+    assert_int_equal(p.deadline_ms, 100 + TIMEOUT);
+    /* an early or repeated timer is ignored */
+    step(&p, POLICY_EV_DEADLINE, 0, 0, 100 + TIMEOUT - 1);
+    EXPECT_NONE();
+    step(&p, POLICY_EV_DEADLINE, 0, 0, 100 + TIMEOUT);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS);
+    assert_int_equal(acts[0].sig, SIGKILL);
+    assert_int_equal(p.state, AGENT_KILLING);
+    step(&p, POLICY_EV_DEADLINE, 0, 0, 100 + TIMEOUT + 5);
+    EXPECT_NONE();
+    exit_clean(&p, 1, -SIGKILL, 100 + TIMEOUT + 6);
+    EXPECT(POLICY_ACT_JOIN); /* no deadline left to clear */
+    assert_int_equal(policy_restart_count(&p), 1);
+    policy_free(&p);
+}
+
+static void test_zero_shutdown_timeout(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    assert_int_equal(policy_init(&p, 2, 0, 0), 0);
+    step(&p, POLICY_EV_START, 0, 0, 0);
+    step(&p, POLICY_EV_ROUND, 0, 0, 0);
+    exit_clean(&p, 0, 2, 0);
+    const struct policy_action *d = find(POLICY_ACT_SET_DEADLINE);
+    assert_non_null(d);
+    assert_true(d->deadline_ms > 0); /* a real deadline, due now */
+    step(&p, POLICY_EV_DEADLINE, 0, 0, d->deadline_ms);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS);
+    assert_int_equal(acts[0].sig, SIGKILL);
+    policy_free(&p);
+}
+
+static void test_signal_forwarded(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 2, 3);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGINT, 50);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(acts[0].sig, SIGINT); /* the same signal */
+    assert_int_equal(acts[0].reason, STOP_SIGNAL);
+    exit_clean(&p, 0, -SIGINT, 51);
+    EXPECT_NONE();
+    exit_clean(&p, 1, -SIGINT, 52);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_EXIT);
+    assert_int_equal(acts[1].exit_code, 128 + SIGINT);
+    assert_int_equal(p.state, AGENT_TERMINATED);
+    /* no restart was spent, none will be */
+    assert_int_equal(policy_restart_count(&p), 0);
+    policy_free(&p);
+}
+
+static void test_second_signal_kills(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 2, 0);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGTERM, 1);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGINT, 2);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_SIGNAL_GROUPS);
+    assert_int_equal(acts[1].sig, SIGKILL);
+    assert_int_equal(p.state, AGENT_KILLING);
+    /* a third changes nothing */
+    step(&p, POLICY_EV_SIGNAL, 0, SIGHUP, 3);
+    EXPECT_NONE();
+    exit_clean(&p, 0, -SIGKILL, 4);
+    exit_clean(&p, 1, -SIGKILL, 5);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, 128 + SIGTERM); /* the first signal decides */
+    policy_free(&p);
+}
+
+static void test_signal_during_failure_stop(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 2, 5);
+    exit_clean(&p, 0, 1, 10);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGTERM, 11);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS); /* forwarded; the deadline keeps running */
+    assert_int_equal(acts[0].sig, SIGTERM);
+    assert_int_equal(p.deadline_ms, 10 + TIMEOUT);
+    exit_clean(&p, 1, -SIGTERM, 12);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_EXIT);
+    assert_int_equal(acts[1].exit_code, 128 + SIGTERM);
+    assert_int_equal(policy_restart_count(&p), 0);
+    policy_free(&p);
+}
+
+static void test_signal_in_other_states(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    /* before workers exist */
+    assert_int_equal(policy_init(&p, 2, 0, TIMEOUT), 0);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGHUP, 0);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, 128 + SIGHUP);
+    policy_free(&p);
+    assert_int_equal(policy_init(&p, 2, 0, TIMEOUT), 0);
+    step(&p, POLICY_EV_START, 0, 0, 0);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGQUIT, 0);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, 128 + SIGQUIT);
+    assert_int_equal(p.state, AGENT_TERMINATED);
+    policy_free(&p);
+    /* at the exit barrier */
+    running(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    EXPECT(POLICY_ACT_EXIT_BARRIER);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGTERM, 2);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, 128 + SIGTERM);
+    policy_free(&p);
+}
+
+static void test_membership_restart(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 2, 1);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 5);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(acts[0].reason, STOP_MEMBERSHIP);
+    exit_clean(&p, 0, -SIGTERM, 6);
+    exit_clean(&p, 1, -SIGTERM, 7);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(acts[1].reason, STOP_MEMBERSHIP);
+    assert_int_equal(policy_restart_count(&p), 0); /* not counted */
+    /* a worker failing because its peers went away does not count either */
+    step(&p, POLICY_EV_ROUND, 0, 0, 8);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 9);
+    exit_clean(&p, 0, 1, 10);
+    EXPECT_NONE();
+    assert_int_equal(p.workers[0].state, WORKER_STOPPED);
+    exit_clean(&p, 1, 0, 11);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(policy_restart_count(&p), 0);
+    /* while waiting for a round, a restart request is moot */
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 12);
+    EXPECT_NONE();
+    policy_free(&p);
+}
+
+static void test_rendezvous_closed(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    /* while running: stop, then fail (no table: nobody failed) */
+    running(&p, 1, 3);
+    step(&p, POLICY_EV_RDZV_CLOSED, 0, 0, 1);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    exit_clean(&p, 0, -SIGTERM, 2);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_EXIT);
+    assert_int_equal(acts[1].exit_code, CDDP_EXIT_FAILURE);
+    policy_free(&p);
+    /* during a failure stop: no restart is possible any more */
+    running(&p, 2, 3);
+    exit_clean(&p, 0, 4, 1);
+    step(&p, POLICY_EV_RDZV_CLOSED, 0, 0, 2);
+    EXPECT_NONE();
+    exit_clean(&p, 1, -SIGTERM, 3);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT);
+    policy_free(&p);
+    /* while waiting for a round; and a round that cannot form */
+    running(&p, 1, 1);
+    exit_clean(&p, 0, 1, 1);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_JOIN);
+    step(&p, POLICY_EV_RDZV_CLOSED, 0, 0, 2);
+    EXPECT(POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT); /* the failure that led here */
+    assert_int_equal(p.state, AGENT_FAILED);
+    assert_false(acts[1].end_job);
+    policy_free(&p);
+    assert_int_equal(policy_init(&p, 1, 0, TIMEOUT), 0);
+    step(&p, POLICY_EV_START, 0, 0, 0);
+    step(&p, POLICY_EV_ROUND_FAILED, 0, 0, 1);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, CDDP_EXIT_FAILURE);
+    policy_free(&p);
+    /* at the exit barrier the workers already succeeded */
+    running(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    step(&p, POLICY_EV_RDZV_CLOSED, 0, 0, 2);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, CDDP_EXIT_OK);
+    policy_free(&p);
+}
+
+static void test_stale_events(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 2, 1);
+    step(&p, POLICY_EV_WORKER_EXIT, 7, 1, 1);
+    EXPECT_NONE();
+    step(&p, POLICY_EV_WORKER_EXIT, -1, 1, 1);
+    EXPECT_NONE();
+    step(&p, POLICY_EV_GROUP_EMPTY, 0, 0, 1); /* its leader runs: impossible, ignored */
+    EXPECT_NONE();
+    assert_true(p.workers[0].group_alive);
+    step(&p, POLICY_EV_GROUP_EMPTY, 9, 0, 1);
+    EXPECT_NONE();
+    step(&p, POLICY_EV_BARRIER_DONE, 0, 0, 1);
+    EXPECT_NONE();
+    step(&p, POLICY_EV_ROUND_FAILED, 0, 0, 1);
+    EXPECT_NONE();
+    step(&p, POLICY_EV_DEADLINE, 0, 0, 1);
+    EXPECT_NONE();
+    exit_clean(&p, 0, 0, 2);
+    exit_clean(&p, 0, 5, 3); /* a second exit of the same worker */
+    EXPECT_NONE();
+    assert_int_equal(p.workers[0].state, WORKER_SUCCEEDED);
+    policy_free(&p);
+}
+
+/* ---- coordinated (multi-node) mode ---- */
+
+static int step_round(struct agent_policy *p, int64_t restart_count, uint64_t now)
+{
+    struct policy_event ev = {.type = POLICY_EV_ROUND, .restart_count = restart_count};
+    nacts = policy_step(p, &ev, now, acts);
+    return nacts;
+}
+
+static void running_coordinated(struct agent_policy *p, int n, int max_restarts)
+{
+    assert_int_equal(policy_init(p, n, max_restarts, TIMEOUT), 0);
+    p->coordinated = true;
+    step(p, POLICY_EV_START, 0, 0, 0);
+    EXPECT(POLICY_ACT_JOIN);
+    step_round(p, 0, 0);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(p->state, AGENT_RUNNING);
+}
+
+static void test_coordinated_failure_counted_by_round(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running_coordinated(&p, 2, 1);
+    /* A local failure is reported, and always goes back to the rendezvous. */
+    exit_clean(&p, 0, 3, 1);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    exit_clean(&p, 1, -SIGTERM, 2);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(acts[1].reason, STOP_FAILURE);
+    assert_int_equal(acts[1].attempts_left, 0);
+    assert_int_equal(policy_restart_count(&p), 0); /* not decided here */
+    /* The round counts it: restart 1 of 1. */
+    step_round(&p, 1, 3);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(policy_restart_count(&p), 1);
+    /* Again: no attempt is expected to be left, but the rendezvous decides. */
+    exit_clean(&p, 1, 1, 4);
+    exit_clean(&p, 0, -SIGTERM, 5);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(acts[1].attempts_left, -1);
+    /* Not counted (a lost node had ended the round first): the job goes on. */
+    step_round(&p, 1, 6);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(policy_restart_count(&p), 1);
+    exit_clean(&p, 1, 1, 7);
+    exit_clean(&p, 0, -SIGTERM, 8);
+    /* Counted: past --max_restarts. The table (our workers failed), exit 1,
+     * and the job is over for every node. */
+    step_round(&p, 2, 9);
+    EXPECT(POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT);
+    assert_int_equal(acts[1].exit_code, CDDP_EXIT_FAILURE);
+    assert_int_equal(acts[1].reason, STOP_FAILURE);
+    assert_true(acts[1].end_job);
+    assert_int_equal(p.state, AGENT_FAILED);
+    assert_int_equal(policy_restart_count(&p), 2);
+    policy_free(&p);
+}
+
+static void test_coordinated_peer_failure(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running_coordinated(&p, 2, 1);
+    /* Another node's group failed: the rendezvous asks everyone to restart. */
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 1);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(acts[0].reason, STOP_MEMBERSHIP);
+    exit_clean(&p, 0, -SIGTERM, 2);
+    exit_clean(&p, 1, 1, 3); /* failing because its peers went away: not a failure */
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(acts[1].reason, STOP_MEMBERSHIP);
+    step_round(&p, 1, 4);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(policy_restart_count(&p), 1);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 5);
+    exit_clean(&p, 0, -SIGTERM, 6);
+    exit_clean(&p, 1, -SIGTERM, 7);
+    /* Past the budget: no table (nothing failed here), still the job's end. */
+    step_round(&p, 2, 8);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, CDDP_EXIT_FAILURE);
+    assert_true(acts[0].end_job);
+    policy_free(&p);
+    /* A huge count cannot wrap. */
+    running_coordinated(&p, 1, 3);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 1);
+    exit_clean(&p, 0, -SIGTERM, 2);
+    step_round(&p, INT64_MAX, 3);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_true(policy_restart_count(&p) > 3);
+    policy_free(&p);
+}
+
+static void test_coordinated_restart_at_barrier(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    EXPECT(POLICY_ACT_EXIT_BARRIER);
+    /* A node was lost before every node reached the barrier: new round. */
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 2);
+    EXPECT(POLICY_ACT_JOIN);
+    assert_int_equal(acts[0].reason, STOP_MEMBERSHIP);
+    assert_int_equal(p.state, AGENT_RENDEZVOUS);
+    step(&p, POLICY_EV_BARRIER_DONE, 0, 0, 3); /* the old barrier: stale */
+    EXPECT_NONE();
+    step_round(&p, 0, 4);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    policy_free(&p);
+
+    /* While stopping what a successful group left behind: rejoin, no barrier. */
+    running_coordinated(&p, 2, 0);
+    exit_clean(&p, 0, 0, 1);
+    step(&p, POLICY_EV_WORKER_EXIT, 1, 0, 2); /* left a process in its group */
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 3);
+    EXPECT_NONE();
+    step(&p, POLICY_EV_GROUP_EMPTY, 1, 0, 4);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(acts[1].reason, STOP_MEMBERSHIP);
+    policy_free(&p);
+
+    /* During a failure stop a restart changes nothing: the stop goes on to
+     * a join either way. */
+    running_coordinated(&p, 2, 2);
+    exit_clean(&p, 0, 1, 1);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 2);
+    EXPECT_NONE();
+    assert_int_equal(p.stop_reason, STOP_FAILURE);
+    policy_free(&p);
+}
+
+static void test_end_job(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    /* success: the job is over */
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    step(&p, POLICY_EV_BARRIER_DONE, 0, 0, 2);
+    assert_true(find(POLICY_ACT_EXIT)->end_job);
+    policy_free(&p);
+    /* a signal: this node leaves, the others may go on */
+    running_coordinated(&p, 1, 0);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGTERM, 1);
+    exit_clean(&p, 0, -SIGTERM, 2);
+    assert_false(find(POLICY_ACT_EXIT)->end_job);
+    policy_free(&p);
+    /* the rendezvous closed under us, or no round could form: leave */
+    running_coordinated(&p, 1, 0);
+    step(&p, POLICY_EV_RDZV_CLOSED, 0, 0, 1);
+    exit_clean(&p, 0, -SIGTERM, 2);
+    assert_false(find(POLICY_ACT_EXIT)->end_job);
+    policy_free(&p);
+    assert_int_equal(policy_init(&p, 1, 0, TIMEOUT), 0);
+    p.coordinated = true;
+    step(&p, POLICY_EV_START, 0, 0, 0);
+    step(&p, POLICY_EV_ROUND_FAILED, 0, 0, 1);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_false(acts[0].end_job);
+    policy_free(&p);
+    /* one node, restarts used up: the job is over */
+    running(&p, 1, 0);
+    exit_clean(&p, 0, 1, 1);
+    assert_true(find(POLICY_ACT_EXIT)->end_job);
+    assert_false(find(POLICY_ACT_EXIT)->finished);
+    policy_free(&p);
+    /* our workers succeeded but the barrier timed out: leave as finished,
+     * the others go on undisturbed */
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    struct policy_event ev = {.type = POLICY_EV_BARRIER_DONE, .exitcode = -4009};
+    nacts = policy_step(&p, &ev, 2, acts);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, CDDP_EXIT_OK);
+    assert_false(acts[0].end_job);
+    assert_true(acts[0].finished);
+    policy_free(&p);
+    /* a signal at the barrier: the same */
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGTERM, 2);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, 128 + SIGTERM);
+    assert_true(acts[0].finished);
+    policy_free(&p);
+    /* ... but not after the next round started */
+    running_coordinated(&p, 1, 0);
+    exit_clean(&p, 0, 0, 1);
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 2);
+    step_round(&p, 0, 3);
+    step(&p, POLICY_EV_SIGNAL, 0, SIGTERM, 4);
+    exit_clean(&p, 0, -SIGTERM, 5);
+    assert_false(find(POLICY_ACT_EXIT)->finished);
+    policy_free(&p);
+}
+
+static void test_graceful_exit_from_wait_list(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    assert_int_equal(policy_init(&p, 2, 0, TIMEOUT), 0);
+    p.coordinated = true;
+    step(&p, POLICY_EV_START, 0, 0, 0);
+    struct policy_event ev = {.type = POLICY_EV_ROUND_FAILED, .graceful = true};
+    nacts = policy_step(&p, &ev, 1, acts);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, CDDP_EXIT_OK);
+    assert_int_equal(p.state, AGENT_SUCCEEDED);
+    policy_free(&p);
+}
+
+/* Every event in every finished state does nothing. */
+static void test_finished_states_are_final(void **state)
+{
+    (void)state;
+    for (int which = 0; which < 3; which++) {
+        struct agent_policy p;
+        running(&p, 1, 0);
+        if (which == 0) {
+            exit_clean(&p, 0, 0, 1);
+            step(&p, POLICY_EV_BARRIER_DONE, 0, 0, 2);
+            assert_int_equal(p.state, AGENT_SUCCEEDED);
+        } else if (which == 1) {
+            exit_clean(&p, 0, 1, 1);
+            assert_int_equal(p.state, AGENT_FAILED);
+        } else {
+            step(&p, POLICY_EV_SIGNAL, 0, SIGTERM, 1);
+            exit_clean(&p, 0, -SIGTERM, 2);
+            assert_int_equal(p.state, AGENT_TERMINATED);
+        }
+        enum agent_state final = p.state;
+        for (int t = POLICY_EV_START; t <= POLICY_EV_BARRIER_DONE; t++) {
+            step(&p, (enum policy_event_type)t, 0, t == POLICY_EV_SIGNAL ? SIGINT : 1, 99999999);
+            EXPECT_NONE();
+            assert_int_equal(p.state, final);
+        }
+        policy_free(&p);
+    }
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    assert_string_equal(agent_state_name(AGENT_RUNNING), "HEALTHY");
+    assert_string_equal(agent_state_name(AGENT_TERMINATED), "TERMINATED");
+    assert_string_equal(worker_state_name(WORKER_STOPPED), "STOPPED");
+    assert_string_equal(stop_reason_name(STOP_MEMBERSHIP), "membership");
+}
+
+/* Random walks: whatever happens, the invariants hold. */
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static unsigned next_rand(unsigned n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (unsigned)(rng % n);
+}
+
+static void test_random_walk_invariants(void **state)
+{
+    (void)state;
+    for (int run = 0; run < 2000; run++) {
+        struct agent_policy p;
+        int n = 1 + (int)next_rand(4);
+        int budget = (int)next_rand(3);
+        assert_int_equal(policy_init(&p, n, budget, (uint64_t)next_rand(3) * 10), 0);
+        uint64_t now = 0;
+        int exits = 0, starts = 0;
+        bool deadline_set = false;
+        step(&p, POLICY_EV_START, 0, 0, now);
+        for (int k = 0; k < 200 && !policy_finished(&p); k++) {
+            now += next_rand(20);
+            struct policy_event ev = {.type = (enum policy_event_type)next_rand(10),
+                                      .local_rank = (int)next_rand((unsigned)n + 1) - (k % 7 == 0),
+                                      .exitcode = (int)next_rand(3) - 1,
+                                      .group_empty = next_rand(2) == 0,
+                                      .sig = next_rand(2) ? SIGTERM : SIGINT};
+            if (ev.type == POLICY_EV_DEADLINE && p.deadline_ms)
+                now = p.deadline_ms;
+            enum agent_state before = p.state;
+            nacts = policy_step(&p, &ev, now, acts);
+            assert_true(nacts <= POLICY_MAX_ACTIONS);
+            for (int i = 0; i < nacts; i++) {
+                switch (acts[i].type) {
+                case POLICY_ACT_START_WORKERS:
+                    assert_int_equal(before, AGENT_RENDEZVOUS);
+                    starts++;
+                    break;
+                case POLICY_ACT_EXIT:
+                    exits++;
+                    assert_true(policy_finished(&p));
+                    break;
+                case POLICY_ACT_SET_DEADLINE:
+                    assert_true(acts[i].deadline_ms >= now);
+                    deadline_set = true;
+                    break;
+                case POLICY_ACT_CLEAR_DEADLINE:
+                    deadline_set = false;
+                    break;
+                case POLICY_ACT_SIGNAL_GROUPS:
+                    assert_true(p.state == AGENT_STOPPING || p.state == AGENT_KILLING);
+                    break;
+                default:
+                    break;
+                }
+            }
+            (void)deadline_set;
+            assert_true(policy_restart_count(&p) >= 0);
+            assert_true(policy_restart_count(&p) <= budget);
+            /* a failure restart needs a spent unit of budget: starts bounded */
+            if (p.state == AGENT_RUNNING) {
+                bool any = false;
+                for (int i = 0; i < n; i++)
+                    any |= p.workers[i].state == WORKER_RUNNING;
+                assert_true(any);
+            }
+            if (p.state == AGENT_RENDEZVOUS || p.state == AGENT_EXIT_BARRIER) {
+                for (int i = 0; i < n; i++)
+                    assert_int_not_equal(p.workers[i].state, WORKER_RUNNING);
+            }
+        }
+        assert_true(exits <= 1);
+        if (policy_finished(&p))
+            assert_int_equal(exits, 1);
+        policy_free(&p);
+    }
+}
+
+/* Coordinated random walks: rounds carry arbitrary counts; workers only
+ * start in a round within the budget, the count always comes from the last
+ * round, and the run ends at most once. */
+static void test_random_walk_coordinated(void **state)
+{
+    (void)state;
+    for (int run = 0; run < 2000; run++) {
+        struct agent_policy p;
+        int n = 1 + (int)next_rand(3);
+        int budget = (int)next_rand(3);
+        assert_int_equal(policy_init(&p, n, budget, (uint64_t)next_rand(3) * 10), 0);
+        p.coordinated = true;
+        uint64_t now = 0;
+        int exits = 0;
+        int64_t last_count = 0;
+        step(&p, POLICY_EV_START, 0, 0, now);
+        for (int k = 0; k < 200 && !policy_finished(&p); k++) {
+            now += next_rand(20);
+            struct policy_event ev = {.type = (enum policy_event_type)next_rand(10),
+                                      .local_rank = (int)next_rand((unsigned)n),
+                                      .exitcode = (int)next_rand(3) - 1,
+                                      .group_empty = next_rand(2) == 0,
+                                      .sig = SIGTERM,
+                                      .restart_count = (int64_t)next_rand(5),
+                                      .graceful = next_rand(4) == 0};
+            if (ev.type == POLICY_EV_DEADLINE && p.deadline_ms)
+                now = p.deadline_ms;
+            enum agent_state before = p.state;
+            nacts = policy_step(&p, &ev, now, acts);
+            if (ev.type == POLICY_EV_ROUND && before == AGENT_RENDEZVOUS)
+                last_count = ev.restart_count;
+            for (int i = 0; i < nacts; i++) {
+                if (acts[i].type == POLICY_ACT_START_WORKERS)
+                    assert_true(last_count <= budget);
+                if (acts[i].type == POLICY_ACT_EXIT) {
+                    exits++;
+                    assert_true(policy_finished(&p));
+                }
+            }
+            assert_int_equal(policy_restart_count(&p), last_count);
+            if (p.state == AGENT_RENDEZVOUS || p.state == AGENT_EXIT_BARRIER) {
+                for (int i = 0; i < n; i++)
+                    assert_int_not_equal(p.workers[i].state, WORKER_RUNNING);
+            }
+        }
+        assert_true(exits <= 1);
+        if (policy_finished(&p))
+            assert_int_equal(exits, 1);
+        policy_free(&p);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_start_and_round),
+        cmocka_unit_test(test_success_clean),
+        cmocka_unit_test(test_success_leaves_processes),
+        cmocka_unit_test(test_failure_restarts_then_fails),
+        cmocka_unit_test(test_no_restarts),
+        cmocka_unit_test(test_deadline_then_kill),
+        cmocka_unit_test(test_zero_shutdown_timeout),
+        cmocka_unit_test(test_signal_forwarded),
+        cmocka_unit_test(test_second_signal_kills),
+        cmocka_unit_test(test_signal_during_failure_stop),
+        cmocka_unit_test(test_signal_in_other_states),
+        cmocka_unit_test(test_membership_restart),
+        cmocka_unit_test(test_rendezvous_closed),
+        cmocka_unit_test(test_stale_events),
+        cmocka_unit_test(test_coordinated_failure_counted_by_round),
+        cmocka_unit_test(test_coordinated_peer_failure),
+        cmocka_unit_test(test_coordinated_restart_at_barrier),
+        cmocka_unit_test(test_end_job),
+        cmocka_unit_test(test_graceful_exit_from_wait_list),
+        cmocka_unit_test(test_random_walk_coordinated),
+        cmocka_unit_test(test_finished_states_are_final),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_random_walk_invariants),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,1365 @@
+/* Unit tests for rendezvous/conf.c and rendezvous/state.c: every transition
+ * and timeout of the pure state machine, driven with simulated peers and a
+ * simulated clock, up to 10,000 nodes in one process. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/errors.h"
+#include "rendezvous/conf.h"
+#include "rendezvous/state.h"
+
+/* ---- conf ---- */
+
+static void test_conf(void **state)
+{
+    (void)state;
+    struct rdzv_conf c;
+    char err[512];
+    rdzv_conf_init(&c);
+    assert_int_equal(c.join_timeout_ms, 600000);
+    assert_int_equal(c.last_call_timeout_ms, 30000);
+    assert_int_equal(c.close_timeout_ms, 30000);
+    assert_int_equal(c.keep_alive_interval_ms, 5000);
+    assert_int_equal(c.keep_alive_max_attempt, 3);
+    assert_int_equal(c.read_timeout_ms, 60000);
+    assert_int_equal(rdzv_conf_dead_after_ms(&c), 15000);
+    assert_int_equal(c.is_host, -1);
+
+    assert_int_equal(rdzv_conf_parse(&c,
+                                     " join_timeout=10, last_call_timeout = 0.5,close_timeout=0,"
+                                     "keep_alive_interval=1,keep_alive_max_attempt=2,"
+                                     "read_timeout=7,is_host=yes,timeout=900,use_libuv=0,"
+                                     "token=a=b",
+                                     err, sizeof(err)),
+                     0);
+    assert_int_equal(c.join_timeout_ms, 10000);
+    assert_int_equal(c.last_call_timeout_ms, 500);
+    assert_int_equal(c.close_timeout_ms, 0);
+    assert_int_equal(c.keep_alive_interval_ms, 1000);
+    assert_int_equal(c.keep_alive_max_attempt, 2);
+    assert_int_equal(c.read_timeout_ms, 7000);
+    assert_int_equal(c.is_host, 1);
+    assert_int_equal(c.timeout_ms, 900000);
+    assert_false(c.use_libuv);
+    assert_true(c.has_token);
+    assert_string_equal(c.token, "a=b");
+    assert_int_equal(rdzv_conf_parse(&c, "  ", err, sizeof(err)), 0);
+
+    assert_int_equal(rdzv_conf_parse(&c, "bogus=1", err, sizeof(err)), CDDP_ECONFIG);
+    assert_non_null(strstr(err, "unknown key 'bogus'"));
+    assert_non_null(strstr(err, "keep_alive_max_attempt"));
+    assert_int_equal(rdzv_conf_parse(&c, "join_timeout", err, sizeof(err)), CDDP_ECONFIG);
+    assert_int_equal(rdzv_conf_parse(&c, "join_timeout=", err, sizeof(err)), CDDP_ECONFIG);
+    assert_non_null(strstr(err, "no value"));
+    assert_int_equal(rdzv_conf_parse(&c, "=3", err, sizeof(err)), CDDP_ECONFIG);
+    assert_int_equal(rdzv_conf_parse(&c, "join_timeout=0", err, sizeof(err)), CDDP_ECONFIG);
+    assert_non_null(strstr(err, "join_timeout"));
+    assert_int_equal(rdzv_conf_parse(&c, "join_timeout=-1", err, sizeof(err)), CDDP_ECONFIG);
+    assert_int_equal(rdzv_conf_parse(&c, "join_timeout=abc", err, sizeof(err)), CDDP_ECONFIG);
+    assert_int_equal(rdzv_conf_parse(&c, "keep_alive_max_attempt=0", err, sizeof(err)),
+                     CDDP_ECONFIG);
+    assert_int_equal(rdzv_conf_parse(&c, "keep_alive_max_attempt=1.5", err, sizeof(err)),
+                     CDDP_ECONFIG);
+    assert_int_equal(rdzv_conf_parse(&c, "is_host=maybe", err, sizeof(err)), CDDP_ECONFIG);
+    assert_int_equal(rdzv_conf_parse(&c, "join_timeout=1e99", err, sizeof(err)), CDDP_ECONFIG);
+    /* torch's other c10d keys: heartbeat_timeout (no effect here), store_type=tcp only. */
+    assert_int_equal(rdzv_conf_parse(&c, "heartbeat_timeout=7,store_type=tcp", err, sizeof(err)),
+                     0);
+    assert_int_equal(c.heartbeat_timeout_ms, 7000);
+    assert_int_equal(rdzv_conf_parse(&c, "store_type=file", err, sizeof(err)), CDDP_ECONFIG);
+    assert_non_null(strstr(err, "store_type='file'"));
+}
+
+/* ---- a simulated server ---- */
+
+#define MAXP 16
+
+struct sim {
+    struct rdzv_state *st;
+    struct rdzv_peer peer[MAXP];
+    bool connected[MAXP];
+    bool frozen[MAXP]; /* sends no heartbeats (a SIGSTOPped agent) */
+    bool store_only;
+    uint64_t now;
+    /* Copy of the last call's actions. */
+    struct rdzv_action acts[256];
+    size_t nacts;
+};
+
+static void collect(struct sim *s)
+{
+    const struct rdzv_action *a;
+    size_t n = rdzv_state_actions(s->st, &a);
+    assert_true(n <= 256);
+    if (n)
+        memcpy(s->acts, a, n * sizeof(*a));
+    s->nacts = n;
+    for (size_t i = 0; i < n; i++) {
+        /* Never an action for a connection that is gone. */
+        struct rdzv_peer *p = a[i].peer;
+        assert_true(p >= s->peer && p < s->peer + MAXP);
+        assert_true(s->connected[p - s->peer]);
+    }
+}
+
+static struct sim *sim_new(bool store_only)
+{
+    struct sim *s = calloc(1, sizeof(*s));
+    struct rdzv_state_options o = {.store_only = store_only, .seed = {11, 22}};
+    s->st = rdzv_state_new(&o);
+    s->store_only = store_only;
+    s->now = 1000;
+    return s;
+}
+
+static void sim_free(struct sim *s)
+{
+    for (int i = 0; i < MAXP; i++) {
+        if (s->connected[i])
+            rdzv_state_disconnect(s->st, s->now, &s->peer[i]);
+        s->connected[i] = false;
+    }
+    /* Closed runs are forgotten close_timeout after their last connection;
+     * a plain store stays. */
+    s->now += 7LL * 24 * 3600 * 1000;
+    rdzv_state_tick(s->st, s->now);
+    assert_int_equal(rdzv_state_num_runs(s->st), s->store_only ? 1 : 0);
+    assert_int_equal(rdzv_state_next_deadline(s->st), RDZV_NEVER);
+    rdzv_state_free(s->st);
+    free(s);
+}
+
+static void hello(struct sim *s, int i, const char *run_id)
+{
+    char err[256];
+    char addr[32];
+    snprintf(addr, sizeof(addr), "10.0.0.%d", i + 1);
+    rdzv_peer_init(&s->peer[i], addr, false, NULL);
+    s->connected[i] = true;
+    assert_int_equal(rdzv_state_hello(s->st, s->now, &s->peer[i], run_id, err, sizeof(err)), 0);
+    collect(s);
+    assert_int_equal(s->nacts, 0);
+}
+
+struct joinopt {
+    int nproc, min, max, port;
+    const char *conf; /* "k=v,k=v" */
+    const char *local_addr, *hostname;
+};
+
+static void join_ex(struct sim *s, int i, const char *node_id, struct joinopt o)
+{
+    struct proto_conf_kv kv[16];
+    char buf[512];
+    size_t n = 0;
+    if (o.conf) {
+        snprintf(buf, sizeof(buf), "%s", o.conf);
+        char *save = NULL;
+        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            char *eq = strchr(t, '=');
+            *eq = '\0';
+            kv[n].key = t;
+            kv[n].value = eq + 1;
+            n++;
+        }
+    }
+    struct proto_msg m = {.type = PROTO_JOIN};
+    m.join.node_id = node_id;
+    m.join.nproc = o.nproc ? o.nproc : 1;
+    m.join.min_nodes = o.min;
+    m.join.max_nodes = o.max;
+    m.join.master_port = o.port ? o.port : 29500 + i;
+    m.join.conf = kv;
+    m.join.nconf = n;
+    m.join.local_addr = o.local_addr;
+    m.join.hostname = o.hostname;
+    rdzv_state_join(s->st, s->now, &s->peer[i], &m);
+    collect(s);
+}
+
+static void join(struct sim *s, int i, const char *node_id, int min, int max, const char *conf)
+{
+    join_ex(s, i, node_id, (struct joinopt){.min = min, .max = max, .conf = conf});
+}
+
+static void drop(struct sim *s, int i)
+{
+    rdzv_state_disconnect(s->st, s->now, &s->peer[i]);
+    s->connected[i] = false;
+    collect(s);
+}
+
+/* Time passes; healthy (not frozen) agents keep beating meanwhile. */
+static void tick(struct sim *s, uint64_t to)
+{
+    s->now = to;
+    for (int i = 0; i < MAXP; i++) {
+        if (s->connected[i] && !s->frozen[i])
+            rdzv_state_heartbeat(s->st, s->now, &s->peer[i]);
+    }
+    rdzv_state_tick(s->st, s->now);
+    collect(s);
+}
+
+static void beat(struct sim *s, int i)
+{
+    rdzv_state_heartbeat(s->st, s->now, &s->peer[i]);
+    collect(s);
+    assert_int_equal(s->nacts, 0);
+}
+
+static const struct rdzv_action *find(struct sim *s, int i, enum rdzv_action_kind kind)
+{
+    for (size_t k = 0; k < s->nacts; k++) {
+        if (s->acts[k].peer == &s->peer[i] && s->acts[k].kind == kind)
+            return &s->acts[k];
+    }
+    return NULL;
+}
+
+static size_t count(struct sim *s, enum rdzv_action_kind kind)
+{
+    size_t c = 0;
+    for (size_t k = 0; k < s->nacts; k++)
+        c += s->acts[k].kind == kind;
+    return c;
+}
+
+static int rank_of(struct sim *s, int i)
+{
+    const struct rdzv_action *a = find(s, i, RDZV_ACT_ROUND);
+    assert_non_null(a);
+    return a->round.node_rank;
+}
+
+static struct rdzv_run_stats stats(struct sim *s, const char *run_id)
+{
+    struct rdzv_run_stats r;
+    assert_int_equal(rdzv_state_run_stats(s->st, run_id, &r), 0);
+    return r;
+}
+
+/* Every ROUND in the last call is one consistent round. */
+static void check_round(struct sim *s, size_t nnodes)
+{
+    size_t n = 0;
+    int seen[MAXP] = {0};
+    int world = 0;
+    const struct rdzv_action *first = NULL;
+    for (size_t k = 0; k < s->nacts; k++) {
+        const struct rdzv_action *a = &s->acts[k];
+        if (a->kind != RDZV_ACT_ROUND)
+            continue;
+        if (first == NULL)
+            first = a;
+        n++;
+        assert_int_equal(a->round.nnodes, (int)nnodes);
+        assert_true(a->round.node_rank >= 0 && a->round.node_rank < (int)nnodes);
+        assert_int_equal(seen[a->round.node_rank]++, 0);
+        assert_int_equal(a->round.round, first->round.round);
+        assert_int_equal(a->round.world_size, first->round.world_size);
+        assert_string_equal(a->round.master_addr, first->round.master_addr);
+        assert_int_equal(a->round.master_port, first->round.master_port);
+        world += a->round.nproc;
+    }
+    assert_int_equal(n, nnodes);
+    assert_int_equal(world, first->round.world_size);
+    /* Offsets are prefix sums in rank order. */
+    for (int r = 0, off = 0; r < (int)nnodes; r++) {
+        for (size_t k = 0; k < s->nacts; k++) {
+            const struct rdzv_action *a = &s->acts[k];
+            if (a->kind == RDZV_ACT_ROUND && a->round.node_rank == r) {
+                assert_int_equal(a->round.rank_offset, off);
+                off += a->round.nproc;
+            }
+        }
+    }
+}
+
+/* ---- rounds ---- */
+
+static void test_round_min_max_equal(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    hello(s, 0, "job");
+    hello(s, 1, "job");
+    join(s, 0, "b_1_0", 2, 2, NULL);
+    assert_int_equal(s->nacts, 1);
+    const struct rdzv_action *a = find(s, 0, RDZV_ACT_JOINED);
+    assert_non_null(a);
+    assert_int_equal(a->joined.round, 1);
+    assert_false(a->joined.waiting);
+    assert_int_equal(stats(s, "job").participants, 1);
+    assert_false(stats(s, "job").last_call_armed);
+
+    join(s, 1, "a_2_0", 2, 2, NULL);
+    check_round(s, 2);
+    /* Ranks by node id (torch sorts its node descriptors). */
+    assert_int_equal(rank_of(s, 1), 0);
+    assert_int_equal(rank_of(s, 0), 1);
+    a = find(s, 0, RDZV_ACT_ROUND);
+    assert_string_equal(a->round.run_id, "job");
+    assert_int_equal(a->round.round, 1);
+    assert_string_equal(a->round.master_addr, "10.0.0.2");
+    assert_int_equal(a->round.master_port, 29501);
+    assert_int_equal(stats(s, "job").phase, RDZV_RUNNING);
+    assert_int_equal(stats(s, "job").active, 2);
+    sim_free(s);
+}
+
+static void test_round_nproc_offsets(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    int nproc[4] = {3, 1, 4, 2};
+    const char *ids[4] = {"n0", "n1", "n2", "n3"};
+    for (int i = 0; i < 4; i++) {
+        hello(s, i, "job");
+        join_ex(s, i, ids[i], (struct joinopt){.nproc = nproc[i], .min = 4, .max = 4});
+    }
+    check_round(s, 4);
+    for (int i = 0; i < 4; i++) {
+        const struct rdzv_action *a = find(s, i, RDZV_ACT_ROUND);
+        assert_int_equal(a->round.nproc, nproc[i]);
+        assert_int_equal(a->round.world_size, 10);
+    }
+    assert_int_equal(find(s, 2, RDZV_ACT_ROUND)->round.rank_offset, 4);
+    assert_int_equal(find(s, 3, RDZV_ACT_ROUND)->round.rank_offset, 8);
+    sim_free(s);
+}
+
+static void test_last_call(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    hello(s, 0, "job");
+    hello(s, 1, "job");
+    hello(s, 2, "job");
+    join(s, 0, "a", 2, 4, "last_call_timeout=30");
+    join(s, 1, "b", 2, 4, NULL);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    assert_true(stats(s, "job").last_call_armed);
+    tick(s, 1000 + 29999);
+    assert_int_equal(s->nacts, 0);
+    /* A third node within last call is in the round. */
+    join(s, 2, "c", 2, 4, NULL);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    tick(s, 1000 + 30000);
+    check_round(s, 3);
+    sim_free(s);
+
+    /* last_call_timeout=0: the round completes as soon as min nodes are in. */
+    s = sim_new(false);
+    hello(s, 0, "job");
+    hello(s, 1, "job");
+    join(s, 0, "a", 1, 4, "last_call_timeout=0");
+    check_round(s, 1);
+    sim_free(s);
+}
+
+static void test_max_completes_at_once(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 3; i++)
+        hello(s, i, "job");
+    join(s, 0, "a", 1, 3, NULL);
+    join(s, 1, "b", 1, 3, NULL);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    join(s, 2, "c", 1, 3, NULL);
+    check_round(s, 3);
+    /* No leftover last-call timer fires a second round. */
+    tick(s, s->now + 60000);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    sim_free(s);
+}
+
+static void test_below_min_falls_back(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 3; i++)
+        hello(s, i, "job");
+    join(s, 0, "a", 2, 3, NULL);
+    join(s, 1, "b", 2, 3, NULL);
+    assert_true(stats(s, "job").last_call_armed);
+    /* A participant going away below min disarms last call (torch: deadline=None). */
+    drop(s, 1);
+    assert_false(stats(s, "job").last_call_armed);
+    tick(s, s->now + 31000);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    join(s, 2, "c", 2, 3, NULL);
+    assert_true(stats(s, "job").last_call_armed);
+    tick(s, s->now + 30000);
+    check_round(s, 2);
+    sim_free(s);
+}
+
+static void test_join_timeout(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    hello(s, 0, "job");
+    join(s, 0, "a", 2, 2, "join_timeout=10");
+    tick(s, s->now + 9999);
+    assert_int_equal(s->nacts, 0);
+    tick(s, s->now + 1);
+    const struct rdzv_action *a = find(s, 0, RDZV_ACT_ERROR);
+    assert_non_null(a);
+    assert_int_equal(a->error.code, CDDP_ETIMEOUT);
+    assert_false(a->error.drop);
+    assert_non_null(strstr(a->error.message, "join_timeout=10.0 s"));
+    assert_non_null(strstr(a->error.message, "min_nodes=2"));
+    assert_int_equal(stats(s, "job").participants, 0);
+    assert_int_equal(stats(s, "job").nodes, 0);
+    /* It may join again. */
+    hello(s, 1, "job");
+    join(s, 0, "a", 2, 2, NULL);
+    join(s, 1, "b", 2, 2, NULL);
+    check_round(s, 2);
+    sim_free(s);
+}
+
+/* Three nodes in a round; returns with the round running. */
+static struct sim *running3(const char *conf, int min, int max)
+{
+    struct sim *s = sim_new(false);
+    const char *ids[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++) {
+        hello(s, i, "job");
+        join(s, i, ids[i], min, max, conf);
+    }
+    if (count(s, RDZV_ACT_ROUND) == 0)
+        tick(s, s->now + 30000);
+    check_round(s, 3);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(rank_of(s, i), i);
+    return s;
+}
+
+static void test_disconnect_restarts_survivors(void **state)
+{
+    (void)state;
+    struct sim *s = running3(NULL, 2, 3);
+    drop(s, 1);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    for (int i = 0; i < 3; i += 2) {
+        const struct rdzv_action *a = find(s, i, RDZV_ACT_RESTART);
+        assert_non_null(a);
+        assert_int_equal(a->restart.round, 2);
+        assert_string_equal(a->restart.reason, "node_lost");
+        assert_string_equal(a->restart.node_id, "b");
+        assert_false(a->restart.counted);
+    }
+    assert_int_equal(stats(s, "job").restarting, 2);
+    join(s, 0, "a", 2, 3, NULL);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    const struct rdzv_action *j = find(s, 0, RDZV_ACT_JOINED);
+    assert_int_equal(j->joined.round, 2);
+    /* The last expected survivor completes the round at once (no last call). */
+    join(s, 2, "c", 2, 3, NULL);
+    check_round(s, 2);
+    assert_int_equal(rank_of(s, 0), 0);
+    assert_int_equal(rank_of(s, 2), 1); /* rank 2 >= 2 nodes: fills the hole */
+    assert_int_equal(find(s, 0, RDZV_ACT_ROUND)->round.round, 2);
+    sim_free(s);
+}
+
+static void test_rank0_lost_ranks_stable(void **state)
+{
+    (void)state;
+    struct sim *s = running3(NULL, 1, 3);
+    drop(s, 0);
+    join(s, 1, "b", 1, 3, NULL);
+    join(s, 2, "c", 1, 3, NULL);
+    check_round(s, 2);
+    assert_int_equal(rank_of(s, 1), 1); /* keeps its rank */
+    assert_int_equal(rank_of(s, 2), 0); /* fills rank 0 */
+    assert_string_equal(find(s, 1, RDZV_ACT_ROUND)->round.master_addr, "10.0.0.3");
+    sim_free(s);
+}
+
+static void test_heartbeat_timeout(void **state)
+{
+    (void)state;
+    struct sim *s = running3("keep_alive_interval=1,keep_alive_max_attempt=3", 2, 3);
+    uint64_t t0 = s->now;
+    s->frozen[1] = true;
+    /* Nodes that beat live on; a frozen one is removed after 3 s. */
+    for (int k = 1; k <= 10; k++) {
+        s->now = t0 + (uint64_t)k * 1000 - 500;
+        beat(s, 0);
+        beat(s, 2);
+        tick(s, t0 + (uint64_t)k * 1000);
+        if (k < 3) {
+            assert_int_equal(s->nacts, 0);
+            continue;
+        }
+        if (k == 3) {
+            const struct rdzv_action *e = find(s, 1, RDZV_ACT_ERROR);
+            assert_non_null(e);
+            assert_true(e->error.drop);
+            assert_int_equal(e->error.code, CDDP_ETIMEOUT);
+            assert_non_null(strstr(e->error.message, "no heartbeat"));
+            assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+            assert_string_equal(find(s, 0, RDZV_ACT_RESTART)->restart.reason, "heartbeat_timeout");
+            /* The shell closes the connection it was told to drop. */
+            drop(s, 1);
+            assert_int_equal(s->nacts, 0);
+            join(s, 0, "a", 2, 3, NULL);
+            join(s, 2, "c", 2, 3, NULL);
+            check_round(s, 2);
+            continue;
+        }
+        assert_int_equal(s->nacts, 0);
+    }
+    sim_free(s);
+}
+
+static void test_waiting_node_scale_up(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 3; i++)
+        hello(s, i, "job");
+    join(s, 0, "a", 2, 3, NULL);
+    join(s, 1, "b", 2, 3, NULL);
+    tick(s, s->now + 30000);
+    check_round(s, 2);
+    /* A late node below max: the members restart (not counted) to admit it. */
+    join(s, 2, "0late", 2, 3, NULL);
+    const struct rdzv_action *j = find(s, 2, RDZV_ACT_JOINED);
+    assert_non_null(j);
+    assert_false(j->joined.waiting);
+    assert_int_equal(j->joined.round, 2);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    assert_string_equal(find(s, 0, RDZV_ACT_RESTART)->restart.reason, "node_joined");
+    assert_false(find(s, 0, RDZV_ACT_RESTART)->restart.counted);
+    join(s, 0, "a", 2, 3, NULL);
+    join(s, 1, "b", 2, 3, NULL);
+    check_round(s, 3);
+    assert_int_equal(rank_of(s, 0), 0);
+    assert_int_equal(rank_of(s, 1), 1);
+    assert_int_equal(rank_of(s, 2), 2); /* newcomer after survivors, whatever its id */
+    sim_free(s);
+}
+
+static void test_waiting_at_max(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 3; i++)
+        hello(s, i, "job");
+    join(s, 0, "a", 1, 2, NULL);
+    join(s, 1, "b", 1, 2, NULL);
+    check_round(s, 2);
+    join(s, 2, "c", 1, 2, NULL);
+    const struct rdzv_action *j = find(s, 2, RDZV_ACT_JOINED);
+    assert_true(j->joined.waiting);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 0);
+    assert_int_equal(stats(s, "job").waiting, 1);
+    /* It waits without a deadline (torch's redundancy list). */
+    tick(s, s->now + 3600 * 1000);
+    assert_int_equal(count(s, RDZV_ACT_ERROR), 0);
+    beat(s, 0);
+    beat(s, 1);
+    beat(s, 2);
+    /* Joining again just says where it stands. */
+    join(s, 2, "c", 1, 2, NULL);
+    assert_true(find(s, 2, RDZV_ACT_JOINED)->joined.waiting);
+    /* A member leaves: the waiting node takes its place. */
+    rdzv_state_leave(s->st, s->now, &s->peer[0], "done", false);
+    collect(s);
+    assert_non_null(find(s, 1, RDZV_ACT_RESTART));
+    assert_string_equal(find(s, 1, RDZV_ACT_RESTART)->restart.reason, "node_left");
+    j = find(s, 2, RDZV_ACT_JOINED);
+    assert_non_null(j);
+    assert_false(j->joined.waiting);
+    assert_int_equal(j->joined.round, 2);
+    assert_int_equal(count(s, RDZV_ACT_ERROR), 0); /* leave does not drop */
+    join(s, 1, "b", 1, 2, NULL);
+    check_round(s, 2);
+    assert_int_equal(rank_of(s, 1), 1);
+    assert_int_equal(rank_of(s, 2), 0);
+    /* The node that left may join again: it waits (at max). */
+    join(s, 0, "a", 1, 2, NULL);
+    assert_true(find(s, 0, RDZV_ACT_JOINED)->joined.waiting);
+    sim_free(s);
+}
+
+static void test_no_restart_livelock_with_zero_last_call(void **state)
+{
+    (void)state;
+    /* min 2, max 4, last_call_timeout=0, three running: a fourth joins.
+     * The next round must wait for all three members stopping their
+     * workers; completing at min would leave one out, and its join would
+     * restart the round again, and so on. */
+    const char *c0 = "last_call_timeout=0";
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 3; i++)
+        hello(s, i, "job");
+    join(s, 0, "a", 2, 4, c0);
+    join(s, 1, "b", 2, 4, c0);
+    check_round(s, 2); /* min is enough at once with last_call_timeout=0 */
+    join(s, 2, "c", 2, 4, c0);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    join(s, 0, "a", 2, 4, c0);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0); /* b is expected back */
+    join(s, 1, "b", 2, 4, c0);
+    check_round(s, 3);
+    hello(s, 3, "job");
+    join(s, 3, "d", 2, 4, "last_call_timeout=0");
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 3);
+    join(s, 0, "a", 2, 4, "last_call_timeout=0");
+    join(s, 1, "b", 2, 4, "last_call_timeout=0");
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0); /* c is still expected */
+    join(s, 2, "c", 2, 4, "last_call_timeout=0");
+    check_round(s, 4);
+    assert_int_equal(stats(s, "job").restarting, 0);
+    /* A member that dies instead of rejoining is not waited for. */
+    drop(s, 3);
+    join(s, 0, "a", 2, 4, "last_call_timeout=0");
+    join(s, 1, "b", 2, 4, "last_call_timeout=0");
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    drop(s, 2);
+    check_round(s, 2);
+    sim_free(s);
+}
+
+static void test_finished_leave_is_quiet(void **state)
+{
+    (void)state;
+    /* A node whose workers succeeded leaves (its exit barrier timed out):
+     * the others go on, nobody restarts; torch only prunes it. */
+    struct sim *s = running3(NULL, 2, 3);
+    rdzv_state_leave(s->st, s->now, &s->peer[2], "exit barrier timed out", true);
+    collect(s);
+    assert_int_equal(s->nacts, 0);
+    assert_int_equal(stats(s, "job").phase, RDZV_RUNNING);
+    assert_int_equal(stats(s, "job").active, 2);
+    /* Its connection going later changes nothing either. */
+    drop(s, 2);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 0);
+    /* A failure afterwards restarts the two that are left. */
+    rdzv_state_failure(s->st, s->now, &s->peer[0], stats(s, "job").round, "exit 1");
+    collect(s);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    join(s, 0, "a", 2, 3, NULL);
+    join(s, 1, "b", 2, 3, NULL);
+    check_round(s, 2);
+    sim_free(s);
+
+    /* While a round forms after a restart, a finished member is no longer
+     * expected: the others complete the round without it. */
+    s = running3("last_call_timeout=600", 2, 3);
+    rdzv_state_failure(s->st, s->now, &s->peer[0], stats(s, "job").round, "exit 1");
+    collect(s);
+    join(s, 0, "a", 2, 3, NULL);
+    join(s, 1, "b", 2, 3, NULL);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0); /* c is expected */
+    rdzv_state_leave(s->st, s->now, &s->peer[2], NULL, true);
+    collect(s);
+    check_round(s, 2);
+    sim_free(s);
+}
+
+/* ---- rdzv_state_visit (status pages) ---- */
+
+struct seen {
+    struct rdzv_run_info runs[4];
+    size_t nruns;
+    struct rdzv_node_info nodes[8];
+    char ids[8][16];
+    size_t run_of[8];
+    size_t nnodes;
+};
+
+static void seen_run(void *arg, const struct rdzv_run_info *r)
+{
+    struct seen *v = arg;
+    assert_true(v->nruns < 4);
+    v->runs[v->nruns++] = *r;
+}
+
+static void seen_node(void *arg, const struct rdzv_node_info *n)
+{
+    struct seen *v = arg;
+    assert_true(v->nnodes < 8 && v->nruns > 0);
+    snprintf(v->ids[v->nnodes], sizeof(v->ids[0]), "%s", n->node_id);
+    v->run_of[v->nnodes] = v->nruns - 1;
+    v->nodes[v->nnodes++] = *n;
+}
+
+static struct seen *visit(struct sim *s, size_t max_runs)
+{
+    static struct seen v;
+    memset(&v, 0, sizeof(v));
+    rdzv_state_visit(s->st, max_runs, seen_run, seen_node, &v);
+    return &v;
+}
+
+static void test_visit(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    struct seen *v = visit(s, 0);
+    assert_int_equal(v->nruns, 0);
+    for (int i = 0; i < 4; i++)
+        hello(s, i, i < 3 ? "job" : "other");
+    s->now = 2000;
+    join_ex(s, 0, "a", (struct joinopt){.min = 2, .max = 2, .nproc = 4});
+    v = visit(s, 0);
+    assert_int_equal(v->nruns, 2); /* "other" exists from its hello */
+    assert_string_equal(v->runs[0].run_id, "job");
+    assert_string_equal(v->runs[0].phase, "forming");
+    assert_int_equal(v->runs[0].round_at, 0);
+    assert_int_equal(v->runs[0].min_nodes, 2);
+    assert_int_equal(v->runs[0].nnodes, 1);
+    assert_int_equal(v->nnodes, 1);
+    assert_string_equal(v->ids[0], "a");
+    assert_string_equal(v->nodes[0].state, "participant");
+    assert_int_equal(v->nodes[0].rank, -1);
+    assert_int_equal(v->nodes[0].nproc, 4);
+    assert_int_equal(v->nodes[0].joined_at, 2000);
+    /* The round completes at 3000; a third node waits; time passes. */
+    s->now = 3000;
+    join(s, 1, "b", 2, 2, NULL);
+    check_round(s, 2);
+    s->now = 4000;
+    join(s, 2, "c", 2, 2, NULL);
+    s->now = 5000;
+    beat(s, 1);
+    v = visit(s, 0);
+    assert_string_equal(v->runs[0].phase, "running");
+    assert_int_equal(v->runs[0].round_at, 3000);
+    assert_int_equal(v->runs[0].nnodes, 3);
+    assert_int_equal(v->nnodes, 3);
+    /* members first (ranked), the wait list last */
+    assert_string_equal(v->nodes[0].state, "active");
+    assert_string_equal(v->nodes[1].state, "active");
+    assert_int_equal(v->nodes[0].rank + v->nodes[1].rank, 1);
+    assert_string_equal(v->ids[2], "c");
+    assert_string_equal(v->nodes[2].state, "waiting");
+    assert_int_equal(v->nodes[2].rank, -1);
+    assert_int_equal(v->nodes[2].joined_at, 4000);
+    for (size_t k = 0; k < 2; k++) {
+        if (strcmp(v->ids[k], "b") == 0)
+            assert_int_equal(v->nodes[k].last_seen, 5000);
+        else
+            assert_int_equal(v->nodes[k].last_seen, 2000);
+    }
+    /* max_runs bounds the walk */
+    v = visit(s, 1);
+    assert_int_equal(v->nruns, 1);
+    /* A member is lost: the survivor restarts, keeping its rank on show. */
+    drop(s, 0);
+    v = visit(s, 0);
+    bool restarting = false;
+    for (size_t k = 0; k < v->nnodes; k++) {
+        if (strcmp(v->ids[k], "b") == 0) {
+            restarting = strcmp(v->nodes[k].state, "restarting") == 0;
+            assert_true(v->nodes[k].rank >= 0);
+        }
+    }
+    assert_true(restarting);
+    sim_free(s);
+}
+
+static void test_failure_counted(void **state)
+{
+    (void)state;
+    struct sim *s = running3(NULL, 3, 3);
+    rdzv_state_failure(s->st, s->now, &s->peer[1], 1, "exit 1");
+    collect(s);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 3); /* the reporter too */
+    for (int i = 0; i < 3; i++) {
+        const struct rdzv_action *a = find(s, i, RDZV_ACT_RESTART);
+        assert_true(a->restart.counted);
+        assert_string_equal(a->restart.reason, "worker_failure");
+        assert_string_equal(a->restart.node_id, "b");
+        assert_int_equal(a->restart.round, 2);
+        assert_int_equal(a->restart.restart_count, 1);
+    }
+    /* Other nodes' reports about the same failed round change nothing. */
+    rdzv_state_failure(s->st, s->now, &s->peer[0], 1, "exit 1");
+    collect(s);
+    assert_int_equal(s->nacts, 0);
+    for (int i = 0; i < 3; i++)
+        join(s, i, i == 0 ? "a" : i == 1 ? "b" : "c", 3, 3, NULL);
+    check_round(s, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(rank_of(s, i), i);
+        assert_int_equal(find(s, i, RDZV_ACT_ROUND)->round.restart_count, 1);
+    }
+    /* A report about an old round is stale. */
+    rdzv_state_failure(s->st, s->now, &s->peer[0], 1, "late");
+    collect(s);
+    assert_int_equal(s->nacts, 0);
+    sim_free(s);
+}
+
+static void test_member_rejoin(void **state)
+{
+    (void)state;
+    struct sim *s = running3(NULL, 3, 3);
+    join(s, 2, "c", 3, 3, NULL);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    assert_null(find(s, 2, RDZV_ACT_RESTART));
+    assert_string_equal(find(s, 0, RDZV_ACT_RESTART)->restart.reason, "node_rejoined");
+    assert_int_equal(find(s, 2, RDZV_ACT_JOINED)->joined.round, 2);
+    join(s, 0, "a", 3, 3, NULL);
+    join(s, 1, "b", 3, 3, NULL);
+    check_round(s, 3);
+    sim_free(s);
+}
+
+static void test_lost_below_min_waits_then_times_out(void **state)
+{
+    (void)state;
+    struct sim *s = running3("join_timeout=20", 3, 3);
+    drop(s, 2);
+    join(s, 0, "a", 3, 3, "join_timeout=20");
+    join(s, 1, "b", 3, 3, "join_timeout=20");
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    tick(s, s->now + 20000);
+    assert_int_equal(count(s, RDZV_ACT_ERROR), 2);
+    assert_int_equal(find(s, 0, RDZV_ACT_ERROR)->error.code, CDDP_ETIMEOUT);
+    assert_non_null(
+        strstr(find(s, 0, RDZV_ACT_ERROR)->error.message, "node(s) joined, min_nodes=3"));
+    sim_free(s);
+
+    /* A replacement arriving in time completes it. */
+    s = running3(NULL, 3, 3);
+    drop(s, 2);
+    join(s, 0, "a", 3, 3, NULL);
+    join(s, 1, "b", 3, 3, NULL);
+    hello(s, 3, "job");
+    join(s, 3, "d", 3, 3, NULL);
+    check_round(s, 3);
+    assert_int_equal(rank_of(s, 3), 2);
+    sim_free(s);
+}
+
+static void test_laggard_after_last_call(void **state)
+{
+    (void)state;
+    /* After a restart, a slow member that misses last call is left out and
+     * its later join starts the next round. */
+    struct sim *s = running3("last_call_timeout=5", 2, 3);
+    drop(s, 1);
+    hello(s, 1, "job");
+    join(s, 1, "d", 2, 3, NULL); /* newcomer: a participant of round 1 */
+    join(s, 0, "a", 2, 3, NULL);
+    assert_true(stats(s, "job").last_call_armed);
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    tick(s, s->now + 5000);
+    check_round(s, 2);
+    assert_int_equal(stats(s, "job").restarting, 0);
+    join(s, 2, "c", 2, 3, NULL);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    assert_int_equal(find(s, 2, RDZV_ACT_JOINED)->joined.round, 3);
+    sim_free(s);
+}
+
+static void test_close(void **state)
+{
+    (void)state;
+    struct sim *s = running3("close_timeout=10", 1, 4);
+    hello(s, 3, "job");
+    rdzv_state_close(s->st, s->now, &s->peer[3], "job finished");
+    collect(s);
+    assert_int_equal(count(s, RDZV_ACT_CLOSED), 4); /* 3 nodes + the closer */
+    assert_string_equal(find(s, 0, RDZV_ACT_CLOSED)->closed.reason, "job finished");
+    assert_int_equal(stats(s, "job").phase, RDZV_CLOSED);
+    assert_int_equal(stats(s, "job").nodes, 0);
+    /* Later joins are refused; closing again just answers. */
+    join(s, 0, "a", 1, 4, NULL);
+    const struct rdzv_action *e = find(s, 0, RDZV_ACT_ERROR);
+    assert_int_equal(e->error.code, CDDP_ECLOSED);
+    assert_non_null(strstr(e->error.message, "job finished"));
+    rdzv_state_close(s->st, s->now, &s->peer[3], "again");
+    collect(s);
+    assert_string_equal(find(s, 3, RDZV_ACT_CLOSED)->closed.reason, "job finished");
+    /* The store still works for connected peers. */
+    struct proto_msg m = {.type = PROTO_SET, .id = 1};
+    m.set.key = "k";
+    m.set.value = (struct proto_bytes){"v", 1};
+    rdzv_state_store(s->st, s->now, &s->peer[0], &m);
+    collect(s);
+    assert_int_equal(find(s, 0, RDZV_ACT_RESULT)->result.code, 0);
+
+    /* Remembered for close_timeout after the last connection goes... */
+    for (int i = 0; i < 4; i++)
+        drop(s, i);
+    assert_int_equal(rdzv_state_num_runs(s->st), 1);
+    hello(s, 0, "job");
+    join(s, 0, "a", 1, 4, NULL);
+    assert_int_equal(find(s, 0, RDZV_ACT_ERROR)->error.code, CDDP_ECLOSED);
+    drop(s, 0);
+    tick(s, s->now + 10000);
+    /* ...then forgotten: the run id can be used again. */
+    assert_int_equal(rdzv_state_num_runs(s->st), 0);
+    hello(s, 0, "job");
+    join(s, 0, "a", 1, 1, NULL);
+    check_round(s, 1);
+    sim_free(s);
+}
+
+static void test_run_isolation(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    hello(s, 0, "job1");
+    hello(s, 1, "job2");
+    hello(s, 2, "job1");
+    hello(s, 3, "job2");
+    join(s, 0, "a", 2, 2, NULL);
+    join(s, 1, "a", 2, 2, NULL); /* same node id, other run: fine */
+    assert_int_equal(count(s, RDZV_ACT_ROUND), 0);
+    join(s, 2, "b", 2, 2, NULL);
+    check_round(s, 2);
+    assert_null(find(s, 1, RDZV_ACT_ROUND));
+    assert_string_equal(find(s, 0, RDZV_ACT_ROUND)->round.run_id, "job1");
+    join(s, 3, "b", 2, 2, NULL);
+    check_round(s, 2);
+    assert_string_equal(find(s, 1, RDZV_ACT_ROUND)->round.run_id, "job2");
+    /* Trouble in one run does not touch the other. */
+    drop(s, 0);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 1);
+    assert_non_null(find(s, 2, RDZV_ACT_RESTART));
+    assert_int_equal(stats(s, "job2").phase, RDZV_RUNNING);
+    /* Stores are separate too. */
+    struct proto_msg m = {.type = PROTO_SET, .id = 1};
+    m.set.key = "k";
+    m.set.value = (struct proto_bytes){"1", 1};
+    rdzv_state_store(s->st, s->now, &s->peer[2], &m);
+    m = (struct proto_msg){.type = PROTO_GET, .id = 2};
+    m.get.key = "k";
+    m.get.timeout_ms = -1;
+    rdzv_state_store(s->st, s->now, &s->peer[3], &m);
+    collect(s);
+    assert_int_equal(find(s, 3, RDZV_ACT_RESULT)->result.code, CDDP_ENOTFOUND);
+    sim_free(s);
+}
+
+static void test_protocol_errors(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    char err[256];
+    /* join before hello */
+    rdzv_peer_init(&s->peer[0], "10.0.0.1", false, NULL);
+    s->connected[0] = true;
+    join(s, 0, "a", 1, 1, NULL);
+    assert_int_equal(find(s, 0, RDZV_ACT_ERROR)->error.code, CDDP_ESTATE);
+    assert_true(find(s, 0, RDZV_ACT_ERROR)->error.drop);
+    assert_int_equal(rdzv_state_hello(s->st, s->now, &s->peer[0], "job", err, sizeof(err)), 0);
+    collect(s);
+    /* hello twice */
+    assert_int_equal(rdzv_state_hello(s->st, s->now, &s->peer[0], "job", err, sizeof(err)),
+                     CDDP_ESTATE);
+    collect(s);
+    assert_true(find(s, 0, RDZV_ACT_ERROR)->error.drop);
+    /* unknown rdzv_conf key, bad value */
+    join(s, 0, "a", 1, 2, "bogus_key=1");
+    const struct rdzv_action *e = find(s, 0, RDZV_ACT_ERROR);
+    assert_int_equal(e->error.code, CDDP_ECONFIG);
+    assert_false(e->error.drop);
+    assert_non_null(strstr(e->error.message, "bogus_key"));
+    join(s, 0, "a", 1, 2, "join_timeout=soon");
+    assert_int_equal(find(s, 0, RDZV_ACT_ERROR)->error.code, CDDP_ECONFIG);
+    assert_int_equal(stats(s, "job").nodes, 0);
+    /* min/max must agree with the run */
+    join(s, 0, "a", 2, 3, NULL);
+    hello(s, 1, "job");
+    join(s, 1, "b", 1, 3, NULL);
+    e = find(s, 1, RDZV_ACT_ERROR);
+    assert_int_equal(e->error.code, CDDP_EMISMATCH);
+    assert_non_null(strstr(e->error.message, "--nnodes=2:3"));
+    /* one connection, one node id */
+    join(s, 0, "other", 2, 3, NULL);
+    assert_int_equal(find(s, 0, RDZV_ACT_ERROR)->error.code, CDDP_ESTATE);
+    /* the same node id on a new connection replaces the old one */
+    join(s, 1, "a", 2, 3, NULL);
+    e = find(s, 0, RDZV_ACT_ERROR);
+    assert_int_equal(e->error.code, CDDP_EEXISTS);
+    assert_true(e->error.drop);
+    assert_non_null(find(s, 1, RDZV_ACT_JOINED));
+    assert_int_equal(stats(s, "job").participants, 1);
+    drop(s, 0);
+    assert_int_equal(stats(s, "job").participants, 1);
+    sim_free(s);
+
+    /* A plain store refuses rendezvous. */
+    s = sim_new(true);
+    hello(s, 0, "anything");
+    join(s, 0, "a", 1, 1, NULL);
+    assert_true(find(s, 0, RDZV_ACT_ERROR)->error.drop);
+    rdzv_state_close(s->st, s->now, &s->peer[0], NULL);
+    collect(s);
+    assert_true(find(s, 0, RDZV_ACT_ERROR)->error.drop);
+    assert_int_equal(rdzv_state_run_stats(s->st, "", &(struct rdzv_run_stats){0}), 0);
+    sim_free(s);
+}
+
+static void test_master_addr(void **state)
+{
+    (void)state;
+    /* --local_addr wins. */
+    struct sim *s = sim_new(false);
+    hello(s, 0, "job");
+    join_ex(s, 0, "a", (struct joinopt){.min = 1, .max = 1, .local_addr = "node-a.example"});
+    assert_string_equal(find(s, 0, RDZV_ACT_ROUND)->round.master_addr, "node-a.example");
+    sim_free(s);
+
+    /* Everyone on loopback: node 0's loopback address. */
+    s = sim_new(false);
+    char err[64];
+    for (int i = 0; i < 2; i++) {
+        rdzv_peer_init(&s->peer[i], "127.0.0.1", true, NULL);
+        s->connected[i] = true;
+        rdzv_state_hello(s->st, s->now, &s->peer[i], "job", err, sizeof(err));
+        join_ex(s, i, i ? "b" : "a", (struct joinopt){.min = 2, .max = 2, .hostname = "h"});
+    }
+    assert_string_equal(find(s, 0, RDZV_ACT_ROUND)->round.master_addr, "127.0.0.1");
+    sim_free(s);
+
+    /* Node 0 on the server's machine, others remote: its host name. */
+    s = sim_new(false);
+    rdzv_peer_init(&s->peer[0], "::1", true, NULL);
+    s->connected[0] = true;
+    rdzv_state_hello(s->st, s->now, &s->peer[0], "job", err, sizeof(err));
+    join_ex(s, 0, "a", (struct joinopt){.min = 2, .max = 2, .hostname = "server-host"});
+    hello(s, 1, "job");
+    join_ex(s, 1, "b", (struct joinopt){.min = 2, .max = 2, .hostname = "other"});
+    assert_string_equal(find(s, 1, RDZV_ACT_ROUND)->round.master_addr, "server-host");
+    sim_free(s);
+}
+
+static void test_store_through_state(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(true);
+    hello(s, 0, "x");
+    hello(s, 1, "y"); /* a plain store ignores run ids: one store */
+    struct proto_msg g = {.type = PROTO_GET, .id = 7};
+    g.get.key = "port";
+    g.get.timeout_ms = 5000;
+    rdzv_state_store(s->st, s->now, &s->peer[0], &g);
+    collect(s);
+    assert_int_equal(s->nacts, 0); /* waits */
+    assert_int_equal(rdzv_state_next_deadline(s->st), s->now + 5000);
+    struct proto_msg set = {.type = PROTO_SET, .id = 1};
+    set.set.key = "port";
+    set.set.value = (struct proto_bytes){"29500", 5};
+    rdzv_state_store(s->st, s->now, &s->peer[1], &set);
+    collect(s);
+    assert_int_equal(s->nacts, 2);
+    assert_int_equal(find(s, 1, RDZV_ACT_RESULT)->result.id, 1);
+    const struct rdzv_action *r = find(s, 0, RDZV_ACT_RESULT);
+    assert_int_equal(r->result.id, 7);
+    assert_true(r->result.has_value);
+    assert_memory_equal(r->result.value, "29500", 5);
+    assert_int_equal(rdzv_state_next_deadline(s->st), RDZV_NEVER);
+
+    /* wait with a timeout, answered by tick */
+    const char *keys[] = {"a", "b"};
+    struct proto_msg w = {.type = PROTO_WAIT, .id = 9};
+    w.wait.keys = keys;
+    w.wait.nkeys = 2;
+    w.wait.timeout_ms = 100;
+    rdzv_state_store(s->st, s->now, &s->peer[0], &w);
+    collect(s);
+    assert_int_equal(s->nacts, 0);
+    tick(s, s->now + 100);
+    r = find(s, 0, RDZV_ACT_RESULT);
+    assert_int_equal(r->result.id, 9);
+    assert_int_equal(r->result.code, CDDP_ETIMEOUT);
+
+    /* add, compare_set, get of a missing key without waiting */
+    struct proto_msg add = {.type = PROTO_ADD, .id = 10};
+    add.add.key = "n";
+    add.add.delta = 5;
+    rdzv_state_store(s->st, s->now, &s->peer[0], &add);
+    collect(s);
+    assert_int_equal(find(s, 0, RDZV_ACT_RESULT)->result.number, 5);
+    rdzv_state_store(s->st, s->now, &s->peer[0], &set);
+    rdzv_state_store(s->st, s->now, &s->peer[0], &add);
+    collect(s);
+    struct proto_msg cas = {.type = PROTO_COMPARE_SET, .id = 11};
+    cas.compare_set.key = "port";
+    cas.compare_set.expected = (struct proto_bytes){"29500", 5};
+    cas.compare_set.desired = (struct proto_bytes){"1", 1};
+    rdzv_state_store(s->st, s->now, &s->peer[1], &cas);
+    collect(s);
+    assert_memory_equal(find(s, 1, RDZV_ACT_RESULT)->result.value, "1", 1);
+    g.get.key = "missing";
+    g.get.timeout_ms = -1;
+    rdzv_state_store(s->st, s->now, &s->peer[1], &g);
+    collect(s);
+    assert_int_equal(find(s, 1, RDZV_ACT_RESULT)->result.code, CDDP_ENOTFOUND);
+    assert_non_null(strstr(find(s, 1, RDZV_ACT_RESULT)->result.message, "missing"));
+    add.add.key = "port";
+    add.add.delta = 1;
+    rdzv_state_store(s->st, s->now, &s->peer[1], &add);
+    collect(s);
+    assert_int_equal(find(s, 1, RDZV_ACT_RESULT)->result.number, 2);
+
+    /* A disconnect cancels the peer's waiters. */
+    g.get.key = "never";
+    g.get.timeout_ms = 100000;
+    rdzv_state_store(s->st, s->now, &s->peer[0], &g);
+    drop(s, 0);
+    assert_int_equal(rdzv_state_next_deadline(s->st), RDZV_NEVER);
+    /* With every client gone, a plain store keeps its keys. */
+    drop(s, 1);
+    hello(s, 2, "");
+    g.get.key = "n";
+    g.get.timeout_ms = -1;
+    rdzv_state_store(s->st, s->now, &s->peer[2], &g);
+    collect(s);
+    assert_int_equal(find(s, 2, RDZV_ACT_RESULT)->result.code, 0);
+    sim_free(s);
+}
+
+static void test_close_all(void **state)
+{
+    (void)state;
+    struct sim *s = running3(NULL, 3, 3);
+    hello(s, 3, "other");
+    join(s, 3, "z", 2, 2, NULL);
+    rdzv_state_close_all(s->st, s->now, "server shutting down");
+    collect(s);
+    assert_int_equal(count(s, RDZV_ACT_CLOSED), 4);
+    assert_int_equal(stats(s, "other").phase, RDZV_CLOSED);
+    sim_free(s);
+}
+
+/* ---- scale: 10,000 nodes in one process ---- */
+
+static void test_ten_thousand_nodes(void **state)
+{
+    (void)state;
+    enum { N = 10000 };
+    struct rdzv_state_options o = {.seed = {1, 2}};
+    struct rdzv_state *st = rdzv_state_new(&o);
+    struct rdzv_peer *peers = calloc(N, sizeof(*peers));
+    char(*ids)[24] = calloc(N, sizeof(*ids));
+    int *rank = calloc(N, sizeof(*rank));
+    char err[128];
+    uint64_t now = 5;
+    const struct rdzv_action *a;
+    size_t n;
+
+    struct proto_msg m = {.type = PROTO_JOIN};
+    m.join.nproc = 8;
+    m.join.min_nodes = N / 2;
+    m.join.max_nodes = N;
+    m.join.master_port = 29500;
+    for (int i = 0; i < N; i++) {
+        rdzv_peer_init(&peers[i], "10.1.2.3", false, NULL);
+        snprintf(ids[i], sizeof(ids[i]), "node%05d", (i * 7919) % N); /* joins out of order */
+        assert_int_equal(rdzv_state_hello(st, now, &peers[i], "big", err, sizeof(err)), 0);
+        m.join.node_id = ids[i];
+        rdzv_state_join(st, now, &peers[i], &m);
+        n = rdzv_state_actions(st, &a);
+        if (i < N - 1) {
+            assert_int_equal(n, 1);
+            assert_int_equal(a[0].kind, RDZV_ACT_JOINED);
+        }
+    }
+    /* The last join completes the round: its JOINED, then N rounds, ranks by node id. */
+    assert_int_equal(n, N + 1);
+    assert_int_equal(a[0].kind, RDZV_ACT_JOINED);
+    a++;
+    n--;
+    for (size_t k = 0; k < n; k++) {
+        assert_int_equal(a[k].kind, RDZV_ACT_ROUND);
+        assert_int_equal(a[k].round.nnodes, N);
+        assert_int_equal(a[k].round.world_size, 8 * N);
+        int i = (int)(a[k].peer - peers);
+        rank[i] = a[k].round.node_rank;
+        assert_int_equal(rank[i], (i * 7919) % N);
+        assert_int_equal(a[k].round.rank_offset, 8 * rank[i]);
+    }
+
+    /* Heartbeats from everybody for a minute: nobody is dropped. */
+    for (int t = 1; t <= 12; t++) {
+        now = 5 + (uint64_t)t * 5000;
+        for (int i = 0; i < N; i++)
+            rdzv_state_heartbeat(st, now, &peers[i]);
+        rdzv_state_tick(st, now);
+        assert_int_equal(rdzv_state_actions(st, &a), 0);
+    }
+
+    /* Lose node rank 0: 9,999 restarts, all rejoin, the new round keeps ranks. */
+    int victim = 0;
+    for (int i = 0; i < N; i++)
+        if (rank[i] == 0)
+            victim = i;
+    rdzv_state_disconnect(st, now, &peers[victim]);
+    n = rdzv_state_actions(st, &a);
+    assert_int_equal(n, N - 1);
+    for (size_t k = 0; k < n; k++)
+        assert_int_equal(a[k].kind, RDZV_ACT_RESTART);
+    for (int i = 0; i < N; i++) {
+        if (i == victim)
+            continue;
+        m.join.node_id = ids[i];
+        rdzv_state_join(st, now, &peers[i], &m);
+    }
+    n = rdzv_state_actions(st, &a);
+    size_t rounds = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (a[k].kind != RDZV_ACT_ROUND)
+            continue;
+        rounds++;
+        int i = (int)(a[k].peer - peers);
+        assert_int_equal(a[k].round.round, 2);
+        assert_int_equal(a[k].round.nnodes, N - 1);
+        /* Every survivor below N-1 keeps its rank; the last fills rank 0. */
+        if (rank[i] < N - 1)
+            assert_int_equal(a[k].round.node_rank, rank[i]);
+        else
+            assert_int_equal(a[k].round.node_rank, 0);
+    }
+    assert_int_equal(rounds, N - 1);
+
+    for (int i = 0; i < N; i++) {
+        if (i != victim)
+            rdzv_state_disconnect(st, now, &peers[i]);
+    }
+    assert_int_equal(rdzv_state_num_runs(st), 0);
+    rdzv_state_free(st);
+    free(peers);
+    free(ids);
+    free(rank);
+}
+
+/* ---- random event sequences: invariants hold after every call ---- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(uint32_t n)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state % n);
+}
+
+static void check_invariants(struct sim *s)
+{
+    struct rdzv_run_stats r;
+    if (rdzv_state_run_stats(s->st, "job", &r) != 0)
+        return;
+    assert_int_equal(r.participants + r.waiting + r.active + r.restarting <= r.nodes, true);
+    if (r.phase == RDZV_RUNNING) {
+        assert_true(r.active >= (size_t)1 && r.active <= (size_t)r.max_nodes);
+        assert_int_equal(r.participants, 0);
+    }
+    if (r.phase == RDZV_FORMING)
+        assert_int_equal(r.active, 0);
+    assert_true(r.participants <= (size_t)r.max_nodes);
+    size_t rounds = count(s, RDZV_ACT_ROUND);
+    if (rounds)
+        check_round(s, rounds);
+}
+
+static void test_random_sequences(void **state)
+{
+    (void)state;
+    size_t seen[RDZV_ACT_RESULT + 1] = {0};
+    for (int trial = 0; trial < 40; trial++) {
+        struct sim *s = sim_new(false);
+        int min = 1 + (int)rnd(3), max = min + (int)rnd(4);
+        char ids[MAXP][8];
+        for (int i = 0; i < 10; i++)
+            snprintf(ids[i], sizeof(ids[i]), "n%d", i);
+        for (int step = 0; step < 400; step++) {
+            int i = (int)rnd(10);
+            uint32_t op = rnd(100);
+            if (!s->connected[i]) {
+                hello(s, i, "job");
+                continue;
+            }
+            if (op < 35) {
+                join(s, i, ids[i], min, max,
+                     "last_call_timeout=2,join_timeout=20,keep_alive_interval=1,"
+                     "keep_alive_max_attempt=3");
+            } else if (op < 50) {
+                beat(s, i);
+            } else if (op < 60) {
+                drop(s, i);
+            } else if (op < 65) {
+                rdzv_state_leave(s->st, s->now, &s->peer[i], NULL, rnd(2) == 0);
+                collect(s);
+            } else if (op < 72) {
+                struct rdzv_run_stats r;
+                if (rdzv_state_run_stats(s->st, "job", &r) == 0)
+                    rdzv_state_failure(s->st, s->now, &s->peer[i], r.round, "x");
+                collect(s);
+            } else if (op < 73) {
+                rdzv_state_close(s->st, s->now, &s->peer[i], "done");
+                collect(s);
+            } else {
+                tick(s, s->now + rnd(1500));
+            }
+            /* The shell drops what it is told to drop. */
+            for (size_t k = 0; k < s->nacts; k++) {
+                seen[s->acts[k].kind]++;
+                if (s->acts[k].kind == RDZV_ACT_ERROR && s->acts[k].error.drop) {
+                    int p = (int)(s->acts[k].peer - s->peer);
+                    rdzv_state_disconnect(s->st, s->now, &s->peer[p]);
+                    s->connected[p] = false;
+                }
+            }
+            check_invariants(s);
+        }
+        sim_free(s);
+    }
+    /* The walk went through every kind of transition, many times. */
+    for (int k = RDZV_ACT_JOINED; k <= RDZV_ACT_CLOSED; k++)
+        assert_true(seen[k] > 20);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conf),
+        cmocka_unit_test(test_round_min_max_equal),
+        cmocka_unit_test(test_round_nproc_offsets),
+        cmocka_unit_test(test_last_call),
+        cmocka_unit_test(test_max_completes_at_once),
+        cmocka_unit_test(test_below_min_falls_back),
+        cmocka_unit_test(test_join_timeout),
+        cmocka_unit_test(test_disconnect_restarts_survivors),
+        cmocka_unit_test(test_rank0_lost_ranks_stable),
+        cmocka_unit_test(test_heartbeat_timeout),
+        cmocka_unit_test(test_waiting_node_scale_up),
+        cmocka_unit_test(test_waiting_at_max),
+        cmocka_unit_test(test_visit),
+        cmocka_unit_test(test_finished_leave_is_quiet),
+        cmocka_unit_test(test_no_restart_livelock_with_zero_last_call),
+        cmocka_unit_test(test_failure_counted),
+        cmocka_unit_test(test_member_rejoin),
+        cmocka_unit_test(test_lost_below_min_waits_then_times_out),
+        cmocka_unit_test(test_laggard_after_last_call),
+        cmocka_unit_test(test_close),
+        cmocka_unit_test(test_run_isolation),
+        cmocka_unit_test(test_protocol_errors),
+        cmocka_unit_test(test_master_addr),
+        cmocka_unit_test(test_store_through_state),
+        cmocka_unit_test(test_close_all),
+        cmocka_unit_test(test_ten_thousand_nodes),
+        cmocka_unit_test(test_random_sequences),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,347 @@
+/* Unit tests for common/status_view.c: the /status JSON, /metrics families
+ * and /readyz checks of the agent and of the rendezvous server. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/progress.h"
+#include "common/status_view.h"
+
+static struct status_worker_view workers[2];
+
+static void fill_agent(struct status_agent_view *v)
+{
+    memset(v, 0, sizeof(*v));
+    memset(workers, 0, sizeof(workers));
+    v->program = "cddprun";
+    v->version = "0.1.0";
+    v->pid = 4242;
+    v->hostname = "node1";
+    v->run_id = "job\"7";
+    v->started_at = 1000.0;
+    v->state = STATUS_AGENT_RUNNING;
+    v->node_rank = 1;
+    v->nnodes = 2;
+    v->world_size = 4;
+    v->local_world_size = 2;
+    v->round = 3;
+    v->last_round_at = 1010.0;
+    v->last_round_duration_s = 0.25;
+    v->rdzv_backend = "c10d";
+    v->rdzv_endpoint = "10.0.0.1:29400";
+    v->master_addr = "10.0.0.1";
+    v->master_port = 29500;
+    v->restart_count = 1;
+    v->max_restarts = 3;
+    v->restarts[STATUS_RESTART_WORKER_FAILURE] = 1;
+    v->restarts[STATUS_RESTART_MEMBERSHIP_CHANGE] = 2;
+    v->worker_exits[STATUS_EXIT_FAILURE] = 1;
+    v->worker_exits[STATUS_EXIT_STOPPED] = 1;
+    for (int i = 0; i < 2; i++) {
+        workers[i].local_rank = i;
+        workers[i].rank = 2 + i;
+        workers[i].pid = 100 + i;
+        workers[i].state = STATUS_WORKER_RUNNING;
+        workers[i].exit_code = -1;
+        workers[i].started_at = 1011.0;
+        workers[i].restarts = 1;
+    }
+    workers[1].exited_at = 1010.123456; /* its last process, before this round */
+    /* Worker 0 reports progress (through the real parser), worker 1 garbage. */
+    struct progress_parser p;
+    progress_init(&p);
+    const char *good = "{\"step\":120,\"epoch\":1,\"loss\":NaN,\"samples_per_s\":612.5}\n";
+    progress_feed(&p, good, strlen(good), 5000, 1020.0);
+    workers[0].progress = p.report;
+    progress_init(&p);
+    progress_feed(&p, "garbage\n", 8, 5000, 1020.0);
+    workers[1].progress = p.report;
+    v->nworkers = 2;
+    v->workers = workers;
+}
+
+static cJSON *status_json(struct status_snapshot *s)
+{
+    size_t len;
+    const char *text = status_snapshot_status(s, &len);
+    assert_true(len > 1 && text[len - 1] == '\n');
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    assert_non_null(root);
+    return root;
+}
+
+static double num(const cJSON *o, const char *path)
+{
+    /* "a.b.c": walk the objects. */
+    char buf[128];
+    snprintf(buf, sizeof(buf), "%s", path);
+    const cJSON *cur = o;
+    for (char *tok = buf; tok;) {
+        char *dot = strchr(tok, '.');
+        if (dot)
+            *dot = '\0';
+        cur = cJSON_GetObjectItemCaseSensitive(cur, tok);
+        tok = dot ? dot + 1 : NULL;
+    }
+    if (!cJSON_IsNumber(cur))
+        fail_msg("%s is not a number", path);
+    return cur->valuedouble;
+}
+
+static const char *str(const cJSON *o, const char *key)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsString(it))
+        fail_msg("%s is not a string", key);
+    return it->valuestring;
+}
+
+static bool is_null(const cJSON *o, const char *key)
+{
+    return cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, key));
+}
+
+static void test_agent_json(void **state)
+{
+    (void)state;
+    struct status_agent_view v;
+    fill_agent(&v);
+    struct status_snapshot *s;
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    cJSON *root = status_json(s);
+    assert_string_equal(str(root, "kind"), "agent");
+    assert_string_equal(str(root, "run_id"), "job\"7");
+    assert_string_equal(str(root, "state"), "running");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(root, "ready")));
+    assert_true(num(root, "uptime_s") == 30.5);
+    assert_true(num(root, "generated_at") == 1030.5);
+    assert_true(num(root, "node_rank") == 1);
+    assert_true(num(root, "round") == 3);
+    assert_true(num(root, "last_round_duration_s") == 0.25);
+    assert_true(num(root, "restarts.count") == 1);
+    assert_true(num(root, "restarts.max") == 3);
+    assert_true(num(root, "restarts.remaining") == 2);
+    assert_true(num(root, "restarts.by_reason.membership_change") == 2);
+    assert_true(num(root, "worker_exits.failure") == 1);
+    assert_true(num(root, "rdzv.master_port") == 29500);
+    assert_string_equal(str(cJSON_GetObjectItem(root, "rdzv"), "endpoint"), "10.0.0.1:29400");
+
+    const cJSON *ws = cJSON_GetObjectItem(root, "workers");
+    assert_int_equal(cJSON_GetArraySize(ws), 2);
+    const cJSON *w0 = cJSON_GetArrayItem(ws, 0);
+    assert_true(num(w0, "rank") == 2);
+    assert_true(num(w0, "pid") == 100);
+    assert_string_equal(str(w0, "state"), "running");
+    assert_true(is_null(w0, "exit_code"));
+    assert_true(is_null(w0, "exited_at"));
+    assert_true(is_null(w0, "signal"));
+    assert_true(num(w0, "progress.step") == 120);
+    assert_true(num(w0, "progress.samples_per_s") == 612.5);
+    assert_true(fabs(num(w0, "progress.age_s") - 0.4) < 1e-9);
+    assert_string_equal(str(cJSON_GetObjectItem(w0, "progress"), "loss"), "NaN");
+    const cJSON *p1 = cJSON_GetObjectItem(cJSON_GetArrayItem(ws, 1), "progress");
+    assert_true(is_null(p1, "step"));
+    assert_true(is_null(p1, "time"));
+    assert_true(num(p1, "malformed") == 1);
+    cJSON_Delete(root);
+
+    /* Ready with both checks. */
+    assert_true(status_snapshot_ready(s));
+    assert_int_equal(status_snapshot_check_count(s), 2);
+    assert_string_equal(status_snapshot_check(s, 0)->name, "rendezvous");
+    assert_string_equal(status_snapshot_check(s, 1)->name, "workers");
+    status_snapshot_unref(s);
+}
+
+static void test_agent_not_ready(void **state)
+{
+    (void)state;
+    struct status_agent_view v;
+    fill_agent(&v);
+    /* Before the first round: nothing known, both checks fail. */
+    v.state = STATUS_AGENT_RENDEZVOUS;
+    v.round = 0;
+    v.node_rank = -1;
+    v.last_round_duration_s = -1;
+    v.last_round_at = 0;
+    workers[0].state = workers[1].state = STATUS_WORKER_INIT;
+    workers[0].pid = workers[1].pid = 0;
+    struct status_snapshot *s;
+    assert_int_equal(status_agent_render(&v, 1001, 1, &s), 0);
+    assert_false(status_snapshot_ready(s));
+    assert_false(status_snapshot_check(s, 0)->ok);
+    assert_string_equal(status_snapshot_check(s, 0)->reason, "agent is rendezvous, no round yet");
+    assert_false(status_snapshot_check(s, 1)->ok);
+    cJSON *root = status_json(s);
+    assert_true(is_null(root, "node_rank"));
+    assert_true(is_null(root, "last_round_duration_s"));
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(root, "ready")));
+    cJSON_Delete(root);
+    status_snapshot_unref(s);
+
+    /* Restarting after a round: the round is there, the workers are not. */
+    fill_agent(&v);
+    v.state = STATUS_AGENT_RESTARTING;
+    workers[0].state = STATUS_WORKER_FAILED;
+    workers[0].exit_code = -1;
+    workers[0].signal = 9;
+    workers[0].exited_at = 1000.25;
+    assert_int_equal(status_agent_render(&v, 1001, 1, &s), 0);
+    assert_true(status_snapshot_check(s, 0)->ok);
+    assert_false(status_snapshot_check(s, 1)->ok);
+    root = status_json(s);
+    const cJSON *w0 = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "workers"), 0);
+    assert_true(num(w0, "signal") == 9);
+    assert_string_equal(str(w0, "signal_name"), "SIGKILL");
+    assert_true(num(w0, "exited_at") == 1000.25);
+    cJSON_Delete(root);
+    status_snapshot_unref(s);
+}
+
+static void test_agent_metrics(void **state)
+{
+    (void)state;
+    struct status_agent_view v;
+    fill_agent(&v);
+    struct status_snapshot *s;
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    size_t len;
+    const char *m = status_snapshot_metrics(s, &len);
+    assert_int_equal(strlen(m), len);
+    static const char *const want[] = {
+        "cddp_build_info{program=\"cddprun\",version=\"0.1.0\"} 1\n",
+        "cddp_agent_info{run_id=\"job\\\"7\",hostname=\"node1\",rdzv_backend=\"c10d\","
+        "rdzv_endpoint=\"10.0.0.1:29400\"} 1\n",
+        "# TYPE cddp_agent_state gauge\n",
+        "cddp_agent_state{state=\"running\"} 1\n",
+        "cddp_agent_state{state=\"failed\"} 0\n",
+        "cddp_agent_ready 1\n",
+        "cddp_agent_rdzv_round 3\n",
+        "cddp_agent_rdzv_last_round_duration_seconds 0.25\n",
+        "# TYPE cddp_agent_restarts_total counter\n",
+        "cddp_agent_restarts_total{reason=\"worker_failure\"} 1\n",
+        "cddp_agent_restarts_total{reason=\"membership_change\"} 2\n",
+        "cddp_agent_worker_exits_total{reason=\"stopped\"} 1\n",
+        "cddp_agent_workers{state=\"running\"} 2\n",
+        "cddp_agent_workers{state=\"failed\"} 0\n",
+        "cddp_worker_progress_step{local_rank=\"0\"} 120\n",
+        "cddp_worker_loss{local_rank=\"0\"} NaN\n",
+        "cddp_worker_samples_per_second{local_rank=\"0\"} 612.5\n",
+        "cddp_worker_last_progress_timestamp_seconds{local_rank=\"0\"} 1020\n",
+        "cddp_worker_progress_malformed_lines_total{local_rank=\"1\"} 1\n",
+        "cddp_worker_progress_lines_total{local_rank=\"1\"} 0\n",
+        /* full precision: benchmarks compare it with the worker's own clock */
+        "cddp_worker_last_exit_timestamp_seconds{local_rank=\"1\"} 1010.123456\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        if (strstr(m, want[i]) == NULL)
+            fail_msg("missing from /metrics: %s\n%s", want[i], m);
+    /* Worker 1 reported nothing valid: no step sample for it. */
+    assert_null(strstr(m, "cddp_worker_progress_step{local_rank=\"1\"}"));
+    assert_null(strstr(m, "cddp_worker_last_exit_timestamp_seconds{local_rank=\"0\"}"));
+    status_snapshot_unref(s);
+}
+
+static void test_rdzv(void **state)
+{
+    (void)state;
+    struct status_rdzv_node_view members[2] = {
+        {"10.0.0.2:40000", 0, 4, 1000, 1005, "active"},
+        {"10.0.0.3:40000", 1, 4, 1001, 1005, NULL},
+    };
+    struct status_rdzv_node_view waiting[1] = {{"10.0.0.4:40000", -1, 4, 1004, 1005, "waiting"}};
+    struct status_rdzv_run_view runs[2] = {
+        {"job7", "running", 2, 1, 4, 1002, 2, members, 1, waiting},
+        {"job8", "joining", 0, 2, 2, 0, 0, NULL, 0, NULL},
+    };
+    struct status_rdzv_view v = {0};
+    v.program = "cddp-rdzv";
+    v.version = "0.1.0";
+    v.pid = 7;
+    v.hostname = "head";
+    v.endpoint = "0.0.0.0:29400";
+    v.started_at = 900;
+    v.accepting = true;
+    v.connections = 3;
+    v.connections_total = 9;
+    v.refused[STATUS_REFUSED_TOKEN] = 2;
+    v.joins_total = 5;
+    v.rounds_total = 2;
+    v.nruns = 2;
+    v.runs = runs;
+    struct status_snapshot *s;
+    assert_int_equal(status_rdzv_render(&v, 1010, &s), 0);
+    assert_true(status_snapshot_ready(s));
+    assert_string_equal(status_snapshot_check(s, 0)->name, "listener");
+    cJSON *root = status_json(s);
+    assert_string_equal(str(root, "kind"), "rdzv");
+    assert_true(num(root, "connections") == 3);
+    assert_true(num(root, "refused_connections.token") == 2);
+    assert_true(num(root, "uptime_s") == 110);
+    const cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "runs"), 0);
+    assert_string_equal(str(r0, "run_id"), "job7");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(r0, "members")), 2);
+    const cJSON *wl = cJSON_GetObjectItem(r0, "waiting");
+    assert_int_equal(cJSON_GetArraySize(wl), 1);
+    assert_true(is_null(cJSON_GetArrayItem(wl, 0), "node_rank"));
+    assert_string_equal(str(cJSON_GetArrayItem(wl, 0), "state"), "waiting");
+    const cJSON *ms = cJSON_GetObjectItem(r0, "members");
+    assert_string_equal(str(cJSON_GetArrayItem(ms, 0), "state"), "active");
+    /* no state given: no key */
+    assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(ms, 1), "state"));
+    cJSON_Delete(root);
+    size_t len;
+    const char *m = status_snapshot_metrics(s, &len);
+    static const char *const want[] = {
+        "cddp_rdzv_runs 2\n",
+        "cddp_rdzv_members{run_id=\"job7\"} 2\n",
+        "cddp_rdzv_members{run_id=\"job8\"} 0\n",
+        "cddp_rdzv_waiting_nodes{run_id=\"job7\"} 1\n",
+        "cddp_rdzv_round{run_id=\"job7\"} 2\n",
+        "cddp_rdzv_joins_total 5\n",
+        "cddp_rdzv_rounds_total 2\n",
+        "cddp_rdzv_connections 3\n",
+        "cddp_rdzv_refused_connections_total{reason=\"token\"} 2\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        if (strstr(m, want[i]) == NULL)
+            fail_msg("missing from /metrics: %s\n%s", want[i], m);
+    status_snapshot_unref(s);
+
+    v.accepting = false;
+    assert_int_equal(status_rdzv_render(&v, 1010, &s), 0);
+    assert_false(status_snapshot_ready(s));
+    status_snapshot_unref(s);
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    assert_string_equal(status_agent_state_name(STATUS_AGENT_SUCCEEDED), "succeeded");
+    assert_string_equal(status_agent_state_name(STATUS_AGENT_EXIT_BARRIER), "exit_barrier");
+    assert_string_equal(status_agent_state_name(STATUS_AGENT_TERMINATED), "terminated");
+    assert_string_equal(status_agent_state_name(STATUS_AGENT_STATE_COUNT), "unknown");
+    assert_string_equal(status_worker_state_name(STATUS_WORKER_STOPPED), "stopped");
+    assert_string_equal(status_exit_reason_name(STATUS_EXIT_WATCHDOG), "watchdog");
+    assert_string_equal(status_restart_reason_name(STATUS_RESTART_MEMBERSHIP_CHANGE),
+                        "membership_change");
+    assert_string_equal(status_refusal_name(STATUS_REFUSED_PROTOCOL), "protocol");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_agent_json),    cmocka_unit_test(test_agent_not_ready),
+        cmocka_unit_test(test_agent_metrics), cmocka_unit_test(test_rdzv),
+        cmocka_unit_test(test_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,301 @@
+/* bootstrap.c: environment -> store -> communicator; see bootstrap.h. */
+#include "trainer/comm/bootstrap.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/hostport.h"
+#include "common/log.h"
+#include "rendezvous/store.h"
+
+static double left_s(uint64_t deadline)
+{
+    uint64_t now = cddp_mono_ns();
+    return now >= deadline ? 0.001 : (double)(deadline - now) * 1e-9;
+}
+
+static uint64_t left_ms(uint64_t deadline)
+{
+    uint64_t now = cddp_mono_ns();
+    return now >= deadline ? 1 : (deadline - now) / 1000000u + 1;
+}
+
+static void nap_ms(uint64_t ms)
+{
+    struct timespec ts = {.tv_sec = (time_t)(ms / 1000), .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- the store client as a struct trn_kv ---- */
+
+static int kv_set(struct trn_kv *kv, const char *key, const void *val, size_t len)
+{
+    struct trn_store_kv *s = (struct trn_store_kv *)kv;
+    int rc = rdzv_store_set(s->client, key, val, len);
+    if (rc)
+        snprintf(kv->err, sizeof(kv->err), "store set '%s': %s", key,
+                 rdzv_store_last_error(s->client));
+    return rc;
+}
+
+static int kv_get(struct trn_kv *kv, const char *key, double timeout_s, void **val, size_t *len)
+{
+    struct trn_store_kv *s = (struct trn_store_kv *)kv;
+    int64_t ms = timeout_s > 0 ? (int64_t)(timeout_s * 1000.0) + 1 : 1;
+    int rc = rdzv_store_get(s->client, key, val, len, ms);
+    if (rc == CDDP_ETIMEOUT)
+        snprintf(kv->err, sizeof(kv->err), "key '%s' was not set within %.1f s", key, timeout_s);
+    else if (rc)
+        snprintf(kv->err, sizeof(kv->err), "store get '%s': %s", key,
+                 rdzv_store_last_error(s->client));
+    return rc;
+}
+
+static int kv_add(struct trn_kv *kv, const char *key, long delta, long *out)
+{
+    struct trn_store_kv *s = (struct trn_store_kv *)kv;
+    int64_t v = 0;
+    int rc = rdzv_store_add(s->client, key, delta, &v);
+    if (rc)
+        snprintf(kv->err, sizeof(kv->err), "store add '%s': %s", key,
+                 rdzv_store_last_error(s->client));
+    else
+        *out = (long)v;
+    return rc;
+}
+
+static const struct trn_kv_ops store_kv_ops = {kv_set, kv_get, kv_add};
+
+/* ---- serving (rank 0) ---- */
+
+static bool is_loopback(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+    }
+    return false;
+}
+
+/* MASTER_ADDR names how the others reach rank 0, not necessarily one of its
+ * own addresses: bind it only when it is loopback (then nothing else could
+ * reach us anyway), else every interface, as torch's TCPStore does. */
+static bool loopback_only(const char *host)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM};
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0 || res == NULL)
+        return false;
+    bool only = true;
+    for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next)
+        only = only && is_loopback(ai->ai_addr);
+    freeaddrinfo(res);
+    return only;
+}
+
+/* Starts the store; while the port is held (the previous attempt's rank 0
+ * still exiting), retries until the deadline. */
+static int serve(struct trn_dist *d, uint64_t deadline, char *err, size_t errlen)
+{
+    const char *host = d->env.master_addr, *bind_host = loopback_only(host) ? host : NULL;
+    uint64_t backoff = 50;
+    int rc;
+    char why[256];
+    for (;;) {
+        rc = rdzv_store_thread_start(bind_host, d->env.master_port, NULL, &d->server, NULL, why,
+                                     sizeof(why));
+        if (rc != CDDP_ERR_FROM_ERRNO(EADDRINUSE) || cddp_mono_ns() >= deadline)
+            break;
+        nap_ms(backoff);
+        backoff = backoff < 1000 ? backoff * 2 : 1000;
+    }
+    if (rc == 0) {
+        log_info("T6021", "bootstrap store serving on %s port %d", bind_host ? bind_host : "*",
+                 d->env.master_port);
+        return 0;
+    }
+    char ep[300];
+    cddp_hostport_format(host, d->env.master_port, ep, sizeof(ep));
+    snprintf(err, errlen, "cannot serve the bootstrap store on %s: %s%s", ep, why,
+             rc == CDDP_ERR_FROM_ERRNO(EADDRINUSE)
+                 ? " (another process holds MASTER_PORT; with TORCHELASTIC_USE_AGENT_STORE=True "
+                   "the launcher does)"
+                 : "");
+    return rc;
+}
+
+/* ---- connecting (every rank) ---- */
+
+static int connect_store(struct trn_dist *d, uint64_t deadline, char *err, size_t errlen)
+{
+    const char *host = d->env.master_addr;
+    int port = d->env.master_port;
+    char ep[300];
+    cddp_hostport_format(host, port, ep, sizeof(ep));
+    uint64_t t0 = cddp_mono_ns();
+    char why[512];
+    int rc;
+    /* A name that does not resolve yet (a pod whose DNS record is still on
+     * its way) is retried like a refused connection. */
+    for (;;) {
+        struct rdzv_store_client_options o = {
+            .connect_timeout_ms = left_ms(deadline),
+            .op_timeout_ms = left_ms(deadline),
+        };
+        rc = rdzv_store_connect(host, port, &o, &d->store.client, why, sizeof(why));
+        if (rc != CDDP_EPARSE || cddp_mono_ns() + 1000000000u >= deadline)
+            break;
+        nap_ms(1000);
+    }
+    double took = (double)(cddp_mono_ns() - t0) * 1e-9;
+    if (rc == 0) {
+        d->store.kv.ops = &store_kv_ops;
+        log_debug("T6030", "connected to the bootstrap store at %s in %.3f s", ep, took);
+        return 0;
+    }
+    d->store.client = NULL;
+    if (rc == CDDP_EPARSE)
+        rc = CDDP_ENOTFOUND; /* a name that never resolved: not a usage error */
+    if (strstr(why, "cannot connect") != NULL || strstr(why, "cannot resolve") != NULL)
+        snprintf(err, errlen,
+                 "cannot reach the bootstrap store at %s within %.1f s (last: %s); is rank 0 "
+                 "running, and are MASTER_ADDR and MASTER_PORT right?",
+                 ep, took, why);
+    else
+        snprintf(err, errlen, "%s is not a cddp bootstrap store, or it did not answer: %s", ep,
+                 why);
+    return rc;
+}
+
+/* No RANK twice, one WORLD_SIZE: mistakes in hand-made environments that
+ * would otherwise show up as a confusing hang inside the mesh set-up. */
+static int check_membership(struct trn_dist *d, struct trn_kv *kv, uint64_t deadline, char *err,
+                            size_t errlen)
+{
+    char key[64];
+    long n;
+    snprintf(key, sizeof(key), "cddp/rank/%d", d->env.rank);
+    int rc = kv->ops->add(kv, key, 1, &n);
+    if (rc) {
+        snprintf(err, errlen, "bootstrap: %s", kv->err);
+        return rc;
+    }
+    if (n > 1) {
+        snprintf(err, errlen, "bootstrap: RANK=%d is claimed by %ld workers (each needs its own)",
+                 d->env.rank, n);
+        return CDDP_EEXISTS;
+    }
+    char mine[32];
+    snprintf(mine, sizeof(mine), "%d", d->env.world);
+    if (d->env.rank == 0) {
+        rc = kv->ops->set(kv, "cddp/world_size", mine, strlen(mine));
+        if (rc)
+            snprintf(err, errlen, "bootstrap: %s", kv->err);
+        return rc;
+    }
+    void *val = NULL;
+    size_t len = 0;
+    rc = kv->ops->get(kv, "cddp/world_size", left_s(deadline), &val, &len);
+    if (rc) {
+        snprintf(err, errlen, "bootstrap: %s", kv->err);
+        return rc;
+    }
+    bool same = len == strlen(mine) && memcmp(val, mine, len) == 0;
+    if (!same)
+        snprintf(err, errlen, "bootstrap: WORLD_SIZE=%d here but rank 0 has WORLD_SIZE=%.*s",
+                 d->env.world, (int)(len < 16 ? len : 16), (const char *)val);
+    free(val);
+    return same ? 0 : CDDP_EMISMATCH;
+}
+
+int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
+                  char *(*lookup)(const char *name), char *err, size_t errlen)
+{
+    memset(d, 0, sizeof(*d));
+    int rc = trn_dist_env_read(&d->env, lookup, err, errlen);
+    if (rc)
+        return rc;
+    double init_s = o->init_timeout_s > 0 ? o->init_timeout_s : TRN_DEFAULT_INIT_TIMEOUT_S;
+    uint64_t deadline = cddp_mono_ns() + (uint64_t)(init_s * 1e9);
+    struct trn_comm_options co = {
+        .rank = d->env.rank,
+        .world = d->env.world,
+        .timeout_s = o->collective_timeout_s,
+        .init_timeout_s = init_s,
+        .backend = o->backend,
+        .route_to = d->env.master_addr,
+    };
+    struct trn_comm_error ce;
+    if (d->env.world == 1) {
+        rc = trn_comm_create(&co, NULL, &d->comm, &ce);
+        if (rc)
+            snprintf(err, errlen, "%s", ce.detail);
+        return rc;
+    }
+    if (d->env.use_agent_store) {
+        snprintf(err, errlen,
+                 "TORCHELASTIC_USE_AGENT_STORE=True: the launcher's agent serves torch's TCPStore "
+                 "on MASTER_PORT %d, which cddp-train does not speak; launch with cddprun, or "
+                 "with torchrun's c10d rendezvous (e.g. --standalone)",
+                 d->env.master_port);
+        return CDDP_ECONFIG;
+    }
+    if (d->env.rank == 0) {
+        rc = serve(d, deadline, err, errlen);
+        if (rc)
+            goto fail;
+    }
+    rc = connect_store(d, deadline, err, errlen);
+    if (rc)
+        goto fail;
+    struct trn_kv *kv = &d->store.kv;
+    rc = check_membership(d, kv, deadline, err, errlen);
+    if (rc)
+        goto fail;
+    co.init_timeout_s = left_s(deadline);
+    rc = trn_comm_create(&co, kv, &d->comm, &ce);
+    if (rc) {
+        snprintf(err, errlen,
+                 "bootstrap: connecting %s to the other %d rank(s) failed after %.1f s: %s%s",
+                 o->backend ? o->backend : "gloo", d->env.world - 1, ce.waited_s, ce.detail,
+                 ce.code == CDDP_ETIMEOUT ? " (a rank never reached the store: did every rank "
+                                            "start, with the same MASTER_ADDR and MASTER_PORT?)"
+                                          : "");
+        goto fail;
+    }
+    /* Everyone is connected once this returns; the store is idle from here on. */
+    rc = trn_comm_barrier(d->comm);
+    if (rc) {
+        snprintf(err, errlen, "bootstrap: the first barrier failed: %s",
+                 trn_comm_last_error(d->comm)->detail);
+        goto fail;
+    }
+    log_info("T6040", "rank %d/%d ready (local rank %d, store %s:%d)", d->env.rank, d->env.world,
+             d->env.local_rank, d->env.master_addr, d->env.master_port);
+    return 0;
+fail:
+    trn_dist_close(d);
+    return rc;
+}
+
+void trn_dist_close(struct trn_dist *d)
+{
+    trn_comm_destroy(d->comm);
+    rdzv_store_close(d->store.client);
+    rdzv_store_thread_stop(d->server);
+    d->comm = NULL;
+    d->store.client = NULL;
+    d->server = NULL;
+}

@@ -1,0 +1,61 @@
+/*
+ * bootstrap.h: from torchrun's environment to a connected communicator.
+ *
+ *   1. read RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (env.h);
+ *      none set: world size 1, nothing to connect;
+ *   2. rank 0 serves the bootstrap store on MASTER_ADDR:MASTER_PORT
+ *      (rendezvous/store.h: the rendezvous server in store-only mode, on a
+ *      thread of its own); every rank, rank 0 included, connects to it with
+ *      its blocking client, with backoff until --init-timeout;
+ *   3. sanity through the store: no RANK claimed twice, one WORLD_SIZE;
+ *   4. the communicator connects its mesh through the store (comm.h), and a
+ *      barrier confirms every rank is connected.
+ * A wrong or unreachable address is an error after --init-timeout, never a
+ * hang. Under torchrun, TORCHELASTIC_USE_AGENT_STORE=True means the agent
+ * already serves torch's TCPStore on MASTER_PORT, which cddp-train does not
+ * speak: that is a clear error (use cddprun, or torchrun's c10d backend,
+ * e.g. --standalone, which leaves MASTER_PORT to the workers in torch 1.x).
+ */
+#ifndef CDDP_TRAINER_COMM_BOOTSTRAP_H
+#define CDDP_TRAINER_COMM_BOOTSTRAP_H
+
+#include <stddef.h>
+
+#include "trainer/comm/comm.h"
+#include "trainer/comm/env.h"
+
+#define TRN_DEFAULT_INIT_TIMEOUT_S 300.0
+
+struct rdzv_store_thread;
+struct rdzv_store_client;
+
+struct trn_dist_options {
+    double init_timeout_s;       /* <= 0: TRN_DEFAULT_INIT_TIMEOUT_S */
+    double collective_timeout_s; /* <= 0: TRN_COMM_DEFAULT_TIMEOUT_S */
+    const char *backend;         /* NULL: "gloo" */
+};
+
+/* rendezvous/store.h's client as the communicator's struct trn_kv. */
+struct trn_store_kv {
+    struct trn_kv kv; /* first */
+    struct rdzv_store_client *client;
+};
+
+struct trn_dist {
+    struct trn_dist_env env;
+    struct trn_comm *comm;
+    struct rdzv_store_thread *server; /* rank 0 only */
+    struct trn_store_kv store;
+};
+
+/* Fills *d. lookup is getenv (or a table in tests). On failure returns a
+ * negative code with one line in err, and *d holds nothing to close:
+ * CDDP_ECONFIG / CDDP_EPARSE / CDDP_ERANGE_ARG for a bad environment (a
+ * usage error), anything else for a failure to connect. */
+int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
+                  char *(*lookup)(const char *name), char *err, size_t errlen);
+
+/* Destroys the communicator, then the client, then (rank 0) the store. */
+void trn_dist_close(struct trn_dist *d);
+
+#endif

@@ -1,0 +1,263 @@
+/*
+ * comm.c: the backend-neutral half of the communicator (see comm.h).
+ *
+ * Argument checks, world size 1 ("local": no peers, so a collective is a copy
+ * or nothing), the first error and the broken state live here, so every
+ * backend behaves the same to the training loop.
+ */
+#include "trainer/comm/comm.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "trainer/comm/backend.h"
+
+struct trn_comm {
+    int rank;
+    int world;
+    double timeout_s;
+    const struct trn_comm_backend_ops *be; /* NULL: local (world 1) */
+    void *impl;
+    bool broken;
+    struct trn_comm_error err; /* the first failure */
+};
+
+static const char *const coll_names[] = {
+    [TRN_COLL_BROADCAST] = "broadcast",
+    [TRN_COLL_ALLREDUCE] = "allreduce",
+    [TRN_COLL_ALLGATHER] = "allgather",
+    [TRN_COLL_BARRIER] = "barrier",
+};
+
+const char *trn_comm_coll_name(enum trn_comm_coll coll)
+{
+    if ((unsigned)coll < sizeof(coll_names) / sizeof(coll_names[0]))
+        return coll_names[coll];
+    return "collective";
+}
+
+size_t trn_comm_dtype_size(enum trn_comm_dtype dt)
+{
+    switch (dt) {
+    case TRN_COMM_F32:
+    case TRN_COMM_I32:
+        return 4;
+    case TRN_COMM_F64:
+    case TRN_COMM_I64:
+        return 8;
+    case TRN_COMM_U8:
+        return 1;
+    }
+    return 0;
+}
+
+int trn_comm_rank(const struct trn_comm *c)
+{
+    return c->rank;
+}
+
+int trn_comm_world(const struct trn_comm *c)
+{
+    return c->world;
+}
+
+const char *trn_comm_backend(const struct trn_comm *c)
+{
+    return c->be ? c->be->name : "local";
+}
+
+double trn_comm_timeout(const struct trn_comm *c)
+{
+    return c->timeout_s;
+}
+
+const struct trn_comm_error *trn_comm_last_error(const struct trn_comm *c)
+{
+    return &c->err;
+}
+
+int trn_comm_create(const struct trn_comm_options *o, struct trn_kv *kv, struct trn_comm **out,
+                    struct trn_comm_error *err)
+{
+    memset(err, 0, sizeof(*err));
+    cddp_strlcpy(err->op, "connect", sizeof(err->op));
+    *out = NULL;
+    if (o->world < 1 || o->rank < 0 || o->rank >= o->world) {
+        err->code = CDDP_ERANGE_ARG;
+        snprintf(err->detail, sizeof(err->detail), "rank %d is not in 0..%d", o->rank,
+                 o->world - 1);
+        return err->code;
+    }
+    struct trn_comm *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        err->code = CDDP_ERR_FROM_ERRNO(ENOMEM);
+        cddp_strlcpy(err->detail, "out of memory", sizeof(err->detail));
+        return err->code;
+    }
+    c->rank = o->rank;
+    c->world = o->world;
+    c->timeout_s = o->timeout_s > 0 ? o->timeout_s : TRN_COMM_DEFAULT_TIMEOUT_S;
+    if (o->world > 1) {
+        const char *name = o->backend ? o->backend : "gloo";
+        int rc;
+        uint64_t t0 = cddp_mono_ns();
+        if (strcmp(name, "gloo") == 0) {
+            rc = trn_gloo_backend_create(o, kv, c->timeout_s, &c->be, &c->impl, err->detail,
+                                         sizeof(err->detail));
+        } else {
+            rc = CDDP_ECONFIG;
+            snprintf(err->detail, sizeof(err->detail), "unknown comm backend '%s' (have: gloo)",
+                     name);
+        }
+        if (rc < 0) {
+            err->code = rc;
+            err->waited_s = (double)(cddp_mono_ns() - t0) * 1e-9;
+            err->timeout_s = o->init_timeout_s;
+            free(c);
+            return rc;
+        }
+        log_info("T6001", "rank %d/%d connected (%s) in %.3f s", o->rank, o->world, name,
+                 (double)(cddp_mono_ns() - t0) * 1e-9);
+    }
+    *out = c;
+    return 0;
+}
+
+void trn_comm_destroy(struct trn_comm *c)
+{
+    if (c == NULL)
+        return;
+    if (c->be)
+        c->be->destroy(c->impl);
+    free(c);
+}
+
+static bool redop_ok(enum trn_comm_dtype dt, enum trn_comm_redop op)
+{
+    switch (op) {
+    case TRN_COMM_SUM:
+    case TRN_COMM_MAX:
+    case TRN_COMM_MIN:
+        return true;
+    case TRN_COMM_AVG:
+        return dt == TRN_COMM_F32 || dt == TRN_COMM_F64;
+    }
+    return false;
+}
+
+static void record(struct trn_comm *c, const struct trn_comm_work *w, int rc)
+{
+    c->broken = true;
+    if (c->err.code != 0)
+        return;
+    c->err.code = rc;
+    c->err.coll = w->coll;
+    cddp_strlcpy(c->err.op, trn_comm_coll_name(w->coll), sizeof(c->err.op));
+    c->err.bytes = w->count * trn_comm_dtype_size(w->dtype);
+    c->err.waited_s = w->end_ns > w->start_ns ? (double)(w->end_ns - w->start_ns) * 1e-9 : 0.0;
+    c->err.timeout_s = c->timeout_s;
+    cddp_strlcpy(c->err.detail, w->detail, sizeof(c->err.detail));
+}
+
+/* World size 1: the result is already in place (allgather: one copy). */
+static void run_local(struct trn_comm_work *w)
+{
+    if (w->coll == TRN_COLL_ALLGATHER && w->send != w->buf)
+        memmove(w->buf, w->send, w->count * trn_comm_dtype_size(w->dtype));
+    w->rc = 0;
+    w->state = TRN_WORK_DONE;
+}
+
+static int start(struct trn_comm *c, struct trn_comm_work *w)
+{
+    if (c->broken) {
+        snprintf(w->detail, sizeof(w->detail), "communicator unusable after an earlier %s failed",
+                 c->err.op);
+        return CDDP_ESTATE;
+    }
+    if (trn_comm_dtype_size(w->dtype) == 0 ||
+        (w->coll == TRN_COLL_ALLREDUCE && !redop_ok(w->dtype, w->redop)))
+        return CDDP_ERANGE_ARG;
+    if (w->coll == TRN_COLL_BROADCAST && (w->root < 0 || w->root >= c->world))
+        return CDDP_ERANGE_ARG;
+    if (w->count > 0 && w->buf == NULL)
+        return CDDP_ERANGE_ARG;
+    w->next = NULL;
+    w->rc = 0;
+    w->start_ns = w->end_ns = 0;
+    w->detail[0] = '\0';
+    /* Nothing to move: every rank skips it alike, so the order is kept. */
+    if (c->be == NULL || (w->count == 0 && w->coll != TRN_COLL_BARRIER)) {
+        run_local(w);
+        return 0;
+    }
+    w->state = TRN_WORK_QUEUED;
+    int rc = c->be->start(c->impl, w);
+    if (rc < 0)
+        w->state = TRN_WORK_IDLE;
+    return rc;
+}
+
+int trn_comm_wait(struct trn_comm *c, struct trn_comm_work *w)
+{
+    int rc = w->state == TRN_WORK_DONE ? w->rc : c->be->wait(c->impl, w);
+    w->state = TRN_WORK_IDLE;
+    if (rc < 0)
+        record(c, w, rc);
+    return rc;
+}
+
+static int run_sync(struct trn_comm *c, struct trn_comm_work *w)
+{
+    int rc = start(c, w);
+    return rc < 0 ? rc : trn_comm_wait(c, w);
+}
+
+int trn_comm_allreduce_start(struct trn_comm *c, struct trn_comm_work *w, void *buf, size_t count,
+                             enum trn_comm_dtype dt, enum trn_comm_redop op)
+{
+    memset(w, 0, sizeof(*w));
+    w->coll = TRN_COLL_ALLREDUCE;
+    w->buf = buf;
+    w->count = count;
+    w->dtype = dt;
+    w->redop = op;
+    return start(c, w);
+}
+
+int trn_comm_allreduce(struct trn_comm *c, void *buf, size_t count, enum trn_comm_dtype dt,
+                       enum trn_comm_redop op)
+{
+    struct trn_comm_work w = {
+        .coll = TRN_COLL_ALLREDUCE, .buf = buf, .count = count, .dtype = dt, .redop = op};
+    return run_sync(c, &w);
+}
+
+int trn_comm_broadcast(struct trn_comm *c, void *buf, size_t count, enum trn_comm_dtype dt,
+                       int root)
+{
+    struct trn_comm_work w = {
+        .coll = TRN_COLL_BROADCAST, .buf = buf, .count = count, .dtype = dt, .root = root};
+    return run_sync(c, &w);
+}
+
+int trn_comm_allgather(struct trn_comm *c, const void *send, void *recv, size_t count,
+                       enum trn_comm_dtype dt)
+{
+    if (count > 0 && send == NULL)
+        return CDDP_ERANGE_ARG;
+    struct trn_comm_work w = {
+        .coll = TRN_COLL_ALLGATHER, .buf = recv, .send = send, .count = count, .dtype = dt};
+    return run_sync(c, &w);
+}
+
+int trn_comm_barrier(struct trn_comm *c)
+{
+    struct trn_comm_work w = {.coll = TRN_COLL_BARRIER, .dtype = TRN_COMM_U8};
+    return run_sync(c, &w);
+}

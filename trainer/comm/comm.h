@@ -1,0 +1,145 @@
+/*
+ * comm.h: collectives for cddp-train, whatever moves the bytes.
+ *
+ * One communicator per process group. Backends: "local" (world size 1: no
+ * peers, every collective is a copy or nothing), "gloo" (CPU tensors over
+ * TCP; gloo_shim.cc is the project's only C++), later "nccl" (GPU). The
+ * training loop and ddp.c see only this interface.
+ *
+ * Ordering. Collectives run in the order they are issued, one at a time, on
+ * the communicator's own thread (gloo). Every rank must issue the same
+ * collectives in the same order, as with torch.distributed. The synchronous
+ * calls are a start and a wait.
+ *
+ * Async. trn_comm_allreduce_start() queues an allreduce and returns at once;
+ * the caller owns the struct trn_comm_work (embed it in a bucket), must not
+ * touch the buffer until trn_comm_wait() returns, and waits for every work it
+ * started. When start returns an error the work was not queued and must not
+ * be waited for.
+ *
+ * Failure. Each collective is bounded by the communicator's timeout
+ * (--collective-timeout, default 600 s like NCCL's). When one times out or a
+ * peer fails during it, the call returns CDDP_ETIMEOUT or CDDP_EPEER and
+ * trn_comm_last_error() describes it (which collective, how long it waited,
+ * the backend's words). The communicator is then broken: every later call
+ * fails at once with CDDP_ESTATE. The worker is expected to stop (see
+ * trn_comm_fail() in failure.h: error file, exit 75), and the agent restarts
+ * the group.
+ */
+#ifndef CDDP_TRAINER_COMM_COMM_H
+#define CDDP_TRAINER_COMM_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "trainer/comm/kv.h"
+
+#define TRN_COMM_DEFAULT_TIMEOUT_S 600.0
+
+enum trn_comm_dtype {
+    TRN_COMM_F32 = 0,
+    TRN_COMM_F64,
+    TRN_COMM_I32,
+    TRN_COMM_I64,
+    TRN_COMM_U8,
+};
+
+enum trn_comm_redop {
+    TRN_COMM_SUM = 0,
+    TRN_COMM_AVG, /* sum / world; floating-point types only */
+    TRN_COMM_MAX,
+    TRN_COMM_MIN,
+};
+
+enum trn_comm_coll {
+    TRN_COLL_BROADCAST = 0,
+    TRN_COLL_ALLREDUCE,
+    TRN_COLL_ALLGATHER,
+    TRN_COLL_BARRIER,
+};
+
+/* What went wrong in a collective (or in creating the communicator). */
+struct trn_comm_error {
+    int code; /* 0, CDDP_ETIMEOUT, CDDP_EPEER, CDDP_ESTATE, -errno, ... */
+    enum trn_comm_coll coll;
+    char op[24];      /* "allreduce", "broadcast", "allgather", "barrier", "connect" */
+    size_t bytes;     /* payload per rank */
+    double waited_s;  /* from the collective's start to its failure */
+    double timeout_s; /* the bound in force */
+    char detail[384]; /* the backend's message, one line */
+};
+
+/* One queued collective. Embed it; its fields are the communicator's while
+ * queued (between start and wait). */
+struct trn_comm_work {
+    struct trn_comm_work *next;
+    enum trn_comm_coll coll;
+    void *buf;        /* in/out (allreduce, broadcast); output (allgather: world * count) */
+    const void *send; /* allgather input (count); may alias buf + rank * count */
+    size_t count;     /* elements per rank */
+    enum trn_comm_dtype dtype;
+    enum trn_comm_redop redop;
+    int root;
+    int state; /* private */
+    int rc;
+    uint64_t start_ns, end_ns;
+    char detail[384];
+};
+
+struct trn_comm_options {
+    int rank;
+    int world;
+    double timeout_s;      /* per collective; <= 0: TRN_COMM_DEFAULT_TIMEOUT_S */
+    double init_timeout_s; /* connecting the mesh through the store */
+    const char *backend;   /* NULL or "gloo" (world 1 always uses "local") */
+    /* Local address peers reach this rank at (gloo binds there). NULL: the
+     * address the route to `route_to` leaves from (so it works across nodes),
+     * or 127.0.0.1. GLOO_SOCKET_IFNAME, when set, names an interface instead. */
+    const char *host;
+    const char *route_to;     /* usually MASTER_ADDR */
+    const char *store_prefix; /* keys under this prefix; NULL: "gloo/rank" */
+};
+
+struct trn_comm;
+
+/* Creates the communicator and connects it to every peer through kv
+ * (world > 1). Borrows kv for the call only. On failure returns a negative
+ * code and fills *err (op "connect"). */
+int trn_comm_create(const struct trn_comm_options *o, struct trn_kv *kv, struct trn_comm **out,
+                    struct trn_comm_error *err);
+/* Waits for queued work, then frees everything. NULL is fine. Do not call on
+ * a broken communicator whose backend may still be stuck; just exit. */
+void trn_comm_destroy(struct trn_comm *c);
+
+int trn_comm_rank(const struct trn_comm *c);
+int trn_comm_world(const struct trn_comm *c);
+const char *trn_comm_backend(const struct trn_comm *c);
+double trn_comm_timeout(const struct trn_comm *c);
+
+size_t trn_comm_dtype_size(enum trn_comm_dtype dt);
+
+/* Synchronous collectives. 0 or a negative code (see the header comment). */
+int trn_comm_broadcast(struct trn_comm *c, void *buf, size_t count, enum trn_comm_dtype dt,
+                       int root);
+int trn_comm_allreduce(struct trn_comm *c, void *buf, size_t count, enum trn_comm_dtype dt,
+                       enum trn_comm_redop op);
+/* recv holds world * count elements, rank r's block at r * count. */
+int trn_comm_allgather(struct trn_comm *c, const void *send, void *recv, size_t count,
+                       enum trn_comm_dtype dt);
+int trn_comm_barrier(struct trn_comm *c);
+
+/* Async allreduce (in place on buf). 0: queued, wait for it. Negative: not
+ * queued (bad argument, or the communicator is broken). */
+int trn_comm_allreduce_start(struct trn_comm *c, struct trn_comm_work *w, void *buf, size_t count,
+                             enum trn_comm_dtype dt, enum trn_comm_redop op);
+/* Waits for w. 0, or the collective's error (trn_comm_last_error says more). */
+int trn_comm_wait(struct trn_comm *c, struct trn_comm_work *w);
+
+/* The first failure (code 0 if none). */
+const struct trn_comm_error *trn_comm_last_error(const struct trn_comm *c);
+
+/* "allreduce", ... */
+const char *trn_comm_coll_name(enum trn_comm_coll coll);
+
+#endif

@@ -1,0 +1,132 @@
+/* failure.c: error.json and exit 75 when a collective fails; see failure.h. */
+#include "trainer/comm/failure.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/errors.h"
+#include "common/exitcodes.h"
+#include "common/log.h"
+#include "common/strutil.h"
+
+void trn_comm_failure_message(const struct trn_comm_error *e, long step, int rank, char *buf,
+                              size_t len)
+{
+    char at[48] = "";
+    if (step >= 0)
+        snprintf(at, sizeof(at), " at step %ld", step);
+    const char *why = e->detail[0] ? e->detail : cddp_strerror(e->code);
+    if (e->code == CDDP_ETIMEOUT)
+        snprintf(buf, len,
+                 "%s%s on rank %d timed out: waited %.1f s for the other ranks "
+                 "(--collective-timeout %g s, %zu bytes); %s",
+                 e->op, at, rank, e->waited_s, e->timeout_s, e->bytes, why);
+    else if (e->code == CDDP_EPEER)
+        snprintf(buf, len,
+                 "%s%s on rank %d failed after %.1f s: a peer failed or left "
+                 "(--collective-timeout %g s, %zu bytes); %s",
+                 e->op, at, rank, e->waited_s, e->timeout_s, e->bytes, why);
+    else
+        snprintf(buf, len, "%s%s on rank %d failed after %.1f s (%s): %s", e->op, at, rank,
+                 e->waited_s, cddp_err_name(e->code), why);
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int trn_error_file_write(const char *path, const char *type, const char *message,
+                         const char *callstack, long timestamp)
+{
+    char ts[32];
+    snprintf(ts, sizeof(ts), "%ld", timestamp);
+    struct cddp_buf text;
+    cddp_buf_init(&text, 1 << 20);
+    if (cddp_buf_printf(&text, "%s: %s", type, message) < 0) {
+        cddp_buf_free(&text);
+        return -ENOMEM;
+    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON *msg = cJSON_AddObjectToObject(root, "message");
+    cJSON *extra = NULL;
+    if (msg != NULL && cJSON_AddStringToObject(msg, "message", text.data) != NULL)
+        extra = cJSON_AddObjectToObject(msg, "extraInfo");
+    char *json = NULL;
+    if (extra != NULL && cJSON_AddStringToObject(extra, "py_callstack", callstack) != NULL &&
+        cJSON_AddStringToObject(extra, "timestamp", ts) != NULL)
+        json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    cddp_buf_free(&text);
+    if (json == NULL)
+        return -ENOMEM;
+
+    /* path.tmp.<pid> beside the target, so the rename stays on one filesystem. */
+    size_t plen = strlen(path) + 32;
+    char *tmp = malloc(plen);
+    if (tmp == NULL) {
+        cJSON_free(json);
+        return -ENOMEM;
+    }
+    snprintf(tmp, plen, "%s.tmp.%ld", path, (long)getpid());
+    int rc = 0;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = -errno;
+    } else {
+        rc = write_all(fd, json, strlen(json));
+        if (rc == 0 && fsync(fd) != 0)
+            rc = -errno;
+        if (close(fd) != 0 && rc == 0)
+            rc = -errno;
+        if (rc == 0 && rename(tmp, path) != 0)
+            rc = -errno;
+        if (rc != 0)
+            unlink(tmp);
+    }
+    free(tmp);
+    cJSON_free(json);
+    return rc;
+}
+
+void trn_comm_fail(const struct trn_comm_error *e, long step, int rank, const char *error_file)
+{
+    char msg[1024];
+    trn_comm_failure_message(e, step, rank, msg, sizeof(msg));
+    log_error("T6010", "%s", msg);
+    if (error_file != NULL && *error_file != '\0') {
+        char stack[1400];
+        snprintf(stack, sizeof(stack),
+                 "%s rank %d (pid %ld): %s%s\n  exit %d (collective timeout): the agent "
+                 "restarts the group\n",
+                 program_invocation_short_name, rank, (long)getpid(),
+                 e->code == CDDP_ETIMEOUT ? "CollectiveTimeoutError: " : "CollectiveError: ", msg,
+                 CDDP_EXIT_COLLECTIVE_TIMEOUT);
+        int rc = trn_error_file_write(
+            error_file, e->code == CDDP_ETIMEOUT ? "CollectiveTimeoutError" : "CollectiveError",
+            msg, stack, (long)time(NULL));
+        if (rc < 0)
+            log_error("T6011", "cannot write the error file %s: %s", error_file, cddp_strerror(rc));
+        else
+            log_info("T6012", "error file written: %s", error_file);
+    }
+    fflush(stdout);
+    fflush(stderr);
+    _exit(CDDP_EXIT_COLLECTIVE_TIMEOUT);
+}

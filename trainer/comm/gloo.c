@@ -1,0 +1,302 @@
+/*
+ * gloo.c: the gloo backend's thread and queue (the C half; gloo_shim.cc
+ * talks to gloo).
+ *
+ * gloo's collectives block the calling thread, so the backend owns one
+ * communication thread that runs queued work in FIFO order. Synchronous
+ * collectives are a start and a wait; async allreduces (DDP buckets) run
+ * while the training thread goes on with backward. One thread and one
+ * order keep every rank's sequence of collectives identical, which gloo
+ * needs (all ranks must issue the same collectives in the same order).
+ *
+ * gloo bounds each collective by the timeout itself. As a second line of
+ * defence the waiter gives up on its own when the running collective has
+ * gone past the timeout plus a grace period (a backend stuck outside its
+ * timeout handling); the communicator is then abandoned: the thread never
+ * touches a work item again, and the worker is expected to exit.
+ */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "trainer/comm/backend.h"
+#include "trainer/comm/gloo_shim.h"
+
+struct gloo_backend {
+    struct trn_gloo *g;
+    double timeout_s;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv; /* the comm thread waits here for work */
+    pthread_cond_t done_cv; /* waiters wait here for results */
+    struct trn_comm_work *head, *tail;
+    uint64_t running_start_ns; /* 0 when idle */
+    bool stopping;
+    bool failed;    /* a collective failed: fail the rest without running them */
+    bool abandoned; /* a waiter gave up on a stuck collective: touch nothing */
+};
+
+static void *comm_thread(void *arg)
+{
+    struct gloo_backend *b = arg;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        while (b->head == NULL && !b->stopping)
+            pthread_cond_wait(&b->work_cv, &b->mu);
+        if (b->head == NULL)
+            break;
+        struct trn_comm_work *w = b->head;
+        b->head = w->next;
+        if (b->head == NULL)
+            b->tail = NULL;
+        w->next = NULL;
+        uint64_t now = cddp_mono_ns();
+        w->start_ns = now;
+        if (b->failed) {
+            w->rc = CDDP_ESTATE;
+            snprintf(w->detail, sizeof(w->detail), "not run: an earlier collective failed");
+            w->end_ns = now;
+            w->state = TRN_WORK_DONE;
+            pthread_cond_broadcast(&b->done_cv);
+            continue;
+        }
+        w->state = TRN_WORK_RUNNING;
+        b->running_start_ns = now;
+        pthread_mutex_unlock(&b->mu);
+
+        /* w is ours while RUNNING: the waiter reads it only once DONE. */
+        char detail[sizeof(w->detail)];
+        int rc = trn_gloo_run(b->g, w, b->timeout_s);
+        if (rc < 0)
+            cddp_strlcpy(detail, w->detail, sizeof(detail));
+
+        pthread_mutex_lock(&b->mu);
+        b->running_start_ns = 0;
+        if (b->abandoned)
+            break;
+        w->rc = rc;
+        w->end_ns = cddp_mono_ns();
+        if (rc < 0) {
+            b->failed = true;
+            cddp_strlcpy(w->detail, detail, sizeof(w->detail));
+        }
+        w->state = TRN_WORK_DONE;
+        pthread_cond_broadcast(&b->done_cv);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+static int gloo_start(void *impl, struct trn_comm_work *w)
+{
+    struct gloo_backend *b = impl;
+    pthread_mutex_lock(&b->mu);
+    if (b->abandoned || b->stopping) {
+        pthread_mutex_unlock(&b->mu);
+        return CDDP_ESTATE;
+    }
+    w->next = NULL;
+    if (b->tail)
+        b->tail->next = w;
+    else
+        b->head = w;
+    b->tail = w;
+    pthread_cond_signal(&b->work_cv);
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+static void deadline_ts(uint64_t mono_ns, struct timespec *ts)
+{
+    ts->tv_sec = (time_t)(mono_ns / 1000000000u);
+    ts->tv_nsec = (long)(mono_ns % 1000000000u);
+}
+
+static int gloo_wait(void *impl, struct trn_comm_work *w)
+{
+    struct gloo_backend *b = impl;
+    /* Grace past gloo's own timeout before the waiter gives up by itself. */
+    uint64_t grace_ns = (uint64_t)((5.0 + 0.1 * b->timeout_s) * 1e9);
+    uint64_t limit_ns = (uint64_t)(b->timeout_s * 1e9) + grace_ns;
+    pthread_mutex_lock(&b->mu);
+    while (w->state != TRN_WORK_DONE) {
+        uint64_t now = cddp_mono_ns();
+        uint64_t started = b->running_start_ns;
+        if (started != 0 && now - started > limit_ns) {
+            b->abandoned = true;
+            b->failed = true;
+            w->rc = CDDP_ETIMEOUT;
+            w->start_ns = started;
+            w->end_ns = now;
+            snprintf(w->detail, sizeof(w->detail),
+                     "gloo did not return within %.0f s (timeout %.0f s plus grace); "
+                     "communicator abandoned",
+                     (double)(now - started) * 1e-9, b->timeout_s);
+            break;
+        }
+        struct timespec ts;
+        /* Wake at the guard's deadline, or within a second while queued. */
+        uint64_t until = started != 0 ? started + limit_ns + 1000000u : now + 1000000000u;
+        deadline_ts(until, &ts);
+        pthread_cond_timedwait(&b->done_cv, &b->mu, &ts);
+    }
+    int rc = w->rc;
+    pthread_mutex_unlock(&b->mu);
+    return rc;
+}
+
+static void gloo_destroy(void *impl)
+{
+    struct gloo_backend *b = impl;
+    pthread_mutex_lock(&b->mu);
+    b->stopping = true;
+    bool abandoned = b->abandoned;
+    pthread_cond_signal(&b->work_cv);
+    pthread_mutex_unlock(&b->mu);
+    if (abandoned) {
+        /* The thread may still be inside gloo: leave it and its state be. */
+        pthread_detach(b->thread);
+        return;
+    }
+    pthread_join(b->thread, NULL);
+    trn_gloo_free(b->g);
+    pthread_cond_destroy(&b->work_cv);
+    pthread_cond_destroy(&b->done_cv);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}
+
+static const struct trn_comm_backend_ops gloo_ops = {
+    .name = "gloo",
+    .start = gloo_start,
+    .wait = gloo_wait,
+    .destroy = gloo_destroy,
+};
+
+/* The local address the route to `dest` leaves from: a UDP "connect" sends
+ * nothing, it only picks the source address, so peers on other nodes can
+ * reach the address we bind. 0 or a negative code. */
+static int route_source(const char *dest, char *out, size_t len)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_DGRAM, .ai_flags = AI_ADDRCONFIG};
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(dest, "9", &hints, &res) != 0 || res == NULL)
+        return CDDP_ENOTFOUND;
+    int rc = CDDP_ENOTFOUND;
+    for (struct addrinfo *ai = res; ai != NULL && rc < 0; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+            getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
+            getnameinfo((struct sockaddr *)&ss, sl, out, (socklen_t)len, NULL, 0, NI_NUMERICHOST) ==
+                0)
+            rc = 0;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return rc;
+}
+
+/* Unblocks SIGPIPE in this thread again, first discarding one that arrived
+ * while it was blocked (it would otherwise kill us the moment it is
+ * unblocked). */
+static void restore_sigpipe(const sigset_t *pipe_set, const sigset_t *old_mask)
+{
+    if (sigismember(old_mask, SIGPIPE))
+        return; /* the caller had it blocked already: leave everything as it was */
+    struct timespec zero = {0, 0};
+    while (sigtimedwait(pipe_set, NULL, &zero) > 0) {
+    }
+    pthread_sigmask(SIG_SETMASK, old_mask, NULL);
+}
+
+int trn_gloo_backend_create(const struct trn_comm_options *o, struct trn_kv *kv, double timeout_s,
+                            const struct trn_comm_backend_ops **ops, void **impl, char *err,
+                            size_t errlen)
+{
+    char host[NI_MAXHOST] = "127.0.0.1";
+    const char *iface = getenv("GLOO_SOCKET_IFNAME");
+    char ifbuf[64] = "";
+    if (iface != NULL && *iface != '\0') {
+        /* torch accepts a comma-separated list; one device is enough here. */
+        cddp_strlcpy(ifbuf, iface, sizeof(ifbuf));
+        char *comma = strchr(ifbuf, ',');
+        if (comma != NULL)
+            *comma = '\0';
+    } else if (o->host != NULL && *o->host != '\0') {
+        cddp_strlcpy(host, o->host, sizeof(host));
+    } else if (o->route_to != NULL && *o->route_to != '\0') {
+        if (route_source(o->route_to, host, sizeof(host)) < 0)
+            cddp_strlcpy(host, "127.0.0.1", sizeof(host));
+    }
+
+    struct gloo_backend *b = calloc(1, sizeof(*b));
+    if (b == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    b->timeout_s = timeout_s;
+    struct trn_gloo_config cfg = {
+        .rank = o->rank,
+        .world = o->world,
+        .host = host,
+        .iface = ifbuf[0] ? ifbuf : NULL,
+        .prefix = o->store_prefix ? o->store_prefix : "gloo/rank",
+        .init_timeout_s = o->init_timeout_s > 0 ? o->init_timeout_s : 300.0,
+    };
+    log_debug("T6002", "gloo: rank %d/%d binding %s", o->rank, o->world,
+              cfg.iface ? cfg.iface : host);
+    /* A peer that dies makes gloo write to a closed socket. Python ignores
+     * SIGPIPE, so torch never meets it; we block it in every thread that
+     * touches gloo's sockets: this one while connecting, and, by
+     * inheritance, gloo's event-loop thread (created with the device) and
+     * our communication thread. The write then fails with EPIPE and gloo
+     * reports the peer's failure. */
+    sigset_t pipe_set, old_mask;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old_mask);
+    int rc = trn_gloo_connect(&cfg, kv, &b->g, err, errlen);
+    if (rc < 0) {
+        restore_sigpipe(&pipe_set, &old_mask);
+        free(b);
+        return rc;
+    }
+
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->work_cv, NULL);
+    pthread_cond_init(&b->done_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    int prc = pthread_create(&b->thread, NULL, comm_thread, b);
+    restore_sigpipe(&pipe_set, &old_mask);
+    if (prc != 0) {
+        snprintf(err, errlen, "cannot start the communication thread: %s", strerror(prc));
+        trn_gloo_free(b->g);
+        pthread_cond_destroy(&b->work_cv);
+        pthread_cond_destroy(&b->done_cv);
+        pthread_mutex_destroy(&b->mu);
+        free(b);
+        return CDDP_ERR_FROM_ERRNO(prc);
+    }
+    *ops = &gloo_ops;
+    *impl = b;
+    return 0;
+}

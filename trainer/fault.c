@@ -1,0 +1,182 @@
+/* fault.c: --fault parsing and firing; see fault.h. */
+#include "trainer/fault.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/errors.h"
+#include "common/exitcodes.h"
+#include "common/log.h"
+#include "common/strutil.h"
+
+#define FAULT_SPEC_MAX 128
+#define FAULT_USAGE                                                                                \
+    "use crash@step=N[,rank=R][,every], hang@step=N[,rank=R][,every] or "                          \
+    "slow@step=N,ms=M[,rank=R][,every]"
+
+const char *trn_fault_kind_name(enum trn_fault_kind kind)
+{
+    switch (kind) {
+    case TRN_FAULT_CRASH:
+        return "crash";
+    case TRN_FAULT_HANG:
+        return "hang";
+    case TRN_FAULT_SLOW:
+        return "slow";
+    case TRN_FAULT_NONE:
+        break;
+    }
+    return "none";
+}
+
+static int fail(struct trn_fault *out, char *err, size_t errlen, int code, const char *spec,
+                const char *why)
+{
+    memset(out, 0, sizeof(*out));
+    snprintf(err, errlen, "--fault '%s': %s", spec, why);
+    return code;
+}
+
+int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t errlen)
+{
+    char buf[FAULT_SPEC_MAX];
+    char why[320];
+    memset(out, 0, sizeof(*out));
+    if (spec == NULL || *spec == '\0')
+        return fail(out, err, errlen, CDDP_EPARSE, "", "empty fault (" FAULT_USAGE ")");
+    if (strlen(spec) >= sizeof(buf))
+        return fail(out, err, errlen, CDDP_ERANGE_ARG, "...", "fault spec too long");
+    cddp_strlcpy(buf, spec, sizeof(buf));
+
+    char *at = strchr(buf, '@');
+    if (at == NULL)
+        return fail(out, err, errlen, CDDP_EPARSE, spec, "missing '@' (" FAULT_USAGE ")");
+    *at = '\0';
+    struct trn_fault f = {.kind = TRN_FAULT_NONE, .step = -1, .rank = -1, .ms = 0, .every = false};
+    if (strcmp(buf, "crash") == 0)
+        f.kind = TRN_FAULT_CRASH;
+    else if (strcmp(buf, "hang") == 0)
+        f.kind = TRN_FAULT_HANG;
+    else if (strcmp(buf, "slow") == 0)
+        f.kind = TRN_FAULT_SLOW;
+    else {
+        snprintf(why, sizeof(why), "unknown fault kind '%s' (" FAULT_USAGE ")", buf);
+        return fail(out, err, errlen, CDDP_EPARSE, spec, why);
+    }
+
+    bool have_rank = false;
+    bool have_ms = false;
+    char *p = at + 1;
+    for (;;) {
+        char *comma = strchr(p, ',');
+        if (comma != NULL)
+            *comma = '\0';
+        if (*p == '\0')
+            return fail(out, err, errlen, CDDP_EPARSE, spec, "empty field");
+        char *eq = strchr(p, '=');
+        if (eq == NULL) {
+            if (strcmp(p, "every") != 0) {
+                snprintf(why, sizeof(why), "unknown field '%s' (fields: step=, rank=, ms=, every)",
+                         p);
+                return fail(out, err, errlen, CDDP_EPARSE, spec, why);
+            }
+            if (f.every)
+                return fail(out, err, errlen, CDDP_EPARSE, spec, "'every' given twice");
+            f.every = true;
+        } else {
+            *eq = '\0';
+            const char *val = eq + 1;
+            long v;
+            int rc;
+            if (strcmp(p, "step") == 0) {
+                if (f.step >= 0)
+                    return fail(out, err, errlen, CDDP_EPARSE, spec, "'step' given twice");
+                rc = cddp_parse_long(val, 0, (1L << 62), &v);
+                if (rc < 0) {
+                    snprintf(why, sizeof(why), "step must be an integer >= 0, not '%s'", val);
+                    return fail(out, err, errlen, rc, spec, why);
+                }
+                f.step = v;
+            } else if (strcmp(p, "rank") == 0) {
+                if (have_rank)
+                    return fail(out, err, errlen, CDDP_EPARSE, spec, "'rank' given twice");
+                rc = cddp_parse_long(val, 0, 1 << 24, &v);
+                if (rc < 0) {
+                    snprintf(why, sizeof(why), "rank must be an integer >= 0, not '%s'", val);
+                    return fail(out, err, errlen, rc, spec, why);
+                }
+                f.rank = (int)v;
+                have_rank = true;
+            } else if (strcmp(p, "ms") == 0) {
+                if (f.kind != TRN_FAULT_SLOW)
+                    return fail(out, err, errlen, CDDP_EPARSE, spec, "ms= applies to slow only");
+                if (have_ms)
+                    return fail(out, err, errlen, CDDP_EPARSE, spec, "'ms' given twice");
+                rc = cddp_parse_long(val, 1, 24L * 3600 * 1000, &v);
+                if (rc < 0) {
+                    snprintf(why, sizeof(why), "ms must be an integer in 1..86400000, not '%s'",
+                             val);
+                    return fail(out, err, errlen, rc, spec, why);
+                }
+                f.ms = v;
+                have_ms = true;
+            } else {
+                snprintf(why, sizeof(why), "unknown field '%s' (fields: step=, rank=, ms=, every)",
+                         p);
+                return fail(out, err, errlen, CDDP_EPARSE, spec, why);
+            }
+        }
+        if (comma == NULL)
+            break;
+        p = comma + 1;
+    }
+    if (f.step < 0)
+        return fail(out, err, errlen, CDDP_EPARSE, spec, "missing step=N");
+    if (f.kind == TRN_FAULT_SLOW && !have_ms)
+        return fail(out, err, errlen, CDDP_EPARSE, spec, "slow needs ms=M");
+    *out = f;
+    return 0;
+}
+
+bool trn_fault_due(const struct trn_fault *f, long step, int rank, long restart_count)
+{
+    if (f->kind == TRN_FAULT_NONE || step != f->step)
+        return false;
+    if (f->rank >= 0 && f->rank != rank)
+        return false;
+    return restart_count <= 0 || f->every;
+}
+
+void trn_fault_fire(const struct trn_fault *f, long step, int rank)
+{
+    switch (f->kind) {
+    case TRN_FAULT_CRASH:
+        log_error("T6101", "fault injection: crash at step %ld on rank %d (--fault), exiting 1",
+                  step, rank);
+        fflush(stdout);
+        /* _exit: a crash does not run exit handlers or flush anyone's state. */
+        _exit(CDDP_EXIT_FAILURE);
+    case TRN_FAULT_HANG:
+        log_error("T6102",
+                  "fault injection: hang at step %ld on rank %d (--fault), blocking forever", step,
+                  rank);
+        fflush(stdout);
+        for (;;)
+            pause();
+    case TRN_FAULT_SLOW: {
+        log_warn("T6103", "fault injection: sleeping %ld ms at step %ld on rank %d (--fault)",
+                 f->ms, step, rank);
+        struct timespec ts = {.tv_sec = f->ms / 1000, .tv_nsec = (f->ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+        return;
+    }
+    case TRN_FAULT_NONE:
+        return;
+    }
+}
