@@ -845,6 +845,11 @@ int main(int argc, char **argv)
     if (cfg.init && !resuming &&
         trn_weights_load(cfg.init, table, model.n_state, err, sizeof(err)) != 0) {
         fprintf(stderr, "cddp-train: --init: %s\n", err);
+        free(table);
+        trn_resnet_free(&model);
+        trn_dataset_close(train);
+        trn_dataset_close(test);
+        trn_backend_cpu_free(&be);
         return CDDP_EXIT_FAILURE;
     }
     log_info("T0001", "%s: %zu parameters, %d classes, %s backend, %d threads", cfg.arch,
@@ -880,6 +885,13 @@ int main(int argc, char **argv)
     if (!resumed && resuming) {
         fprintf(stderr, "cddp-train: --checkpoint: %s: removed while cddp-train was starting\n",
                 cfg.checkpoint);
+        free(ck.momentum);
+        free(table);
+        trn_sampler_free(&sampler);
+        trn_resnet_free(&model);
+        trn_dataset_close(train);
+        trn_dataset_close(test);
+        trn_backend_cpu_free(&be);
         return CDDP_EXIT_FAILURE;
     }
 
@@ -1049,7 +1061,7 @@ int main(int argc, char **argv)
                                       .data = all};
             if (trn_st_save(cfg.eval_logits, &t, 1, NULL, 0, err, sizeof(err)) != 0) {
                 fprintf(stderr, "cddp-train: --eval-logits: %s\n", err);
-                return CDDP_EXIT_FAILURE;
+                rc = CDDP_EXIT_FAILURE; /* released below, after the other ranks are done */
             }
         }
         free(all);
@@ -1060,7 +1072,7 @@ int main(int argc, char **argv)
         trn_weights_save(cfg.save, cfg.arch, num_classes, table, model.n_state, err, sizeof(err)) !=
             0) {
         fprintf(stderr, "cddp-train: --save: %s\n", err);
-        return CDDP_EXIT_FAILURE;
+        rc = CDDP_EXIT_FAILURE;
     }
     /* Nobody leaves while another rank may still be reading from it. */
     if (world > 1)
@@ -1082,5 +1094,5 @@ int main(int argc, char **argv)
     trn_dataset_close(test);
     trn_backend_cpu_free(&be);
     trn_dist_close(&dist);
-    return CDDP_EXIT_OK;
+    return rc;
 }

@@ -51,6 +51,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rows", default="all", help="all, or a comma-separated list of " +
                     ", ".join(ROWS))
+    ap.add_argument("--threads", type=int, help="override every row's thread count")
     a = ap.parse_args()
     train = pathlib.Path(a.build) / "trainer" / "cddp-train"
     rows = list(ROWS) if a.rows == "all" else a.rows.split(",")
@@ -60,6 +61,7 @@ def main():
           f"{'ours RSS MiB':>12} {'torch RSS MiB':>13}")
     for name in rows:
         arch, size, batch, threads, steps, warm = ROWS[name]
+        threads = a.threads or threads
         total = steps + warm
         env = dict(os.environ, LOGLEVEL="DEBUG", OMP_NUM_THREADS=str(threads))
         ours_cmd = [str(train), "--arch", arch, "--data", "synthetic", "--image-size", str(size),

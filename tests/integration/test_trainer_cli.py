@@ -18,7 +18,10 @@ TINY = ["--arch", "resnet18", "--data", "synthetic", "--image-size", "32", "--nu
 
 
 def train(*args, timeout=300, env=None):
-    return run([binary("cddp-train")] + [str(a) for a in args], timeout=timeout, env=env)
+    r = run([binary("cddp-train")] + [str(a) for a in args], timeout=timeout, env=env)
+    # under ASan/UBSan a leak or UB report on any path, the error paths included, fails
+    assert "Sanitizer" not in r.stderr and "runtime error:" not in r.stderr, r.stderr
+    return r
 
 
 @pytest.mark.parametrize("args, flag", [

@@ -173,38 +173,54 @@ void cpu_bn_prepare(struct trn_backend *be, int c, const float *mean, const floa
 
 /* ---- the transform (+ residual) (+ ReLU) ---- */
 
-/* y = relu?(fma(x, a, b) [+ r | + fma(r, ra, rb)]): PyTorch computes the batch
- * norm as one fused multiply-add, then adds the shortcut. */
+/*
+ * y = relu?(fma(x, a, b) [+ r | + fma(r, ra, rb)]): PyTorch computes the batch
+ * norm as one fused multiply-add, then adds the shortcut. Every condition is
+ * hoisted out of the loops (the ReLU as a floor of 0 or -inf) so the lane
+ * loops compile to vector instructions without branches: a branch on the
+ * sign of an activation is a coin flip the CPU mispredicts half the time.
+ */
 static inline __attribute__((always_inline)) void
 apply_run(const float *x, const float *r, float *y, int hw, const int B, const float *a,
-          const float *b, const float *ra, const float *rb, bool relu)
+          const float *b, const float *ra, const float *rb, float lo)
 {
-    float A[16], Bc[16], RA[16], RB[16];
+    float A[16], S[16], RA[16], RB[16];
     for (int l = 0; l < B; l++) {
         A[l] = a[l];
-        Bc[l] = b[l];
+        S[l] = b[l];
         RA[l] = ra ? ra[l] : 1.0f;
         RB[l] = rb ? rb[l] : 0.0f;
     }
     if (!r) {
-        for (int p = 0; p < hw; p++)
+        for (int p = 0; p < hw; p++) {
+            const float *xp = x + (size_t)p * B;
+            float *yp = y + (size_t)p * B;
+#pragma omp simd
             for (int l = 0; l < B; l++) {
-                float v = fmaf(x[(size_t)p * B + l], A[l], Bc[l]);
-                y[(size_t)p * B + l] = relu && v < 0 ? 0 : v;
+                float v = fmaf(xp[l], A[l], S[l]);
+                yp[l] = v < lo ? 0.0f : v;
             }
+        }
     } else if (!ra) {
-        for (int p = 0; p < hw; p++)
+        for (int p = 0; p < hw; p++) {
+            const float *xp = x + (size_t)p * B, *rp = r + (size_t)p * B;
+            float *yp = y + (size_t)p * B;
+#pragma omp simd
             for (int l = 0; l < B; l++) {
-                float v = fmaf(x[(size_t)p * B + l], A[l], Bc[l]) + r[(size_t)p * B + l];
-                y[(size_t)p * B + l] = relu && v < 0 ? 0 : v;
+                float v = fmaf(xp[l], A[l], S[l]) + rp[l];
+                yp[l] = v < lo ? 0.0f : v;
             }
+        }
     } else {
-        for (int p = 0; p < hw; p++)
+        for (int p = 0; p < hw; p++) {
+            const float *xp = x + (size_t)p * B, *rp = r + (size_t)p * B;
+            float *yp = y + (size_t)p * B;
+#pragma omp simd
             for (int l = 0; l < B; l++) {
-                float v = fmaf(x[(size_t)p * B + l], A[l], Bc[l]) +
-                          fmaf(r[(size_t)p * B + l], RA[l], RB[l]);
-                y[(size_t)p * B + l] = relu && v < 0 ? 0 : v;
+                float v = fmaf(xp[l], A[l], S[l]) + fmaf(rp[l], RA[l], RB[l]);
+                yp[l] = v < lo ? 0.0f : v;
             }
+        }
     }
 }
 
@@ -215,6 +231,7 @@ void cpu_bn_apply(struct trn_backend *be, const struct trn_tensor *x, const floa
 {
     (void)be;
     struct view v = view_of(x);
+    float lo = relu ? 0.0f : -INFINITY;
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < v.n * v.cb; t++) {
         int i = t / v.cb, j = t % v.cb, c0 = j * v.b;
@@ -224,13 +241,13 @@ void cpu_bn_apply(struct trn_backend *be, const struct trn_tensor *x, const floa
         const float *rb = res_shift ? res_shift + c0 : NULL;
         switch (v.b) {
         case 16:
-            apply_run(x->data + o, r, y->data + o, v.hw, 16, scale + c0, shift + c0, ra, rb, relu);
+            apply_run(x->data + o, r, y->data + o, v.hw, 16, scale + c0, shift + c0, ra, rb, lo);
             break;
         case 8:
-            apply_run(x->data + o, r, y->data + o, v.hw, 8, scale + c0, shift + c0, ra, rb, relu);
+            apply_run(x->data + o, r, y->data + o, v.hw, 8, scale + c0, shift + c0, ra, rb, lo);
             break;
         default:
-            apply_run(x->data + o, r, y->data + o, v.hw, 1, scale + c0, shift + c0, ra, rb, relu);
+            apply_run(x->data + o, r, y->data + o, v.hw, 1, scale + c0, shift + c0, ra, rb, lo);
             break;
         }
     }
@@ -238,22 +255,36 @@ void cpu_bn_apply(struct trn_backend *be, const struct trn_tensor *x, const floa
 
 /* ---- backward ---- */
 
+/* g = dy, masked by ry > 0 when ry is given (the ReLU after this batch norm). */
 static inline __attribute__((always_inline)) void reduce_run(const float *x, const float *dy,
                                                              const float *ry, int hw, const int B,
                                                              const float *mean, double *sdy,
                                                              double *sdx)
 {
-    double s[16] = {0}, q[16] = {0};
-    float M[16];
-    for (int l = 0; l < B; l++)
+    double s[B], q[B]; /* B is a constant here (inlined): registers */
+    float M[B];
+    for (int l = 0; l < B; l++) {
         M[l] = mean[l];
-    for (int p = 0; p < hw; p++)
-        for (int l = 0; l < B; l++) {
-            size_t e = (size_t)p * B + l;
-            float g = ry && ry[e] <= 0 ? 0 : dy[e];
-            s[l] += g;
-            q[l] += (double)g * (x[e] - M[l]);
+        s[l] = q[l] = 0;
+    }
+    for (int p = 0; p < hw; p++) {
+        const float *xp = x + (size_t)p * B, *gp = dy + (size_t)p * B;
+        if (ry) {
+            const float *yp = ry + (size_t)p * B;
+#pragma omp simd
+            for (int l = 0; l < B; l++) {
+                float gl = gp[l], g = yp[l] <= 0.0f ? 0.0f : gl;
+                s[l] += g;
+                q[l] += (double)g * (double)(xp[l] - M[l]);
+            }
+        } else {
+#pragma omp simd
+            for (int l = 0; l < B; l++) {
+                s[l] += gp[l];
+                q[l] += (double)gp[l] * (double)(xp[l] - M[l]);
+            }
         }
+    }
     for (int l = 0; l < B; l++) {
         sdy[l] = s[l];
         sdx[l] = q[l];
@@ -320,12 +351,22 @@ input_run(const float *x, const float *dy, const float *ry, float *dx, int hw, c
         A[l] = a[l];
         Bq[l] = b[l];
     }
-    for (int p = 0; p < hw; p++)
-        for (int l = 0; l < B; l++) {
-            size_t e = (size_t)p * B + l;
-            float g = ry && ry[e] <= 0 ? 0 : dy[e];
-            dx[e] = (g - A[l] - (x[e] - M[l]) * Bq[l]) * K[l];
+    for (int p = 0; p < hw; p++) {
+        const float *xp = x + (size_t)p * B, *gp = dy + (size_t)p * B;
+        float *dp = dx + (size_t)p * B;
+        if (ry) {
+            const float *yp = ry + (size_t)p * B;
+#pragma omp simd
+            for (int l = 0; l < B; l++) {
+                float gl = gp[l], g = yp[l] <= 0.0f ? 0.0f : gl;
+                dp[l] = (g - A[l] - (xp[l] - M[l]) * Bq[l]) * K[l];
+            }
+        } else {
+#pragma omp simd
+            for (int l = 0; l < B; l++)
+                dp[l] = (gp[l] - A[l] - (xp[l] - M[l]) * Bq[l]) * K[l];
         }
+    }
 }
 
 TRN_CPU_CLONES
@@ -381,11 +422,15 @@ void cpu_relu_backward(struct trn_backend *be, const struct trn_tensor *dy,
     float *out = dx->data;
     if (g2) {
 #pragma omp parallel for simd schedule(static)
-        for (size_t e = 0; e < n; e++)
-            out[e] = yy[e] > 0 ? g[e] + g2[e] : 0.0f;
+        for (size_t e = 0; e < n; e++) {
+            float v = g[e] + g2[e]; /* loaded unconditionally: no branch in the loop */
+            out[e] = yy[e] <= 0 ? 0.0f : v;
+        }
     } else {
 #pragma omp parallel for simd schedule(static)
-        for (size_t e = 0; e < n; e++)
-            out[e] = yy[e] > 0 ? g[e] : 0.0f;
+        for (size_t e = 0; e < n; e++) {
+            float v = g[e];
+            out[e] = yy[e] <= 0 ? 0.0f : v;
+        }
     }
 }
