@@ -61,6 +61,7 @@ struct config {
     long epochs;
     long steps; /* 0: no limit */
     double lr, momentum, weight_decay;
+    bool cosine; /* --lr-schedule cosine */
     long seed;
     bool shuffle;
     long log_every;
@@ -123,6 +124,8 @@ static void usage(FILE *f)
                "  --lr X                  learning rate (0.01)\n"
                "  --momentum X            SGD momentum (0.9)\n"
                "  --weight-decay X        SGD weight decay (1e-4)\n"
+               "  --lr-schedule S         constant, or cosine: torch's CosineAnnealingLR from\n"
+               "                          --lr to 0 over all steps, stepped every step (constant)\n"
                "data:\n"
                "  --data SPEC             synthetic | idx[:DIR] | folder:DIR (synthetic)\n"
                "  --num-samples N         synthetic dataset size (50000)\n"
@@ -202,6 +205,7 @@ enum {
     OPT_LR,
     OPT_MOMENTUM,
     OPT_WEIGHT_DECAY,
+    OPT_LR_SCHEDULE,
     OPT_SEED,
     OPT_NO_SHUFFLE,
     OPT_LOG_EVERY,
@@ -240,6 +244,7 @@ static const struct option long_options[] = {
     {"lr", required_argument, NULL, OPT_LR},
     {"momentum", required_argument, NULL, OPT_MOMENTUM},
     {"weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY},
+    {"lr-schedule", required_argument, NULL, OPT_LR_SCHEDULE},
     {"seed", required_argument, NULL, OPT_SEED},
     {"no-shuffle", no_argument, NULL, OPT_NO_SHUFFLE},
     {"log-every", required_argument, NULL, OPT_LOG_EVERY},
@@ -348,6 +353,14 @@ static void parse_args(int argc, char **argv, struct config *c)
             break;
         case OPT_WEIGHT_DECAY:
             c->weight_decay = flag_double("--weight-decay", optarg, 0, 1e6);
+            break;
+        case OPT_LR_SCHEDULE:
+            if (strcmp(optarg, "cosine") == 0)
+                c->cosine = true;
+            else if (strcmp(optarg, "constant") == 0)
+                c->cosine = false;
+            else
+                bad_flag("--lr-schedule", "'%s' is not constant or cosine", optarg);
             break;
         case OPT_SEED:
             c->seed = flag_long("--seed", optarg, 0, (1L << 62));
@@ -962,6 +975,13 @@ int main(int argc, char **argv)
      * step may have fewer), each loss divided by their number, gradients
      * averaged across ranks only after the last one (no_sync). */
     long accum = cfg.accum_steps;
+    /* --lr-schedule cosine: CosineAnnealingLR(T_max = every step of the run,
+     * eta_min 0) with scheduler.step() after each optimizer step. It is a
+     * function of the global step, so a resumed run continues on the curve. */
+    long steps_per_epoch = (batches + accum - 1) / accum;
+    long total_steps = steps_per_epoch * cfg.epochs;
+    if (cfg.steps && cfg.steps < total_steps)
+        total_steps = cfg.steps;
     for (int epoch = start_epoch; epoch < cfg.epochs; epoch++) {
         trn_sampler_set_epoch(&sampler, epoch);
         uint64_t t0 = cddp_mono_ns();
@@ -1003,8 +1023,10 @@ int main(int argc, char **argv)
                     printf("Epoch %d [%ld/%ld] Loss: %.4f\n", epoch, b, batches, (double)loss);
             }
             trn_ddp_finish_backward(&ddp);
-            trn_resnet_sgd_step(&model, (float)cfg.lr, (float)cfg.momentum,
-                                (float)cfg.weight_decay);
+            double lr = cfg.lr;
+            if (cfg.cosine)
+                lr = cfg.lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps));
+            trn_resnet_sgd_step(&model, (float)lr, (float)cfg.momentum, (float)cfg.weight_decay);
             step++;
             double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
             log_debug("T0002", "step %ld loss %.9g time %.6f s", step, (double)step_loss, secs);

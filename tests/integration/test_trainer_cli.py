@@ -30,6 +30,7 @@ def train(*args, timeout=300, env=None):
     (["--batch-size", "12x"], "--batch-size"),
     (["--lr", "fast"], "--lr"),
     (["--lr", "-1"], "--lr"),
+    (["--lr-schedule", "linear"], "--lr-schedule"),
     (["--momentum", "1.5"], "--momentum"),
     (["--weight-decay", "nan"], "--weight-decay"),
     (["--epochs", "0"], "--epochs"),
