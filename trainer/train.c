@@ -805,6 +805,20 @@ static double evaluate(struct trn_resnet *m, const struct trn_dataset *ds, int b
 
 /* ------------------------------------------------------------------------ */
 
+/* What main() holds once the model, the data and the sampler exist. */
+static void release(struct ckpt *ck, struct trn_ckpt_tensor *table, struct trn_sampler *sampler,
+                    struct trn_resnet *model, struct trn_dataset *train, struct trn_dataset *test,
+                    struct trn_backend *be)
+{
+    free(ck->momentum);
+    free(table);
+    trn_sampler_free(sampler);
+    trn_resnet_free(model);
+    trn_dataset_close(train);
+    trn_dataset_close(test);
+    trn_backend_cpu_free(be);
+}
+
 int main(int argc, char **argv)
 {
     cddp_log_init("cddp-train");
@@ -898,13 +912,7 @@ int main(int argc, char **argv)
     if (!resumed && resuming) {
         fprintf(stderr, "cddp-train: --checkpoint: %s: removed while cddp-train was starting\n",
                 cfg.checkpoint);
-        free(ck.momentum);
-        free(table);
-        trn_sampler_free(&sampler);
-        trn_resnet_free(&model);
-        trn_dataset_close(train);
-        trn_dataset_close(test);
-        trn_backend_cpu_free(&be);
+        release(&ck, table, &sampler, &model, train, test, &be);
         return CDDP_EXIT_FAILURE;
     }
 
@@ -946,13 +954,7 @@ int main(int argc, char **argv)
     if (rc != 0) {
         trn_ddp_free(&ddp);
         trn_dist_close(&dist);
-        free(ck.momentum);
-        free(table);
-        trn_sampler_free(&sampler);
-        trn_resnet_free(&model);
-        trn_dataset_close(train);
-        trn_dataset_close(test);
-        trn_backend_cpu_free(&be);
+        release(&ck, table, &sampler, &model, train, test, &be);
         return rc;
     }
     trn_ddp_broadcast_state(&ddp);
@@ -1107,14 +1109,8 @@ int main(int argc, char **argv)
     be.ops->free(&be, x_dev);
     free(x_host);
     free(labels);
-    free(ck.momentum);
-    free(table);
     trn_ddp_free(&ddp);
-    trn_sampler_free(&sampler);
-    trn_resnet_free(&model);
-    trn_dataset_close(train);
-    trn_dataset_close(test);
-    trn_backend_cpu_free(&be);
     trn_dist_close(&dist);
+    release(&ck, table, &sampler, &model, train, test, &be);
     return rc;
 }
