@@ -356,7 +356,7 @@ static int reap(struct status_server *s)
             uint64_t wait = due - now;
             return wait > INT_MAX ? INT_MAX : (int)wait;
         }
-        cddp_queue_remove(&c->node); /* cut once; freed when MHD reports the close */
+        cddp_queue_remove(&c->node);        /* cut once; freed when MHD reports the close */
         add_stat(&s->slow_closed_total, 1); /* counted before the peer can see the cut */
         shutdown(c->fd, SHUT_RDWR);
         log_debug("S0004", "status port: closed a connection that had no answer after %u ms",
