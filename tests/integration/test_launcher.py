@@ -352,6 +352,15 @@ exit 0
              what="the escaped daemon to die")
 
 
+def default_signals():
+    """preexec_fn: cddprun starts as from a terminal's shell. A suite run in
+    the background (`nohup`, `cmd &` in a script) ignores SIGHUP, SIGINT and
+    SIGQUIT; cddprun passes that on to its workers as subprocess does, and a
+    shell cannot trap a signal ignored at its start."""
+    for s in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def signal_worker(tmp_path):
     return script(tmp_path, "w", f"""
 for s in TERM INT HUP QUIT USR1; do trap "echo $s > '{tmp_path}/got.$LOCAL_RANK'; exit 0" $s; done
@@ -363,7 +372,7 @@ while :; do sleep 0.05; done
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])
 def test_signal_forwarded_exit_128_plus(tmp_path, background, sig):
     w = signal_worker(tmp_path)
-    p = background([binary("cddprun"), "--nproc_per_node=2", w])
+    p = background([binary("cddprun"), "--nproc_per_node=2", w], preexec_fn=default_signals)
     wait_for(lambda: all((tmp_path / f"ready.{i}").exists() for i in range(2)), what="workers")
     p.signal(sig)
     assert p.wait(timeout=30) == 128 + sig
@@ -376,7 +385,8 @@ def test_signal_forwarded_exit_128_plus(tmp_path, background, sig):
 
 def test_signals_to_handle_custom(tmp_path, background):
     w = signal_worker(tmp_path)
-    p = background([binary("cddprun"), "--signals_to_handle=SIGUSR1", w])
+    p = background([binary("cddprun"), "--signals_to_handle=SIGUSR1", w],
+                   preexec_fn=default_signals)
     wait_for(lambda: (tmp_path / "ready.0").exists(), what="worker")
     p.signal(signal.SIGUSR1)
     assert p.wait(timeout=30) == 128 + signal.SIGUSR1
@@ -390,8 +400,8 @@ trap "" INT
 touch "{tmp_path}/ready"
 while :; do sleep 0.05; done
 """)
-    p = background([binary("cddprun"), w], env={**os.environ,
-                                                 "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"})
+    p = background([binary("cddprun"), w], preexec_fn=default_signals,
+                   env={**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"})
     wait_for(lambda: (tmp_path / "ready").exists(), what="worker")
     p.signal(signal.SIGTERM)
     wait_for(lambda: (tmp_path / "got_term").exists(), what="the forwarded SIGTERM")
