@@ -98,6 +98,13 @@ class Agent:
             if ev["event"] in ("error", "closed"):
                 raise AssertionError(f"agent got {ev} waiting for '{event}'")
 
+    def kill9(self):
+        """SIGKILL, reaped: the server may see the connection drop before the
+        kernel has finished the process, so teardown must not find it alive
+        and signal it again."""
+        os.kill(self.pid, signal.SIGKILL)
+        assert self.p.proc.wait(10) == -signal.SIGKILL
+
     def quiet_for(self, seconds):
         """True if the agent prints nothing for this long."""
         try:
@@ -231,7 +238,7 @@ def test_sigkill_agent_restarts_the_others_at_once(rz):
     survivors = [a for a in agents if a is not victim]
     keep = {id(a): r["node_rank"] for a, r in zip(agents, first)}
     t0 = time.monotonic()
-    os.kill(victim.pid, signal.SIGKILL)
+    victim.kill9()
     for a in survivors:
         ev = a.expect("restart", timeout=5)
         assert ev["reason"] == "node_lost" and ev["counted"] is False
@@ -296,7 +303,7 @@ def test_late_joiner_scale_up_and_wait_list(rz):
     assert extra.expect("waiting")["round"] == 2
     assert a.quiet_for(0.5)
     # When a member leaves, the waiting node takes its place.
-    os.kill(late.pid, signal.SIGKILL)
+    late.kill9()
     rounds = [x.expect("round") for x in (a, b, extra)]
     assert {r["nnodes"] for r in rounds} == {3}
     assert rounds[2]["node_rank"] == 2
@@ -515,7 +522,7 @@ def test_one_daemon_two_jobs(rz):
     assert {r["world_size"] for r in r1} == {2} and {r["world_size"] for r in r2} == {6}
     assert {r["run_id"] for r in r1} == {"one"} and {r["run_id"] for r in r2} == {"two"}
     # Losing a node of job one restarts job one only.
-    os.kill(job1[0].pid, signal.SIGKILL)
+    job1[0].kill9()
     assert job1[1].expect("restart")["reason"] == "node_lost"
     assert all(a.quiet_for(0.3) for a in job2)
     # Both jobs running side by side, many agents each.
