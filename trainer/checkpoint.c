@@ -126,6 +126,8 @@ static int save_file(const char *path, const struct trn_ckpt_tensor *model, size
         META("optimizer.lr", "%.17g", meta->lr);
         META("optimizer.momentum", "%.17g", meta->momentum);
         META("optimizer.weight_decay", "%.17g", meta->weight_decay);
+        META("optimizer.lr_schedule", "%s", meta->lr_schedule[0] ? meta->lr_schedule : "constant");
+        META("optimizer.lr_total_steps", "%ld", meta->lr_total_steps);
         META("data_crc32", "%08" PRIx32, trn_st_tensors_crc32(t, n_model + n_mom));
     }
 #undef META
@@ -454,6 +456,20 @@ static int parse_meta(const struct trn_st_file *f, const char *path, struct trn_
         (rc = meta_double(f, path, "optimizer.lr", &m->lr, err, errlen)) ||
         (rc = meta_double(f, path, "optimizer.momentum", &m->momentum, err, errlen)) ||
         (rc = meta_double(f, path, "optimizer.weight_decay", &m->weight_decay, err, errlen)))
+        return rc;
+    /* Optional: checkpoints from before --lr-schedule have a constant lr. */
+    const char *sched = trn_st_meta_get(f, "optimizer.lr_schedule");
+    if (sched == NULL)
+        sched = "constant";
+    if (strcmp(sched, "constant") != 0 && strcmp(sched, "cosine") != 0)
+        return errorf(err, errlen, CDDP_ECORRUPT,
+                      "%s: checkpoint metadata 'optimizer.lr_schedule' is '%.40s', not constant "
+                      "or cosine",
+                      path, sched);
+    cddp_strlcpy(m->lr_schedule, sched, sizeof(m->lr_schedule));
+    if (trn_st_meta_get(f, "optimizer.lr_total_steps") != NULL &&
+        (rc = meta_long(f, path, "optimizer.lr_total_steps", LONG_MAX, &m->lr_total_steps, err,
+                        errlen)))
         return rc;
     if ((rc = meta_long(f, path, "sampler.world_size", INT32_MAX, &v, err, errlen)))
         return rc;

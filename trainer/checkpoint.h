@@ -66,6 +66,11 @@ struct trn_ckpt_meta {
     uint64_t rng[4];       /* the trainer's generator state */
     long optimizer_steps;  /* SGD steps taken (0: momentum buffers not yet filled) */
     double lr, momentum, weight_decay;
+    /* --lr-schedule: "constant" or "cosine" over lr_total_steps optimizer
+     * steps (torch's T_max). Checkpoints written before it existed read as
+     * constant. */
+    char lr_schedule[16];
+    long lr_total_steps;
 };
 
 /*

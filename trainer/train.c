@@ -601,7 +601,8 @@ struct ckpt {
      * but it is saved and restored so that whatever draws from it later
      * resumes exactly. */
     uint64_t rng[4];
-    long last_step; /* step of the checkpoint last written or resumed; -1: none */
+    long last_step;   /* step of the checkpoint last written or resumed; -1: none */
+    long total_steps; /* the run's optimizer steps: --lr-schedule cosine's T_max */
 };
 
 static void ckpt_init(struct ckpt *k, const struct config *c, const struct trn_resnet *m,
@@ -695,6 +696,13 @@ static bool ckpt_resume(struct ckpt *k, const struct config *c, struct trn_resne
                  "--lr %g --momentum %g --weight-decay %g",
                  k->path, meta.lr, meta.momentum, meta.weight_decay, c->lr, c->momentum,
                  c->weight_decay);
+    const char *sched = c->cosine ? "cosine" : "constant";
+    long t_max = c->cosine ? k->total_steps : 0;
+    if (strcmp(meta.lr_schedule, sched) != 0 || meta.lr_total_steps != t_max)
+        log_warn("T0505",
+                 "%s: written with --lr-schedule %s (over %ld steps); continuing with "
+                 "--lr-schedule %s (over %ld steps): the learning rate jumps to the new curve",
+                 k->path, meta.lr_schedule, meta.lr_total_steps, sched, t_max);
     if (c->init)
         log_info("T0504", "resuming from %s; --init %s is not read", k->path, c->init);
     if (rank == 0)
@@ -736,8 +744,10 @@ static void ckpt_save(struct ckpt *k, const struct config *c, const struct trn_r
         .lr = c->lr,
         .momentum = c->momentum,
         .weight_decay = c->weight_decay,
+        .lr_total_steps = c->cosine ? k->total_steps : 0,
     };
     cddp_strlcpy(meta.arch, c->arch, sizeof(meta.arch));
+    cddp_strlcpy(meta.lr_schedule, c->cosine ? "cosine" : "constant", sizeof(meta.lr_schedule));
     memcpy(meta.rng, k->rng, sizeof(meta.rng));
     if (rank == 0) {
         char err[1024];
@@ -905,6 +915,13 @@ int main(int argc, char **argv)
      * filesystem; the ranks check below that they agree). */
     struct ckpt ck;
     ckpt_init(&ck, &cfg, &model, table);
+    /* --lr-schedule cosine: CosineAnnealingLR(T_max = every step of the run,
+     * eta_min 0) with scheduler.step() after each optimizer step. It is a
+     * function of the global step, so a resumed run continues on the curve. */
+    long steps_per_epoch = (batches + cfg.accum_steps - 1) / cfg.accum_steps;
+    ck.total_steps = steps_per_epoch * cfg.epochs;
+    if (cfg.steps && cfg.steps < ck.total_steps)
+        ck.total_steps = cfg.steps;
     int start_epoch = 0;
     long step = 0, first_batch = 0;
     bool resumed =
@@ -977,13 +994,7 @@ int main(int argc, char **argv)
      * step may have fewer), each loss divided by their number, gradients
      * averaged across ranks only after the last one (no_sync). */
     long accum = cfg.accum_steps;
-    /* --lr-schedule cosine: CosineAnnealingLR(T_max = every step of the run,
-     * eta_min 0) with scheduler.step() after each optimizer step. It is a
-     * function of the global step, so a resumed run continues on the curve. */
-    long steps_per_epoch = (batches + accum - 1) / accum;
-    long total_steps = steps_per_epoch * cfg.epochs;
-    if (cfg.steps && cfg.steps < total_steps)
-        total_steps = cfg.steps;
+    long total_steps = ck.total_steps;
     for (int epoch = start_epoch; epoch < cfg.epochs; epoch++) {
         trn_sampler_set_epoch(&sampler, epoch);
         uint64_t t0 = cddp_mono_ns();

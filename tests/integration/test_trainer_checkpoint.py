@@ -266,6 +266,33 @@ def test_batch_size_may_change_at_an_epoch_boundary(tmp_path):
     assert (m["epoch"], m["step"], m["sampler.batch_size"]) == ("2", "10", "6"), m
 
 
+def test_cosine_schedule_resumes_on_its_curve(tmp_path):
+    """--lr-schedule cosine: a run that crashed after a checkpoint resumes to
+    the same bits as an uninterrupted one (the lr is a function of the
+    global step); the checkpoint records the schedule and a resume with
+    another one is warned about."""
+    ref, ck, out = (tmp_path / f for f in ("ref.safetensors", "ck.safetensors",
+                                           "out.safetensors"))
+    cos = ["--lr-schedule", "cosine"]
+    r = train(*cos, "--save", ref)
+    assert r.returncode == 0, r.stderr
+    r = train(*cos, "--checkpoint", ck, "--ckpt-every", 4, "--fault", "crash@step=5")
+    assert r.returncode == 1, r.stderr
+    m = meta_of(ck)
+    assert (m["step"], m["optimizer.lr_schedule"], m["optimizer.lr_total_steps"]) == \
+        ("4", "cosine", str(STEPS)), m
+    r = train(*cos, "--checkpoint", ck, "--save", out)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == \
+        f"=> resumed from checkpoint '{ck}' (epoch 0, batch 4, step 4)"
+    assert "T0505" not in r.stderr, r.stderr
+    assert read_bytes(out) == read_bytes(ref), "resumed cosine run differs from the reference"
+    r = train("--checkpoint", ck)  # constant now: warned, not refused
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"T0505: .*written with --lr-schedule cosine \(over 12 steps\); continuing "
+                     r"with --lr-schedule constant \(over 0 steps\)", r.stderr), r.stderr
+
+
 @pytest.mark.parametrize("args, flag", [
     (["--ckpt-every", "3"], "--ckpt-every"),
     (["--no-resume"], "--no-resume"),

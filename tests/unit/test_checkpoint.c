@@ -117,6 +117,8 @@ static struct trn_ckpt_meta sample_meta(long step)
         .lr = 0.1 / 3,
         .momentum = 0.9,
         .weight_decay = 1e-4,
+        .lr_schedule = "cosine",
+        .lr_total_steps = 4096,
     };
     return m;
 }
@@ -176,6 +178,8 @@ static void test_round_trip(void **state)
     assert_int_equal(got.optimizer_steps, 123);
     assert_true(got.lr == m.lr); /* %.17g round-trips doubles exactly */
     assert_true(got.momentum == 0.9 && got.weight_decay == 1e-4);
+    assert_string_equal(got.lr_schedule, "cosine");
+    assert_int_equal(got.lr_total_steps, 4096);
 
     /* Torchvision's layout: the state_dict keys first, in order, F32 and I64
      * scalars; then the momentum buffers under their prefix. */
@@ -316,6 +320,25 @@ static void test_damage(void **state)
     spit(bad, img, n);
     p[19] = '1';
     expect_refused(bad, &b, "resnet18", CDDP_ECORRUPT, "'sampler.shuffle' = 2 is out of range");
+    p = strstr(hdr, "\"optimizer.lr_schedule\":\"cosine\"");
+    assert_non_null(p);
+    p[25] = 'x';
+    spit(bad, img, n);
+    p[25] = 'c';
+    expect_refused(bad, &b, "resnet18", CDDP_ECORRUPT, "'optimizer.lr_schedule' is 'xosine'");
+    /* Written before --lr-schedule existed (the keys renamed away): constant. */
+    char *q = strstr(hdr, "\"optimizer.lr_total_steps\"");
+    assert_non_null(q);
+    p[21] = 'X'; /* "optimizer.lr_schedulX" */
+    q[24] = 'X'; /* "optimizer.lr_total_stepX" */
+    spit(bad, img, n);
+    p[21] = 'e';
+    q[24] = 's';
+    model_init(&b, 3, 0.0f);
+    struct trn_ckpt_meta old;
+    assert_int_equal(load(bad, &b, "resnet18", &old), 0);
+    assert_string_equal(old.lr_schedule, "constant");
+    assert_int_equal(old.lr_total_steps, 0);
     p = strstr(hdr, "\"data_crc32\":\"");
     assert_non_null(p);
     p[14] = 'z';
