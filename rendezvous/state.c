@@ -748,19 +748,26 @@ static bool need_run(struct rdzv_state *st, struct rdzv_peer *peer)
     return false;
 }
 
+/* The peer's run, for the rendezvous messages (join, resume, close); NULL,
+ * the peer told why, on a store-only server or before hello. */
+static struct rdzv_run *need_rendezvous(struct rdzv_state *st, struct rdzv_peer *peer)
+{
+    if (st->opt.store_only) {
+        emit_error(st, peer, CDDP_ESTATE, true,
+                   "this server is a plain key-value store; it runs no rendezvous");
+        return NULL;
+    }
+    return need_run(st, peer) ? peer->run : NULL;
+}
+
 void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
                      const struct proto_msg *m)
 {
     char err[512];
     begin(st);
-    if (st->opt.store_only) {
-        emit_error(st, peer, CDDP_ESTATE, true,
-                   "this server is a plain key-value store; it runs no rendezvous");
+    struct rdzv_run *run = need_rendezvous(st, peer);
+    if (run == NULL)
         return;
-    }
-    if (!need_run(st, peer))
-        return;
-    struct rdzv_run *run = peer->run;
     if (run->phase == RDZV_CLOSED) {
         emit_error(st, peer, CDDP_ECLOSED, false,
                    arena_printf(st, "rendezvous '%s' is closed (%s)", run->id,
@@ -915,14 +922,9 @@ void rdzv_state_resume(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pe
                        const char *node_id, uint64_t round)
 {
     begin(st);
-    if (st->opt.store_only) {
-        emit_error(st, peer, CDDP_ESTATE, true,
-                   "this server is a plain key-value store; it runs no rendezvous");
+    struct rdzv_run *run = need_rendezvous(st, peer);
+    if (run == NULL)
         return;
-    }
-    if (!need_run(st, peer))
-        return;
-    struct rdzv_run *run = peer->run;
     struct rdzv_node *node = cddp_strmap_get(&run->nodes, node_id, strlen(node_id));
     if (node && peer->node == node) {
         touch(peer, now);
@@ -1002,14 +1004,9 @@ void rdzv_state_close(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
                       const char *reason)
 {
     begin(st);
-    if (st->opt.store_only) {
-        emit_error(st, peer, CDDP_ESTATE, true,
-                   "this server is a plain key-value store; it runs no rendezvous");
+    struct rdzv_run *run = need_rendezvous(st, peer);
+    if (run == NULL)
         return;
-    }
-    if (!need_run(st, peer))
-        return;
-    struct rdzv_run *run = peer->run;
     const char *r = reason && reason[0] ? reason : "closed";
     /* The closer hears back even if it never joined. */
     if (peer->node == NULL)
