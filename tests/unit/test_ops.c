@@ -22,7 +22,7 @@
 
 #include "trainer/ops/ops.h"
 
-static struct trn_backend be;
+#include "cpu_backend_fixture.h"
 
 /* ---- helpers ---- */
 
@@ -876,20 +876,6 @@ static void test_sgd(void **state)
     free(buf);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    char err[256];
-    return trn_backend_cpu_init(&be, 2, err, sizeof(err));
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    trn_backend_cpu_free(&be);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -906,5 +892,5 @@ int main(void)
         cmocka_unit_test(test_xent),
         cmocka_unit_test(test_sgd),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, cpu_backend_setup, cpu_backend_teardown);
 }

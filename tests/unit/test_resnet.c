@@ -17,7 +17,7 @@
 
 #include "trainer/resnet.h"
 
-static struct trn_backend be;
+#include "cpu_backend_fixture.h"
 
 static void make(struct trn_resnet *m, const char *arch, int classes)
 {
@@ -327,20 +327,6 @@ static void test_model_gradients_bottleneck(void **state)
     check_model_gradients("resnet50", names, sizeof(names) / sizeof(names[0]));
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    char err[256];
-    return trn_backend_cpu_init(&be, 2, err, sizeof(err));
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    trn_backend_cpu_free(&be);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -352,5 +338,5 @@ int main(void)
         cmocka_unit_test(test_model_gradients_basic),
         cmocka_unit_test(test_model_gradients_bottleneck),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, cpu_backend_setup, cpu_backend_teardown);
 }
