@@ -56,6 +56,20 @@ def free_port(host="127.0.0.1"):
         return s.getsockname()[1]
 
 
+def port_is_closed(port):
+    """Nothing listens on port any more, and a server can bind it again
+    (SO_REUSEADDR, as every server does: closed connections may linger in
+    TIME_WAIT)."""
+    with socket.socket() as s:
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            return False
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+    return True
+
+
 def wait_for(pred, timeout=10.0, interval=0.02, what="condition"):
     """Polls pred() until it returns a truthy value; fails the test after timeout."""
     deadline = time.monotonic() + timeout

@@ -22,7 +22,7 @@ import time
 import pytest
 
 import promparse
-from conftest import binary, free_port, run, wait_for
+from conftest import binary, free_port, port_is_closed, run, wait_for
 from statusserver import cddpctl, curl, get_json, progress_snippet
 
 PROM_CTYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -63,20 +63,6 @@ def metrics(port):
     code, headers, body = curl(f"http://127.0.0.1:{port}/metrics")
     assert code == 200 and headers["content-type"] == PROM_CTYPE
     return promparse.parse(body.decode(), conventions=True)
-
-
-def port_is_closed(port):
-    """Nothing listens on port any more, and a server can bind it again
-    (SO_REUSEADDR, as every server does: closed connections may linger in
-    TIME_WAIT)."""
-    with socket.socket() as s:
-        if s.connect_ex(("127.0.0.1", port)) == 0:
-            return False
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
-        s.listen()
-    return True
 
 
 class Agent:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import promparse
-from conftest import binary, free_port, run, wait_for
+from conftest import binary, free_port, port_is_closed, run, wait_for
 from rdzv_wire import Peer, frame
 from statusserver import cddpctl, curl, get_json
 from test_rdzv import Procs
@@ -49,16 +49,6 @@ def wait_status(port, pred, what, timeout=20):
 
 def run_of(st, run_id):
     return next((r for r in st["runs"] if r["run_id"] == run_id), None)
-
-
-def port_is_closed(port):
-    with socket.socket() as s:
-        if s.connect_ex(("127.0.0.1", port)) == 0:
-            return False
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
-    return True
 
 
 def test_runs_rounds_wait_list_and_refusals(rz):
