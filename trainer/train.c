@@ -601,9 +601,14 @@ struct ckpt {
      * but it is saved and restored so that whatever draws from it later
      * resumes exactly. */
     uint64_t rng[4];
-    long last_step;   /* step of the checkpoint last written or resumed; -1: none */
-    long total_steps; /* the run's optimizer steps: --lr-schedule cosine's T_max */
+    long last_step; /* step of the checkpoint last written or resumed; -1: none */
+    long lr_t_max;  /* --lr-schedule cosine's T_max: the run's optimizer steps; 0: constant */
 };
+
+static const char *lr_schedule_name(const struct config *c)
+{
+    return c->cosine ? "cosine" : "constant";
+}
 
 static void ckpt_init(struct ckpt *k, const struct config *c, const struct trn_resnet *m,
                       struct trn_ckpt_tensor *table)
@@ -696,13 +701,11 @@ static bool ckpt_resume(struct ckpt *k, const struct config *c, struct trn_resne
                  "--lr %g --momentum %g --weight-decay %g",
                  k->path, meta.lr, meta.momentum, meta.weight_decay, c->lr, c->momentum,
                  c->weight_decay);
-    const char *sched = c->cosine ? "cosine" : "constant";
-    long t_max = c->cosine ? k->total_steps : 0;
-    if (strcmp(meta.lr_schedule, sched) != 0 || meta.lr_total_steps != t_max)
+    if (strcmp(meta.lr_schedule, lr_schedule_name(c)) != 0 || meta.lr_total_steps != k->lr_t_max)
         log_warn("T0505",
                  "%s: written with --lr-schedule %s (over %ld steps); continuing with "
                  "--lr-schedule %s (over %ld steps): the learning rate jumps to the new curve",
-                 k->path, meta.lr_schedule, meta.lr_total_steps, sched, t_max);
+                 k->path, meta.lr_schedule, meta.lr_total_steps, lr_schedule_name(c), k->lr_t_max);
     if (c->init)
         log_info("T0504", "resuming from %s; --init %s is not read", k->path, c->init);
     if (rank == 0)
@@ -744,10 +747,10 @@ static void ckpt_save(struct ckpt *k, const struct config *c, const struct trn_r
         .lr = c->lr,
         .momentum = c->momentum,
         .weight_decay = c->weight_decay,
-        .lr_total_steps = c->cosine ? k->total_steps : 0,
+        .lr_total_steps = k->lr_t_max,
     };
     cddp_strlcpy(meta.arch, c->arch, sizeof(meta.arch));
-    cddp_strlcpy(meta.lr_schedule, c->cosine ? "cosine" : "constant", sizeof(meta.lr_schedule));
+    cddp_strlcpy(meta.lr_schedule, lr_schedule_name(c), sizeof(meta.lr_schedule));
     memcpy(meta.rng, k->rng, sizeof(meta.rng));
     if (rank == 0) {
         char err[1024];
@@ -919,9 +922,10 @@ int main(int argc, char **argv)
      * eta_min 0) with scheduler.step() after each optimizer step. It is a
      * function of the global step, so a resumed run continues on the curve. */
     long steps_per_epoch = (batches + cfg.accum_steps - 1) / cfg.accum_steps;
-    ck.total_steps = steps_per_epoch * cfg.epochs;
-    if (cfg.steps && cfg.steps < ck.total_steps)
-        ck.total_steps = cfg.steps;
+    long total_steps = steps_per_epoch * cfg.epochs;
+    if (cfg.steps && cfg.steps < total_steps)
+        total_steps = cfg.steps;
+    ck.lr_t_max = cfg.cosine ? total_steps : 0;
     int start_epoch = 0;
     long step = 0, first_batch = 0;
     bool resumed =
@@ -994,7 +998,6 @@ int main(int argc, char **argv)
      * step may have fewer), each loss divided by their number, gradients
      * averaged across ranks only after the last one (no_sync). */
     long accum = cfg.accum_steps;
-    long total_steps = ck.total_steps;
     for (int epoch = start_epoch; epoch < cfg.epochs; epoch++) {
         trn_sampler_set_epoch(&sampler, epoch);
         uint64_t t0 = cddp_mono_ns();
@@ -1038,7 +1041,7 @@ int main(int argc, char **argv)
             trn_ddp_finish_backward(&ddp);
             double lr = cfg.lr;
             if (cfg.cosine)
-                lr = cfg.lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps));
+                lr = cfg.lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)ck.lr_t_max));
             trn_resnet_sgd_step(&model, (float)lr, (float)cfg.momentum, (float)cfg.weight_decay);
             step++;
             double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
