@@ -403,10 +403,17 @@ def test_signal_terminates_and_linger_expires(background, tmp_path):
 def test_slow_clients_do_not_hold_up_the_run(background, tmp_path):
     """Clients that never finish a request (as many as the connection limit)
     neither delay the agent's handling of its workers nor keep it from
-    exiting; their connections are closed at the exit."""
-    w = script(tmp_path / "worker", 'while [ ! -e "$D/go" ]; do sleep 0.02; done\n')
+    exiting; their connections are closed at the exit.
+
+    The port listens before any worker starts, so the test waits for the
+    workers' own marks, not for a status request: the server might not yet
+    have seen that request's connection closed, and would then refuse (reset)
+    the last of the 64 as one over its limit."""
+    w = script(tmp_path / "worker",
+               'touch "$D/up.$LOCAL_RANK"\nwhile [ ! -e "$D/go" ]; do sleep 0.02; done\n')
     a = Agent(background, tmp_path, "--nproc_per_node=2", str(w), env={"D": str(tmp_path)})
-    a.wait_state("running")
+    wait_for(lambda: all((tmp_path / f"up.{r}").exists() for r in (0, 1)), timeout=20,
+             what="both workers up")
     socks = []
     for _ in range(64):
         s = socket.create_connection(("127.0.0.1", a.port), timeout=5)
