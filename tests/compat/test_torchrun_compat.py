@@ -61,11 +61,18 @@ def read_env(path):
 
 def test_env_tee_logs_restart_match_torchrun(tmp_path, torch_python):
     worker = tmp_path / "w"
+    # Rank 1 fails attempt 0 only once rank 0 has written its env and lines:
+    # under load the launcher could otherwise stop rank 0 before it wrote them.
     worker.write_text("""#!/bin/sh
-env > "$OUT/env.$TORCHELASTIC_RESTART_COUNT.$LOCAL_RANK"
+env > "$OUT/.env.$TORCHELASTIC_RESTART_COUNT.$LOCAL_RANK"
+mv "$OUT/.env.$TORCHELASTIC_RESTART_COUNT.$LOCAL_RANK" "$OUT/env.$TORCHELASTIC_RESTART_COUNT.$LOCAL_RANK"
 echo "hello from $LOCAL_RANK attempt $TORCHELASTIC_RESTART_COUNT"
 echo "oops from $LOCAL_RANK" >&2
-if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$LOCAL_RANK" = 1 ]; then exit 1; fi
+touch "$OUT/up.$TORCHELASTIC_RESTART_COUNT.$LOCAL_RANK"
+if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "$LOCAL_RANK" = 1 ]; then
+    i=0; while [ ! -e "$OUT/up.0.0" ] && [ $i -lt 3000 ]; do sleep 0.01; i=$((i+1)); done
+    exit 1
+fi
 if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec sleep 30; fi
 exit 0
 """)
