@@ -28,8 +28,11 @@ class StatusServer:
         self.base = f"http://127.0.0.1:{self.port}"
 
     def _pump(self):
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
+        try:
+            for line in self.proc.stdout:
+                self.lines.put(line.rstrip("\n"))
+        except ValueError:
+            pass  # the fixture closed the pipe at teardown while this thread read it
         self.lines.put(None)
 
     def reply(self, timeout=10):
