@@ -668,6 +668,14 @@ static void node_remove(struct rdzv_state *st, struct rdzv_node *node, uint64_t 
     check_complete(st, run, now);
 }
 
+/* What a join or resume of a closed run is told (its reason, or "closed"
+ * when the copy of the reason could not be made). */
+static const char *closed_message(struct rdzv_state *st, const struct rdzv_run *run)
+{
+    return arena_printf(st, "rendezvous '%s' is closed (%s)", run->id,
+                        run->close_reason ? run->close_reason : "closed");
+}
+
 static void close_run(struct rdzv_state *st, struct rdzv_run *run, uint64_t now, const char *reason)
 {
     if (run->phase == RDZV_CLOSED)
@@ -769,9 +777,7 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
     if (run == NULL)
         return;
     if (run->phase == RDZV_CLOSED) {
-        emit_error(st, peer, CDDP_ECLOSED, false,
-                   arena_printf(st, "rendezvous '%s' is closed (%s)", run->id,
-                                run->close_reason ? run->close_reason : "closed"));
+        emit_error(st, peer, CDDP_ECLOSED, false, closed_message(st, run));
         return;
     }
     struct rdzv_conf conf;
@@ -937,9 +943,7 @@ void rdzv_state_resume(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pe
         return;
     }
     if (run->phase == RDZV_CLOSED) {
-        emit_result(st, peer, id, CDDP_ECLOSED,
-                    arena_printf(st, "rendezvous '%s' is closed (%s)", run->id,
-                                 run->close_reason ? run->close_reason : "closed"));
+        emit_result(st, peer, id, CDDP_ECLOSED, closed_message(st, run));
         return;
     }
     if (node == NULL) {
