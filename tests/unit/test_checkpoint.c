@@ -216,6 +216,21 @@ static void expect_refused(const char *path, struct model *x, const char *arch, 
     free(after);
 }
 
+/* The image with one byte of its header changed at `at` bytes into the
+ * first `needle` is written to `path` (the image itself is left as it was),
+ * and refused as expect_refused() says. */
+static void edit_refused(const char *path, uint8_t *img, size_t n, const char *needle, size_t at,
+                         char c, struct model *x, int code, const char *msg)
+{
+    char *p = strstr((char *)img + 8, needle);
+    assert_non_null(p);
+    char was = p[at];
+    p[at] = c;
+    spit(path, img, n);
+    p[at] = was;
+    expect_refused(path, x, "resnet18", code, msg);
+}
+
 static void test_mismatches(void **state)
 {
     (void)state;
@@ -302,31 +317,17 @@ static void test_damage(void **state)
 
     /* Metadata edited: same length, so the file stays valid safetensors. */
     char *hdr = (char *)img + 8;
-    char *p = strstr(hdr, "\"cddp.checkpoint\":\"1\"");
-    assert_non_null(p);
-    p[19] = '7';
-    spit(bad, img, n);
-    p[19] = '1';
-    expect_refused(bad, &b, "resnet18", CDDP_EMISMATCH, "format version '7'");
-    p = strstr(hdr, "\"epoch\":\"2\"");
-    assert_non_null(p);
-    p[9] = 'x';
-    spit(bad, img, n);
-    p[9] = '2';
-    expect_refused(bad, &b, "resnet18", CDDP_ECORRUPT, "metadata 'epoch' is 'x'");
-    p = strstr(hdr, "\"sampler.shuffle\":\"1\"");
-    assert_non_null(p);
-    p[19] = '2';
-    spit(bad, img, n);
-    p[19] = '1';
-    expect_refused(bad, &b, "resnet18", CDDP_ECORRUPT, "'sampler.shuffle' = 2 is out of range");
-    p = strstr(hdr, "\"optimizer.lr_schedule\":\"cosine\"");
-    assert_non_null(p);
-    p[25] = 'x';
-    spit(bad, img, n);
-    p[25] = 'c';
-    expect_refused(bad, &b, "resnet18", CDDP_ECORRUPT, "'optimizer.lr_schedule' is 'xosine'");
+    edit_refused(bad, img, n, "\"cddp.checkpoint\":\"1\"", 19, '7', &b, CDDP_EMISMATCH,
+                 "format version '7'");
+    edit_refused(bad, img, n, "\"epoch\":\"2\"", 9, 'x', &b, CDDP_ECORRUPT,
+                 "metadata 'epoch' is 'x'");
+    edit_refused(bad, img, n, "\"sampler.shuffle\":\"1\"", 19, '2', &b, CDDP_ECORRUPT,
+                 "'sampler.shuffle' = 2 is out of range");
+    edit_refused(bad, img, n, "\"optimizer.lr_schedule\":\"cosine\"", 25, 'x', &b, CDDP_ECORRUPT,
+                 "'optimizer.lr_schedule' is 'xosine'");
     /* Written before --lr-schedule existed (the keys renamed away): constant. */
+    char *p = strstr(hdr, "\"optimizer.lr_schedule\"");
+    assert_non_null(p);
     char *q = strstr(hdr, "\"optimizer.lr_total_steps\"");
     assert_non_null(q);
     p[21] = 'X'; /* "optimizer.lr_schedulX" */
@@ -339,11 +340,8 @@ static void test_damage(void **state)
     assert_int_equal(load(bad, &b, "resnet18", &old), 0);
     assert_string_equal(old.lr_schedule, "constant");
     assert_int_equal(old.lr_total_steps, 0);
-    p = strstr(hdr, "\"data_crc32\":\"");
-    assert_non_null(p);
-    p[14] = 'z';
-    spit(bad, img, n);
-    expect_refused(bad, &b, "resnet18", CDDP_ECORRUPT, "'data_crc32' is missing or malformed");
+    edit_refused(bad, img, n, "\"data_crc32\":\"", 14, 'z', &b, CDDP_ECORRUPT,
+                 "'data_crc32' is missing or malformed");
     free(img);
 }
 
