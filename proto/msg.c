@@ -731,16 +731,6 @@ static void raw(struct enc *e, const char *p, size_t n)
         e->rc = cddp_buf_append(e->b, p, n);
 }
 
-static void key(struct enc *e, const char *name)
-{
-    if (!e->first)
-        raw(e, ",", 1);
-    e->first = false;
-    raw(e, "\"", 1);
-    raw(e, name, strlen(name));
-    raw(e, "\":", 2);
-}
-
 /* A JSON string: quotes, backslashes and control characters escaped;
  * other bytes as they are. */
 static void quoted(struct enc *e, const char *s)
@@ -770,6 +760,17 @@ static void quoted(struct enc *e, const char *s)
     }
     raw(e, run, (size_t)(s - run));
     raw(e, "\"", 1);
+}
+
+/* A member's name, escaped as a string is: most are ours, but a join's conf
+ * keys come from a peer and may hold any character JSON can escape. */
+static void key(struct enc *e, const char *name)
+{
+    if (!e->first)
+        raw(e, ",", 1);
+    e->first = false;
+    quoted(e, name);
+    raw(e, ":", 1);
 }
 
 static void put_str(struct enc *e, const char *name, const char *s, size_t max)

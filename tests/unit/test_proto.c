@@ -441,6 +441,38 @@ static void test_msg_roundtrip(void **state)
     }
 }
 
+/* A join's conf keys come from the peer: whatever JSON can escape in them
+ * (tab, quote, backslash, other control characters) is written escaped, so
+ * the server's own encoding of the message decodes to the same keys. */
+static void test_msg_conf_keys_escaped(void **state)
+{
+    (void)state;
+    const char *in = "{\"v\":1,\"type\":\"join\",\"node_id\":\"h_1_0\",\"nproc\":1,"
+                     "\"min_nodes\":1,\"max_nodes\":2,"
+                     "\"conf\":{\"la\\t_call\":\"1\",\"q\\\"b\\\\s\":\"2\",\"c\\u0001\":\"3\"}}";
+    struct proto_msg m, o;
+    char err[256];
+    if (proto_msg_decode(in, strlen(in), &m, err, sizeof(err)) != 0)
+        fail_msg("decode: %s", err);
+    assert_int_equal(m.join.nconf, 3);
+    assert_string_equal(m.join.conf[0].key, "la\t_call");
+    int rc;
+    char *json = proto_msg_to_json(&m, &rc);
+    assert_non_null(json);
+    for (const char *c = json; *c; c++)
+        assert_true((unsigned char)*c >= 0x20);
+    if (proto_msg_decode(json, strlen(json), &o, err, sizeof(err)) != 0)
+        fail_msg("own encoding does not decode: %s\n%s", err, json);
+    assert_int_equal(o.join.nconf, 3);
+    assert_string_equal(o.join.conf[0].key, "la\t_call");
+    assert_string_equal(o.join.conf[1].key, "q\"b\\s");
+    assert_string_equal(o.join.conf[1].value, "2");
+    assert_string_equal(o.join.conf[2].key, "c\x01");
+    free(json);
+    proto_msg_free(&o);
+    proto_msg_free(&m);
+}
+
 static void test_msg_encode_refuses(void **state)
 {
     (void)state;
@@ -889,6 +921,7 @@ int main(void)
         cmocka_unit_test(test_frame_split),
         cmocka_unit_test(test_frame_oversized),
         cmocka_unit_test(test_msg_roundtrip),
+        cmocka_unit_test(test_msg_conf_keys_escaped),
         cmocka_unit_test(test_msg_encode_refuses),
         cmocka_unit_test(test_msg_decode_errors),
         cmocka_unit_test(test_base64),
