@@ -984,9 +984,18 @@ void rdzv_state_leave(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
         node_remove(st, node, now, "node_left");
         return;
     }
-    /* Its part of the job is done: the running round goes on without it. */
+    /* Its part of the job is done: the running round goes on without it.
+     * Once every member has left so, the round's work is done, and the run
+     * closes as a job that ended does: nodes still on its wait list hear it
+     * (a running round without members would hold them for ever). */
     struct rdzv_run *run = node->run;
     node_free(st, node);
+    if (run->phase == RDZV_RUNNING && run->count[N_ACTIVE] == 0) {
+        close_run(st, run, now,
+                  arena_printf(st, "the job finished: every node of round %llu finished",
+                               (unsigned long long)run->round));
+        return;
+    }
     check_complete(st, run, now);
 }
 

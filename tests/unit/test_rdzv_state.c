@@ -669,6 +669,25 @@ static void test_finished_leave_is_quiet(void **state)
     collect(s);
     check_round(s, 2);
     sim_free(s);
+
+    /* Once every member has left finished, the job is done: the run closes
+     * and a node on the wait list hears so (it was held for ever). */
+    s = running3(NULL, 2, 3);
+    hello(s, 3, "job");
+    join(s, 3, "d", 2, 3, NULL);
+    assert_int_equal(stats(s, "job").waiting, 1);
+    for (int i = 0; i < 2; i++) {
+        rdzv_state_leave(s->st, s->now, &s->peer[i], NULL, true);
+        collect(s);
+        assert_int_equal(s->nacts, 0);
+    }
+    rdzv_state_leave(s->st, s->now, &s->peer[2], NULL, true);
+    collect(s);
+    const struct rdzv_action *a = find(s, 3, RDZV_ACT_CLOSED);
+    assert_non_null(a);
+    assert_string_equal(a->closed.reason, "the job finished: every node of round 1 finished");
+    assert_int_equal(stats(s, "job").phase, RDZV_CLOSED);
+    sim_free(s);
 }
 
 /* ---- heartbeat acknowledgements, resume, a restarted server ---- */
@@ -1478,8 +1497,12 @@ static void test_random_sequences(void **state)
             } else if (op < 35) {
                 /* Another connection's node (or one long gone) resumes here. */
                 struct rdzv_run_stats r;
-                if (rdzv_state_run_stats(s->st, "job", &r) == 0)
-                    resume(s, i, (uint64_t)step, ids[rnd(10)], r.round - rnd(2));
+                if (rdzv_state_run_stats(s->st, "job", &r) == 0) {
+                    /* One rnd() a statement: argument order is the compiler's. */
+                    const char *who = ids[rnd(10)];
+                    uint64_t back = rnd(2);
+                    resume(s, i, (uint64_t)step, who, r.round - back);
+                }
             } else if (op < 50) {
                 rdzv_state_heartbeat(s->st, s->now, &s->peer[i]);
                 collect(s);
