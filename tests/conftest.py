@@ -70,6 +70,29 @@ def port_is_closed(port):
     return True
 
 
+def server_backlog(port):
+    """What the kernel still holds for a server on 127.0.0.1:port, from
+    /proc/net/tcp: (connections waiting to be accepted, bytes received on
+    its established connections that it has not read yet, its established
+    connections). A server that has accepted and read every client shows
+    (0, 0, n)."""
+    local = "0100007F:%04X" % port
+    pending = unread = conns = 0
+    with open("/proc/net/tcp") as fh:
+        next(fh)
+        for line in fh:
+            f = line.split()
+            if f[1] != local:
+                continue
+            rx = int(f[4].split(":")[1], 16)
+            if f[3] == "0A":  # LISTEN: rx_queue is the accept queue
+                pending += rx
+            elif f[3] == "01":  # ESTABLISHED, accepted or not
+                unread += rx
+                conns += 1
+    return pending, unread, conns
+
+
 def wait_for(pred, timeout=10.0, interval=0.02, what="condition"):
     """Polls pred() until it returns a truthy value; fails the test after timeout."""
     deadline = time.monotonic() + timeout

@@ -22,7 +22,7 @@ import time
 import pytest
 
 import promparse
-from conftest import binary, free_port, port_is_closed, run, wait_for
+from conftest import binary, free_port, port_is_closed, run, server_backlog, wait_for
 from statusserver import cddpctl, curl, get_json, progress_snippet
 
 PROM_CTYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -408,7 +408,11 @@ def test_slow_clients_do_not_hold_up_the_run(background, tmp_path):
     The port listens before any worker starts, so the test waits for the
     workers' own marks, not for a status request: the server might not yet
     have seen that request's connection closed, and would then refuse (reset)
-    the last of the 64 as one over its limit."""
+    the last of the 64 as one over its limit. Before it lets the workers end,
+    it waits until the server has accepted all 64 and read what they sent:
+    the agent may exit within milliseconds, and the kernel resets a
+    connection still in the backlog, or closed with bytes unread, instead of
+    ending it (seen in CI)."""
     w = script(tmp_path / "worker",
                'touch "$D/up.$LOCAL_RANK"\nwhile [ ! -e "$D/go" ]; do sleep 0.02; done\n')
     a = Agent(background, tmp_path, "--nproc_per_node=2", str(w), env={"D": str(tmp_path)})
@@ -419,6 +423,8 @@ def test_slow_clients_do_not_hold_up_the_run(background, tmp_path):
         s = socket.create_connection(("127.0.0.1", a.port), timeout=5)
         s.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\nX-Slow: ")
         socks.append(s)
+    wait_for(lambda: server_backlog(a.port) == (0, 0, 64), timeout=10,
+             what="the 64 slow clients accepted and read (pending, unread, connections)")
     touch(tmp_path / "go")
     assert a.bg.wait(30) == 0
     for s in socks:
