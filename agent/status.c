@@ -1,7 +1,7 @@
 /*
  * status.c: see status.h. A thin shell: it copies what the agent's hooks
- * show into plain views (common/status_view.h renders them) and moves
- * progress bytes from pipes into common/progress.c's parser.
+ * show into plain views (status/view.h renders them) and moves
+ * progress bytes from pipes into proto/progress.c's parser.
  */
 #include "agent/status.h"
 
@@ -20,12 +20,12 @@
 #include "common/hostname.h"
 #include "common/hostport.h"
 #include "common/log.h"
-#include "common/progress.h"
 #include "common/signames.h"
-#include "common/status_http.h"
-#include "common/status_view.h"
 #include "common/strutil.h"
+#include "proto/progress.h"
 #include "rendezvous/view.h"
+#include "status/http.h"
+#include "status/view.h"
 
 /* One attempt's progress pipe (read end). Allocated per attempt and freed in
  * its close callback, so a slot can open the next one while the last closes. */

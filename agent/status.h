@@ -11,7 +11,7 @@
  *     agent_status_linger(st, cfg);                               // --status_linger
  *     agent_status_free(st);
  *
- * The status port (cfg->status_port >= 0): common/status_http.c serves, on
+ * The status port (cfg->status_port >= 0): status/http.c serves, on
  * its own thread, snapshots this module renders on the agent's loop:
  *   - at once after every agent state change (state_changed hook);
  *   - at most every AGENT_STATUS_COALESCE_MS while only progress lines arrive;
@@ -24,7 +24,7 @@
  * The progress channel is always on (with or without a status port): every
  * worker gets the write end of its own pipe as an inherited fd, named by
  * CDDP_PROGRESS_FD; the agent reads the other end without blocking and feeds
- * common/progress.c's parser. A new attempt gets a new pipe and empty values.
+ * proto/progress.c's parser. A new attempt gets a new pipe and empty values.
  *
  * Worker exits and group restarts are counted here by reason, from the
  * agent's snapshots (see agent_status_hooks).

@@ -8,7 +8,7 @@
 
 #include "common/errors.h"
 #include "common/utf8.h"
-#include "common/prom.h"
+#include "status/prom.h"
 
 void jsonw_init(struct jsonw *w, struct cddp_buf *out)
 {

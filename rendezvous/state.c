@@ -79,7 +79,7 @@ struct rdzv_run {
     struct timer last_call;
     struct timer store_timer;
     struct timer gc;
-    struct proto_store *store;
+    struct kvstore *store;
     size_t npeers;
     struct cddp_strmap nodes;
     uint64_t closed_at;
@@ -329,7 +329,7 @@ static uint64_t add_ms(uint64_t now, uint64_t ms)
 void rdzv_peer_init(struct rdzv_peer *p, const char *addr, bool loopback, void *data)
 {
     memset(p, 0, sizeof(*p));
-    proto_store_owner_init(&p->store_owner);
+    kvstore_owner_init(&p->store_owner);
     p->data = data;
     p->loopback = loopback;
     if (addr)
@@ -392,9 +392,9 @@ static struct rdzv_run *run_new(struct rdzv_state *st, const char *run_id)
     timer_init(&run->store_timer, T_STORE, run);
     timer_init(&run->gc, T_GC, run);
     cddp_strmap_init(&run->nodes, st->opt.seed[0] ^ 0x5bd1e995u, st->opt.seed[1]);
-    run->store = proto_store_new(&st->opt.store_limits, st->opt.seed[1], st->opt.seed[0]);
+    run->store = kvstore_new(&st->opt.store_limits, st->opt.seed[1], st->opt.seed[0]);
     if (run->store == NULL || cddp_strmap_put(&st->runs, run->id, idlen, run) != 0) {
-        proto_store_free(run->store);
+        kvstore_free(run->store);
         free(run);
         return NULL;
     }
@@ -412,7 +412,7 @@ static void run_free(struct rdzv_state *st, struct rdzv_run *run)
     timer_disarm(st, &run->last_call);
     timer_disarm(st, &run->store_timer);
     timer_disarm(st, &run->gc);
-    proto_store_free(run->store);
+    kvstore_free(run->store);
     cddp_strmap_free(&run->nodes);
     cddp_strmap_del(&st->runs, run->id, run->idlen);
     cddp_queue_remove(&run->link);
@@ -1030,21 +1030,21 @@ void rdzv_state_close(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
 
 static void drain_store(struct rdzv_state *st, struct rdzv_run *run)
 {
-    struct proto_store_event ev;
-    while (proto_store_next_event(run->store, &ev)) {
+    struct kvstore_event ev;
+    while (kvstore_next_event(run->store, &ev)) {
         struct rdzv_peer *peer = cddp_queue_data(ev.owner, struct rdzv_peer, store_owner);
-        if (ev.kind == PROTO_STORE_TIMEOUT) {
+        if (ev.kind == KVSTORE_TIMEOUT) {
             emit_result(st, peer, ev.req_id, CDDP_ETIMEOUT, "timed out waiting for the key(s)");
             continue;
         }
         struct rdzv_action *a = act(st, RDZV_ACT_RESULT, peer);
         a->result.id = ev.req_id;
         if (ev.is_get) {
-            a->result.code = proto_store_get(run->store, ev.key, &a->result.value, &a->result.vlen);
+            a->result.code = kvstore_get(run->store, ev.key, &a->result.value, &a->result.vlen);
             a->result.has_value = a->result.code == 0;
         }
     }
-    timer_arm(st, &run->store_timer, proto_store_next_deadline(run->store));
+    timer_arm(st, &run->store_timer, kvstore_next_deadline(run->store));
 }
 
 static const char *store_error(struct rdzv_state *st, int rc, const char *key)
@@ -1071,7 +1071,7 @@ void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
         return;
     touch(peer, now);
     struct rdzv_run *run = peer->run;
-    struct proto_store *s = run->store;
+    struct kvstore *s = run->store;
     struct rdzv_action *a;
     const void *val;
     size_t vlen;
@@ -1079,15 +1079,15 @@ void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
     int rc;
     switch (m->type) {
     case PROTO_SET:
-        rc = proto_store_set(s, m->set.key, m->set.value.data, m->set.value.len);
+        rc = kvstore_set(s, m->set.key, m->set.value.data, m->set.value.len);
         emit_result(st, peer, m->id, rc, rc ? store_error(st, rc, m->set.key) : NULL);
         break;
     case PROTO_GET:
-        rc = proto_store_get(s, m->get.key, &val, &vlen);
+        rc = kvstore_get(s, m->get.key, &val, &vlen);
         if (rc == CDDP_ENOTFOUND && m->get.timeout_ms >= 0) {
             const char *keys[1] = {m->get.key};
-            rc = proto_store_wait(s, keys, 1, add_ms(now, (uint64_t)m->get.timeout_ms),
-                                  &peer->store_owner, m->id, true, &ready);
+            rc = kvstore_wait(s, keys, 1, add_ms(now, (uint64_t)m->get.timeout_ms),
+                              &peer->store_owner, m->id, true, &ready);
             if (rc == 0)
                 break; /* answered when the key is set or time is up */
         }
@@ -1104,16 +1104,16 @@ void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
         break;
     case PROTO_WAIT: {
         uint64_t deadline =
-            m->wait.timeout_ms < 0 ? PROTO_STORE_NEVER : add_ms(now, (uint64_t)m->wait.timeout_ms);
-        rc = proto_store_wait(s, m->wait.keys, m->wait.nkeys, deadline, &peer->store_owner, m->id,
-                              false, &ready);
+            m->wait.timeout_ms < 0 ? KVSTORE_NEVER : add_ms(now, (uint64_t)m->wait.timeout_ms);
+        rc = kvstore_wait(s, m->wait.keys, m->wait.nkeys, deadline, &peer->store_owner, m->id,
+                          false, &ready);
         if (rc || ready)
             emit_result(st, peer, m->id, rc, rc ? store_error(st, rc, m->wait.keys[0]) : NULL);
         break;
     }
     case PROTO_ADD: {
         int64_t n;
-        rc = proto_store_add(s, m->add.key, m->add.delta, &n);
+        rc = kvstore_add(s, m->add.key, m->add.delta, &n);
         a = act(st, RDZV_ACT_RESULT, peer);
         a->result.id = m->id;
         a->result.code = rc;
@@ -1126,9 +1126,9 @@ void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
         break;
     }
     case PROTO_COMPARE_SET:
-        rc = proto_store_compare_set(s, m->compare_set.key, m->compare_set.expected.data,
-                                     m->compare_set.expected.len, m->compare_set.desired.data,
-                                     m->compare_set.desired.len, &val, &vlen);
+        rc = kvstore_compare_set(s, m->compare_set.key, m->compare_set.expected.data,
+                                 m->compare_set.expected.len, m->compare_set.desired.data,
+                                 m->compare_set.desired.len, &val, &vlen);
         a = act(st, RDZV_ACT_RESULT, peer);
         a->result.id = m->id;
         a->result.code = rc;
@@ -1155,8 +1155,8 @@ void rdzv_state_disconnect(struct rdzv_state *st, uint64_t now, struct rdzv_peer
     struct rdzv_run *run = peer->run;
     if (run == NULL)
         return;
-    proto_store_cancel_owner(run->store, &peer->store_owner);
-    timer_arm(st, &run->store_timer, proto_store_next_deadline(run->store));
+    kvstore_cancel_owner(run->store, &peer->store_owner);
+    timer_arm(st, &run->store_timer, kvstore_next_deadline(run->store));
     peer->run = NULL;
     run->npeers--;
     maybe_gc(st, run, now);
@@ -1206,7 +1206,7 @@ static void fire(struct rdzv_state *st, struct timer *t, uint64_t now)
     }
     case T_STORE: {
         struct rdzv_run *run = t->owner;
-        proto_store_expire(run->store, now);
+        kvstore_expire(run->store, now);
         drain_store(st, run);
         return;
     }
@@ -1269,7 +1269,7 @@ cJSON *rdzv_state_status(const struct rdzv_state *st, uint64_t now)
         cJSON_AddNumberToObject(r, "connections", (double)run->npeers);
         cJSON_AddNumberToObject(r, "restarts", (double)run->restarts);
         cJSON_AddNumberToObject(r, "counted_restarts", (double)run->counted_restarts);
-        cJSON_AddNumberToObject(r, "store_keys", (double)proto_store_num_keys(run->store));
+        cJSON_AddNumberToObject(r, "store_keys", (double)kvstore_num_keys(run->store));
         cJSON_AddItemToArray(runs, r);
     }
     return root;

@@ -43,7 +43,7 @@
 #include <cjson/cJSON.h>
 
 #include "proto/msg.h"
-#include "proto/store.h"
+#include "store/kvstore.h"
 
 #define RDZV_NEVER UINT64_MAX
 
@@ -54,10 +54,10 @@ struct rdzv_node;
  * initialised with rdzv_peer_init. The fields marked private belong to the
  * state machine. */
 struct rdzv_peer {
-    struct rdzv_run *run;                 /* private */
-    struct rdzv_node *node;               /* private */
-    struct proto_store_owner store_owner; /* private */
-    void *data;                           /* the shell's */
+    struct rdzv_run *run;             /* private */
+    struct rdzv_node *node;           /* private */
+    struct kvstore_owner store_owner; /* private */
+    void *data;                       /* the shell's */
     /* The peer's IP address as the server sees it ("" if none), and
      * whether it is a loopback address: MASTER_ADDR comes from these. */
     char addr[64];
@@ -125,7 +125,7 @@ struct rdzv_state_options {
      * lives as long as the state; joins are refused. This is the trainer's
      * bootstrap store. */
     bool store_only;
-    struct proto_store_limits store_limits;
+    struct kvstore_limits store_limits;
     uint64_t seed[2]; /* hash keys; pick at random */
     size_t max_runs;  /* 0: 10,000 */
 };

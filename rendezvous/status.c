@@ -1,6 +1,6 @@
 /*
  * status.c: see status.h. A thin shell: rendezvous/view.c walks the server
- * into a plain view that common/status_view.c renders.
+ * into a plain view that status/view.c renders.
  */
 #include "rendezvous/status.h"
 
@@ -14,10 +14,10 @@
 #include "common/errors.h"
 #include "common/hostname.h"
 #include "common/log.h"
-#include "common/status_http.h"
-#include "common/status_view.h"
 #include "common/strutil.h"
 #include "rendezvous/view.h"
+#include "status/http.h"
+#include "status/view.h"
 
 struct rdzv_status {
     struct status_server *server;

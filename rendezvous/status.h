@@ -1,7 +1,7 @@
 /*
  * status.h: cddp-rdzv's status port (docs/status.md): the rendezvous
  * server's runs, their members and wait lists, and its counters, served by
- * common/status_http.c on its own thread.
+ * status/http.c on its own thread.
  *
  *     struct rdzv_status *st;
  *     rdzv_status_new(addr, port, CDDP_VERSION, &st, err, sizeof(err));  // listens

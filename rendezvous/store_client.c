@@ -1,7 +1,7 @@
 /* store_client.c: the blocking store client and the store server thread
  * of store.h. The client uses plain sockets and poll(2) for every deadline,
  * so it works from any thread, with or without an event loop. */
-#include "rendezvous/store.h"
+#include "rendezvous/store_client.h"
 
 #include <errno.h>
 #include <stdarg.h>

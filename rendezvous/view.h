@@ -1,9 +1,9 @@
 /*
  * view.h: a rendezvous server's runs, members, wait lists and counters as a
- * status view (common/status_view.h). The one place that walks a server for
+ * status view (status/view.h). The one place that walks a server for
  * a status page: cddp-rdzv's (rendezvous/status.c) and that of an agent
  * hosting the server (agent/status.c). Plain data, no HTTP: the view is
- * rendered by common/status_view.c.
+ * rendered by status/view.c.
  *
  *     struct rdzv_view_builder b = {0};
  *     struct status_rdzv_view v;
@@ -22,8 +22,8 @@
 
 #include <uv.h>
 
-#include "common/status_view.h"
 #include "rendezvous/server.h"
+#include "status/view.h"
 
 /* Arrays kept between builds (zero-initialise it). */
 struct rdzv_view_builder {

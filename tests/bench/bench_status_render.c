@@ -1,7 +1,7 @@
 /*
  * bench_status_render: the cost, on the owner's event loop, of rendering a
- * status view into a snapshot and publishing it (common/status_view.c,
- * common/status_http.c), for the view sizes cddprun and cddp-rdzv see.
+ * status view into a snapshot and publishing it (status/view.c,
+ * status/http.c), for the view sizes cddprun and cddp-rdzv see.
  * Prints figures; run by tests/bench/status_http.py.
  */
 #include <stdio.h>
@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "common/clock.h"
-#include "common/progress.h"
-#include "common/status_http.h"
-#include "common/status_view.h"
+#include "proto/progress.h"
+#include "status/http.h"
+#include "status/view.h"
 
 static double agent(size_t nworkers, size_t *json_len, size_t *metrics_len)
 {

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Benchmark of the status port (common/status_http.c): requests per second
+"""Benchmark of the status port (status/http.c): requests per second
 on /status, /metrics and /readyz with wrk against tests/helpers/status_testserver
 (8 workers reporting progress, as an 8-GPU node's agent would), and the owner
 loop's responsiveness with and without that HTTP load, then what rendering

@@ -1,4 +1,4 @@
-/* libFuzzer target: the worker progress channel parser (common/progress.c).
+/* libFuzzer target: the worker progress channel parser (proto/progress.c).
  * Feeds the input as a stream in pieces whose sizes come from the input's
  * first byte, and as one line; checks the counters stay consistent. */
 #include <stddef.h>
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/progress.h"
+#include "proto/progress.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,5 +1,5 @@
 /*
- * status_testserver: the status port (common/status_http.c) embedded in a
+ * status_testserver: the status port (status/http.c) embedded in a
  * small libuv program, for the process-level tests and the benchmark. Not
  * installed. It plays the owner's part the way cddprun and cddp-rdzv do: a
  * loop that bumps the heartbeat from a timer and renders a view into a
@@ -47,12 +47,12 @@
 #include "common/errors.h"
 #include "common/exitcodes.h"
 #include "common/log.h"
-#include "common/progress.h"
 #include "common/signames.h"
-#include "common/status_http.h"
-#include "common/status_view.h"
 #include "common/strutil.h"
 #include "config.h"
+#include "proto/progress.h"
+#include "status/http.h"
+#include "status/view.h"
 
 #define MAX_WORKERS 64
 #define MAX_RUNS 8

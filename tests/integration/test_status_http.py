@@ -1,4 +1,4 @@
-"""The status port (common/status_http.c) as a real server on loopback, driven
+"""The status port (status/http.c) as a real server on loopback, driven
 through tests/helpers/status_testserver and fetched with real clients: curl,
 http.client and raw sockets. The same module serves cddprun and cddp-rdzv;
 their end-to-end runs are tested with those programs."""

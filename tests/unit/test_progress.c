@@ -1,4 +1,4 @@
-/* Unit tests for common/progress.c: the worker progress channel parser. */
+/* Unit tests for proto/progress.c: the worker progress channel parser. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "common/errors.h"
-#include "common/progress.h"
+#include "proto/progress.h"
 
 static struct progress_parser *new_parser(void)
 {

@@ -1,4 +1,4 @@
-/* Unit tests for common/prom.c: the Prometheus text format writer. */
+/* Unit tests for status/prom.c: the Prometheus text format writer. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/errors.h"
-#include "common/prom.h"
+#include "status/prom.h"
 
 static void test_page(void **state)
 {

@@ -16,7 +16,7 @@
 #include "common/strutil.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
-#include "proto/store.h"
+#include "store/kvstore.h"
 
 /* ---- strmap ---- */
 
@@ -714,169 +714,169 @@ static void test_error_names(void **state)
 static void test_store_basic(void **state)
 {
     (void)state;
-    struct proto_store *s = proto_store_new(NULL, 1, 2);
+    struct kvstore *s = kvstore_new(NULL, 1, 2);
     const void *v;
     size_t vl;
     int64_t n;
-    assert_int_equal(proto_store_get(s, "a", &v, &vl), CDDP_ENOTFOUND);
-    assert_int_equal(proto_store_set(s, "a", "x\0y", 3), 0);
-    assert_int_equal(proto_store_get(s, "a", &v, &vl), 0);
+    assert_int_equal(kvstore_get(s, "a", &v, &vl), CDDP_ENOTFOUND);
+    assert_int_equal(kvstore_set(s, "a", "x\0y", 3), 0);
+    assert_int_equal(kvstore_get(s, "a", &v, &vl), 0);
     assert_int_equal(vl, 3);
     assert_memory_equal(v, "x\0y", 3);
-    assert_int_equal(proto_store_set(s, "a", "", 0), 0);
-    assert_int_equal(proto_store_get(s, "a", &v, &vl), 0);
+    assert_int_equal(kvstore_set(s, "a", "", 0), 0);
+    assert_int_equal(kvstore_get(s, "a", &v, &vl), 0);
     assert_int_equal(vl, 0);
 
-    assert_int_equal(proto_store_add(s, "cnt", 1, &n), 0);
+    assert_int_equal(kvstore_add(s, "cnt", 1, &n), 0);
     assert_int_equal(n, 1);
-    assert_int_equal(proto_store_add(s, "cnt", 41, &n), 0);
+    assert_int_equal(kvstore_add(s, "cnt", 41, &n), 0);
     assert_int_equal(n, 42);
-    assert_int_equal(proto_store_add(s, "cnt", -50, &n), 0);
+    assert_int_equal(kvstore_add(s, "cnt", -50, &n), 0);
     assert_int_equal(n, -8);
-    assert_int_equal(proto_store_get(s, "cnt", &v, &vl), 0);
+    assert_int_equal(kvstore_get(s, "cnt", &v, &vl), 0);
     assert_memory_equal(v, "-8", 2);
-    assert_int_equal(proto_store_add(s, "a", 1, &n), CDDP_EPARSE);
-    assert_int_equal(proto_store_add(s, "cnt", PROTO_MAX_INT, &n), 0);
-    assert_int_equal(proto_store_add(s, "cnt", 9, &n), CDDP_ERANGE_ARG);
-    assert_int_equal(proto_store_add(s, "fresh", PROTO_MAX_INT + 1, &n), CDDP_ERANGE_ARG);
-    assert_int_equal(proto_store_get(s, "fresh", &v, &vl), CDDP_ENOTFOUND);
-    assert_int_equal(proto_store_num_keys(s), 2);
-    proto_store_free(s);
+    assert_int_equal(kvstore_add(s, "a", 1, &n), CDDP_EPARSE);
+    assert_int_equal(kvstore_add(s, "cnt", PROTO_MAX_INT, &n), 0);
+    assert_int_equal(kvstore_add(s, "cnt", 9, &n), CDDP_ERANGE_ARG);
+    assert_int_equal(kvstore_add(s, "fresh", PROTO_MAX_INT + 1, &n), CDDP_ERANGE_ARG);
+    assert_int_equal(kvstore_get(s, "fresh", &v, &vl), CDDP_ENOTFOUND);
+    assert_int_equal(kvstore_num_keys(s), 2);
+    kvstore_free(s);
 }
 
 static void test_store_compare_set(void **state)
 {
     (void)state;
-    struct proto_store *s = proto_store_new(NULL, 1, 2);
+    struct kvstore *s = kvstore_new(NULL, 1, 2);
     const void *cur;
     size_t cl;
     /* Missing key, non-empty expected: nothing stored, expected returned. */
-    assert_int_equal(proto_store_compare_set(s, "k", "e", 1, "d", 1, &cur, &cl), 0);
+    assert_int_equal(kvstore_compare_set(s, "k", "e", 1, "d", 1, &cur, &cl), 0);
     assert_int_equal(cl, 1);
     assert_memory_equal(cur, "e", 1);
-    assert_int_equal(proto_store_num_keys(s), 0);
+    assert_int_equal(kvstore_num_keys(s), 0);
     /* Missing key, empty expected: set. */
-    assert_int_equal(proto_store_compare_set(s, "k", "", 0, "d1", 2, &cur, &cl), 0);
+    assert_int_equal(kvstore_compare_set(s, "k", "", 0, "d1", 2, &cur, &cl), 0);
     assert_memory_equal(cur, "d1", 2);
     /* Mismatch: current value back, unchanged. */
-    assert_int_equal(proto_store_compare_set(s, "k", "zz", 2, "d2", 2, &cur, &cl), 0);
+    assert_int_equal(kvstore_compare_set(s, "k", "zz", 2, "d2", 2, &cur, &cl), 0);
     assert_memory_equal(cur, "d1", 2);
     /* Match: replaced. */
-    assert_int_equal(proto_store_compare_set(s, "k", "d1", 2, "d2", 2, &cur, &cl), 0);
+    assert_int_equal(kvstore_compare_set(s, "k", "d1", 2, "d2", 2, &cur, &cl), 0);
     assert_memory_equal(cur, "d2", 2);
     /* Torch's rendezvous sentinel dance. */
-    assert_int_equal(proto_store_compare_set(s, "k", "", 0, "x", 1, &cur, &cl), 0);
+    assert_int_equal(kvstore_compare_set(s, "k", "", 0, "x", 1, &cur, &cl), 0);
     assert_memory_equal(cur, "d2", 2);
-    proto_store_free(s);
+    kvstore_free(s);
 }
 
 static void test_store_wait(void **state)
 {
     (void)state;
-    struct proto_store *s = proto_store_new(NULL, 1, 2);
-    struct proto_store_owner a, b;
-    struct proto_store_event ev;
+    struct kvstore *s = kvstore_new(NULL, 1, 2);
+    struct kvstore_owner a, b;
+    struct kvstore_event ev;
     bool ready;
-    proto_store_owner_init(&a);
-    proto_store_owner_init(&b);
+    kvstore_owner_init(&a);
+    kvstore_owner_init(&b);
 
     const char *k1[] = {"x", "y", "x"};
-    assert_int_equal(proto_store_wait(s, k1, 3, 1000, &a, 1, false, &ready), 0);
+    assert_int_equal(kvstore_wait(s, k1, 3, 1000, &a, 1, false, &ready), 0);
     assert_false(ready);
     assert_int_equal(a.nwaiters, 1);
     const char *k2[] = {"y"};
-    assert_int_equal(proto_store_wait(s, k2, 1, PROTO_STORE_NEVER, &b, 2, true, &ready), 0);
+    assert_int_equal(kvstore_wait(s, k2, 1, KVSTORE_NEVER, &b, 2, true, &ready), 0);
     assert_false(ready);
-    assert_int_equal(proto_store_next_deadline(s), 1000);
+    assert_int_equal(kvstore_next_deadline(s), 1000);
 
-    assert_int_equal(proto_store_set(s, "x", "1", 1), 0);
-    assert_false(proto_store_next_event(s, &ev)); /* a still misses y */
-    assert_int_equal(proto_store_set(s, "y", "2", 1), 0);
-    assert_true(proto_store_next_event(s, &ev));
-    assert_int_equal(ev.kind, PROTO_STORE_READY);
+    assert_int_equal(kvstore_set(s, "x", "1", 1), 0);
+    assert_false(kvstore_next_event(s, &ev)); /* a still misses y */
+    assert_int_equal(kvstore_set(s, "y", "2", 1), 0);
+    assert_true(kvstore_next_event(s, &ev));
+    assert_int_equal(ev.kind, KVSTORE_READY);
     assert_ptr_equal(ev.owner, &a);
     assert_int_equal(ev.req_id, 1);
     assert_false(ev.is_get);
-    assert_true(proto_store_next_event(s, &ev));
+    assert_true(kvstore_next_event(s, &ev));
     assert_ptr_equal(ev.owner, &b);
     assert_true(ev.is_get);
     assert_string_equal(ev.key, "y");
-    assert_false(proto_store_next_event(s, &ev));
+    assert_false(kvstore_next_event(s, &ev));
     assert_int_equal(a.nwaiters, 0);
-    assert_int_equal(proto_store_next_deadline(s), PROTO_STORE_NEVER);
+    assert_int_equal(kvstore_next_deadline(s), KVSTORE_NEVER);
 
     /* Already set: ready at once, nothing registered. */
-    assert_int_equal(proto_store_wait(s, k1, 2, 5, &a, 3, false, &ready), 0);
+    assert_int_equal(kvstore_wait(s, k1, 2, 5, &a, 3, false, &ready), 0);
     assert_true(ready);
     assert_int_equal(a.nwaiters, 0);
 
     /* Timeouts fire in deadline order; entries of missing keys go away. */
-    size_t bytes0 = proto_store_bytes(s);
+    size_t bytes0 = kvstore_bytes(s);
     const char *kz[] = {"z"};
-    assert_int_equal(proto_store_wait(s, kz, 1, 300, &a, 10, false, &ready), 0);
-    assert_int_equal(proto_store_wait(s, kz, 1, 100, &b, 11, false, &ready), 0);
-    assert_int_equal(proto_store_wait(s, kz, 1, 200, &a, 12, false, &ready), 0);
-    assert_true(proto_store_bytes(s) > bytes0);
-    proto_store_expire(s, 99);
-    assert_false(proto_store_next_event(s, &ev));
-    proto_store_expire(s, 250);
-    assert_true(proto_store_next_event(s, &ev));
+    assert_int_equal(kvstore_wait(s, kz, 1, 300, &a, 10, false, &ready), 0);
+    assert_int_equal(kvstore_wait(s, kz, 1, 100, &b, 11, false, &ready), 0);
+    assert_int_equal(kvstore_wait(s, kz, 1, 200, &a, 12, false, &ready), 0);
+    assert_true(kvstore_bytes(s) > bytes0);
+    kvstore_expire(s, 99);
+    assert_false(kvstore_next_event(s, &ev));
+    kvstore_expire(s, 250);
+    assert_true(kvstore_next_event(s, &ev));
     assert_int_equal(ev.req_id, 11);
-    assert_int_equal(ev.kind, PROTO_STORE_TIMEOUT);
-    assert_true(proto_store_next_event(s, &ev));
+    assert_int_equal(ev.kind, KVSTORE_TIMEOUT);
+    assert_true(kvstore_next_event(s, &ev));
     assert_int_equal(ev.req_id, 12);
-    assert_false(proto_store_next_event(s, &ev));
-    assert_int_equal(proto_store_next_deadline(s), 300);
+    assert_false(kvstore_next_event(s, &ev));
+    assert_int_equal(kvstore_next_deadline(s), 300);
 
     /* Cancelling an owner drops its waiters without events. */
-    proto_store_cancel_owner(s, &a);
+    kvstore_cancel_owner(s, &a);
     assert_int_equal(a.nwaiters, 0);
-    assert_int_equal(proto_store_next_deadline(s), PROTO_STORE_NEVER);
-    assert_int_equal(proto_store_bytes(s), bytes0);
-    proto_store_expire(s, 1000);
-    assert_false(proto_store_next_event(s, &ev));
+    assert_int_equal(kvstore_next_deadline(s), KVSTORE_NEVER);
+    assert_int_equal(kvstore_bytes(s), bytes0);
+    kvstore_expire(s, 1000);
+    assert_false(kvstore_next_event(s, &ev));
 
     /* Free with waiters still registered (with and without deadlines). */
     const char *kq[] = {"q", "r"};
-    assert_int_equal(proto_store_wait(s, kq, 2, PROTO_STORE_NEVER, &a, 20, false, &ready), 0);
-    assert_int_equal(proto_store_wait(s, kq, 1, 50, &b, 21, false, &ready), 0);
-    proto_store_free(s);
+    assert_int_equal(kvstore_wait(s, kq, 2, KVSTORE_NEVER, &a, 20, false, &ready), 0);
+    assert_int_equal(kvstore_wait(s, kq, 1, 50, &b, 21, false, &ready), 0);
+    kvstore_free(s);
 }
 
 static void test_store_limits(void **state)
 {
     (void)state;
-    struct proto_store_limits lim = {.max_bytes = 4096, .max_keys = 3, .max_waiters = 2};
-    struct proto_store *s = proto_store_new(&lim, 1, 2);
+    struct kvstore_limits lim = {.max_bytes = 4096, .max_keys = 3, .max_waiters = 2};
+    struct kvstore *s = kvstore_new(&lim, 1, 2);
     char big[5000] = {0};
     bool ready;
     int64_t n;
-    assert_int_equal(proto_store_set(s, "a", big, sizeof(big)), CDDP_ETOOBIG);
-    assert_int_equal(proto_store_num_keys(s), 0);
-    assert_int_equal(proto_store_set(s, "a", "1", 1), 0);
-    assert_int_equal(proto_store_set(s, "b", "1", 1), 0);
-    assert_int_equal(proto_store_add(s, "c", 1, &n), 0);
-    assert_int_equal(proto_store_set(s, "d", "1", 1), CDDP_ETOOBIG);
-    assert_int_equal(proto_store_set(s, "a", "22", 2), 0); /* replacing is fine */
+    assert_int_equal(kvstore_set(s, "a", big, sizeof(big)), CDDP_ETOOBIG);
+    assert_int_equal(kvstore_num_keys(s), 0);
+    assert_int_equal(kvstore_set(s, "a", "1", 1), 0);
+    assert_int_equal(kvstore_set(s, "b", "1", 1), 0);
+    assert_int_equal(kvstore_add(s, "c", 1, &n), 0);
+    assert_int_equal(kvstore_set(s, "d", "1", 1), CDDP_ETOOBIG);
+    assert_int_equal(kvstore_set(s, "a", "22", 2), 0); /* replacing is fine */
 
-    struct proto_store_owner o;
-    proto_store_owner_init(&o);
+    struct kvstore_owner o;
+    kvstore_owner_init(&o);
     const char *k[] = {"a"};
     const char *m[] = {"zz"};
-    assert_int_equal(proto_store_wait(s, k, 1, 1, &o, 1, false, &ready), 0);
+    assert_int_equal(kvstore_wait(s, k, 1, 1, &o, 1, false, &ready), 0);
     assert_true(ready);
     /* A new key for a waiter counts against max_keys too. */
-    assert_int_equal(proto_store_wait(s, m, 1, 1, &o, 1, false, &ready), CDDP_ETOOBIG);
+    assert_int_equal(kvstore_wait(s, m, 1, 1, &o, 1, false, &ready), CDDP_ETOOBIG);
     assert_int_equal(o.nwaiters, 0);
-    proto_store_free(s);
+    kvstore_free(s);
 
     lim.max_keys = 100;
-    s = proto_store_new(&lim, 1, 2);
-    assert_int_equal(proto_store_wait(s, m, 1, 1, &o, 1, false, &ready), 0);
-    assert_int_equal(proto_store_wait(s, m, 1, 1, &o, 2, false, &ready), 0);
-    assert_int_equal(proto_store_wait(s, m, 1, 1, &o, 3, false, &ready), CDDP_ETOOBIG);
-    proto_store_cancel_owner(s, &o);
-    proto_store_free(s);
+    s = kvstore_new(&lim, 1, 2);
+    assert_int_equal(kvstore_wait(s, m, 1, 1, &o, 1, false, &ready), 0);
+    assert_int_equal(kvstore_wait(s, m, 1, 1, &o, 2, false, &ready), 0);
+    assert_int_equal(kvstore_wait(s, m, 1, 1, &o, 3, false, &ready), CDDP_ETOOBIG);
+    kvstore_cancel_owner(s, &o);
+    kvstore_free(s);
 }
 
 /* Many waiters on one key (an exit barrier of 10,000 nodes) all wake. */
@@ -884,31 +884,31 @@ static void test_store_barrier(void **state)
 {
     (void)state;
     enum { N = 10000 };
-    struct proto_store *s = proto_store_new(NULL, 3, 4);
-    struct proto_store_owner *o = calloc(N, sizeof(*o));
+    struct kvstore *s = kvstore_new(NULL, 3, 4);
+    struct kvstore_owner *o = calloc(N, sizeof(*o));
     const char *k[] = {"last_member"};
     bool ready;
     int64_t n = 0;
     for (int i = 0; i < N; i++) {
-        proto_store_owner_init(&o[i]);
-        assert_int_equal(proto_store_add(s, "num_members", 1, &n), 0);
+        kvstore_owner_init(&o[i]);
+        assert_int_equal(kvstore_add(s, "num_members", 1, &n), 0);
         if (n == N)
             break;
-        assert_int_equal(proto_store_wait(s, k, 1, 60000, &o[i], (uint64_t)i, false, &ready), 0);
+        assert_int_equal(kvstore_wait(s, k, 1, 60000, &o[i], (uint64_t)i, false, &ready), 0);
         assert_false(ready);
     }
     assert_int_equal(n, N);
-    assert_int_equal(proto_store_set(s, "last_member", "1", 1), 0);
-    struct proto_store_event ev;
+    assert_int_equal(kvstore_set(s, "last_member", "1", 1), 0);
+    struct kvstore_event ev;
     int woke = 0;
-    while (proto_store_next_event(s, &ev)) {
-        assert_int_equal(ev.kind, PROTO_STORE_READY);
+    while (kvstore_next_event(s, &ev)) {
+        assert_int_equal(ev.kind, KVSTORE_READY);
         assert_int_equal(ev.req_id, (uint64_t)woke);
         woke++;
     }
     assert_int_equal(woke, N - 1);
-    assert_int_equal(proto_store_next_deadline(s), PROTO_STORE_NEVER);
-    proto_store_free(s);
+    assert_int_equal(kvstore_next_deadline(s), KVSTORE_NEVER);
+    kvstore_free(s);
     free(o);
 }
 

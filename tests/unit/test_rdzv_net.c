@@ -25,7 +25,7 @@
 #include "common/errors.h"
 #include "rendezvous/client.h"
 #include "rendezvous/server.h"
-#include "rendezvous/store.h"
+#include "rendezvous/store_client.h"
 
 #define NCLI 4
 

@@ -1,4 +1,4 @@
-/* Unit tests for common/status_http.c: snapshots, publishing across threads,
+/* Unit tests for status/http.c: snapshots, publishing across threads,
  * server start/stop. The HTTP behaviour is tested process-level in
  * tests/integration/test_status_http.py. */
 #include <setjmp.h>
@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "common/errors.h"
-#include "common/status_http.h"
+#include "status/http.h"
 
 static void test_snapshot_build(void **state)
 {

@@ -1,4 +1,4 @@
-/* Unit tests for common/status_view.c: the /status JSON, /metrics families
+/* Unit tests for status/view.c: the /status JSON, /metrics families
  * and /readyz checks of the agent and of the rendezvous server. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,8 +12,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "common/progress.h"
-#include "common/status_view.h"
+#include "proto/progress.h"
+#include "status/view.h"
 
 static struct status_worker_view workers[2];
 

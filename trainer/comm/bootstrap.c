@@ -16,7 +16,7 @@
 #include "common/errors.h"
 #include "common/hostport.h"
 #include "common/log.h"
-#include "rendezvous/store.h"
+#include "rendezvous/store_client.h"
 
 static double left_s(uint64_t deadline)
 {

@@ -4,7 +4,7 @@
  *   1. read RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (env.h);
  *      none set: world size 1, nothing to connect;
  *   2. rank 0 serves the bootstrap store on MASTER_ADDR:MASTER_PORT
- *      (rendezvous/store.h: the rendezvous server in store-only mode, on a
+ *      (rendezvous/store_client.h: the rendezvous server in store-only mode, on a
  *      thread of its own); every rank, rank 0 included, connects to it with
  *      its blocking client, with backoff until --init-timeout;
  *   3. sanity through the store: no RANK claimed twice, one WORLD_SIZE;
@@ -35,7 +35,7 @@ struct trn_dist_options {
     const char *backend;         /* NULL: "gloo" */
 };
 
-/* rendezvous/store.h's client as the communicator's struct trn_kv. */
+/* rendezvous/store_client.h's client as the communicator's struct trn_kv. */
 struct trn_store_kv {
     struct trn_kv kv; /* first */
     struct rdzv_store_client *client;

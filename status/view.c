@@ -1,6 +1,6 @@
-/* status_view.c: see status_view.h. The JSON schema and the metric families
+/* view.c: see view.h. The JSON schema and the metric families
  * here are documented in docs/status.md: change both together. */
-#include "common/status_view.h"
+#include "status/view.h"
 
 #include <errno.h>
 #include <math.h>
@@ -10,9 +10,9 @@
 
 #include "common/errors.h"
 #include "common/jsonw.h"
-#include "common/prom.h"
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "status/prom.h"
 
 #define METRICS_MAX ((size_t)16 << 20)
 #define JSON_MAX ((size_t)64 << 20)

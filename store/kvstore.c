@@ -1,4 +1,4 @@
-/* store.c: see store.h.
+/* kvstore.c: see kvstore.h.
  *
  * Keys live in a seeded hash map of entries. An entry exists while it has a
  * value or someone waits for it. A waiter holds one reference per key it
@@ -6,7 +6,7 @@
  * references and fires waiters that miss nothing more. Waiters with a
  * deadline also sit in a binary min-heap. Fired waiters move to a queue the
  * caller drains, so waking thousands of waiters allocates nothing. */
-#include "proto/store.h"
+#include "store/kvstore.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -36,7 +36,7 @@ struct waitref {
 
 struct waiter {
     struct cddp_queue link; /* owner->waiters while waiting, s->fired once fired */
-    struct proto_store_owner *owner;
+    struct kvstore_owner *owner;
     uint64_t req_id;
     uint64_t deadline;
     size_t heap_idx; /* SIZE_MAX: not in the heap */
@@ -44,27 +44,26 @@ struct waiter {
     size_t nrefs;
     size_t cost; /* bytes charged to the store */
     bool is_get;
-    enum proto_store_event_kind kind;
+    enum kvstore_event_kind kind;
     struct entry *get_entry;
     struct waitref refs[];
 };
 
-struct proto_store {
+struct kvstore {
     struct cddp_strmap map;
     struct waiter **heap;
     size_t heap_len, heap_cap;
     struct cddp_queue fired;
-    struct proto_store_limits lim;
+    struct kvstore_limits lim;
     size_t bytes;
     size_t nvalues;
 };
 
 #define ENTRY_COST(klen, vlen) (sizeof(struct entry) + (klen) + 1 + (vlen) + 32)
 
-struct proto_store *proto_store_new(const struct proto_store_limits *lim, uint64_t seed0,
-                                    uint64_t seed1)
+struct kvstore *kvstore_new(const struct kvstore_limits *lim, uint64_t seed0, uint64_t seed1)
 {
-    struct proto_store *s = calloc(1, sizeof(*s));
+    struct kvstore *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return NULL;
     cddp_strmap_init(&s->map, seed0, seed1);
@@ -82,7 +81,7 @@ struct proto_store *proto_store_new(const struct proto_store_limits *lim, uint64
 
 /* ---- heap of waiters by deadline ---- */
 
-static void heap_swap(struct proto_store *s, size_t a, size_t b)
+static void heap_swap(struct kvstore *s, size_t a, size_t b)
 {
     struct waiter *t = s->heap[a];
     s->heap[a] = s->heap[b];
@@ -91,7 +90,7 @@ static void heap_swap(struct proto_store *s, size_t a, size_t b)
     s->heap[b]->heap_idx = b;
 }
 
-static void heap_up(struct proto_store *s, size_t i)
+static void heap_up(struct kvstore *s, size_t i)
 {
     while (i > 0) {
         size_t p = (i - 1) / 2;
@@ -102,7 +101,7 @@ static void heap_up(struct proto_store *s, size_t i)
     }
 }
 
-static void heap_down(struct proto_store *s, size_t i)
+static void heap_down(struct kvstore *s, size_t i)
 {
     for (;;) {
         size_t l = 2 * i + 1, r = l + 1, m = i;
@@ -117,7 +116,7 @@ static void heap_down(struct proto_store *s, size_t i)
     }
 }
 
-static int heap_push(struct proto_store *s, struct waiter *w)
+static int heap_push(struct kvstore *s, struct waiter *w)
 {
     if (s->heap_len == s->heap_cap) {
         size_t cap = s->heap_cap ? s->heap_cap * 2 : 16;
@@ -133,7 +132,7 @@ static int heap_push(struct proto_store *s, struct waiter *w)
     return 0;
 }
 
-static void heap_remove(struct proto_store *s, struct waiter *w)
+static void heap_remove(struct kvstore *s, struct waiter *w)
 {
     size_t i = w->heap_idx;
     if (i == SIZE_MAX)
@@ -150,12 +149,12 @@ static void heap_remove(struct proto_store *s, struct waiter *w)
 
 /* ---- entries ---- */
 
-static struct entry *entry_find(struct proto_store *s, const char *key)
+static struct entry *entry_find(struct kvstore *s, const char *key)
 {
     return cddp_strmap_get(&s->map, key, strlen(key));
 }
 
-static struct entry *entry_get_or_add(struct proto_store *s, const char *key, int *rc)
+static struct entry *entry_get_or_add(struct kvstore *s, const char *key, int *rc)
 {
     size_t klen = strlen(key);
     struct entry *e = cddp_strmap_get(&s->map, key, klen);
@@ -185,7 +184,7 @@ static struct entry *entry_get_or_add(struct proto_store *s, const char *key, in
 }
 
 /* Frees an entry nobody needs any more (no value, no waiters). */
-static void entry_maybe_drop(struct proto_store *s, struct entry *e)
+static void entry_maybe_drop(struct kvstore *s, struct entry *e)
 {
     if (e->has_value || !cddp_queue_empty(&e->refs))
         return;
@@ -194,10 +193,10 @@ static void entry_maybe_drop(struct proto_store *s, struct entry *e)
     free(e);
 }
 
-static void fire(struct proto_store *s, struct waiter *w, enum proto_store_event_kind kind);
+static void fire(struct kvstore *s, struct waiter *w, enum kvstore_event_kind kind);
 
 /* Stores a copy of val in e and wakes what waited for it. */
-static int entry_set(struct proto_store *s, struct entry *e, const void *val, size_t vlen)
+static int entry_set(struct kvstore *s, struct entry *e, const void *val, size_t vlen)
 {
     size_t old = e->has_value ? e->vlen : 0;
     if (vlen > old && s->bytes + (vlen - old) > s->lim.max_bytes)
@@ -220,14 +219,14 @@ static int entry_set(struct proto_store *s, struct entry *e, const void *val, si
         struct waitref *r = cddp_queue_data(cddp_queue_head(&e->refs), struct waitref, link);
         cddp_queue_remove(&r->link);
         if (--r->w->missing == 0)
-            fire(s, r->w, PROTO_STORE_READY);
+            fire(s, r->w, KVSTORE_READY);
     }
     return 0;
 }
 
 /* ---- waiters ---- */
 
-static void waiter_unlink(struct proto_store *s, struct waiter *w)
+static void waiter_unlink(struct kvstore *s, struct waiter *w)
 {
     heap_remove(s, w);
     for (size_t i = 0; i < w->nrefs; i++) {
@@ -247,19 +246,19 @@ static void waiter_unlink(struct proto_store *s, struct waiter *w)
     w->cost = 0;
 }
 
-static void fire(struct proto_store *s, struct waiter *w, enum proto_store_event_kind kind)
+static void fire(struct kvstore *s, struct waiter *w, enum kvstore_event_kind kind)
 {
     struct entry *ge = w->is_get ? w->refs[0].e : NULL;
-    struct proto_store_owner *owner = w->owner;
+    struct kvstore_owner *owner = w->owner;
     waiter_unlink(s, w);
     w->owner = owner; /* kept for the event */
     w->kind = kind;
-    w->get_entry = kind == PROTO_STORE_READY ? ge : NULL;
+    w->get_entry = kind == KVSTORE_READY ? ge : NULL;
     cddp_queue_insert_tail(&s->fired, &w->link);
 }
 
-int proto_store_wait(struct proto_store *s, const char *const *keys, size_t n, uint64_t deadline,
-                     struct proto_store_owner *owner, uint64_t req_id, bool is_get, bool *ready)
+int kvstore_wait(struct kvstore *s, const char *const *keys, size_t n, uint64_t deadline,
+                 struct kvstore_owner *owner, uint64_t req_id, bool is_get, bool *ready)
 {
     size_t missing = 0;
     *ready = false;
@@ -310,7 +309,7 @@ int proto_store_wait(struct proto_store *s, const char *const *keys, size_t n, u
         cddp_queue_insert_tail(&e->refs, &r->link);
         w->missing++;
     }
-    if (rc == 0 && deadline != PROTO_STORE_NEVER)
+    if (rc == 0 && deadline != KVSTORE_NEVER)
         rc = heap_push(s, w);
     if (rc) {
         waiter_unlink(s, w);
@@ -319,18 +318,18 @@ int proto_store_wait(struct proto_store *s, const char *const *keys, size_t n, u
     return rc;
 }
 
-void proto_store_expire(struct proto_store *s, uint64_t now)
+void kvstore_expire(struct kvstore *s, uint64_t now)
 {
     while (s->heap_len > 0 && s->heap[0]->deadline <= now)
-        fire(s, s->heap[0], PROTO_STORE_TIMEOUT);
+        fire(s, s->heap[0], KVSTORE_TIMEOUT);
 }
 
-uint64_t proto_store_next_deadline(const struct proto_store *s)
+uint64_t kvstore_next_deadline(const struct kvstore *s)
 {
-    return s->heap_len ? s->heap[0]->deadline : PROTO_STORE_NEVER;
+    return s->heap_len ? s->heap[0]->deadline : KVSTORE_NEVER;
 }
 
-bool proto_store_next_event(struct proto_store *s, struct proto_store_event *ev)
+bool kvstore_next_event(struct kvstore *s, struct kvstore_event *ev)
 {
     if (cddp_queue_empty(&s->fired))
         return false;
@@ -345,7 +344,7 @@ bool proto_store_next_event(struct proto_store *s, struct proto_store_event *ev)
     return true;
 }
 
-void proto_store_cancel_owner(struct proto_store *s, struct proto_store_owner *owner)
+void kvstore_cancel_owner(struct kvstore *s, struct kvstore_owner *owner)
 {
     while (!cddp_queue_empty(&owner->waiters)) {
         struct waiter *w = cddp_queue_data(cddp_queue_head(&owner->waiters), struct waiter, link);
@@ -366,7 +365,7 @@ void proto_store_cancel_owner(struct proto_store *s, struct proto_store_owner *o
 
 /* ---- operations ---- */
 
-int proto_store_set(struct proto_store *s, const char *key, const void *val, size_t vlen)
+int kvstore_set(struct kvstore *s, const char *key, const void *val, size_t vlen)
 {
     int rc = 0;
     struct entry *e = entry_get_or_add(s, key, &rc);
@@ -378,7 +377,7 @@ int proto_store_set(struct proto_store *s, const char *key, const void *val, siz
     return rc;
 }
 
-int proto_store_get(struct proto_store *s, const char *key, const void **val, size_t *vlen)
+int kvstore_get(struct kvstore *s, const char *key, const void **val, size_t *vlen)
 {
     struct entry *e = entry_find(s, key);
     if (e == NULL || !e->has_value)
@@ -412,7 +411,7 @@ static int parse_i64(const char *p, size_t n, int64_t *out)
     return 0;
 }
 
-int proto_store_add(struct proto_store *s, const char *key, int64_t delta, int64_t *out)
+int kvstore_add(struct kvstore *s, const char *key, int64_t delta, int64_t *out)
 {
     int rc = 0;
     int64_t cur = 0, next;
@@ -436,9 +435,8 @@ int proto_store_add(struct proto_store *s, const char *key, int64_t delta, int64
     return 0;
 }
 
-int proto_store_compare_set(struct proto_store *s, const char *key, const void *expected,
-                            size_t elen, const void *desired, size_t dlen, const void **cur,
-                            size_t *curlen)
+int kvstore_compare_set(struct kvstore *s, const char *key, const void *expected, size_t elen,
+                        const void *desired, size_t dlen, const void **cur, size_t *curlen)
 {
     struct entry *e = entry_find(s, key);
     if (e == NULL || !e->has_value) {
@@ -452,23 +450,23 @@ int proto_store_compare_set(struct proto_store *s, const char *key, const void *
         *curlen = e->vlen;
         return 0;
     }
-    int rc = proto_store_set(s, key, desired, dlen);
+    int rc = kvstore_set(s, key, desired, dlen);
     if (rc)
         return rc;
-    return proto_store_get(s, key, cur, curlen);
+    return kvstore_get(s, key, cur, curlen);
 }
 
-size_t proto_store_num_keys(const struct proto_store *s)
+size_t kvstore_num_keys(const struct kvstore *s)
 {
     return s->nvalues;
 }
 
-size_t proto_store_bytes(const struct proto_store *s)
+size_t kvstore_bytes(const struct kvstore *s)
 {
     return s->bytes;
 }
 
-void proto_store_free(struct proto_store *s)
+void kvstore_free(struct kvstore *s)
 {
     if (s == NULL)
         return;

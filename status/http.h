@@ -1,5 +1,5 @@
 /*
- * status_http.h: the status port of cddprun and cddp-rdzv.
+ * http.h: the status port of cddprun and cddp-rdzv.
  *
  * An HTTP server (libmicrohttpd) on its own thread that serves what the
  * owner's event loop last published, and nothing else:
@@ -35,8 +35,8 @@
  * trickling headers, or a reader that never drains the response) is cut off.
  * Nothing a client sends makes the server exit.
  */
-#ifndef CDDP_COMMON_STATUS_HTTP_H
-#define CDDP_COMMON_STATUS_HTTP_H
+#ifndef CDDP_STATUS_HTTP_H
+#define CDDP_STATUS_HTTP_H
 
 #include <pthread.h>
 #include <stdbool.h>

@@ -27,8 +27,8 @@
  * bytes were read. The watchdog (a later issue) reads mono_ms and
  * step_mono_ms.
  */
-#ifndef CDDP_COMMON_PROGRESS_H
-#define CDDP_COMMON_PROGRESS_H
+#ifndef CDDP_PROTO_PROGRESS_H
+#define CDDP_PROTO_PROGRESS_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,10 +1,10 @@
 /*
- * store.h: serve and use a cddp key-value store from plain threads.
+ * store_client.h: serve and use a cddp key-value store from plain threads.
  *
  * This is what cddp-train's bootstrap needs: rank 0 serves a store on
  * MASTER_PORT, every rank (rank 0 included) connects to MASTER_ADDR:PORT and
  * uses set/get/wait/add/compare_set, with torch TCPStore's semantics
- * (proto/store.h). The wire protocol is docs/protocol.md; the server is
+ * (store/kvstore.h). The wire protocol is docs/protocol.md; the server is
  * rendezvous/server.c in store_only mode.
  *
  * Serving (rank 0):
@@ -39,8 +39,8 @@
  * After a connection error (or a local timeout) the client answers
  * CDDP_ECLOSED to everything: connect a new one.
  */
-#ifndef CDDP_RENDEZVOUS_STORE_H
-#define CDDP_RENDEZVOUS_STORE_H
+#ifndef CDDP_RENDEZVOUS_STORE_CLIENT_H
+#define CDDP_RENDEZVOUS_STORE_CLIENT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -96,7 +96,7 @@ int rdzv_store_wait(struct rdzv_store_client *c, const char *const *keys, size_t
 /* Adds delta to the integer in key (0 if missing); *out: the new value. */
 int rdzv_store_add(struct rdzv_store_client *c, const char *key, int64_t delta, int64_t *out);
 
-/* TCPStore's compare_set (see proto/store.h); *cur (malloc'd, may be NULL)
+/* TCPStore's compare_set (see store/kvstore.h); *cur (malloc'd, may be NULL)
  * is what the key holds afterwards. */
 int rdzv_store_compare_set(struct rdzv_store_client *c, const char *key, const void *expected,
                            size_t elen, const void *desired, size_t dlen, void **cur,

@@ -7,7 +7,7 @@
  * must not go silent exactly when the loss goes bad. It accepts RFC 8259 plus
  * those three tokens, decodes only the four known numbers and skips the rest.
  */
-#include "common/progress.h"
+#include "proto/progress.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* prom.c: see prom.h. */
-#include "common/prom.h"
+#include "status/prom.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -26,8 +26,8 @@
  * family), CDDP_EEXISTS (a family written twice), CDDP_ETOOBIG (the buffer's
  * maximum).
  */
-#ifndef CDDP_COMMON_PROM_H
-#define CDDP_COMMON_PROM_H
+#ifndef CDDP_STATUS_PROM_H
+#define CDDP_STATUS_PROM_H
 
 #include <stdbool.h>
 #include <stddef.h>

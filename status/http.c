@@ -1,5 +1,5 @@
 /*
- * status_http.c: see status_http.h.
+ * http.c: see http.h.
  *
  * libmicrohttpd runs in "external" epoll mode on a thread of ours: the thread
  * polls MHD's epoll fd and an eventfd (to stop), calls MHD_run, then cuts off
@@ -12,7 +12,7 @@
  * Because the list and MHD_run live on the same thread, and MHD reports a
  * connection closed before it closes the fd, every fd in the list is open.
  */
-#include "common/status_http.h"
+#include "status/http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -35,9 +35,9 @@
 #include "common/errors.h"
 #include "common/hostport.h"
 #include "common/log.h"
-#include "common/prom.h"
 #include "common/queue.h"
 #include "common/strutil.h"
+#include "status/prom.h"
 
 /* ---- snapshots ------------------------------------------------------- */
 

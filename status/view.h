@@ -1,5 +1,5 @@
 /*
- * status_view.h: what cddprun and cddp-rdzv show on their status port.
+ * view.h: what cddprun and cddp-rdzv show on their status port.
  *
  * A view is plain data the owner fills from its own state (agent/status.c,
  * rendezvous/main.c); a renderer turns it, at a given time, into a
@@ -15,15 +15,15 @@
  * Enumerations are append-only (their names are part of the JSON and the
  * metric labels): add new values before the _COUNT entry, never renumber.
  */
-#ifndef CDDP_COMMON_STATUS_VIEW_H
-#define CDDP_COMMON_STATUS_VIEW_H
+#ifndef CDDP_STATUS_VIEW_H
+#define CDDP_STATUS_VIEW_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/progress.h"
-#include "common/status_http.h"
+#include "proto/progress.h"
+#include "status/http.h"
 
 struct status_rdzv_view;
 
