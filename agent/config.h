@@ -115,6 +115,7 @@ struct launch_config {
      * (CDDP_STATUS_LINGER, PET_STATUS_LINGER); and its text as given. */
     const char *status_linger_src;
     const char *status_linger_arg;
+    char status_linger_var[48]; /* holds status_linger_src when it is a PET_ name */
     /* Set by launch_validate: a linger from the environment without a status
      * port was dropped (cddprun warns; one typed on the command line is refused). */
     bool status_linger_ignored;
