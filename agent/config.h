@@ -2,7 +2,9 @@
  * config.h: what the launcher hands the agent (struct launch_config).
  *
  * launcher/cli.c fills it from torchrun's command line and the PET_*
- * environment; agent_run() consumes it. Strings point into argv/environ
+ * environment; agent_run() consumes it. It is the agent's input, so it is
+ * declared here, below the launcher: agent/ never includes launcher/ (a
+ * second front end, or a test, fills it without the command line). Strings point into argv/environ
  * (alive for the whole process) unless a comment says the config owns them;
  * launch_config_free() releases what it owns.
  */
