@@ -3,7 +3,6 @@
 
 #include <ctype.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,18 +10,6 @@
 
 #include "common/errors.h"
 #include "common/strutil.h"
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return code;
-}
 
 static int refuse(struct cddp_flags_problem *problem, enum cddp_flags_problem_kind kind,
                   const char *arg)
@@ -79,13 +66,13 @@ static long find_long(const struct cddp_flags *spec, const char *arg, size_t len
     if (nhits == 1 && len > 2)
         return hit;
     if (nhits > 1) {
-        fail(err, errlen, CDDP_EPARSE, "ambiguous option: %.*s could match %s", (int)len, arg,
-             cands);
+        cddp_fail(err, errlen, CDDP_EPARSE, "ambiguous option: %.*s could match %s", (int)len, arg,
+                  cands);
         refuse(problem, CDDP_FLAGS_AMBIGUOUS, arg);
         return -1;
     }
-    fail(err, errlen, CDDP_EPARSE, "unrecognized argument: %.*s (see %s --help)", (int)len, arg,
-         spec->program);
+    cddp_fail(err, errlen, CDDP_EPARSE, "unrecognized argument: %.*s (see %s --help)", (int)len,
+              arg, spec->program);
     refuse(problem, CDDP_FLAGS_UNKNOWN, arg);
     return -1;
 }
@@ -128,7 +115,7 @@ static int scan_long(const struct cddp_flags *spec, int argc, char **argv, int *
         spelled = f->alias;
     if (takes_no_value(f)) {
         if (eq) {
-            fail(err, errlen, CDDP_EPARSE, "%s takes no value (got '%s')", spelled, eq + 1);
+            cddp_fail(err, errlen, CDDP_EPARSE, "%s takes no value (got '%s')", spelled, eq + 1);
             return refuse(problem, CDDP_FLAGS_TAKES_NO_VALUE, a);
         }
         seen[r].text = "1";
@@ -141,7 +128,7 @@ static int scan_long(const struct cddp_flags *spec, int argc, char **argv, int *
         ++*i;
     } else {
         if (*i + 1 >= argc || looks_like_option(argv[*i + 1])) {
-            fail(err, errlen, CDDP_EPARSE, "%s expects a value", spelled);
+            cddp_fail(err, errlen, CDDP_EPARSE, "%s expects a value", spelled);
             return refuse(problem, CDDP_FLAGS_NEEDS_VALUE, a);
         }
         seen[r].text = argv[*i + 1];
@@ -167,8 +154,8 @@ static int scan_short(const struct cddp_flags *spec, int argc, char **argv, int 
                 r = (long)k;
         }
         if (r < 0) {
-            fail(err, errlen, CDDP_EPARSE, "unrecognized argument: -%c (see %s --help)", *p,
-                 spec->program);
+            cddp_fail(err, errlen, CDDP_EPARSE, "unrecognized argument: -%c (see %s --help)", *p,
+                      spec->program);
             return refuse(problem, CDDP_FLAGS_UNKNOWN, a);
         }
         struct cddp_flag_seen *s = &seen[r];
@@ -187,7 +174,7 @@ static int scan_short(const struct cddp_flags *spec, int argc, char **argv, int 
             s->text = p + 1;
         } else {
             if (*i + 1 >= argc || looks_like_option(argv[*i + 1])) {
-                fail(err, errlen, CDDP_EPARSE, "%s expects a value", s->short_src);
+                cddp_fail(err, errlen, CDDP_EPARSE, "%s expects a value", s->short_src);
                 return refuse(problem, CDDP_FLAGS_NEEDS_VALUE, a);
             }
             s->text = argv[*i + 1];
@@ -210,8 +197,8 @@ int cddp_flags_scan(const struct cddp_flags *spec, int argc, char **argv,
         const char *a = argv[i];
         bool positional = a[0] != '-' || a[1] == '\0' || looks_negative_number(a);
         if (!spec->positionals && (positional || strcmp(a, "--") == 0)) {
-            fail(err, errlen, CDDP_EPARSE, "unrecognized argument: %s (see %s --help)", a,
-                 spec->program);
+            cddp_fail(err, errlen, CDDP_EPARSE, "unrecognized argument: %s (see %s --help)", a,
+                      spec->program);
             return refuse(problem, CDDP_FLAGS_UNKNOWN, a);
         }
         if (strcmp(a, "--") == 0) {
@@ -260,7 +247,8 @@ int cddp_flags_defaults(const struct cddp_flags *spec, char **envp, struct cddp_
             char tmp[64];
             if (cddp_strlcpy(tmp, v, sizeof(tmp)) >= sizeof(tmp) ||
                 cddp_parse_long(cddp_strip(tmp), LONG_MIN, LONG_MAX, &b) != 0)
-                return fail(err, errlen, CDDP_EPARSE, "%s='%s' is not an integer (0 or 1)", var, v);
+                return cddp_fail(err, errlen, CDDP_EPARSE, "%s='%s' is not an integer (0 or 1)",
+                                 var, v);
             s->text = b ? "1" : NULL;
             s->source = var;
         } else if (v) {
@@ -292,8 +280,8 @@ int cddp_flag_choose(const struct cddp_flag_arg *a, const char *const *choices, 
         size_t l = strlen(list);
         snprintf(list + l, sizeof(list) - l, "%s%s", l ? ", " : "", *c);
     }
-    return fail(err, errlen, CDDP_EPARSE, "%s: invalid choice '%s' (choose from %s)", a->name,
-                a->text, list);
+    return cddp_fail(err, errlen, CDDP_EPARSE, "%s: invalid choice '%s' (choose from %s)", a->name,
+                     a->text, list);
 }
 
 static int convert_builtin(const struct cddp_flag_arg *a, void *dst, char *err, size_t errlen)
@@ -315,13 +303,14 @@ static int convert_builtin(const struct cddp_flag_arg *a, void *dst, char *err, 
         long v;
         rc = cddp_parse_long(a->text, (long)f->min, (long)f->max, &v);
         if (rc)
-            return fail(err, errlen, rc, "%s: '%s' is not %s", a->name, a->text, f->what);
+            return cddp_fail(err, errlen, rc, "%s: '%s' is not %s", a->name, a->text, f->what);
         *(int *)at = (int)v;
         return 0;
     }
     case CDDP_FLAG_DOUBLE:
         if (cddp_parse_double(a->text, f->min, f->max, (double *)at) != 0)
-            return fail(err, errlen, CDDP_EPARSE, "%s: '%s' is not %s", a->name, a->text, f->what);
+            return cddp_fail(err, errlen, CDDP_EPARSE, "%s: '%s' is not %s", a->name, a->text,
+                             f->what);
         return 0;
     case CDDP_FLAG_CHOICE:
         if ((rc = cddp_flag_choose(a, f->choices, err, errlen)))

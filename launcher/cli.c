@@ -17,7 +17,6 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,18 +69,6 @@ enum flag_id {
     F_COUNT,
 };
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
 /* ---- converters: one per flag that is more than an int, a double, a
  * string or a choice. Each gets the flag's text (NULL when unset), stores
  * into the struct launch_config, and names a->name in its errors. */
@@ -106,10 +93,10 @@ static int conv_nnodes(const struct cddp_flag_arg *a, void *dst, void *ctx, char
              cddp_parse_long(colon + 1, LONG_MIN, LONG_MAX, &hi) == 0;
     }
     if (!ok)
-        return fail(err, errlen, CDDP_EPARSE, "%s: '%s' is not N or MIN:MAX", a->name, s);
+        return cddp_fail(err, errlen, CDDP_EPARSE, "%s: '%s' is not N or MIN:MAX", a->name, s);
     if (!(lo > 0 && lo <= hi) || hi > 1000000)
-        return fail(err, errlen, CDDP_ERANGE_ARG, "%s: '%s' needs 0 < MIN <= MAX (at most 1000000)",
-                    a->name, s);
+        return cddp_fail(err, errlen, CDDP_ERANGE_ARG,
+                         "%s: '%s' needs 0 < MIN <= MAX (at most 1000000)", a->name, s);
     cfg->nnodes_min = (int)lo;
     cfg->nnodes_arg = s;
     cfg->nnodes_max = (int)hi;
@@ -128,23 +115,23 @@ static int conv_nproc(const struct cddp_flag_arg *a, void *dst, void *ctx, char 
     long n;
     if (cddp_parse_long(s, LONG_MIN, LONG_MAX, &n) == 0) {
         if (n < 1 || n > 65536)
-            return fail(err, errlen, CDDP_ERANGE_ARG, "%s: %ld is not between 1 and 65536", name,
-                        n);
+            return cddp_fail(err, errlen, CDDP_ERANGE_ARG, "%s: %ld is not between 1 and 65536",
+                             name, n);
     } else if (strcmp(s, "cpu") == 0) {
         n = probe->cpu_count();
     } else if (strcmp(s, "gpu") == 0) {
         n = probe->gpu_count();
         if (n < 1)
-            return fail(err, errlen, CDDP_ECONFIG, "%s=gpu: no CUDA device is visible", name);
+            return cddp_fail(err, errlen, CDDP_ECONFIG, "%s=gpu: no CUDA device is visible", name);
     } else if (strcmp(s, "xpu") == 0) {
-        return fail(err, errlen, CDDP_ECONFIG, "%s=xpu: no XPU device is visible", name);
+        return cddp_fail(err, errlen, CDDP_ECONFIG, "%s=xpu: no XPU device is visible", name);
     } else if (strcmp(s, "auto") == 0) {
         n = probe->gpu_count();
         if (n < 1)
             n = probe->cpu_count();
     } else {
-        return fail(err, errlen, CDDP_EPARSE,
-                    "%s: '%s' is not a number of workers, cpu, gpu or auto", name, s);
+        return cddp_fail(err, errlen, CDDP_EPARSE,
+                         "%s: '%s' is not a number of workers, cpu, gpu or auto", name, s);
     }
     if (n < 1)
         n = 1;
@@ -185,10 +172,11 @@ static int conv_rdzv_conf(const struct cddp_flag_arg *a, void *dst, void *ctx, c
         char *key = cddp_strip(item);
         char *value = eq ? cddp_strip(eq + 1) : NULL;
         if (*key == '\0')
-            return fail(err, errlen, CDDP_EPARSE,
-                        "%s: must be in the form KEY1=VALUE1,...,KEYN=VALUEN", name);
+            return cddp_fail(err, errlen, CDDP_EPARSE,
+                             "%s: must be in the form KEY1=VALUE1,...,KEYN=VALUEN", name);
         if (value == NULL || *value == '\0')
-            return fail(err, errlen, CDDP_EPARSE, "%s: option '%s' must have a value", name, key);
+            return cddp_fail(err, errlen, CDDP_EPARSE, "%s: option '%s' must have a value", name,
+                             key);
         /* The rendezvous's own checks (rendezvous/conf.c): unknown keys and
          * bad values are refused here, before anything starts. The etcd
          * backends are refused as a whole by launch_validate. */
@@ -197,7 +185,7 @@ static int conv_rdzv_conf(const struct cddp_flag_arg *a, void *dst, void *ctx, c
             char why[512];
             rdzv_conf_init(&scratch);
             if (rdzv_conf_set(&scratch, key, value, why, sizeof(why)) != 0)
-                return fail(err, errlen, CDDP_EPARSE, "%s: %s", name, why);
+                return cddp_fail(err, errlen, CDDP_EPARSE, "%s: %s", name, why);
         }
         int slot = cfg->rdzv_conf_len;
         for (int j = 0; j < cfg->rdzv_conf_len; j++) {
@@ -224,10 +212,10 @@ static int conv_event_log_handler(const struct cddp_flag_arg *a, void *dst, void
     if (rc)
         return rc;
     if (strcmp(a->text, "console") == 0)
-        return fail(err, errlen, CDDP_ECONFIG,
-                    "%s=console: torchelastic event logging is not supported by cddprun "
-                    "(use null)",
-                    a->name);
+        return cddp_fail(err, errlen, CDDP_ECONFIG,
+                         "%s=console: torchelastic event logging is not supported by cddprun "
+                         "(use null)",
+                         a->name);
     ((struct launch_config *)dst)->event_log_handler = a->text;
     return 0;
 }
@@ -267,8 +255,9 @@ static int parse_std(const char *s, struct launch_std_spec *out)
 static int conv_std(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err, size_t errlen)
 {
     if (parse_std(a->text, (struct launch_std_spec *)((char *)dst + a->flag->offset)))
-        return fail(err, errlen, CDDP_EPARSE,
-                    "%s: '%s' is not 0-3 or a map of local ranks like 0:1,1:2", a->name, a->text);
+        return cddp_fail(err, errlen, CDDP_EPARSE,
+                         "%s: '%s' is not 0-3 or a map of local ranks like 0:1,1:2", a->name,
+                         a->text);
     return 0;
 }
 
@@ -294,10 +283,10 @@ static int conv_ranks_filter(const struct cddp_flag_arg *a, void *dst, void *ctx
             *comma = '\0';
         long v;
         if (cddp_parse_long(cddp_strip(item), -2147483647L, 2147483647L, &v) != 0) {
-            rc = fail(err, errlen, CDDP_EPARSE,
-                      "%s: '%s' must be a comma-separated list of integers, e.g. "
-                      "--local_ranks_filter=0,1,2",
-                      a->name, s);
+            rc = cddp_fail(err, errlen, CDDP_EPARSE,
+                           "%s: '%s' must be a comma-separated list of integers, e.g. "
+                           "--local_ranks_filter=0,1,2",
+                           a->name, s);
             break;
         }
         cfg->ranks_filter[cfg->ranks_filter_len++] = v;
@@ -313,7 +302,7 @@ static int conv_master_addr(const struct cddp_flag_arg *a, void *dst, void *ctx,
                             size_t errlen)
 {
     if (a->text[0] == '\0')
-        return fail(err, errlen, CDDP_EPARSE, "%s: empty address", a->name);
+        return cddp_fail(err, errlen, CDDP_EPARSE, "%s: empty address", a->name);
     ((struct launch_config *)dst)->master_addr = a->text;
     return 0;
 }
@@ -326,7 +315,7 @@ static int conv_signals(const struct cddp_flag_arg *a, void *dst, void *ctx, cha
     cfg->signals_arg = a->text;
     char buf[512];
     if (cddp_strlcpy(buf, a->text, sizeof(buf)) >= sizeof(buf))
-        return fail(err, errlen, CDDP_ETOOBIG, "%s: list too long", name);
+        return cddp_fail(err, errlen, CDDP_ETOOBIG, "%s: list too long", name);
     char *item = buf;
     for (;;) {
         char *comma = strchr(item, ',');
@@ -335,20 +324,20 @@ static int conv_signals(const struct cddp_flag_arg *a, void *dst, void *ctx, cha
         char *sig_name = cddp_strip(item);
         int sig = cddp_signal_from_name(sig_name);
         if (sig < 0)
-            return fail(err, errlen, CDDP_EPARSE, "%s: unknown signal '%s'", name, sig_name);
+            return cddp_fail(err, errlen, CDDP_EPARSE, "%s: unknown signal '%s'", name, sig_name);
         if (sig == SIGKILL || sig == SIGSTOP)
-            return fail(err, errlen, CDDP_EPARSE, "%s: %s cannot be caught", name,
-                        cddp_signal_name(sig));
+            return cddp_fail(err, errlen, CDDP_EPARSE, "%s: %s cannot be caught", name,
+                             cddp_signal_name(sig));
         if (sig == SIGCHLD)
-            return fail(err, errlen, CDDP_EPARSE,
-                        "%s: SIGCHLD is how the agent sees worker exits; it cannot be forwarded",
-                        name);
+            return cddp_fail(
+                err, errlen, CDDP_EPARSE,
+                "%s: SIGCHLD is how the agent sees worker exits; it cannot be forwarded", name);
         bool dup = false;
         for (int j = 0; j < cfg->nsignals; j++)
             dup |= cfg->signals[j] == sig;
         if (!dup) {
             if (cfg->nsignals == LAUNCH_MAX_SIGNALS)
-                return fail(err, errlen, CDDP_ETOOBIG, "%s: too many signals", name);
+                return cddp_fail(err, errlen, CDDP_ETOOBIG, "%s: too many signals", name);
             cfg->signals[cfg->nsignals++] = sig;
         }
         if (comma == NULL)
@@ -369,8 +358,9 @@ static int conv_status_addr(const struct cddp_flag_arg *a, void *dst, void *ctx,
                             size_t errlen)
 {
     if (a->text[0] == '\0')
-        return fail(err, errlen, CDDP_EPARSE,
-                    "%s: empty address (127.0.0.1 for this host only, 0.0.0.0 for all)", a->name);
+        return cddp_fail(err, errlen, CDDP_EPARSE,
+                         "%s: empty address (127.0.0.1 for this host only, 0.0.0.0 for all)",
+                         a->name);
     ((struct launch_config *)dst)->status_addr = a->text;
     return 0;
 }
@@ -483,7 +473,7 @@ static int env_seconds(char **envp, const char *var, double max, const char *wha
         return 0;
     double secs;
     if (cddp_parse_double(v, 0, max, &secs) != 0)
-        return fail(err, errlen, CDDP_EPARSE, "%s='%s' is not %s", var, v, what);
+        return cddp_fail(err, errlen, CDDP_EPARSE, "%s='%s' is not %s", var, v, what);
     *ms = (uint64_t)(secs * 1000.0 + 0.5);
     return 0;
 }
@@ -540,17 +530,18 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     }
 
     if (first_pos >= argc)
-        return fail(err, errlen, CDDP_EPARSE,
-                    "the training script is missing (usage: cddprun [OPTIONS] SCRIPT [ARGS...])");
+        return cddp_fail(
+            err, errlen, CDDP_EPARSE,
+            "the training script is missing (usage: cddprun [OPTIONS] SCRIPT [ARGS...])");
     cfg->entrypoint = argv[first_pos];
     cfg->entry_args = argv + first_pos + 1;
     cfg->nentry_args = argc - first_pos - 1;
     if (cfg->entrypoint[0] == '\0')
-        return fail(err, errlen, CDDP_EPARSE, "the training script is an empty string");
+        return cddp_fail(err, errlen, CDDP_EPARSE, "the training script is an empty string");
 
     if (cfg->no_python && cfg->module && !cfg->run_path)
-        return fail(err, errlen, CDDP_EPARSE,
-                    "--no_python and -m/--module cannot be used together");
+        return cddp_fail(err, errlen, CDDP_EPARSE,
+                         "--no_python and -m/--module cannot be used together");
     return 0;
 }
 
@@ -559,7 +550,7 @@ int launch_parse_endpoint(const char *endpoint, int default_port, char *host, si
 {
     char buf[512];
     if (cddp_strlcpy(buf, endpoint, sizeof(buf)) >= sizeof(buf))
-        return fail(err, errlen, CDDP_ETOOBIG, "endpoint '%s' is too long", endpoint);
+        return cddp_fail(err, errlen, CDDP_ETOOBIG, "endpoint '%s' is too long", endpoint);
     char *e = cddp_strip(buf);
     if (*e == '\0') {
         cddp_strlcpy(host, "localhost", hostlen);
@@ -587,9 +578,9 @@ int launch_parse_endpoint(const char *endpoint, int default_port, char *host, si
         for (size_t i = 0; i < pl; i++)
             digits &= isdigit((unsigned char)p[i]) != 0;
         if (!digits || cddp_parse_long(p, 0, 65535, &v) != 0)
-            return fail(err, errlen, CDDP_EPARSE,
-                        "the port of endpoint '%s' must be an integer between 0 and 65536",
-                        endpoint);
+            return cddp_fail(err, errlen, CDDP_EPARSE,
+                             "the port of endpoint '%s' must be an integer between 0 and 65536",
+                             endpoint);
         *port = (int)v;
     } else {
         *port = default_port;
@@ -598,12 +589,14 @@ int launch_parse_endpoint(const char *endpoint, int default_port, char *host, si
     for (const char *c = h; *c; c++)
         ok &= isalnum((unsigned char)*c) || *c == '_' || *c == '.' || *c == ':' || *c == '-';
     if (!ok)
-        return fail(err, errlen, CDDP_EPARSE,
-                    "the host of endpoint '%s' must be a host name, an IPv4 address or an IPv6 "
-                    "address",
-                    endpoint);
+        return cddp_fail(
+            err, errlen, CDDP_EPARSE,
+            "the host of endpoint '%s' must be a host name, an IPv4 address or an IPv6 "
+            "address",
+            endpoint);
     if (cddp_strlcpy(host, h, hostlen) >= hostlen)
-        return fail(err, errlen, CDDP_ETOOBIG, "the host of endpoint '%s' is too long", endpoint);
+        return cddp_fail(err, errlen, CDDP_ETOOBIG, "the host of endpoint '%s' is too long",
+                         endpoint);
     return 0;
 }
 
@@ -616,28 +609,28 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
     if (cfg->status_linger_s > 0 && cfg->status_port < 0) {
         const char *src = cfg->status_linger_src ? cfg->status_linger_src : "--status_linger";
         if (src[0] == '-')
-            return fail(err, errlen, CDDP_ECONFIG,
-                        "%s=%s needs --status_port: without a status port there is no status "
-                        "to keep serving",
-                        src, cfg->status_linger_arg);
+            return cddp_fail(err, errlen, CDDP_ECONFIG,
+                             "%s=%s needs --status_port: without a status port there is no status "
+                             "to keep serving",
+                             src, cfg->status_linger_arg);
         cfg->status_linger_s = 0;
         cfg->status_linger_ignored = true;
     }
     if (cfg->logs_specs)
-        return fail(err, errlen, CDDP_ECONFIG,
-                    "--logs_specs=%s: logs_specs plugins are Python entry points; cddprun has "
-                    "none (its logs follow torchrun's default layout)",
-                    cfg->logs_specs);
+        return cddp_fail(err, errlen, CDDP_ECONFIG,
+                         "--logs_specs=%s: logs_specs plugins are Python entry points; cddprun has "
+                         "none (its logs follow torchrun's default layout)",
+                         cfg->logs_specs);
     if (cfg->numa_binding)
-        return fail(err, errlen, CDDP_ECONFIG,
-                    "--numa_binding=%s: NUMA binding is not supported by cddprun yet",
-                    cfg->numa_binding);
+        return cddp_fail(err, errlen, CDDP_ECONFIG,
+                         "--numa_binding=%s: NUMA binding is not supported by cddprun yet",
+                         cfg->numa_binding);
     if (cfg->standalone) {
         if (cfg->nnodes_max > 1)
-            return fail(err, errlen, CDDP_ECONFIG,
-                        "--standalone runs one node, but --nnodes=%s: give the nodes a "
-                        "rendezvous with --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT",
-                        cfg->nnodes_arg);
+            return cddp_fail(err, errlen, CDDP_ECONFIG,
+                             "--standalone runs one node, but --nnodes=%s: give the nodes a "
+                             "rendezvous with --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT",
+                             cfg->nnodes_arg);
         cddp_strlcpy(cfg->rdzv_host, "127.0.0.1", sizeof(cfg->rdzv_host));
         cfg->rdzv_port = 0;
         return 0;
@@ -649,28 +642,30 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
         (cfg->nnodes_min != cfg->nnodes_max || (cfg->nnodes_max > 1 && !cfg->node_rank_set)))
         cfg->rdzv_backend = "c10d";
     if (strncmp(cfg->rdzv_backend, "etcd", 4) == 0)
-        return fail(err, errlen, CDDP_ECONFIG,
-                    "--rdzv_backend=%s: not yet supported by cddprun (use c10d: cddp's "
-                    "rendezvous, hosted by an agent or by cddp-rdzv)",
-                    cfg->rdzv_backend);
+        return cddp_fail(err, errlen, CDDP_ECONFIG,
+                         "--rdzv_backend=%s: not yet supported by cddprun (use c10d: cddp's "
+                         "rendezvous, hosted by an agent or by cddp-rdzv)",
+                         cfg->rdzv_backend);
     if (strcmp(cfg->rdzv_backend, "c10d") == 0) {
         /* torch's parse_rendezvous_endpoint with its default port 29400;
          * an empty endpoint is localhost:29400. */
         char why[256];
         if (launch_parse_endpoint(cfg->rdzv_endpoint, 29400, cfg->rdzv_host, sizeof(cfg->rdzv_host),
                                   &cfg->rdzv_port, why, sizeof(why)) != 0)
-            return fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: %s", why);
+            return cddp_fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: %s", why);
         return 0;
     }
     /* static */
     if (cfg->node_rank >= cfg->nnodes_max)
-        return fail(err, errlen, CDDP_ERANGE_ARG, "--node_rank=%d: must be less than --nnodes (%d)",
-                    cfg->node_rank, cfg->nnodes_max);
+        return cddp_fail(err, errlen, CDDP_ERANGE_ARG,
+                         "--node_rank=%d: must be less than --nnodes (%d)", cfg->node_rank,
+                         cfg->nnodes_max);
     if (cfg->nnodes_min != cfg->nnodes_max)
-        return fail(err, errlen, CDDP_ECONFIG,
-                    "--nnodes=%s: the static backend runs a fixed number of nodes (--nnodes=N); "
-                    "for MIN:MAX use --rdzv_backend=c10d",
-                    cfg->nnodes_arg);
+        return cddp_fail(
+            err, errlen, CDDP_ECONFIG,
+            "--nnodes=%s: the static backend runs a fixed number of nodes (--nnodes=N); "
+            "for MIN:MAX use --rdzv_backend=c10d",
+            cfg->nnodes_arg);
     {
         /* static (launcher/api.py _get_addr_and_port): the endpoint, or
          * master_addr:master_port, names the master; its port is required. */
@@ -686,19 +681,20 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
         int port;
         if (launch_parse_endpoint(ep, -1, cfg->static_addr, sizeof(cfg->static_addr), &port, why,
                                   sizeof(why)) != 0)
-            return fail(err, errlen, CDDP_EPARSE, "%s: %s", what, why);
+            return cddp_fail(err, errlen, CDDP_EPARSE, "%s: %s", what, why);
         if (port <= 0)
-            return fail(err, errlen, CDDP_EPARSE,
-                        "--rdzv_endpoint=%s: the static backend needs HOST:PORT (port is missing "
-                        "or 0)",
-                        cfg->rdzv_endpoint);
+            return cddp_fail(
+                err, errlen, CDDP_EPARSE,
+                "--rdzv_endpoint=%s: the static backend needs HOST:PORT (port is missing "
+                "or 0)",
+                cfg->rdzv_endpoint);
         cfg->static_port = port;
         /* Several static nodes meet on the port after MASTER_PORT, which
          * the workers' rank 0 serves (docs/multi-node.md). */
         if (cfg->nnodes_max > 1 && port == 65535)
-            return fail(err, errlen, CDDP_ERANGE_ARG,
-                        "--master_port=65535: with --nnodes > 1 the static backend also needs "
-                        "the next port, for the agents");
+            return cddp_fail(err, errlen, CDDP_ERANGE_ARG,
+                             "--master_port=65535: with --nnodes > 1 the static backend also needs "
+                             "the next port, for the agents");
     }
     return 0;
 }
@@ -765,8 +761,8 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
         struct stat st;
         if (stat(cfg->log_dir, &st) == 0 && !S_ISDIR(st.st_mode) &&
             strcmp(cfg->log_dir, "/dev/null") != 0)
-            return fail(err, errlen, CDDP_ECONFIG, "--log_dir=%s: is a file, not a directory",
-                        cfg->log_dir);
+            return cddp_fail(err, errlen, CDDP_ECONFIG, "--log_dir=%s: is a file, not a directory",
+                             cfg->log_dir);
     }
 
     if (cfg->run_path)
@@ -787,17 +783,18 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
             python = "python3";
         cfg->program = find_program(python, envp);
         if (cfg->program == NULL)
-            return fail(err, errlen, CDDP_ENOTFOUND,
-                        "%s: Python interpreter not found or not executable (set PYTHON_EXEC)",
-                        python);
+            return cddp_fail(err, errlen, CDDP_ENOTFOUND,
+                             "%s: Python interpreter not found or not executable (set PYTHON_EXEC)",
+                             python);
     }
     if (cfg->kind == LAUNCH_PYTHON_SCRIPT || cfg->kind == LAUNCH_RUN_PATH) {
         struct stat st;
         if (stat(ep, &st) != 0)
-            return fail(err, errlen, CDDP_ENOTFOUND, "training script '%s': %s", ep,
-                        strerror(errno));
+            return cddp_fail(err, errlen, CDDP_ENOTFOUND, "training script '%s': %s", ep,
+                             strerror(errno));
         if (!S_ISREG(st.st_mode) || access(ep, R_OK) != 0)
-            return fail(err, errlen, CDDP_ECONFIG, "training script '%s': not a readable file", ep);
+            return cddp_fail(err, errlen, CDDP_ECONFIG, "training script '%s': not a readable file",
+                             ep);
     }
     if (cfg->kind == LAUNCH_BINARY) {
         /* A bare name that is a file in the working directory means that file
@@ -807,25 +804,26 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
         bool local = strchr(ep, '/') == NULL && stat(ep, &st) == 0;
         if (strchr(ep, '/') || local) {
             if (stat(ep, &st) != 0)
-                return fail(err, errlen, CDDP_ENOTFOUND, "entrypoint '%s': %s", ep,
-                            strerror(errno));
+                return cddp_fail(err, errlen, CDDP_ENOTFOUND, "entrypoint '%s': %s", ep,
+                                 strerror(errno));
             if (!S_ISREG(st.st_mode))
-                return fail(err, errlen, CDDP_ECONFIG, "entrypoint '%s': not a regular file", ep);
+                return cddp_fail(err, errlen, CDDP_ECONFIG, "entrypoint '%s': not a regular file",
+                                 ep);
             if (access(ep, X_OK) != 0)
-                return fail(err, errlen, CDDP_ECONFIG,
-                            "entrypoint '%s': not executable (chmod +x it, or run a Python "
-                            "script named *.py)",
-                            ep);
+                return cddp_fail(err, errlen, CDDP_ECONFIG,
+                                 "entrypoint '%s': not executable (chmod +x it, or run a Python "
+                                 "script named *.py)",
+                                 ep);
             struct cddp_buf b;
             cddp_buf_init(&b, 8192);
             if (cddp_buf_printf(&b, "%s%s", local ? "./" : "", ep) != 0)
-                return fail(err, errlen, CDDP_ETOOBIG, "entrypoint path too long");
+                return cddp_fail(err, errlen, CDDP_ETOOBIG, "entrypoint path too long");
             cfg->program = b.data;
         } else {
             cfg->program = find_program(ep, envp);
             if (cfg->program == NULL)
-                return fail(err, errlen, CDDP_ENOTFOUND,
-                            "entrypoint '%s': not found in PATH or not executable", ep);
+                return cddp_fail(err, errlen, CDDP_ENOTFOUND,
+                                 "entrypoint '%s': not found in PATH or not executable", ep);
         }
     }
 

@@ -172,6 +172,9 @@ static void test_errors(void **state)
     assert_string_equal(cddp_err_name(CDDP_ETOOBIG), "ETOOBIG");
     assert_string_equal(cddp_strerror(CDDP_EPARSE), "malformed value");
     assert_string_equal(cddp_err_name(-ECONNREFUSED), "ECONNREFUSED");
+    char err[8];
+    assert_int_equal(cddp_fail(err, sizeof(err), CDDP_ECONFIG, "bad %s", "value"), CDDP_ECONFIG);
+    assert_string_equal(err, "bad val"); /* truncated to the buffer */
     int level;
     assert_int_equal(cddp_log_parse_level("info", &level), 0);
     assert_int_equal(level, CDDP_LOG_INFO);
