@@ -2,12 +2,16 @@
  * cli.c: torchrun's command line (torch/distributed/run.py get_args_parser)
  * turned into a struct launch_config.
  *
- * Parsing runs in two passes. The first walks argv the way argparse does for
- * torchrun's parser (options until the first positional, `--`, both long
- * spellings, unique prefixes, -r3 / -r 3 / -r=3, -m combined with other short
- * flags) and records the raw text of each flag and where it came from. The
- * second fills in PET_* and built-in defaults and converts and validates
- * each value, so an error can name exactly what the user wrote.
+ * The flags are one table (flag_rows below): each row has torchrun's two
+ * spellings, its PET_ default, its built-in default and a converter that
+ * stores into the config. common/flags.c walks argv as argparse does for
+ * torchrun's parser (options until the first positional, `--`, unique
+ * prefixes, -r3 / -r 3 / -r=3, -m combined with other short flags) and
+ * records the raw text of each flag and where it came from; then the
+ * environment and the defaults fill in the rest and the converters run in
+ * table order, so an error names exactly what the user wrote. Adding a
+ * flag is one row (and a converter when it is more than an int, a double,
+ * a string or a choice).
  */
 #include "launcher/cli.h"
 
