@@ -278,7 +278,6 @@ static int parse_args(int argc, char **argv, struct daemon_args *d, char *err, s
 int main(int argc, char **argv)
 {
     struct daemon_args args = {.o = {.port = 29400}, .status_port = -1};
-    struct rdzv_server_options o;
     char token[PROTO_MAX_TOKEN + 2] = "";
     char err[512];
 
@@ -290,7 +289,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "cddp-rdzv: %s\n", err);
         return CDDP_EXIT_USAGE;
     }
-    o = args.o;
+    struct rdzv_server_options o = args.o; /* its host may point into args */
     const char *token_file = args.token_file;
 
     const char *env = getenv("CDDP_RDZV_TOKEN");
