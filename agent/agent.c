@@ -88,7 +88,7 @@ struct agent {
     /* How this node leaves the rendezvous (POLICY_ACT_EXIT's end_job, finished). */
     enum agent_rdzv_farewell rdzv_how;
     char rdzv_reason[1024];
-    char me[300]; /* "host (pid N)", for the other nodes' messages */
+    char this_node[300]; /* "host (pid N)", how the other nodes' messages name this one */
     int exit_code;
     bool reported;              /* the failure table was printed */
     char fail_reason[512];      /* why the agent itself failed, for its error file */
@@ -603,16 +603,17 @@ static void rdzv_farewell(struct agent *a, const struct policy_action *act)
         snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "the job finished");
     else if (act->finished && a->pol.state == AGENT_SUCCEEDED)
         snprintf(a->rdzv_reason, sizeof(a->rdzv_reason),
-                 "%s: its workers succeeded; the exit barrier ended without every node", a->me);
+                 "%s: its workers succeeded; the exit barrier ended without every node",
+                 a->this_node);
     else if (act->end_job)
         snprintf(a->rdzv_reason, sizeof(a->rdzv_reason),
-                 "%s: worker groups failed and no restarts are left (max_restarts=%d)", a->me,
-                 a->cfg->max_restarts);
+                 "%s: worker groups failed and no restarts are left (max_restarts=%d)",
+                 a->this_node, a->cfg->max_restarts);
     else if (a->pol.state == AGENT_TERMINATED)
-        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s received %s", a->me,
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s received %s", a->this_node,
                  cddp_signal_name(a->pol.term_signal));
     else
-        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->me,
+        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->this_node,
                  a->fail_reason[0] ? a->fail_reason : "the agent failed");
 }
 
@@ -834,7 +835,7 @@ static void agent_shutdown(struct agent *a)
         uv_close((uv_handle_t *)&a->group_check, on_closed);
         if (a->rdzv) {
             if (a->rdzv_reason[0] == '\0')
-                snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->me,
+                snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->this_node,
                          a->fail_reason[0] ? a->fail_reason : "the agent failed");
             a->rdzv->ops->close(a->rdzv, a->rdzv_how, a->rdzv_reason, on_rdzv_closed_done);
         }
@@ -903,7 +904,7 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
          * when there are other nodes). */
         char host[256];
         cddp_fqdn(host, sizeof(host));
-        snprintf(a->me, sizeof(a->me), "%s (pid %d)", host, (int)getpid());
+        snprintf(a->this_node, sizeof(a->this_node), "%s (pid %d)", host, (int)getpid());
         struct rdzv_conf conf;
         rdzv_conf_init(&conf);
         for (int i = 0; i < cfg->rdzv_conf_len; i++) {

@@ -9,8 +9,9 @@
  * environment (env.c), logs and tees (logs.c), failure report (report.c).
  *
  * Its state is kept in plain structs (struct agent_snapshot below) that the
- * status server (issue 4) renders; hooks let it see every state change and
- * give workers extra fds and environment variables (the progress channel).
+ * status port renders (agent/status.c, status/view.c); hooks let it see
+ * every state change and give workers extra fds and environment variables
+ * (the progress channel).
  */
 #ifndef CDDP_AGENT_AGENT_H
 #define CDDP_AGENT_AGENT_H

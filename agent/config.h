@@ -2,7 +2,9 @@
  * config.h: what the launcher hands the agent (struct launch_config).
  *
  * launcher/cli.c fills it from torchrun's command line and the PET_*
- * environment; agent_run() consumes it. Strings point into argv/environ
+ * environment; agent_run() consumes it. It is the agent's input, so it is
+ * declared here, below the launcher: agent/ never includes launcher/ (a
+ * second front end, or a test, fills it without the command line). Strings point into argv/environ
  * (alive for the whole process) unless a comment says the config owns them;
  * launch_config_free() releases what it owns.
  */
@@ -115,6 +117,7 @@ struct launch_config {
      * (CDDP_STATUS_LINGER, PET_STATUS_LINGER); and its text as given. */
     const char *status_linger_src;
     const char *status_linger_arg;
+    char status_linger_var[48]; /* holds status_linger_src when it is a PET_ name */
     /* Set by launch_validate: a linger from the environment without a status
      * port was dropped (cddprun warns; one typed on the command line is refused). */
     bool status_linger_ignored;

@@ -416,7 +416,7 @@ static void tee_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         tee_data(t, buf->base, (size_t)nread);
     } else if (nread < 0) {
         if (nread != UV_EOF)
-            log_warn("A0301", "reading a worker's output: %s", uv_strerror((int)nread));
+            log_warn("A0211", "reading a worker's output: %s", uv_strerror((int)nread));
         tee_finish(t);
     }
 }

@@ -66,6 +66,22 @@ int cddp_hostport_parse(const char *s, int default_port, struct cddp_hostport *o
     return 0;
 }
 
+int cddp_status_port_parse(const char *text, const char *name, int *port, char *err, size_t errlen)
+{
+    *port = -1;
+    if (text == NULL || text[0] == '\0')
+        return 0;
+    long v;
+    int rc = cddp_parse_long(text, 0, 65535, &v);
+    if (rc) {
+        snprintf(err, errlen, "%s: '%s' is not a port number (0-65535; 0 picks a free one)", name,
+                 text);
+        return rc;
+    }
+    *port = (int)v;
+    return 0;
+}
+
 int cddp_hostport_format(const char *host, int port, char *buf, size_t len)
 {
     if (strchr(host, ':'))

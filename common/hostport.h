@@ -20,6 +20,14 @@ struct cddp_hostport {
 int cddp_hostport_parse(const char *s, int default_port, struct cddp_hostport *out, char *err,
                         size_t errlen);
 
+/* The status port's value (--status-port, CDDP_STATUS_PORT; cddprun and
+ * cddp-rdzv): a port number, 0 for any free one. NULL or "" (an empty
+ * CDDP_STATUS_PORT= in a manifest) leave the port off: *port = -1. On error
+ * returns CDDP_EPARSE or CDDP_ERANGE_ARG with "NAME: 'TEXT' is not a port
+ * number (0-65535; 0 picks a free one)", NAME being what the caller names
+ * (the flag as typed, or the variable). */
+int cddp_status_port_parse(const char *text, const char *name, int *port, char *err, size_t errlen);
+
 /* "host:port", with brackets around IPv6 literals. Returns snprintf's count. */
 int cddp_hostport_format(const char *host, int port, char *buf, size_t len);
 

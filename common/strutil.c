@@ -61,6 +61,16 @@ int cddp_parse_bool(const char *s, bool *out)
     return CDDP_EPARSE;
 }
 
+char *cddp_strip(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n > 0 && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    return s;
+}
+
 size_t cddp_strlcpy(char *dst, const char *src, size_t n)
 {
     size_t len = strlen(src);

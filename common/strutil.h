@@ -18,6 +18,9 @@ int cddp_parse_double(const char *s, double min, double max, double *out);
 /* 1/true/t/yes/y/on and 0/false/f/no/n/off, case-insensitive (torch's RendezvousParameters). */
 int cddp_parse_bool(const char *s, bool *out);
 
+/* Trims ASCII whitespace in place (Python's str.strip()); returns the start. */
+char *cddp_strip(char *s);
+
 /* strlcpy: always NUL-terminates (n > 0); returns strlen(src). */
 size_t cddp_strlcpy(char *dst, const char *src, size_t n);
 

@@ -24,8 +24,9 @@
  * lines are ignored. JSON nesting is bounded (PROGRESS_MAX_DEPTH).
  *
  * Times are the caller's: the monotonic ms and wall seconds at which the
- * bytes were read. The watchdog (a later issue) reads mono_ms and
- * step_mono_ms.
+ * bytes were read: mono_ms says when the last valid line arrived and
+ * step_mono_ms when its step last changed, which is what tells a worker
+ * that still talks from one that still makes progress.
  */
 #ifndef CDDP_PROTO_PROGRESS_H
 #define CDDP_PROTO_PROGRESS_H

@@ -297,7 +297,7 @@ static void send_join(struct rdzv_client *c);
 static int encode_join(struct rdzv_client *c, struct cddp_buf *into);
 static void after_reconnect(struct rdzv_client *c);
 
-static void handle(struct rdzv_client *c, const struct proto_msg *m)
+static void on_server_message(struct rdzv_client *c, const struct proto_msg *m)
 {
     struct rdzv_event ev = {0};
     if (m->type != PROTO_ERROR)
@@ -414,7 +414,7 @@ static int on_frame(void *arg, const char *payload, size_t len)
         client_fail(c, rc, "bad message from the rendezvous server: %s", err);
         return rc;
     }
-    handle(c, &m);
+    on_server_message(c, &m);
     proto_msg_free(&m);
     /* Stop at a connection that ended meanwhile: what follows was its. */
     return c->state != C_CONNECTED || c->closing ? CDDP_ECLOSED : 0;

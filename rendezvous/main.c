@@ -10,15 +10,19 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <uv.h>
 
 #include "common/errors.h"
 #include "common/exitcodes.h"
+#include "common/flags.h"
+#include "common/hostport.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "config.h"
@@ -117,95 +121,176 @@ static void raise_nofile(size_t want)
                  (unsigned long long)rl.rlim_cur);
 }
 
-/* "--name=value" or "--name value"; NULL if argv[*i] is not --name. */
-static const char *flag_value(int argc, char **argv, int *i, const char *name, bool *missing)
+/* What the command line sets; the flags table below stores into it. */
+struct daemon_args {
+    struct rdzv_server_options o;
+    const char *token_file;
+    int status_port; /* -1: off */
+    const char *status_addr;
+    char host[256]; /* --host without the brackets of "[v6]" */
+};
+
+/* An error about a value that also points at --help. */
+static int bad_value(char *err, size_t errlen, const char *what, const char *text)
 {
-    size_t n = strlen(name);
-    const char *a = argv[*i];
-    if (strncmp(a, name, n) != 0)
-        return NULL;
-    if (a[n] == '=')
-        return a + n + 1;
-    if (a[n] != '\0')
-        return NULL;
-    if (*i + 1 >= argc) {
-        *missing = true;
-        return NULL;
-    }
-    return argv[++*i];
+    snprintf(err, errlen, "%s '%s'\n(see cddp-rdzv --help)", what, text);
+    return CDDP_EPARSE;
 }
 
-static int usage_error(const char *what, const char *arg)
+/* --host: a name, IPv4 or IPv6; torch's bracketed IPv6 form too. */
+static int conv_host(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err, size_t errlen)
 {
-    fprintf(stderr, "cddp-rdzv: %s '%s'\n(see cddp-rdzv --help)\n", what, arg);
-    return CDDP_EXIT_USAGE;
+    struct daemon_args *d = dst;
+    const char *v = a->text;
+    if (v == NULL)
+        return 0;
+    size_t len = strlen(v);
+    if (len >= 2 && v[0] == '[' && v[len - 1] == ']') {
+        snprintf(d->host, sizeof(d->host), "%.*s", (int)(len - 2), v + 1);
+        v = d->host;
+    }
+    d->o.host = v;
+    return 0;
+}
+
+static int conv_port(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err, size_t errlen)
+{
+    long n;
+    if (a->text == NULL)
+        return 0;
+    if (cddp_parse_long(a->text, 0, 65535, &n) != 0)
+        return bad_value(err, errlen, "--port: expected an integer in 0..65535, not", a->text);
+    ((struct daemon_args *)dst)->o.port = (int)n;
+    return 0;
+}
+
+static int conv_read_timeout(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
+                             size_t errlen)
+{
+    double secs;
+    if (a->text == NULL)
+        return 0;
+    if (cddp_parse_double(a->text, 0.001, 7 * 86400.0, &secs) != 0)
+        return bad_value(err, errlen, "--read-timeout: expected seconds > 0, not", a->text);
+    ((struct daemon_args *)dst)->o.read_timeout_ms = (uint64_t)(secs * 1000.0 + 0.5);
+    return 0;
+}
+
+static int conv_max_connections(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
+                                size_t errlen)
+{
+    long n;
+    if (a->text == NULL)
+        return 0;
+    if (cddp_parse_long(a->text, 1, 10000000, &n) != 0)
+        return bad_value(err, errlen, "--max-connections: expected an integer >= 1, not", a->text);
+    ((struct daemon_args *)dst)->o.max_connections = (size_t)n;
+    return 0;
+}
+
+/* The status port: the flag wins over CDDP_STATUS_PORT; empty is off. */
+static int conv_status_port(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
+                            size_t errlen)
+{
+    return cddp_status_port_parse(a->text, a->name, &((struct daemon_args *)dst)->status_port, err,
+                                  errlen);
+}
+
+static int conv_status_addr(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
+                            size_t errlen)
+{
+    ((struct daemon_args *)dst)->status_addr = a->text && a->text[0] ? a->text : NULL;
+    return 0;
+}
+
+enum {
+    R_HOST,
+    R_PORT,
+    R_TOKEN_FILE,
+    R_READ_TIMEOUT,
+    R_MAX_CONNECTIONS,
+    R_STORE_ONLY,
+    R_STATUS_PORT,
+    R_STATUS_ADDR,
+    R_HELP,
+    R_VERSION,
+    R_COUNT
+};
+
+#define CUSTOM(fn) .kind = CDDP_FLAG_CUSTOM, .convert = fn
+
+/* The daemon's flags: exact names only (no prefixes, no positionals), as
+ * --name=value or --name value; errors name the dashed spelling. */
+static const struct cddp_flag rdzv_rows[R_COUNT] = {
+    [R_HOST] = {"--host", NULL, 0, CUSTOM(conv_host)},
+    [R_PORT] = {"--port", NULL, 0, CUSTOM(conv_port)},
+    [R_TOKEN_FILE] = {"--token-file", NULL, 0, CDDP_FLAG_STRING,
+                      offsetof(struct daemon_args, token_file)},
+    [R_READ_TIMEOUT] = {"--read-timeout", NULL, 0, CUSTOM(conv_read_timeout)},
+    [R_MAX_CONNECTIONS] = {"--max-connections", NULL, 0, CUSTOM(conv_max_connections)},
+    [R_STORE_ONLY] = {"--store-only", NULL, 0, CDDP_FLAG_BOOL,
+                      offsetof(struct daemon_args, o.store_only)},
+    [R_STATUS_PORT] = {"--status-port", "--status_port", 0, CUSTOM(conv_status_port),
+                       .env = "CDDP_STATUS_PORT"},
+    [R_STATUS_ADDR] = {"--status-addr", "--status_addr", 0, CUSTOM(conv_status_addr),
+                       .env = "CDDP_STATUS_ADDR"},
+    [R_HELP] = {"--help", NULL, 'h', CDDP_FLAG_ACTION},
+    [R_VERSION] = {"--version", NULL, 0, CDDP_FLAG_ACTION},
+};
+
+static const struct cddp_flags rdzv_flags = {
+    .rows = rdzv_rows,
+    .n = R_COUNT,
+    .program = "cddp-rdzv",
+    .prefixes = false,
+    .positionals = false,
+    .name_as_typed = false,
+};
+
+/* Parses the command line into *d: 0, 1 when --help or --version was
+ * printed, or a negative code with err. */
+static int parse_args(int argc, char **argv, struct daemon_args *d, char *err, size_t errlen)
+{
+    struct cddp_flag_seen seen[R_COUNT];
+    struct cddp_flags_problem problem;
+    int first_positional;
+    int rc =
+        cddp_flags_scan(&rdzv_flags, argc, argv, seen, &first_positional, &problem, err, errlen);
+    if (rc) {
+        /* The daemon's own words for what the scan refused. */
+        const char *what = problem.kind == CDDP_FLAGS_NEEDS_VALUE ? "a value is missing after"
+                                                                  : "unknown argument";
+        return bad_value(err, errlen, what, problem.arg);
+    }
+    if (seen[R_HELP].text) {
+        fputs(usage, stdout);
+        return 1;
+    }
+    if (seen[R_VERSION].text) {
+        printf("cddp-rdzv %s\n", CDDP_VERSION);
+        return 1;
+    }
+    if ((rc = cddp_flags_defaults(&rdzv_flags, environ, seen, err, errlen)))
+        return rc;
+    return cddp_flags_convert(&rdzv_flags, seen, d, NULL, err, errlen);
 }
 
 int main(int argc, char **argv)
 {
-    struct rdzv_server_options o = {.port = 29400};
+    struct daemon_args args = {.o = {.port = 29400}, .status_port = -1};
     char token[PROTO_MAX_TOKEN + 2] = "";
-    const char *token_file = NULL;
     char err[512];
-    /* The status port: the flag wins over the environment. */
-    const char *status_port = getenv("CDDP_STATUS_PORT");
-    const char *status_addr = getenv("CDDP_STATUS_ADDR");
-    const char *status_port_src = "CDDP_STATUS_PORT";
 
     cddp_log_init("cddp-rdzv");
-    for (int i = 1; i < argc; i++) {
-        bool missing = false;
-        const char *v;
-        long n;
-        double secs;
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(usage, stdout);
-            return CDDP_EXIT_OK;
-        }
-        if (strcmp(argv[i], "--version") == 0) {
-            printf("cddp-rdzv %s\n", CDDP_VERSION);
-            return CDDP_EXIT_OK;
-        }
-        if (strcmp(argv[i], "--store-only") == 0) {
-            o.store_only = true;
-            continue;
-        }
-        if ((v = flag_value(argc, argv, &i, "--host", &missing))) {
-            /* Accept torch's bracketed IPv6 form too. */
-            static char host[256];
-            size_t len = strlen(v);
-            if (len >= 2 && v[0] == '[' && v[len - 1] == ']') {
-                snprintf(host, sizeof(host), "%.*s", (int)(len - 2), v + 1);
-                v = host;
-            }
-            o.host = v;
-        } else if ((v = flag_value(argc, argv, &i, "--port", &missing))) {
-            if (cddp_parse_long(v, 0, 65535, &n) != 0)
-                return usage_error("--port: expected an integer in 0..65535, not", v);
-            o.port = (int)n;
-        } else if ((v = flag_value(argc, argv, &i, "--token-file", &missing))) {
-            token_file = v;
-        } else if ((v = flag_value(argc, argv, &i, "--read-timeout", &missing))) {
-            if (cddp_parse_double(v, 0.001, 7 * 86400.0, &secs) != 0)
-                return usage_error("--read-timeout: expected seconds > 0, not", v);
-            o.read_timeout_ms = (uint64_t)(secs * 1000.0 + 0.5);
-        } else if ((v = flag_value(argc, argv, &i, "--max-connections", &missing))) {
-            if (cddp_parse_long(v, 1, 10000000, &n) != 0)
-                return usage_error("--max-connections: expected an integer >= 1, not", v);
-            o.max_connections = (size_t)n;
-        } else if ((v = flag_value(argc, argv, &i, "--status-port", &missing)) ||
-                   (v = flag_value(argc, argv, &i, "--status_port", &missing))) {
-            status_port = v;
-            status_port_src = "--status-port";
-        } else if ((v = flag_value(argc, argv, &i, "--status-addr", &missing)) ||
-                   (v = flag_value(argc, argv, &i, "--status_addr", &missing))) {
-            status_addr = v;
-        } else if (missing) {
-            return usage_error("a value is missing after", argv[i]);
-        } else {
-            return usage_error("unknown argument", argv[i]);
-        }
+    int prc = parse_args(argc, argv, &args, err, sizeof(err));
+    if (prc > 0)
+        return CDDP_EXIT_OK;
+    if (prc < 0) {
+        fprintf(stderr, "cddp-rdzv: %s\n", err);
+        return CDDP_EXIT_USAGE;
     }
+    struct rdzv_server_options o = args.o; /* its host may point into args */
+    const char *token_file = args.token_file;
 
     const char *env = getenv("CDDP_RDZV_TOKEN");
     if (token_file) {
@@ -221,19 +306,8 @@ int main(int argc, char **argv)
         return CDDP_EXIT_USAGE;
     }
     o.token = token[0] ? token : NULL;
-    int sport = -1;
-    if (status_port && status_port[0]) {
-        long n;
-        if (cddp_parse_long(status_port, 0, 65535, &n) != 0) {
-            fprintf(stderr,
-                    "cddp-rdzv: %s: '%s' is not a port number (0-65535; 0 picks a free one)\n",
-                    status_port_src, status_port);
-            return CDDP_EXIT_USAGE;
-        }
-        sport = (int)n;
-    }
-    if (status_addr && status_addr[0] == '\0')
-        status_addr = NULL;
+    int sport = args.status_port;
+    const char *status_addr = args.status_addr;
 
     signal(SIGPIPE, SIG_IGN);
     raise_nofile(o.max_connections ? o.max_connections : 100000);

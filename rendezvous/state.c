@@ -174,8 +174,8 @@ static void begin(struct rdzv_state *st)
     arena_reset(st);
 }
 
-static struct rdzv_action *act(struct rdzv_state *st, enum rdzv_action_kind kind,
-                               struct rdzv_peer *peer)
+static struct rdzv_action *push_action(struct rdzv_state *st, enum rdzv_action_kind kind,
+                                       struct rdzv_peer *peer)
 {
     if (st->nacts == st->acts_cap) {
         size_t cap = st->acts_cap ? st->acts_cap * 2 : 64;
@@ -197,7 +197,7 @@ static struct rdzv_action *act(struct rdzv_state *st, enum rdzv_action_kind kind
 static void emit_error(struct rdzv_state *st, struct rdzv_peer *peer, int code, bool drop,
                        const char *message)
 {
-    struct rdzv_action *a = act(st, RDZV_ACT_ERROR, peer);
+    struct rdzv_action *a = push_action(st, RDZV_ACT_ERROR, peer);
     a->error.code = code;
     a->error.message = message;
     a->error.drop = drop;
@@ -206,7 +206,7 @@ static void emit_error(struct rdzv_state *st, struct rdzv_peer *peer, int code, 
 static void emit_result(struct rdzv_state *st, struct rdzv_peer *peer, uint64_t id, int code,
                         const char *message)
 {
-    struct rdzv_action *a = act(st, RDZV_ACT_RESULT, peer);
+    struct rdzv_action *a = push_action(st, RDZV_ACT_RESULT, peer);
     a->result.id = id;
     a->result.code = code;
     a->result.message = message;
@@ -484,7 +484,7 @@ static const char *master_addr(struct rdzv_run *run, struct rdzv_node *n0)
 
 static void fail_round(struct rdzv_state *st, struct rdzv_run *run, uint64_t now, const char *why);
 
-static void complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
+static void complete_round(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
 {
     size_t n = run->count[N_PARTICIPANT];
     if (n > run->ranked_cap) {
@@ -533,7 +533,7 @@ static void complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
         node->prev_rank = (int)i;
         node_set_state(node, N_ACTIVE);
         timer_disarm(st, &node->join);
-        struct rdzv_action *a = act(st, RDZV_ACT_ROUND, node->peer);
+        struct rdzv_action *a = push_action(st, RDZV_ACT_ROUND, node->peer);
         a->round = (struct proto_round){.run_id = run->id,
                                         .round = run->round,
                                         .node_rank = (int)i,
@@ -571,7 +571,7 @@ static void join_as_participant(struct rdzv_state *st, struct rdzv_node *node, u
 {
     node_set_state(node, N_PARTICIPANT);
     timer_arm(st, &node->join, add_ms(now, node->join_timeout_ms));
-    struct rdzv_action *a = act(st, RDZV_ACT_JOINED, node->peer);
+    struct rdzv_action *a = push_action(st, RDZV_ACT_JOINED, node->peer);
     a->joined.round = node->run->round;
     a->joined.waiting = false;
 }
@@ -593,7 +593,7 @@ static void check_complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t
     }
     if (p >= (size_t)run->max_nodes || (run->expecting && run->count[N_RESTARTING] == 0) ||
         (!run->had_round && run->resume_nodes > 0 && p >= (size_t)run->resume_nodes)) {
-        complete(st, run, now);
+        complete_round(st, run, now);
         return;
     }
     /* After a restart the members still stopping their workers are waited
@@ -601,7 +601,7 @@ static void check_complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t
      * last_call_timeout=0: completing without them would make each late
      * member's join restart the round again, for ever. */
     if (run->last_call_ms == 0 && !run->expecting) {
-        complete(st, run, now);
+        complete_round(st, run, now);
         return;
     }
     if (run->last_call_ms == 0)
@@ -628,7 +628,7 @@ static void restart(struct rdzv_state *st, struct rdzv_run *run, const char *rea
         struct rdzv_node *node =
             cddp_queue_data(cddp_queue_head(&run->lists[N_ACTIVE]), struct rdzv_node, link);
         node_set_state(node, N_RESTARTING);
-        struct rdzv_action *a = act(st, RDZV_ACT_RESTART, node->peer);
+        struct rdzv_action *a = push_action(st, RDZV_ACT_RESTART, node->peer);
         a->restart.round = run->round;
         a->restart.reason = r;
         a->restart.node_id = nid;
@@ -689,7 +689,7 @@ static void close_run(struct rdzv_state *st, struct rdzv_run *run, uint64_t now,
         while (!cddp_queue_empty(&run->lists[i])) {
             struct rdzv_node *node =
                 cddp_queue_data(cddp_queue_head(&run->lists[i]), struct rdzv_node, link);
-            act(st, RDZV_ACT_CLOSED, node->peer)->closed.reason = r;
+            push_action(st, RDZV_ACT_CLOSED, node->peer)->closed.reason = r;
             node_free(st, node);
         }
     }
@@ -876,7 +876,7 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
     switch (node->state) {
     case N_PARTICIPANT: /* a repeated join: say again where it stands */
     case N_WAITING:
-        a = act(st, RDZV_ACT_JOINED, peer);
+        a = push_action(st, RDZV_ACT_JOINED, peer);
         a->joined.round = run->round;
         a->joined.waiting = node->state == N_WAITING;
         return;
@@ -910,7 +910,7 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
     }
     /* Full: wait for a place (torch's redundancy list). */
     node_set_state(node, N_WAITING);
-    a = act(st, RDZV_ACT_JOINED, peer);
+    a = push_action(st, RDZV_ACT_JOINED, peer);
     a->joined.round = run->round;
     a->joined.waiting = true;
 }
@@ -920,7 +920,7 @@ void rdzv_state_heartbeat(struct rdzv_state *st, uint64_t now, struct rdzv_peer 
     begin(st);
     touch(peer, now);
     if (peer->heartbeat_ack)
-        act(st, RDZV_ACT_HEARTBEAT, peer)->heartbeat.waiting =
+        push_action(st, RDZV_ACT_HEARTBEAT, peer)->heartbeat.waiting =
             peer->run ? peer->run->count[N_WAITING] : 0;
 }
 
@@ -1023,7 +1023,7 @@ void rdzv_state_close(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
     const char *r = reason && reason[0] ? reason : "closed";
     /* The closer hears back even if it never joined. */
     if (peer->node == NULL)
-        act(st, RDZV_ACT_CLOSED, peer)->closed.reason =
+        push_action(st, RDZV_ACT_CLOSED, peer)->closed.reason =
             arena_strdup(st, run->close_reason ? run->close_reason : r);
     close_run(st, run, now, r);
 }
@@ -1037,7 +1037,7 @@ static void drain_store(struct rdzv_state *st, struct rdzv_run *run)
             emit_result(st, peer, ev.req_id, CDDP_ETIMEOUT, "timed out waiting for the key(s)");
             continue;
         }
-        struct rdzv_action *a = act(st, RDZV_ACT_RESULT, peer);
+        struct rdzv_action *a = push_action(st, RDZV_ACT_RESULT, peer);
         a->result.id = ev.req_id;
         if (ev.is_get) {
             a->result.code = kvstore_get(run->store, ev.key, &a->result.value, &a->result.vlen);
@@ -1091,7 +1091,7 @@ void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
             if (rc == 0)
                 break; /* answered when the key is set or time is up */
         }
-        a = act(st, RDZV_ACT_RESULT, peer);
+        a = push_action(st, RDZV_ACT_RESULT, peer);
         a->result.id = m->id;
         a->result.code = rc;
         if (rc == 0) {
@@ -1114,7 +1114,7 @@ void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
     case PROTO_ADD: {
         int64_t n;
         rc = kvstore_add(s, m->add.key, m->add.delta, &n);
-        a = act(st, RDZV_ACT_RESULT, peer);
+        a = push_action(st, RDZV_ACT_RESULT, peer);
         a->result.id = m->id;
         a->result.code = rc;
         if (rc == 0) {
@@ -1129,7 +1129,7 @@ void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
         rc = kvstore_compare_set(s, m->compare_set.key, m->compare_set.expected.data,
                                  m->compare_set.expected.len, m->compare_set.desired.data,
                                  m->compare_set.desired.len, &val, &vlen);
-        a = act(st, RDZV_ACT_RESULT, peer);
+        a = push_action(st, RDZV_ACT_RESULT, peer);
         a->result.id = m->id;
         a->result.code = rc;
         if (rc == 0) {
@@ -1162,7 +1162,7 @@ void rdzv_state_disconnect(struct rdzv_state *st, uint64_t now, struct rdzv_peer
     maybe_gc(st, run, now);
 }
 
-static void fire(struct rdzv_state *st, struct timer *t, uint64_t now)
+static void fire_timer(struct rdzv_state *st, struct timer *t, uint64_t now)
 {
     switch (t->kind) {
     case T_BEAT: {
@@ -1201,7 +1201,7 @@ static void fire(struct rdzv_state *st, struct timer *t, uint64_t now)
         struct rdzv_run *run = t->owner;
         if (run->phase == RDZV_FORMING && run->count[N_PARTICIPANT] >= (size_t)run->min_nodes &&
             run->count[N_PARTICIPANT] > 0)
-            complete(st, run, now);
+            complete_round(st, run, now);
         return;
     }
     case T_STORE: {
@@ -1222,7 +1222,7 @@ void rdzv_state_tick(struct rdzv_state *st, uint64_t now)
     while (st->heap_len > 0 && st->heap[0]->due <= now) {
         struct timer *t = st->heap[0];
         timer_disarm(st, t);
-        fire(st, t, now);
+        fire_timer(st, t, now);
     }
 }
 

@@ -268,20 +268,6 @@ void status_server_options_default(struct status_server_options *o)
     o->live_timeout_ms = 5000;
 }
 
-int status_parse_port(const char *s, int *port, char *err, size_t errlen)
-{
-    long v;
-    int rc = cddp_parse_long(s, 0, 65535, &v);
-    if (rc) {
-        snprintf(err, errlen,
-                 "status port '%s' is not a port number (0..65535; 0 picks a free one)",
-                 s ? s : "");
-        return rc;
-    }
-    *port = (int)v;
-    return 0;
-}
-
 static void add_stat(atomic_uint_fast64_t *v, int64_t d)
 {
     atomic_fetch_add_explicit(v, (uint_fast64_t)d, memory_order_relaxed);

@@ -131,10 +131,6 @@ struct status_server;
 
 void status_server_options_default(struct status_server_options *o);
 
-/* Parses a --status_port / CDDP_STATUS_PORT value: 0..65535, whole string.
- * 0 or CDDP_EPARSE / CDDP_ERANGE_ARG with a one-line reason in err. */
-int status_parse_port(const char *s, int *port, char *err, size_t errlen);
-
 /* Binds, listens and starts the HTTP thread. On failure returns a negative
  * code, writes a one-line reason into err ("cannot listen on
  * 127.0.0.1:8080: Address already in use") and *out is NULL. */

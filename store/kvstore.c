@@ -193,7 +193,7 @@ static void entry_maybe_drop(struct kvstore *s, struct entry *e)
     free(e);
 }
 
-static void fire(struct kvstore *s, struct waiter *w, enum kvstore_event_kind kind);
+static void wake_waiter(struct kvstore *s, struct waiter *w, enum kvstore_event_kind kind);
 
 /* Stores a copy of val in e and wakes what waited for it. */
 static int entry_set(struct kvstore *s, struct entry *e, const void *val, size_t vlen)
@@ -219,7 +219,7 @@ static int entry_set(struct kvstore *s, struct entry *e, const void *val, size_t
         struct waitref *r = cddp_queue_data(cddp_queue_head(&e->refs), struct waitref, link);
         cddp_queue_remove(&r->link);
         if (--r->w->missing == 0)
-            fire(s, r->w, KVSTORE_READY);
+            wake_waiter(s, r->w, KVSTORE_READY);
     }
     return 0;
 }
@@ -246,7 +246,7 @@ static void waiter_unlink(struct kvstore *s, struct waiter *w)
     w->cost = 0;
 }
 
-static void fire(struct kvstore *s, struct waiter *w, enum kvstore_event_kind kind)
+static void wake_waiter(struct kvstore *s, struct waiter *w, enum kvstore_event_kind kind)
 {
     struct entry *ge = w->is_get ? w->refs[0].e : NULL;
     struct kvstore_owner *owner = w->owner;
@@ -321,7 +321,7 @@ int kvstore_wait(struct kvstore *s, const char *const *keys, size_t n, uint64_t 
 void kvstore_expire(struct kvstore *s, uint64_t now)
 {
     while (s->heap_len > 0 && s->heap[0]->deadline <= now)
-        fire(s, s->heap[0], KVSTORE_TIMEOUT);
+        wake_waiter(s, s->heap[0], KVSTORE_TIMEOUT);
 }
 
 uint64_t kvstore_next_deadline(const struct kvstore *s)

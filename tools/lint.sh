@@ -2,7 +2,9 @@
 # Style checks run by the test suite (meson test --suite lint):
 #  1. clang-format in check mode over every C/C++/CUDA source we own;
 #  2. banned functions (atoi, strtok, sprintf, strcpy, strcat, gets): use
-#     common/strutil.h's checked replacements and snprintf.
+#     common/strutil.h's checked replacements and snprintf;
+#  3. log message ids against their registry, tools/logcodes.txt
+#     (tools/logcodes.sh says what it checks).
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top" || exit 2
@@ -28,5 +30,6 @@ if [ -n "$banned" ]; then
     echo "lint: banned functions above (use cddp_parse_long, snprintf, cddp_strlcpy)"
     status=1
 fi
+tools/logcodes.sh >/dev/null || { tools/logcodes.sh; status=1; }
 [ $status -eq 0 ] && echo "lint: ok"
 exit $status

@@ -93,6 +93,36 @@ static void test_hostport(void **state)
     assert_string_equal(buf, "[::1]:80");
 }
 
+/* The status port's value, as cddprun and cddp-rdzv take it (moved here
+ * with the parser from the status server's status_parse_port). */
+static void test_status_port(void **state)
+{
+    (void)state;
+    char err[256];
+    int port;
+    assert_int_equal(cddp_status_port_parse("8080", "--status_port", &port, err, sizeof(err)), 0);
+    assert_int_equal(port, 8080);
+    assert_int_equal(cddp_status_port_parse("0", "--status_port", &port, err, sizeof(err)), 0);
+    assert_int_equal(port, 0);
+    assert_int_equal(cddp_status_port_parse("80x", "--status-port", &port, err, sizeof(err)),
+                     CDDP_EPARSE);
+    assert_non_null(strstr(err, "'80x'"));
+    assert_string_equal(err,
+                        "--status-port: '80x' is not a port number (0-65535; 0 picks a free one)");
+    assert_int_equal(cddp_status_port_parse("65536", "CDDP_STATUS_PORT", &port, err, sizeof(err)),
+                     CDDP_ERANGE_ARG);
+    assert_non_null(strstr(err, "CDDP_STATUS_PORT: '65536'"));
+    assert_int_not_equal(cddp_status_port_parse("-1", "x", &port, err, sizeof(err)), 0);
+    assert_int_not_equal(cddp_status_port_parse(" 80", "x", &port, err, sizeof(err)), 0);
+    /* Unset or empty (CDDP_STATUS_PORT= in a manifest): off, not an error. */
+    port = 7;
+    assert_int_equal(cddp_status_port_parse("", "x", &port, err, sizeof(err)), 0);
+    assert_int_equal(port, -1);
+    port = 7;
+    assert_int_equal(cddp_status_port_parse(NULL, "x", &port, err, sizeof(err)), 0);
+    assert_int_equal(port, -1);
+}
+
 static void test_signames(void **state)
 {
     (void)state;
@@ -142,6 +172,9 @@ static void test_errors(void **state)
     assert_string_equal(cddp_err_name(CDDP_ETOOBIG), "ETOOBIG");
     assert_string_equal(cddp_strerror(CDDP_EPARSE), "malformed value");
     assert_string_equal(cddp_err_name(-ECONNREFUSED), "ECONNREFUSED");
+    char err[8];
+    assert_int_equal(cddp_fail(err, sizeof(err), CDDP_ECONFIG, "bad %s", "value"), CDDP_ECONFIG);
+    assert_string_equal(err, "bad val"); /* truncated to the buffer */
     int level;
     assert_int_equal(cddp_log_parse_level("info", &level), 0);
     assert_int_equal(level, CDDP_LOG_INFO);
@@ -151,10 +184,10 @@ static void test_errors(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_long),    cmocka_unit_test(test_parse_double_bool),
-        cmocka_unit_test(test_buf_limit),     cmocka_unit_test(test_hostport),
-        cmocka_unit_test(test_signames),      cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_host_is_local),
+        cmocka_unit_test(test_parse_long),  cmocka_unit_test(test_parse_double_bool),
+        cmocka_unit_test(test_buf_limit),   cmocka_unit_test(test_hostport),
+        cmocka_unit_test(test_status_port), cmocka_unit_test(test_signames),
+        cmocka_unit_test(test_errors),      cmocka_unit_test(test_host_is_local),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
