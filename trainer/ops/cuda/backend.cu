@@ -72,15 +72,6 @@ void cuda_reserve(struct trn_backend *be, void **buf, size_t *have, size_t size)
 
 /* ---- memory ---- */
 
-/* Sizes of the live allocations, for the peak: a short list (a model makes
- * a few dozen), searched linearly on free. */
-struct alloc_rec {
-    void *p;
-    size_t bytes;
-};
-static struct alloc_rec *allocs;
-static size_t n_allocs, cap_allocs;
-
 static void *cuda_alloc(struct trn_backend *be, size_t bytes)
 {
     struct cuda_backend *cb = cuda_of(be);
@@ -95,14 +86,15 @@ static void *cuda_alloc(struct trn_backend *be, size_t bytes)
     }
     cudaCheck(st);
     cudaCheck(cudaMemsetAsync(p, 0, rounded, cb->stream));
-    if (n_allocs == cap_allocs) {
-        cap_allocs = cap_allocs ? 2 * cap_allocs : 64;
-        allocs = (struct alloc_rec *)realloc(allocs, cap_allocs * sizeof(*allocs));
-        TRN_CHECK(allocs, "out of memory");
+    if (cb->n_allocs == cb->cap_allocs) {
+        cb->cap_allocs = cb->cap_allocs ? 2 * cb->cap_allocs : 64;
+        cb->allocs =
+            (struct cuda_alloc_rec *)realloc(cb->allocs, cb->cap_allocs * sizeof(*cb->allocs));
+        TRN_CHECK(cb->allocs, "out of memory");
     }
-    allocs[n_allocs].p = p;
-    allocs[n_allocs].bytes = rounded;
-    n_allocs++;
+    cb->allocs[cb->n_allocs].p = p;
+    cb->allocs[cb->n_allocs].bytes = rounded;
+    cb->n_allocs++;
     cb->live_bytes += rounded;
     if (cb->live_bytes > cb->peak_bytes)
         cb->peak_bytes = cb->live_bytes;
@@ -114,12 +106,14 @@ static void cuda_free_mem(struct trn_backend *be, void *p)
     if (!p)
         return;
     struct cuda_backend *cb = cuda_of(be);
-    for (size_t i = 0; i < n_allocs; i++)
-        if (allocs[i].p == p) {
-            cb->live_bytes -= allocs[i].bytes;
-            allocs[i] = allocs[--n_allocs];
+    for (size_t i = 0; i < cb->n_allocs; i++)
+        if (cb->allocs[i].p == p) {
+            cb->live_bytes -= cb->allocs[i].bytes;
+            cb->allocs[i] = cb->allocs[--cb->n_allocs];
             break;
         }
+    /* queued work may still use it */
+    cudaCheck(cudaStreamSynchronize(cb->stream));
     cudaCheck(cudaFree(p));
 }
 
@@ -281,6 +275,7 @@ extern "C" void trn_backend_cuda_free(struct trn_backend *be)
     cublasCheck(cublasDestroy(cb->cublas));
     cudnnCheck(cudnnDestroy(cb->cudnn));
     cudaCheck(cudaStreamDestroy(cb->stream));
+    free(cb->allocs);
     free(cb);
     be->impl = NULL;
 }

@@ -25,6 +25,12 @@ extern "C" {
 #include "trainer/ops/ops.h"
 }
 
+/* One allocation made through be->ops->alloc (for the peak). */
+struct cuda_alloc_rec {
+    void *p;
+    size_t bytes;
+};
+
 struct cuda_backend {
     int device;
     cudaStream_t stream;
@@ -44,7 +50,11 @@ struct cuda_backend {
     /* The loss, read back by xent_forward (pinned host memory). */
     double *host_loss;
     struct trn_algo_cache algos;
-    size_t peak_bytes, live_bytes; /* through be->ops->alloc */
+    /* Live allocations through be->ops->alloc: a short list (a model makes
+     * a few dozen), searched linearly on free. */
+    struct cuda_alloc_rec *allocs;
+    size_t n_allocs, cap_allocs;
+    size_t peak_bytes, live_bytes;
 };
 
 static inline struct cuda_backend *cuda_of(struct trn_backend *be)
