@@ -158,9 +158,11 @@ static bool acceptable(struct cuda_backend *cb, cudnnStatus_t st, cudnnDetermini
         return false;
     if (cb->opt.deterministic && det != CUDNN_DETERMINISTIC)
         return false;
+    /* TF32 off: no tensor cores at all. On: TF32 tensor cores, but never
+     * ALLOW_CONVERSION (fp32 data rounded to fp16). */
     if (!cb->opt.tf32_conv && math != CUDNN_FMA_MATH)
         return false;
-    return true;
+    return math != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
 }
 
 /* The first acceptable result (cuDNN sorts them fastest first). */
