@@ -10,7 +10,10 @@
  * error means nothing where the reference is near zero). Tolerances: fp32
  * with TF32 off 1e-4; with --tf32 (TF32 convolutions and fc) 1e-2.
  *
- *   cuda-opcheck [--tf32] [--json FILE] [--device N]
+ * With --deterministic only deterministic convolution algorithms are taken,
+ * and a weight gradient computed twice must come out the same bits.
+ *
+ *   cuda-opcheck [--tf32] [--deterministic] [--json FILE] [--device N]
  */
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +27,7 @@ static struct trn_backend cpu, gpu;
 static double tol = 1e-4;
 static int failures, checks;
 static FILE *json;
+static bool deterministic;
 
 /* ---- random data, host and device ---- */
 
@@ -200,6 +204,16 @@ static void check_conv(int n, int cin, int cout, int hw, int k, int stride, int 
         snprintf(name, sizeof(name), "conv_backward_weights%s %d->%d k%d s%d", acc ? "+=" : "", cin,
                  cout, k, stride);
         check_vec(name, gdw, cdw, nw, limit);
+    }
+    if (deterministic) {
+        /* the same weight gradient twice: the same bits */
+        gpu.ops->conv_backward_weights(&gpu, &gc, &x.g, &dy.g, gdw, false);
+        float *once = host_of(gdw, nw);
+        gpu.ops->conv_backward_weights(&gpu, &gc, &x.g, &dy.g, gdw, false);
+        snprintf(name, sizeof(name), "conv_backward_weights repeat %d->%d k%d s%d", cin, cout, k,
+                 stride);
+        check_vec(name, gdw, once, nw, 0);
+        free(once);
     }
 
     cpu.ops->conv_backward_data(&cpu, &cc, w, &dy.c, &dx.c);
@@ -489,6 +503,8 @@ int main(int argc, char **argv)
         long v;
         if (strcmp(argv[i], "--tf32") == 0) {
             opt.tf32_conv = opt.tf32_matmul = true;
+        } else if (strcmp(argv[i], "--deterministic") == 0) {
+            opt.deterministic = deterministic = true;
         } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
             json_path = argv[++i];
         } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc &&
@@ -496,7 +512,8 @@ int main(int argc, char **argv)
             opt.device = (int)v;
             i++;
         } else {
-            fprintf(stderr, "usage: cuda-opcheck [--tf32] [--json FILE] [--device N]\n");
+            fprintf(stderr,
+                    "usage: cuda-opcheck [--tf32] [--deterministic] [--json FILE] [--device N]\n");
             return 2;
         }
     }
@@ -516,9 +533,10 @@ int main(int argc, char **argv)
         return 1;
     }
     if (json)
-        fprintf(json, "{\"tf32\": %s, \"checks\": [\n", opt.tf32_conv ? "true" : "false");
-    printf("cuda-opcheck: CUDA backend against the CPU backend (fp32, TF32 %s)\n",
-           opt.tf32_conv ? "on" : "off");
+        fprintf(json, "{\"tf32\": %s, \"deterministic\": %s, \"checks\": [\n",
+                opt.tf32_conv ? "true" : "false", deterministic ? "true" : "false");
+    printf("cuda-opcheck: CUDA backend against the CPU backend (fp32, TF32 %s%s)\n",
+           opt.tf32_conv ? "on" : "off", deterministic ? ", deterministic" : "");
     check_reorder();
     /* the stem, a bottleneck's 1x1 and 3x3, a strided 3x3 and a downsample */
     check_conv(4, 3, 64, 32, 7, 2, 3, mm_tol);
