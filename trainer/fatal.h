@@ -11,7 +11,14 @@
 
 #include <stddef.h>
 
-_Noreturn void trn_fatal_at(const char *file, int line, const char *fmt, ...)
+/* C++ (the CUDA backend's .cu files) spells _Noreturn differently. */
+#ifdef __cplusplus
+#define TRN_NORETURN [[noreturn]]
+#else
+#define TRN_NORETURN _Noreturn
+#endif
+
+TRN_NORETURN void trn_fatal_at(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 #define trn_fatal(...) trn_fatal_at(__FILE__, __LINE__, __VA_ARGS__)

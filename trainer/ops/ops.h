@@ -203,4 +203,26 @@ struct trn_backend {
 int trn_backend_cpu_init(struct trn_backend *be, int threads, char *err, size_t errlen);
 void trn_backend_cpu_free(struct trn_backend *be);
 
+/*
+ * The CUDA backend (ops/cuda/; built when config.h has CDDP_HAVE_CUDA 1).
+ * Activations NHWC; every pointer an op takes is device memory from
+ * be->ops->alloc. Options as the trainer's flags will set them.
+ */
+struct trn_cuda_options {
+    int device;             /* CUDA device ordinal (a rank's LOCAL_RANK) */
+    size_t workspace_bytes; /* cuDNN workspace bound (0: 256 MiB) */
+    bool deterministic;     /* deterministic convolution algorithms only */
+    bool tf32_conv;         /* TF32 in convolutions (PyTorch's default: on) */
+    bool tf32_matmul;       /* TF32 in fc (PyTorch's default: off) */
+};
+
+/* Visible CUDA devices; 0 when there is no driver or no device (never fails). */
+int trn_cuda_device_count(void);
+/* Returns 0, or a negative code with a message in err (no device, bad ordinal). */
+int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cuda_options *opt, char *err,
+                          size_t errlen);
+void trn_backend_cuda_free(struct trn_backend *be);
+/* The most device memory allocated through be->ops->alloc at once, in bytes. */
+size_t trn_backend_cuda_peak_bytes(struct trn_backend *be);
+
 #endif

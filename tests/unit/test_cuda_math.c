@@ -1,0 +1,504 @@
+/*
+ * Unit tests for trainer/ops/cuda/ops_math.h, the per-element arithmetic of
+ * the CUDA kernels, on the CPU: each kernel's work is replayed here over
+ * NHWC data, thread by thread in the kernel's order (the reductions with the
+ * kernel's partition), and compared with the CPU backend's op on the same
+ * values in NCHW. Where the operations are the same the results must be the
+ * same bits; the reductions (another summation order, in double) within
+ * 1e-6. What is left untested is the launch itself (grids, shared memory,
+ * synchronisation): tools/gpu-check.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer/ops/cuda/ops_math.h"
+#include "trainer/ops/ops.h"
+
+#include "cpu_backend_fixture.h"
+
+static uint64_t rng_state = 7;
+
+static float nrand(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    double u = ((double)(rng_state >> 11) + 1.0) / 9007199254740993.0;
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    double v = (double)(rng_state >> 11) / 9007199254740992.0;
+    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+static float *randn(size_t n, float offset, float spread)
+{
+    float *p = malloc(n * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++)
+        p[i] = offset + spread * nrand();
+    return p;
+}
+
+static struct trn_tensor nchw(float *data, int n, int c, int h, int w)
+{
+    struct trn_tensor t = {data, n, c, h, w, TRN_F32, TRN_LAYOUT_NCHW, TRN_DEVICE_CPU};
+    return t;
+}
+
+/* The NHWC copy of NCHW data, through the header's offsets. */
+static float *to_nhwc(const float *src, int n, int c, int hw)
+{
+    float *dst = malloc((size_t)n * c * hw * sizeof(float) + 4);
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++)
+            for (int p = 0; p < hw; p++)
+                dst[trn_nhwc_off(i, ch, p, c, hw)] = src[trn_nchw_off(i, ch, p, c, hw)];
+    return dst;
+}
+
+/* Equal to the bit (NaN equal to NaN). */
+static void assert_same(const float *got_nhwc, const float *want_nchw, int n, int c, int hw)
+{
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++)
+            for (int p = 0; p < hw; p++) {
+                float g = got_nhwc[trn_nhwc_off(i, ch, p, c, hw)];
+                float w = want_nchw[trn_nchw_off(i, ch, p, c, hw)];
+                if (memcmp(&g, &w, sizeof(float)) != 0) {
+                    print_error("n %d c %d p %d: got %.9g want %.9g\n", i, ch, p, g, w);
+                    fail();
+                }
+            }
+}
+
+static void assert_close(const float *got, const float *want, int n, double tol)
+{
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]), s = fmax(fabs(want[i]), 1e-3);
+        if (d > tol * s) {
+            print_error("[%d]: got %.9g want %.9g\n", i, got[i], want[i]);
+            fail();
+        }
+    }
+}
+
+/* ---- offsets ---- */
+
+static void test_offsets(void **state)
+{
+    (void)state;
+    const int N = 2, C = 5, HW = 6;
+    size_t total = (size_t)N * C * HW;
+    char *seen = calloc(total, 1);
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        memset(seen, 0, total);
+        for (size_t e = 0; e < total; e++) {
+            int n, c, p;
+            trn_act_coords(nhwc, e, C, HW, &n, &c, &p);
+            assert_int_equal(trn_act_off(nhwc, n, c, p, C, HW), e);
+            assert_int_equal(trn_act_channel(nhwc, e, C, HW), c);
+            seen[e]++;
+        }
+        for (size_t e = 0; e < total; e++)
+            assert_int_equal(seen[e], 1);
+    }
+    assert_int_equal(trn_nhwc_off(1, 2, 3, C, HW), ((size_t)1 * HW + 3) * C + 2);
+    assert_int_equal(trn_nchw_off(1, 2, 3, C, HW), ((size_t)1 * C + 2) * HW + 3);
+    /* OIHW <-> OHWI: a bijection over the weights */
+    const int O = 3, I = 4, K = 3;
+    size_t nw = (size_t)O * I * K * K;
+    char *hit = calloc(nw, 1);
+    for (int o = 0; o < O; o++)
+        for (int i = 0; i < I; i++)
+            for (int y = 0; y < K; y++)
+                for (int x = 0; x < K; x++) {
+                    size_t a = trn_oihw_off(o, i, y, x, I, K), b = trn_ohwi_off(o, i, y, x, I, K);
+                    assert_true(a < nw && b < nw);
+                    hit[b]++;
+                    if (i == 0 && y == 0 && x == 0)
+                        assert_int_equal(a, b); /* both start at o * I * K * K */
+                }
+    for (size_t e = 0; e < nw; e++)
+        assert_int_equal(hit[e], 1);
+    free(hit);
+    free(seen);
+}
+
+/* ---- batch norm ---- */
+
+/* bn.cu's reduction, replayed: for each channel, R groups of Y thread rows. */
+enum red_mode { RED_SUM, RED_SQDEV, RED_BWD };
+
+static void replay_reduce(int mode, const float *x, const float *dy, const float *ry,
+                          const float *mean, int N, int C, int HW, float *out_a, float *out_b)
+{
+    size_t M = (size_t)N * HW;
+    int R = trn_bn_row_groups(M), Y = TRN_BN_RED_Y;
+    for (int c = 0; c < C; c++) {
+        double ta_all = 0, tb_all = 0;
+        for (int g = 0; g < R; g++) {
+            double ta = 0, tb = 0;
+            for (int ty = 0; ty < Y; ty++) {
+                double a = 0, b = 0;
+                for (size_t r = (size_t)g * Y + ty; r < M; r += (size_t)R * Y) {
+                    int n = (int)(r / HW), p = (int)(r % HW);
+                    size_t o = trn_nhwc_off(n, c, p, C, HW);
+                    if (mode == RED_SUM) {
+                        a += x[o];
+                    } else if (mode == RED_SQDEV) {
+                        a += trn_bn_sqdev(x[o], mean[c]);
+                    } else {
+                        float gv = trn_relu_mask(dy[o], ry != NULL, ry ? ry[o] : 0.0f);
+                        a += gv;
+                        b += trn_bn_dy_xmu(gv, x[o], mean[c]);
+                    }
+                }
+                ta += a;
+                tb += b;
+            }
+            ta_all += ta;
+            tb_all += tb;
+        }
+        if (mode == RED_SUM) {
+            out_a[c] = trn_bn_mean(ta_all, (double)M);
+        } else if (mode == RED_SQDEV) {
+            out_a[c] = trn_bn_var(ta_all, (double)M);
+        } else {
+            out_a[c] = (float)ta_all;
+            out_b[c] = (float)tb_all;
+        }
+    }
+}
+
+/* Shapes: small (one row group), and large enough for several groups with
+ * a ragged last one. */
+static const int bn_shapes[][3] = {{2, 5, 9}, {3, 40, 625}};
+
+static void test_bn_forward(void **state)
+{
+    (void)state;
+    for (size_t s = 0; s < sizeof(bn_shapes) / sizeof(bn_shapes[0]); s++) {
+        int N = bn_shapes[s][0], C = bn_shapes[s][1], HW = bn_shapes[s][2];
+        size_t numel = (size_t)N * C * HW;
+        float *x = randn(numel, 3.0f, 2.0f), *xh = to_nhwc(x, N, C, HW);
+        struct trn_tensor xt = nchw(x, N, C, HW, 1);
+        float *mean = malloc(C * 4), *var = malloc(C * 4), *gm = malloc(C * 4), *gv = malloc(C * 4);
+        be.ops->bn_stats(&be, &xt, mean, var);
+        replay_reduce(RED_SUM, xh, NULL, NULL, NULL, N, C, HW, gm, NULL);
+        assert_close(gm, mean, C, 1e-6);
+        replay_reduce(RED_SQDEV, xh, NULL, NULL, mean, N, C, HW, gv, NULL);
+        assert_close(gv, var, C, 1e-6);
+
+        /* prepare, training and eval: the same bits */
+        float *w = randn(C, 1, 0.3f), *b = randn(C, 0, 0.3f);
+        float *rm = randn(C, 0, 0.1f), *rv = randn(C, 1, 0.1f);
+        float *grm = malloc(C * 4), *grv = malloc(C * 4);
+        memcpy(grm, rm, C * 4);
+        memcpy(grv, rv, C * 4);
+        float *inv = malloc(C * 4), *sc = malloc(C * 4), *sh = malloc(C * 4);
+        float ginv, gsc, gsh;
+        double count = (double)N * HW;
+        be.ops->bn_prepare(&be, C, mean, var, count, 1e-5, 0.1, w, b, rm, rv, inv, sc, sh);
+        for (int c = 0; c < C; c++) {
+            trn_bn_prepare_one(mean[c], var[c], count, 1e-5, 0.1f, w[c], b[c], &grm[c], &grv[c],
+                               &ginv, &gsc, &gsh);
+            assert_memory_equal(&ginv, &inv[c], 4);
+            assert_memory_equal(&gsc, &sc[c], 4);
+            assert_memory_equal(&gsh, &sh[c], 4);
+        }
+        assert_memory_equal(grm, rm, C * 4);
+        assert_memory_equal(grv, rv, C * 4);
+        float *einv = malloc(C * 4), *esc = malloc(C * 4), *esh = malloc(C * 4);
+        be.ops->bn_prepare(&be, C, rm, rv, count, 1e-5, 0.1, w, b, NULL, NULL, einv, esc, esh);
+        for (int c = 0; c < C; c++) {
+            trn_bn_prepare_one(rm[c], rv[c], count, 1e-5, 0.1f, w[c], b[c], NULL, NULL, &ginv, &gsc,
+                               &gsh);
+            assert_memory_equal(&ginv, &einv[c], 4);
+            assert_memory_equal(&gsc, &esc[c], 4);
+            assert_memory_equal(&gsh, &esh[c], 4);
+        }
+
+        /* apply: every residual kind, with and without the ReLU */
+        float *r = randn(numel, 0, 1), *rh = to_nhwc(r, N, C, HW);
+        float *ra = randn(C, 1, 0.3f), *rb = randn(C, 0, 0.3f);
+        float *y = malloc(numel * 4), *gy = malloc(numel * 4);
+        struct trn_tensor rt = nchw(r, N, C, HW, 1), yt = nchw(y, N, C, HW, 1);
+        for (int kind = TRN_BN_RES_NONE; kind <= TRN_BN_RES_BN; kind++)
+            for (int relu = 0; relu < 2; relu++) {
+                be.ops->bn_apply(&be, &xt, sc, sh, kind ? &rt : NULL,
+                                 kind == TRN_BN_RES_BN ? ra : NULL,
+                                 kind == TRN_BN_RES_BN ? rb : NULL, relu, &yt);
+                for (size_t e = 0; e < numel; e++) {
+                    int c = trn_act_channel(1, e, C, HW);
+                    gy[e] = trn_bn_apply_one(xh[e], sc[c], sh[c], kind, rh[e], ra[c], rb[c],
+                                             relu ? 0.0f : -INFINITY);
+                }
+                assert_same(gy, y, N, C, HW);
+            }
+        float *bufs[] = {x,   xh, mean, var,  gm,  gv,  w, b,  rm, rv, grm, grv,
+                         inv, sc, sh,   einv, esc, esh, r, rh, ra, rb, y,   gy};
+        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+            free(bufs[i]);
+    }
+}
+
+static void test_bn_backward(void **state)
+{
+    (void)state;
+    for (size_t s = 0; s < sizeof(bn_shapes) / sizeof(bn_shapes[0]); s++) {
+        int N = bn_shapes[s][0], C = bn_shapes[s][1], HW = bn_shapes[s][2];
+        size_t numel = (size_t)N * C * HW;
+        double count = (double)N * HW;
+        float *x = randn(numel, 1, 2), *xh = to_nhwc(x, N, C, HW);
+        float *dy = randn(numel, 0, 1), *dyh = to_nhwc(dy, N, C, HW);
+        float *ry = randn(numel, 0, 1);
+        for (size_t e = 0; e < numel; e++)
+            ry[e] = ry[e] < 0 ? 0 : ry[e];
+        float *ryh = to_nhwc(ry, N, C, HW);
+        float *mean = randn(C, 1, 0.1f), *inv = randn(C, 0.5f, 0.01f), *w = randn(C, 1, 0.3f);
+        struct trn_tensor xt = nchw(x, N, C, HW, 1), dyt = nchw(dy, N, C, HW, 1);
+        struct trn_tensor ryt = nchw(ry, N, C, HW, 1);
+        float *sdy = malloc(C * 4), *sdx = malloc(C * 4), *gs = malloc(C * 4), *gq = malloc(C * 4);
+        float *dx = malloc(numel * 4), *gdx = malloc(numel * 4);
+        struct trn_tensor dxt = nchw(dx, N, C, HW, 1);
+        for (int masked = 0; masked < 2; masked++) {
+            be.ops->bn_backward_reduce(&be, &xt, &dyt, masked ? &ryt : NULL, mean, sdy, sdx);
+            replay_reduce(RED_BWD, xh, dyh, masked ? ryh : NULL, mean, N, C, HW, gs, gq);
+            assert_close(gs, sdy, C, 1e-6);
+            assert_close(gq, sdx, C, 1e-6);
+            /* the input gradient from the same sums: the same bits */
+            be.ops->bn_backward_input(&be, &xt, &dyt, masked ? &ryt : NULL, mean, inv, w, sdy, sdx,
+                                      count, &dxt);
+            for (size_t e = 0; e < numel; e++) {
+                int c = trn_act_channel(1, e, C, HW);
+                float k1, a, b;
+                trn_bn_bwd_coef(inv[c], w[c], sdy[c], sdx[c], count, &k1, &a, &b);
+                float g = trn_relu_mask(dyh[e], masked, ryh[e]);
+                gdx[e] = trn_bn_bwd_input_one(g, xh[e], mean[c], k1, a, b);
+            }
+            assert_same(gdx, dx, N, C, HW);
+        }
+        /* parameter gradients, set and accumulated */
+        float *dw = randn(C, 0, 1), *db = randn(C, 0, 1), *gdw = malloc(C * 4),
+              *gdb = malloc(C * 4);
+        memcpy(gdw, dw, C * 4);
+        memcpy(gdb, db, C * 4);
+        for (int acc = 0; acc < 2; acc++) {
+            be.ops->bn_param_grads(&be, C, inv, sdy, sdx, dw, db, acc);
+            for (int c = 0; c < C; c++)
+                trn_bn_param_grad_one(inv[c], sdy[c], sdx[c], acc, &gdw[c], &gdb[c]);
+            assert_memory_equal(gdw, dw, C * 4);
+            assert_memory_equal(gdb, db, C * 4);
+        }
+        /* ReLU backward, with and without the shortcut's gradient */
+        float *dy2 = randn(numel, 0, 1), *dy2h = to_nhwc(dy2, N, C, HW);
+        struct trn_tensor dy2t = nchw(dy2, N, C, HW, 1);
+        for (int two = 0; two < 2; two++) {
+            be.ops->relu_backward(&be, &dyt, two ? &dy2t : NULL, &ryt, &dxt);
+            for (size_t e = 0; e < numel; e++)
+                gdx[e] = trn_relu_bwd_one(dyh[e], two, dy2h[e], ryh[e]);
+            assert_same(gdx, dx, N, C, HW);
+        }
+        float *bufs[] = {x,  xh, dy, dyh, ry, ryh, mean, inv, w,   sdy, sdx,
+                         gs, gq, dx, gdx, dw, db,  gdw,  gdb, dy2, dy2h};
+        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+            free(bufs[i]);
+    }
+}
+
+/* ---- pooling ---- */
+
+static void test_maxpool_outs(void **state)
+{
+    (void)state;
+    /* trn_maxpool_outs against the definition, for every input of a few extents */
+    for (int h = 1; h <= 12; h++) {
+        int oh = (h + 2 * TRN_POOL_P - TRN_POOL_K) / TRN_POOL_S + 1;
+        for (int i = 0; i < h; i++) {
+            int lo, hi, want_lo = -1, want_hi = -2;
+            for (int o = 0; o < oh; o++)
+                for (int k = 0; k < TRN_POOL_K; k++)
+                    if (trn_maxpool_in(o, k) == i) {
+                        if (want_lo < 0)
+                            want_lo = o;
+                        want_hi = o;
+                    }
+            trn_maxpool_outs(i, oh, &lo, &hi);
+            assert_int_equal(lo, want_lo);
+            assert_int_equal(hi, want_hi);
+        }
+    }
+}
+
+static void test_pool(void **state)
+{
+    (void)state;
+    const int N = 2, C = 3, H = 9, W = 9, OH = 5, OW = 5, HW = H * W, OHW = OH * OW;
+    size_t numel = (size_t)N * C * HW, onumel = (size_t)N * C * OHW;
+    float *x = randn(numel, 0, 1);
+    x[4] = x[5] = 7.0f; /* a tie */
+    x[40] = NAN;        /* NaN wins */
+    x[41] = NAN;
+    float *xh = to_nhwc(x, N, C, HW);
+    float *y = malloc(onumel * 4), *gy = malloc(onumel * 4);
+    uint8_t *am = malloc(onumel), *gam = malloc(onumel);
+    struct trn_tensor xt = nchw(x, N, C, H, W), yt = nchw(y, N, C, OH, OW);
+    be.ops->maxpool_forward(&be, &xt, &yt, am);
+    /* pool.cu's forward, one output at a time */
+    for (size_t e = 0; e < onumel; e++) {
+        int n, c, op;
+        trn_act_coords(1, e, C, OHW, &n, &c, &op);
+        int oy = op / OW, ox = op % OW, arg = 0;
+        float best = -INFINITY;
+        for (int ky = 0; ky < TRN_POOL_K; ky++)
+            for (int kx = 0; kx < TRN_POOL_K; kx++) {
+                int iy = trn_maxpool_in(oy, ky), ix = trn_maxpool_in(ox, kx);
+                if (iy < 0 || iy >= H || ix < 0 || ix >= W)
+                    continue;
+                float v = xh[trn_nhwc_off(n, c, iy * W + ix, C, HW)];
+                if (trn_maxpool_takes(v, best)) {
+                    best = v;
+                    arg = ky * TRN_POOL_K + kx;
+                }
+            }
+        gy[e] = best;
+        gam[e] = (uint8_t)arg;
+    }
+    assert_same(gy, y, N, C, OHW);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++)
+            for (int p = 0; p < OHW; p++)
+                assert_int_equal(gam[trn_nhwc_off(n, c, p, C, OHW)],
+                                 am[trn_nchw_off(n, c, p, C, OHW)]);
+    /* backward: pool.cu gathers per input, the CPU scatters per output */
+    float *dy = randn(onumel, 0, 1), *dyh = to_nhwc(dy, N, C, OHW);
+    float *dx = malloc(numel * 4), *gdx = malloc(numel * 4);
+    struct trn_tensor dyt = nchw(dy, N, C, OH, OW), dxt = nchw(dx, N, C, H, W);
+    be.ops->maxpool_backward(&be, &dyt, am, &dxt);
+    for (size_t e = 0; e < numel; e++) {
+        int n, c, p;
+        trn_act_coords(1, e, C, HW, &n, &c, &p);
+        int iy = p / W, ix = p % W, y0, y1, x0, x1;
+        trn_maxpool_outs(iy, OH, &y0, &y1);
+        trn_maxpool_outs(ix, OW, &x0, &x1);
+        float s = 0.0f;
+        for (int oy = y0; oy <= y1; oy++)
+            for (int ox = x0; ox <= x1; ox++) {
+                size_t o = trn_nhwc_off(n, c, oy * OW + ox, C, OHW);
+                if (trn_maxpool_in(oy, gam[o] / TRN_POOL_K) == iy &&
+                    trn_maxpool_in(ox, gam[o] % TRN_POOL_K) == ix)
+                    s += dyh[o];
+            }
+        gdx[e] = s;
+    }
+    assert_same(gdx, dx, N, C, HW);
+    /* average pool: the same double sums in the same order */
+    float *ay = malloc((size_t)N * C * 4), *gay = malloc((size_t)N * C * 4);
+    for (size_t e = 0; e < numel; e++)
+        if (isnan(x[e]))
+            x[e] = 1.0f;
+    free(xh);
+    xh = to_nhwc(x, N, C, HW);
+    be.ops->avgpool_forward(&be, &xt, ay);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int p = 0; p < HW; p++)
+                s += xh[trn_nhwc_off(n, c, p, C, HW)];
+            gay[n * C + c] = trn_avgpool_mean(s, HW);
+        }
+    assert_memory_equal(gay, ay, (size_t)N * C * 4);
+    be.ops->avgpool_backward(&be, ay, &dxt);
+    for (size_t e = 0; e < numel; e++) {
+        int n, c, p;
+        trn_act_coords(1, e, C, HW, &n, &c, &p);
+        gdx[e] = trn_avgpool_grad(ay[n * C + c], HW);
+    }
+    assert_same(gdx, dx, N, C, HW);
+    float *bufs[] = {x, xh, y, gy, dy, dyh, dx, gdx, ay, gay};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        free(bufs[i]);
+    free(am);
+    free(gam);
+}
+
+/* ---- loss, SGD ---- */
+
+static void test_xent(void **state)
+{
+    (void)state;
+    const int N = 5, K = 37;
+    float *l = randn((size_t)N * K, 0, 3), *p = malloc(N * K * 4), *gp = malloc(N * K * 4);
+    int32_t labels[5] = {0, 36, 5, 17, 5};
+    float loss = be.ops->xent_forward(&be, N, K, l, labels, p);
+    double total = 0;
+    for (int i = 0; i < N; i++) {
+        const float *row = l + (size_t)i * K;
+        float mx = -INFINITY;
+        for (int j = 0; j < K; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        double s = 0;
+        for (int j = 0; j < K; j++)
+            s += exp((double)row[j] - mx);
+        double lse = trn_xent_lse(mx, s);
+        for (int j = 0; j < K; j++)
+            gp[i * K + j] = trn_xent_prob(row[j], lse);
+        total += lse - row[labels[i]];
+    }
+    /* the kernel sums exp() in a tree, not in order: close, not equal */
+    assert_close(gp, p, N * K, 1e-6);
+    float gl = (float)(total / N);
+    assert_close(&gl, &loss, 1, 1e-6);
+    float *d = malloc(N * K * 4), *gd = malloc(N * K * 4);
+    be.ops->xent_backward(&be, N, K, p, labels, 0.25f, d);
+    for (int e = 0; e < N * K; e++)
+        gd[e] = trn_xent_grad(p[e], e % K == labels[e / K], 0.25f / (float)N);
+    assert_memory_equal(gd, d, (size_t)N * K * 4);
+    free(l);
+    free(p);
+    free(gp);
+    free(d);
+    free(gd);
+}
+
+static void test_sgd(void **state)
+{
+    (void)state;
+    const size_t n = 1001;
+    float *p = randn(n, 0, 1), *g = randn(n, 0, 1), *b = randn(n, 0, 1);
+    float *gp = malloc(n * 4), *gb = malloc(n * 4);
+    memcpy(gp, p, n * 4);
+    memcpy(gb, b, n * 4);
+    for (int step = 0; step < 4; step++) {
+        float mom = step == 0 ? 0.0f : 0.9f;
+        bool first = step == 1;
+        be.ops->sgd_step(&be, p, g, b, n, 0.1f, mom, 1e-4f, first);
+        int mode = trn_sgd_mode_of(mom, first);
+        assert_int_equal(mode, step == 0   ? TRN_SGD_PLAIN
+                               : step == 1 ? TRN_SGD_FIRST
+                                           : TRN_SGD_MOMENTUM);
+        for (size_t i = 0; i < n; i++)
+            trn_sgd_one(&gp[i], g[i], &gb[i], 0.1f, mom, 1e-4f, mode);
+        assert_memory_equal(gp, p, n * 4);
+        assert_memory_equal(gb, b, n * 4);
+    }
+    free(p);
+    free(g);
+    free(b);
+    free(gp);
+    free(gb);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_offsets),     cmocka_unit_test(test_bn_forward),
+        cmocka_unit_test(test_bn_backward), cmocka_unit_test(test_maxpool_outs),
+        cmocka_unit_test(test_pool),        cmocka_unit_test(test_xent),
+        cmocka_unit_test(test_sgd),
+    };
+    return cmocka_run_group_tests(tests, cpu_backend_setup, cpu_backend_teardown);
+}

@@ -1,0 +1,147 @@
+/*
+ * cuda.h: the CUDA backend's private state and the functions each
+ * ops/cuda/ file implements; backend.cu puts them into the trn_ops table.
+ *
+ * Everything runs on one stream (be->impl->stream) in issue order; the ops
+ * return as soon as their work is queued, except xent_forward (it returns
+ * the loss) and the copies to the host. Every pointer an op takes is device
+ * memory from be->ops->alloc, including the per-channel vectors of the batch
+ * norm and the labels.
+ *
+ * Every CUDA, cuDNN and cuBLAS call is checked: on an error the worker
+ * prints file:line and the library's message and exits (trainer/fatal.h;
+ * the agent restarts it).
+ */
+#ifndef CDDP_TRAINER_OPS_CUDA_CUDA_H
+#define CDDP_TRAINER_OPS_CUDA_CUDA_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+extern "C" {
+#include "trainer/fatal.h"
+#include "trainer/ops/cuda/algo_cache.h"
+#include "trainer/ops/ops.h"
+}
+
+/* One allocation made through be->ops->alloc (for the peak). */
+struct cuda_alloc_rec {
+    void *p;
+    size_t bytes;
+};
+
+struct cuda_backend {
+    int device;
+    cudaStream_t stream;
+    cudnnHandle_t cudnn;
+    cublasHandle_t cublas;
+    struct trn_cuda_options opt;
+    /* cuDNN's workspace: opt.workspace_bytes, allocated when the first
+     * convolution plan is built. */
+    void *workspace;
+    size_t workspace_size;
+    /* A conv's weights (or weight gradient) in cuDNN's KRSC layout. */
+    void *wbuf;
+    size_t wbuf_size;
+    /* Reduction partials and per-channel coefficients. */
+    void *scratch;
+    size_t scratch_size;
+    /* The loss, read back by xent_forward (pinned host memory). */
+    double *host_loss;
+    struct trn_algo_cache algos;
+    /* Live allocations through be->ops->alloc: a short list (a model makes
+     * a few dozen), searched linearly on free. */
+    struct cuda_alloc_rec *allocs;
+    size_t n_allocs, cap_allocs;
+    size_t peak_bytes, live_bytes;
+};
+
+static inline struct cuda_backend *cuda_of(struct trn_backend *be)
+{
+    return (struct cuda_backend *)be->impl;
+}
+
+#define cudaCheck(call) cuda_check_at((call), #call, __FILE__, __LINE__)
+#define cudnnCheck(call) cudnn_check_at((call), #call, __FILE__, __LINE__)
+#define cublasCheck(call) cublas_check_at((call), #call, __FILE__, __LINE__)
+/* After a kernel launch: a bad configuration shows here. */
+#define cudaLaunchCheck() cuda_check_at(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+void cuda_check_at(cudaError_t st, const char *what, const char *file, int line);
+void cudnn_check_at(cudnnStatus_t st, const char *what, const char *file, int line);
+void cublas_check_at(cublasStatus_t st, const char *what, const char *file, int line);
+
+/* Grows a device buffer to at least size bytes (synchronises first; only
+ * while plans are built, on the first step of a shape). */
+void cuda_reserve(struct trn_backend *be, void **buf, size_t *have, size_t size);
+/* 1 for NHWC, 0 for NCHW; anything else (the CPU's blocked layouts) is fatal. */
+int cuda_nhwc(const struct trn_tensor *t);
+/* Blocks for n threads of 256. */
+static inline unsigned cuda_blocks(size_t n, unsigned threads)
+{
+    return (unsigned)((n + threads - 1) / threads);
+}
+
+/* backend.cu */
+void cuda_reorder(struct trn_backend *be, const struct trn_tensor *src, struct trn_tensor *dst);
+
+/* conv.cu */
+void cuda_conv_forward(struct trn_backend *be, struct trn_conv *conv, const struct trn_tensor *x,
+                       const float *w, struct trn_tensor *y);
+void cuda_conv_backward_weights(struct trn_backend *be, struct trn_conv *conv,
+                                const struct trn_tensor *x, const struct trn_tensor *dy, float *dw,
+                                bool accumulate);
+void cuda_conv_backward_data(struct trn_backend *be, struct trn_conv *conv, const float *w,
+                             const struct trn_tensor *dy, struct trn_tensor *dx);
+void cuda_conv_release(struct trn_backend *be, struct trn_conv *conv);
+
+/* bn.cu */
+void cuda_bn_stats(struct trn_backend *be, const struct trn_tensor *x, float *mean, float *var);
+void cuda_bn_prepare(struct trn_backend *be, int c, const float *mean, const float *var,
+                     double count, double eps, double momentum, const float *weight,
+                     const float *bias, float *running_mean, float *running_var, float *invstd,
+                     float *scale, float *shift);
+void cuda_bn_apply(struct trn_backend *be, const struct trn_tensor *x, const float *scale,
+                   const float *shift, const struct trn_tensor *res, const float *res_scale,
+                   const float *res_shift, bool relu, struct trn_tensor *y);
+void cuda_bn_backward_reduce(struct trn_backend *be, const struct trn_tensor *x,
+                             const struct trn_tensor *dy, const struct trn_tensor *relu_y,
+                             const float *mean, float *sum_dy, float *sum_dy_xmu);
+void cuda_bn_param_grads(struct trn_backend *be, int c, const float *invstd, const float *sum_dy,
+                         const float *sum_dy_xmu, float *dweight, float *dbias, bool accumulate);
+void cuda_bn_backward_input(struct trn_backend *be, const struct trn_tensor *x,
+                            const struct trn_tensor *dy, const struct trn_tensor *relu_y,
+                            const float *mean, const float *invstd, const float *weight,
+                            const float *sum_dy, const float *sum_dy_xmu, double count,
+                            struct trn_tensor *dx);
+void cuda_relu_backward(struct trn_backend *be, const struct trn_tensor *dy,
+                        const struct trn_tensor *dy2, const struct trn_tensor *y,
+                        struct trn_tensor *dx);
+
+/* pool.cu */
+void cuda_maxpool_forward(struct trn_backend *be, const struct trn_tensor *x, struct trn_tensor *y,
+                          uint8_t *argmax);
+void cuda_maxpool_backward(struct trn_backend *be, const struct trn_tensor *dy,
+                           const uint8_t *argmax, struct trn_tensor *dx);
+void cuda_avgpool_forward(struct trn_backend *be, const struct trn_tensor *x, float *y);
+void cuda_avgpool_backward(struct trn_backend *be, const float *dy, struct trn_tensor *dx);
+
+/* fc.cu */
+void cuda_fc_forward(struct trn_backend *be, int n, int in, int out, const float *x, const float *w,
+                     const float *b, float *y);
+void cuda_fc_backward(struct trn_backend *be, int n, int in, int out, const float *x,
+                      const float *w, const float *dy, float *dx, float *dw, float *db,
+                      bool accumulate);
+
+/* loss.cu */
+float cuda_xent_forward(struct trn_backend *be, int n, int k, const float *logits,
+                        const int32_t *labels, float *probs);
+void cuda_xent_backward(struct trn_backend *be, int n, int k, const float *probs,
+                        const int32_t *labels, float scale, float *dlogits);
+
+/* sgd.cu */
+void cuda_sgd_step(struct trn_backend *be, float *param, const float *grad, float *momentum_buf,
+                   size_t n, float lr, float momentum, float weight_decay, bool first_step);
+
+#endif
