@@ -125,6 +125,6 @@ void trn_ddp_finish_backward(struct trn_ddp *d);
 uint64_t trn_ddp_state_checksum(const struct trn_resnet *m);
 
 /* One line about the buckets ("5 buckets: 1.0, 25.1, ... MiB"). */
-void trn_ddp_describe(const struct trn_ddp *d, char *buf, size_t len);
+void trn_ddp_bucket_summary(const struct trn_ddp *d, char *buf, size_t len);
 
 #endif
