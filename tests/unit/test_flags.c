@@ -13,18 +13,24 @@
 
 static char err[4096];
 
-/* Parses the NULL-ended flags after a program name. */
-static int parse(struct trn_config *c, ...)
+/* Parses the NULL-ended flags in ap after a program name. */
+static int vparse(struct trn_config *c, va_list ap)
 {
     char *argv[64] = {"cddp-train"};
     int argc = 1;
-    va_list ap;
-    va_start(ap, c);
-    for (char *a; (a = va_arg(ap, char *)) != NULL;)
+    for (char *a; argc < 63 && (a = va_arg(ap, char *)) != NULL;)
         argv[argc++] = a;
-    va_end(ap);
     err[0] = '\0';
     return trn_flags_parse(argc, argv, c, err, sizeof(err));
+}
+
+static int parse(struct trn_config *c, ...)
+{
+    va_list ap;
+    va_start(ap, c);
+    int rc = vparse(c, ap);
+    va_end(ap);
+    return rc;
 }
 
 static void test_defaults_are_the_seed_scripts(void **state)
@@ -92,16 +98,12 @@ static void test_help_and_version(void **state)
 /* Each refusal is one line that starts with the flag. */
 static void refused(const char *want, ...)
 {
-    char *argv[16] = {"cddp-train"};
-    int argc = 1;
+    struct trn_config c;
     va_list ap;
     va_start(ap, want);
-    for (char *a; (a = va_arg(ap, char *)) != NULL;)
-        argv[argc++] = a;
+    int rc = vparse(&c, ap);
     va_end(ap);
-    struct trn_config c;
-    err[0] = '\0';
-    assert_int_equal(trn_flags_parse(argc, argv, &c, err, sizeof(err)), TRN_FLAGS_BAD);
+    assert_int_equal(rc, TRN_FLAGS_BAD);
     if (strcmp(err, want) != 0)
         fail_msg("got '%s', want '%s'", err, want);
     assert_null(strchr(err, '\n'));
@@ -192,17 +194,15 @@ static void test_usage_lists_every_flag(void **state)
     free(text);
 }
 
+/* The digest of the NULL-ended flags. */
 static void digest(char *buf, size_t len, ...)
 {
-    char *argv[16] = {"cddp-train"};
-    int argc = 1;
+    struct trn_config c;
     va_list ap;
     va_start(ap, len);
-    for (char *a; (a = va_arg(ap, char *)) != NULL;)
-        argv[argc++] = a;
+    int rc = vparse(&c, ap);
     va_end(ap);
-    struct trn_config c;
-    assert_int_equal(trn_flags_parse(argc, argv, &c, err, sizeof(err)), TRN_FLAGS_RUN);
+    assert_int_equal(rc, TRN_FLAGS_RUN);
     int n = trn_flags_digest(&c, buf, len);
     assert_int_equal((size_t)n, strlen(buf));
 }
