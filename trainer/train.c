@@ -112,8 +112,8 @@ static void progress_open(struct run *r)
     }
 }
 
-/* The one place this program writes JSON (numbers only, no strings): a
- * JSON writer (common/jsonw.h) can take it over without changing a byte. */
+/* The one place this program writes JSON (numbers only, no strings), so
+ * that a JSON writer (common/jsonw.h) can take it over in one place. */
 static void progress_report(struct run *r, int epoch, double loss, double samples_per_s)
 {
     if (r->progress_fd < 0)
