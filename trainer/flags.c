@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/strutil.h"         /* cddp_parse_long, cddp_parse_double, cddp_strlcpy */
 #include "trainer/buckets.h"        /* TRN_DEFAULT_BUCKET_CAP_MB */
@@ -330,6 +331,23 @@ int trn_flags_parse(int argc, char **argv, struct trn_config *c, char *err, size
                        c->checkpoint);
     }
     return TRN_FLAGS_RUN;
+}
+
+int trn_flags_check_output(const char *flag, const char *path, char *err, size_t errlen)
+{
+    char dir[4096];
+    cddp_strlcpy(dir, path, sizeof(dir));
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        cddp_strlcpy(dir, ".", sizeof(dir));
+    else
+        slash[slash == dir] = '\0'; /* "/ckpt" keeps "/" */
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return bad(err, errlen, flag, "directory '%s' does not exist", dir);
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return bad(err, errlen, flag, "'%s' exists and is not a file", path);
+    return 0;
 }
 
 /* The default as --help shows it, or "" for none. */

@@ -11,7 +11,8 @@
  *
  * Messages: a bad flag is reported as one line, "FLAG: why", in err; the
  * caller prefixes "cddp-train: " and exits 2 (docs/trainer.md). Nothing
- * here prints or exits, except trn_flags_usage, which prints.
+ * here prints or exits, except trn_flags_usage, which prints; only
+ * trn_flags_check_output looks at the filesystem.
  */
 #ifndef CDDP_TRAINER_FLAGS_H
 #define CDDP_TRAINER_FLAGS_H
@@ -127,6 +128,14 @@ enum {
  * optind). Returns TRN_FLAGS_RUN, _HELP, _VERSION or _BAD.
  */
 int trn_flags_parse(int argc, char **argv, struct trn_config *c, char *err, size_t errlen);
+
+/*
+ * Refuses an output path (--checkpoint, --save, --eval-logits) before
+ * anything is done, rather than at its first write, an epoch or a whole
+ * run later: its directory must exist, and the path must not be something
+ * other than a file. 0, or -1 with err ("FLAG: why").
+ */
+int trn_flags_check_output(const char *flag, const char *path, char *err, size_t errlen);
 
 /* Prints --help. */
 void trn_flags_usage(FILE *f);

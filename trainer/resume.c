@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "common/clock.h"   /* cddp_mono_ns */
 #include "common/errors.h"  /* CDDP_ENOTFOUND */
@@ -26,27 +25,6 @@ struct trn_ckpt_tensor *trn_state_table(const struct trn_resnet *m)
         t[i].data = e->data;
     }
     return t;
-}
-
-int trn_resume_check_path(const char *path, char *err, size_t errlen)
-{
-    char dir[4096];
-    cddp_strlcpy(dir, path, sizeof(dir));
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-        cddp_strlcpy(dir, ".", sizeof(dir));
-    else
-        slash[slash == dir] = '\0'; /* "/ckpt" keeps "/" */
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(err, errlen, "--checkpoint: directory '%s' does not exist", dir);
-        return -1;
-    }
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "--checkpoint: '%s' exists and is not a file", path);
-        return -1;
-    }
-    return 0;
 }
 
 void trn_resume_init(struct trn_resume *k, const struct trn_config *c, struct trn_resnet *m,

@@ -33,13 +33,6 @@
  * backend's memory is host memory). The caller frees it. */
 struct trn_ckpt_tensor *trn_state_table(const struct trn_resnet *m);
 
-/*
- * Refuses a --checkpoint path before anything else is done: its directory
- * must exist now, not at the first write an epoch later, and the path must
- * not be something other than a file. 0, or -1 with err.
- */
-int trn_resume_check_path(const char *path, char *err, size_t errlen);
-
 struct trn_resume {
     const char *path; /* --checkpoint; NULL: no checkpoints */
     const struct trn_config *cfg;

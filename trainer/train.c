@@ -166,7 +166,8 @@ static void setup_flags(struct run *r, int argc, char **argv)
     default:
         trn_refuse(CDDP_EXIT_USAGE, "%s", err);
     }
-    if (r->cfg.checkpoint && trn_resume_check_path(r->cfg.checkpoint, err, sizeof(err)) != 0)
+    if (r->cfg.checkpoint &&
+        trn_flags_check_output("--checkpoint", r->cfg.checkpoint, err, sizeof(err)) != 0)
         trn_refuse(CDDP_EXIT_USAGE, "%s", err);
     const char *rank_env = getenv("RANK");
     if (rank_env && *rank_env) {
@@ -178,6 +179,12 @@ static void setup_flags(struct run *r, int argc, char **argv)
         trn_refuse(CDDP_EXIT_USAGE, "%s", err);
     r->rank = r->env.rank;
     r->world = r->env.world;
+    /* Rank 0 writes these at the end: their directories must exist now. */
+    if (r->rank == 0 &&
+        ((r->cfg.save && trn_flags_check_output("--save", r->cfg.save, err, sizeof(err))) ||
+         (r->cfg.eval_logits &&
+          trn_flags_check_output("--eval-logits", r->cfg.eval_logits, err, sizeof(err)))))
+        trn_refuse(CDDP_EXIT_USAGE, "%s", err);
     r->in_step = -1;
     progress_open(r);
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "trainer/flags.h"
 
@@ -255,6 +256,26 @@ static void test_digest_holds_what_ranks_must_agree_on(void **state)
     assert_string_equal(tiny, "--arch ");
 }
 
+static void test_output_paths(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/cddp-flags-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/ck.safetensors", dir);
+    assert_int_equal(trn_flags_check_output("--checkpoint", path, err, sizeof(err)), 0);
+    assert_int_equal(trn_flags_check_output("--save", "w.safetensors", err, sizeof(err)), 0);
+    snprintf(path, sizeof(path), "%s/nowhere/w", dir);
+    assert_int_equal(trn_flags_check_output("--save", path, err, sizeof(err)), TRN_FLAGS_BAD);
+    char want[128];
+    snprintf(want, sizeof(want), "--save: directory '%s/nowhere' does not exist", dir);
+    assert_string_equal(err, want);
+    assert_int_equal(trn_flags_check_output("--eval-logits", dir, err, sizeof(err)), TRN_FLAGS_BAD);
+    snprintf(want, sizeof(want), "--eval-logits: '%s' exists and is not a file", dir);
+    assert_string_equal(err, want);
+    assert_int_equal(trn_flags_check_output("--save", "/w", err, sizeof(err)), 0); /* "/" */
+    assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -265,6 +286,7 @@ int main(void)
         cmocka_unit_test(test_table_is_consistent),
         cmocka_unit_test(test_usage_lists_every_flag),
         cmocka_unit_test(test_digest_holds_what_ranks_must_agree_on),
+        cmocka_unit_test(test_output_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "trainer/resume.h"
@@ -171,21 +170,6 @@ static void test_a_checkpoint_of_another_run_is_refused(void **state)
     fixture_close(&a);
 }
 
-static void test_check_path(void **state)
-{
-    (void)state;
-    char err[4096], path[400];
-    snprintf(path, sizeof(path), "%s/ck.safetensors", tmpdir);
-    assert_int_equal(trn_resume_check_path(path, err, sizeof(err)), 0);
-    snprintf(path, sizeof(path), "%s/nowhere/ck.safetensors", tmpdir);
-    assert_int_equal(trn_resume_check_path(path, err, sizeof(err)), -1);
-    assert_non_null(strstr(err, "--checkpoint: directory '"));
-    assert_non_null(strstr(err, "/nowhere' does not exist"));
-    assert_int_equal(trn_resume_check_path(tmpdir, err, sizeof(err)), -1);
-    assert_non_null(strstr(err, "exists and is not a file"));
-    assert_int_equal(trn_resume_check_path("ck.safetensors", err, sizeof(err)), 0); /* "." */
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -193,7 +177,6 @@ int main(void)
         cmocka_unit_test(test_nothing_to_resume),
         cmocka_unit_test(test_save_then_resume_where_it_stood),
         cmocka_unit_test(test_a_checkpoint_of_another_run_is_refused),
-        cmocka_unit_test(test_check_path),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
