@@ -119,8 +119,6 @@ static int save_file(const char *path, const struct trn_ckpt_tensor *model, size
         META("sampler.dataset_len", "%" PRIu64, meta->dataset_len);
         META("sampler.shuffle", "%d", meta->shuffle ? 1 : 0);
         META("sampler.drop_last", "%d", meta->drop_last ? 1 : 0);
-        META("rng", "%016" PRIx64 "%016" PRIx64 "%016" PRIx64 "%016" PRIx64, meta->rng[0],
-             meta->rng[1], meta->rng[2], meta->rng[3]);
         META("optimizer", "sgd");
         META("optimizer.steps", "%ld", meta->optimizer_steps);
         META("optimizer.lr", "%.17g", meta->lr);
@@ -199,9 +197,9 @@ static void fmt_shape(struct cddp_buf *b, int ndim, const uint64_t *shape)
  * With zero_missing_counters, counters that are all absent are allowed
  * (their want->got stays NULL). CDDP_EMISMATCH with the lists otherwise.
  */
-static int match(const struct trn_st_file *f, const char *path, struct want *w, size_t n,
-                 bool convert, bool zero_missing_counters, const char *ignore_prefix, char *err,
-                 size_t errlen)
+static int find_model_tensors(const struct trn_st_file *f, const char *path, struct want *w,
+                              size_t n, bool convert, bool zero_missing_counters,
+                              const char *ignore_prefix, char *err, size_t errlen)
 {
     bool *seen = calloc(f->n_tensors + 1, sizeof(bool));
     if (seen == NULL)
@@ -441,7 +439,6 @@ static int parse_meta(const struct trn_st_file *f, const char *path, struct trn_
 {
     long v = 0;
     int rc;
-    const char *rng = trn_st_meta_get(f, "rng");
     memset(m, 0, sizeof(*m));
     cddp_strlcpy(m->arch, trn_st_meta_get(f, "arch"), sizeof(m->arch));
     if ((rc = meta_long(f, path, "num_classes", INT32_MAX, &v, err, errlen)))
@@ -483,15 +480,6 @@ static int parse_meta(const struct trn_st_file *f, const char *path, struct trn_
     if ((rc = meta_long(f, path, "sampler.drop_last", 1, &v, err, errlen)))
         return rc;
     m->drop_last = v != 0;
-    if (rng == NULL || strlen(rng) != 64 || strspn(rng, "0123456789abcdef") != 64)
-        return errorf(err, errlen, CDDP_ECORRUPT,
-                      "%s: checkpoint metadata 'rng' is missing or not 64 hex digits", path);
-    for (int i = 0; i < 4; i++) {
-        char word[17];
-        memcpy(word, rng + 16 * i, 16);
-        word[16] = '\0';
-        m->rng[i] = strtoull(word, NULL, 16);
-    }
     return 0;
 }
 
@@ -545,7 +533,7 @@ int trn_ckpt_load(const char *path, const char *arch, const struct trn_ckpt_tens
         w[n_model + i] = (struct want){.name = name, .t = &momentum[i]};
     }
     if (rc == 0)
-        rc = match(&f, path, w, n_model + n_mom, false, false, NULL, err, errlen);
+        rc = find_model_tensors(&f, path, w, n_model + n_mom, false, false, NULL, err, errlen);
     uint32_t crc = 0;
     if (rc == 0)
         rc = read_all(&f, path, w, n_model + n_mom, &crc, err, errlen);
@@ -637,8 +625,8 @@ int trn_weights_load(const char *path, const struct trn_ckpt_tensor *model, size
     }
     for (size_t i = 0; i < n_model; i++)
         w[i] = (struct want){.name = model[i].name, .t = &model[i]};
-    rc = match(&f, path, w, n_model, true, true, is_ckpt ? TRN_CKPT_MOMENTUM_PREFIX : NULL, err,
-               errlen);
+    rc = find_model_tensors(&f, path, w, n_model, true, true,
+                            is_ckpt ? TRN_CKPT_MOMENTUM_PREFIX : NULL, err, errlen);
     uint32_t crc;
     if (rc == 0)
         rc = read_all(&f, path, w, n_model, &crc, err, errlen);

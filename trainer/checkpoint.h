@@ -15,8 +15,9 @@
  *   - metadata (strings): format "pt", cddp.checkpoint (format version, 1),
  *     arch, num_classes, seed, epoch, step, sampler.* (the position in the
  *     epoch and what it was counted with: world size, batch size, dataset
- *     length, shuffle, drop_last), rng, optimizer.*, and data_crc32:
+ *     length, shuffle, drop_last), optimizer.*, and data_crc32:
  *     the CRC-32 of the data buffer, so a flipped bit anywhere is caught.
+ *     An "rng" entry, which older files carry, is not read.
  * It is written atomically (trn_st_save: temporary file, fsync, rename,
  * fsync of the directory). Loading checks, before it trusts anything: the
  * safetensors structure, the format version, the arch, every key, dtype and
@@ -63,7 +64,6 @@ struct trn_ckpt_meta {
     uint64_t dataset_len;  /* training samples the sampler ranged over */
     bool shuffle;          /* the sampler's order: shuffled by seed + epoch, or the dataset's */
     bool drop_last;        /* the sampler cut the tail instead of padding it */
-    uint64_t rng[4];       /* the trainer's generator state */
     long optimizer_steps;  /* SGD steps taken (0: momentum buffers not yet filled) */
     double lr, momentum, weight_decay;
     /* --lr-schedule: "constant" or "cosine" over lr_total_steps optimizer

@@ -294,7 +294,7 @@ void trn_ddp_sync_buffers(struct trn_ddp *d)
     must(d, trn_comm_broadcast(d->comm, d->m->buffers, d->m->num_buffers, TRN_COMM_F32, 0));
 }
 
-void trn_ddp_describe(const struct trn_ddp *d, char *buf, size_t len)
+void trn_ddp_bucket_summary(const struct trn_ddp *d, char *buf, size_t len)
 {
     size_t used = (size_t)snprintf(buf, len, "%d bucket(s), MiB:", d->plan.n_buckets);
     for (int b = 0; b < d->plan.n_buckets && used < len; b++)

@@ -27,10 +27,10 @@
  *     batch_norm_gather_stats_with_counts does; the running variance then
  *     uses the global unbiased variance. (PyTorch gathers invstd and
  *     recovers the variance from it; we gather the variance itself, which
- *     the issue allows and which loses nothing to the round trip.) In
- *     backward, sum_dy and sum_dy_xmu are all-reduced (summed) before the
- *     input gradient, which then uses the global count; the weight and bias
- *     gradients stay local and are averaged by the buckets like any other.
+ *     loses nothing to the round trip.) In backward, sum_dy and
+ *     sum_dy_xmu are all-reduced (summed) before the input gradient,
+ *     which then uses the global count; the weight and bias gradients
+ *     stay local and are averaged by the buckets like any other.
  *     Works on the CPU (PyTorch's SyncBatchNorm is GPU-only).
  *
  * Every rank must make the same calls in the same order (the collectives
@@ -125,6 +125,6 @@ void trn_ddp_finish_backward(struct trn_ddp *d);
 uint64_t trn_ddp_state_checksum(const struct trn_resnet *m);
 
 /* One line about the buckets ("5 buckets: 1.0, 25.1, ... MiB"). */
-void trn_ddp_describe(const struct trn_ddp *d, char *buf, size_t len);
+void trn_ddp_bucket_summary(const struct trn_ddp *d, char *buf, size_t len);
 
 #endif

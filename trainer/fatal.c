@@ -8,6 +8,18 @@
 
 #include "common/exitcodes.h"
 
+_Noreturn void trn_refuse(int exit_code, const char *fmt, ...)
+{
+    char msg[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+    fprintf(stderr, "cddp-train: %s\n", msg);
+    exit(exit_code);
+}
+
 _Noreturn void trn_fatal_at(const char *file, int line, const char *fmt, ...)
 {
     char msg[1024];

@@ -1,10 +1,17 @@
 /*
- * fatal.h: fail fast with file:line, for the worker only.
+ * fatal.h: how cddp-train stops, for the worker only (daemons never stop).
  *
- * cddp-train is supervised: when something it cannot recover from happens
- * (an allocation fails, a oneDNN call refuses, a file it just validated
- * shrinks), it prints where and why and exits 1, and the agent restarts it
- * (llm.c's mallocCheck/cudaCheck habit). Daemons never use this.
+ * Two ways, both one line on stderr:
+ *   - trn_refuse: the run cannot go on with what it was given (a flag, the
+ *     data, a file): "cddp-train: WHAT: why" and the documented exit code
+ *     (docs/trainer.md: 2 for flags and data that cannot be opened, 1 for
+ *     the rest). Every check a rank can make alone is made, and refused
+ *     through this, before the rank connects to the others; after that, a
+ *     failed collective ends the rank through trn_comm_fail (exit 75).
+ *   - trn_fatal: something it cannot recover from happened (an allocation
+ *     fails, a oneDNN call refuses, a file it just validated shrinks): it
+ *     prints where (file:line) and why and exits 1, and the agent restarts
+ *     it (llm.c's mallocCheck/cudaCheck habit).
  */
 #ifndef CDDP_TRAINER_FATAL_H
 #define CDDP_TRAINER_FATAL_H
@@ -17,6 +24,9 @@
 #else
 #define TRN_NORETURN _Noreturn
 #endif
+
+TRN_NORETURN void trn_refuse(int exit_code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 TRN_NORETURN void trn_fatal_at(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

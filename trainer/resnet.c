@@ -382,8 +382,8 @@ static void *carve(struct arena *a, size_t bytes)
     return a->base ? a->base + at : NULL;
 }
 
-static struct trn_tensor act(struct trn_resnet *m, struct arena *a, int c, int h, int w,
-                             size_t *max_numel)
+static struct trn_tensor carve_activation(struct trn_resnet *m, struct arena *a, int c, int h,
+                                          int w, size_t *max_numel)
 {
     struct trn_tensor t = {NULL, m->n, c, h, w, TRN_F32, m->be->act_layout, m->be->device};
     size_t numel = trn_tensor_numel(&t);
@@ -403,29 +403,29 @@ static void layout(struct trn_resnet *m, struct arena *a)
 {
     size_t mx = 0;
     int h = conv_out(&m->conv1.op, m->h), w = conv_out(&m->conv1.op, m->w);
-    m->stem_c = act(m, a, 64, h, w, &mx);
-    m->stem_a = act(m, a, 64, h, w, &mx);
+    m->stem_c = carve_activation(m, a, 64, h, w, &mx);
+    m->stem_a = carve_activation(m, a, 64, h, w, &mx);
     h = (h - 1) / 2 + 1; /* max-pool 3x3/2 pad 1 */
     w = (w - 1) / 2 + 1;
-    m->stem_p = act(m, a, 64, h, w, &mx);
+    m->stem_p = carve_activation(m, a, 64, h, w, &mx);
     m->pool_argmax = carve(a, trn_tensor_numel(&m->stem_p));
     struct trn_tensor in = m->stem_p;
     for (int i = 0; i < m->n_blocks; i++) {
         struct trn_block *b = &m->blocks[i];
         b->in = in;
         int h1 = conv_out(&b->conv1.op, in.h), w1 = conv_out(&b->conv1.op, in.w);
-        b->c1 = act(m, a, b->conv1.op.cout, h1, w1, &mx);
-        b->a1 = act(m, a, b->conv1.op.cout, h1, w1, &mx);
+        b->c1 = carve_activation(m, a, b->conv1.op.cout, h1, w1, &mx);
+        b->a1 = carve_activation(m, a, b->conv1.op.cout, h1, w1, &mx);
         int h2 = conv_out(&b->conv2.op, h1), w2 = conv_out(&b->conv2.op, w1);
-        b->c2 = act(m, a, b->conv2.op.cout, h2, w2, &mx);
+        b->c2 = carve_activation(m, a, b->conv2.op.cout, h2, w2, &mx);
         if (b->bottleneck) {
-            b->a2 = act(m, a, b->conv2.op.cout, h2, w2, &mx);
-            b->c3 = act(m, a, b->conv3.op.cout, h2, w2, &mx);
+            b->a2 = carve_activation(m, a, b->conv2.op.cout, h2, w2, &mx);
+            b->c3 = carve_activation(m, a, b->conv3.op.cout, h2, w2, &mx);
         }
         if (b->downsample)
-            b->cd = act(m, a, b->ds_conv.op.cout, h2, w2, &mx);
+            b->cd = carve_activation(m, a, b->ds_conv.op.cout, h2, w2, &mx);
         int cout = b->bottleneck ? b->conv3.op.cout : b->conv2.op.cout;
-        b->out = act(m, a, cout, h2, w2, &mx);
+        b->out = carve_activation(m, a, cout, h2, w2, &mx);
         in = b->out;
     }
     size_t nf = (size_t)m->n * m->feat, nk = (size_t)m->n * m->num_classes;

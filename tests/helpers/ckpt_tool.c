@@ -76,7 +76,6 @@ int main(int argc, char **argv)
                                  .batch_size = 16,
                                  .dataset_len = 1000,
                                  .shuffle = true,
-                                 .rng = {1, 2, 3, 4},
                                  .optimizer_steps = 7,
                                  .lr = 0.01,
                                  .momentum = 0.9,

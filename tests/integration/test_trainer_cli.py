@@ -50,6 +50,9 @@ def train(*args, timeout=300, env=None):
     (["--init-timeout", "-1"], "--init-timeout"),
     (["--fault", "explode@step=1"], "--fault"),
     (["--fault", "slow@step=1"], "--fault"),
+    # output paths are checked before training, not at the end of it
+    (["--save", "/nonexistent-dir/w.safetensors"], "--save"),
+    (["--eval", "--eval-logits", "/nonexistent-dir/l.safetensors"], "--eval-logits"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(args, flag):
     r = train(*args)
