@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/jsonw.h"
 #include "common/utf8.h"
 #include "proto/frame.h"
 
@@ -731,35 +732,12 @@ static void raw(struct enc *e, const char *p, size_t n)
         e->rc = cddp_buf_append(e->b, p, n);
 }
 
-/* A JSON string: quotes, backslashes and control characters escaped;
- * other bytes as they are. */
+/* A JSON string, every byte kept (common/jsonw.h, CDDP_JSON_STRICT): what a
+ * peer sent comes back as it was, so encode(decode(x)) is a fixed point. */
 static void quoted(struct enc *e, const char *s)
 {
-    static const char hex[] = "0123456789abcdef";
-    raw(e, "\"", 1);
-    const char *run = s;
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        raw(e, run, (size_t)(s - run));
-        run = s + 1;
-        char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-        if (c == '"' || c == '\\') {
-            esc[1] = (char)c;
-            raw(e, esc, 2);
-        } else if (c == '\n') {
-            raw(e, "\\n", 2);
-        } else if (c == '\t') {
-            raw(e, "\\t", 2);
-        } else if (c == '\r') {
-            raw(e, "\\r", 2);
-        } else {
-            raw(e, esc, 6);
-        }
-    }
-    raw(e, run, (size_t)(s - run));
-    raw(e, "\"", 1);
+    if (e->rc == 0)
+        e->rc = cddp_json_put_string(e->b, s, CDDP_JSON_STRICT);
 }
 
 /* A member's name, escaped as a string is: most are ours, but a join's conf

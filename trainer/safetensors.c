@@ -23,8 +23,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/array.h"
 #include "common/errors.h"
+#include "common/file.h"
+#include "common/jsonw.h"
 #include "common/strutil.h"
+#include "common/utf8.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian; this code copies it as is"
@@ -77,48 +81,6 @@ static const char *printable(const char *s, char *out, size_t outlen)
 
 #define NAMEBUF 128
 #define PNAME(s, buf) printable((s), (buf), sizeof(buf))
-
-/* Length of the valid UTF-8 sequence at p (at most n bytes), 0 if invalid.
- * Refuses overlong forms, surrogates and code points past U+10FFFF. */
-static size_t utf8_seq(const uint8_t *p, size_t n)
-{
-    uint8_t c = p[0];
-    if (c < 0x80)
-        return 1;
-    size_t len;
-    uint32_t cp, min;
-    if (c >= 0xC2 && c <= 0xDF)
-        len = 2, cp = c & 0x1F, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF)
-        len = 3, cp = c & 0x0F, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4)
-        len = 4, cp = c & 0x07, min = 0x10000;
-    else
-        return 0;
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (p[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return len;
-}
-
-static bool utf8_valid(const char *s)
-{
-    const uint8_t *p = (const uint8_t *)s;
-    size_t n = strlen(s);
-    while (n > 0) {
-        size_t k = utf8_seq(p, n);
-        if (k == 0)
-            return false;
-        p += k, n -= k;
-    }
-    return true;
-}
 
 /* ---------------------------------------------------------------- decoder */
 
@@ -271,7 +233,7 @@ static int parse_string(struct parser *ps, const char **out)
             n += utf8_put(dst + n, cp);
             continue;
         }
-        size_t k = utf8_seq(ps->p, (size_t)(ps->end - ps->p));
+        size_t k = cddp_utf8_seq(ps->p, (size_t)(ps->end - ps->p));
         if (k == 0)
             return perr(ps, "invalid UTF-8 in string");
         memcpy(dst + n, ps->p, k);
@@ -426,17 +388,10 @@ static int tensor_entry(struct parser *ps, struct trn_st_tensor *t)
     return 0;
 }
 
-static int grow(void **arr, size_t *cap, size_t need, size_t elem)
+/* Entries per header are bounded by its bytes: each takes more than one. */
+static size_t max_entries(const struct parser *ps)
 {
-    if (need <= *cap)
-        return 0;
-    size_t nc = *cap ? *cap * 2 : 64;
-    void *p = realloc(*arr, nc * elem);
-    if (p == NULL)
-        return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    *arr = p;
-    *cap = nc;
-    return 0;
+    return (size_t)(ps->end - ps->start);
 }
 
 static int meta_object(struct parser *ps, struct trn_st_file *f, size_t *cap)
@@ -458,7 +413,8 @@ static int meta_object(struct parser *ps, struct trn_st_file *f, size_t *cap)
             return perr(ps, "__metadata__ values must be strings");
         if ((rc = parse_string(ps, &v)))
             return rc;
-        if ((rc = grow((void **)&f->meta, cap, f->n_meta + 1, sizeof(*f->meta))))
+        if ((rc = cddp_array_reserve((void **)&f->meta, cap, f->n_meta + 1, sizeof(*f->meta),
+                                     max_entries(ps))))
             return rc;
         f->meta[f->n_meta].key = k;
         f->meta[f->n_meta].value = v;
@@ -498,7 +454,8 @@ static int parse_header(struct parser *ps, struct trn_st_file *f)
             } else {
                 if (key[0] == '\0')
                     return perr(ps, "empty tensor name");
-                if ((rc = grow((void **)&f->tensors, &tcap, f->n_tensors + 1, sizeof(*f->tensors))))
+                if ((rc = cddp_array_reserve((void **)&f->tensors, &tcap, f->n_tensors + 1,
+                                             sizeof(*f->tensors), max_entries(ps))))
                     return rc;
                 struct trn_st_tensor *t = &f->tensors[f->n_tensors++];
                 memset(t, 0, sizeof(*t));
@@ -898,52 +855,11 @@ void trn_st_close(struct trn_st_file *f)
 
 /* ---------------------------------------------------------------- writer */
 
+/* Names and metadata are checked as UTF-8 first (check_names), so they
+ * are written as they are. */
 static int json_string(struct cddp_buf *b, const char *s)
 {
-    static const char hex[] = "0123456789abcdef";
-    int rc = cddp_buf_append(b, "\"", 1);
-    for (const char *p = s; *p != '\0' && rc == 0; p++) {
-        unsigned char c = (unsigned char)*p;
-        char e[7];
-        size_t n = 0;
-        switch (c) {
-        case '"':
-            n = 2, e[0] = '\\', e[1] = '"';
-            break;
-        case '\\':
-            n = 2, e[0] = '\\', e[1] = '\\';
-            break;
-        case '\b':
-            n = 2, e[0] = '\\', e[1] = 'b';
-            break;
-        case '\f':
-            n = 2, e[0] = '\\', e[1] = 'f';
-            break;
-        case '\n':
-            n = 2, e[0] = '\\', e[1] = 'n';
-            break;
-        case '\r':
-            n = 2, e[0] = '\\', e[1] = 'r';
-            break;
-        case '\t':
-            n = 2, e[0] = '\\', e[1] = 't';
-            break;
-        default:
-            if (c < 0x20) {
-                memcpy(e, "\\u00", 4);
-                e[4] = hex[c >> 4];
-                e[5] = hex[c & 15];
-                n = 6;
-            } else {
-                e[0] = (char)c;
-                n = 1;
-            }
-        }
-        rc = cddp_buf_append(b, e, n);
-    }
-    if (rc == 0)
-        rc = cddp_buf_append(b, "\"", 1);
-    return rc;
+    return cddp_json_put_string(b, s, CDDP_JSON_STRICT);
 }
 
 static int check_names(const struct trn_st_tensor *t, size_t n, const struct trn_st_meta *meta,
@@ -954,7 +870,7 @@ static int check_names(const struct trn_st_tensor *t, size_t n, const struct trn
         uint64_t numel, nbytes;
         if (t[i].name == NULL || t[i].name[0] == '\0')
             return errorf(err, errlen, CDDP_ECORRUPT, "tensor %zu has no name", i);
-        if (!utf8_valid(t[i].name))
+        if (!cddp_utf8_valid(t[i].name))
             return errorf(err, errlen, CDDP_ECORRUPT, "tensor %zu: name is not valid UTF-8", i);
         if (strcmp(t[i].name, "__metadata__") == 0)
             return errorf(err, errlen, CDDP_ECORRUPT, "tensor %zu: '__metadata__' is reserved", i);
@@ -971,8 +887,8 @@ static int check_names(const struct trn_st_tensor *t, size_t n, const struct trn
             return errorf(err, errlen, CDDP_ECORRUPT, "tensor '%s': no data", PNAME(t[i].name, nb));
     }
     for (size_t i = 0; i < n_meta; i++) {
-        if (meta[i].key == NULL || meta[i].value == NULL || !utf8_valid(meta[i].key) ||
-            !utf8_valid(meta[i].value))
+        if (meta[i].key == NULL || meta[i].value == NULL || !cddp_utf8_valid(meta[i].key) ||
+            !cddp_utf8_valid(meta[i].value))
             return errorf(err, errlen, CDDP_ECORRUPT,
                           "metadata entry %zu: missing or not valid UTF-8", i);
         for (size_t j = 0; j < i; j++)
@@ -1060,22 +976,6 @@ int trn_st_encode_header(const struct trn_st_tensor *t, size_t n, const struct t
     return 0;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const uint8_t *p = buf;
-    while (n > 0) {
-        size_t chunk = n > (1u << 30) ? (1u << 30) : n;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return CDDP_ERR_FROM_ERRNO(errno);
-        }
-        p += w, n -= (size_t)w;
-    }
-    return 0;
-}
-
 int trn_st_write_fd(int fd, const struct trn_st_tensor *t, size_t n, const struct trn_st_meta *meta,
                     size_t n_meta, char *err, size_t errlen)
 {
@@ -1084,12 +984,12 @@ int trn_st_write_fd(int fd, const struct trn_st_tensor *t, size_t n, const struc
     int rc = trn_st_encode_header(t, n, meta, n_meta, &hdr, &hlen, err, errlen);
     if (rc)
         return rc;
-    rc = write_all(fd, hdr, hlen);
+    rc = cddp_write_all(fd, hdr, hlen);
     free(hdr);
     for (size_t i = 0; i < n && rc == 0; i++) {
         uint64_t numel, nbytes;
         shape_size(t[i].dtype, t[i].ndim, t[i].shape, &numel, &nbytes);
-        rc = write_all(fd, t[i].data, (size_t)nbytes);
+        rc = cddp_write_all(fd, t[i].data, (size_t)nbytes);
     }
     if (rc)
         return errorf(err, errlen, rc, "write: %s", cddp_strerror(rc));
@@ -1125,29 +1025,6 @@ static int open_tmp(const char *tmp, int *out)
     return CDDP_EEXISTS;
 }
 
-static int fsync_dir_of(const char *path)
-{
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (slash == NULL) {
-        cddp_strlcpy(dir, ".", sizeof(dir));
-    } else if (slash == path) {
-        cddp_strlcpy(dir, "/", sizeof(dir));
-    } else {
-        size_t n = (size_t)(slash - path);
-        if (n >= sizeof(dir))
-            return CDDP_ERR_FROM_ERRNO(ENAMETOOLONG);
-        memcpy(dir, path, n);
-        dir[n] = '\0';
-    }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return CDDP_ERR_FROM_ERRNO(errno);
-    int rc = fsync(fd) == 0 ? 0 : CDDP_ERR_FROM_ERRNO(errno);
-    close(fd);
-    return rc;
-}
-
 int trn_st_save(const char *path, const struct trn_st_tensor *t, size_t n,
                 const struct trn_st_meta *meta, size_t n_meta, char *err, size_t errlen)
 {
@@ -1164,19 +1041,17 @@ int trn_st_save(const char *path, const struct trn_st_tensor *t, size_t n,
         errorf(err, errlen, rc, "%s: %s", tmp, msg);
         goto fail;
     }
-    if (fsync(fd) != 0) {
-        rc = errorf(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "%s: fsync: %s", tmp, strerror(errno));
-        goto fail;
-    }
     /* Rename while still holding the lock: see open_tmp. */
-    if (rename(tmp, path) != 0) {
-        rc = errorf(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "rename %s -> %s: %s", tmp, path,
-                    strerror(errno));
+    bool renamed = false;
+    if ((rc = cddp_file_commit(fd, tmp, path, &renamed, msg, sizeof(msg))) != 0) {
+        errorf(err, errlen, rc, "%s: %s", path, msg);
+        if (renamed) { /* only the directory's fsync failed: the file is in place */
+            close(fd);
+            return rc;
+        }
         goto fail;
     }
     close(fd); /* after fsync, close has nothing left to report */
-    if ((rc = fsync_dir_of(path)) != 0)
-        return errorf(err, errlen, rc, "%s: fsync of its directory: %s", path, cddp_strerror(rc));
     return 0;
 fail:
     unlink(tmp);
