@@ -1,6 +1,8 @@
 /* errors.c: names and messages for the codes in errors.h. */
 #include "common/errors.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 const char *cddp_strerror(int err)
@@ -39,4 +41,13 @@ const char *cddp_err_name(int err)
         return n ? n : "EUNKNOWN";
     }
     return "EUNKNOWN";
+}
+
+int cddp_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return code;
 }

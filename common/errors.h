@@ -11,6 +11,7 @@
 #define CDDP_COMMON_ERRORS_H
 
 #include <errno.h>
+#include <stddef.h>
 
 #define CDDP_ERR_FROM_ERRNO(e) (-(e))
 
@@ -42,6 +43,12 @@ enum cddp_error {
 
 /* Human-readable message for a code (project code or -errno). Never NULL. */
 const char *cddp_strerror(int err);
+
+/* Writes a one-line reason into err (as snprintf: truncated to errlen) and
+ * returns code, for setup paths that fill a caller's error buffer:
+ *     return cddp_fail(err, errlen, CDDP_EPARSE, "%s: empty address", name); */
+int cddp_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* Symbolic name ("EPARSE", "ECONNREFUSED", ...). Never NULL. */
 const char *cddp_err_name(int err);

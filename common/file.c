@@ -57,9 +57,7 @@ int cddp_fsync_dir_of(const char *path)
 
 static int failed(char *err, size_t errlen, int rc, const char *what, const char *path)
 {
-    if (err != NULL && errlen > 0)
-        snprintf(err, errlen, "%s%s: %s", what, path, cddp_strerror(rc));
-    return rc;
+    return err ? cddp_fail(err, errlen, rc, "%s%s: %s", what, path, cddp_strerror(rc)) : rc;
 }
 
 int cddp_file_commit(int fd, const char *tmp, const char *path, bool *renamed, char *err,
@@ -71,9 +69,8 @@ int cddp_file_commit(int fd, const char *tmp, const char *path, bool *renamed, c
         return failed(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "fsync ", tmp);
     if (rename(tmp, path) != 0) {
         int rc = CDDP_ERR_FROM_ERRNO(errno);
-        if (err != NULL && errlen > 0)
-            snprintf(err, errlen, "rename %s -> %s: %s", tmp, path, cddp_strerror(rc));
-        return rc;
+        return err ? cddp_fail(err, errlen, rc, "rename %s -> %s: %s", tmp, path, cddp_strerror(rc))
+                   : rc;
     }
     if (renamed != NULL)
         *renamed = true;

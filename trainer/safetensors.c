@@ -13,7 +13,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,20 +52,6 @@ size_t trn_st_dtype_size(enum trn_st_dtype d)
     return (unsigned)d < TRN_ST_NUM_DTYPES ? dtypes[d].size : 0;
 }
 
-static int errorf(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int errorf(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* A name fit for a one-line message: control bytes become '?', long names are cut. */
 static const char *printable(const char *s, char *out, size_t outlen)
 {
@@ -94,8 +79,8 @@ struct parser {
 
 static int perr(struct parser *ps, const char *what)
 {
-    return errorf(ps->err, ps->errlen, CDDP_ECORRUPT, "header: %s at byte %zu of the JSON", what,
-                  (size_t)(ps->p - ps->start));
+    return cddp_fail(ps->err, ps->errlen, CDDP_ECORRUPT, "header: %s at byte %zu of the JSON", what,
+                     (size_t)(ps->p - ps->start));
 }
 
 static void skip_ws(struct parser *ps)
@@ -339,8 +324,9 @@ static int tensor_entry(struct parser *ps, struct trn_st_tensor *t)
                 if (strcmp(dt, dtypes[i].name) == 0)
                     d = i;
             if (d < 0)
-                return errorf(ps->err, ps->errlen, CDDP_ECORRUPT,
-                              "header: tensor '%s': unknown dtype '%.32s'", PNAME(t->name, nb), dt);
+                return cddp_fail(ps->err, ps->errlen, CDDP_ECORRUPT,
+                                 "header: tensor '%s': unknown dtype '%.32s'", PNAME(t->name, nb),
+                                 dt);
             t->dtype = (enum trn_st_dtype)d;
             have_dtype = true;
         } else if (strcmp(field, "shape") == 0) {
@@ -360,8 +346,9 @@ static int tensor_entry(struct parser *ps, struct trn_st_tensor *t)
                 return perr(ps, "data_offsets must hold two integers");
             have_offsets = true;
         } else {
-            return errorf(ps->err, ps->errlen, CDDP_ECORRUPT,
-                          "header: tensor '%s': unknown field '%.32s'", PNAME(t->name, nb), field);
+            return cddp_fail(ps->err, ps->errlen, CDDP_ECORRUPT,
+                             "header: tensor '%s': unknown field '%.32s'", PNAME(t->name, nb),
+                             field);
         }
         ps->arena_used = mark;
         skip_ws(ps);
@@ -374,16 +361,17 @@ static int tensor_entry(struct parser *ps, struct trn_st_tensor *t)
         break;
     }
     if (!have_dtype || !have_shape || !have_offsets)
-        return errorf(ps->err, ps->errlen, CDDP_ECORRUPT, "header: tensor '%s': missing \"%s\"",
-                      PNAME(t->name, nb),
-                      !have_dtype   ? "dtype"
-                      : !have_shape ? "shape"
-                                    : "data_offsets");
+        return cddp_fail(ps->err, ps->errlen, CDDP_ECORRUPT, "header: tensor '%s': missing \"%s\"",
+                         PNAME(t->name, nb),
+                         !have_dtype   ? "dtype"
+                         : !have_shape ? "shape"
+                                       : "data_offsets");
     t->offset = offs[0];
     if (offs[1] < offs[0])
-        return errorf(ps->err, ps->errlen, CDDP_ECORRUPT,
-                      "header: tensor '%s': data_offsets [%llu, %llu] end before they begin",
-                      PNAME(t->name, nb), (unsigned long long)offs[0], (unsigned long long)offs[1]);
+        return cddp_fail(ps->err, ps->errlen, CDDP_ECORRUPT,
+                         "header: tensor '%s': data_offsets [%llu, %llu] end before they begin",
+                         PNAME(t->name, nb), (unsigned long long)offs[0],
+                         (unsigned long long)offs[1]);
     t->nbytes = offs[1] - offs[0];
     return 0;
 }
@@ -434,7 +422,7 @@ static int parse_header(struct parser *ps, struct trn_st_file *f)
     bool have_meta = false;
     int rc;
     if (ps->p >= ps->end || *ps->p != '{')
-        return errorf(ps->err, ps->errlen, CDDP_ECORRUPT, "header does not start with '{'");
+        return cddp_fail(ps->err, ps->errlen, CDDP_ECORRUPT, "header does not start with '{'");
     ps->p++;
     skip_ws(ps);
     if (ps->p < ps->end && *ps->p == '}') {
@@ -545,23 +533,23 @@ static int validate(struct trn_st_file *f, char *err, size_t errlen)
         uint64_t numel, need;
         fmt_shape(t, sh, sizeof(sh));
         if (!shape_size(t->dtype, t->ndim, t->shape, &numel, &need))
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor '%s': shape %s overflows",
-                          PNAME(t->name, nb), sh);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor '%s': shape %s overflows",
+                             PNAME(t->name, nb), sh);
         if (need != t->nbytes)
-            return errorf(err, errlen, CDDP_ECORRUPT,
-                          "tensor '%s': %s %s needs %llu bytes but data_offsets [%llu, %llu] "
-                          "hold %llu",
-                          PNAME(t->name, nb), trn_st_dtype_name(t->dtype), sh,
-                          (unsigned long long)need, (unsigned long long)t->offset,
-                          (unsigned long long)(t->offset + t->nbytes),
-                          (unsigned long long)t->nbytes);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT,
+                             "tensor '%s': %s %s needs %llu bytes but data_offsets [%llu, %llu] "
+                             "hold %llu",
+                             PNAME(t->name, nb), trn_st_dtype_name(t->dtype), sh,
+                             (unsigned long long)need, (unsigned long long)t->offset,
+                             (unsigned long long)(t->offset + t->nbytes),
+                             (unsigned long long)t->nbytes);
         if (t->offset > f->data_len || t->nbytes > f->data_len - t->offset)
-            return errorf(err, errlen, CDDP_EIO_SHORT,
-                          "tensor '%s': data_offsets [%llu, %llu] run past the end of the data "
-                          "(%llu bytes; file truncated?)",
-                          PNAME(t->name, nb), (unsigned long long)t->offset,
-                          (unsigned long long)(t->offset + t->nbytes),
-                          (unsigned long long)f->data_len);
+            return cddp_fail(err, errlen, CDDP_EIO_SHORT,
+                             "tensor '%s': data_offsets [%llu, %llu] run past the end of the data "
+                             "(%llu bytes; file truncated?)",
+                             PNAME(t->name, nb), (unsigned long long)t->offset,
+                             (unsigned long long)(t->offset + t->nbytes),
+                             (unsigned long long)f->data_len);
         t->numel = numel;
     }
 
@@ -578,8 +566,8 @@ static int validate(struct trn_st_file *f, char *err, size_t errlen)
     qsort_r(f->by_name, n, sizeof(size_t), by_name_cmp, f->tensors);
     for (size_t i = 1; i < n; i++) {
         if (strcmp(f->tensors[f->by_name[i - 1]].name, f->tensors[f->by_name[i]].name) == 0) {
-            rc = errorf(err, errlen, CDDP_ECORRUPT, "duplicate tensor name '%s'",
-                        PNAME(f->tensors[f->by_name[i]].name, nb));
+            rc = cddp_fail(err, errlen, CDDP_ECORRUPT, "duplicate tensor name '%s'",
+                           PNAME(f->tensors[f->by_name[i]].name, nb));
             goto out;
         }
     }
@@ -588,25 +576,26 @@ static int validate(struct trn_st_file *f, char *err, size_t errlen)
     for (size_t i = 0; i < n; i++) {
         const struct trn_st_tensor *t = &f->tensors[order[i]];
         if (t->offset < pos) {
-            rc = errorf(err, errlen, CDDP_ECORRUPT, "tensors '%s' and '%s' overlap at offset %llu",
-                        PNAME(f->tensors[order[i - 1]].name, nb2), PNAME(t->name, nb),
-                        (unsigned long long)t->offset);
+            rc = cddp_fail(err, errlen, CDDP_ECORRUPT,
+                           "tensors '%s' and '%s' overlap at offset %llu",
+                           PNAME(f->tensors[order[i - 1]].name, nb2), PNAME(t->name, nb),
+                           (unsigned long long)t->offset);
             goto out;
         }
         if (t->offset > pos) {
-            rc = errorf(err, errlen, CDDP_ECORRUPT,
-                        "hole of %llu bytes in the data before tensor '%s' (offset %llu)",
-                        (unsigned long long)(t->offset - pos), PNAME(t->name, nb),
-                        (unsigned long long)t->offset);
+            rc = cddp_fail(err, errlen, CDDP_ECORRUPT,
+                           "hole of %llu bytes in the data before tensor '%s' (offset %llu)",
+                           (unsigned long long)(t->offset - pos), PNAME(t->name, nb),
+                           (unsigned long long)t->offset);
             goto out;
         }
         pos = t->offset + t->nbytes;
     }
     if (pos != f->data_len) {
-        rc = errorf(err, errlen, CDDP_ECORRUPT,
-                    "the tensors cover %llu bytes of data but the file holds %llu after the "
-                    "header",
-                    (unsigned long long)pos, (unsigned long long)f->data_len);
+        rc = cddp_fail(err, errlen, CDDP_ECORRUPT,
+                       "the tensors cover %llu bytes of data but the file holds %llu after the "
+                       "header",
+                       (unsigned long long)pos, (unsigned long long)f->data_len);
         goto out;
     }
     for (size_t i = 0; i < f->n_meta; i++)
@@ -614,8 +603,8 @@ static int validate(struct trn_st_file *f, char *err, size_t errlen)
     qsort_r(mk, f->n_meta, sizeof(size_t), meta_key_cmp, f->meta);
     for (size_t i = 1; i < f->n_meta; i++) {
         if (strcmp(f->meta[mk[i - 1]].key, f->meta[mk[i]].key) == 0) {
-            rc = errorf(err, errlen, CDDP_ECORRUPT, "duplicate __metadata__ key '%s'",
-                        PNAME(f->meta[mk[i]].key, nb));
+            rc = cddp_fail(err, errlen, CDDP_ECORRUPT, "duplicate __metadata__ key '%s'",
+                           PNAME(f->meta[mk[i]].key, nb));
             goto out;
         }
     }
@@ -638,18 +627,18 @@ static int check_prefix(const uint8_t *p, uint64_t file_size, uint64_t *hlen, ch
                         size_t errlen)
 {
     if (file_size < 8)
-        return errorf(err, errlen, CDDP_EIO_SHORT,
-                      "file is %llu bytes, too short for the 8-byte header length",
-                      (unsigned long long)file_size);
+        return cddp_fail(err, errlen, CDDP_EIO_SHORT,
+                         "file is %llu bytes, too short for the 8-byte header length",
+                         (unsigned long long)file_size);
     uint64_t n = le64(p);
     if (n > TRN_ST_MAX_HEADER)
-        return errorf(err, errlen, CDDP_ETOOBIG,
-                      "header length %llu is over the 100 MB limit (not a safetensors file?)",
-                      (unsigned long long)n);
+        return cddp_fail(err, errlen, CDDP_ETOOBIG,
+                         "header length %llu is over the 100 MB limit (not a safetensors file?)",
+                         (unsigned long long)n);
     if (n > file_size - 8)
-        return errorf(err, errlen, CDDP_EIO_SHORT,
-                      "header length %llu runs past the end of the %llu-byte file (truncated?)",
-                      (unsigned long long)n, (unsigned long long)file_size);
+        return cddp_fail(err, errlen, CDDP_EIO_SHORT,
+                         "header length %llu runs past the end of the %llu-byte file (truncated?)",
+                         (unsigned long long)n, (unsigned long long)file_size);
     *hlen = n;
     return 0;
 }
@@ -662,13 +651,14 @@ int trn_st_decode(const void *buf, size_t len, uint64_t file_size, struct trn_st
     const uint8_t *b = buf;
     uint64_t hlen;
     if (len < 8 && file_size >= 8)
-        return errorf(err, errlen, CDDP_EIO_SHORT, "buffer holds %zu of the 8 header bytes", len);
+        return cddp_fail(err, errlen, CDDP_EIO_SHORT, "buffer holds %zu of the 8 header bytes",
+                         len);
     int rc = check_prefix(b, file_size, &hlen, err, errlen);
     if (rc)
         return rc;
     if (len - 8 < hlen)
-        return errorf(err, errlen, CDDP_EIO_SHORT, "buffer holds %zu of the %llu header bytes",
-                      len - 8, (unsigned long long)hlen);
+        return cddp_fail(err, errlen, CDDP_EIO_SHORT, "buffer holds %zu of the %llu header bytes",
+                         len - 8, (unsigned long long)hlen);
     f->file_size = file_size;
     f->data_start = 8 + hlen;
     f->data_len = file_size - f->data_start;
@@ -723,36 +713,36 @@ int trn_st_open(const char *path, struct trn_st_file *f, char *err, size_t errle
     int rc;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return errorf(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "%s: %s", path, strerror(errno));
+        return cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "%s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        rc = errorf(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "%s: %s", path, strerror(errno));
+        rc = cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "%s: %s", path, strerror(errno));
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        rc = errorf(err, errlen, CDDP_ECORRUPT, "%s: not a regular file", path);
+        rc = cddp_fail(err, errlen, CDDP_ECORRUPT, "%s: not a regular file", path);
         goto fail;
     }
     uint64_t size = (uint64_t)st.st_size;
     if (size >= 8 && (rc = pread_all(fd, prefix, 8, 0)) != 0) {
-        rc = errorf(err, errlen, rc, "%s: %s", path, cddp_strerror(rc));
+        rc = cddp_fail(err, errlen, rc, "%s: %s", path, cddp_strerror(rc));
         goto fail;
     }
     if ((rc = check_prefix(prefix, size, &hlen, msg, sizeof(msg))) != 0) {
-        rc = errorf(err, errlen, rc, "%s: %s", path, msg);
+        rc = cddp_fail(err, errlen, rc, "%s: %s", path, msg);
         goto fail;
     }
     hdr = malloc(8 + (size_t)hlen);
     if (hdr == NULL) {
-        rc = errorf(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "%s: out of memory", path);
+        rc = cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "%s: out of memory", path);
         goto fail;
     }
     if ((rc = pread_all(fd, hdr, 8 + (size_t)hlen, 0)) != 0) {
-        rc = errorf(err, errlen, rc, "%s: reading the header: %s", path, cddp_strerror(rc));
+        rc = cddp_fail(err, errlen, rc, "%s: reading the header: %s", path, cddp_strerror(rc));
         goto fail;
     }
     if ((rc = trn_st_decode(hdr, 8 + (size_t)hlen, size, f, msg, sizeof(msg))) != 0) {
-        rc = errorf(err, errlen, rc, "%s: %s", path, msg);
+        rc = cddp_fail(err, errlen, rc, "%s: %s", path, msg);
         goto fail;
     }
     free(hdr);
@@ -760,7 +750,7 @@ int trn_st_open(const char *path, struct trn_st_file *f, char *err, size_t errle
     if (f->path == NULL) {
         trn_st_close(f);
         close(fd);
-        return errorf(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "%s: out of memory", path);
+        return cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "%s: out of memory", path);
     }
     f->fd = fd;
     return 0;
@@ -776,16 +766,16 @@ int trn_st_read(const struct trn_st_file *f, const struct trn_st_tensor *t, void
     char nb[NAMEBUF];
     const char *path = f->path ? f->path : "safetensors";
     if (f->fd < 0)
-        return errorf(err, errlen, CDDP_ESTATE, "%s: no open file to read from", path);
+        return cddp_fail(err, errlen, CDDP_ESTATE, "%s: no open file to read from", path);
     int rc = pread_all(f->fd, dst, (size_t)t->nbytes, f->data_start + t->offset);
     if (rc == CDDP_EIO_SHORT)
-        return errorf(err, errlen, rc,
-                      "%s: file ends inside tensor '%s' (it shrank after it was "
-                      "opened)",
-                      path, PNAME(t->name, nb));
+        return cddp_fail(err, errlen, rc,
+                         "%s: file ends inside tensor '%s' (it shrank after it was "
+                         "opened)",
+                         path, PNAME(t->name, nb));
     if (rc)
-        return errorf(err, errlen, rc, "%s: reading tensor '%s': %s", path, PNAME(t->name, nb),
-                      cddp_strerror(rc));
+        return cddp_fail(err, errlen, rc, "%s: reading tensor '%s': %s", path, PNAME(t->name, nb),
+                         cddp_strerror(rc));
     return 0;
 }
 
@@ -793,7 +783,7 @@ int trn_st_data_crc32(const struct trn_st_file *f, uint32_t *crc, char *err, siz
 {
     const char *path = f->path ? f->path : "safetensors";
     if (f->fd < 0)
-        return errorf(err, errlen, CDDP_ESTATE, "%s: no open file to read from", path);
+        return cddp_fail(err, errlen, CDDP_ESTATE, "%s: no open file to read from", path);
     enum { CHUNK = 1 << 20 };
     uint8_t *buf = malloc(CHUNK);
     if (buf == NULL)
@@ -804,7 +794,7 @@ int trn_st_data_crc32(const struct trn_st_file *f, uint32_t *crc, char *err, siz
     while (left > 0) {
         size_t n = left > CHUNK ? CHUNK : (size_t)left;
         if ((rc = pread_all(f->fd, buf, n, off)) != 0) {
-            rc = errorf(err, errlen, rc, "%s: reading the data: %s", path, cddp_strerror(rc));
+            rc = cddp_fail(err, errlen, rc, "%s: reading the data: %s", path, cddp_strerror(rc));
             break;
         }
         c = crc32_z(c, buf, n);
@@ -869,32 +859,34 @@ static int check_names(const struct trn_st_tensor *t, size_t n, const struct trn
     for (size_t i = 0; i < n; i++) {
         uint64_t numel, nbytes;
         if (t[i].name == NULL || t[i].name[0] == '\0')
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor %zu has no name", i);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor %zu has no name", i);
         if (!cddp_utf8_valid(t[i].name))
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor %zu: name is not valid UTF-8", i);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor %zu: name is not valid UTF-8", i);
         if (strcmp(t[i].name, "__metadata__") == 0)
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor %zu: '__metadata__' is reserved", i);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor %zu: '__metadata__' is reserved",
+                             i);
         if ((unsigned)t[i].dtype >= TRN_ST_NUM_DTYPES)
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor '%s': bad dtype %d",
-                          PNAME(t[i].name, nb), (int)t[i].dtype);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor '%s': bad dtype %d",
+                             PNAME(t[i].name, nb), (int)t[i].dtype);
         if (t[i].ndim < 0 || t[i].ndim > TRN_ST_MAX_DIMS)
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor '%s': %d dimensions",
-                          PNAME(t[i].name, nb), t[i].ndim);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor '%s': %d dimensions",
+                             PNAME(t[i].name, nb), t[i].ndim);
         if (!shape_size(t[i].dtype, t[i].ndim, t[i].shape, &numel, &nbytes))
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor '%s': shape overflows",
-                          PNAME(t[i].name, nb));
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor '%s': shape overflows",
+                             PNAME(t[i].name, nb));
         if (nbytes > 0 && t[i].data == NULL)
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor '%s': no data", PNAME(t[i].name, nb));
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor '%s': no data",
+                             PNAME(t[i].name, nb));
     }
     for (size_t i = 0; i < n_meta; i++) {
         if (meta[i].key == NULL || meta[i].value == NULL || !cddp_utf8_valid(meta[i].key) ||
             !cddp_utf8_valid(meta[i].value))
-            return errorf(err, errlen, CDDP_ECORRUPT,
-                          "metadata entry %zu: missing or not valid UTF-8", i);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT,
+                             "metadata entry %zu: missing or not valid UTF-8", i);
         for (size_t j = 0; j < i; j++)
             if (strcmp(meta[i].key, meta[j].key) == 0)
-                return errorf(err, errlen, CDDP_ECORRUPT, "duplicate metadata key '%s'",
-                              PNAME(meta[i].key, nb));
+                return cddp_fail(err, errlen, CDDP_ECORRUPT, "duplicate metadata key '%s'",
+                                 PNAME(meta[i].key, nb));
     }
     size_t *idx = malloc((n ? n : 1) * sizeof(size_t));
     if (idx == NULL)
@@ -905,8 +897,8 @@ static int check_names(const struct trn_st_tensor *t, size_t n, const struct trn
     int rc = 0;
     for (size_t i = 1; i < n && rc == 0; i++)
         if (strcmp(t[idx[i - 1]].name, t[idx[i]].name) == 0)
-            rc = errorf(err, errlen, CDDP_ECORRUPT, "duplicate tensor name '%s'",
-                        PNAME(t[idx[i]].name, nb));
+            rc = cddp_fail(err, errlen, CDDP_ECORRUPT, "duplicate tensor name '%s'",
+                           PNAME(t[idx[i]].name, nb));
     free(idx);
     return rc;
 }
@@ -965,8 +957,8 @@ int trn_st_encode_header(const struct trn_st_tensor *t, size_t n, const struct t
     if (rc) {
         cddp_buf_free(&b);
         if (rc == CDDP_ETOOBIG)
-            return errorf(err, errlen, rc, "header would be over the 100 MB limit");
-        return errorf(err, errlen, rc, "encoding the header: %s", cddp_strerror(rc));
+            return cddp_fail(err, errlen, rc, "header would be over the 100 MB limit");
+        return cddp_fail(err, errlen, rc, "encoding the header: %s", cddp_strerror(rc));
     }
     uint64_t hlen = b.len - 8;
     for (int i = 0; i < 8; i++)
@@ -992,7 +984,7 @@ int trn_st_write_fd(int fd, const struct trn_st_tensor *t, size_t n, const struc
         rc = cddp_write_all(fd, t[i].data, (size_t)nbytes);
     }
     if (rc)
-        return errorf(err, errlen, rc, "write: %s", cddp_strerror(rc));
+        return cddp_fail(err, errlen, rc, "write: %s", cddp_strerror(rc));
     return 0;
 }
 
@@ -1030,21 +1022,21 @@ int trn_st_save(const char *path, const struct trn_st_tensor *t, size_t n,
 {
     char tmp[4096], msg[512];
     if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= sizeof(tmp))
-        return errorf(err, errlen, CDDP_ERR_FROM_ERRNO(ENAMETOOLONG), "%s: path too long", path);
+        return cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(ENAMETOOLONG), "%s: path too long", path);
     int fd = -1, rc = open_tmp(tmp, &fd);
     if (rc == CDDP_EEXISTS)
-        return errorf(err, errlen, rc, "%s: another process is writing it (%s is locked)", path,
-                      tmp);
+        return cddp_fail(err, errlen, rc, "%s: another process is writing it (%s is locked)", path,
+                         tmp);
     if (rc)
-        return errorf(err, errlen, rc, "%s: %s", tmp, cddp_strerror(rc));
+        return cddp_fail(err, errlen, rc, "%s: %s", tmp, cddp_strerror(rc));
     if ((rc = trn_st_write_fd(fd, t, n, meta, n_meta, msg, sizeof(msg))) != 0) {
-        errorf(err, errlen, rc, "%s: %s", tmp, msg);
+        cddp_fail(err, errlen, rc, "%s: %s", tmp, msg);
         goto fail;
     }
     /* Rename while still holding the lock: see open_tmp. */
     bool renamed = false;
     if ((rc = cddp_file_commit(fd, tmp, path, &renamed, msg, sizeof(msg))) != 0) {
-        errorf(err, errlen, rc, "%s: %s", path, msg);
+        cddp_fail(err, errlen, rc, "%s: %s", path, msg);
         if (renamed) { /* only the directory's fsync failed: the file is in place */
             close(fd);
             return rc;
