@@ -1,7 +1,6 @@
 /* report.c: see report.h. */
 #include "agent/report.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -13,7 +12,9 @@
 #include <unistd.h>
 
 #include "common/errors.h"
+#include "common/file.h"
 #include "common/signames.h"
+#include "proto/errorfile.h"
 
 #define ERROR_FILE_MAX (4u << 20)
 
@@ -75,19 +76,6 @@ static char *read_file(const char *path, size_t max, int *err)
     return b.data;
 }
 
-/* Python's int() of a JSON number or numeric string; false if neither. */
-static bool json_int(const cJSON *v, long *out)
-{
-    if (cJSON_IsNumber(v) && isfinite(v->valuedouble)) {
-        *out = (long)v->valuedouble;
-        return true;
-    }
-    if (cJSON_IsString(v)) {
-        return cddp_parse_long(v->valuestring, -(1L << 62), 1L << 62, out) == 0;
-    }
-    return false;
-}
-
 static void set_default_message(struct agent_failure *f)
 {
     char buf[256];
@@ -120,39 +108,23 @@ int agent_failure_load(struct agent_failure *f, const char *error_file_path)
 
     int err = 0;
     char *text = read_file(error_file_path, ERROR_FILE_MAX, &err);
-    cJSON *root = text ? cJSON_Parse(text) : NULL;
-    const cJSON *msg = root ? cJSON_GetObjectItemCaseSensitive(root, "message") : NULL;
     char why[256] = "";
-    if (text == NULL)
+    struct proto_errorfile ef = {0};
+    int rc = 0;
+    if (text == NULL) {
         snprintf(why, sizeof(why), "<error file unreadable: %s>", strerror(err));
-    else if (root == NULL || !cJSON_IsObject(root))
-        snprintf(why, sizeof(why), "<error file is not a JSON object>");
-    else if (msg == NULL || !(cJSON_IsString(msg) || cJSON_IsObject(msg)))
-        snprintf(why, sizeof(why), "<error file has no \"message\">");
-
-    if (why[0]) {
         f->message = strdup(why);
-    } else if (cJSON_IsString(msg)) {
-        /* The plain-string format: message as is, top-level "timestamp". */
-        long ts;
-        if (json_int(cJSON_GetObjectItemCaseSensitive(root, "timestamp"), &ts))
-            f->timestamp = ts;
-        f->message = strdup(msg->valuestring);
-        f->error_json = strdup(text);
-    } else {
-        const cJSON *extra = cJSON_GetObjectItemCaseSensitive(msg, "extraInfo");
-        const cJSON *stack = cJSON_GetObjectItemCaseSensitive(extra, "py_callstack");
-        const cJSON *text_msg = cJSON_GetObjectItemCaseSensitive(msg, "message");
-        long ts;
-        if (json_int(cJSON_GetObjectItemCaseSensitive(extra, "timestamp"), &ts))
-            f->timestamp = ts;
-        const char *show = cJSON_IsString(stack)      ? stack->valuestring
-                           : cJSON_IsString(text_msg) ? text_msg->valuestring
-                                                      : AGENT_NOT_AVAILABLE;
-        f->message = indent(show);
+    } else if ((rc = proto_errorfile_parse(text, &ef, why, sizeof(why))) == CDDP_EPARSE) {
+        f->message = strdup(why);
+    } else if (rc == 0) {
+        if (ef.has_timestamp)
+            f->timestamp = ef.timestamp;
+        /* torch indents a record's traceback under its field; a plain
+         * string is shown as it is. */
+        f->message = ef.structured ? indent(ef.message) : strdup(ef.message);
         f->error_json = strdup(text);
     }
-    cJSON_Delete(root);
+    proto_errorfile_free(&ef);
     free(text);
     if (f->message && f->message[0] == '\0')
         set_default_message(f);
@@ -284,51 +256,22 @@ int agent_failure_table(const char *name, const struct agent_failure *f, int n, 
     return rc;
 }
 
-static int write_atomically(const char *path, const char *data)
+static int write_error_file(const char *path, char *json)
 {
-    char tmp[4200];
-    int n = snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
-    if (n < 0 || (size_t)n >= sizeof(tmp))
-        return CDDP_ERR_FROM_ERRNO(ENAMETOOLONG);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return CDDP_ERR_FROM_ERRNO(errno);
-    size_t len = strlen(data);
-    const char *p = data;
-    int rc = 0;
-    while (len > 0) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            rc = CDDP_ERR_FROM_ERRNO(w < 0 ? errno : EIO);
-            break;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    if (close(fd) != 0 && rc == 0)
-        rc = CDDP_ERR_FROM_ERRNO(errno);
-    if (rc == 0 && rename(tmp, path) != 0)
-        rc = CDDP_ERR_FROM_ERRNO(errno);
-    if (rc)
-        unlink(tmp);
+    if (json == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    int rc = cddp_write_file_atomic(path, json, strlen(json), 0644, NULL, 0);
+    free(json);
     return rc;
 }
 
 int agent_write_error_file(const char *path, const struct agent_failure *root, const char *name,
                            const char *table)
 {
-    cJSON *doc = root->error_json ? cJSON_Parse(root->error_json) : NULL;
-    if (doc) {
-        cJSON *msg = cJSON_GetObjectItemCaseSensitive(doc, "message");
-        /* torch's override_error_code_in_rootcause_data: dict messages only. */
-        if (cJSON_IsObject(msg) && root->exitcode != 0) {
-            cJSON_DeleteItemFromObjectCaseSensitive(msg, "errorCode");
-            cJSON_AddNumberToObject(msg, "errorCode", root->exitcode);
-        }
-    } else {
-        char text[512], ts[32];
+    char *json =
+        root->error_json ? proto_errorfile_set_code(root->error_json, root->exitcode) : NULL;
+    if (json == NULL) {
+        char text[512];
         if (root->exitcode < 0)
             snprintf(text, sizeof(text),
                      "ChildFailedError: %s FAILED: local_rank %d (rank %d, pid %d) was "
@@ -340,43 +283,14 @@ int agent_write_error_file(const char *path, const struct agent_failure *root, c
                      "ChildFailedError: %s FAILED: local_rank %d (rank %d, pid %d) exited "
                      "with code %d",
                      name, root->local_rank, root->rank, root->pid, root->exitcode);
-        snprintf(ts, sizeof(ts), "%ld", root->timestamp);
-        doc = cJSON_CreateObject();
-        cJSON *msg = cJSON_AddObjectToObject(doc, "message");
-        cJSON_AddStringToObject(msg, "message", text);
-        cJSON *extra = cJSON_AddObjectToObject(msg, "extraInfo");
-        cJSON_AddStringToObject(extra, "py_callstack", table ? table : "");
-        cJSON_AddStringToObject(extra, "timestamp", ts);
-        cJSON_AddNumberToObject(msg, "errorCode", root->exitcode);
+        json = proto_errorfile_build(text, table ? table : "", root->timestamp, &root->exitcode);
     }
-    char *json = doc ? cJSON_PrintUnformatted(doc) : NULL;
-    cJSON_Delete(doc);
-    if (json == NULL)
-        return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    int rc = write_atomically(path, json);
-    cJSON_free(json);
-    return rc;
+    return write_error_file(path, json);
 }
 
 int agent_write_agent_error(const char *path, const char *message)
 {
-    char text[1024], ts[32];
+    char text[1024];
     snprintf(text, sizeof(text), "AgentError: %s", message);
-    snprintf(ts, sizeof(ts), "%ld", (long)time(NULL));
-    cJSON *doc = cJSON_CreateObject();
-    cJSON *msg = doc ? cJSON_AddObjectToObject(doc, "message") : NULL;
-    cJSON *extra = msg ? cJSON_AddObjectToObject(msg, "extraInfo") : NULL;
-    if (extra == NULL || cJSON_AddStringToObject(msg, "message", text) == NULL ||
-        cJSON_AddStringToObject(extra, "py_callstack", text) == NULL ||
-        cJSON_AddStringToObject(extra, "timestamp", ts) == NULL) {
-        cJSON_Delete(doc);
-        return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    }
-    char *json = cJSON_PrintUnformatted(doc);
-    cJSON_Delete(doc);
-    if (json == NULL)
-        return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    int rc = write_atomically(path, json);
-    cJSON_free(json);
-    return rc;
+    return write_error_file(path, proto_errorfile_build(text, text, (long)time(NULL), NULL));
 }

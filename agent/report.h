@@ -72,8 +72,9 @@ int agent_failure_table(const char *name, const struct agent_failure *f, int n, 
  * The agent's own error file (its TORCHELASTIC_ERROR_FILE): the root cause's
  * error.json with message.errorCode set to its exit code, as torchrun's
  * @record; when the worker wrote none, a record of the same shape that
- * describes the failure (torchrun writes nothing then). Written to a
- * temporary file and renamed. 0 or a negative code.
+ * describes the failure (torchrun writes nothing then). The record is
+ * proto/errorfile.h's; it is written with cddp_write_file_atomic (temporary
+ * file, fsync, rename, fsync of the directory). 0 or a negative code.
  */
 int agent_write_error_file(const char *path, const struct agent_failure *root, const char *name,
                            const char *table);

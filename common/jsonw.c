@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/numfmt.h"
 #include "common/utf8.h"
-#include "status/prom.h"
 
 void jsonw_init(struct jsonw *w, struct cddp_buf *out)
 {
@@ -22,47 +22,63 @@ static void put(struct jsonw *w, const char *s, size_t n)
         w->err = cddp_buf_append(w->out, s, n);
 }
 
-static void put_string(struct jsonw *w, const char *s)
+int cddp_json_put_string(struct cddp_buf *b, const char *s, enum cddp_json_escape how)
 {
+    static const char hex[] = "0123456789abcdef";
     const unsigned char *p = (const unsigned char *)s;
-    put(w, "\"", 1);
-    while (*p && w->err == 0) {
+    int rc = cddp_buf_append(b, "\"", 1);
+    while (rc == 0 && *p) {
+        /* Copy the longest run that needs nothing. */
         const unsigned char *run = p;
         size_t n;
-        while (*p >= 0x20 && *p != '"' && *p != '\\' && (n = cddp_utf8_len(p)) > 0)
-            p += n;
-        put(w, (const char *)run, (size_t)(p - run));
-        if (*p == '\0')
+        if (how == CDDP_JSON_LOSSY)
+            while (*p >= 0x20 && *p != '"' && *p != '\\' && (n = cddp_utf8_len(p)) > 0)
+                p += n;
+        else
+            while (*p >= 0x20 && *p != '"' && *p != '\\')
+                p++;
+        if (p > run)
+            rc = cddp_buf_append(b, run, (size_t)(p - run));
+        if (rc || *p == '\0')
             break;
-        char esc[8];
+        char esc[6] = {'\\', 'u', '0', '0', hex[*p >> 4], hex[*p & 15]};
+        n = 2;
         switch (*p) {
         case '"':
-            put(w, "\\\"", 2);
-            break;
         case '\\':
-            put(w, "\\\\", 2);
+            esc[1] = (char)*p;
+            break;
+        case '\b':
+            esc[1] = 'b';
+            break;
+        case '\f':
+            esc[1] = 'f';
             break;
         case '\n':
-            put(w, "\\n", 2);
+            esc[1] = 'n';
             break;
         case '\r':
-            put(w, "\\r", 2);
+            esc[1] = 'r';
             break;
         case '\t':
-            put(w, "\\t", 2);
+            esc[1] = 't';
             break;
         default:
-            if (*p < 0x20) {
-                snprintf(esc, sizeof(esc), "\\u%04x", *p);
-                put(w, esc, 6);
-            } else {
-                put(w, "\xEF\xBF\xBD", 3); /* not UTF-8 */
-            }
+            n = *p < 0x20 ? 6 : 0; /* 0: not UTF-8, and the escaping is lossy */
             break;
         }
+        rc = n ? cddp_buf_append(b, esc, n) : cddp_buf_append(b, "\xEF\xBF\xBD", 3);
         p++;
     }
-    put(w, "\"", 1);
+    if (rc == 0)
+        rc = cddp_buf_append(b, "\"", 1);
+    return rc;
+}
+
+static void put_string(struct jsonw *w, const char *s)
+{
+    if (w->err == 0)
+        w->err = cddp_json_put_string(w->out, s, CDDP_JSON_LOSSY);
 }
 
 /* The separator and key before a value; false on misuse. */
@@ -167,8 +183,37 @@ void jsonw_number(struct jsonw *w, const char *key, double value)
         return;
     }
     char buf[40];
-    size_t n = prom_format_value(value, buf, sizeof(buf)); /* finite: valid JSON */
+    size_t n = cddp_format_double(value, buf, sizeof(buf)); /* finite: valid JSON */
     raw_value(w, key, buf, n);
+}
+
+static void printf_number(struct jsonw *w, const char *key, double value, int prec, bool fixed)
+{
+    if (!isfinite(value)) {
+        raw_value(w, key, "null", 4);
+        return;
+    }
+    char buf[352]; /* %.17f of DBL_MAX is 327 characters */
+    if (prec < 0 || prec > 17)
+        prec = prec < 0 ? 0 : 17;
+    int n = fixed ? snprintf(buf, sizeof(buf), "%.*f", prec, value)
+                  : snprintf(buf, sizeof(buf), "%.*g", prec, value);
+    if (n <= 0 || (size_t)n >= sizeof(buf)) {
+        if (w->err == 0)
+            w->err = CDDP_ETOOBIG;
+        return;
+    }
+    raw_value(w, key, buf, (size_t)n);
+}
+
+void jsonw_number_digits(struct jsonw *w, const char *key, double value, int digits)
+{
+    printf_number(w, key, value, digits, false);
+}
+
+void jsonw_number_fixed(struct jsonw *w, const char *key, double value, int decimals)
+{
+    printf_number(w, key, value, decimals, true);
 }
 
 void jsonw_int(struct jsonw *w, const char *key, int64_t value)
@@ -176,7 +221,7 @@ void jsonw_int(struct jsonw *w, const char *key, int64_t value)
     char buf[24];
     size_t n;
     if (value > -9007199254740992LL && value < 9007199254740992LL)
-        n = prom_format_value((double)value, buf, sizeof(buf)); /* no printf */
+        n = cddp_format_double((double)value, buf, sizeof(buf)); /* no printf */
     else
         n = (size_t)snprintf(buf, sizeof(buf), "%lld", (long long)value);
     raw_value(w, key, buf, n);
@@ -201,7 +246,7 @@ void jsonw_seconds(struct jsonw *w, const char *key, double value)
     size_t n = 0;
     if (v < 0)
         buf[n++] = '-';
-    n += prom_format_value((double)(a / 1000), buf + n, sizeof(buf) - n - 4);
+    n += cddp_format_double((double)(a / 1000), buf + n, sizeof(buf) - n - 4);
     buf[n++] = '.';
     buf[n++] = (char)('0' + a / 100 % 10);
     buf[n++] = (char)('0' + a / 10 % 10);

@@ -1,14 +1,25 @@
-/* utf8.h: UTF-8 validation for the writers that must emit valid UTF-8
- * (prom.c, jsonw.c). */
+/*
+ * utf8.h: UTF-8 validation, the one copy for every writer that must emit
+ * valid UTF-8 (jsonw.c, status/prom.c) and every reader that must refuse
+ * anything else (trainer/safetensors.c).
+ *
+ * Valid means RFC 3629: shortest form only (no overlong encodings), no
+ * surrogates (U+D800..U+DFFF), nothing past U+10FFFF. Pure and inline: the
+ * writers call it once per byte on their hot path.
+ */
 #ifndef CDDP_COMMON_UTF8_H
 #define CDDP_COMMON_UTF8_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <string.h>
 
-/* Length (1..4) of the valid, shortest-form UTF-8 sequence at s, or 0 when
- * the bytes there are not one (s must be NUL-terminated). */
-static inline size_t cddp_utf8_len(const unsigned char *s)
+/* Length (1..4) of the valid sequence at s, reading at most avail bytes, or
+ * 0 when the bytes there are not one (or avail is 0). */
+static inline size_t cddp_utf8_seq(const unsigned char *s, size_t avail)
 {
+    if (avail == 0)
+        return 0;
     unsigned char c = s[0];
     size_t n;
     unsigned cp, min;
@@ -29,6 +40,8 @@ static inline size_t cddp_utf8_len(const unsigned char *s)
     } else {
         return 0;
     }
+    if (avail < n)
+        return 0;
     for (size_t i = 1; i < n; i++) {
         if ((s[i] & 0xC0) != 0x80)
             return 0;
@@ -37,6 +50,28 @@ static inline size_t cddp_utf8_len(const unsigned char *s)
     if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
         return 0;
     return n;
+}
+
+/* The same for a NUL-terminated s: the NUL ends any sequence it cuts short,
+ * so nothing past it is read. */
+static inline size_t cddp_utf8_len(const unsigned char *s)
+{
+    return cddp_utf8_seq(s, 4);
+}
+
+/* Whether all of the NUL-terminated s is valid UTF-8. */
+static inline bool cddp_utf8_valid(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s);
+    while (n > 0) {
+        size_t k = cddp_utf8_seq(p, n);
+        if (k == 0)
+            return false;
+        p += k;
+        n -= k;
+    }
+    return true;
 }
 
 #endif

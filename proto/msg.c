@@ -5,12 +5,12 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/jsonw.h"
 #include "common/utf8.h"
 #include "proto/frame.h"
 
@@ -174,19 +174,6 @@ void proto_msg_free(struct proto_msg *m)
     m->mem = NULL;
 }
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* Bounds depth, value count and string lengths in one pass, before any
  * allocation; also refuses NUL bytes and \u0000 escapes, which C strings
  * cannot carry (a key would silently change meaning). */
@@ -198,30 +185,30 @@ static int prescan(const char *p, size_t n, char *err, size_t errlen)
     while (i < n && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n'))
         i++;
     if (i == n)
-        return fail(err, errlen, CDDP_EPARSE, "empty payload (expected a JSON object)");
+        return cddp_fail(err, errlen, CDDP_EPARSE, "empty payload (expected a JSON object)");
     if (p[i] != '{')
-        return fail(err, errlen, CDDP_EPARSE, "payload is not a JSON object");
+        return cddp_fail(err, errlen, CDDP_EPARSE, "payload is not a JSON object");
     for (; i < n; i++) {
         unsigned char c = (unsigned char)p[i];
         if (c == '\0')
-            return fail(err, errlen, CDDP_EPARSE, "NUL byte at offset %zu", i);
+            return cddp_fail(err, errlen, CDDP_EPARSE, "NUL byte at offset %zu", i);
         if (in_str) {
             if (++slen > PROTO_MAX_STRING)
-                return fail(err, errlen, CDDP_ETOOBIG, "a string is longer than %u bytes",
-                            (unsigned)PROTO_MAX_STRING);
+                return cddp_fail(err, errlen, CDDP_ETOOBIG, "a string is longer than %u bytes",
+                                 (unsigned)PROTO_MAX_STRING);
             if (c == '\\') {
                 if (i + 5 < n && p[i + 1] == 'u' && memcmp(p + i + 2, "0000", 4) == 0)
-                    return fail(err, errlen, CDDP_EPARSE, "\\u0000 in a string");
+                    return cddp_fail(err, errlen, CDDP_EPARSE, "\\u0000 in a string");
                 i++;
             } else if (c == '"') {
                 in_str = false;
             } else if (c < 0x20) {
                 /* JSON forbids raw control characters in strings; cJSON would
                  * take them, and our encoder would then write them escaped. */
-                return fail(err, errlen, CDDP_EPARSE,
-                            "control character 0x%02x in a string at "
-                            "offset %zu",
-                            c, i);
+                return cddp_fail(err, errlen, CDDP_EPARSE,
+                                 "control character 0x%02x in a string at "
+                                 "offset %zu",
+                                 c, i);
             } else if (c >= 0x80) {
                 /* Strings are UTF-8: a peer cannot make us store (and later
                  * echo) bytes that are not. Check the length the lead byte
@@ -234,8 +221,8 @@ static int prescan(const char *p, size_t n, char *err, size_t errlen)
                     len = cddp_utf8_len(seq);
                 }
                 if (len == 0)
-                    return fail(err, errlen, CDDP_EPARSE, "invalid UTF-8 in a string at offset %zu",
-                                i);
+                    return cddp_fail(err, errlen, CDDP_EPARSE,
+                                     "invalid UTF-8 in a string at offset %zu", i);
                 i += len - 1;
                 slen += len - 1;
             }
@@ -250,8 +237,8 @@ static int prescan(const char *p, size_t n, char *err, size_t errlen)
         case '{':
         case '[':
             if (++depth > PROTO_MAX_DEPTH)
-                return fail(err, errlen, CDDP_ETOOBIG, "JSON nested deeper than %d levels",
-                            PROTO_MAX_DEPTH);
+                return cddp_fail(err, errlen, CDDP_ETOOBIG, "JSON nested deeper than %d levels",
+                                 PROTO_MAX_DEPTH);
             values++;
             break;
         case '}':
@@ -267,7 +254,8 @@ static int prescan(const char *p, size_t n, char *err, size_t errlen)
             break;
         }
         if (values > PROTO_MAX_VALUES)
-            return fail(err, errlen, CDDP_ETOOBIG, "more than %d JSON values", PROTO_MAX_VALUES);
+            return cddp_fail(err, errlen, CDDP_ETOOBIG, "more than %d JSON values",
+                             PROTO_MAX_VALUES);
     }
     return 0;
 }
@@ -282,8 +270,8 @@ struct dec {
 
 static int bad_field(struct dec *d, const char *name, const char *what)
 {
-    return fail(d->err, d->errlen, CDDP_EPROTO_FIELD, "'%s' message: field '%s' %s", d->type, name,
-                what);
+    return cddp_fail(d->err, d->errlen, CDDP_EPROTO_FIELD, "'%s' message: field '%s' %s", d->type,
+                     name, what);
 }
 
 static const cJSON *field(struct dec *d, const char *name)
@@ -381,7 +369,7 @@ static int get_bytes(struct dec *d, const char *name, bool required, struct prot
     size_t cap = n / 4 * 3;
     char *buf = msg_alloc(d->m, cap + 1);
     if (buf == NULL)
-        return fail(d->err, d->errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
+        return cddp_fail(d->err, d->errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
     long got = proto_base64_decode(s, n, buf, cap);
     if (got < 0)
         return bad_field(d, name, "is not canonical base64");
@@ -449,7 +437,7 @@ static int decode_join(struct dec *d)
         return bad_field(d, "conf", "has more than 64 entries");
     struct proto_conf_kv *kv = msg_alloc(m, n * sizeof(*kv));
     if (kv == NULL)
-        return fail(d->err, d->errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
+        return cddp_fail(d->err, d->errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
     size_t i = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, conf)
@@ -483,7 +471,7 @@ static int decode_wait(struct dec *d)
         return bad_field(d, "keys", "must hold 1..1024 keys");
     const char **v = msg_alloc(m, n * sizeof(*v));
     if (v == NULL)
-        return fail(d->err, d->errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
+        return cddp_fail(d->err, d->errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
     size_t i = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, keys)
@@ -638,7 +626,7 @@ static int decode_fields(struct dec *d)
     case PROTO_STATUS:
         return get_id(d);
     default:
-        return fail(d->err, d->errlen, CDDP_EPROTO_TYPE, "unhandled message type");
+        return cddp_fail(d->err, d->errlen, CDDP_EPROTO_TYPE, "unhandled message type");
     }
 }
 
@@ -648,8 +636,8 @@ int proto_msg_decode(const char *payload, size_t len, struct proto_msg *m, char 
     if (err && errlen)
         err[0] = '\0';
     if (len > PROTO_FRAME_MAX)
-        return fail(err, errlen, CDDP_ETOOBIG, "payload of %zu bytes exceeds %u", len,
-                    PROTO_FRAME_MAX);
+        return cddp_fail(err, errlen, CDDP_ETOOBIG, "payload of %zu bytes exceeds %u", len,
+                         PROTO_FRAME_MAX);
     int rc = prescan(payload, len, err, errlen);
     if (rc)
         return rc;
@@ -658,38 +646,38 @@ int proto_msg_decode(const char *payload, size_t len, struct proto_msg *m, char 
     cJSON *root = cJSON_ParseWithLengthOpts(payload, len, &end, 0);
     if (root == NULL) {
         size_t at = end && end >= payload && end <= payload + len ? (size_t)(end - payload) : 0;
-        return fail(err, errlen, CDDP_EPARSE, "payload is not valid JSON (near byte %zu)", at);
+        return cddp_fail(err, errlen, CDDP_EPARSE, "payload is not valid JSON (near byte %zu)", at);
     }
     m->json = root;
     for (; end < payload + len; end++) {
         if (*end != ' ' && *end != '\t' && *end != '\r' && *end != '\n') {
-            rc = fail(err, errlen, CDDP_EPARSE, "text after the JSON object (byte %zu)",
-                      (size_t)(end - payload));
+            rc = cddp_fail(err, errlen, CDDP_EPARSE, "text after the JSON object (byte %zu)",
+                           (size_t)(end - payload));
             goto out;
         }
     }
     if (!cJSON_IsObject(root)) {
-        rc = fail(err, errlen, CDDP_EPARSE, "payload is not a JSON object");
+        rc = cddp_fail(err, errlen, CDDP_EPARSE, "payload is not a JSON object");
         goto out;
     }
 
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "v");
     if (v == NULL) {
-        rc = fail(err, errlen, CDDP_EPROTO_FIELD, "message without protocol version 'v'");
+        rc = cddp_fail(err, errlen, CDDP_EPROTO_FIELD, "message without protocol version 'v'");
         goto out;
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != PROTO_VERSION) {
         char shown[32] = "?";
         if (cJSON_IsNumber(v) && isfinite(v->valuedouble))
             snprintf(shown, sizeof(shown), "%g", v->valuedouble);
-        rc = fail(err, errlen, CDDP_EPROTO_VERSION,
-                  "protocol version %s is not supported (this side speaks %d)", shown,
-                  PROTO_VERSION);
+        rc = cddp_fail(err, errlen, CDDP_EPROTO_VERSION,
+                       "protocol version %s is not supported (this side speaks %d)", shown,
+                       PROTO_VERSION);
         goto out;
     }
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "type");
     if (!cJSON_IsString(t)) {
-        rc = fail(err, errlen, CDDP_EPROTO_FIELD, "message without a string 'type'");
+        rc = cddp_fail(err, errlen, CDDP_EPROTO_FIELD, "message without a string 'type'");
         goto out;
     }
     m->type = type_from_name(t->valuestring);
@@ -700,7 +688,7 @@ int proto_msg_decode(const char *payload, size_t len, struct proto_msg *m, char 
             if ((unsigned char)*c < 0x20 || (unsigned char)*c >= 0x7f)
                 *c = '?';
         }
-        rc = fail(err, errlen, CDDP_EPROTO_TYPE, "unknown message type '%s'", shown);
+        rc = cddp_fail(err, errlen, CDDP_EPROTO_TYPE, "unknown message type '%s'", shown);
         goto out;
     }
     struct dec d = {.obj = root, .type = type_names[m->type], .m = m, .err = err, .errlen = errlen};
@@ -731,35 +719,12 @@ static void raw(struct enc *e, const char *p, size_t n)
         e->rc = cddp_buf_append(e->b, p, n);
 }
 
-/* A JSON string: quotes, backslashes and control characters escaped;
- * other bytes as they are. */
+/* A JSON string, every byte kept (common/jsonw.h, CDDP_JSON_STRICT): what a
+ * peer sent comes back as it was, so encode(decode(x)) is a fixed point. */
 static void quoted(struct enc *e, const char *s)
 {
-    static const char hex[] = "0123456789abcdef";
-    raw(e, "\"", 1);
-    const char *run = s;
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        raw(e, run, (size_t)(s - run));
-        run = s + 1;
-        char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-        if (c == '"' || c == '\\') {
-            esc[1] = (char)c;
-            raw(e, esc, 2);
-        } else if (c == '\n') {
-            raw(e, "\\n", 2);
-        } else if (c == '\t') {
-            raw(e, "\\t", 2);
-        } else if (c == '\r') {
-            raw(e, "\\r", 2);
-        } else {
-            raw(e, esc, 6);
-        }
-    }
-    raw(e, run, (size_t)(s - run));
-    raw(e, "\"", 1);
+    if (e->rc == 0)
+        e->rc = cddp_json_put_string(e->b, s, CDDP_JSON_STRICT);
 }
 
 /* A member's name, escaped as a string is: most are ours, but a join's conf

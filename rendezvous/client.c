@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/backoff.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/queue.h"
@@ -54,8 +55,8 @@ struct rdzv_client {
     struct addrinfo numeric; /* the endpoint when it is an IP literal */
     struct sockaddr_storage numeric_addr;
     uint64_t connect_deadline;
-    uint64_t connect_ms; /* the budget the deadline was set with (messages) */
-    uint64_t backoff_ms;
+    uint64_t connect_ms;         /* the budget the deadline was set with (messages) */
+    struct cddp_backoff backoff; /* 10 ms doubling to 1 s */
     unsigned seed;
 
     /* The connection and its server. */
@@ -257,7 +258,7 @@ static void connection_lost(struct rdzv_client *c, int code, const char *fmt, ..
         c->reconnecting = true;
         c->connect_ms = c->reconnect_ms;
         c->connect_deadline = uv_now(c->loop) + c->reconnect_ms;
-        c->backoff_ms = 10;
+        cddp_backoff_reset(&c->backoff);
         cddp_strlcpy(c->lost_why, why, sizeof(c->lost_why));
     }
     /* What was asked on the lost connection is not coming back. */
@@ -578,10 +579,8 @@ static void backoff(struct rdzv_client *c)
                         (double)c->connect_ms / 1000.0);
         return;
     }
-    uint64_t ms = c->backoff_ms / 2 + (uint64_t)rand_r(&c->seed) % (c->backoff_ms / 2 + 1);
-    if (ms > c->connect_deadline - now)
-        ms = c->connect_deadline - now;
-    c->backoff_ms = c->backoff_ms * 2 > 1000 ? 1000 : c->backoff_ms * 2;
+    uint64_t ms =
+        cddp_backoff_next(&c->backoff, (uint32_t)rand_r(&c->seed), c->connect_deadline - now);
     uv_timer_start(&c->backoff_timer, on_backoff, ms, 0);
 }
 
@@ -730,7 +729,7 @@ int rdzv_client_start(uv_loop_t *loop, const struct rdzv_client_options *o, rdzv
     c->on_event = on_event;
     c->data = data;
     c->seed = (unsigned)uv_hrtime() ^ (unsigned)(uintptr_t)c;
-    c->backoff_ms = 10;
+    cddp_backoff_init(&c->backoff, 10, 1000);
     c->connect_ms = o->connect_timeout_ms ? o->connect_timeout_ms : c->conf.read_timeout_ms;
     c->connect_deadline = uv_now(loop) + c->connect_ms;
     c->reconnect_ms = o->reconnect_timeout_ms ? o->reconnect_timeout_ms : c->conf.join_timeout_ms;
@@ -881,7 +880,7 @@ static void after_reconnect(struct rdzv_client *c)
 {
     c->reconnecting = false;
     c->reconnects++;
-    c->backoff_ms = 10;
+    cddp_backoff_reset(&c->backoff);
     c->hold = false;
     log_debug("R0202", "reconnected to the rendezvous server %s:%d (%u reconnection%s)", c->host,
               c->port, c->reconnects, c->reconnects == 1 ? "" : "s");

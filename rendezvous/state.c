@@ -8,7 +8,8 @@
  *   ACTIVE       member of the running round
  *   RESTARTING   member of the last round, told to restart, expected back
  * Timers (heartbeat, join timeout, last call, store waits, GC of closed
- * runs) sit in one binary min-heap for the whole state. Heartbeats only
+ * runs) sit in one intrusive min-heap (common/heap.h) for the whole state,
+ * first armed first fired among equal deadlines. Heartbeats only
  * record the time; the heartbeat timer re-arms itself lazily when it fires
  * early, so 100,000 nodes beating cost no heap work. */
 #include "rendezvous/state.h"
@@ -20,6 +21,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/heap.h"
 #include "common/queue.h"
 #include "common/strmap.h"
 #include "common/strutil.h"
@@ -34,7 +36,9 @@ enum timer_kind { T_BEAT, T_JOIN, T_LAST_CALL, T_STORE, T_GC };
 
 struct timer {
     uint64_t due;
-    size_t idx; /* SIZE_MAX: not armed */
+    uint64_t seq; /* when it was armed: orders equal deadlines */
+    struct cddp_heap_node node;
+    bool armed;
     enum timer_kind kind;
     void *owner;
 };
@@ -101,8 +105,8 @@ struct rdzv_state {
     struct cddp_strmap runs;
     struct cddp_queue run_list;
     size_t nruns;
-    struct timer **heap;
-    size_t heap_len, heap_cap;
+    struct cddp_heap timers;
+    uint64_t timer_seq;
     struct rdzv_action *acts;
     size_t nacts, acts_cap;
     struct rdzv_action sink; /* where actions go when memory runs out */
@@ -220,103 +224,57 @@ size_t rdzv_state_actions(const struct rdzv_state *st, const struct rdzv_action 
 
 /* ---- timers ---- */
 
-static void heap_swap(struct rdzv_state *st, size_t a, size_t b)
+static bool due_less(const struct cddp_heap_node *a, const struct cddp_heap_node *b)
 {
-    struct timer *t = st->heap[a];
-    st->heap[a] = st->heap[b];
-    st->heap[b] = t;
-    st->heap[a]->idx = a;
-    st->heap[b]->idx = b;
+    const struct timer *x = cddp_heap_data(a, struct timer, node);
+    const struct timer *y = cddp_heap_data(b, struct timer, node);
+    return x->due != y->due ? x->due < y->due : x->seq < y->seq;
 }
 
-static void heap_up(struct rdzv_state *st, size_t i)
+static struct timer *first_timer(const struct rdzv_state *st)
 {
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (st->heap[p]->due <= st->heap[i]->due)
-            break;
-        heap_swap(st, i, p);
-        i = p;
-    }
-}
-
-static void heap_down(struct rdzv_state *st, size_t i)
-{
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < st->heap_len && st->heap[l]->due < st->heap[m]->due)
-            m = l;
-        if (r < st->heap_len && st->heap[r]->due < st->heap[m]->due)
-            m = r;
-        if (m == i)
-            break;
-        heap_swap(st, i, m);
-        i = m;
-    }
+    struct cddp_heap_node *n = cddp_heap_min(&st->timers);
+    return n ? cddp_heap_data(n, struct timer, node) : NULL;
 }
 
 static void timer_init(struct timer *t, enum timer_kind kind, void *owner)
 {
     t->due = RDZV_NEVER;
-    t->idx = SIZE_MAX;
+    t->seq = 0;
+    t->armed = false;
     t->kind = kind;
     t->owner = owner;
 }
 
 static bool timer_armed(const struct timer *t)
 {
-    return t->idx != SIZE_MAX;
+    return t->armed;
 }
 
 static void timer_disarm(struct rdzv_state *st, struct timer *t)
 {
-    size_t i = t->idx;
-    if (i == SIZE_MAX)
+    if (!t->armed)
         return;
-    t->idx = SIZE_MAX;
-    st->heap_len--;
-    if (i == st->heap_len)
-        return;
-    st->heap[i] = st->heap[st->heap_len];
-    st->heap[i]->idx = i;
-    heap_down(st, i);
-    heap_up(st, i);
+    t->armed = false;
+    cddp_heap_remove(&st->timers, &t->node, due_less);
 }
 
-/* Arms (or moves) t to due. Without memory the timer stays disarmed; the
- * only cost is a late timeout. */
+/* Arms (or moves) t to due. The heap is intrusive: this cannot fail. */
 static void timer_arm(struct rdzv_state *st, struct timer *t, uint64_t due)
 {
-    if (due == RDZV_NEVER) {
-        timer_disarm(st, t);
+    timer_disarm(st, t);
+    if (due == RDZV_NEVER)
         return;
-    }
-    if (timer_armed(t)) {
-        uint64_t old = t->due;
-        t->due = due;
-        if (due < old)
-            heap_up(st, t->idx);
-        else
-            heap_down(st, t->idx);
-        return;
-    }
-    if (st->heap_len == st->heap_cap) {
-        size_t cap = st->heap_cap ? st->heap_cap * 2 : 64;
-        struct timer **h = realloc(st->heap, cap * sizeof(*h));
-        if (h == NULL)
-            return;
-        st->heap = h;
-        st->heap_cap = cap;
-    }
     t->due = due;
-    t->idx = st->heap_len;
-    st->heap[st->heap_len++] = t;
-    heap_up(st, t->idx);
+    t->seq = st->timer_seq++;
+    t->armed = true;
+    cddp_heap_insert(&st->timers, &t->node, due_less);
 }
 
 uint64_t rdzv_state_next_deadline(const struct rdzv_state *st)
 {
-    return st->heap_len ? st->heap[0]->due : RDZV_NEVER;
+    const struct timer *t = first_timer(st);
+    return t ? t->due : RDZV_NEVER;
 }
 
 static uint64_t add_ms(uint64_t now, uint64_t ms)
@@ -347,6 +305,7 @@ struct rdzv_state *rdzv_state_new(const struct rdzv_state_options *o)
         st->opt.max_runs = 10000;
     cddp_strmap_init(&st->runs, st->opt.seed[0], st->opt.seed[1]);
     cddp_queue_init(&st->run_list);
+    cddp_heap_init(&st->timers);
     return st;
 }
 
@@ -429,7 +388,6 @@ void rdzv_state_free(struct rdzv_state *st)
     while (!cddp_queue_empty(&st->run_list))
         run_free(st, cddp_queue_data(cddp_queue_head(&st->run_list), struct rdzv_run, link));
     cddp_strmap_free(&st->runs);
-    free(st->heap);
     free(st->acts);
     arena_reset(st);
     free(st->arena);
@@ -1219,8 +1177,8 @@ static void fire_timer(struct rdzv_state *st, struct timer *t, uint64_t now)
 void rdzv_state_tick(struct rdzv_state *st, uint64_t now)
 {
     begin(st);
-    while (st->heap_len > 0 && st->heap[0]->due <= now) {
-        struct timer *t = st->heap[0];
+    struct timer *t;
+    while ((t = first_timer(st)) != NULL && t->due <= now) {
         timer_disarm(st, t);
         fire_timer(st, t, now);
     }

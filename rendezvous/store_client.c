@@ -21,6 +21,7 @@
 
 #include <uv.h>
 
+#include "common/backoff.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/strutil.h"
@@ -359,7 +360,8 @@ int rdzv_store_connect(const char *host, int port, const struct rdzv_store_clien
     uint64_t start = cddp_mono_ms();
     uint64_t deadline = start + opt.connect_timeout_ms;
     unsigned seed = (unsigned)getpid() ^ (unsigned)cddp_mono_ns();
-    uint64_t backoff = 10;
+    struct cddp_backoff backoff;
+    cddp_backoff_init(&backoff, 10, 1000);
     int rc;
     for (;;) {
         /* Each attempt gets at least 100 ms, even at the very end. */
@@ -371,14 +373,11 @@ int rdzv_store_connect(const char *host, int port, const struct rdzv_store_clien
         uint64_t now = cddp_mono_ms();
         if (now >= deadline)
             break;
-        /* Jitter: anywhere in [backoff/2, backoff], so thousands of ranks spread out. */
-        uint64_t sleep_ms = backoff / 2 + (uint64_t)rand_r(&seed) % (backoff / 2 + 1);
-        if (sleep_ms > deadline - now)
-            sleep_ms = deadline - now;
+        /* With jitter, so thousands of ranks spread out. */
+        uint64_t sleep_ms = cddp_backoff_next(&backoff, (uint32_t)rand_r(&seed), deadline - now);
         struct timespec ts = {.tv_sec = (time_t)(sleep_ms / 1000),
                               .tv_nsec = (long)(sleep_ms % 1000) * 1000000};
         nanosleep(&ts, NULL);
-        backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
     }
     if (rc) {
         if (rc != CDDP_EPARSE) {

@@ -16,30 +16,14 @@ static double wall_of(const struct rdzv_view_builder *b, uint64_t t)
     return t >= b->now_mono ? b->now_wall : b->now_wall - (double)(b->now_mono - t) / 1000.0;
 }
 
-static bool grow(void **p, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return true;
-    size_t n = *cap ? *cap * 2 : 16;
-    while (n < need)
-        n *= 2;
-    void *q = realloc(*p, n * size);
-    if (q == NULL)
-        return false;
-    *p = q;
-    *cap = n;
-    return true;
-}
-
 static void visit_run(void *arg, const struct rdzv_run_info *ri)
 {
     struct rdzv_view_builder *b = arg;
-    if (b->oom || !grow((void **)&b->runs, &b->runs_cap, b->nruns + 1, sizeof(*b->runs)) ||
-        !grow((void **)&b->first, &b->first_cap, b->nruns + 1, sizeof(*b->first))) {
-        b->oom = true;
+    if (b->err || (b->err = cddp_array_grow(&b->first, 1)) != 0)
         return;
-    }
-    struct status_rdzv_run_view *r = &b->runs[b->nruns];
+    struct status_rdzv_run_view *r = cddp_array_push(&b->runs, &b->err);
+    if (r == NULL)
+        return;
     memset(r, 0, sizeof(*r));
     r->run_id = ri->run_id;
     r->state = ri->phase;
@@ -47,19 +31,17 @@ static void visit_run(void *arg, const struct rdzv_run_info *ri)
     r->min_nodes = ri->min_nodes > 0 ? (unsigned)ri->min_nodes : 0;
     r->max_nodes = ri->max_nodes > 0 ? (unsigned)ri->max_nodes : 0;
     r->last_round_at = wall_of(b, ri->round_at);
-    b->first[b->nruns] = b->nnodes;
-    b->nruns++;
+    b->first.items[b->first.len++] = b->nodes.len;
 }
 
 static void visit_node(void *arg, const struct rdzv_node_info *ni)
 {
     struct rdzv_view_builder *b = arg;
-    if (b->oom || b->nruns == 0 ||
-        !grow((void **)&b->nodes, &b->nodes_cap, b->nnodes + 1, sizeof(*b->nodes))) {
-        b->oom = true;
+    if (b->err || b->runs.len == 0)
         return;
-    }
-    struct status_rdzv_node_view *n = &b->nodes[b->nnodes++];
+    struct status_rdzv_node_view *n = cddp_array_push(&b->nodes, &b->err);
+    if (n == NULL)
+        return;
     n->node = ni->node_id;
     n->state = ni->state;
     n->node_rank = ni->rank;
@@ -67,7 +49,7 @@ static void visit_node(void *arg, const struct rdzv_node_info *ni)
     n->joined_at = wall_of(b, ni->joined_at);
     n->last_seen_at = wall_of(b, ni->last_seen);
     /* The visit gives the wait list last: members, then waiting. */
-    struct status_rdzv_run_view *r = &b->runs[b->nruns - 1];
+    struct status_rdzv_run_view *r = &b->runs.items[b->runs.len - 1];
     if (strcmp(ni->state, "waiting") == 0)
         r->nwaiting++;
     else
@@ -78,17 +60,23 @@ int rdzv_view_build(struct rdzv_view_builder *b, uv_loop_t *loop, const struct r
                     double now_wall, struct status_rdzv_view *v)
 {
     struct rdzv_server_stats stats;
-    b->nruns = b->nnodes = 0;
-    b->oom = false;
+    if (b->runs.max == 0) {
+        cddp_array_init(&b->runs, RDZV_VIEW_MAX_RUNS);
+        cddp_array_init(&b->first, RDZV_VIEW_MAX_RUNS);
+        cddp_array_init(&b->nodes, RDZV_VIEW_MAX_NODES);
+    }
+    b->runs.len = b->first.len = b->nodes.len = 0;
+    b->err = 0;
     b->now_wall = now_wall;
     b->now_mono = uv_now(loop);
     rdzv_server_stats(srv, &stats);
     rdzv_state_visit(rdzv_server_state(srv), 0, visit_run, visit_node, b);
-    if (b->oom)
-        return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    for (size_t i = 0; i < b->nruns; i++) {
-        b->runs[i].members = b->nodes + b->first[i];
-        b->runs[i].waiting = b->runs[i].members + b->runs[i].nmembers;
+    if (b->err)
+        return b->err;
+    for (size_t i = 0; i < b->runs.len; i++) {
+        struct status_rdzv_run_view *r = &b->runs.items[i];
+        r->members = b->nodes.items + b->first.items[i];
+        r->waiting = r->members + r->nmembers;
     }
     memset(v, 0, sizeof(*v));
     v->endpoint = rdzv_server_address(srv);
@@ -100,15 +88,15 @@ int rdzv_view_build(struct rdzv_view_builder *b, uv_loop_t *loop, const struct r
     v->refused[STATUS_REFUSED_PROTOCOL] = stats.refused_protocol;
     v->joins_total = stats.joins;
     v->rounds_total = stats.rounds_completed;
-    v->nruns = b->nruns;
-    v->runs = b->runs;
+    v->nruns = b->runs.len;
+    v->runs = b->runs.items;
     return 0;
 }
 
 void rdzv_view_builder_free(struct rdzv_view_builder *b)
 {
-    free(b->runs);
-    free(b->first);
-    free(b->nodes);
+    cddp_array_free(&b->runs);
+    cddp_array_free(&b->first);
+    cddp_array_free(&b->nodes);
     memset(b, 0, sizeof(*b));
 }

@@ -22,17 +22,22 @@
 
 #include <uv.h>
 
+#include "common/array.h"
 #include "rendezvous/server.h"
 #include "status/view.h"
 
-/* Arrays kept between builds (zero-initialise it). */
+/* Most runs and nodes one view holds: well past what a server serves
+ * (rdzv_state's max_runs is 10,000 by default). */
+#define RDZV_VIEW_MAX_RUNS (1u << 20)
+#define RDZV_VIEW_MAX_NODES (1u << 24)
+
+/* Arrays kept between builds (zero-initialise it; the first build sets
+ * their maximums). */
 struct rdzv_view_builder {
-    struct status_rdzv_run_view *runs;
-    size_t *first; /* per run: index of its first node in nodes */
-    size_t nruns, runs_cap, first_cap;
-    struct status_rdzv_node_view *nodes;
-    size_t nnodes, nodes_cap;
-    bool oom;
+    CDDP_ARRAY(struct status_rdzv_run_view) runs;
+    CDDP_ARRAY(size_t) first; /* per run: index of its first node in nodes */
+    CDDP_ARRAY(struct status_rdzv_node_view) nodes;
+    int err; /* the first failure of this build */
     double now_wall;
     uint64_t now_mono; /* the server's clock (uv_now of its loop), which the state's times use */
 };
@@ -41,7 +46,7 @@ struct rdzv_view_builder {
  * accepting (true), counters and runs; program, version, pid, hostname and
  * started_at are left to the caller. v points into b and into the server's
  * state until either changes: render it at once. Call on the loop's thread.
- * 0, or -ENOMEM (v is then not to be used). */
+ * 0, or -ENOMEM or CDDP_ETOOBIG (v is then not to be used). */
 int rdzv_view_build(struct rdzv_view_builder *b, uv_loop_t *loop, const struct rdzv_server *srv,
                     double now_wall, struct status_rdzv_view *v);
 

@@ -2,11 +2,10 @@
 #include "status/prom.h"
 
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/numfmt.h"
 #include "common/utf8.h"
 
 static bool name_char(char c, bool first, bool colon)
@@ -38,48 +37,13 @@ bool prom_valid_label_name(const char *name)
     return true;
 }
 
-/* Integers (most samples: counts, states, rounds) without printf. */
-static size_t format_integer(double v, char *buf, size_t len)
-{
-    char tmp[24];
-    size_t n = 0;
-    bool neg = v < 0;
-    uint64_t u = (uint64_t)(neg ? -v : v);
-    do {
-        tmp[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (neg)
-        tmp[n++] = '-';
-    if (n >= len)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        buf[i] = tmp[n - 1 - i];
-    buf[n] = '\0';
-    return n;
-}
-
 size_t prom_format_value(double v, char *buf, size_t len)
 {
-    int n;
-    if (v == floor(v) && fabs(v) < 9007199254740992.0 && !(v == 0 && signbit(v)))
-        return format_integer(v, buf, len);
-    if (isnan(v))
-        n = snprintf(buf, len, "NaN");
-    else if (isinf(v))
-        n = snprintf(buf, len, v > 0 ? "+Inf" : "-Inf");
-    else {
-        /* The shortest of 15, 16, 17 significant digits that reads back as v. */
-        n = 0;
-        for (int prec = 15; prec <= 17; prec++) {
-            n = snprintf(buf, len, "%.*g", prec, v);
-            if (n < 0 || (size_t)n >= len || strtod(buf, NULL) == v)
-                break;
-        }
-    }
-    if (n < 0)
-        n = 0;
-    return (size_t)n < len ? (size_t)n : (len ? len - 1 : 0);
+    if (isfinite(v))
+        return cddp_format_double(v, buf, len);
+    const char *word = isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf";
+    size_t n = len ? cddp_strlcpy(buf, word, len) : 0;
+    return n < len ? n : (len ? len - 1 : 0);
 }
 
 /* Appends s with \ and newline escaped (and " too when quote), replacing

@@ -4,7 +4,8 @@
  * value or someone waits for it. A waiter holds one reference per key it
  * still misses, linked into that key's entry; setting the key unlinks the
  * references and fires waiters that miss nothing more. Waiters with a
- * deadline also sit in a binary min-heap. Fired waiters move to a queue the
+ * deadline also sit in an intrusive min-heap (common/heap.h) by deadline,
+ * first come first served among equal deadlines. Fired waiters move to a queue the
  * caller drains, so waking thousands of waiters allocates nothing. */
 #include "store/kvstore.h"
 
@@ -14,6 +15,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/heap.h"
 #include "common/strmap.h"
 #include "proto/msg.h"
 
@@ -39,7 +41,9 @@ struct waiter {
     struct kvstore_owner *owner;
     uint64_t req_id;
     uint64_t deadline;
-    size_t heap_idx; /* SIZE_MAX: not in the heap */
+    uint64_t seq;               /* arrival: orders equal deadlines */
+    struct cddp_heap_node heap; /* in s->heap while in_heap */
+    bool in_heap;
     size_t missing;
     size_t nrefs;
     size_t cost; /* bytes charged to the store */
@@ -51,8 +55,8 @@ struct waiter {
 
 struct kvstore {
     struct cddp_strmap map;
-    struct waiter **heap;
-    size_t heap_len, heap_cap;
+    struct cddp_heap heap; /* waiters with a deadline */
+    uint64_t next_seq;
     struct cddp_queue fired;
     struct kvstore_limits lim;
     size_t bytes;
@@ -68,6 +72,7 @@ struct kvstore *kvstore_new(const struct kvstore_limits *lim, uint64_t seed0, ui
         return NULL;
     cddp_strmap_init(&s->map, seed0, seed1);
     cddp_queue_init(&s->fired);
+    cddp_heap_init(&s->heap);
     if (lim)
         s->lim = *lim;
     if (s->lim.max_bytes == 0)
@@ -81,70 +86,32 @@ struct kvstore *kvstore_new(const struct kvstore_limits *lim, uint64_t seed0, ui
 
 /* ---- heap of waiters by deadline ---- */
 
-static void heap_swap(struct kvstore *s, size_t a, size_t b)
+static bool deadline_less(const struct cddp_heap_node *a, const struct cddp_heap_node *b)
 {
-    struct waiter *t = s->heap[a];
-    s->heap[a] = s->heap[b];
-    s->heap[b] = t;
-    s->heap[a]->heap_idx = a;
-    s->heap[b]->heap_idx = b;
+    const struct waiter *x = cddp_heap_data(a, struct waiter, heap);
+    const struct waiter *y = cddp_heap_data(b, struct waiter, heap);
+    return x->deadline != y->deadline ? x->deadline < y->deadline : x->seq < y->seq;
 }
 
-static void heap_up(struct kvstore *s, size_t i)
+static void heap_push(struct kvstore *s, struct waiter *w)
 {
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (s->heap[p]->deadline <= s->heap[i]->deadline)
-            break;
-        heap_swap(s, i, p);
-        i = p;
-    }
-}
-
-static void heap_down(struct kvstore *s, size_t i)
-{
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < s->heap_len && s->heap[l]->deadline < s->heap[m]->deadline)
-            m = l;
-        if (r < s->heap_len && s->heap[r]->deadline < s->heap[m]->deadline)
-            m = r;
-        if (m == i)
-            break;
-        heap_swap(s, i, m);
-        i = m;
-    }
-}
-
-static int heap_push(struct kvstore *s, struct waiter *w)
-{
-    if (s->heap_len == s->heap_cap) {
-        size_t cap = s->heap_cap ? s->heap_cap * 2 : 16;
-        struct waiter **h = realloc(s->heap, cap * sizeof(*h));
-        if (h == NULL)
-            return CDDP_ERR_FROM_ERRNO(ENOMEM);
-        s->heap = h;
-        s->heap_cap = cap;
-    }
-    w->heap_idx = s->heap_len;
-    s->heap[s->heap_len++] = w;
-    heap_up(s, w->heap_idx);
-    return 0;
+    w->seq = s->next_seq++;
+    w->in_heap = true;
+    cddp_heap_insert(&s->heap, &w->heap, deadline_less);
 }
 
 static void heap_remove(struct kvstore *s, struct waiter *w)
 {
-    size_t i = w->heap_idx;
-    if (i == SIZE_MAX)
+    if (!w->in_heap)
         return;
-    w->heap_idx = SIZE_MAX;
-    s->heap_len--;
-    if (i == s->heap_len)
-        return;
-    s->heap[i] = s->heap[s->heap_len];
-    s->heap[i]->heap_idx = i;
-    heap_down(s, i);
-    heap_up(s, i);
+    w->in_heap = false;
+    cddp_heap_remove(&s->heap, &w->heap, deadline_less);
+}
+
+static struct waiter *heap_first(const struct kvstore *s)
+{
+    struct cddp_heap_node *n = cddp_heap_min(&s->heap);
+    return n ? cddp_heap_data(n, struct waiter, heap) : NULL;
 }
 
 /* ---- entries ---- */
@@ -284,7 +251,6 @@ int kvstore_wait(struct kvstore *s, const char *const *keys, size_t n, uint64_t 
     w->owner = owner;
     w->req_id = req_id;
     w->deadline = deadline;
-    w->heap_idx = SIZE_MAX;
     w->is_get = is_get;
     w->cost = cost;
     cddp_queue_init(&w->link);
@@ -310,7 +276,7 @@ int kvstore_wait(struct kvstore *s, const char *const *keys, size_t n, uint64_t 
         w->missing++;
     }
     if (rc == 0 && deadline != KVSTORE_NEVER)
-        rc = heap_push(s, w);
+        heap_push(s, w);
     if (rc) {
         waiter_unlink(s, w);
         free(w);
@@ -320,13 +286,15 @@ int kvstore_wait(struct kvstore *s, const char *const *keys, size_t n, uint64_t 
 
 void kvstore_expire(struct kvstore *s, uint64_t now)
 {
-    while (s->heap_len > 0 && s->heap[0]->deadline <= now)
-        wake_waiter(s, s->heap[0], KVSTORE_TIMEOUT);
+    struct waiter *w;
+    while ((w = heap_first(s)) != NULL && w->deadline <= now)
+        wake_waiter(s, w, KVSTORE_TIMEOUT);
 }
 
 uint64_t kvstore_next_deadline(const struct kvstore *s)
 {
-    return s->heap_len ? s->heap[0]->deadline : KVSTORE_NEVER;
+    const struct waiter *w = heap_first(s);
+    return w ? w->deadline : KVSTORE_NEVER;
 }
 
 bool kvstore_next_event(struct kvstore *s, struct kvstore_event *ev)
@@ -476,10 +444,10 @@ void kvstore_free(struct kvstore *s)
         cddp_queue_remove(&w->link);
         free(w);
     }
-    while (s->heap_len > 0) {
-        struct waiter *w = s->heap[0];
-        waiter_unlink(s, w);
-        free(w);
+    struct waiter *timed;
+    while ((timed = heap_first(s)) != NULL) {
+        waiter_unlink(s, timed);
+        free(timed);
     }
     /* Waiters without deadline are reachable only through entries. */
     size_t it = 0;
@@ -510,6 +478,5 @@ void kvstore_free(struct kvstore *s)
         free(e);
     }
     cddp_strmap_free(&s->map);
-    free(s->heap);
     free(s);
 }

@@ -13,7 +13,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,8 +22,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "common/array.h"
 #include "common/errors.h"
+#include "common/file.h"
+#include "common/jsonw.h"
 #include "common/strutil.h"
+#include "common/utf8.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian; this code copies it as is"
@@ -49,20 +52,6 @@ size_t trn_st_dtype_size(enum trn_st_dtype d)
     return (unsigned)d < TRN_ST_NUM_DTYPES ? dtypes[d].size : 0;
 }
 
-static int errorf(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int errorf(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* A name fit for a one-line message: control bytes become '?', long names are cut. */
 static const char *printable(const char *s, char *out, size_t outlen)
 {
@@ -78,48 +67,6 @@ static const char *printable(const char *s, char *out, size_t outlen)
 #define NAMEBUF 128
 #define PNAME(s, buf) printable((s), (buf), sizeof(buf))
 
-/* Length of the valid UTF-8 sequence at p (at most n bytes), 0 if invalid.
- * Refuses overlong forms, surrogates and code points past U+10FFFF. */
-static size_t utf8_seq(const uint8_t *p, size_t n)
-{
-    uint8_t c = p[0];
-    if (c < 0x80)
-        return 1;
-    size_t len;
-    uint32_t cp, min;
-    if (c >= 0xC2 && c <= 0xDF)
-        len = 2, cp = c & 0x1F, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF)
-        len = 3, cp = c & 0x0F, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4)
-        len = 4, cp = c & 0x07, min = 0x10000;
-    else
-        return 0;
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (p[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return len;
-}
-
-static bool utf8_valid(const char *s)
-{
-    const uint8_t *p = (const uint8_t *)s;
-    size_t n = strlen(s);
-    while (n > 0) {
-        size_t k = utf8_seq(p, n);
-        if (k == 0)
-            return false;
-        p += k, n -= k;
-    }
-    return true;
-}
-
 /* ---------------------------------------------------------------- decoder */
 
 struct parser {
@@ -132,8 +79,8 @@ struct parser {
 
 static int perr(struct parser *ps, const char *what)
 {
-    return errorf(ps->err, ps->errlen, CDDP_ECORRUPT, "header: %s at byte %zu of the JSON", what,
-                  (size_t)(ps->p - ps->start));
+    return cddp_fail(ps->err, ps->errlen, CDDP_ECORRUPT, "header: %s at byte %zu of the JSON", what,
+                     (size_t)(ps->p - ps->start));
 }
 
 static void skip_ws(struct parser *ps)
@@ -271,7 +218,7 @@ static int parse_string(struct parser *ps, const char **out)
             n += utf8_put(dst + n, cp);
             continue;
         }
-        size_t k = utf8_seq(ps->p, (size_t)(ps->end - ps->p));
+        size_t k = cddp_utf8_seq(ps->p, (size_t)(ps->end - ps->p));
         if (k == 0)
             return perr(ps, "invalid UTF-8 in string");
         memcpy(dst + n, ps->p, k);
@@ -377,8 +324,9 @@ static int tensor_entry(struct parser *ps, struct trn_st_tensor *t)
                 if (strcmp(dt, dtypes[i].name) == 0)
                     d = i;
             if (d < 0)
-                return errorf(ps->err, ps->errlen, CDDP_ECORRUPT,
-                              "header: tensor '%s': unknown dtype '%.32s'", PNAME(t->name, nb), dt);
+                return cddp_fail(ps->err, ps->errlen, CDDP_ECORRUPT,
+                                 "header: tensor '%s': unknown dtype '%.32s'", PNAME(t->name, nb),
+                                 dt);
             t->dtype = (enum trn_st_dtype)d;
             have_dtype = true;
         } else if (strcmp(field, "shape") == 0) {
@@ -398,8 +346,9 @@ static int tensor_entry(struct parser *ps, struct trn_st_tensor *t)
                 return perr(ps, "data_offsets must hold two integers");
             have_offsets = true;
         } else {
-            return errorf(ps->err, ps->errlen, CDDP_ECORRUPT,
-                          "header: tensor '%s': unknown field '%.32s'", PNAME(t->name, nb), field);
+            return cddp_fail(ps->err, ps->errlen, CDDP_ECORRUPT,
+                             "header: tensor '%s': unknown field '%.32s'", PNAME(t->name, nb),
+                             field);
         }
         ps->arena_used = mark;
         skip_ws(ps);
@@ -412,31 +361,25 @@ static int tensor_entry(struct parser *ps, struct trn_st_tensor *t)
         break;
     }
     if (!have_dtype || !have_shape || !have_offsets)
-        return errorf(ps->err, ps->errlen, CDDP_ECORRUPT, "header: tensor '%s': missing \"%s\"",
-                      PNAME(t->name, nb),
-                      !have_dtype   ? "dtype"
-                      : !have_shape ? "shape"
-                                    : "data_offsets");
+        return cddp_fail(ps->err, ps->errlen, CDDP_ECORRUPT, "header: tensor '%s': missing \"%s\"",
+                         PNAME(t->name, nb),
+                         !have_dtype   ? "dtype"
+                         : !have_shape ? "shape"
+                                       : "data_offsets");
     t->offset = offs[0];
     if (offs[1] < offs[0])
-        return errorf(ps->err, ps->errlen, CDDP_ECORRUPT,
-                      "header: tensor '%s': data_offsets [%llu, %llu] end before they begin",
-                      PNAME(t->name, nb), (unsigned long long)offs[0], (unsigned long long)offs[1]);
+        return cddp_fail(ps->err, ps->errlen, CDDP_ECORRUPT,
+                         "header: tensor '%s': data_offsets [%llu, %llu] end before they begin",
+                         PNAME(t->name, nb), (unsigned long long)offs[0],
+                         (unsigned long long)offs[1]);
     t->nbytes = offs[1] - offs[0];
     return 0;
 }
 
-static int grow(void **arr, size_t *cap, size_t need, size_t elem)
+/* Entries per header are bounded by its bytes: each takes more than one. */
+static size_t max_entries(const struct parser *ps)
 {
-    if (need <= *cap)
-        return 0;
-    size_t nc = *cap ? *cap * 2 : 64;
-    void *p = realloc(*arr, nc * elem);
-    if (p == NULL)
-        return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    *arr = p;
-    *cap = nc;
-    return 0;
+    return (size_t)(ps->end - ps->start);
 }
 
 static int meta_object(struct parser *ps, struct trn_st_file *f, size_t *cap)
@@ -458,7 +401,8 @@ static int meta_object(struct parser *ps, struct trn_st_file *f, size_t *cap)
             return perr(ps, "__metadata__ values must be strings");
         if ((rc = parse_string(ps, &v)))
             return rc;
-        if ((rc = grow((void **)&f->meta, cap, f->n_meta + 1, sizeof(*f->meta))))
+        if ((rc = cddp_array_reserve((void **)&f->meta, cap, f->n_meta + 1, sizeof(*f->meta),
+                                     max_entries(ps))))
             return rc;
         f->meta[f->n_meta].key = k;
         f->meta[f->n_meta].value = v;
@@ -478,7 +422,7 @@ static int parse_header(struct parser *ps, struct trn_st_file *f)
     bool have_meta = false;
     int rc;
     if (ps->p >= ps->end || *ps->p != '{')
-        return errorf(ps->err, ps->errlen, CDDP_ECORRUPT, "header does not start with '{'");
+        return cddp_fail(ps->err, ps->errlen, CDDP_ECORRUPT, "header does not start with '{'");
     ps->p++;
     skip_ws(ps);
     if (ps->p < ps->end && *ps->p == '}') {
@@ -498,7 +442,8 @@ static int parse_header(struct parser *ps, struct trn_st_file *f)
             } else {
                 if (key[0] == '\0')
                     return perr(ps, "empty tensor name");
-                if ((rc = grow((void **)&f->tensors, &tcap, f->n_tensors + 1, sizeof(*f->tensors))))
+                if ((rc = cddp_array_reserve((void **)&f->tensors, &tcap, f->n_tensors + 1,
+                                             sizeof(*f->tensors), max_entries(ps))))
                     return rc;
                 struct trn_st_tensor *t = &f->tensors[f->n_tensors++];
                 memset(t, 0, sizeof(*t));
@@ -588,23 +533,23 @@ static int validate(struct trn_st_file *f, char *err, size_t errlen)
         uint64_t numel, need;
         fmt_shape(t, sh, sizeof(sh));
         if (!shape_size(t->dtype, t->ndim, t->shape, &numel, &need))
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor '%s': shape %s overflows",
-                          PNAME(t->name, nb), sh);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor '%s': shape %s overflows",
+                             PNAME(t->name, nb), sh);
         if (need != t->nbytes)
-            return errorf(err, errlen, CDDP_ECORRUPT,
-                          "tensor '%s': %s %s needs %llu bytes but data_offsets [%llu, %llu] "
-                          "hold %llu",
-                          PNAME(t->name, nb), trn_st_dtype_name(t->dtype), sh,
-                          (unsigned long long)need, (unsigned long long)t->offset,
-                          (unsigned long long)(t->offset + t->nbytes),
-                          (unsigned long long)t->nbytes);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT,
+                             "tensor '%s': %s %s needs %llu bytes but data_offsets [%llu, %llu] "
+                             "hold %llu",
+                             PNAME(t->name, nb), trn_st_dtype_name(t->dtype), sh,
+                             (unsigned long long)need, (unsigned long long)t->offset,
+                             (unsigned long long)(t->offset + t->nbytes),
+                             (unsigned long long)t->nbytes);
         if (t->offset > f->data_len || t->nbytes > f->data_len - t->offset)
-            return errorf(err, errlen, CDDP_EIO_SHORT,
-                          "tensor '%s': data_offsets [%llu, %llu] run past the end of the data "
-                          "(%llu bytes; file truncated?)",
-                          PNAME(t->name, nb), (unsigned long long)t->offset,
-                          (unsigned long long)(t->offset + t->nbytes),
-                          (unsigned long long)f->data_len);
+            return cddp_fail(err, errlen, CDDP_EIO_SHORT,
+                             "tensor '%s': data_offsets [%llu, %llu] run past the end of the data "
+                             "(%llu bytes; file truncated?)",
+                             PNAME(t->name, nb), (unsigned long long)t->offset,
+                             (unsigned long long)(t->offset + t->nbytes),
+                             (unsigned long long)f->data_len);
         t->numel = numel;
     }
 
@@ -621,8 +566,8 @@ static int validate(struct trn_st_file *f, char *err, size_t errlen)
     qsort_r(f->by_name, n, sizeof(size_t), by_name_cmp, f->tensors);
     for (size_t i = 1; i < n; i++) {
         if (strcmp(f->tensors[f->by_name[i - 1]].name, f->tensors[f->by_name[i]].name) == 0) {
-            rc = errorf(err, errlen, CDDP_ECORRUPT, "duplicate tensor name '%s'",
-                        PNAME(f->tensors[f->by_name[i]].name, nb));
+            rc = cddp_fail(err, errlen, CDDP_ECORRUPT, "duplicate tensor name '%s'",
+                           PNAME(f->tensors[f->by_name[i]].name, nb));
             goto out;
         }
     }
@@ -631,25 +576,26 @@ static int validate(struct trn_st_file *f, char *err, size_t errlen)
     for (size_t i = 0; i < n; i++) {
         const struct trn_st_tensor *t = &f->tensors[order[i]];
         if (t->offset < pos) {
-            rc = errorf(err, errlen, CDDP_ECORRUPT, "tensors '%s' and '%s' overlap at offset %llu",
-                        PNAME(f->tensors[order[i - 1]].name, nb2), PNAME(t->name, nb),
-                        (unsigned long long)t->offset);
+            rc = cddp_fail(err, errlen, CDDP_ECORRUPT,
+                           "tensors '%s' and '%s' overlap at offset %llu",
+                           PNAME(f->tensors[order[i - 1]].name, nb2), PNAME(t->name, nb),
+                           (unsigned long long)t->offset);
             goto out;
         }
         if (t->offset > pos) {
-            rc = errorf(err, errlen, CDDP_ECORRUPT,
-                        "hole of %llu bytes in the data before tensor '%s' (offset %llu)",
-                        (unsigned long long)(t->offset - pos), PNAME(t->name, nb),
-                        (unsigned long long)t->offset);
+            rc = cddp_fail(err, errlen, CDDP_ECORRUPT,
+                           "hole of %llu bytes in the data before tensor '%s' (offset %llu)",
+                           (unsigned long long)(t->offset - pos), PNAME(t->name, nb),
+                           (unsigned long long)t->offset);
             goto out;
         }
         pos = t->offset + t->nbytes;
     }
     if (pos != f->data_len) {
-        rc = errorf(err, errlen, CDDP_ECORRUPT,
-                    "the tensors cover %llu bytes of data but the file holds %llu after the "
-                    "header",
-                    (unsigned long long)pos, (unsigned long long)f->data_len);
+        rc = cddp_fail(err, errlen, CDDP_ECORRUPT,
+                       "the tensors cover %llu bytes of data but the file holds %llu after the "
+                       "header",
+                       (unsigned long long)pos, (unsigned long long)f->data_len);
         goto out;
     }
     for (size_t i = 0; i < f->n_meta; i++)
@@ -657,8 +603,8 @@ static int validate(struct trn_st_file *f, char *err, size_t errlen)
     qsort_r(mk, f->n_meta, sizeof(size_t), meta_key_cmp, f->meta);
     for (size_t i = 1; i < f->n_meta; i++) {
         if (strcmp(f->meta[mk[i - 1]].key, f->meta[mk[i]].key) == 0) {
-            rc = errorf(err, errlen, CDDP_ECORRUPT, "duplicate __metadata__ key '%s'",
-                        PNAME(f->meta[mk[i]].key, nb));
+            rc = cddp_fail(err, errlen, CDDP_ECORRUPT, "duplicate __metadata__ key '%s'",
+                           PNAME(f->meta[mk[i]].key, nb));
             goto out;
         }
     }
@@ -681,18 +627,18 @@ static int check_prefix(const uint8_t *p, uint64_t file_size, uint64_t *hlen, ch
                         size_t errlen)
 {
     if (file_size < 8)
-        return errorf(err, errlen, CDDP_EIO_SHORT,
-                      "file is %llu bytes, too short for the 8-byte header length",
-                      (unsigned long long)file_size);
+        return cddp_fail(err, errlen, CDDP_EIO_SHORT,
+                         "file is %llu bytes, too short for the 8-byte header length",
+                         (unsigned long long)file_size);
     uint64_t n = le64(p);
     if (n > TRN_ST_MAX_HEADER)
-        return errorf(err, errlen, CDDP_ETOOBIG,
-                      "header length %llu is over the 100 MB limit (not a safetensors file?)",
-                      (unsigned long long)n);
+        return cddp_fail(err, errlen, CDDP_ETOOBIG,
+                         "header length %llu is over the 100 MB limit (not a safetensors file?)",
+                         (unsigned long long)n);
     if (n > file_size - 8)
-        return errorf(err, errlen, CDDP_EIO_SHORT,
-                      "header length %llu runs past the end of the %llu-byte file (truncated?)",
-                      (unsigned long long)n, (unsigned long long)file_size);
+        return cddp_fail(err, errlen, CDDP_EIO_SHORT,
+                         "header length %llu runs past the end of the %llu-byte file (truncated?)",
+                         (unsigned long long)n, (unsigned long long)file_size);
     *hlen = n;
     return 0;
 }
@@ -705,13 +651,14 @@ int trn_st_decode(const void *buf, size_t len, uint64_t file_size, struct trn_st
     const uint8_t *b = buf;
     uint64_t hlen;
     if (len < 8 && file_size >= 8)
-        return errorf(err, errlen, CDDP_EIO_SHORT, "buffer holds %zu of the 8 header bytes", len);
+        return cddp_fail(err, errlen, CDDP_EIO_SHORT, "buffer holds %zu of the 8 header bytes",
+                         len);
     int rc = check_prefix(b, file_size, &hlen, err, errlen);
     if (rc)
         return rc;
     if (len - 8 < hlen)
-        return errorf(err, errlen, CDDP_EIO_SHORT, "buffer holds %zu of the %llu header bytes",
-                      len - 8, (unsigned long long)hlen);
+        return cddp_fail(err, errlen, CDDP_EIO_SHORT, "buffer holds %zu of the %llu header bytes",
+                         len - 8, (unsigned long long)hlen);
     f->file_size = file_size;
     f->data_start = 8 + hlen;
     f->data_len = file_size - f->data_start;
@@ -766,36 +713,36 @@ int trn_st_open(const char *path, struct trn_st_file *f, char *err, size_t errle
     int rc;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return errorf(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "%s: %s", path, strerror(errno));
+        return cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "%s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        rc = errorf(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "%s: %s", path, strerror(errno));
+        rc = cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "%s: %s", path, strerror(errno));
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        rc = errorf(err, errlen, CDDP_ECORRUPT, "%s: not a regular file", path);
+        rc = cddp_fail(err, errlen, CDDP_ECORRUPT, "%s: not a regular file", path);
         goto fail;
     }
     uint64_t size = (uint64_t)st.st_size;
     if (size >= 8 && (rc = pread_all(fd, prefix, 8, 0)) != 0) {
-        rc = errorf(err, errlen, rc, "%s: %s", path, cddp_strerror(rc));
+        rc = cddp_fail(err, errlen, rc, "%s: %s", path, cddp_strerror(rc));
         goto fail;
     }
     if ((rc = check_prefix(prefix, size, &hlen, msg, sizeof(msg))) != 0) {
-        rc = errorf(err, errlen, rc, "%s: %s", path, msg);
+        rc = cddp_fail(err, errlen, rc, "%s: %s", path, msg);
         goto fail;
     }
     hdr = malloc(8 + (size_t)hlen);
     if (hdr == NULL) {
-        rc = errorf(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "%s: out of memory", path);
+        rc = cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "%s: out of memory", path);
         goto fail;
     }
     if ((rc = pread_all(fd, hdr, 8 + (size_t)hlen, 0)) != 0) {
-        rc = errorf(err, errlen, rc, "%s: reading the header: %s", path, cddp_strerror(rc));
+        rc = cddp_fail(err, errlen, rc, "%s: reading the header: %s", path, cddp_strerror(rc));
         goto fail;
     }
     if ((rc = trn_st_decode(hdr, 8 + (size_t)hlen, size, f, msg, sizeof(msg))) != 0) {
-        rc = errorf(err, errlen, rc, "%s: %s", path, msg);
+        rc = cddp_fail(err, errlen, rc, "%s: %s", path, msg);
         goto fail;
     }
     free(hdr);
@@ -803,7 +750,7 @@ int trn_st_open(const char *path, struct trn_st_file *f, char *err, size_t errle
     if (f->path == NULL) {
         trn_st_close(f);
         close(fd);
-        return errorf(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "%s: out of memory", path);
+        return cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "%s: out of memory", path);
     }
     f->fd = fd;
     return 0;
@@ -819,16 +766,16 @@ int trn_st_read(const struct trn_st_file *f, const struct trn_st_tensor *t, void
     char nb[NAMEBUF];
     const char *path = f->path ? f->path : "safetensors";
     if (f->fd < 0)
-        return errorf(err, errlen, CDDP_ESTATE, "%s: no open file to read from", path);
+        return cddp_fail(err, errlen, CDDP_ESTATE, "%s: no open file to read from", path);
     int rc = pread_all(f->fd, dst, (size_t)t->nbytes, f->data_start + t->offset);
     if (rc == CDDP_EIO_SHORT)
-        return errorf(err, errlen, rc,
-                      "%s: file ends inside tensor '%s' (it shrank after it was "
-                      "opened)",
-                      path, PNAME(t->name, nb));
+        return cddp_fail(err, errlen, rc,
+                         "%s: file ends inside tensor '%s' (it shrank after it was "
+                         "opened)",
+                         path, PNAME(t->name, nb));
     if (rc)
-        return errorf(err, errlen, rc, "%s: reading tensor '%s': %s", path, PNAME(t->name, nb),
-                      cddp_strerror(rc));
+        return cddp_fail(err, errlen, rc, "%s: reading tensor '%s': %s", path, PNAME(t->name, nb),
+                         cddp_strerror(rc));
     return 0;
 }
 
@@ -836,7 +783,7 @@ int trn_st_data_crc32(const struct trn_st_file *f, uint32_t *crc, char *err, siz
 {
     const char *path = f->path ? f->path : "safetensors";
     if (f->fd < 0)
-        return errorf(err, errlen, CDDP_ESTATE, "%s: no open file to read from", path);
+        return cddp_fail(err, errlen, CDDP_ESTATE, "%s: no open file to read from", path);
     enum { CHUNK = 1 << 20 };
     uint8_t *buf = malloc(CHUNK);
     if (buf == NULL)
@@ -847,7 +794,7 @@ int trn_st_data_crc32(const struct trn_st_file *f, uint32_t *crc, char *err, siz
     while (left > 0) {
         size_t n = left > CHUNK ? CHUNK : (size_t)left;
         if ((rc = pread_all(f->fd, buf, n, off)) != 0) {
-            rc = errorf(err, errlen, rc, "%s: reading the data: %s", path, cddp_strerror(rc));
+            rc = cddp_fail(err, errlen, rc, "%s: reading the data: %s", path, cddp_strerror(rc));
             break;
         }
         c = crc32_z(c, buf, n);
@@ -898,52 +845,11 @@ void trn_st_close(struct trn_st_file *f)
 
 /* ---------------------------------------------------------------- writer */
 
+/* Names and metadata are checked as UTF-8 first (check_names), so they
+ * are written as they are. */
 static int json_string(struct cddp_buf *b, const char *s)
 {
-    static const char hex[] = "0123456789abcdef";
-    int rc = cddp_buf_append(b, "\"", 1);
-    for (const char *p = s; *p != '\0' && rc == 0; p++) {
-        unsigned char c = (unsigned char)*p;
-        char e[7];
-        size_t n = 0;
-        switch (c) {
-        case '"':
-            n = 2, e[0] = '\\', e[1] = '"';
-            break;
-        case '\\':
-            n = 2, e[0] = '\\', e[1] = '\\';
-            break;
-        case '\b':
-            n = 2, e[0] = '\\', e[1] = 'b';
-            break;
-        case '\f':
-            n = 2, e[0] = '\\', e[1] = 'f';
-            break;
-        case '\n':
-            n = 2, e[0] = '\\', e[1] = 'n';
-            break;
-        case '\r':
-            n = 2, e[0] = '\\', e[1] = 'r';
-            break;
-        case '\t':
-            n = 2, e[0] = '\\', e[1] = 't';
-            break;
-        default:
-            if (c < 0x20) {
-                memcpy(e, "\\u00", 4);
-                e[4] = hex[c >> 4];
-                e[5] = hex[c & 15];
-                n = 6;
-            } else {
-                e[0] = (char)c;
-                n = 1;
-            }
-        }
-        rc = cddp_buf_append(b, e, n);
-    }
-    if (rc == 0)
-        rc = cddp_buf_append(b, "\"", 1);
-    return rc;
+    return cddp_json_put_string(b, s, CDDP_JSON_STRICT);
 }
 
 static int check_names(const struct trn_st_tensor *t, size_t n, const struct trn_st_meta *meta,
@@ -953,32 +859,34 @@ static int check_names(const struct trn_st_tensor *t, size_t n, const struct trn
     for (size_t i = 0; i < n; i++) {
         uint64_t numel, nbytes;
         if (t[i].name == NULL || t[i].name[0] == '\0')
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor %zu has no name", i);
-        if (!utf8_valid(t[i].name))
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor %zu: name is not valid UTF-8", i);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor %zu has no name", i);
+        if (!cddp_utf8_valid(t[i].name))
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor %zu: name is not valid UTF-8", i);
         if (strcmp(t[i].name, "__metadata__") == 0)
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor %zu: '__metadata__' is reserved", i);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor %zu: '__metadata__' is reserved",
+                             i);
         if ((unsigned)t[i].dtype >= TRN_ST_NUM_DTYPES)
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor '%s': bad dtype %d",
-                          PNAME(t[i].name, nb), (int)t[i].dtype);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor '%s': bad dtype %d",
+                             PNAME(t[i].name, nb), (int)t[i].dtype);
         if (t[i].ndim < 0 || t[i].ndim > TRN_ST_MAX_DIMS)
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor '%s': %d dimensions",
-                          PNAME(t[i].name, nb), t[i].ndim);
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor '%s': %d dimensions",
+                             PNAME(t[i].name, nb), t[i].ndim);
         if (!shape_size(t[i].dtype, t[i].ndim, t[i].shape, &numel, &nbytes))
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor '%s': shape overflows",
-                          PNAME(t[i].name, nb));
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor '%s': shape overflows",
+                             PNAME(t[i].name, nb));
         if (nbytes > 0 && t[i].data == NULL)
-            return errorf(err, errlen, CDDP_ECORRUPT, "tensor '%s': no data", PNAME(t[i].name, nb));
+            return cddp_fail(err, errlen, CDDP_ECORRUPT, "tensor '%s': no data",
+                             PNAME(t[i].name, nb));
     }
     for (size_t i = 0; i < n_meta; i++) {
-        if (meta[i].key == NULL || meta[i].value == NULL || !utf8_valid(meta[i].key) ||
-            !utf8_valid(meta[i].value))
-            return errorf(err, errlen, CDDP_ECORRUPT,
-                          "metadata entry %zu: missing or not valid UTF-8", i);
+        if (meta[i].key == NULL || meta[i].value == NULL || !cddp_utf8_valid(meta[i].key) ||
+            !cddp_utf8_valid(meta[i].value))
+            return cddp_fail(err, errlen, CDDP_ECORRUPT,
+                             "metadata entry %zu: missing or not valid UTF-8", i);
         for (size_t j = 0; j < i; j++)
             if (strcmp(meta[i].key, meta[j].key) == 0)
-                return errorf(err, errlen, CDDP_ECORRUPT, "duplicate metadata key '%s'",
-                              PNAME(meta[i].key, nb));
+                return cddp_fail(err, errlen, CDDP_ECORRUPT, "duplicate metadata key '%s'",
+                                 PNAME(meta[i].key, nb));
     }
     size_t *idx = malloc((n ? n : 1) * sizeof(size_t));
     if (idx == NULL)
@@ -989,8 +897,8 @@ static int check_names(const struct trn_st_tensor *t, size_t n, const struct trn
     int rc = 0;
     for (size_t i = 1; i < n && rc == 0; i++)
         if (strcmp(t[idx[i - 1]].name, t[idx[i]].name) == 0)
-            rc = errorf(err, errlen, CDDP_ECORRUPT, "duplicate tensor name '%s'",
-                        PNAME(t[idx[i]].name, nb));
+            rc = cddp_fail(err, errlen, CDDP_ECORRUPT, "duplicate tensor name '%s'",
+                           PNAME(t[idx[i]].name, nb));
     free(idx);
     return rc;
 }
@@ -1049,30 +957,14 @@ int trn_st_encode_header(const struct trn_st_tensor *t, size_t n, const struct t
     if (rc) {
         cddp_buf_free(&b);
         if (rc == CDDP_ETOOBIG)
-            return errorf(err, errlen, rc, "header would be over the 100 MB limit");
-        return errorf(err, errlen, rc, "encoding the header: %s", cddp_strerror(rc));
+            return cddp_fail(err, errlen, rc, "header would be over the 100 MB limit");
+        return cddp_fail(err, errlen, rc, "encoding the header: %s", cddp_strerror(rc));
     }
     uint64_t hlen = b.len - 8;
     for (int i = 0; i < 8; i++)
         b.data[i] = (char)((hlen >> (8 * i)) & 0xFF);
     *out = (uint8_t *)b.data;
     *out_len = b.len;
-    return 0;
-}
-
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const uint8_t *p = buf;
-    while (n > 0) {
-        size_t chunk = n > (1u << 30) ? (1u << 30) : n;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return CDDP_ERR_FROM_ERRNO(errno);
-        }
-        p += w, n -= (size_t)w;
-    }
     return 0;
 }
 
@@ -1084,15 +976,15 @@ int trn_st_write_fd(int fd, const struct trn_st_tensor *t, size_t n, const struc
     int rc = trn_st_encode_header(t, n, meta, n_meta, &hdr, &hlen, err, errlen);
     if (rc)
         return rc;
-    rc = write_all(fd, hdr, hlen);
+    rc = cddp_write_all(fd, hdr, hlen);
     free(hdr);
     for (size_t i = 0; i < n && rc == 0; i++) {
         uint64_t numel, nbytes;
         shape_size(t[i].dtype, t[i].ndim, t[i].shape, &numel, &nbytes);
-        rc = write_all(fd, t[i].data, (size_t)nbytes);
+        rc = cddp_write_all(fd, t[i].data, (size_t)nbytes);
     }
     if (rc)
-        return errorf(err, errlen, rc, "write: %s", cddp_strerror(rc));
+        return cddp_fail(err, errlen, rc, "write: %s", cddp_strerror(rc));
     return 0;
 }
 
@@ -1125,58 +1017,33 @@ static int open_tmp(const char *tmp, int *out)
     return CDDP_EEXISTS;
 }
 
-static int fsync_dir_of(const char *path)
-{
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (slash == NULL) {
-        cddp_strlcpy(dir, ".", sizeof(dir));
-    } else if (slash == path) {
-        cddp_strlcpy(dir, "/", sizeof(dir));
-    } else {
-        size_t n = (size_t)(slash - path);
-        if (n >= sizeof(dir))
-            return CDDP_ERR_FROM_ERRNO(ENAMETOOLONG);
-        memcpy(dir, path, n);
-        dir[n] = '\0';
-    }
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return CDDP_ERR_FROM_ERRNO(errno);
-    int rc = fsync(fd) == 0 ? 0 : CDDP_ERR_FROM_ERRNO(errno);
-    close(fd);
-    return rc;
-}
-
 int trn_st_save(const char *path, const struct trn_st_tensor *t, size_t n,
                 const struct trn_st_meta *meta, size_t n_meta, char *err, size_t errlen)
 {
     char tmp[4096], msg[512];
     if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= sizeof(tmp))
-        return errorf(err, errlen, CDDP_ERR_FROM_ERRNO(ENAMETOOLONG), "%s: path too long", path);
+        return cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(ENAMETOOLONG), "%s: path too long", path);
     int fd = -1, rc = open_tmp(tmp, &fd);
     if (rc == CDDP_EEXISTS)
-        return errorf(err, errlen, rc, "%s: another process is writing it (%s is locked)", path,
-                      tmp);
+        return cddp_fail(err, errlen, rc, "%s: another process is writing it (%s is locked)", path,
+                         tmp);
     if (rc)
-        return errorf(err, errlen, rc, "%s: %s", tmp, cddp_strerror(rc));
+        return cddp_fail(err, errlen, rc, "%s: %s", tmp, cddp_strerror(rc));
     if ((rc = trn_st_write_fd(fd, t, n, meta, n_meta, msg, sizeof(msg))) != 0) {
-        errorf(err, errlen, rc, "%s: %s", tmp, msg);
-        goto fail;
-    }
-    if (fsync(fd) != 0) {
-        rc = errorf(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "%s: fsync: %s", tmp, strerror(errno));
+        cddp_fail(err, errlen, rc, "%s: %s", tmp, msg);
         goto fail;
     }
     /* Rename while still holding the lock: see open_tmp. */
-    if (rename(tmp, path) != 0) {
-        rc = errorf(err, errlen, CDDP_ERR_FROM_ERRNO(errno), "rename %s -> %s: %s", tmp, path,
-                    strerror(errno));
+    bool renamed = false;
+    if ((rc = cddp_file_commit(fd, tmp, path, &renamed, msg, sizeof(msg))) != 0) {
+        cddp_fail(err, errlen, rc, "%s: %s", path, msg);
+        if (renamed) { /* only the directory's fsync failed: the file is in place */
+            close(fd);
+            return rc;
+        }
         goto fail;
     }
     close(fd); /* after fsync, close has nothing left to report */
-    if ((rc = fsync_dir_of(path)) != 0)
-        return errorf(err, errlen, rc, "%s: fsync of its directory: %s", path, cddp_strerror(rc));
     return 0;
 fail:
     unlink(tmp);

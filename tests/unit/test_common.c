@@ -1,4 +1,5 @@
-/* Unit tests for common/: checked parsing, buffers, host:port, signal names, errors. */
+/* Unit tests for common/: checked parsing, buffers, host:port, signal names, errors,
+ * UTF-8, backoff with jitter. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,12 +13,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/backoff.h"
 #include "common/errors.h"
 #include "common/hostname.h"
 #include "common/hostport.h"
 #include "common/log.h"
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "common/utf8.h"
 
 static void test_parse_long(void **state)
 {
@@ -181,6 +184,60 @@ static void test_errors(void **state)
     assert_int_equal(cddp_log_parse_level("loud", &level), CDDP_EPARSE);
 }
 
+static void test_utf8(void **state)
+{
+    (void)state;
+    const unsigned char *euro = (const unsigned char *)"\xe2\x82\xac";
+    assert_int_equal(cddp_utf8_seq(euro, 3), 3);
+    assert_int_equal(cddp_utf8_seq(euro, 2), 0); /* cut short by the bound */
+    assert_int_equal(cddp_utf8_seq(euro, 0), 0);
+    assert_int_equal(cddp_utf8_len(euro), 3);
+    assert_int_equal(cddp_utf8_len((const unsigned char *)"a"), 1);
+    assert_int_equal(cddp_utf8_len((const unsigned char *)"\xe2\x82"), 0); /* cut by the NUL */
+    assert_int_equal(cddp_utf8_len((const unsigned char *)"\xf0\x9f\x98\x80"), 4);
+    assert_true(cddp_utf8_valid(""));
+    assert_true(cddp_utf8_valid("caf\xc3\xa9 \xf4\x8f\xbf\xbf")); /* U+10FFFF */
+    assert_false(cddp_utf8_valid("\xc0\x80"));                    /* overlong NUL */
+    assert_false(cddp_utf8_valid("\xe0\x80\xaf"));                /* overlong '/' */
+    assert_false(cddp_utf8_valid("\xed\xa0\x80"));                /* surrogate */
+    assert_false(cddp_utf8_valid("\xf4\x90\x80\x80"));            /* past U+10FFFF */
+    assert_false(cddp_utf8_valid("\xf8\x88\x80\x80\x80"));        /* 5 bytes */
+    assert_false(cddp_utf8_valid("a\x80"));                       /* lone continuation */
+    assert_false(cddp_utf8_valid("\xc3"));                        /* truncated */
+}
+
+static void test_backoff(void **state)
+{
+    (void)state;
+    struct cddp_backoff b;
+    cddp_backoff_init(&b, 10, 1000);
+    /* random 0: the bottom of each step; the step doubles and stops at max. */
+    const uint64_t low[] = {5, 10, 20, 40, 80, 160, 320, 500, 500};
+    for (size_t i = 0; i < sizeof(low) / sizeof(low[0]); i++)
+        assert_int_equal(cddp_backoff_next(&b, 0, UINT64_MAX), low[i]);
+    cddp_backoff_reset(&b);
+    /* The top of the step: random % (half + 1) == half. */
+    assert_int_equal(cddp_backoff_next(&b, 5, UINT64_MAX), 10);
+    assert_int_equal(cddp_backoff_next(&b, 10, UINT64_MAX), 20);
+    assert_int_equal(cddp_backoff_next(&b, 21, UINT64_MAX), 20); /* 21 % 21 == 0 */
+    /* Every draw lies in [step/2, step]. */
+    cddp_backoff_reset(&b);
+    for (uint32_t r = 0; r < 1000; r += 7) {
+        uint64_t step = b.step_ms;
+        uint64_t ms = cddp_backoff_next(&b, r * 2654435761u, UINT64_MAX);
+        assert_true(ms >= step / 2 && ms <= step);
+    }
+    /* The time left caps the wait. */
+    assert_int_equal(cddp_backoff_next(&b, 0, 3), 3);
+    assert_int_equal(cddp_backoff_next(&b, 0, 0), 0);
+    /* Degenerate settings are clamped: first 0 -> 1, max below first -> first. */
+    cddp_backoff_init(&b, 0, 0);
+    assert_int_equal(b.step_ms, 1);
+    assert_int_equal(b.max_ms, 1);
+    assert_int_equal(cddp_backoff_next(&b, 7, UINT64_MAX), 0); /* [1/2, 1] rounds to 0 */
+    assert_int_equal(b.step_ms, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -188,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_buf_limit),   cmocka_unit_test(test_hostport),
         cmocka_unit_test(test_status_port), cmocka_unit_test(test_signames),
         cmocka_unit_test(test_errors),      cmocka_unit_test(test_host_is_local),
+        cmocka_unit_test(test_utf8),        cmocka_unit_test(test_backoff),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

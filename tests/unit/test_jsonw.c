@@ -1,4 +1,5 @@
-/* Unit tests for common/jsonw.c: the streaming JSON writer. */
+/* Unit tests for common/jsonw.c (the string escaping and the streaming JSON
+ * writer) and common/numfmt.c (numbers as text). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -6,12 +7,14 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
 
 #include "common/errors.h"
 #include "common/jsonw.h"
+#include "common/numfmt.h"
 
 static void test_document(void **state)
 {
@@ -121,12 +124,90 @@ static void test_misuse(void **state)
     cddp_buf_free(&b);
 }
 
+static const char *escaped(struct cddp_buf *b, const char *s, enum cddp_json_escape how)
+{
+    cddp_buf_reset(b);
+    assert_int_equal(cddp_json_put_string(b, s, how), 0);
+    return b->data;
+}
+
+static void test_escape_modes(void **state)
+{
+    (void)state;
+    struct cddp_buf b;
+    cddp_buf_init(&b, 256);
+    /* What both modes escape: quote, backslash, the named controls, the
+     * other controls as \u00XX; DEL and '/' pass. */
+    const char *all = "q\"b\\ \b\f\n\r\t \x01\x1f \x7f/";
+    const char *want = "\"q\\\"b\\\\ \\b\\f\\n\\r\\t \\u0001\\u001f \x7f/\"";
+    assert_string_equal(escaped(&b, all, CDDP_JSON_STRICT), want);
+    assert_string_equal(escaped(&b, all, CDDP_JSON_LOSSY), want);
+    /* Bytes that are not UTF-8: kept by STRICT, U+FFFD (one per byte) by LOSSY. */
+    assert_string_equal(escaped(&b, "a\xff\xc3(\xc3\xa9", CDDP_JSON_STRICT),
+                        "\"a\xff\xc3(\xc3\xa9\"");
+    assert_string_equal(escaped(&b, "a\xff\xc3(\xc3\xa9", CDDP_JSON_LOSSY),
+                        "\"a\xef\xbf\xbd\xef\xbf\xbd(\xc3\xa9\"");
+    assert_string_equal(escaped(&b, "", CDDP_JSON_STRICT), "\"\"");
+    /* What a parser reads back is the input. */
+    const char *text = "tab\there \"quoted\" \\ \x02 caf\xc3\xa9";
+    cJSON *v = cJSON_Parse(escaped(&b, text, CDDP_JSON_STRICT));
+    assert_non_null(v);
+    assert_string_equal(v->valuestring, text);
+    cJSON_Delete(v);
+    /* Appends: what was in the buffer stays. */
+    cddp_buf_reset(&b);
+    cddp_buf_append(&b, "x:", 2);
+    assert_int_equal(cddp_json_put_string(&b, "y", CDDP_JSON_STRICT), 0);
+    assert_string_equal(b.data, "x:\"y\"");
+    cddp_buf_free(&b);
+    /* The buffer's maximum. */
+    cddp_buf_init(&b, 4);
+    assert_int_equal(cddp_json_put_string(&b, "abcdef", CDDP_JSON_LOSSY), CDDP_ETOOBIG);
+    cddp_buf_free(&b);
+}
+
+static void test_numbers(void **state)
+{
+    (void)state;
+    char buf[40];
+    assert_int_equal(cddp_format_double(0, buf, sizeof(buf)), 1);
+    assert_string_equal(buf, "0");
+    cddp_format_double(-42, buf, sizeof(buf));
+    assert_string_equal(buf, "-42");
+    cddp_format_double(-0.0, buf, sizeof(buf));
+    assert_string_equal(buf, "-0");
+    cddp_format_double(0.1, buf, sizeof(buf));
+    assert_string_equal(buf, "0.1");
+    cddp_format_double(1.0 / 3.0, buf, sizeof(buf));
+    assert_true(strtod(buf, NULL) == 1.0 / 3.0);
+    cddp_format_double(9007199254740993.0 * 4, buf, sizeof(buf)); /* past 2^53: %g */
+    assert_true(strtod(buf, NULL) == 9007199254740993.0 * 4);
+    assert_int_equal(cddp_format_double(NAN, buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "");
+    assert_int_equal(cddp_format_double(-INFINITY, buf, sizeof(buf)), 0);
+    assert_int_equal(cddp_format_double(12345, buf, 3), 0); /* does not fit */
+
+    struct cddp_buf b;
+    cddp_buf_init(&b, 256);
+    struct jsonw w;
+    jsonw_init(&w, &b);
+    jsonw_object_begin(&w, NULL);
+    jsonw_number_digits(&w, "loss", 2.302585093, 6);
+    jsonw_number_fixed(&w, "rate", 1234.56789, 3);
+    jsonw_number_fixed(&w, "whole", 7, 0);
+    jsonw_number_digits(&w, "nan", NAN, 6);
+    jsonw_object_end(&w);
+    assert_int_equal(jsonw_finish(&w), 0);
+    assert_string_equal(b.data, "{\"loss\":2.30259,\"rate\":1234.568,\"whole\":7,\"nan\":null}");
+    cddp_buf_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_document),
-        cmocka_unit_test(test_utf8),
-        cmocka_unit_test(test_misuse),
+        cmocka_unit_test(test_document), cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_misuse),   cmocka_unit_test(test_escape_modes),
+        cmocka_unit_test(test_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

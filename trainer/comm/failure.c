@@ -1,9 +1,7 @@
 /* failure.c: error.json and exit 75 when a collective fails; see failure.h. */
 #include "trainer/comm/failure.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +10,10 @@
 
 #include "common/errors.h"
 #include "common/exitcodes.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "common/strutil.h"
+#include "proto/errorfile.h"
 
 void trn_comm_failure_message(const struct trn_comm_error *e, long step, int rank, char *buf,
                               size_t len)
@@ -37,71 +37,21 @@ void trn_comm_failure_message(const struct trn_comm_error *e, long step, int ran
                  e->waited_s, cddp_err_name(e->code), why);
 }
 
-static int write_all(int fd, const char *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 int trn_error_file_write(const char *path, const char *type, const char *message,
                          const char *callstack, long timestamp)
 {
-    char ts[32];
-    snprintf(ts, sizeof(ts), "%ld", timestamp);
     struct cddp_buf text;
     cddp_buf_init(&text, 1 << 20);
     if (cddp_buf_printf(&text, "%s: %s", type, message) < 0) {
         cddp_buf_free(&text);
         return -ENOMEM;
     }
-    cJSON *root = cJSON_CreateObject();
-    cJSON *msg = cJSON_AddObjectToObject(root, "message");
-    cJSON *extra = NULL;
-    if (msg != NULL && cJSON_AddStringToObject(msg, "message", text.data) != NULL)
-        extra = cJSON_AddObjectToObject(msg, "extraInfo");
-    char *json = NULL;
-    if (extra != NULL && cJSON_AddStringToObject(extra, "py_callstack", callstack) != NULL &&
-        cJSON_AddStringToObject(extra, "timestamp", ts) != NULL)
-        json = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
+    char *json = proto_errorfile_build(text.data, callstack, timestamp, NULL);
     cddp_buf_free(&text);
     if (json == NULL)
         return -ENOMEM;
-
-    /* path.tmp.<pid> beside the target, so the rename stays on one filesystem. */
-    size_t plen = strlen(path) + 32;
-    char *tmp = malloc(plen);
-    if (tmp == NULL) {
-        cJSON_free(json);
-        return -ENOMEM;
-    }
-    snprintf(tmp, plen, "%s.tmp.%ld", path, (long)getpid());
-    int rc = 0;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = -errno;
-    } else {
-        rc = write_all(fd, json, strlen(json));
-        if (rc == 0 && fsync(fd) != 0)
-            rc = -errno;
-        if (close(fd) != 0 && rc == 0)
-            rc = -errno;
-        if (rc == 0 && rename(tmp, path) != 0)
-            rc = -errno;
-        if (rc != 0)
-            unlink(tmp);
-    }
-    free(tmp);
-    cJSON_free(json);
+    int rc = cddp_write_file_atomic(path, json, strlen(json), 0644, NULL, 0);
+    free(json);
     return rc;
 }
 

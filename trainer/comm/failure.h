@@ -21,8 +21,9 @@
 void trn_comm_failure_message(const struct trn_comm_error *e, long step, int rank, char *buf,
                               size_t len);
 
-/* Writes torchrun's error.json to path, atomically (temporary file, fsync,
- * rename): a reader sees the whole file or none. `type` is the error's kind
+/* Writes torchrun's error.json to path (proto/errorfile.h builds it),
+ * atomically (common/file.h: temporary file, fsync, rename, fsync of the
+ * directory): a reader sees the whole file or none. `type` is the error's kind
  * ("CollectiveTimeoutError"), `message` the one-line text, `callstack` what
  * torchrun shows as the traceback, `timestamp` seconds since the epoch.
  * 0 or -errno. */
