@@ -1,0 +1,81 @@
+/* cddp-tcpstore: a TCPStore-compatible server (store/tcpstore.h) on its own
+ * loop, for the integration tests and the benchmark. Serves until SIGTERM
+ * or SIGINT; prints "cddp-tcpstore: listening on port N" on stdout once it
+ * listens (--port 0 picks a free port).
+ *
+ *     cddp-tcpstore --port N [--host H] [--max-value BYTES] [--max-key BYTES]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <uv.h>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "store/tcpstore.h"
+
+static struct tcpstore_server *server;
+static uv_signal_t sigterm, sigint;
+
+static void on_signal(uv_signal_t *h, int sig)
+{
+    (void)sig;
+    (void)h;
+    uv_close((uv_handle_t *)&sigterm, NULL);
+    uv_close((uv_handle_t *)&sigint, NULL);
+    tcpstore_server_close(server, NULL, NULL);
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: cddp-tcpstore --port N [--host H] [--max-value BYTES] "
+                    "[--max-key BYTES]\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    cddp_log_init("cddp-tcpstore");
+    struct tcpstore_server_options o = {.port = -1};
+    for (int i = 1; i < argc; i++) {
+        long v;
+        if (i + 1 >= argc)
+            return usage();
+        if (strcmp(argv[i], "--host") == 0) {
+            o.host = argv[++i];
+        } else if (strcmp(argv[i], "--port") == 0) {
+            if (cddp_parse_long(argv[++i], 0, 65535, &v) != 0)
+                return usage();
+            o.port = (int)v;
+        } else if (strcmp(argv[i], "--max-value") == 0) {
+            if (cddp_parse_long(argv[++i], 1, 1L << 40, &v) != 0)
+                return usage();
+            o.wire.max_value = (size_t)v;
+        } else if (strcmp(argv[i], "--max-key") == 0) {
+            if (cddp_parse_long(argv[++i], 1, 1L << 30, &v) != 0)
+                return usage();
+            o.wire.max_key = (size_t)v;
+        } else {
+            return usage();
+        }
+    }
+    if (o.port < 0)
+        return usage();
+    uv_loop_t *loop = uv_default_loop();
+    char err[256];
+    int rc = tcpstore_server_start(loop, &o, &server, err, sizeof(err));
+    if (rc) {
+        fprintf(stderr, "cddp-tcpstore: %s\n", err);
+        return 1;
+    }
+    printf("cddp-tcpstore: listening on port %d\n", tcpstore_server_port(server));
+    fflush(stdout);
+    uv_signal_init(loop, &sigterm);
+    uv_signal_init(loop, &sigint);
+    uv_signal_start(&sigterm, on_signal, SIGTERM);
+    uv_signal_start(&sigint, on_signal, SIGINT);
+    uv_run(loop, UV_RUN_DEFAULT);
+    return uv_loop_close(loop) == 0 ? 0 : 1;
+}
