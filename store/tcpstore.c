@@ -85,7 +85,6 @@ struct tcpstore_server {
     const char **keyv;
     size_t keyv_cap;
     char readbuf[READ_BUF_SIZE];
-    bool readbuf_busy;
 };
 
 static void flush(struct tcpstore_server *srv);
@@ -284,17 +283,10 @@ static void drain_events(struct tcpstore_server *srv)
 
 /* ---- keys as C strings ---- */
 
-/* Copies the n keys into the server's scratch space as C strings; keyv
- * points at them. CDDP_EPARSE if a key holds a NUL byte (the store's keys
- * are C strings), -ENOMEM. */
-static int keys_to_c(struct tcpstore_server *srv, const struct tcpstore_bytes *keys, size_t n)
+/* Room in the server's scratch space for n keys of total bytes (NULs
+ * included). 0 or -ENOMEM. */
+static int scratch_reserve(struct tcpstore_server *srv, size_t total, size_t n)
 {
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (memchr(keys[i].p, 0, keys[i].n))
-            return CDDP_EPARSE;
-        total += keys[i].n + 1;
-    }
     if (total > srv->scratch_cap) {
         char *p = realloc(srv->scratch, total);
         if (p == NULL)
@@ -309,48 +301,36 @@ static int keys_to_c(struct tcpstore_server *srv, const struct tcpstore_bytes *k
         srv->keyv = v;
         srv->keyv_cap = n;
     }
-    char *at = srv->scratch;
-    for (size_t i = 0; i < n; i++) {
-        if (keys[i].n)
-            memcpy(at, keys[i].p, keys[i].n);
-        at[keys[i].n] = '\0';
-        srv->keyv[i] = at;
-        at += keys[i].n + 1;
-    }
     return 0;
 }
 
-/* The keys of a KEYS query as C strings in srv->keyv. */
-static int list_keys_to_c(struct tcpstore_server *srv, const struct tcpstore_query *q)
+/* Copies the query's key (one key) or key list into the scratch space as C
+ * strings; srv->keyv points at them. CDDP_EPARSE if a key holds a NUL byte
+ * (the store's keys are C strings), -ENOMEM. */
+static int keys_to_c(struct tcpstore_server *srv, const struct tcpstore_query *q, bool list)
 {
-    size_t total = 0, pos = 0, i = 0;
-    struct tcpstore_bytes k;
-    while (tcpstore_query_next(q, &pos, &k, NULL)) {
-        if (memchr(k.p, 0, k.n))
+    size_t total = 0, pos = 0, n = 0;
+    struct tcpstore_bytes k = q->key;
+    for (bool more = list ? tcpstore_query_next(q, &pos, &k, NULL) : true; more;
+         more = list && tcpstore_query_next(q, &pos, &k, NULL)) {
+        if (k.n && memchr(k.p, 0, k.n))
             return CDDP_EPARSE;
         total += k.n + 1;
+        n++;
     }
-    if (total > srv->scratch_cap) {
-        char *p = realloc(srv->scratch, total);
-        if (p == NULL)
-            return CDDP_ERR_FROM_ERRNO(ENOMEM);
-        srv->scratch = p;
-        srv->scratch_cap = total;
-    }
-    if (q->nitems > srv->keyv_cap) {
-        const char **v = realloc(srv->keyv, q->nitems * sizeof(*v));
-        if (v == NULL)
-            return CDDP_ERR_FROM_ERRNO(ENOMEM);
-        srv->keyv = v;
-        srv->keyv_cap = q->nitems;
-    }
+    int rc = scratch_reserve(srv, total, n);
+    if (rc)
+        return rc;
     char *at = srv->scratch;
     pos = 0;
-    while (tcpstore_query_next(q, &pos, &k, NULL)) {
+    k = q->key;
+    for (size_t i = 0; i < n; i++) {
+        if (list)
+            tcpstore_query_next(q, &pos, &k, NULL);
         if (k.n)
             memcpy(at, k.p, k.n);
         at[k.n] = '\0';
-        srv->keyv[i++] = at;
+        srv->keyv[i] = at;
         at += k.n + 1;
     }
     return 0;
@@ -489,11 +469,11 @@ static void handle(struct conn *c, const struct tcpstore_query *q)
     case TCPSTORE_SHAPE_KEY_VAL:
     case TCPSTORE_SHAPE_KEY_VAL_VAL:
     case TCPSTORE_SHAPE_KEY_I64:
-        rc = keys_to_c(srv, &q->key, 1);
+        rc = keys_to_c(srv, q, false);
         key = rc == 0 ? srv->keyv[0] : NULL;
         break;
     case TCPSTORE_SHAPE_KEYS:
-        rc = list_keys_to_c(srv, q);
+        rc = keys_to_c(srv, q, true);
         break;
     default:
         break;
@@ -607,7 +587,8 @@ static void handle(struct conn *c, const struct tcpstore_query *q)
         size_t pos = 0;
         struct tcpstore_bytes k, v;
         while (!c->closing && tcpstore_query_next(q, &pos, &k, &v)) {
-            if ((rc = keys_to_c(srv, &k, 1)) != 0) {
+            struct tcpstore_query one = {.op = TCPSTORE_SET, .key = k};
+            if ((rc = keys_to_c(srv, &one, false)) != 0) {
                 conn_fail(c, rc, "MULTI_SET with a key that holds a NUL byte");
                 return;
             }
@@ -731,16 +712,12 @@ static void feed(struct conn *c, const uint8_t *p, size_t n)
         cddp_buf_free(&c->in); /* give a big value's buffer back */
 }
 
+/* libuv calls on_read with this buffer before it allocates another, and
+ * feed() copies what it keeps: one buffer serves every connection. */
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     (void)suggested;
-    struct conn *c = h->data;
-    struct tcpstore_server *srv = c->srv;
-    if (srv->readbuf_busy) {
-        *buf = uv_buf_init(NULL, 0);
-        return;
-    }
-    srv->readbuf_busy = true;
+    struct tcpstore_server *srv = ((struct conn *)h->data)->srv;
     *buf = uv_buf_init(srv->readbuf, sizeof(srv->readbuf));
 }
 
@@ -748,8 +725,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct conn *c = s->data;
     struct tcpstore_server *srv = c->srv;
-    if (buf->base == srv->readbuf)
-        srv->readbuf_busy = false;
     if (nread == 0)
         return;
     if (nread < 0) {
