@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <uv.h>
 
@@ -63,6 +64,12 @@ int main(int argc, char **argv)
     }
     if (o.port < 0)
         return usage();
+    /* One descriptor per client: take all the kernel allows. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     uv_loop_t *loop = uv_default_loop();
     char err[256];
     int rc = tcpstore_server_start(loop, &o, &server, err, sizeof(err));
