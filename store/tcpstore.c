@@ -248,16 +248,22 @@ static void mark_dirty(struct conn *c)
  * reading, and gets closed. */
 static void reply_done(struct conn *c, int rc)
 {
-    if (rc == 0 && c->tcp.write_queue_size + c->out.len > c->srv->opt.max_write_queue)
-        rc = CDDP_ETOOBIG;
-    if (rc) {
-        if (!c->closing)
-            log_warn("S0705", "TCPStore client %s: does not read its replies (%zu bytes queued)",
-                     c->name, c->tcp.write_queue_size + c->out.len);
-        conn_fail(c, rc, "reply not queued");
+    size_t queued = c->tcp.write_queue_size + c->out.len;
+    if (rc == 0 && queued <= c->srv->opt.max_write_queue) {
+        mark_dirty(c);
         return;
     }
-    mark_dirty(c);
+    /* The only way to fail appending to out is its maximum, which is
+     * max_write_queue too: either way the client does not read. */
+    if (c->closing)
+        return;
+    log_warn("S0705",
+             "TCPStore client %s: does not read its replies (%zu bytes queued, limit %zu); "
+             "closing the connection",
+             c->name, queued, c->srv->opt.max_write_queue);
+    c->closing = true;
+    c->srv->stats.refused++;
+    cddp_queue_insert_tail(&c->srv->drops, &c->drop_link);
 }
 
 static void flush(struct tcpstore_server *srv)
@@ -612,14 +618,12 @@ static void handle(struct conn *c, const struct tcpstore_query *q)
     case TCPSTORE_QUEUE_POP: {
         void *v = NULL;
         size_t vlen = 0, before = 0;
-        rc = tcpstore_put_i64(o, 0);
-        if (kvstore_queue_pop(st, key, &v, &vlen, &before) == 0) {
-            o->len -= 8;
-            rc = tcpstore_put_i64(o, (int64_t)before);
-            if (rc == 0)
-                rc = tcpstore_put_bytes(o, v, vlen);
-            free(v);
-        }
+        /* The length before the pop, then the item; an empty queue: 0 alone. */
+        bool got = kvstore_queue_pop(st, key, &v, &vlen, &before) == 0;
+        rc = tcpstore_put_i64(o, got ? (int64_t)before : 0);
+        if (rc == 0 && got)
+            rc = tcpstore_put_bytes(o, v, vlen);
+        free(v);
         reply_done(c, rc);
         return;
     }
@@ -793,6 +797,9 @@ static void on_connection(uv_stream_t *l, int status)
     }
     srv->stats.accepted++;
     peer_name(&c->tcp, c->name, sizeof(c->name));
+    /* A client that vanished without a FIN (a half-open connection) is found
+     * by keep-alive probes after a minute of silence. */
+    uv_tcp_keepalive(&c->tcp, 1, 60);
     int rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
     if (rc) {
         log_warn("S0702", "TCPStore client %s: cannot read: %s", c->name, uv_strerror(rc));

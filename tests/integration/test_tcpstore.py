@@ -384,6 +384,24 @@ def test_bad_input_closes_only_that_connection(background, torch_python):
     assert any("wrong magic" in l for l in refused), log
 
 
+def test_client_that_does_not_read(background, torch_python):
+    st = Store(background, "--max-write-queue", str(1 << 20))
+    c = connect(st.port)
+    value = b"x" * (512 << 10)
+    c.sendall(q(0, s("/big"), s(value)))
+    c.settimeout(30)
+    try:
+        for _ in range(200):   # 100 MiB of replies asked for, none read
+            c.sendall(q(2, s("/big")))
+    except (ConnectionResetError, BrokenPipeError, socket.timeout):
+        pass
+    out = torch_client(st.port, 'print(len(store.get("big")))')
+    assert out.strip() == str(len(value))
+    c.close()
+    log = st.log()
+    assert "S0705" in log and "does not read its replies" in log, log
+
+
 def test_many_idle_connections(store):
     """10,000 connections that say nothing do not stop the store."""
     import resource
