@@ -264,6 +264,30 @@ def test_init_process_group_gloo(store, method):
     assert int(keys_seen.split()[-1]) >= 3
 
 
+def test_torchrun_c10d_rendezvous_on_our_store(store, tmp_path):
+    """torchrun 1.13's c10d rendezvous backend (compare_set loops, waits)
+    with our store as its store (is_host=false), then gloo in the workers."""
+    import pathlib
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent("""\
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.ones(2) * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        assert t.tolist() == [3.0, 3.0], t
+        print("rank", dist.get_rank(), "ok", flush=True)
+        """))
+    torchrun = pathlib.Path(__file__).resolve().parent.parent / "compat" / "torchrun_py311.py"
+    r = run([TORCH_PY, torchrun, "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
+             f"--rdzv_endpoint=127.0.0.1:{store.port}", "--rdzv_id=job7",
+             "--rdzv_conf", "is_host=false", "--max_restarts=0", script], timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rank 0 ok" in r.stdout and "rank 1 ok" in r.stdout
+    # The rendezvous state torchrun kept in our store.
+    out = torch_client(store.port, 'print(len(store.get("torch.rendezvous.job7")))')
+    assert int(out.split()[-1]) > 0
+
+
 # ---- what torch 1.13's Python API does not reach ----
 
 def test_check_and_watch_key_v1(store):
