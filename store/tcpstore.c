@@ -439,8 +439,11 @@ static int watch_key(struct conn *c, const char *key)
 static void store_failed(struct conn *c, const struct tcpstore_query *q, int rc)
 {
     if (rc == CDDP_ETOOBIG)
-        log_warn("S0706", "TCPStore: the store is full (%zu bytes, %zu keys)",
-                 kvstore_bytes(c->srv->store), kvstore_num_keys(c->srv->store));
+        log_warn("S0706",
+                 "TCPStore client %s: %s refused by the store (%zu bytes, %zu keys held; full, "
+                 "or too many waits on one connection)",
+                 c->name, tcpstore_op_name(q->op), kvstore_bytes(c->srv->store),
+                 kvstore_num_keys(c->srv->store));
     conn_fail(c, rc, "%s refused: %s", tcpstore_op_name(q->op), cddp_strerror(rc));
 }
 

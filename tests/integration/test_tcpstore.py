@@ -426,6 +426,23 @@ def test_client_that_does_not_read(background, torch_python):
     assert "S0705" in log and "does not read its replies" in log, log
 
 
+def test_full_store(background, torch_python):
+    st = Store(background, "--max-store-bytes", str(1 << 20))
+    torch_client(st.port, 'store.set("small", "kept")')
+    r = run([TORCH_PY, "-c", textwrap.dedent("""\
+        import datetime, torch.distributed as dist
+        s = dist.TCPStore("127.0.0.1", %d, None, False, datetime.timedelta(seconds=5))
+        for i in range(100):
+            s.set("v%%d" %% i, b"x" * 100000)
+            s.num_keys()
+        """ % st.port)], timeout=60)
+    assert r.returncode != 0
+    out = torch_client(st.port, 'print(store.get("small").decode(), store.num_keys() < 20)')
+    assert out.split() == ["kept", "True"]
+    log = st.log()
+    assert "S0706" in log and "SET refused by the store" in log, log
+
+
 def test_many_idle_connections(store):
     """10,000 connections that say nothing do not stop the store."""
     import resource
