@@ -80,6 +80,7 @@ struct tcpstore_server {
     void (*close_cb)(void *arg);
     void *close_arg;
     struct tcpstore_stats stats;
+    size_t held;   /* unfinished queries and queued replies of every connection */
     char *scratch; /* NUL-terminated key copies for one query */
     size_t scratch_cap;
     const char **keyv;
@@ -126,6 +127,7 @@ static void on_conn_closed(uv_handle_t *h)
 {
     struct conn *c = h->data;
     struct tcpstore_server *srv = c->srv;
+    srv->held -= c->in.len;
     cddp_buf_free(&c->in);
     cddp_buf_free(&c->out);
     free(c);
@@ -190,12 +192,14 @@ struct wreq {
     uv_write_t req;
     uv_buf_t buf;
     char *data;
+    struct tcpstore_server *srv; /* alive: requests end before their handle's close */
 };
 
 static void on_written(uv_write_t *req, int status)
 {
     (void)status; /* a failed write shows up as a read error on the same socket */
     struct wreq *w = (struct wreq *)req;
+    w->srv->held -= w->buf.len;
     free(w->data);
     free(w);
 }
@@ -227,6 +231,7 @@ static void write_out(struct conn *c)
         return;
     }
     w->data = c->out.data;
+    w->srv = c->srv;
     w->buf = uv_buf_init(c->out.data + n, (unsigned int)(c->out.len - (size_t)n));
     int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &w->buf, 1, on_written);
     if (rc) {
@@ -234,6 +239,7 @@ static void write_out(struct conn *c)
         conn_fail(c, rc, "cannot queue a reply: %s", uv_strerror(rc));
         return;
     }
+    c->srv->held += w->buf.len;
     cddp_buf_init(&c->out, c->out.max);
 }
 
@@ -248,8 +254,10 @@ static void mark_dirty(struct conn *c)
  * reading, and gets closed. */
 static void reply_done(struct conn *c, int rc)
 {
+    struct tcpstore_server *srv = c->srv;
     size_t queued = c->tcp.write_queue_size + c->out.len;
-    if (rc == 0 && queued <= c->srv->opt.max_write_queue) {
+    if (rc == 0 && queued <= srv->opt.max_write_queue &&
+        srv->held + c->out.len <= srv->opt.max_held) {
         mark_dirty(c);
         return;
     }
@@ -707,14 +715,22 @@ static void feed(struct conn *c, const uint8_t *p, size_t n)
         p += took;
         n -= took;
     }
+    struct tcpstore_server *srv = c->srv;
+    if (srv->held + n > srv->opt.max_held) {
+        conn_fail(c, CDDP_ETOOBIG, "the server holds %zu bytes for its clients, its limit",
+                  srv->held);
+        return;
+    }
     if (cddp_buf_append(&c->in, p, n) != 0) {
         conn_fail(c, CDDP_ETOOBIG, "more than %zu bytes of unfinished queries", c->in.max);
         return;
     }
+    srv->held += n;
     if (c->in.len < c->need)
         return;
     size_t took = consume(c, (const uint8_t *)c->in.data, c->in.len);
     cddp_buf_consume(&c->in, took);
+    srv->held -= took;
     if (c->in.len == 0 && c->in.cap > READ_BUF_SIZE)
         cddp_buf_free(&c->in); /* give a big value's buffer back */
 }
@@ -903,6 +919,8 @@ int tcpstore_server_start(uv_loop_t *loop, const struct tcpstore_server_options 
     srv->opt.wire = tcpstore_limits_resolve(&o->wire);
     if (srv->opt.max_write_queue == 0)
         srv->opt.max_write_queue = 256u << 20;
+    if (srv->opt.max_held == 0)
+        srv->opt.max_held = (size_t)1 << 30;
     if (srv->opt.backlog <= 0)
         srv->opt.backlog = 65535;
     uint64_t seed[2];
@@ -946,6 +964,7 @@ void tcpstore_server_stats(const struct tcpstore_server *s, struct tcpstore_stat
 {
     *out = s->stats;
     out->keys = kvstore_num_keys(s->store);
+    out->held = s->held;
     out->bytes = kvstore_bytes(s->store);
 }
 

@@ -12,7 +12,8 @@
  * Waits have no server-side deadline: a TCPStore client times out by
  * itself (torch 2.x then sends CANCEL_WAIT). A query the decoder refuses
  * (unknown type, a key or value past the limits, a bad handshake), a store
- * that is full, or a client that stops reading its replies: that
+ * that is full, a client that stops reading its replies, or one whose bytes
+ * would take the server past max_held for all clients together: that
  * connection is closed with one log line (S0703..S0706), the store and the
  * other connections go on.
  *
@@ -39,6 +40,7 @@ struct tcpstore_server_options {
     struct tcpstore_limits wire;
     struct kvstore_limits store; /* max_waiters is per connection */
     size_t max_write_queue;      /* replies queued to one client; 0: 256 MiB */
+    size_t max_held;             /* unfinished queries + queued replies of all clients; 0: 1 GiB */
 };
 
 struct tcpstore_stats {
@@ -50,6 +52,7 @@ struct tcpstore_stats {
     size_t keys;                     /* keys with a value */
     size_t bytes;                    /* the store's bytes (kvstore_bytes) */
     size_t waiting;                  /* connections with a wait pending */
+    size_t held;                     /* bytes of unfinished queries and queued replies */
 };
 
 struct tcpstore_server;

@@ -4,7 +4,7 @@
  * listens (--port 0 picks a free port).
  *
  *     cddp-tcpstore --port N [--host H] [--max-value BYTES] [--max-key BYTES]
- *                   [--max-write-queue BYTES] [--max-store-bytes BYTES]
+ *                   [--max-write-queue BYTES] [--max-store-bytes BYTES] [--max-held BYTES]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +33,8 @@ static void on_signal(uv_signal_t *h, int sig)
 static int usage(void)
 {
     fprintf(stderr, "usage: cddp-tcpstore --port N [--host H] [--max-value BYTES] "
-                    "[--max-key BYTES] [--max-write-queue BYTES] [--max-store-bytes BYTES]\n");
+                    "[--max-key BYTES] [--max-write-queue BYTES] [--max-store-bytes BYTES] "
+                    "[--max-held BYTES]\n");
     return 2;
 }
 
@@ -63,6 +64,10 @@ int main(int argc, char **argv)
             if (cddp_parse_long(argv[++i], 1, 1L << 40, &v) != 0)
                 return usage();
             o.store.max_bytes = (size_t)v;
+        } else if (strcmp(argv[i], "--max-held") == 0) {
+            if (cddp_parse_long(argv[++i], 1, 1L << 40, &v) != 0)
+                return usage();
+            o.max_held = (size_t)v;
         } else if (strcmp(argv[i], "--max-key") == 0) {
             if (cddp_parse_long(argv[++i], 1, 1L << 30, &v) != 0)
                 return usage();

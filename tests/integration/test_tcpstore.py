@@ -443,6 +443,24 @@ def test_full_store(background, torch_python):
     assert "S0706" in log and "SET refused by the store" in log, log
 
 
+def test_bytes_held_for_all_clients(background, torch_python):
+    """Unfinished queries count against one limit for all clients together."""
+    st = Store(background, "--max-held", str(1 << 20))
+    first, second = connect(st.port), connect(st.port)
+    part = q(0, s("/a"), struct.pack("<Q", 700 << 10)) + b"x" * (600 << 10)
+    first.sendall(part)
+    time.sleep(0.3)
+    second.sendall(part)
+    assert closed_by_server(second)
+    out = torch_client(st.port, 'store.set("k", "v"); print(store.get("k").decode())')
+    assert out.strip() == "v"
+    first.sendall(b"x" * (100 << 10))                 # completes: the bytes are released
+    torch_client(st.port, 'assert store.get("a") == b"x" * (700 << 10)')
+    first.close()
+    log = st.log()
+    assert "holds" in log and "its limit" in log, log
+
+
 def test_many_idle_connections(store):
     """10,000 connections that say nothing do not stop the store."""
     import resource

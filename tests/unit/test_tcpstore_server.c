@@ -180,6 +180,7 @@ static void test_clients_on_the_callers_loop(void **state)
     assert_int_equal(st.dialect_v2, 1);
     assert_int_equal(st.keys, 2);
     assert_int_equal(st.waiting, 0);
+    assert_int_equal(st.held, 0);
     closed = 0;
     tcpstore_server_close(s, on_closed, NULL);
     uv_run(&loop, UV_RUN_DEFAULT);
