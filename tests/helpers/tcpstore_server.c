@@ -42,39 +42,36 @@ int main(int argc, char **argv)
 {
     cddp_log_init("cddp-tcpstore");
     struct tcpstore_server_options o = {.port = -1};
+    /* The byte limits, one table. */
+    const struct {
+        const char *flag;
+        size_t *field;
+    } sizes[] = {
+        {"--max-value", &o.wire.max_value},        {"--max-key", &o.wire.max_key},
+        {"--max-write-queue", &o.max_write_queue}, {"--max-held", &o.max_held},
+        {"--max-store-bytes", &o.store.max_bytes},
+    };
     for (int i = 1; i < argc; i++) {
         long v;
         if (i + 1 >= argc)
             return usage();
         if (strcmp(argv[i], "--host") == 0) {
             o.host = argv[++i];
-        } else if (strcmp(argv[i], "--port") == 0) {
+            continue;
+        }
+        if (strcmp(argv[i], "--port") == 0) {
             if (cddp_parse_long(argv[++i], 0, 65535, &v) != 0)
                 return usage();
             o.port = (int)v;
-        } else if (strcmp(argv[i], "--max-value") == 0) {
-            if (cddp_parse_long(argv[++i], 1, 1L << 40, &v) != 0)
-                return usage();
-            o.wire.max_value = (size_t)v;
-        } else if (strcmp(argv[i], "--max-write-queue") == 0) {
-            if (cddp_parse_long(argv[++i], 1, 1L << 40, &v) != 0)
-                return usage();
-            o.max_write_queue = (size_t)v;
-        } else if (strcmp(argv[i], "--max-store-bytes") == 0) {
-            if (cddp_parse_long(argv[++i], 1, 1L << 40, &v) != 0)
-                return usage();
-            o.store.max_bytes = (size_t)v;
-        } else if (strcmp(argv[i], "--max-held") == 0) {
-            if (cddp_parse_long(argv[++i], 1, 1L << 40, &v) != 0)
-                return usage();
-            o.max_held = (size_t)v;
-        } else if (strcmp(argv[i], "--max-key") == 0) {
-            if (cddp_parse_long(argv[++i], 1, 1L << 30, &v) != 0)
-                return usage();
-            o.wire.max_key = (size_t)v;
-        } else {
-            return usage();
+            continue;
         }
+        size_t k = 0;
+        while (k < sizeof(sizes) / sizeof(sizes[0]) && strcmp(argv[i], sizes[k].flag) != 0)
+            k++;
+        if (k == sizeof(sizes) / sizeof(sizes[0]) ||
+            cddp_parse_long(argv[++i], 1, 1L << 40, &v) != 0)
+            return usage();
+        *sizes[k].field = (size_t)v;
     }
     if (o.port < 0)
         return usage();
