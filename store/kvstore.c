@@ -19,11 +19,19 @@
 #include "common/strmap.h"
 #include "proto/msg.h"
 
+struct qitem {
+    struct qitem *next;
+    size_t vlen;
+    char value[];
+};
+
 struct entry {
     struct cddp_queue refs; /* struct waitref.link of waiters missing this key */
     char *value;
     size_t vlen;
     bool has_value;
+    struct qitem *qhead, *qtail; /* the queue of the same name (torch 2.x queue_push) */
+    size_t qlen;
     size_t klen;
     char key[];
 };
@@ -64,6 +72,7 @@ struct kvstore {
 };
 
 #define ENTRY_COST(klen, vlen) (sizeof(struct entry) + (klen) + 1 + (vlen) + 32)
+#define QITEM_COST(vlen) (sizeof(struct qitem) + (vlen) + 16)
 
 struct kvstore *kvstore_new(const struct kvstore_limits *lim, uint64_t seed0, uint64_t seed1)
 {
@@ -140,6 +149,8 @@ static struct entry *entry_get_or_add(struct kvstore *s, const char *key, int *r
     e->value = NULL;
     e->vlen = 0;
     e->has_value = false;
+    e->qhead = e->qtail = NULL;
+    e->qlen = 0;
     e->klen = klen;
     memcpy(e->key, key, klen + 1);
     if ((*rc = cddp_strmap_put(&s->map, e->key, klen, e)) != 0) {
@@ -153,7 +164,7 @@ static struct entry *entry_get_or_add(struct kvstore *s, const char *key, int *r
 /* Frees an entry nobody needs any more (no value, no waiters). */
 static void entry_maybe_drop(struct kvstore *s, struct entry *e)
 {
-    if (e->has_value || !cddp_queue_empty(&e->refs))
+    if (e->has_value || e->qlen > 0 || !cddp_queue_empty(&e->refs))
         return;
     cddp_strmap_del(&s->map, e->key, e->klen);
     s->bytes -= ENTRY_COST(e->klen, 0);
@@ -233,7 +244,7 @@ int kvstore_wait(struct kvstore *s, const char *const *keys, size_t n, uint64_t 
         return CDDP_EPROTO_FIELD;
     for (size_t i = 0; i < n; i++) {
         struct entry *e = entry_find(s, keys[i]);
-        if (e == NULL || !e->has_value)
+        if (e == NULL || (!e->has_value && e->qlen == 0))
             missing++;
     }
     if (missing == 0) {
@@ -261,7 +272,7 @@ int kvstore_wait(struct kvstore *s, const char *const *keys, size_t n, uint64_t 
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
         struct entry *e = entry_get_or_add(s, keys[i], &rc);
-        if (e == NULL || e->has_value)
+        if (e == NULL || e->has_value || e->qlen > 0)
             continue;
         /* The same key twice in one wait counts once. */
         bool dup = false;
@@ -379,7 +390,8 @@ static int parse_i64(const char *p, size_t n, int64_t *out)
     return 0;
 }
 
-int kvstore_add(struct kvstore *s, const char *key, int64_t delta, int64_t *out)
+static int add_within(struct kvstore *s, const char *key, int64_t delta, int64_t bound,
+                      int64_t *out)
 {
     int rc = 0;
     int64_t cur = 0, next;
@@ -388,8 +400,7 @@ int kvstore_add(struct kvstore *s, const char *key, int64_t delta, int64_t *out)
         return rc;
     if (e->has_value && (rc = parse_i64(e->value, e->vlen, &cur)) != 0)
         return rc;
-    if (__builtin_add_overflow(cur, delta, &next) || next > PROTO_MAX_INT ||
-        next < -PROTO_MAX_INT) {
+    if (__builtin_add_overflow(cur, delta, &next) || next > bound || next < -bound) {
         entry_maybe_drop(s, e);
         return CDDP_ERANGE_ARG;
     }
@@ -401,6 +412,16 @@ int kvstore_add(struct kvstore *s, const char *key, int64_t delta, int64_t *out)
     }
     *out = next;
     return 0;
+}
+
+int kvstore_add(struct kvstore *s, const char *key, int64_t delta, int64_t *out)
+{
+    return add_within(s, key, delta, PROTO_MAX_INT, out);
+}
+
+int kvstore_add64(struct kvstore *s, const char *key, int64_t delta, int64_t *out)
+{
+    return add_within(s, key, delta, INT64_MAX, out);
 }
 
 int kvstore_compare_set(struct kvstore *s, const char *key, const void *expected, size_t elen,
@@ -422,6 +443,131 @@ int kvstore_compare_set(struct kvstore *s, const char *key, const void *expected
     if (rc)
         return rc;
     return kvstore_get(s, key, cur, curlen);
+}
+
+int kvstore_delete(struct kvstore *s, const char *key)
+{
+    struct entry *e = entry_find(s, key);
+    if (e == NULL || !e->has_value)
+        return 0;
+    free(e->value);
+    s->bytes -= e->vlen;
+    e->value = NULL;
+    e->vlen = 0;
+    e->has_value = false;
+    s->nvalues--;
+    entry_maybe_drop(s, e);
+    return 1;
+}
+
+int kvstore_append(struct kvstore *s, const char *key, const void *val, size_t vlen)
+{
+    struct entry *e = entry_find(s, key);
+    if (e == NULL || !e->has_value)
+        return kvstore_set(s, key, val, vlen);
+    if (vlen > s->lim.max_bytes - s->bytes)
+        return CDDP_ETOOBIG;
+    char *v = realloc(e->value, e->vlen + vlen + 1);
+    if (v == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    if (vlen)
+        memcpy(v + e->vlen, val, vlen);
+    v[e->vlen + vlen] = '\0';
+    e->value = v;
+    e->vlen += vlen;
+    s->bytes += vlen;
+    return 0;
+}
+
+bool kvstore_check(const struct kvstore *s, const char *const *keys, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const struct entry *e = cddp_strmap_get(&s->map, keys[i], strlen(keys[i]));
+        if (e == NULL || (!e->has_value && e->qlen == 0))
+            return false;
+    }
+    return true;
+}
+
+int kvstore_queue_push(struct kvstore *s, const char *key, const void *val, size_t vlen)
+{
+    int rc = 0;
+    struct entry *e = entry_get_or_add(s, key, &rc);
+    if (e == NULL)
+        return rc;
+    if (QITEM_COST(vlen) > s->lim.max_bytes - s->bytes) {
+        entry_maybe_drop(s, e);
+        return CDDP_ETOOBIG;
+    }
+    struct qitem *it = malloc(sizeof(*it) + vlen + 1);
+    if (it == NULL) {
+        entry_maybe_drop(s, e);
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    it->next = NULL;
+    it->vlen = vlen;
+    if (vlen)
+        memcpy(it->value, val, vlen);
+    it->value[vlen] = '\0';
+    if (e->qtail)
+        e->qtail->next = it;
+    else
+        e->qhead = it;
+    e->qtail = it;
+    e->qlen++;
+    s->bytes += QITEM_COST(vlen);
+    /* One item is for one reader: wake the oldest waiter on this key only. */
+    if (!cddp_queue_empty(&e->refs)) {
+        struct waitref *r = cddp_queue_data(cddp_queue_head(&e->refs), struct waitref, link);
+        cddp_queue_remove(&r->link);
+        if (--r->w->missing == 0)
+            fire(s, r->w, KVSTORE_READY);
+    }
+    return 0;
+}
+
+int kvstore_queue_pop(struct kvstore *s, const char *key, void **val, size_t *vlen,
+                      size_t *len_before)
+{
+    struct entry *e = entry_find(s, key);
+    *len_before = e ? e->qlen : 0;
+    if (e == NULL || e->qlen == 0)
+        return CDDP_ENOTFOUND;
+    struct qitem *it = e->qhead;
+    e->qhead = it->next;
+    if (e->qhead == NULL)
+        e->qtail = NULL;
+    e->qlen--;
+    s->bytes -= QITEM_COST(it->vlen);
+    size_t n = it->vlen;
+    /* Hand the bytes over: move them to the front of the item's block. */
+    memmove(it, it->value, n + 1);
+    *val = it;
+    *vlen = n;
+    entry_maybe_drop(s, e);
+    return 0;
+}
+
+size_t kvstore_queue_len(const struct kvstore *s, const char *key)
+{
+    const struct entry *e = cddp_strmap_get(&s->map, key, strlen(key));
+    return e ? e->qlen : 0;
+}
+
+bool kvstore_next_key(const struct kvstore *s, size_t *iter, const char **key, size_t *klen)
+{
+    const char *k;
+    size_t kl;
+    void *v;
+    while (cddp_strmap_next(&s->map, iter, &k, &kl, &v)) {
+        const struct entry *e = v;
+        if (e->has_value) {
+            *key = e->key;
+            *klen = e->klen;
+            return true;
+        }
+    }
+    return false;
 }
 
 size_t kvstore_num_keys(const struct kvstore *s)
@@ -474,6 +620,11 @@ void kvstore_free(struct kvstore *s)
     it = 0;
     while (cddp_strmap_next(&s->map, &it, &k, &kl, &v)) {
         struct entry *e = v;
+        while (e->qhead) {
+            struct qitem *q = e->qhead;
+            e->qhead = q->next;
+            free(q);
+        }
         free(e->value);
         free(e);
     }

@@ -16,7 +16,13 @@
  *    left missing and expected is returned; a present key equal to expected
  *    is replaced; the call returns the value the key holds afterwards (or
  *    expected, as said);
- *  - wait(keys) completes when every key has a value.
+ *  - wait(keys) completes when every key has a value (or, for torch 2.x's
+ *    queues, a non-empty queue of that name: a push wakes one waiter).
+ *
+ * The TCPStore server (tcpstore.h) also uses the additions delete, append,
+ * check, the queues (a queue and a value may share a name, as in torch's
+ * libuv store; they are separate) and add64 (TCPStore's int64 range rather
+ * than the JSON protocol's 2^53).
  */
 #ifndef CDDP_KVSTORE_H
 #define CDDP_KVSTORE_H
@@ -102,6 +108,36 @@ bool kvstore_next_event(struct kvstore *s, struct kvstore_event *ev);
 /* Drops every waiter (and pending event) of owner, without events. */
 void kvstore_cancel_owner(struct kvstore *s, struct kvstore_owner *owner);
 
+/* As kvstore_add, over the whole int64 range (TCPStore's ADD). */
+int kvstore_add64(struct kvstore *s, const char *key, int64_t delta, int64_t *out);
+
+/* Removes key's value: 1 if it had one, 0 if not. Waiters stay. */
+int kvstore_delete(struct kvstore *s, const char *key);
+
+/* Appends to key's value (sets it when missing) and wakes its waiters.
+ * 0, CDDP_ETOOBIG, -ENOMEM. */
+int kvstore_append(struct kvstore *s, const char *key, const void *val, size_t vlen);
+
+/* Whether every key has a value or a non-empty queue; registers nothing. */
+bool kvstore_check(const struct kvstore *s, const char *const *keys, size_t n);
+
+/* Appends a copy of val to the queue named key and wakes the oldest waiter
+ * on key (only that one). 0, CDDP_ETOOBIG, -ENOMEM. */
+int kvstore_queue_push(struct kvstore *s, const char *key, const void *val, size_t vlen);
+
+/* Takes the oldest item of queue key: 0 with *val (malloc'd, NUL after the
+ * bytes; the caller frees it) and *vlen, or CDDP_ENOTFOUND when empty.
+ * *len_before: the queue's length before the pop. */
+int kvstore_queue_pop(struct kvstore *s, const char *key, void **val, size_t *vlen,
+                      size_t *len_before);
+
+size_t kvstore_queue_len(const struct kvstore *s, const char *key);
+
+/* Iterates the keys that have a value: size_t it = 0; while (next(s, &it, &k, &kl)) ...
+ * The store must not change during an iteration. */
+bool kvstore_next_key(const struct kvstore *s, size_t *iter, const char **key, size_t *klen);
+
+/* Keys with a value (queues not counted). */
 size_t kvstore_num_keys(const struct kvstore *s);
 size_t kvstore_bytes(const struct kvstore *s);
 
