@@ -521,7 +521,7 @@ int kvstore_queue_push(struct kvstore *s, const char *key, const void *val, size
         struct waitref *r = cddp_queue_data(cddp_queue_head(&e->refs), struct waitref, link);
         cddp_queue_remove(&r->link);
         if (--r->w->missing == 0)
-            fire(s, r->w, KVSTORE_READY);
+            wake_waiter(s, r->w, KVSTORE_READY);
     }
     return 0;
 }
