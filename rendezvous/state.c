@@ -94,8 +94,12 @@ struct rdzv_run {
     char id[];
 };
 
-struct arena_chunk {
-    struct arena_chunk *next;
+/* Per-event scratch memory for the strings that actions point to: chunks
+ * that live until the next call into the state machine, which resets them
+ * (the shell copies what it keeps). Not an arena of fixed offsets like the
+ * trainer's activations (trainer/resnet.c): it only grows and is dropped. */
+struct scratch_chunk {
+    struct scratch_chunk *next;
     size_t size, used;
     char data[];
 };
@@ -110,37 +114,37 @@ struct rdzv_state {
     struct rdzv_action *acts;
     size_t nacts, acts_cap;
     struct rdzv_action sink; /* where actions go when memory runs out */
-    struct arena_chunk *arena;
+    struct scratch_chunk *scratch;
 };
 
-/* ---- small helpers: arena, actions ---- */
+/* ---- small helpers: scratch, actions ---- */
 
-static void arena_reset(struct rdzv_state *st)
+static void scratch_reset(struct rdzv_state *st)
 {
     /* Keep the first (oldest) chunk, free the rest. */
-    struct arena_chunk *c = st->arena;
+    struct scratch_chunk *c = st->scratch;
     while (c && c->next) {
-        struct arena_chunk *next = c->next;
+        struct scratch_chunk *next = c->next;
         free(c);
         c = next;
     }
-    st->arena = c;
+    st->scratch = c;
     if (c)
         c->used = 0;
 }
 
-static char *arena_alloc(struct rdzv_state *st, size_t n)
+static char *scratch_alloc(struct rdzv_state *st, size_t n)
 {
-    struct arena_chunk *c = st->arena;
+    struct scratch_chunk *c = st->scratch;
     if (c == NULL || c->size - c->used < n) {
         size_t size = n > 4096 ? n : 4096;
-        struct arena_chunk *nc = malloc(sizeof(*nc) + size);
+        struct scratch_chunk *nc = malloc(sizeof(*nc) + size);
         if (nc == NULL)
             return NULL;
         nc->size = size;
         nc->used = 0;
-        nc->next = st->arena;
-        st->arena = nc;
+        nc->next = st->scratch;
+        st->scratch = nc;
         c = nc;
     }
     char *p = c->data + c->used;
@@ -148,34 +152,34 @@ static char *arena_alloc(struct rdzv_state *st, size_t n)
     return p;
 }
 
-static const char *arena_strdup(struct rdzv_state *st, const char *s)
+static const char *scratch_strdup(struct rdzv_state *st, const char *s)
 {
     if (s == NULL)
         return NULL;
     size_t n = strlen(s) + 1;
-    char *p = arena_alloc(st, n);
+    char *p = scratch_alloc(st, n);
     if (p == NULL)
         return "";
     memcpy(p, s, n);
     return p;
 }
 
-static const char *arena_printf(struct rdzv_state *st, const char *fmt, ...)
+static const char *scratch_printf(struct rdzv_state *st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-static const char *arena_printf(struct rdzv_state *st, const char *fmt, ...)
+static const char *scratch_printf(struct rdzv_state *st, const char *fmt, ...)
 {
     char buf[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    return arena_strdup(st, buf);
+    return scratch_strdup(st, buf);
 }
 
 static void begin(struct rdzv_state *st)
 {
     st->nacts = 0;
-    arena_reset(st);
+    scratch_reset(st);
 }
 
 static struct rdzv_action *push_action(struct rdzv_state *st, enum rdzv_action_kind kind,
@@ -389,8 +393,8 @@ void rdzv_state_free(struct rdzv_state *st)
         run_free(st, cddp_queue_data(cddp_queue_head(&st->run_list), struct rdzv_run, link));
     cddp_strmap_free(&st->runs);
     free(st->acts);
-    arena_reset(st);
-    free(st->arena);
+    scratch_reset(st);
+    free(st->scratch);
     free(st);
 }
 
@@ -472,8 +476,8 @@ static void complete_round(struct rdzv_state *st, struct rdzv_run *run, uint64_t
     if (world > INT32_MAX) {
         free(rest);
         fail_round(st, run, now,
-                   arena_printf(st, "world size %lld of run '%s' exceeds 2^31-1", (long long)world,
-                                run->id));
+                   scratch_printf(st, "world size %lld of run '%s' exceeds 2^31-1",
+                                  (long long)world, run->id));
         return;
     }
     qsort(rest, nrest, sizeof(*rest), cmp_rest);
@@ -483,7 +487,7 @@ static void complete_round(struct rdzv_state *st, struct rdzv_run *run, uint64_t
     }
     free(rest);
 
-    const char *maddr = arena_strdup(st, master_addr(run, slot[0]));
+    const char *maddr = scratch_strdup(st, master_addr(run, slot[0]));
     int mport = slot[0]->master_port;
     int offset = 0;
     for (size_t i = 0; i < n; i++) {
@@ -573,8 +577,8 @@ static void check_complete(struct rdzv_state *st, struct rdzv_run *run, uint64_t
 static void restart(struct rdzv_state *st, struct rdzv_run *run, const char *reason,
                     const char *node_id, bool counted)
 {
-    const char *r = arena_strdup(st, reason);
-    const char *nid = arena_strdup(st, node_id);
+    const char *r = scratch_strdup(st, reason);
+    const char *nid = scratch_strdup(st, node_id);
     run->round++;
     run->restarts++;
     if (counted)
@@ -617,7 +621,7 @@ static void node_remove(struct rdzv_state *st, struct rdzv_node *node, uint64_t 
 {
     struct rdzv_run *run = node->run;
     enum node_state was = node->state;
-    const char *id = arena_strdup(st, node->id);
+    const char *id = scratch_strdup(st, node->id);
     node_free(st, node);
     if (run->phase == RDZV_CLOSED)
         return;
@@ -630,8 +634,8 @@ static void node_remove(struct rdzv_state *st, struct rdzv_node *node, uint64_t 
  * when the copy of the reason could not be made). */
 static const char *closed_message(struct rdzv_state *st, const struct rdzv_run *run)
 {
-    return arena_printf(st, "rendezvous '%s' is closed (%s)", run->id,
-                        run->close_reason ? run->close_reason : "closed");
+    return scratch_printf(st, "rendezvous '%s' is closed (%s)", run->id,
+                          run->close_reason ? run->close_reason : "closed");
 }
 
 static void close_run(struct rdzv_state *st, struct rdzv_run *run, uint64_t now, const char *reason)
@@ -642,7 +646,7 @@ static void close_run(struct rdzv_state *st, struct rdzv_run *run, uint64_t now,
     run->closed_at = now;
     free(run->close_reason);
     run->close_reason = strdup(reason ? reason : "closed");
-    const char *r = arena_strdup(st, reason ? reason : "closed");
+    const char *r = scratch_strdup(st, reason ? reason : "closed");
     for (int i = 0; i < N_COUNT; i++) {
         while (!cddp_queue_empty(&run->lists[i])) {
             struct rdzv_node *node =
@@ -681,7 +685,7 @@ int rdzv_state_hello(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
     begin(st);
     if (peer->run) {
         snprintf(err, errlen, "hello sent twice on one connection");
-        emit_error(st, peer, CDDP_ESTATE, true, arena_strdup(st, err));
+        emit_error(st, peer, CDDP_ESTATE, true, scratch_strdup(st, err));
         return CDDP_ESTATE;
     }
     if (st->opt.store_only || run_id == NULL)
@@ -690,7 +694,7 @@ int rdzv_state_hello(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
     if (run == NULL) {
         if (st->nruns >= st->opt.max_runs) {
             snprintf(err, errlen, "this server already serves %zu runs (its limit)", st->nruns);
-            emit_error(st, peer, CDDP_ETOOBIG, true, arena_strdup(st, err));
+            emit_error(st, peer, CDDP_ETOOBIG, true, scratch_strdup(st, err));
             return CDDP_ETOOBIG;
         }
         run = run_new(st, run_id);
@@ -743,25 +747,25 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
     for (size_t i = 0; i < m->join.nconf; i++) {
         if (rdzv_conf_set(&conf, m->join.conf[i].key, m->join.conf[i].value, err, sizeof(err)) !=
             0) {
-            emit_error(st, peer, CDDP_ECONFIG, false, arena_strdup(st, err));
+            emit_error(st, peer, CDDP_ECONFIG, false, scratch_strdup(st, err));
             return;
         }
     }
     if (run->configured &&
         (m->join.min_nodes != run->min_nodes || m->join.max_nodes != run->max_nodes)) {
         emit_error(st, peer, CDDP_EMISMATCH, false,
-                   arena_printf(st,
-                                "run '%s' was started with --nnodes=%d:%d; node '%s' asks "
-                                "for %d:%d",
-                                run->id, run->min_nodes, run->max_nodes, m->join.node_id,
-                                m->join.min_nodes, m->join.max_nodes));
+                   scratch_printf(st,
+                                  "run '%s' was started with --nnodes=%d:%d; node '%s' asks "
+                                  "for %d:%d",
+                                  run->id, run->min_nodes, run->max_nodes, m->join.node_id,
+                                  m->join.min_nodes, m->join.max_nodes));
         return;
     }
 
     struct rdzv_node *node = peer->node;
     if (node && strcmp(node->id, m->join.node_id) != 0) {
         emit_error(st, peer, CDDP_ESTATE, false,
-                   arena_printf(st, "this connection already joined as '%s'", node->id));
+                   scratch_printf(st, "this connection already joined as '%s'", node->id));
         return;
     }
     if (node == NULL) {
@@ -769,8 +773,9 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
         struct rdzv_node *other = cddp_strmap_get(&run->nodes, m->join.node_id, idlen);
         if (other) {
             /* A reconnecting agent replaces its stale connection. */
-            emit_error(st, other->peer, CDDP_EEXISTS, true,
-                       arena_printf(st, "node '%s' joined again on another connection", other->id));
+            emit_error(
+                st, other->peer, CDDP_EEXISTS, true,
+                scratch_printf(st, "node '%s' joined again on another connection", other->id));
             node_remove(st, other, now, "node_replaced");
             if (run->phase == RDZV_CLOSED)
                 return;
@@ -897,7 +902,7 @@ void rdzv_state_resume(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pe
     }
     if (peer->node) {
         emit_result(st, peer, id, CDDP_ESTATE,
-                    arena_printf(st, "this connection already joined as '%s'", peer->node->id));
+                    scratch_printf(st, "this connection already joined as '%s'", peer->node->id));
         return;
     }
     if (run->phase == RDZV_CLOSED) {
@@ -906,17 +911,17 @@ void rdzv_state_resume(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pe
     }
     if (node == NULL) {
         emit_result(st, peer, id, CDDP_ESTATE,
-                    arena_printf(st,
-                                 "run '%s' has no node '%s' any more (it was removed, or the "
-                                 "server restarted)",
-                                 run->id, node_id));
+                    scratch_printf(st,
+                                   "run '%s' has no node '%s' any more (it was removed, or the "
+                                   "server restarted)",
+                                   run->id, node_id));
         return;
     }
     if (node->state != N_ACTIVE || run->phase != RDZV_RUNNING || run->round != round) {
         emit_result(st, peer, id, CDDP_ESTATE,
-                    arena_printf(st, "run '%s' is %s round %llu; node '%s' must join again",
-                                 run->id, run->phase == RDZV_RUNNING ? "running" : "forming",
-                                 (unsigned long long)run->round, node_id));
+                    scratch_printf(st, "run '%s' is %s round %llu; node '%s' must join again",
+                                   run->id, run->phase == RDZV_RUNNING ? "running" : "forming",
+                                   (unsigned long long)run->round, node_id));
         return;
     }
     /* The same node, the same round: it only changes connection. */
@@ -926,7 +931,7 @@ void rdzv_state_resume(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pe
     peer->node = node;
     touch(peer, now);
     emit_error(st, old, CDDP_EEXISTS, true,
-               arena_printf(st, "node '%s' resumed on another connection", node->id));
+               scratch_printf(st, "node '%s' resumed on another connection", node->id));
     emit_result(st, peer, id, 0, NULL);
 }
 
@@ -950,8 +955,8 @@ void rdzv_state_leave(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
     node_free(st, node);
     if (run->phase == RDZV_RUNNING && run->count[N_ACTIVE] == 0) {
         close_run(st, run, now,
-                  arena_printf(st, "the job finished: every node of round %llu finished",
-                               (unsigned long long)run->round));
+                  scratch_printf(st, "the job finished: every node of round %llu finished",
+                                 (unsigned long long)run->round));
         return;
     }
     check_complete(st, run, now);
@@ -982,7 +987,7 @@ void rdzv_state_close(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
     /* The closer hears back even if it never joined. */
     if (peer->node == NULL)
         push_action(st, RDZV_ACT_CLOSED, peer)->closed.reason =
-            arena_strdup(st, run->close_reason ? run->close_reason : r);
+            scratch_strdup(st, run->close_reason ? run->close_reason : r);
     close_run(st, run, now, r);
 }
 
@@ -1009,11 +1014,11 @@ static const char *store_error(struct rdzv_state *st, int rc, const char *key)
 {
     switch (rc) {
     case CDDP_ENOTFOUND:
-        return arena_printf(st, "key '%.200s' not found", key);
+        return scratch_printf(st, "key '%.200s' not found", key);
     case CDDP_ETOOBIG:
         return "the store is full (its byte, key or waiter limit)";
     case CDDP_EPARSE:
-        return arena_printf(st, "key '%.200s' does not hold an integer", key);
+        return scratch_printf(st, "key '%.200s' does not hold an integer", key);
     case CDDP_ERANGE_ARG:
         return "the result is outside +-2^53";
     default:
@@ -1131,12 +1136,12 @@ static void fire_timer(struct rdzv_state *st, struct timer *t, uint64_t now)
             return;
         }
         emit_error(st, node->peer, CDDP_ETIMEOUT, true,
-                   arena_printf(st,
-                                "node '%s' sent no heartbeat for %.1f s (keep_alive_interval=%.1f "
-                                "s x keep_alive_max_attempt=%d): removed from run '%s'",
-                                node->id, (double)(now - node->last_beat) / 1000.0,
-                                (double)node->keep_alive_ms / 1000.0, node->keep_alive_max,
-                                node->run->id));
+                   scratch_printf(
+                       st,
+                       "node '%s' sent no heartbeat for %.1f s (keep_alive_interval=%.1f "
+                       "s x keep_alive_max_attempt=%d): removed from run '%s'",
+                       node->id, (double)(now - node->last_beat) / 1000.0,
+                       (double)node->keep_alive_ms / 1000.0, node->keep_alive_max, node->run->id));
         node_remove(st, node, now, "heartbeat_timeout");
         return;
     }
@@ -1146,12 +1151,12 @@ static void fire_timer(struct rdzv_state *st, struct timer *t, uint64_t now)
         if (node->state != N_PARTICIPANT || run->phase != RDZV_FORMING)
             return;
         emit_error(st, node->peer, CDDP_ETIMEOUT, false,
-                   arena_printf(st,
-                                "rendezvous '%s' round %llu did not complete within "
-                                "join_timeout=%.1f s: %zu node(s) joined, min_nodes=%d",
-                                run->id, (unsigned long long)run->round,
-                                (double)node->join_timeout_ms / 1000.0, run->count[N_PARTICIPANT],
-                                run->min_nodes));
+                   scratch_printf(st,
+                                  "rendezvous '%s' round %llu did not complete within "
+                                  "join_timeout=%.1f s: %zu node(s) joined, min_nodes=%d",
+                                  run->id, (unsigned long long)run->round,
+                                  (double)node->join_timeout_ms / 1000.0, run->count[N_PARTICIPANT],
+                                  run->min_nodes));
         node_remove(st, node, now, "join_timeout");
         return;
     }
