@@ -1026,6 +1026,23 @@ static const char *store_error(struct rdzv_state *st, int rc, const char *key)
     }
 }
 
+/* The result of a store request that answers with a value (get,
+ * compare_set): the value, or the error naming the key. */
+static void emit_value(struct rdzv_state *st, struct rdzv_peer *peer, uint64_t id, int rc,
+                       const void *val, size_t vlen, const char *key)
+{
+    struct rdzv_action *a = push_action(st, RDZV_ACT_RESULT, peer);
+    a->result.id = id;
+    a->result.code = rc;
+    if (rc == 0) {
+        a->result.has_value = true;
+        a->result.value = val;
+        a->result.vlen = vlen;
+    } else {
+        a->result.message = store_error(st, rc, key);
+    }
+}
+
 void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
                       const struct proto_msg *m)
 {
@@ -1054,16 +1071,7 @@ void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
             if (rc == 0)
                 break; /* answered when the key is set or time is up */
         }
-        a = push_action(st, RDZV_ACT_RESULT, peer);
-        a->result.id = m->id;
-        a->result.code = rc;
-        if (rc == 0) {
-            a->result.has_value = true;
-            a->result.value = val;
-            a->result.vlen = vlen;
-        } else {
-            a->result.message = store_error(st, rc, m->get.key);
-        }
+        emit_value(st, peer, m->id, rc, val, vlen, m->get.key);
         break;
     case PROTO_WAIT: {
         uint64_t deadline =
@@ -1092,16 +1100,7 @@ void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
         rc = kvstore_compare_set(s, m->compare_set.key, m->compare_set.expected.data,
                                  m->compare_set.expected.len, m->compare_set.desired.data,
                                  m->compare_set.desired.len, &val, &vlen);
-        a = push_action(st, RDZV_ACT_RESULT, peer);
-        a->result.id = m->id;
-        a->result.code = rc;
-        if (rc == 0) {
-            a->result.has_value = true;
-            a->result.value = val;
-            a->result.vlen = vlen;
-        } else {
-            a->result.message = store_error(st, rc, m->compare_set.key);
-        }
+        emit_value(st, peer, m->id, rc, val, vlen, m->compare_set.key);
         break;
     default:
         emit_result(st, peer, m->id, CDDP_EPROTO_TYPE, "not a store request");
