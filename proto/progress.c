@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/jsonw.h"
 
 struct cursor {
     const char *s;
@@ -394,4 +395,19 @@ unsigned progress_eof(struct progress_parser *p, uint64_t now_mono_ms, double no
     p->len = 0;
     p->overflowing = false;
     return valid;
+}
+
+int progress_format_line(struct cddp_buf *out, int64_t step, int64_t epoch, double loss,
+                         double samples_per_s)
+{
+    struct jsonw w;
+    jsonw_init(&w, out);
+    jsonw_object_begin(&w, NULL);
+    jsonw_int(&w, "step", step);
+    jsonw_int(&w, "epoch", epoch);
+    jsonw_number_digits(&w, "loss", isfinite(loss) ? loss : 0.0, 6);
+    jsonw_number_fixed(&w, "samples_per_s", samples_per_s, 3);
+    jsonw_object_end(&w);
+    int rc = jsonw_finish(&w);
+    return rc ? rc : cddp_buf_append(out, "\n", 1);
 }

@@ -1,5 +1,6 @@
 /*
- * progress.h: the worker progress channel, agent side (pure: no I/O, no clock).
+ * progress.h: the worker progress channel, both ends: the worker's line
+ * writer and the agent's parser (pure: no I/O, no clock).
  *
  * Each worker may write one JSON object per line to the file descriptor
  * named by CDDP_PROGRESS_FD (docs/status.md):
@@ -34,6 +35,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "common/strutil.h"
 
 #define PROGRESS_LINE_MAX 4096 /* bytes, newline excluded; PIPE_BUF writes stay whole */
 #define PROGRESS_MAX_DEPTH 16
@@ -86,5 +89,13 @@ unsigned progress_eof(struct progress_parser *p, uint64_t now_mono_ms, double no
  * untouched and setting *fields to the ones present. 0, or CDDP_EPARSE. */
 int progress_parse_line(const char *line, size_t len, struct progress_report *out,
                         unsigned *fields);
+
+/* The worker's end: appends one line (the object above and a newline) with
+ * every known field to out: the step and epoch as integers, the loss to six
+ * significant digits, samples_per_s to three decimals. A loss that is not
+ * finite is written as 0, so the line stays JSON every reader takes.
+ * 0, or out's error (CDDP_ETOOBIG past its maximum, CDDP_ENOMEM). */
+int progress_format_line(struct cddp_buf *out, int64_t step, int64_t epoch, double loss,
+                         double samples_per_s);
 
 #endif

@@ -36,6 +36,7 @@
 #include "common/log.h"             /* log_info, log_debug */
 #include "common/strutil.h"         /* cddp_parse_long */
 #include "config.h"                 /* CDDP_VERSION */
+#include "proto/progress.h"         /* progress_format_line: CDDP_PROGRESS_FD */
 #include "trainer/checkpoint.h"     /* trn_weights_load, trn_weights_save */
 #include "trainer/comm/bootstrap.h" /* trn_dist_init: torchrun's env -> communicator */
 #include "trainer/comm/failure.h"   /* trn_comm_fail: error file, exit 75 */
@@ -112,18 +113,18 @@ static void progress_open(struct run *r)
     }
 }
 
-/* The one place this program writes JSON (numbers only, no strings), so
- * that a JSON writer (common/jsonw.h) can take it over in one place. */
+/* One progress line per step (proto/progress.h writes it; any line fits in
+ * 256 bytes). A line the pipe has no room for is dropped, never waited for. */
 static void progress_report(struct run *r, int epoch, double loss, double samples_per_s)
 {
     if (r->progress_fd < 0)
         return;
-    char line[256];
-    int n = snprintf(line, sizeof(line),
-                     "{\"step\":%ld,\"epoch\":%d,\"loss\":%.6g,\"samples_per_s\":%.3f}\n", r->step,
-                     epoch, isfinite(loss) ? loss : 0.0, samples_per_s);
-    if (write(r->progress_fd, line, (size_t)n) < 0 && errno != EAGAIN && errno != EINTR)
+    struct cddp_buf line;
+    cddp_buf_init(&line, 256);
+    if (progress_format_line(&line, r->step, epoch, loss, samples_per_s) == 0 &&
+        write(r->progress_fd, line.data, line.len) < 0 && errno != EAGAIN && errno != EINTR)
         r->progress_fd = -1; /* the agent went away: stop reporting */
+    cddp_buf_free(&line);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -1,4 +1,5 @@
-/* Unit tests for proto/progress.c: the worker progress channel parser. */
+/* Unit tests for proto/progress.c: the worker progress channel, its parser
+ * and its line writer. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -280,6 +281,51 @@ static void test_random_input(void **state)
     free(p);
 }
 
+/* The writer: the format cddp-train has always written (printf's %.6g and
+ * %.3f), one line, and the parser reads back what was written. */
+static void test_format_line(void **state)
+{
+    (void)state;
+    const struct {
+        int64_t step, epoch;
+        double loss, sps;
+    } cases[] = {
+        {0, 0, 2.302585093, 0.0}, {1, 0, 0.61170001, 158.4444},
+        {120, 3, 1e-7, 612.5},    {(int64_t)1 << 40, 1000, 123456789.0, 1e9},
+        {7, 1, -0.0, 3.0005},     {42, 2, 65504.0, 0.0004},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char want[256];
+        snprintf(want, sizeof(want),
+                 "{\"step\":%lld,\"epoch\":%lld,\"loss\":%.6g,\"samples_per_s\":%.3f}\n",
+                 (long long)cases[i].step, (long long)cases[i].epoch, cases[i].loss, cases[i].sps);
+        struct cddp_buf b;
+        cddp_buf_init(&b, 256);
+        assert_int_equal(
+            progress_format_line(&b, cases[i].step, cases[i].epoch, cases[i].loss, cases[i].sps),
+            0);
+        assert_int_equal(b.len, strlen(want));
+        assert_memory_equal(b.data, want, b.len);
+        struct progress_report r = {0};
+        unsigned fields = 0;
+        assert_int_equal(progress_parse_line(b.data, b.len - 1, &r, &fields), 0);
+        assert_int_equal(fields,
+                         PROGRESS_STEP | PROGRESS_EPOCH | PROGRESS_LOSS | PROGRESS_SAMPLES_PER_S);
+        assert_true(r.step == cases[i].step && r.epoch == cases[i].epoch);
+        cddp_buf_free(&b);
+    }
+    /* A loss that is not finite is written as 0: the line stays JSON. */
+    struct cddp_buf b;
+    cddp_buf_init(&b, 256);
+    assert_int_equal(progress_format_line(&b, 5, 0, NAN, 1.0), 0);
+    assert_string_equal(b.data, "{\"step\":5,\"epoch\":0,\"loss\":0,\"samples_per_s\":1.000}\n");
+    cddp_buf_free(&b);
+    /* Past the buffer's maximum: its error, nothing half-written counted. */
+    cddp_buf_init(&b, 16);
+    assert_int_equal(progress_format_line(&b, 5, 0, 1.0, 1.0), CDDP_ETOOBIG);
+    cddp_buf_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -288,6 +334,7 @@ int main(void)
         cmocka_unit_test(test_unknown_keys),    cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_nesting_bound),   cmocka_unit_test(test_line_too_long),
         cmocka_unit_test(test_eof_and_restart), cmocka_unit_test(test_random_input),
+        cmocka_unit_test(test_format_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
