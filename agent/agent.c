@@ -61,6 +61,7 @@ struct agent {
      * publishes our port (c10d), after the round where the port is given. */
     struct tcpstore_server *store;
     int store_port;
+    uint64_t store_round;
 
     int nworkers;
     struct agent_worker *workers;
@@ -154,6 +155,8 @@ static void notify(struct agent *a)
         .rdzv_reconnects = a->rdzv ? a->rdzv->info.reconnects : 0,
         .waiting_nodes = a->rdzv ? a->rdzv->info.waiting_nodes : -1,
         .rdzv_server = a->rdzv ? a->rdzv->info.server : NULL,
+        .agent_store = a->store,
+        .agent_store_round = a->store_round,
         .start_time = a->start_time,
         .nworkers = a->nworkers,
         .workers = w,
@@ -234,6 +237,12 @@ static void store_close(struct agent *a, const char *why)
     tcpstore_server_close(a->store, NULL, NULL);
     a->store = NULL;
     a->store_port = 0;
+    a->store_round = 0;
+    /* The status page must not read the store any more. */
+    if (a->dispatching)
+        a->changed = true;
+    else
+        notify(a);
 }
 
 /* Serves a fresh store on every interface at port (0: a free one), as
@@ -273,6 +282,7 @@ static int store_for_round(struct agent *a, struct agent_round *r)
             return rc;
         }
     }
+    a->store_round = r->round;
     log_info("A0801", "[%s] the agent's TCPStore serves round %llu on %s:%d", a->cfg->role,
              (unsigned long long)r->round, r->master_addr, r->master_port);
     return 0;
