@@ -29,6 +29,7 @@
 #include "common/log.h"
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "store/tcpstore.h"
 
 extern char **environ;
 
@@ -55,6 +56,12 @@ struct agent {
     struct agent_rdzv *rdzv;
     struct agent_round round;
     bool have_round;
+    /* --agent_store: the TCPStore this node serves the workers (node 0),
+     * a fresh one each round; bound before the join where the rendezvous
+     * publishes our port (c10d), after the round where the port is given. */
+    struct tcpstore_server *store;
+    int store_port;
+    uint64_t store_round;
 
     int nworkers;
     struct agent_worker *workers;
@@ -148,6 +155,8 @@ static void notify(struct agent *a)
         .rdzv_reconnects = a->rdzv ? a->rdzv->info.reconnects : 0,
         .waiting_nodes = a->rdzv ? a->rdzv->info.waiting_nodes : -1,
         .rdzv_server = a->rdzv ? a->rdzv->info.server : NULL,
+        .agent_store = a->store,
+        .agent_store_round = a->store_round,
         .start_time = a->start_time,
         .nworkers = a->nworkers,
         .workers = w,
@@ -213,6 +222,72 @@ static void post_event(struct agent *a, const struct policy_event *in)
     }
 }
 
+/* ---- the agent store (--agent_store) ---- */
+
+/* Closes the round's store, if any: its keys go with it, so the next round
+ * (a restarted worker group) starts from an empty store, as torchrun 2.x. */
+static void store_close(struct agent *a, const char *why)
+{
+    if (a->store == NULL)
+        return;
+    struct tcpstore_stats st;
+    tcpstore_server_stats(a->store, &st);
+    log_info("A0802", "[%s] closed the agent's TCPStore on port %d (%s; %zu keys, %llu queries)",
+             a->cfg->role, a->store_port, why, st.keys, (unsigned long long)st.queries);
+    tcpstore_server_close(a->store, NULL, NULL);
+    a->store = NULL;
+    a->store_port = 0;
+    a->store_round = 0;
+    /* The status page must not read the store any more. */
+    if (a->dispatching)
+        a->changed = true;
+    else
+        notify(a);
+}
+
+/* Serves a fresh store on every interface at port (0: a free one), as
+ * torch's agent does (TCPStore(is_master=True) binds them all). */
+static int store_open(struct agent *a, int port, char *err, size_t errlen)
+{
+    struct tcpstore_server_options o;
+    memset(&o, 0, sizeof(o));
+    o.port = port;
+    int rc = tcpstore_server_start(&a->loop, &o, &a->store, err, errlen);
+    if (rc) {
+        a->store = NULL;
+        return rc;
+    }
+    a->store_port = tcpstore_server_port(a->store);
+    return 0;
+}
+
+/* The round is known: node 0 serves the store at MASTER_PORT (the one it
+ * bound before joining, or the given one), the other nodes drop theirs. */
+static int store_for_round(struct agent *a, struct agent_round *r)
+{
+    if (!a->cfg->agent_store)
+        return 0;
+    r->use_agent_store = 1;
+    if (r->node_rank != 0) {
+        store_close(a, "another node is node 0");
+        return 0;
+    }
+    if (a->store == NULL || a->store_port != r->master_port) {
+        store_close(a, "not this round's MASTER_PORT");
+        char why[256] = "";
+        int rc = store_open(a, r->master_port, why, sizeof(why));
+        if (rc) {
+            agent_failed(a, "A0803", "[%s] cannot serve the agent's TCPStore on port %d: %s",
+                         a->cfg->role, r->master_port, why[0] ? why : cddp_strerror(rc));
+            return rc;
+        }
+    }
+    a->store_round = r->round;
+    log_info("A0801", "[%s] the agent's TCPStore serves round %llu on %s:%d", a->cfg->role,
+             (unsigned long long)r->round, r->master_addr, r->master_port);
+    return 0;
+}
+
 /* ---- rendezvous callbacks ---- */
 
 static void on_round(struct agent_rdzv *r, int status, const struct agent_round *round,
@@ -234,6 +309,10 @@ static void on_round(struct agent_rdzv *r, int status, const struct agent_round 
     }
     a->round = *round;
     a->have_round = true;
+    if (store_for_round(a, &a->round) != 0) {
+        post(a, POLICY_EV_ROUND_FAILED, 0, 0, 0);
+        return;
+    }
     log_info("A0102",
              "[%s] rendezvous complete: round %llu, group_rank=%d group_world_size=%d "
              "world_size=%d master=%s:%d restart_count=%lld",
@@ -642,6 +721,20 @@ static void do_action(struct agent *a, const struct policy_action *act)
             .role = a->cfg->role,
             .restart_count = policy_restart_count(&a->pol),
         };
+        /* A new round gets a fresh store; where our port is published at
+         * join, the store listens on it before anyone can hear of it. */
+        store_close(a, "a new round");
+        if (a->cfg->agent_store && a->rdzv->picks_master_port) {
+            char why[256] = "";
+            int src = store_open(a, 0, why, sizeof(why));
+            if (src) {
+                agent_failed(a, "A0803", "[%s] cannot serve the agent's TCPStore: %s", a->cfg->role,
+                             why[0] ? why : cddp_strerror(src));
+                post(a, POLICY_EV_ROUND_FAILED, 0, 0, 0);
+                break;
+            }
+            req.master_port = a->store_port;
+        }
         int rc = a->rdzv->ops->join(a->rdzv, &req, on_round);
         if (rc) {
             agent_failed(a, "A0403", "joining the rendezvous: %s", cddp_strerror(rc));
@@ -811,6 +904,9 @@ static void on_rdzv_closed_done(struct agent_rdzv *r)
 {
     struct agent *a = r->data;
     a->rdzv = NULL; /* freed after this (c10d); snapshots no longer read it */
+    /* The other nodes' workers may use the store until the rendezvous is
+     * done with them (a hosting agent serves as long as they run). */
+    store_close(a, "the agent exits");
 }
 
 static void agent_shutdown(struct agent *a)
@@ -838,6 +934,8 @@ static void agent_shutdown(struct agent *a)
                 snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->this_node,
                          a->fail_reason[0] ? a->fail_reason : "the agent failed");
             a->rdzv->ops->close(a->rdzv, a->rdzv_how, a->rdzv_reason, on_rdzv_closed_done);
+        } else {
+            store_close(a, "the agent exits");
         }
     }
 }

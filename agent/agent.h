@@ -64,6 +64,10 @@ struct agent_snapshot {
     unsigned rdzv_reconnects;
     int64_t waiting_nodes; /* -1: not known */
     const struct rdzv_server *rdzv_server;
+    /* The TCPStore this agent serves its workers (--agent_store); NULL:
+     * none. Valid until the next snapshot, on the loop thread only. */
+    const struct tcpstore_server *agent_store;
+    uint64_t agent_store_round;
     double start_time; /* the agent's, wall clock */
     int nworkers;
     const struct agent_worker_info *workers;
@@ -81,6 +85,7 @@ struct agent_worker_extras {
 };
 
 struct rdzv_server;
+struct tcpstore_server;
 
 struct agent_hooks {
     void *arg;

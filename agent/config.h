@@ -122,6 +122,12 @@ struct launch_config {
      * port was dropped (cddprun warns; one typed on the command line is refused). */
     bool status_linger_ignored;
 
+    /* --agent_store (CDDP_AGENT_STORE, PET_AGENT_STORE; default true): node
+     * 0's agent serves the workers' TCPStore on MASTER_ADDR:MASTER_PORT, one
+     * per round, and TORCHELASTIC_USE_AGENT_STORE=True (torchrun 2.x);
+     * false: the workers' rank 0 serves it (False). */
+    bool agent_store;
+
     /* From the environment (envp at parse time). */
     uint64_t shutdown_timeout_ms; /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s */
     const char *prefix_template;  /* TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, or NULL */

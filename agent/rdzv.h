@@ -53,6 +53,11 @@ struct agent_join {
     int local_world_size; /* nproc_per_node */
     const char *role;
     int restart_count;
+    /* > 0: the port this node's agent already listens on with its store
+     * (--agent_store), published as MASTER_PORT if this node becomes node
+     * 0; 0: the rendezvous picks a free one. Used only where the rendezvous
+     * picks MASTER_PORT (picks_master_port). */
+    int master_port;
 };
 
 struct agent_rdzv;
@@ -128,6 +133,9 @@ struct agent_rdzv {
     /* Restarts are counted by the rendezvous for the whole job (several
      * nodes): the agent's policy runs coordinated. */
     bool coordinated;
+    /* MASTER_PORT is the one node 0 offered at join (c10d, --standalone),
+     * not a given one (static): an agent store binds before joining. */
+    bool picks_master_port;
 };
 
 /* Single node: the static backend (MASTER_ADDR/PORT from --master_addr and

@@ -338,7 +338,9 @@ static int c10d_join(struct agent_rdzv *r, const struct agent_join *req, agent_r
     /* MASTER_PORT: a free port here, used if this node becomes node 0
      * (torch's get_free_port). The static backend's is given. */
     int port = 0;
-    if (!c->fixed) {
+    if (!c->fixed && req->master_port > 0)
+        port = req->master_port; /* the agent's store holds it already */
+    else if (!c->fixed) {
         port = agent_free_port();
         if (port < 0) {
             char why[128];
@@ -540,6 +542,7 @@ int agent_rdzv_c10d_new(uv_loop_t *loop, const struct agent_rdzv_c10d_options *o
     c->base.ops = &c10d_ops;
     c->base.loop = loop;
     c->base.coordinated = true;
+    c->base.picks_master_port = !o->fixed;
     c->base.info.connected = true;
     c->base.info.waiting_nodes = -1;
     c->loop = loop;

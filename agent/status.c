@@ -24,6 +24,7 @@
 #include "common/strutil.h"
 #include "proto/progress.h"
 #include "rendezvous/view.h"
+#include "store/tcpstore.h"
 #include "status/http.h"
 #include "status/view.h"
 
@@ -76,6 +77,10 @@ struct agent_status {
     /* The rendezvous server this agent hosts, as the last snapshot said
      * (the agent clears it before the server goes); NULL: none. */
     const struct rdzv_server *rdzv_server;
+    /* The agent's TCPStore, as the last snapshot said; NULL: none. */
+    const struct tcpstore_server *agent_store;
+    uint64_t agent_store_round;
+    struct status_store_view store_view;
     struct rdzv_view_builder rdzv_view_builder;
     struct status_rdzv_view rdzv_view;
 
@@ -199,6 +204,23 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
         } else {
             log_error("S0106", "status port: out of memory listing the rendezvous runs");
         }
+    }
+    v->agent_store = NULL;
+    if (st->agent_store && st->loop) {
+        struct tcpstore_stats ts;
+        tcpstore_server_stats(st->agent_store, &ts);
+        st->store_view = (struct status_store_view){
+            .port = tcpstore_server_port(st->agent_store),
+            .round = st->agent_store_round,
+            .keys = ts.keys,
+            .bytes = ts.bytes,
+            .connections = ts.connections,
+            .waiting = ts.waiting,
+            .accepted = ts.accepted,
+            .queries = ts.queries,
+            .refused = ts.refused,
+        };
+        v->agent_store = &st->store_view;
     }
     v->restart_count = (unsigned)st->restart_count;
     v->max_restarts = (unsigned)st->max_restarts;
@@ -454,6 +476,7 @@ static void on_loop_done(void *arg)
 {
     struct agent_status *st = arg;
     st->rdzv_server = NULL; /* gone with the loop in any case */
+    st->agent_store = NULL;
     if (st->timers_open) {
         st->timers_open = false;
         uv_close((uv_handle_t *)&st->tick, NULL);
@@ -493,6 +516,8 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     st->rdzv_reconnects = snap->rdzv_reconnects;
     st->waiting_nodes = snap->waiting_nodes;
     st->rdzv_server = snap->rdzv_server;
+    st->agent_store = snap->agent_store;
+    st->agent_store_round = snap->agent_store_round;
 
     int n = snap->nworkers < st->nslots ? snap->nworkers : st->nslots;
     for (int i = 0; i < n; i++) {

@@ -68,6 +68,7 @@ enum flag_id {
     F_STATUS_PORT,
     F_STATUS_ADDR,
     F_STATUS_LINGER,
+    F_AGENT_STORE,
     F_HELP,
     F_VERSION,
     F_COUNT,
@@ -311,6 +312,19 @@ static int conv_master_addr(const struct cddp_flag_arg *a, void *dst, void *ctx,
     return 0;
 }
 
+/* --agent_store=true|false: whether node 0's agent hosts the TCPStore. */
+static int conv_agent_store(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
+                            size_t errlen)
+{
+    (void)ctx;
+    if (a->text == NULL)
+        return 0;
+    if (cddp_parse_bool(a->text, &((struct launch_config *)dst)->agent_store) < 0)
+        return cddp_fail(err, errlen, CDDP_EPARSE, "%s: '%s' is not true or false", a->name,
+                         a->text);
+    return 0;
+}
+
 static int conv_signals(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
                         size_t errlen)
 {
@@ -434,6 +448,9 @@ static const struct cddp_flag flag_rows[F_COUNT] = {
     [F_STATUS_LINGER] = {"--status_linger", "--status-linger", 0, CDDP_FLAG_DOUBLE,
                          AT(status_linger_s), .env = "CDDP_STATUS_LINGER", PET, .defval = "0",
                          .min = 0, .max = 86400, .what = "a number of seconds (0-86400)"},
+    /* cddp's own: whether node 0's agent hosts the workers' TCPStore. */
+    [F_AGENT_STORE] = {"--agent_store", "--agent-store", 0, CUSTOM(conv_agent_store),
+                       .env = "CDDP_AGENT_STORE", PET, .defval = "true"},
     [F_HELP] = {"--help", NULL, 'h', CDDP_FLAG_ACTION},
     [F_VERSION] = {"--version", NULL, 0, CDDP_FLAG_ACTION},
 };
@@ -989,6 +1006,13 @@ void launch_print_help(FILE *out)
         "                        0.0.0.0 for Kubernetes probes and Prometheus)\n"
         "  --status-linger S     after the run, keep serving its final status up to S\n"
         "                        seconds (env CDDP_STATUS_LINGER; default 0)\n"
+        "\n"
+        "the workers' store (cddp's own; docs/torchrun-compat.md):\n"
+        "  --agent-store B       true (default): node 0's agent serves a TCPStore on\n"
+        "                        MASTER_ADDR:MASTER_PORT, a fresh one each round, and the\n"
+        "                        workers get TORCHELASTIC_USE_AGENT_STORE=True (torchrun 2.x);\n"
+        "                        false: the workers' rank 0 serves it (False)\n"
+        "                        (env CDDP_AGENT_STORE, PET_AGENT_STORE)\n"
         "\n"
         "Environment: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
         "(seconds between SIGTERM and SIGKILL, default 30), PYTHON_EXEC, OMP_NUM_THREADS,\n"

@@ -254,7 +254,38 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
     } else {
         jsonw_null(j, "rdzv_server");
     }
+    if (v->agent_store) {
+        const struct status_store_view *s = v->agent_store;
+        jsonw_object_begin(j, "agent_store");
+        jsonw_int(j, "port", s->port);
+        jsonw_int(j, "round", (int64_t)s->round);
+        jsonw_int(j, "keys", (int64_t)s->keys);
+        jsonw_int(j, "bytes", (int64_t)s->bytes);
+        jsonw_int(j, "connections", (int64_t)s->connections);
+        jsonw_int(j, "waiting", (int64_t)s->waiting);
+        jsonw_int(j, "accepted_total", (int64_t)s->accepted);
+        jsonw_int(j, "queries_total", (int64_t)s->queries);
+        jsonw_int(j, "refused_total", (int64_t)s->refused);
+        jsonw_object_end(j);
+    } else {
+        jsonw_null(j, "agent_store");
+    }
     jsonw_object_end(j);
+}
+
+/* The agent's TCPStore; queries per second is rate(queries_total). */
+static void store_metrics(struct prom_writer *w, const struct status_store_view *s)
+{
+    prom_family(w, "cddp_agent_store_keys", PROM_GAUGE, "Keys in the agent's TCPStore.");
+    prom_sample0(w, (double)s->keys);
+    prom_family(w, "cddp_agent_store_bytes", PROM_GAUGE, "Bytes the agent's TCPStore holds.");
+    prom_sample0(w, (double)s->bytes);
+    prom_family(w, "cddp_agent_store_connections", PROM_GAUGE,
+                "Open connections to the agent's TCPStore.");
+    prom_sample0(w, (double)s->connections);
+    prom_family(w, "cddp_agent_store_queries_total", PROM_COUNTER,
+                "Queries the agent's TCPStore answered this round.");
+    prom_sample0(w, (double)s->queries);
 }
 
 static void agent_metrics(struct prom_writer *w, const struct status_agent_view *v)
@@ -388,6 +419,8 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
     }
     if (v->rdzv_server)
         rdzv_metric_families(w, v->rdzv_server);
+    if (v->agent_store)
+        store_metrics(w, v->agent_store);
 }
 
 int status_agent_render(const struct status_agent_view *v, double now_wall, uint64_t now_mono_ms,

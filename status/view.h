@@ -89,6 +89,14 @@ struct status_worker_view {
     struct progress_report progress; /* progress.mono_ms == 0: never reported */
 };
 
+/* The agent's TCPStore (store/tcpstore.h's stats, as plain numbers). */
+struct status_store_view {
+    int port;
+    uint64_t round; /* the round it serves */
+    size_t keys, bytes, connections, waiting;
+    uint64_t accepted, queries, refused;
+};
+
 struct status_agent_view {
     const char *program; /* "cddprun" */
     const char *version; /* CDDP_VERSION */
@@ -117,6 +125,9 @@ struct status_agent_view {
     /* The rendezvous server this agent hosts (its runs, members, wait list,
      * connections); NULL when it hosts none. */
     const struct status_rdzv_view *rdzv_server;
+    /* The TCPStore this agent serves its round's workers (--agent_store,
+     * node 0); NULL when it serves none. */
+    const struct status_store_view *agent_store;
 
     unsigned restart_count; /* restarts that counted against max_restarts */
     unsigned max_restarts;

@@ -27,8 +27,6 @@ DOCUMENTED = {
     # torch 1.13 sets the old name; torch >= 2.2 (and cddprun) the TORCH_ one.
     "NCCL_ASYNC_ERROR_HANDLING": ("1", None),
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": (None, "1"),
-    # static rendezvous: 1.13's workers use the agent's store; ours serve their own.
-    "TORCHELASTIC_USE_AGENT_STORE": ("True", "False"),
     # exported by torch 2.x's launcher (after #154849), not by 1.13.
     "TORCHELASTIC_SIGNALS_TO_HANDLE": (None, "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
     # cddp's progress channel (docs/status.md): the pipe is the worker's fd 3.

@@ -202,11 +202,21 @@ def test_duplicate_rank_is_named(background):
     assert codes[0] != 0 and codes[1] != 0
 
 
+def test_no_agent_store_is_a_clear_error():
+    """TORCHELASTIC_USE_AGENT_STORE=True and nothing on MASTER_PORT: one line
+    naming the launcher's store, within --init-timeout (not a usage error)."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = dict(base, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1",
+               TORCHELASTIC_USE_AGENT_STORE="True")
+    r = run([binary("cddp-collbench"), "--init-timeout=2"], env=env, timeout=30)
+    assert r.returncode not in (0, 2), r.stderr
+    assert "TORCHELASTIC_USE_AGENT_STORE=True, but the launcher's TCPStore" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("env,needle", [
     ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "1"}, "MASTER_ADDR is not set"),
     ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK=3 is not below WORLD_SIZE=2"),
-    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
-      "TORCHELASTIC_USE_AGENT_STORE": "True"}, "TORCHELASTIC_USE_AGENT_STORE=True"),
 ])
 def test_bad_environment_is_usage_error(env, needle):
     base = {k: v for k, v in os.environ.items()

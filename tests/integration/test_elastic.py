@@ -99,7 +99,7 @@ def check_world(r, nnodes, nproc):
     assert {e["WORLD_SIZE"] for e in r} == {str(world)}
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in r}) == 1
     assert {e["GROUP_WORLD_SIZE"] for e in r} == {str(nnodes)}
-    assert {e["TORCHELASTIC_USE_AGENT_STORE"] for e in r} == {"False"}
+    assert {e["TORCHELASTIC_USE_AGENT_STORE"] for e in r} == {"True"}  # the agent's store
     assert len({e["TORCHELASTIC_RUN_ID"] for e in r}) == 1
     by_group = {}
     for e in r:

@@ -322,6 +322,54 @@ static void test_rdzv(void **state)
     status_snapshot_unref(s);
 }
 
+/* The agent's TCPStore (--agent_store): an object on /status and four
+ * families on /metrics; null and absent when the agent serves none. */
+static void test_agent_store(void **state)
+{
+    (void)state;
+    struct status_agent_view v;
+    fill_agent(&v);
+    struct status_snapshot *s;
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    cJSON *root = status_json(s);
+    assert_true(is_null(root, "agent_store"));
+    cJSON_Delete(root);
+    size_t len;
+    assert_null(strstr(status_snapshot_metrics(s, &len), "cddp_agent_store_"));
+    status_snapshot_unref(s);
+
+    struct status_store_view st = {.port = 29500,
+                                   .round = 2,
+                                   .keys = 7,
+                                   .bytes = 321,
+                                   .connections = 4,
+                                   .waiting = 1,
+                                   .accepted = 9,
+                                   .queries = 55,
+                                   .refused = 1};
+    v.agent_store = &st;
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    root = status_json(s);
+    const cJSON *a = cJSON_GetObjectItem(root, "agent_store");
+    assert_non_null(a);
+    assert_true(num(a, "port") == 29500 && num(a, "round") == 2 && num(a, "keys") == 7);
+    assert_true(num(a, "bytes") == 321 && num(a, "connections") == 4 && num(a, "waiting") == 1);
+    assert_true(num(a, "accepted_total") == 9 && num(a, "queries_total") == 55 &&
+                num(a, "refused_total") == 1);
+    cJSON_Delete(root);
+    const char *m = status_snapshot_metrics(s, &len);
+    static const char *const want[] = {
+        "cddp_agent_store_keys 7\n",
+        "cddp_agent_store_bytes 321\n",
+        "cddp_agent_store_connections 4\n",
+        "# TYPE cddp_agent_store_queries_total counter\ncddp_agent_store_queries_total 55\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        if (strstr(m, want[i]) == NULL)
+            fail_msg("missing from /metrics: %s\n%s", want[i], m);
+    status_snapshot_unref(s);
+}
+
 /* An agent reconnecting to its rendezvous server, and one hosting it. */
 static void test_agent_rdzv(void **state)
 {
@@ -417,7 +465,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agent_json),    cmocka_unit_test(test_agent_not_ready),
         cmocka_unit_test(test_agent_metrics), cmocka_unit_test(test_rdzv),
-        cmocka_unit_test(test_agent_rdzv),    cmocka_unit_test(test_names),
+        cmocka_unit_test(test_agent_rdzv),    cmocka_unit_test(test_agent_store),
+        cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

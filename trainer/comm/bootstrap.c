@@ -17,6 +17,7 @@
 #include "common/hostport.h"
 #include "common/log.h"
 #include "rendezvous/store_client.h"
+#include "trainer/comm/tcpstore_client.h"
 
 static double left_s(uint64_t deadline)
 {
@@ -75,6 +76,80 @@ static int kv_add(struct trn_kv *kv, const char *key, long delta, long *out)
 }
 
 static const struct trn_kv_ops store_kv_ops = {kv_set, kv_get, kv_add};
+
+/* ---- the agent's TCPStore as a struct trn_kv ---- */
+
+static int prefixed(struct trn_tcpstore_kv *s, const char *key, char *out, size_t outlen)
+{
+    int n = snprintf(out, outlen, "%s%s", s->prefix, key);
+    if (n < 0 || (size_t)n >= outlen) {
+        snprintf(s->kv.err, sizeof(s->kv.err), "store key '%.200s' is too long", key);
+        return CDDP_ETOOBIG;
+    }
+    return 0;
+}
+
+static int tkv_set(struct trn_kv *kv, const char *key, const void *val, size_t len)
+{
+    struct trn_tcpstore_kv *s = (struct trn_tcpstore_kv *)kv;
+    char k[512];
+    int rc = prefixed(s, key, k, sizeof(k));
+    if (rc == 0 && (rc = trn_tcpstore_set(s->client, k, val, len)) != 0)
+        snprintf(kv->err, sizeof(kv->err), "agent store set '%s': %s", k,
+                 trn_tcpstore_last_error(s->client));
+    return rc;
+}
+
+static int tkv_get(struct trn_kv *kv, const char *key, double timeout_s, void **val, size_t *len)
+{
+    struct trn_tcpstore_kv *s = (struct trn_tcpstore_kv *)kv;
+    char k[512];
+    int rc = prefixed(s, key, k, sizeof(k));
+    if (rc == 0 && (rc = trn_tcpstore_get(s->client, k, timeout_s, val, len)) != 0)
+        snprintf(kv->err, sizeof(kv->err), "agent store get '%s': %s", k,
+                 trn_tcpstore_last_error(s->client));
+    return rc;
+}
+
+static int tkv_add(struct trn_kv *kv, const char *key, long delta, long *out)
+{
+    struct trn_tcpstore_kv *s = (struct trn_tcpstore_kv *)kv;
+    char k[512];
+    int64_t v = 0;
+    int rc = prefixed(s, key, k, sizeof(k));
+    if (rc == 0 && (rc = trn_tcpstore_add(s->client, k, delta, &v)) != 0)
+        snprintf(kv->err, sizeof(kv->err), "agent store add '%s': %s", k,
+                 trn_tcpstore_last_error(s->client));
+    else if (rc == 0)
+        *out = (long)v;
+    return rc;
+}
+
+static const struct trn_kv_ops tcpstore_kv_ops = {tkv_set, tkv_get, tkv_add};
+
+/* TORCHELASTIC_USE_AGENT_STORE=True: the launcher's agent serves it. */
+static int connect_agent_store(struct trn_dist *d, uint64_t deadline, char *err, size_t errlen)
+{
+    char ep[300];
+    cddp_hostport_format(d->env.master_addr, d->env.master_port, ep, sizeof(ep));
+    char why[512];
+    int rc = trn_tcpstore_connect(d->env.master_addr, d->env.master_port, left_s(deadline),
+                                  &d->agent_store.client, why, sizeof(why));
+    if (rc) {
+        d->agent_store.client = NULL;
+        snprintf(err, errlen,
+                 "TORCHELASTIC_USE_AGENT_STORE=True, but the launcher's TCPStore at %s did not "
+                 "answer: %s",
+                 ep, why);
+        return rc == CDDP_EPARSE ? CDDP_ENOTFOUND : rc;
+    }
+    d->agent_store.kv.ops = &tcpstore_kv_ops;
+    snprintf(d->agent_store.prefix, sizeof(d->agent_store.prefix), "/worker/attempt_%ld/",
+             d->env.restart_count);
+    log_debug("T6031", "connected to the agent's TCPStore at %s (%s)", ep,
+              trn_tcpstore_dialect(d->agent_store.client));
+    return 0;
+}
 
 /* ---- serving (rank 0) ---- */
 
@@ -244,23 +319,23 @@ int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
             snprintf(err, errlen, "%s", ce.detail);
         return rc;
     }
+    struct trn_kv *kv;
     if (d->env.use_agent_store) {
-        snprintf(err, errlen,
-                 "TORCHELASTIC_USE_AGENT_STORE=True: the launcher's agent serves torch's TCPStore "
-                 "on MASTER_PORT %d, which cddp-train does not speak; launch with cddprun, or "
-                 "with torchrun's c10d rendezvous (e.g. --standalone)",
-                 d->env.master_port);
-        return CDDP_ECONFIG;
-    }
-    if (d->env.rank == 0) {
-        rc = serve(d, deadline, err, errlen);
+        rc = connect_agent_store(d, deadline, err, errlen);
         if (rc)
             goto fail;
+        kv = &d->agent_store.kv;
+    } else {
+        if (d->env.rank == 0) {
+            rc = serve(d, deadline, err, errlen);
+            if (rc)
+                goto fail;
+        }
+        rc = connect_store(d, deadline, err, errlen);
+        if (rc)
+            goto fail;
+        kv = &d->store.kv;
     }
-    rc = connect_store(d, deadline, err, errlen);
-    if (rc)
-        goto fail;
-    struct trn_kv *kv = &d->store.kv;
     rc = check_membership(d, kv, deadline, err, errlen);
     if (rc)
         goto fail;
@@ -294,7 +369,9 @@ void trn_dist_close(struct trn_dist *d)
 {
     trn_comm_destroy(d->comm);
     rdzv_store_close(d->store.client);
+    trn_tcpstore_close(d->agent_store.client);
     rdzv_store_thread_stop(d->server);
+    d->agent_store.client = NULL;
     d->comm = NULL;
     d->store.client = NULL;
     d->server = NULL;

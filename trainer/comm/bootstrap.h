@@ -11,10 +11,14 @@
  *   4. the communicator connects its mesh through the store (comm.h), and a
  *      barrier confirms every rank is connected.
  * A wrong or unreachable address is an error after --init-timeout, never a
- * hang. Under torchrun, TORCHELASTIC_USE_AGENT_STORE=True means the agent
- * already serves torch's TCPStore on MASTER_PORT, which cddp-train does not
- * speak: that is a clear error (use cddprun, or torchrun's c10d backend,
- * e.g. --standalone, which leaves MASTER_PORT to the workers in torch 1.x).
+ * hang. TORCHELASTIC_USE_AGENT_STORE=True (cddprun by default, torchrun's
+ * static rendezvous, torchrun >= 2.4) means the launcher's agent already
+ * serves torch's TCPStore on MASTER_PORT: step 2 is then skipped and every
+ * rank connects to it with tcpstore_client.h, its keys under
+ * "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/" as torch's env:// does (an
+ * agent that keeps one store across restarts, as torch 1.13's, still shows
+ * each attempt a clean namespace). docs/distributed.md says why the trainer
+ * keeps cddp's own store for the case where rank 0 serves.
  */
 #ifndef CDDP_TRAINER_COMM_BOOTSTRAP_H
 #define CDDP_TRAINER_COMM_BOOTSTRAP_H
@@ -41,11 +45,21 @@ struct trn_store_kv {
     struct rdzv_store_client *client;
 };
 
+struct trn_tcpstore;
+
+/* tcpstore_client.h's client (the agent's TCPStore) as a struct trn_kv. */
+struct trn_tcpstore_kv {
+    struct trn_kv kv; /* first */
+    struct trn_tcpstore *client;
+    char prefix[48]; /* "/worker/attempt_N/" */
+};
+
 struct trn_dist {
     struct trn_dist_env env;
     struct trn_comm *comm;
     struct rdzv_store_thread *server; /* rank 0 only */
     struct trn_store_kv store;
+    struct trn_tcpstore_kv agent_store; /* TORCHELASTIC_USE_AGENT_STORE=True */
 };
 
 /* Fills *d. lookup is getenv (or a table in tests). On failure returns a

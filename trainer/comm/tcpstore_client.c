@@ -1,0 +1,360 @@
+/* tcpstore_client.c: a blocking TCPStore client; see tcpstore_client.h. */
+#include "trainer/comm/tcpstore_client.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/backoff.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/strutil.h"
+#include "store/tcpstore_wire.h"
+
+/* How long a V1 server may take to answer the probe before the client
+ * takes the silence for a torch 2.x server. */
+#define PROBE_MS 2000
+#define OP_TIMEOUT_MS 300000 /* set, add: torch's default store timeout */
+
+struct trn_tcpstore {
+    int fd;
+    enum tcpstore_dialect dialect;
+    bool broken;
+    struct tcpstore_limits lim;
+    struct cddp_buf out, in;
+    char err[512];
+};
+
+static int fail(struct trn_tcpstore *c, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(struct trn_tcpstore *c, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof(c->err), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* ---- the socket, with deadlines (ms, monotonic) ---- */
+
+static int poll_until(int fd, short events, uint64_t deadline)
+{
+    for (;;) {
+        uint64_t now = cddp_mono_ms();
+        if (now >= deadline)
+            return CDDP_ETIMEOUT;
+        struct pollfd p = {.fd = fd, .events = events};
+        uint64_t left = deadline - now;
+        int n = poll(&p, 1, left > 1000000 ? 1000000 : (int)left);
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return CDDP_ERR_FROM_ERRNO(errno);
+    }
+}
+
+/* One connection attempt to any address of host. */
+static int dial(const char *host, int port, uint64_t deadline, int *fd_out, char *why,
+                size_t whylen)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    char service[16];
+    snprintf(service, sizeof(service), "%d", port);
+    int g = getaddrinfo(host, service, &hints, &res);
+    if (g != 0) {
+        snprintf(why, whylen, "cannot resolve '%s': %s", host, gai_strerror(g));
+        return g == EAI_AGAIN ? CDDP_ERR_FROM_ERRNO(EAGAIN) : CDDP_EPARSE;
+    }
+    int rc = CDDP_ERR_FROM_ERRNO(ECONNREFUSED);
+    for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0) {
+            rc = CDDP_ERR_FROM_ERRNO(errno);
+            continue;
+        }
+        rc = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS
+                 ? poll_until(fd, POLLOUT, deadline)
+                 : CDDP_ERR_FROM_ERRNO(errno);
+        int soerr = 0;
+        socklen_t sl = sizeof(soerr);
+        if (rc == 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr != 0)
+            rc = CDDP_ERR_FROM_ERRNO(soerr);
+        if (rc == 0) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            *fd_out = fd;
+            break;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (rc)
+        snprintf(why, whylen, "cannot connect to %s port %d: %s", host, port, cddp_strerror(rc));
+    return rc;
+}
+
+/* Sends what c->out holds. */
+static int flush_out(struct trn_tcpstore *c, uint64_t deadline)
+{
+    size_t off = 0;
+    while (off < c->out.len) {
+        ssize_t w = send(c->fd, c->out.data + off, c->out.len - off, MSG_NOSIGNAL);
+        if (w > 0) {
+            off += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        int rc = w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)
+                     ? poll_until(c->fd, POLLOUT, deadline)
+                     : CDDP_ERR_FROM_ERRNO(w < 0 ? errno : EPIPE);
+        if (rc)
+            return rc;
+    }
+    cddp_buf_reset(&c->out);
+    return 0;
+}
+
+/* Reads until one reply of shape is whole in c->in; *used: its bytes. */
+static int read_reply(struct trn_tcpstore *c, enum tcpstore_reply_shape shape, uint64_t deadline,
+                      struct tcpstore_reply *r, size_t *used)
+{
+    for (;;) {
+        size_t need = 0;
+        int rc = tcpstore_decode_reply(&c->lim, shape, (const uint8_t *)c->in.data, c->in.len, r,
+                                       used, &need);
+        if (rc != TCPSTORE_MORE)
+            return rc;
+        char chunk[65536];
+        ssize_t n = recv(c->fd, chunk, sizeof(chunk), 0);
+        if (n > 0) {
+            if ((rc = cddp_buf_append(&c->in, chunk, (size_t)n)) != 0)
+                return rc;
+            continue;
+        }
+        if (n == 0)
+            return CDDP_ERR_FROM_ERRNO(ECONNRESET);
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return CDDP_ERR_FROM_ERRNO(errno);
+        if ((rc = poll_until(c->fd, POLLIN, deadline)) != 0)
+            return rc;
+    }
+}
+
+/* Sends q and reads its reply (shape < 0: none); the reply's bytes stay in
+ * c->in until the next call. */
+static int roundtrip(struct trn_tcpstore *c, const struct tcpstore_query *q, int shape,
+                     uint64_t deadline, struct tcpstore_reply *r)
+{
+    if (c->broken) {
+        char was[sizeof(c->err)];
+        cddp_strlcpy(was, c->err, sizeof(was));
+        return fail(c, CDDP_ECLOSED, "the store connection was lost earlier (%.400s)", was);
+    }
+    cddp_buf_reset(&c->in);
+    int rc = tcpstore_encode_query(c->dialect, q, &c->out);
+    if (rc) {
+        cddp_buf_reset(&c->out);
+        return fail(c, rc, "%s: the query does not fit (%s)", tcpstore_op_name((int)q->op),
+                    cddp_strerror(rc));
+    }
+    rc = flush_out(c, deadline);
+    size_t used = 0;
+    if (rc == 0 && shape >= 0)
+        rc = read_reply(c, (enum tcpstore_reply_shape)shape, deadline, r, &used);
+    if (rc) {
+        c->broken = true;
+        return fail(c, rc, "%s: %s", tcpstore_op_name((int)q->op), cddp_strerror(rc));
+    }
+    return 0;
+}
+
+/* ---- the numbering ---- */
+
+static int handshake_v2(struct trn_tcpstore *c, uint64_t deadline)
+{
+    struct tcpstore_query q = {.op = TCPSTORE_VALIDATE, .u32 = TCPSTORE_MAGIC};
+    struct tcpstore_reply r;
+    int rc = roundtrip(c, &q, -1, deadline, &r);
+    uint32_t nonce = (uint32_t)getpid() ^ (uint32_t)cddp_mono_ns();
+    struct tcpstore_query ping = {.op = TCPSTORE_PING, .u32 = nonce};
+    if (rc == 0)
+        rc = roundtrip(c, &ping, TCPSTORE_REPLY_U32, deadline, &r);
+    if (rc == 0 && r.u32 != nonce)
+        rc = fail(c, CDDP_EPROTO_VERSION, "PING answered %u, not %u", r.u32, nonce);
+    return rc;
+}
+
+static void close_fd(struct trn_tcpstore *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    c->broken = false;
+    cddp_buf_reset(&c->in);
+    cddp_buf_reset(&c->out);
+}
+
+/* Connected: which numbering does the server speak? */
+static int settle(struct trn_tcpstore *c, const char *host, int port, uint64_t deadline)
+{
+    c->dialect = TCPSTORE_DIALECT_V1;
+    struct tcpstore_query q = {.op = TCPSTORE_GETNUMKEYS};
+    struct tcpstore_reply r;
+    uint64_t probe = cddp_mono_ms() + PROBE_MS;
+    int rc = roundtrip(c, &q, TCPSTORE_REPLY_I64, probe < deadline ? probe : deadline, &r);
+    if (rc == 0)
+        return 0;
+    close_fd(c);
+    char why[256];
+    rc = dial(host, port, deadline, &c->fd, why, sizeof(why));
+    if (rc)
+        return fail(c, rc, "%s", why);
+    c->dialect = TCPSTORE_DIALECT_V2;
+    rc = handshake_v2(c, deadline);
+    cddp_strlcpy(why, c->err, sizeof(why));
+    if (rc)
+        return fail(c, rc,
+                    "%s port %d answers neither torch 1.13's TCPStore queries nor torch 2.x's "
+                    "handshake (%s)",
+                    host, port, why);
+    return 0;
+}
+
+int trn_tcpstore_connect(const char *host, int port, double timeout_s, struct trn_tcpstore **out,
+                         char *err, size_t errlen)
+{
+    struct trn_tcpstore *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
+    c->fd = -1;
+    c->lim = tcpstore_limits_resolve(NULL);
+    cddp_buf_init(&c->out, c->lim.max_query);
+    cddp_buf_init(&c->in, c->lim.max_query);
+    uint64_t start = cddp_mono_ms();
+    uint64_t deadline = start + (timeout_s > 0 ? (uint64_t)(timeout_s * 1000.0) : 1);
+    unsigned seed = (unsigned)getpid() ^ (unsigned)cddp_mono_ns();
+    struct cddp_backoff b;
+    cddp_backoff_init(&b, 10, 1000);
+    char why[256] = "";
+    int rc;
+    for (;;) {
+        uint64_t now = cddp_mono_ms();
+        rc =
+            dial(host, port, deadline > now + 100 ? deadline : now + 100, &c->fd, why, sizeof(why));
+        if (rc == 0 || rc == CDDP_EPARSE)
+            break;
+        now = cddp_mono_ms();
+        if (now >= deadline)
+            break;
+        uint64_t ms = cddp_backoff_next(&b, (uint32_t)rand_r(&seed), deadline - now);
+        struct timespec ts = {.tv_sec = (time_t)(ms / 1000),
+                              .tv_nsec = (long)(ms % 1000) * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (rc) {
+        snprintf(err, errlen, "%s (kept trying for %.1f s)", why,
+                 (double)(cddp_mono_ms() - start) / 1000.0);
+        trn_tcpstore_close(c);
+        return rc;
+    }
+    if ((rc = settle(c, host, port, deadline > start + PROBE_MS ? deadline : start + PROBE_MS))) {
+        snprintf(err, errlen, "%s", c->err);
+        trn_tcpstore_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void trn_tcpstore_close(struct trn_tcpstore *c)
+{
+    if (c == NULL)
+        return;
+    close_fd(c);
+    cddp_buf_free(&c->in);
+    cddp_buf_free(&c->out);
+    free(c);
+}
+
+const char *trn_tcpstore_dialect(const struct trn_tcpstore *c)
+{
+    return c->dialect == TCPSTORE_DIALECT_V2 ? "V2 (torch 2.x)" : "V1 (torch <= 2.0)";
+}
+
+static struct tcpstore_bytes text(const char *s)
+{
+    return (struct tcpstore_bytes){(const uint8_t *)s, strlen(s)};
+}
+
+int trn_tcpstore_set(struct trn_tcpstore *c, const char *key, const void *val, size_t len)
+{
+    struct tcpstore_query q = {.op = TCPSTORE_SET, .key = text(key), .val = {val, len}};
+    struct tcpstore_reply r;
+    return roundtrip(c, &q, -1, cddp_mono_ms() + OP_TIMEOUT_MS, &r);
+}
+
+int trn_tcpstore_get(struct trn_tcpstore *c, const char *key, double timeout_s, void **val,
+                     size_t *len)
+{
+    struct tcpstore_bytes k = text(key);
+    struct tcpstore_query w = {.op = TCPSTORE_WAIT, .nitems = 1, .keys = &k};
+    struct tcpstore_reply r;
+    uint64_t deadline = cddp_mono_ms() + (timeout_s > 0 ? (uint64_t)(timeout_s * 1000.0) : 1);
+    int rc = roundtrip(c, &w, TCPSTORE_REPLY_U8, deadline, &r);
+    if (rc == CDDP_ETIMEOUT)
+        return fail(c, rc, "key '%s' was not set within %.1f s", key, timeout_s);
+    if (rc)
+        return rc;
+    struct tcpstore_query g = {.op = TCPSTORE_GET, .key = k};
+    if ((rc = roundtrip(c, &g, TCPSTORE_REPLY_BYTES, cddp_mono_ms() + OP_TIMEOUT_MS, &r)) != 0)
+        return rc;
+    char *copy = malloc(r.val.n + 1);
+    if (copy == NULL)
+        return fail(c, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory for '%s'", key);
+    if (r.val.n)
+        memcpy(copy, r.val.p, r.val.n);
+    copy[r.val.n] = '\0';
+    *val = copy;
+    *len = r.val.n;
+    return 0;
+}
+
+int trn_tcpstore_add(struct trn_tcpstore *c, const char *key, int64_t delta, int64_t *out)
+{
+    struct tcpstore_query q = {.op = TCPSTORE_ADD, .key = text(key), .delta = delta};
+    struct tcpstore_reply r;
+    int rc = roundtrip(c, &q, TCPSTORE_REPLY_I64, cddp_mono_ms() + OP_TIMEOUT_MS, &r);
+    if (rc == 0)
+        *out = r.i64;
+    return rc;
+}
+
+int trn_tcpstore_num_keys(struct trn_tcpstore *c, int64_t *out)
+{
+    struct tcpstore_query q = {.op = TCPSTORE_GETNUMKEYS};
+    struct tcpstore_reply r;
+    int rc = roundtrip(c, &q, TCPSTORE_REPLY_I64, cddp_mono_ms() + OP_TIMEOUT_MS, &r);
+    if (rc == 0)
+        *out = r.i64;
+    return rc;
+}
+
+const char *trn_tcpstore_last_error(const struct trn_tcpstore *c)
+{
+    return c->err;
+}
