@@ -201,7 +201,7 @@ static void on_worker_exit(struct agent_policy *p, const struct policy_event *ev
         return;
     }
     if (p->state == AGENT_STOPPING || p->state == AGENT_KILLING) {
-        w->state = ev->exitcode == 0 ? WORKER_SUCCEEDED : WORKER_STOPPED;
+        w->state = w->hung ? WORKER_FAILED : ev->exitcode == 0 ? WORKER_SUCCEEDED : WORKER_STOPPED;
         check_stopped(p, o);
     }
 }
@@ -284,6 +284,7 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
                 p->workers[i].state = WORKER_RUNNING;
                 p->workers[i].exitcode = 0;
                 p->workers[i].group_alive = true;
+                p->workers[i].hung = false;
             }
             p->stop_reason = STOP_NONE;
             p->state = AGENT_RUNNING;
@@ -353,6 +354,16 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
         } else if (p->state == AGENT_EXIT_BARRIER) {
             /* torchrun only logs barrier errors: the workers succeeded. */
             finish(p, &o, AGENT_SUCCEEDED, CDDP_EXIT_OK);
+        }
+        break;
+    case POLICY_EV_WATCHDOG:
+        /* A hung worker fails the group as an exit would: the same stop,
+         * the same restart budget. It is still running, so it is stopped
+         * with the others and counted as failed when it exits. */
+        if (p->state == AGENT_RUNNING && ev->local_rank >= 0 && ev->local_rank < p->nworkers &&
+            p->workers[ev->local_rank].state == WORKER_RUNNING) {
+            p->workers[ev->local_rank].hung = true;
+            begin_stop(p, &o, STOP_FAILURE, SIGTERM, now_ms);
         }
         break;
     case POLICY_EV_BARRIER_DONE:

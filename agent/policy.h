@@ -89,6 +89,7 @@ enum policy_event_type {
     POLICY_EV_RDZV_RESTART, /* membership changed */
     POLICY_EV_RDZV_CLOSED,
     POLICY_EV_BARRIER_DONE, /* exitcode: 0, or the barrier's error (timed out, ...) */
+    POLICY_EV_WATCHDOG,     /* local_rank is hung (agent/watchdog.h): a failure of the group */
 };
 
 struct policy_event {
@@ -135,6 +136,7 @@ struct policy_worker {
     enum worker_state state;
     int exitcode;
     bool group_alive;
+    bool hung; /* the watchdog found it hung: it counts as failed when it exits */
 };
 
 struct agent_policy {

@@ -85,6 +85,52 @@ static void running(struct agent_policy *p, int n, int max_restarts)
     }
 }
 
+/* A hung worker (the watchdog) fails the group as an exit would: the same
+ * stop and restart budget; it counts as failed, the others as stopped. */
+static void test_watchdog_fails_group(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 2, 1);
+    step(&p, POLICY_EV_WATCHDOG, 1, 0, 100);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(acts[1].sig, SIGTERM);
+    assert_int_equal(acts[1].reason, STOP_FAILURE);
+    assert_int_equal(p.state, AGENT_STOPPING);
+    assert_true(p.workers[1].hung);
+    /* a second verdict while stopping is stale */
+    step(&p, POLICY_EV_WATCHDOG, 0, 0, 101);
+    EXPECT_NONE();
+    exit_clean(&p, 0, -SIGTERM, 110);
+    EXPECT_NONE();
+    assert_int_equal(p.workers[0].state, WORKER_STOPPED);
+    exit_clean(&p, 1, -SIGTERM, 120);
+    assert_int_equal(p.workers[1].state, WORKER_FAILED);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(acts[1].reason, STOP_FAILURE);
+    assert_int_equal(policy_restart_count(&p), 1);
+    step(&p, POLICY_EV_ROUND, 0, 0, 130);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_false(p.workers[1].hung);
+    /* out of restarts: the failure table, exit 1 (even if it exits 0 on SIGTERM) */
+    step(&p, POLICY_EV_WATCHDOG, 0, 0, 200);
+    exit_clean(&p, 1, -SIGTERM, 210);
+    exit_clean(&p, 0, 0, 220);
+    assert_int_equal(p.workers[0].state, WORKER_FAILED);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT);
+    assert_int_equal(acts[2].exit_code, CDDP_EXIT_FAILURE);
+    /* stale outside RUNNING, and for ranks out of range */
+    step(&p, POLICY_EV_WATCHDOG, 0, 0, 300);
+    EXPECT_NONE();
+    policy_free(&p);
+    running(&p, 1, 0);
+    step(&p, POLICY_EV_WATCHDOG, 5, 0, 1);
+    EXPECT_NONE();
+    step(&p, POLICY_EV_WATCHDOG, -1, 0, 1);
+    EXPECT_NONE();
+    policy_free(&p);
+}
+
 static void test_start_and_round(void **state)
 {
     (void)state;
@@ -809,6 +855,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_start_and_round),
+        cmocka_unit_test(test_watchdog_fails_group),
         cmocka_unit_test(test_success_clean),
         cmocka_unit_test(test_success_leaves_processes),
         cmocka_unit_test(test_failure_restarts_then_fails),
