@@ -43,6 +43,8 @@ struct agent_worker {
     bool group_alive;  /* processes may be left in its group */
     uint64_t exit_seq;
     char error_file[4096];
+    char hang_note[512]; /* why the watchdog stopped it (this attempt); "" if it did not */
+    double hung_at;      /* wall time the watchdog found it hung */
 };
 
 struct agent {
@@ -71,6 +73,9 @@ struct agent {
     int nsigs;
     uv_timer_t deadline;
     uv_timer_t group_check;
+    uv_timer_t watchdog_timer; /* armed for the watchdog's next deadline while RUNNING */
+    struct watchdog wd;
+    unsigned watchdog_kills;
     bool handles_open;
 
     char run_id[128];
@@ -126,6 +131,7 @@ static void notify(struct agent *a)
     for (int i = 0; i < a->nworkers; i++) {
         w[i] = a->workers[i].info;
         w[i].state = a->pol.workers[i].state;
+        w[i].watchdog_timeout_ms = watchdog_timeout(&a->wd, i);
     }
     struct agent_snapshot s = {
         .run_id = a->run_id,
@@ -149,6 +155,8 @@ static void notify(struct agent *a)
         .waiting_nodes = a->rdzv ? a->rdzv->info.waiting_nodes : -1,
         .rdzv_server = a->rdzv ? a->rdzv->info.server : NULL,
         .start_time = a->start_time,
+        .watchdog_mode = a->cfg->watchdog.mode,
+        .watchdog_kills = a->watchdog_kills,
         .nworkers = a->nworkers,
         .workers = w,
     };
@@ -158,6 +166,7 @@ static void notify(struct agent *a)
 }
 
 static void do_action(struct agent *a, const struct policy_action *act);
+static void watchdog_arm(struct agent *a);
 
 static void post_event(struct agent *a, const struct policy_event *in);
 
@@ -207,10 +216,86 @@ static void post_event(struct agent *a, const struct policy_event *in)
     }
     a->qhead = a->qtail = 0;
     a->dispatching = false;
+    watchdog_arm(a);
     if (a->changed) {
         a->changed = false;
         notify(a);
     }
+}
+
+/* ---- the progress watchdog (agent/watchdog.c decides) ---- */
+
+static void on_watchdog_timer(uv_timer_t *t);
+
+/* The timer follows the watchdog's next deadline, only while the group runs. */
+static void watchdog_arm(struct agent *a)
+{
+    if (!a->handles_open || a->cfg->watchdog.mode == WATCHDOG_OFF)
+        return;
+    uint64_t d = a->pol.state == AGENT_RUNNING ? watchdog_next_deadline(&a->wd) : 0;
+    if (d == 0) {
+        uv_timer_stop(&a->watchdog_timer);
+        return;
+    }
+    uv_update_time(&a->loop);
+    uint64_t now = cddp_mono_ms();
+    uv_timer_start(&a->watchdog_timer, on_watchdog_timer, d > now ? d - now + 1 : 0, 0);
+}
+
+static void on_watchdog_timer(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    uint64_t now = cddp_mono_ms();
+    int i = a->pol.state == AGENT_RUNNING ? watchdog_hung(&a->wd, now) : -1;
+    if (i < 0) {
+        watchdog_arm(a); /* early (the loop's clock lags), or nothing to do */
+        return;
+    }
+    struct agent_worker *w = &a->workers[i];
+    const struct watchdog_worker *ww = &a->wd.w[i];
+    uint64_t timeout = watchdog_timeout(&a->wd, i);
+    char last[64] = "before its first progress line";
+    if (ww->lines > 0 && ww->has_step)
+        snprintf(last, sizeof(last), "after step %lld", (long long)ww->last_step);
+    else if (ww->lines > 0)
+        snprintf(last, sizeof(last), "after %llu progress lines", (unsigned long long)ww->lines);
+    uint64_t since = now - (ww->lines > 0 ? ww->last_ms : ww->started_ms);
+    snprintf(w->hang_note, sizeof(w->hang_note),
+             "watchdog: no progress for %.1f s %s (timeout %.1f s, %s%s); the worker group was "
+             "stopped",
+             (double)since / 1000.0, last, (double)timeout / 1000.0,
+             ww->lines == 0 ? "--watchdog_initial" : watchdog_mode_name(a->cfg->watchdog.mode),
+             ww->lines > 0 && a->cfg->watchdog.mode == WATCHDOG_AUTO && ww->learned_ms == 0
+                 ? ", warming up"
+                 : "");
+    w->hung_at = cddp_wall_time();
+    w->exit_seq = ++a->exit_seq; /* found before the exits the stop causes: the root cause */
+    a->watchdog_kills++;
+    log_error("A0901", "[%s] local_rank %d (pid %d) is hung: %s", a->cfg->role, i, (int)w->pgid,
+              w->hang_note);
+    post(a, POLICY_EV_WATCHDOG, i, 0, 0);
+}
+
+void agent_progress(struct agent *a, int local_rank, const struct progress_report *r,
+                    uint64_t now_ms)
+{
+    if (a == NULL || a->shutting_down || local_rank < 0 || local_rank >= a->nworkers)
+        return;
+    if (a->cfg->watchdog.mode == WATCHDOG_OFF)
+        return;
+    uint64_t before = watchdog_timeout(&a->wd, local_rank);
+    bool learned =
+        watchdog_report(&a->wd, local_rank, now_ms, (r->fields & PROGRESS_STEP) != 0, r->step);
+    uint64_t after = watchdog_timeout(&a->wd, local_rank);
+    if (learned)
+        log_info("A0902",
+                 "[%s] watchdog: local_rank %d's timeout is now %.3f s (longest interval %.3f s x "
+                 "%g)",
+                 a->cfg->role, local_rank, (double)after / 1000.0,
+                 (double)a->wd.w[local_rank].max_interval_ms / 1000.0, a->wd.cfg.safety);
+    watchdog_arm(a);
+    if (before != after && !a->dispatching)
+        notify(a); /* /status shows the timeout that applies */
 }
 
 /* ---- rendezvous callbacks ---- */
@@ -405,6 +490,9 @@ static int start_worker(struct agent *a, int i)
     if (w->info.start_time != 0)
         w->info.restarts++;
     w->info.start_time = cddp_wall_time();
+    w->info.hung = false;
+    w->hang_note[0] = '\0';
+    watchdog_start(&a->wd, i, cddp_mono_ms());
     if (agent_guardian_add(&a->guardian, pid) != 0)
         log_warn("A0204", "the guardian is gone; it is restarted when its exit is seen");
     log_debug("A0205", "started local_rank %d rank %d pid %d", i, spec.ranks.rank, (int)pid);
@@ -487,7 +575,7 @@ static void failure_report(struct agent *a)
     }
     for (int i = 0; i < a->nworkers; i++) {
         struct agent_worker *w = &a->workers[i];
-        if (w->info.exitcode == 0)
+        if (w->info.exitcode == 0 && w->hang_note[0] == '\0')
             continue;
         f[n].local_rank = i;
         f[n].rank = w->info.rank;
@@ -495,6 +583,10 @@ static void failure_report(struct agent *a)
         f[n].exitcode = w->info.exitcode;
         f[n].observed = w->info.exit_time;
         f[n].seq = w->exit_seq;
+        if (w->hang_note[0]) {
+            f[n].observed = w->hung_at;
+            f[n].watchdog = w->hang_note;
+        }
         agent_failure_load(&f[n], w->error_file);
         n++;
     }
@@ -771,6 +863,8 @@ static void on_sigchld(uv_signal_t *h, int signum)
             continue; /* a worker's descendant, re-parented to us (subreaper) */
         int code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
         w->leader_alive = false;
+        watchdog_exit(&a->wd, i);
+        w->info.hung = w->hang_note[0] != '\0';
         w->info.exitcode = code;
         w->info.exit_time = cddp_wall_time();
         w->info.exits++;
@@ -833,6 +927,7 @@ static void agent_shutdown(struct agent *a)
             uv_close((uv_handle_t *)&a->sigs[i], on_closed);
         uv_close((uv_handle_t *)&a->deadline, on_closed);
         uv_close((uv_handle_t *)&a->group_check, on_closed);
+        uv_close((uv_handle_t *)&a->watchdog_timer, on_closed);
         if (a->rdzv) {
             if (a->rdzv_reason[0] == '\0')
                 snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->this_node,
@@ -950,6 +1045,8 @@ static int agent_open(struct agent *a)
     a->deadline.data = a;
     uv_timer_init(&a->loop, &a->group_check);
     a->group_check.data = a;
+    uv_timer_init(&a->loop, &a->watchdog_timer);
+    a->watchdog_timer.data = a;
     for (int i = 0; i < cfg->nsignals; i++) {
         uv_signal_init(&a->loop, &a->sigs[i]);
         a->sigs[i].data = a;
@@ -983,6 +1080,8 @@ static int agent_open(struct agent *a)
     }
     if (!a->logs.devnull)
         log_info("A0605", "log directory set to: %s", a->logs.run_dir);
+    if (a->hooks && a->hooks->attach)
+        a->hooks->attach(a->hooks->arg, a);
     if (a->hooks && a->hooks->start && (rc = a->hooks->start(a->hooks->arg, &a->loop)) != 0) {
         agent_failed(a, "A0606", "starting the agent's extensions: %s", cddp_strerror(rc));
         return rc;
@@ -1029,6 +1128,8 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     int rc = a->workers
                  ? policy_init(&a->pol, a->nworkers, cfg->max_restarts, cfg->shutdown_timeout_ms)
                  : CDDP_ERR_FROM_ERRNO(ENOMEM);
+    if (rc == 0)
+        rc = watchdog_init(&a->wd, &cfg->watchdog, a->nworkers);
     if (rc == 0) {
         /* Before any worker exists, and before the loop owns signals. */
         agent_inherited_ignored(&a->inherited_ignored);
@@ -1082,6 +1183,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
                       cddp_strerror(wrc));
     }
     policy_free(&a->pol);
+    watchdog_free(&a->wd);
     free(a->workers);
     free(a->queue);
     free(a);

@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "agent/watchdog.h"
+
 /* torchrun's Std flags: which of a worker's streams go to files. */
 enum launch_std {
     LAUNCH_STD_NONE = 0,
@@ -121,6 +123,12 @@ struct launch_config {
     /* Set by launch_validate: a linger from the environment without a status
      * port was dropped (cddprun warns; one typed on the command line is refused). */
     bool status_linger_ignored;
+
+    /* The progress watchdog (docs/cli.md): --watchdog_timeout (off, auto or
+     * seconds), --watchdog_initial, --watchdog_warmup, --watchdog_safety. */
+    struct watchdog_config watchdog;
+    double watchdog_safety; /* as parsed; copied into watchdog.safety */
+    int watchdog_warmup;    /* as parsed; copied into watchdog.warmup */
 
     /* From the environment (envp at parse time). */
     uint64_t shutdown_timeout_ms; /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s */
