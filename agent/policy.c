@@ -22,6 +22,8 @@ int policy_init(struct agent_policy *p, int nworkers, int max_restarts,
     p->max_restarts = max_restarts;
     p->remaining_restarts = max_restarts;
     p->shutdown_timeout_ms = shutdown_timeout_ms;
+    p->best_step = -1;
+    p->attempt_base = -1;
     return 0;
 }
 
@@ -102,6 +104,21 @@ static void fail_run(struct agent_policy *p, struct out *o, enum stop_reason rea
     finish(p, o, AGENT_FAILED, CDDP_EXIT_FAILURE);
 }
 
+/* A failed attempt that would restart: with --max_no_progress_restarts, is
+ * this the restart too many? Counts the attempt that just ended. */
+static bool no_progress_stop(struct agent_policy *p, struct out *o)
+{
+    if (p->max_no_progress <= 0 || !p->attempt_is_restart)
+        return false;
+    p->no_progress_streak = p->attempt_progressed ? 0 : p->no_progress_streak + 1;
+    if (p->no_progress_streak < p->max_no_progress)
+        return false;
+    p->no_progress_stop = true;
+    emit(o, POLICY_ACT_FAILURE_REPORT);
+    finish(p, o, AGENT_FAILED, CDDP_EXIT_FAILURE);
+    return true;
+}
+
 /* Every worker has exited and every group is empty: what the stop was for. */
 static void stopped(struct agent_policy *p, struct out *o)
 {
@@ -111,6 +128,8 @@ static void stopped(struct agent_policy *p, struct out *o)
     }
     switch (p->stop_reason) {
     case STOP_FAILURE:
+        if ((p->coordinated || p->remaining_restarts > 0) && no_progress_stop(p, o))
+            break;
         if (p->coordinated) {
             /* The next round says whether this failure counts. */
             p->state = AGENT_RENDEZVOUS;
@@ -288,6 +307,9 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
             }
             p->stop_reason = STOP_NONE;
             p->state = AGENT_RUNNING;
+            p->attempt_is_restart = p->attempts++ > 0;
+            p->attempt_base = p->best_step;
+            p->attempt_progressed = false;
             p->group_succeeded = false;
             p->barrier_failed = false;
             emit(&o, POLICY_ACT_START_WORKERS);
@@ -365,6 +387,12 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
             p->workers[ev->local_rank].hung = true;
             begin_stop(p, &o, STOP_FAILURE, SIGTERM, now_ms);
         }
+        break;
+    case POLICY_EV_PROGRESS:
+        if (ev->step > p->best_step)
+            p->best_step = ev->step;
+        if (ev->step > p->attempt_base)
+            p->attempt_progressed = true;
         break;
     case POLICY_EV_BARRIER_DONE:
         if (p->state == AGENT_EXIT_BARRIER) {
