@@ -281,6 +281,10 @@ void agent_progress(struct agent *a, int local_rank, const struct progress_repor
 {
     if (a == NULL || a->shutting_down || local_rank < 0 || local_rank >= a->nworkers)
         return;
+    if ((r->fields & PROGRESS_STEP) && r->step > a->pol.best_step && a->pol.max_no_progress > 0) {
+        struct policy_event ev = {.type = POLICY_EV_PROGRESS, .step = r->step};
+        post_event(a, &ev);
+    }
     if (a->cfg->watchdog.mode == WATCHDOG_OFF)
         return;
     uint64_t before = watchdog_timeout(&a->wd, local_rank);
@@ -773,6 +777,12 @@ static void do_action(struct agent *a, const struct policy_action *act)
         a->reported = true;
         break;
     case POLICY_ACT_EXIT:
+        if (a->pol.no_progress_stop)
+            agent_failed(a, "A0903",
+                         "[%s] stopping the job: %d restarts in a row failed before any worker "
+                         "reported a step beyond %lld (--max_no_progress_restarts=%d)",
+                         a->cfg->role, a->pol.no_progress_streak, (long long)a->pol.attempt_base,
+                         a->cfg->max_no_progress_restarts);
         kill_strays(a);
         a->exit_code = act->exit_code;
         rdzv_farewell(a, act);
@@ -1130,6 +1140,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
                  : CDDP_ERR_FROM_ERRNO(ENOMEM);
     if (rc == 0)
         rc = watchdog_init(&a->wd, &cfg->watchdog, a->nworkers);
+    a->pol.max_no_progress = cfg->max_no_progress_restarts;
     if (rc == 0) {
         /* Before any worker exists, and before the loop owns signals. */
         agent_inherited_ignored(&a->inherited_ignored);

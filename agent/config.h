@@ -129,6 +129,8 @@ struct launch_config {
     struct watchdog_config watchdog;
     double watchdog_safety; /* as parsed; copied into watchdog.safety */
     int watchdog_warmup;    /* as parsed; copied into watchdog.warmup */
+    /* --max_no_progress_restarts (agent/policy.h); 0: off */
+    int max_no_progress_restarts;
 
     /* From the environment (envp at parse time). */
     uint64_t shutdown_timeout_ms; /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s */

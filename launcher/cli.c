@@ -72,6 +72,7 @@ enum flag_id {
     F_WATCHDOG_INITIAL,
     F_WATCHDOG_WARMUP,
     F_WATCHDOG_SAFETY,
+    F_MAX_NO_PROGRESS_RESTARTS,
     F_HELP,
     F_VERSION,
     F_COUNT,
@@ -488,6 +489,10 @@ static const struct cddp_flag flag_rows[F_COUNT] = {
     [F_WATCHDOG_SAFETY] = {"--watchdog_safety", "--watchdog-safety", 0, CDDP_FLAG_DOUBLE,
                            AT(watchdog_safety), .env = "CDDP_WATCHDOG_SAFETY", PET, .defval = "5",
                            .min = 1, .max = 1000, .what = "a number in [1, 1000]"},
+    [F_MAX_NO_PROGRESS_RESTARTS] = {"--max_no_progress_restarts", "--max-no-progress-restarts", 0,
+                                    CDDP_FLAG_INT, AT(max_no_progress_restarts),
+                                    .env = "CDDP_MAX_NO_PROGRESS_RESTARTS", PET, .defval = "0",
+                                    .min = 0, .max = 1000000000, .what = "an integer >= 0"},
     [F_HELP] = {"--help", NULL, 'h', CDDP_FLAG_ACTION},
     [F_VERSION] = {"--version", NULL, 0, CDDP_FLAG_ACTION},
 };
@@ -983,7 +988,7 @@ void launch_print_help(FILE *out)
             "               [--status-linger STATUS_LINGER]\n"
             "               [--watchdog-timeout {off,auto,SECONDS}]\n"
             "               [--watchdog-initial SECONDS] [--watchdog-warmup N]\n"
-            "               [--watchdog-safety X]\n"
+            "               [--watchdog-safety X] [--max-no-progress-restarts N]\n"
             "               training_script ...\n"
             "\n"
             "cddprun: torchrun's launcher and elastic agent, in C. Starts NPROC_PER_NODE copies\n"
@@ -1058,6 +1063,9 @@ void launch_print_help(FILE *out)
         "  --watchdog-warmup N   auto: lines before the timeout is learned (default 5)\n"
         "  --watchdog-safety X   auto: timeout = longest interval x X (default 5), within\n"
         "                        1 s .. 3600 s\n"
+        "  --max-no-progress-restarts N  stop the job (exit 1) when N restarts in a row\n"
+        "                        fail before any worker reports a step beyond the best\n"
+        "                        seen before them (default 0: off)\n"
         "\n"
         "Environment: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
         "(seconds between SIGTERM and SIGKILL, default 30), PYTHON_EXEC, OMP_NUM_THREADS,\n"

@@ -160,3 +160,34 @@ def test_status_and_metrics_show_the_watchdog(tmp_path):
     finally:
         p.send_signal(15)
         p.communicate(timeout=20)
+
+
+def test_no_progress_restarts_stop_the_job(tmp_path):
+    # Every attempt reports steps 0..2 and hangs: the restarts make no
+    # progress beyond step 2, so the second one in a row ends the job
+    # although --max_restarts allows more.
+    r, _ = cddprun(
+        ["--nproc_per_node=1", "--max_restarts=5", "--max_no_progress_restarts=2",
+         "--watchdog_timeout=1", binary("cddp-hang-worker")],
+        {"HANG_STEPS": "3", "HANG_PERIOD_MS": "50", "HANG_ATTEMPTS": "0,1,2,3,4,5"})
+    assert r.returncode == 1, r.stderr
+    assert len(hung_lines(r.stderr)) == 3, r.stderr
+    stop = [l for l in r.stderr.splitlines() if "A0903" in l]
+    assert len(stop) == 1 and "2 restarts in a row" in stop[0] and "beyond 2" in stop[0], r.stderr
+    assert "attempt 3" not in r.stderr
+
+
+def test_no_progress_stop_off_when_restarts_progress(tmp_path):
+    # Each attempt gets further (steps continue from the restart count),
+    # so the stop never fires and the budget decides.
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import os, sys\n"
+        "fd = int(os.environ['CDDP_PROGRESS_FD'])\n"
+        "n = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+        "os.write(fd, ('{\"step\":%d}\\n' % (10 * n)).encode())\n"
+        "sys.exit(0 if n == 3 else 1)\n")
+    r, _ = cddprun(["--nproc_per_node=1", "--max_restarts=3", "--max_no_progress_restarts=1",
+                    script], {})
+    assert r.returncode == 0, r.stderr
+    assert "A0903" not in r.stderr
