@@ -21,6 +21,7 @@
 #include "agent/logs.h"
 #include "agent/rdzv.h"
 #include "agent/report.h"
+#include "agent/stacks.h"
 #include "agent/workers.h"
 #include "common/clock.h"
 #include "common/errors.h"
@@ -76,6 +77,11 @@ struct agent {
     uv_timer_t watchdog_timer; /* armed for the watchdog's next deadline while RUNNING */
     struct watchdog wd;
     unsigned watchdog_kills;
+    /* Stacks being captured before a hung group is stopped (agent/stacks.h):
+     * the rank found hung (-1: none), gdb's pid, and its time bound. */
+    int stacks_rank;
+    pid_t stacks_pid;
+    uv_timer_t stacks_timer;
     bool handles_open;
 
     char run_id[128];
@@ -225,6 +231,60 @@ static void post_event(struct agent *a, const struct policy_event *in)
 
 /* ---- the progress watchdog (agent/watchdog.c decides) ---- */
 
+/* gdb may take this long to attach and print; then it is killed, so a stuck
+ * ptrace delays the restart by at most this. */
+#define STACKS_TIMEOUT_MS 5000
+
+/* The stacks are written (or gdb ran out of time): stop the group. */
+static void stacks_done(struct agent *a)
+{
+    int i = a->stacks_rank;
+    if (i < 0)
+        return;
+    if (a->stacks_pid > 0)
+        kill(-a->stacks_pid, SIGKILL); /* reaped by on_sigchld, as any child */
+    a->stacks_rank = -1;
+    a->stacks_pid = 0;
+    if (a->handles_open)
+        uv_timer_stop(&a->stacks_timer);
+    post(a, POLICY_EV_WATCHDOG, i, 0, 0);
+}
+
+static void on_stacks_timeout(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    log_warn("A0904", "gdb did not finish within %d ms; its stacks are incomplete",
+             STACKS_TIMEOUT_MS);
+    stacks_done(a);
+}
+
+/* Writes what local rank i was doing next to its logs (attempt_N/i/stacks.txt)
+ * and names the file in its hang note; gdb's part is asynchronous. */
+static void capture_stacks(struct agent *a, int i)
+{
+    struct agent_worker *w = &a->workers[i];
+    char path[4096];
+    a->stacks_rank = i;
+    if (a->logs.devnull ||
+        agent_logs_path(&a->logs, a->attempt, i, "stacks.txt", path, sizeof(path)) != 0)
+        return;
+    int rc = agent_stacks_write_proc(w->pgid, path);
+    pid_t gdb = 0;
+    if (rc == 0)
+        rc = agent_stacks_start_gdb(w->pgid, path, &gdb);
+    if (rc) {
+        log_warn("A0905", "writing the stacks of local_rank %d to %s: %s", i, path,
+                 cddp_strerror(rc));
+        return;
+    }
+    size_t n = strlen(w->hang_note);
+    snprintf(w->hang_note + n, sizeof(w->hang_note) - n, "; stacks: %s", path);
+    if (gdb > 0) {
+        a->stacks_pid = gdb;
+        uv_timer_start(&a->stacks_timer, on_stacks_timeout, STACKS_TIMEOUT_MS, 0);
+    }
+}
+
 static void on_watchdog_timer(uv_timer_t *t);
 
 /* The timer follows the watchdog's next deadline, only while the group runs. */
@@ -232,7 +292,8 @@ static void watchdog_arm(struct agent *a)
 {
     if (!a->handles_open || a->cfg->watchdog.mode == WATCHDOG_OFF)
         return;
-    uint64_t d = a->pol.state == AGENT_RUNNING ? watchdog_next_deadline(&a->wd) : 0;
+    uint64_t d =
+        a->pol.state == AGENT_RUNNING && a->stacks_rank < 0 ? watchdog_next_deadline(&a->wd) : 0;
     if (d == 0) {
         uv_timer_stop(&a->watchdog_timer);
         return;
@@ -246,6 +307,8 @@ static void on_watchdog_timer(uv_timer_t *t)
 {
     struct agent *a = t->data;
     uint64_t now = cddp_mono_ms();
+    if (a->stacks_rank >= 0)
+        return; /* already stopping a hung group */
     int i = a->pol.state == AGENT_RUNNING ? watchdog_hung(&a->wd, now) : -1;
     if (i < 0) {
         watchdog_arm(a); /* early (the loop's clock lags), or nothing to do */
@@ -273,7 +336,9 @@ static void on_watchdog_timer(uv_timer_t *t)
     a->watchdog_kills++;
     log_error("A0901", "[%s] local_rank %d (pid %d) is hung: %s", a->cfg->role, i, (int)w->pgid,
               w->hang_note);
-    post(a, POLICY_EV_WATCHDOG, i, 0, 0);
+    capture_stacks(a, i);
+    if (a->stacks_pid == 0)
+        stacks_done(a);
 }
 
 void agent_progress(struct agent *a, int local_rank, const struct progress_report *r,
@@ -855,6 +920,11 @@ static void on_sigchld(uv_signal_t *h, int signum)
             continue;
         if (pid <= 0)
             break;
+        if (pid == a->stacks_pid && pid > 0) {
+            a->stacks_pid = 0; /* reaped: not killed again */
+            stacks_done(a);
+            continue;
+        }
         if (pid == a->guardian.pid) {
             log_warn("A0502", "the guardian (pid %d) exited; starting a new one", (int)pid);
             a->guardian.pid = 0;
@@ -938,6 +1008,7 @@ static void agent_shutdown(struct agent *a)
         uv_close((uv_handle_t *)&a->deadline, on_closed);
         uv_close((uv_handle_t *)&a->group_check, on_closed);
         uv_close((uv_handle_t *)&a->watchdog_timer, on_closed);
+        uv_close((uv_handle_t *)&a->stacks_timer, on_closed);
         if (a->rdzv) {
             if (a->rdzv_reason[0] == '\0')
                 snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->this_node,
@@ -1057,6 +1128,8 @@ static int agent_open(struct agent *a)
     a->group_check.data = a;
     uv_timer_init(&a->loop, &a->watchdog_timer);
     a->watchdog_timer.data = a;
+    uv_timer_init(&a->loop, &a->stacks_timer);
+    a->stacks_timer.data = a;
     for (int i = 0; i < cfg->nsignals; i++) {
         uv_signal_init(&a->loop, &a->sigs[i]);
         a->sigs[i].data = a;
@@ -1134,6 +1207,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     a->start_time = cddp_wall_time();
     a->exit_code = CDDP_EXIT_FAILURE;
     a->guardian.fd = -1;
+    a->stacks_rank = -1;
     a->workers = calloc((size_t)a->nworkers, sizeof(*a->workers));
     int rc = a->workers
                  ? policy_init(&a->pol, a->nworkers, cfg->max_restarts, cfg->shutdown_timeout_ms)

@@ -9,6 +9,7 @@ watchdog off nothing changes.
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -65,6 +66,14 @@ def test_c_worker_hang_detected_and_restarted(tmp_path):
     assert "attempt 1" in r.stderr
     assert not errfile.exists()  # the run succeeded
     assert took < 15
+    # What the hung worker was doing, next to its logs: /proc, then gdb's
+    # backtrace, which names the function it blocks in.
+    stacks = list((tmp_path / "logs").glob("*/attempt_0/*/stacks.txt"))
+    assert len(stacks) == 1, stacks
+    text = stacks[0].read_text()
+    assert "state S" in text or "state=S" in text, text
+    if shutil.which("gdb"):
+        assert "hang_here" in text, text
 
 
 def test_python_worker_hang_out_of_restarts(tmp_path):
@@ -82,6 +91,9 @@ def test_python_worker_hang_out_of_restarts(tmp_path):
         assert 1.0 <= silence(l) < 2.0, l
     # the failure table and the agent's error file say why
     assert "traceback : watchdog: no progress for" in r.stderr, r.stderr
+    m = re.search(r"stacks: (\S+/stacks.txt)", r.stderr)
+    assert m, r.stderr
+    assert "comm=python3" in open(m.group(1)).read()
     err = json.loads(errfile.read_text())
     assert err["message"]["message"].startswith("WatchdogTimeout:"), err
 
