@@ -153,6 +153,16 @@ def test_status_and_metrics_show_the_watchdog(tmp_path):
     try:
         deadline = time.monotonic() + 20
         st = None
+        seen_timeout = False
+        while time.monotonic() < deadline and not seen_timeout:
+            try:
+                st = json.loads(urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/status", timeout=5).read())
+                seen_timeout = st["workers"][0].get("watchdog_timeout_s") == 1.5
+            except Exception:
+                pass
+            time.sleep(0.05)
+        assert seen_timeout, st
         while time.monotonic() < deadline:
             try:
                 st = json.loads(urllib.request.urlopen(
