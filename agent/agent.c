@@ -21,6 +21,7 @@
 #include "agent/logs.h"
 #include "agent/rdzv.h"
 #include "agent/report.h"
+#include "agent/stacks.h"
 #include "agent/workers.h"
 #include "common/clock.h"
 #include "common/errors.h"
@@ -44,6 +45,8 @@ struct agent_worker {
     bool group_alive;  /* processes may be left in its group */
     uint64_t exit_seq;
     char error_file[4096];
+    char hang_note[512]; /* why the watchdog stopped it (this attempt); "" if it did not */
+    double hung_at;      /* wall time the watchdog found it hung */
 };
 
 struct agent {
@@ -78,6 +81,14 @@ struct agent {
     int nsigs;
     uv_timer_t deadline;
     uv_timer_t group_check;
+    uv_timer_t watchdog_timer; /* armed for the watchdog's next deadline while RUNNING */
+    struct watchdog wd;
+    unsigned watchdog_kills;
+    /* Stacks being captured before a hung group is stopped (agent/stacks.h):
+     * the rank found hung (-1: none), gdb's pid, and its time bound. */
+    int stacks_rank;
+    pid_t stacks_pid;
+    uv_timer_t stacks_timer;
     bool handles_open;
 
     char run_id[128];
@@ -133,6 +144,7 @@ static void notify(struct agent *a)
     for (int i = 0; i < a->nworkers; i++) {
         w[i] = a->workers[i].info;
         w[i].state = a->pol.workers[i].state;
+        w[i].watchdog_timeout_ms = watchdog_timeout(&a->wd, i);
     }
     struct agent_snapshot s = {
         .run_id = a->run_id,
@@ -158,6 +170,8 @@ static void notify(struct agent *a)
         .agent_store = a->store,
         .agent_store_round = a->store_round,
         .start_time = a->start_time,
+        .watchdog_mode = a->cfg->watchdog.mode,
+        .watchdog_kills = a->watchdog_kills,
         .nworkers = a->nworkers,
         .workers = w,
     };
@@ -167,6 +181,7 @@ static void notify(struct agent *a)
 }
 
 static void do_action(struct agent *a, const struct policy_action *act);
+static void watchdog_arm(struct agent *a);
 
 static void post_event(struct agent *a, const struct policy_event *in);
 
@@ -216,6 +231,7 @@ static void post_event(struct agent *a, const struct policy_event *in)
     }
     a->qhead = a->qtail = 0;
     a->dispatching = false;
+    watchdog_arm(a);
     if (a->changed) {
         a->changed = false;
         notify(a);
@@ -286,6 +302,144 @@ static int store_for_round(struct agent *a, struct agent_round *r)
     log_info("A0801", "[%s] the agent's TCPStore serves round %llu on %s:%d", a->cfg->role,
              (unsigned long long)r->round, r->master_addr, r->master_port);
     return 0;
+}
+
+/* ---- the progress watchdog (agent/watchdog.c decides) ---- */
+
+/* gdb may take this long to attach and print; then it is killed, so a stuck
+ * ptrace delays the restart by at most this. */
+#define STACKS_TIMEOUT_MS 5000
+
+/* The stacks are written (or gdb ran out of time): stop the group. */
+static void stacks_done(struct agent *a)
+{
+    int i = a->stacks_rank;
+    if (i < 0)
+        return;
+    if (a->stacks_pid > 0)
+        kill(-a->stacks_pid, SIGKILL); /* reaped by on_sigchld, as any child */
+    a->stacks_rank = -1;
+    a->stacks_pid = 0;
+    if (a->handles_open)
+        uv_timer_stop(&a->stacks_timer);
+    post(a, POLICY_EV_WATCHDOG, i, 0, 0);
+}
+
+static void on_stacks_timeout(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    log_warn("A0904", "gdb did not finish within %d ms; its stacks are incomplete",
+             STACKS_TIMEOUT_MS);
+    stacks_done(a);
+}
+
+/* Writes what local rank i was doing next to its logs (attempt_N/i/stacks.txt)
+ * and names the file in its hang note; gdb's part is asynchronous. */
+static void capture_stacks(struct agent *a, int i)
+{
+    struct agent_worker *w = &a->workers[i];
+    char path[4096];
+    a->stacks_rank = i;
+    if (a->logs.devnull ||
+        agent_logs_path(&a->logs, a->attempt, i, "stacks.txt", path, sizeof(path)) != 0)
+        return;
+    int rc = agent_stacks_write_proc(w->pgid, path);
+    pid_t gdb = 0;
+    if (rc == 0)
+        rc = agent_stacks_start_gdb(w->pgid, path, &gdb);
+    if (rc) {
+        log_warn("A0905", "writing the stacks of local_rank %d to %s: %s", i, path,
+                 cddp_strerror(rc));
+        return;
+    }
+    size_t n = strlen(w->hang_note);
+    snprintf(w->hang_note + n, sizeof(w->hang_note) - n, "; stacks: %s", path);
+    if (gdb > 0) {
+        a->stacks_pid = gdb;
+        uv_timer_start(&a->stacks_timer, on_stacks_timeout, STACKS_TIMEOUT_MS, 0);
+    }
+}
+
+static void on_watchdog_timer(uv_timer_t *t);
+
+/* The timer follows the watchdog's next deadline, only while the group runs. */
+static void watchdog_arm(struct agent *a)
+{
+    if (!a->handles_open || a->cfg->watchdog.mode == WATCHDOG_OFF)
+        return;
+    uint64_t d =
+        a->pol.state == AGENT_RUNNING && a->stacks_rank < 0 ? watchdog_next_deadline(&a->wd) : 0;
+    if (d == 0) {
+        uv_timer_stop(&a->watchdog_timer);
+        return;
+    }
+    uv_update_time(&a->loop);
+    uint64_t now = cddp_mono_ms();
+    uv_timer_start(&a->watchdog_timer, on_watchdog_timer, d > now ? d - now + 1 : 0, 0);
+}
+
+static void on_watchdog_timer(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    uint64_t now = cddp_mono_ms();
+    if (a->stacks_rank >= 0)
+        return; /* already stopping a hung group */
+    int i = a->pol.state == AGENT_RUNNING ? watchdog_hung(&a->wd, now) : -1;
+    if (i < 0) {
+        watchdog_arm(a); /* early (the loop's clock lags), or nothing to do */
+        return;
+    }
+    struct agent_worker *w = &a->workers[i];
+    const struct watchdog_worker *ww = &a->wd.w[i];
+    uint64_t timeout = watchdog_timeout(&a->wd, i);
+    char last[64] = "before its first progress line";
+    if (ww->lines > 0 && ww->has_step)
+        snprintf(last, sizeof(last), "after step %lld", (long long)ww->last_step);
+    else if (ww->lines > 0)
+        snprintf(last, sizeof(last), "after %llu progress lines", (unsigned long long)ww->lines);
+    uint64_t since = now - (ww->lines > 0 ? ww->last_ms : ww->started_ms);
+    snprintf(w->hang_note, sizeof(w->hang_note),
+             "watchdog: no progress for %.1f s %s (timeout %.1f s, %s%s); the worker group was "
+             "stopped",
+             (double)since / 1000.0, last, (double)timeout / 1000.0,
+             ww->lines == 0 ? "--watchdog_initial" : watchdog_mode_name(a->cfg->watchdog.mode),
+             ww->lines > 0 && a->cfg->watchdog.mode == WATCHDOG_AUTO && ww->learned_ms == 0
+                 ? ", warming up"
+                 : "");
+    w->hung_at = cddp_wall_time();
+    w->exit_seq = ++a->exit_seq; /* found before the exits the stop causes: the root cause */
+    a->watchdog_kills++;
+    log_error("A0901", "[%s] local_rank %d (pid %d) is hung: %s", a->cfg->role, i, (int)w->pgid,
+              w->hang_note);
+    capture_stacks(a, i);
+    if (a->stacks_pid == 0)
+        stacks_done(a);
+}
+
+void agent_progress(struct agent *a, int local_rank, const struct progress_report *r,
+                    uint64_t now_ms)
+{
+    if (a == NULL || a->shutting_down || local_rank < 0 || local_rank >= a->nworkers)
+        return;
+    if ((r->fields & PROGRESS_STEP) && r->step > a->pol.best_step && a->pol.max_no_progress > 0) {
+        struct policy_event ev = {.type = POLICY_EV_PROGRESS, .step = r->step};
+        post_event(a, &ev);
+    }
+    if (a->cfg->watchdog.mode == WATCHDOG_OFF)
+        return;
+    uint64_t before = watchdog_timeout(&a->wd, local_rank);
+    bool learned =
+        watchdog_report(&a->wd, local_rank, now_ms, (r->fields & PROGRESS_STEP) != 0, r->step);
+    uint64_t after = watchdog_timeout(&a->wd, local_rank);
+    if (learned)
+        log_info("A0902",
+                 "[%s] watchdog: local_rank %d's timeout is now %.3f s (longest interval %.3f s x "
+                 "%g)",
+                 a->cfg->role, local_rank, (double)after / 1000.0,
+                 (double)a->wd.w[local_rank].max_interval_ms / 1000.0, a->wd.cfg.safety);
+    watchdog_arm(a);
+    if (before != after && !a->dispatching)
+        notify(a); /* /status shows the timeout that applies */
 }
 
 /* ---- rendezvous callbacks ---- */
@@ -484,6 +638,9 @@ static int start_worker(struct agent *a, int i)
     if (w->info.start_time != 0)
         w->info.restarts++;
     w->info.start_time = cddp_wall_time();
+    w->info.hung = false;
+    w->hang_note[0] = '\0';
+    watchdog_start(&a->wd, i, cddp_mono_ms());
     if (agent_guardian_add(&a->guardian, pid) != 0)
         log_warn("A0204", "the guardian is gone; it is restarted when its exit is seen");
     log_debug("A0205", "started local_rank %d rank %d pid %d", i, spec.ranks.rank, (int)pid);
@@ -566,7 +723,7 @@ static void failure_report(struct agent *a)
     }
     for (int i = 0; i < a->nworkers; i++) {
         struct agent_worker *w = &a->workers[i];
-        if (w->info.exitcode == 0)
+        if (w->info.exitcode == 0 && w->hang_note[0] == '\0')
             continue;
         f[n].local_rank = i;
         f[n].rank = w->info.rank;
@@ -574,6 +731,10 @@ static void failure_report(struct agent *a)
         f[n].exitcode = w->info.exitcode;
         f[n].observed = w->info.exit_time;
         f[n].seq = w->exit_seq;
+        if (w->hang_note[0]) {
+            f[n].observed = w->hung_at;
+            f[n].watchdog = w->hang_note;
+        }
         agent_failure_load(&f[n], w->error_file);
         n++;
     }
@@ -774,6 +935,12 @@ static void do_action(struct agent *a, const struct policy_action *act)
         a->reported = true;
         break;
     case POLICY_ACT_EXIT:
+        if (a->pol.no_progress_stop)
+            agent_failed(a, "A0903",
+                         "[%s] stopping the job: %d restarts in a row failed before any worker "
+                         "reported a step beyond %lld (--max_no_progress_restarts=%d)",
+                         a->cfg->role, a->pol.no_progress_streak, (long long)a->pol.attempt_base,
+                         a->cfg->max_no_progress_restarts);
         kill_strays(a);
         a->exit_code = act->exit_code;
         rdzv_farewell(a, act);
@@ -846,6 +1013,11 @@ static void on_sigchld(uv_signal_t *h, int signum)
             continue;
         if (pid <= 0)
             break;
+        if (pid == a->stacks_pid && pid > 0) {
+            a->stacks_pid = 0; /* reaped: not killed again */
+            stacks_done(a);
+            continue;
+        }
         if (pid == a->guardian.pid) {
             log_warn("A0502", "the guardian (pid %d) exited; starting a new one", (int)pid);
             a->guardian.pid = 0;
@@ -864,6 +1036,8 @@ static void on_sigchld(uv_signal_t *h, int signum)
             continue; /* a worker's descendant, re-parented to us (subreaper) */
         int code = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
         w->leader_alive = false;
+        watchdog_exit(&a->wd, i);
+        w->info.hung = w->hang_note[0] != '\0';
         w->info.exitcode = code;
         w->info.exit_time = cddp_wall_time();
         w->info.exits++;
@@ -929,6 +1103,8 @@ static void agent_shutdown(struct agent *a)
             uv_close((uv_handle_t *)&a->sigs[i], on_closed);
         uv_close((uv_handle_t *)&a->deadline, on_closed);
         uv_close((uv_handle_t *)&a->group_check, on_closed);
+        uv_close((uv_handle_t *)&a->watchdog_timer, on_closed);
+        uv_close((uv_handle_t *)&a->stacks_timer, on_closed);
         if (a->rdzv) {
             if (a->rdzv_reason[0] == '\0')
                 snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->this_node,
@@ -1048,6 +1224,10 @@ static int agent_open(struct agent *a)
     a->deadline.data = a;
     uv_timer_init(&a->loop, &a->group_check);
     a->group_check.data = a;
+    uv_timer_init(&a->loop, &a->watchdog_timer);
+    a->watchdog_timer.data = a;
+    uv_timer_init(&a->loop, &a->stacks_timer);
+    a->stacks_timer.data = a;
     for (int i = 0; i < cfg->nsignals; i++) {
         uv_signal_init(&a->loop, &a->sigs[i]);
         a->sigs[i].data = a;
@@ -1081,6 +1261,8 @@ static int agent_open(struct agent *a)
     }
     if (!a->logs.devnull)
         log_info("A0605", "log directory set to: %s", a->logs.run_dir);
+    if (a->hooks && a->hooks->attach)
+        a->hooks->attach(a->hooks->arg, a);
     if (a->hooks && a->hooks->start && (rc = a->hooks->start(a->hooks->arg, &a->loop)) != 0) {
         agent_failed(a, "A0606", "starting the agent's extensions: %s", cddp_strerror(rc));
         return rc;
@@ -1123,10 +1305,14 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     a->start_time = cddp_wall_time();
     a->exit_code = CDDP_EXIT_FAILURE;
     a->guardian.fd = -1;
+    a->stacks_rank = -1;
     a->workers = calloc((size_t)a->nworkers, sizeof(*a->workers));
     int rc = a->workers
                  ? policy_init(&a->pol, a->nworkers, cfg->max_restarts, cfg->shutdown_timeout_ms)
                  : CDDP_ERR_FROM_ERRNO(ENOMEM);
+    if (rc == 0)
+        rc = watchdog_init(&a->wd, &cfg->watchdog, a->nworkers);
+    a->pol.max_no_progress = cfg->max_no_progress_restarts;
     if (rc == 0) {
         /* Before any worker exists, and before the loop owns signals. */
         agent_inherited_ignored(&a->inherited_ignored);
@@ -1180,6 +1366,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
                       cddp_strerror(wrc));
     }
     policy_free(&a->pol);
+    watchdog_free(&a->wd);
     free(a->workers);
     free(a->queue);
     free(a);

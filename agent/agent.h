@@ -23,6 +23,8 @@
 
 #include "agent/config.h"
 #include "agent/policy.h"
+#include "agent/watchdog.h"
+#include "proto/progress.h"
 
 /* One worker (local rank) as the status page shows it. */
 struct agent_worker_info {
@@ -35,6 +37,11 @@ struct agent_worker_info {
     double exit_time;  /* wall clock, seconds; 0 while running */
     int restarts;      /* how many times it was started again */
     unsigned exits;    /* exits seen for this local rank, failed starts included */
+    /* The progress watchdog (agent/watchdog.h): the timeout that applies
+     * now (0: not watched), and whether its last exit was the watchdog's
+     * stop (it was found hung). */
+    uint64_t watchdog_timeout_ms;
+    bool hung;
 };
 
 /* The agent's state. Valid only during the state_changed call: copy what you
@@ -69,6 +76,8 @@ struct agent_snapshot {
     const struct tcpstore_server *agent_store;
     uint64_t agent_store_round;
     double start_time; /* the agent's, wall clock */
+    enum watchdog_mode watchdog_mode;
+    unsigned watchdog_kills; /* worker groups stopped because a worker was hung */
     int nworkers;
     const struct agent_worker_info *workers;
 };
@@ -87,8 +96,12 @@ struct agent_worker_extras {
 struct rdzv_server;
 struct tcpstore_server;
 
+struct agent;
+
 struct agent_hooks {
     void *arg;
+    /* Before start: the agent, for agent_progress(). May be NULL. */
+    void (*attach)(void *arg, struct agent *agent);
     /* The loop exists (before any worker starts): add handles to it. */
     int (*start)(void *arg, uv_loop_t *loop);
     /* The agent is shutting down: start no new work. The loop may still run
@@ -104,6 +117,12 @@ struct agent_hooks {
     int (*prepare_worker)(void *arg, int local_rank, int restart_count,
                           struct agent_worker_extras *extras);
 };
+
+/* On the agent's loop, from a hook: local_rank's worker wrote valid progress
+ * lines (r is its parser's report, read at now_ms, monotonic). Feeds the
+ * progress watchdog; a no-op once the agent is shutting down. */
+void agent_progress(struct agent *a, int local_rank, const struct progress_report *r,
+                    uint64_t now_ms);
 
 /* Runs the job described by cfg to the end. Returns the process exit status:
  * 0, 1 (failed), or 128+N (stopped by signal N). hooks may be NULL. */

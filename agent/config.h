@@ -14,6 +14,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "agent/watchdog.h"
+
 /* torchrun's Std flags: which of a worker's streams go to files. */
 enum launch_std {
     LAUNCH_STD_NONE = 0,
@@ -127,6 +129,13 @@ struct launch_config {
      * per round, and TORCHELASTIC_USE_AGENT_STORE=True (torchrun 2.x);
      * false: the workers' rank 0 serves it (False). */
     bool agent_store;
+    /* The progress watchdog (docs/cli.md): --watchdog_timeout (off, auto or
+     * seconds), --watchdog_initial, --watchdog_warmup, --watchdog_safety. */
+    struct watchdog_config watchdog;
+    double watchdog_safety; /* as parsed; copied into watchdog.safety */
+    int watchdog_warmup;    /* as parsed; copied into watchdog.warmup */
+    /* --max_no_progress_restarts (agent/policy.h); 0: off */
+    int max_no_progress_restarts;
 
     /* From the environment (envp at parse time). */
     uint64_t shutdown_timeout_ms; /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s */

@@ -22,6 +22,8 @@ int policy_init(struct agent_policy *p, int nworkers, int max_restarts,
     p->max_restarts = max_restarts;
     p->remaining_restarts = max_restarts;
     p->shutdown_timeout_ms = shutdown_timeout_ms;
+    p->best_step = -1;
+    p->attempt_base = -1;
     return 0;
 }
 
@@ -102,6 +104,21 @@ static void fail_run(struct agent_policy *p, struct out *o, enum stop_reason rea
     finish(p, o, AGENT_FAILED, CDDP_EXIT_FAILURE);
 }
 
+/* A failed attempt that would restart: with --max_no_progress_restarts, is
+ * this the restart too many? Counts the attempt that just ended. */
+static bool no_progress_stop(struct agent_policy *p, struct out *o)
+{
+    if (p->max_no_progress <= 0 || !p->attempt_is_restart)
+        return false;
+    p->no_progress_streak = p->attempt_progressed ? 0 : p->no_progress_streak + 1;
+    if (p->no_progress_streak < p->max_no_progress)
+        return false;
+    p->no_progress_stop = true;
+    emit(o, POLICY_ACT_FAILURE_REPORT);
+    finish(p, o, AGENT_FAILED, CDDP_EXIT_FAILURE);
+    return true;
+}
+
 /* Every worker has exited and every group is empty: what the stop was for. */
 static void stopped(struct agent_policy *p, struct out *o)
 {
@@ -111,6 +128,8 @@ static void stopped(struct agent_policy *p, struct out *o)
     }
     switch (p->stop_reason) {
     case STOP_FAILURE:
+        if ((p->coordinated || p->remaining_restarts > 0) && no_progress_stop(p, o))
+            break;
         if (p->coordinated) {
             /* The next round says whether this failure counts. */
             p->state = AGENT_RENDEZVOUS;
@@ -201,7 +220,7 @@ static void on_worker_exit(struct agent_policy *p, const struct policy_event *ev
         return;
     }
     if (p->state == AGENT_STOPPING || p->state == AGENT_KILLING) {
-        w->state = ev->exitcode == 0 ? WORKER_SUCCEEDED : WORKER_STOPPED;
+        w->state = w->hung ? WORKER_FAILED : ev->exitcode == 0 ? WORKER_SUCCEEDED : WORKER_STOPPED;
         check_stopped(p, o);
     }
 }
@@ -284,9 +303,13 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
                 p->workers[i].state = WORKER_RUNNING;
                 p->workers[i].exitcode = 0;
                 p->workers[i].group_alive = true;
+                p->workers[i].hung = false;
             }
             p->stop_reason = STOP_NONE;
             p->state = AGENT_RUNNING;
+            p->attempt_is_restart = p->attempts++ > 0;
+            p->attempt_base = p->best_step;
+            p->attempt_progressed = false;
             p->group_succeeded = false;
             p->barrier_failed = false;
             emit(&o, POLICY_ACT_START_WORKERS);
@@ -354,6 +377,22 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
             /* torchrun only logs barrier errors: the workers succeeded. */
             finish(p, &o, AGENT_SUCCEEDED, CDDP_EXIT_OK);
         }
+        break;
+    case POLICY_EV_WATCHDOG:
+        /* A hung worker fails the group as an exit would: the same stop,
+         * the same restart budget. It is still running, so it is stopped
+         * with the others and counted as failed when it exits. */
+        if (p->state == AGENT_RUNNING && ev->local_rank >= 0 && ev->local_rank < p->nworkers &&
+            p->workers[ev->local_rank].state == WORKER_RUNNING) {
+            p->workers[ev->local_rank].hung = true;
+            begin_stop(p, &o, STOP_FAILURE, SIGTERM, now_ms);
+        }
+        break;
+    case POLICY_EV_PROGRESS:
+        if (ev->step > p->best_step)
+            p->best_step = ev->step;
+        if (ev->step > p->attempt_base)
+            p->attempt_progressed = true;
         break;
     case POLICY_EV_BARRIER_DONE:
         if (p->state == AGENT_EXIT_BARRIER) {

@@ -89,6 +89,8 @@ enum policy_event_type {
     POLICY_EV_RDZV_RESTART, /* membership changed */
     POLICY_EV_RDZV_CLOSED,
     POLICY_EV_BARRIER_DONE, /* exitcode: 0, or the barrier's error (timed out, ...) */
+    POLICY_EV_WATCHDOG,     /* local_rank is hung (agent/watchdog.h): a failure of the group */
+    POLICY_EV_PROGRESS,     /* a worker reported step (for the no-progress stop) */
 };
 
 struct policy_event {
@@ -103,6 +105,7 @@ struct policy_event {
     /* ROUND_FAILED: the job ended while this node waited for a place (the
      * round was full): nothing ran here, exit 0 (torch's graceful exit). */
     bool graceful;
+    int64_t step; /* PROGRESS */
 };
 
 enum policy_action_type {
@@ -135,6 +138,7 @@ struct policy_worker {
     enum worker_state state;
     int exitcode;
     bool group_alive;
+    bool hung; /* the watchdog found it hung: it counts as failed when it exits */
 };
 
 struct agent_policy {
@@ -153,6 +157,20 @@ struct agent_policy {
     bool coordinated;
     bool group_succeeded; /* every worker of the current round exited 0 */
     bool barrier_failed;  /* the exit barrier ended without every node */
+    /* The no-progress stop (--max_no_progress_restarts; 0: off). Set after
+     * policy_init. When that many restarts in a row end in a failure before
+     * any worker reports a step beyond the highest one seen before they
+     * started, the run ends (FAILURE_REPORT, EXIT 1, no_progress_stop set)
+     * instead of restarting again. The first attempt is not a restart and
+     * never counts; a job that reports no steps makes no progress. */
+    int max_no_progress;
+    int no_progress_streak;  /* restarts in a row that ended without progress */
+    int64_t best_step;       /* the highest step reported; -1: none */
+    int64_t attempt_base;    /* best_step when the current attempt started */
+    bool attempt_progressed; /* the current attempt reported a step > attempt_base */
+    bool attempt_is_restart; /* the current attempt followed a failure or a new round */
+    unsigned attempts;       /* attempts started */
+    bool no_progress_stop;   /* the run ended for it */
 };
 
 #define POLICY_MAX_ACTIONS 8

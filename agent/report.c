@@ -101,6 +101,10 @@ int agent_failure_load(struct agent_failure *f, const char *error_file_path)
     if (error_file_path == NULL || error_file_path[0] == '\0' || stat(error_file_path, &st) != 0 ||
         !S_ISREG(st.st_mode)) {
         set_default_message(f);
+        if (f->watchdog) {
+            free(f->message);
+            f->message = strdup(f->watchdog);
+        }
         return f->message ? 0 : CDDP_ERR_FROM_ERRNO(ENOMEM);
     }
     f->has_error_file = true;
@@ -128,6 +132,10 @@ int agent_failure_load(struct agent_failure *f, const char *error_file_path)
     free(text);
     if (f->message && f->message[0] == '\0')
         set_default_message(f);
+    if (f->watchdog) {
+        free(f->message);
+        f->message = strdup(f->watchdog);
+    }
     return f->message ? 0 : CDDP_ERR_FROM_ERRNO(ENOMEM);
 }
 
@@ -268,11 +276,16 @@ static int write_error_file(const char *path, char *json)
 int agent_write_error_file(const char *path, const struct agent_failure *root, const char *name,
                            const char *table)
 {
-    char *json =
-        root->error_json ? proto_errorfile_set_code(root->error_json, root->exitcode) : NULL;
+    char *json = root->error_json && !root->watchdog
+                     ? proto_errorfile_set_code(root->error_json, root->exitcode)
+                     : NULL;
     if (json == NULL) {
-        char text[512];
-        if (root->exitcode < 0)
+        char text[1024];
+        if (root->watchdog)
+            snprintf(text, sizeof(text),
+                     "WatchdogTimeout: %s FAILED: local_rank %d (rank %d, pid %d) was hung: %s",
+                     name, root->local_rank, root->rank, root->pid, root->watchdog);
+        else if (root->exitcode < 0)
             snprintf(text, sizeof(text),
                      "ChildFailedError: %s FAILED: local_rank %d (rank %d, pid %d) was "
                      "killed by %s",

@@ -50,6 +50,10 @@ struct agent_failure {
     char error_file[4096]; /* the path, or "<N/A>" */
     char *message;         /* the table's traceback field; owned */
     char *error_json;      /* error.json as read, when it parsed; owned */
+    /* Set by the caller before agent_failure_load: why the progress
+     * watchdog stopped it (the table's traceback and the agent's error
+     * file say so instead of the signal); NULL otherwise. Not owned. */
+    const char *watchdog;
 };
 
 /*

@@ -52,6 +52,7 @@ struct agent_status {
     const char *version;
     struct status_server *server; /* NULL: no status port */
     uv_loop_t *loop;              /* set by the start hook */
+    struct agent *agent;          /* set by the attach hook: progress goes to its watchdog */
     uv_timer_t tick;              /* heartbeat + republish */
     uv_timer_t coalesce;          /* a pending progress-only publish */
     bool timers_open;
@@ -69,6 +70,8 @@ struct agent_status {
     uint64_t round;
     int node_rank, nnodes, world_size, master_port;
     int restart_count, max_restarts, membership_restarts;
+    enum watchdog_mode watchdog_mode;
+    unsigned watchdog_kills;
     double start_time;
     bool rdzv_connected;
     double rdzv_disconnected_at;
@@ -148,8 +151,10 @@ static enum status_worker_state view_worker_state(enum worker_state s)
 /* How a worker's exit counts (cddp_agent_worker_exits_total). The policy has
  * already judged it: STOPPED means it ended while the agent was stopping the
  * group, whatever its code. */
-static enum status_exit_reason exit_reason(enum worker_state s, int exitcode)
+static enum status_exit_reason exit_reason(enum worker_state s, int exitcode, bool hung)
 {
+    if (hung)
+        return STATUS_EXIT_WATCHDOG;
     if (exitcode == 0)
         return STATUS_EXIT_SUCCESS;
     if (s == WORKER_STOPPED)
@@ -241,7 +246,10 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
         w->exited_at = s->last_exit_at;
         w->restarts = s->info.restarts > 0 ? (unsigned)s->info.restarts : 0;
         w->progress = s->parser.report;
+        w->watchdog_timeout_s = (double)s->info.watchdog_timeout_ms / 1000.0;
     }
+    v->watchdog_mode = watchdog_mode_name(st->watchdog_mode);
+    v->watchdog_kills = st->watchdog_kills;
     v->nworkers = (size_t)st->nslots;
     v->workers = st->views;
 }
@@ -315,13 +323,17 @@ static void chan_close(struct progress_chan *c)
 static void chan_feed(struct progress_chan *c, const char *data, size_t n)
 {
     struct status_slot *s = &c->st->slots[c->local_rank];
-    progress_feed(&s->parser, data, n, cddp_mono_ms(), cddp_wall_time());
+    uint64_t now = cddp_mono_ms();
+    if (progress_feed(&s->parser, data, n, now, cddp_wall_time()) > 0)
+        agent_progress(c->st->agent, c->local_rank, &s->parser.report, now);
 }
 
 static void chan_eof(struct progress_chan *c)
 {
     struct status_slot *s = &c->st->slots[c->local_rank];
-    progress_eof(&s->parser, cddp_mono_ms(), cddp_wall_time());
+    uint64_t now = cddp_mono_ms();
+    if (progress_eof(&s->parser, now, cddp_wall_time()) > 0)
+        agent_progress(c->st->agent, c->local_rank, &s->parser.report, now);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -417,6 +429,11 @@ static int chan_open(struct agent_status *st, int local_rank, int *wfd)
 
 /* ---- the agent's hooks ---- */
 
+static void on_attach(void *arg, struct agent *agent)
+{
+    ((struct agent_status *)arg)->agent = agent;
+}
+
 static int on_start(void *arg, uv_loop_t *loop)
 {
     struct agent_status *st = arg;
@@ -510,6 +527,8 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     st->restart_count = snap->restart_count;
     st->max_restarts = snap->max_restarts;
     st->membership_restarts = snap->membership_restarts;
+    st->watchdog_mode = snap->watchdog_mode;
+    st->watchdog_kills = snap->watchdog_kills;
     st->start_time = snap->start_time;
     st->rdzv_connected = snap->rdzv_connected;
     st->rdzv_disconnected_at = snap->rdzv_disconnected_at;
@@ -528,7 +547,7 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
          * after a new round, which comes on a later loop turn. Count any the
          * agent reported together as the last one. */
         if (w->exits > s->exits_counted) {
-            enum status_exit_reason r = exit_reason(w->state, w->exitcode);
+            enum status_exit_reason r = exit_reason(w->state, w->exitcode, w->hung);
             st->worker_exits[r] += w->exits - s->exits_counted;
             s->exits_counted = w->exits;
             s->last_exitcode = w->exitcode;
@@ -634,6 +653,7 @@ void agent_status_hooks(struct agent_status *st, struct agent_hooks *hooks)
 {
     memset(hooks, 0, sizeof(*hooks));
     hooks->arg = st;
+    hooks->attach = on_attach;
     hooks->start = on_start;
     hooks->stop = on_stop;
     hooks->loop_done = on_loop_done;

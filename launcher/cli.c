@@ -69,6 +69,11 @@ enum flag_id {
     F_STATUS_ADDR,
     F_STATUS_LINGER,
     F_AGENT_STORE,
+    F_WATCHDOG_TIMEOUT,
+    F_WATCHDOG_INITIAL,
+    F_WATCHDOG_WARMUP,
+    F_WATCHDOG_SAFETY,
+    F_MAX_NO_PROGRESS_RESTARTS,
     F_HELP,
     F_VERSION,
     F_COUNT,
@@ -383,6 +388,43 @@ static int conv_status_addr(const struct cddp_flag_arg *a, void *dst, void *ctx,
     return 0;
 }
 
+/* A duration in seconds (> 0, at most a week) or "off" into *ms; with
+ * allow_auto, "auto" too (returns 1 then). */
+static int parse_watchdog_seconds(const struct cddp_flag_arg *a, bool allow_auto, uint64_t *ms,
+                                  char *err, size_t errlen)
+{
+    double secs;
+    *ms = 0;
+    if (strcmp(a->text, "off") == 0)
+        return 0;
+    if (allow_auto && strcmp(a->text, "auto") == 0)
+        return 1;
+    if (cddp_parse_double(a->text, 0.001, 604800, &secs) != 0)
+        return cddp_fail(err, errlen, CDDP_EPARSE, "%s: '%s' is not %s", a->name, a->text,
+                         allow_auto ? "off, auto or a number of seconds in (0, 604800]"
+                                    : "off or a number of seconds in (0, 604800]");
+    *ms = (uint64_t)(secs * 1000.0 + 0.5);
+    return 0;
+}
+
+static int conv_watchdog_timeout(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
+                                 size_t errlen)
+{
+    struct watchdog_config *w = &((struct launch_config *)dst)->watchdog;
+    int rc = parse_watchdog_seconds(a, true, &w->timeout_ms, err, errlen);
+    if (rc < 0)
+        return rc;
+    w->mode = rc == 1 ? WATCHDOG_AUTO : w->timeout_ms ? WATCHDOG_FIXED : WATCHDOG_OFF;
+    return 0;
+}
+
+static int conv_watchdog_initial(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
+                                 size_t errlen)
+{
+    struct watchdog_config *w = &((struct launch_config *)dst)->watchdog;
+    return parse_watchdog_seconds(a, false, &w->initial_ms, err, errlen);
+}
+
 static const char *const backends[] = {"static", "c10d", "etcd", "etcd-v2", NULL};
 static const char *const methods[] = {"spawn", "fork", "forkserver", NULL};
 static const char *const numa_modes[] = {"node", "socket", "exclusive", "core-complex", NULL};
@@ -451,6 +493,23 @@ static const struct cddp_flag flag_rows[F_COUNT] = {
     /* cddp's own: whether node 0's agent hosts the workers' TCPStore. */
     [F_AGENT_STORE] = {"--agent_store", "--agent-store", 0, CUSTOM(conv_agent_store),
                        .env = "CDDP_AGENT_STORE", PET, .defval = "true"},
+    /* cddp's own: the progress watchdog (docs/cli.md). */
+    [F_WATCHDOG_TIMEOUT] = {"--watchdog_timeout", "--watchdog-timeout", 0,
+                            CUSTOM(conv_watchdog_timeout), .env = "CDDP_WATCHDOG_TIMEOUT", PET,
+                            .defval = "off"},
+    [F_WATCHDOG_INITIAL] = {"--watchdog_initial", "--watchdog-initial", 0,
+                            CUSTOM(conv_watchdog_initial), .env = "CDDP_WATCHDOG_INITIAL", PET,
+                            .defval = "off"},
+    [F_WATCHDOG_WARMUP] = {"--watchdog_warmup", "--watchdog-warmup", 0, CDDP_FLAG_INT,
+                           AT(watchdog_warmup), .env = "CDDP_WATCHDOG_WARMUP", PET, .defval = "5",
+                           .min = 1, .max = 1000000, .what = "an integer >= 1"},
+    [F_WATCHDOG_SAFETY] = {"--watchdog_safety", "--watchdog-safety", 0, CDDP_FLAG_DOUBLE,
+                           AT(watchdog_safety), .env = "CDDP_WATCHDOG_SAFETY", PET, .defval = "5",
+                           .min = 1, .max = 1000, .what = "a number in [1, 1000]"},
+    [F_MAX_NO_PROGRESS_RESTARTS] = {"--max_no_progress_restarts", "--max-no-progress-restarts", 0,
+                                    CDDP_FLAG_INT, AT(max_no_progress_restarts),
+                                    .env = "CDDP_MAX_NO_PROGRESS_RESTARTS", PET, .defval = "0",
+                                    .min = 0, .max = 1000000000, .what = "an integer >= 0"},
     [F_HELP] = {"--help", NULL, 'h', CDDP_FLAG_ACTION},
     [F_VERSION] = {"--version", NULL, 0, CDDP_FLAG_ACTION},
 };
@@ -525,6 +584,8 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
         cfg->status_linger_src = cfg->status_linger_var;
     }
     cfg->status_linger_arg = seen[F_STATUS_LINGER].text;
+    cfg->watchdog.warmup = (unsigned)cfg->watchdog_warmup;
+    cfg->watchdog.safety = cfg->watchdog_safety;
 
     /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT: seconds from the stop signal to SIGKILL;
      * CDDP_EXIT_BARRIER_TIMEOUT: torch's exit_barrier_timeout (300 s), which
@@ -942,6 +1003,9 @@ void launch_print_help(FILE *out)
             "               [--signals-to-handle SIGNALS_TO_HANDLE]\n"
             "               [--status-port STATUS_PORT] [--status-addr STATUS_ADDR]\n"
             "               [--status-linger STATUS_LINGER]\n"
+            "               [--watchdog-timeout {off,auto,SECONDS}]\n"
+            "               [--watchdog-initial SECONDS] [--watchdog-warmup N]\n"
+            "               [--watchdog-safety X] [--max-no-progress-restarts N]\n"
             "               training_script ...\n"
             "\n"
             "cddprun: torchrun's launcher and elastic agent, in C. Starts NPROC_PER_NODE copies\n"
@@ -1013,6 +1077,18 @@ void launch_print_help(FILE *out)
         "                        workers get TORCHELASTIC_USE_AGENT_STORE=True (torchrun 2.x);\n"
         "                        false: the workers' rank 0 serves it (False)\n"
         "                        (env CDDP_AGENT_STORE, PET_AGENT_STORE)\n"
+        "progress watchdog (cddp's own; docs/cli.md):\n"
+        "  --watchdog-timeout T  off (default), SECONDS, or auto: a worker that wrote a\n"
+        "                        progress line and then none for T is hung; the group\n"
+        "                        restarts (counts against --max-restarts)\n"
+        "  --watchdog-initial S  also before a worker's first line, from its start\n"
+        "                        (default off)\n"
+        "  --watchdog-warmup N   auto: lines before the timeout is learned (default 5)\n"
+        "  --watchdog-safety X   auto: timeout = longest interval x X (default 5), within\n"
+        "                        1 s .. 3600 s\n"
+        "  --max-no-progress-restarts N  stop the job (exit 1) when N restarts in a row\n"
+        "                        fail before any worker reports a step beyond the best\n"
+        "                        seen before them (default 0: off)\n"
         "\n"
         "Environment: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
         "(seconds between SIGTERM and SIGKILL, default 30), PYTHON_EXEC, OMP_NUM_THREADS,\n"

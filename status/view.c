@@ -164,6 +164,7 @@ static void agent_json_worker(struct jsonw *j, const struct status_worker_view *
     js_secs_if(j, "started_at", wv->started_at > 0, wv->started_at);
     js_secs_if(j, "exited_at", wv->exited_at > 0, wv->exited_at);
     jsonw_int(j, "restarts", wv->restarts);
+    js_secs_if(j, "watchdog_timeout_s", wv->watchdog_timeout_s > 0, wv->watchdog_timeout_s);
 
     const struct progress_report *p = &wv->progress;
     if (p->lines == 0 && p->malformed == 0) {
@@ -241,6 +242,13 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
     for (int i = 0; i < STATUS_EXIT_REASON_COUNT; i++)
         jsonw_int(j, exit_reason_names[i], (int64_t)v->worker_exits[i]);
     jsonw_object_end(j);
+
+    if (v->watchdog_mode) {
+        jsonw_object_begin(j, "watchdog");
+        jsonw_string(j, "mode", v->watchdog_mode);
+        jsonw_int(j, "kills", (int64_t)v->watchdog_kills);
+        jsonw_object_end(j);
+    }
 
     jsonw_array_begin(j, "workers");
     for (size_t i = 0; i < v->nworkers; i++)
@@ -345,6 +353,9 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
                 "Worker process exits, by reason.");
     for (int i = 0; i < STATUS_EXIT_REASON_COUNT; i++)
         prom_sample1(w, "reason", exit_reason_names[i], (double)v->worker_exits[i]);
+    prom_family(w, "cddp_agent_watchdog_kills_total", PROM_COUNTER,
+                "Worker groups the progress watchdog stopped because a worker was hung.");
+    prom_sample0(w, (double)v->watchdog_kills);
     prom_family(w, "cddp_agent_workers", PROM_GAUGE, "Local worker processes, by state.");
     for (int st = 0; st < STATUS_WORKER_STATE_COUNT; st++) {
         unsigned n = 0;
@@ -374,6 +385,8 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
          "Valid progress lines read from the worker."},
         {"cddp_worker_progress_malformed_lines_total", PROM_COUNTER,
          "Progress lines dropped as malformed or too long."},
+        {"cddp_worker_watchdog_timeout_seconds", PROM_GAUGE,
+         "The progress watchdog's timeout for the worker now (absent while not watched)."},
     };
     char lr[16];
     for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
@@ -408,6 +421,9 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
                 break;
             case 7:
                 have = true, val = (double)p->lines;
+                break;
+            case 9:
+                have = wv->watchdog_timeout_s > 0, val = wv->watchdog_timeout_s;
                 break;
             default:
                 have = true, val = (double)p->malformed;

@@ -87,6 +87,7 @@ struct status_worker_view {
     double exited_at;                /* wall time the agent saw the last process exit; 0 if none */
     unsigned restarts;               /* times this local rank was started again */
     struct progress_report progress; /* progress.mono_ms == 0: never reported */
+    double watchdog_timeout_s;       /* the progress watchdog's timeout now; 0: not watched */
 };
 
 /* The agent's TCPStore (store/tcpstore.h's stats, as plain numbers). */
@@ -133,6 +134,8 @@ struct status_agent_view {
     unsigned max_restarts;
     uint64_t restarts[STATUS_RESTART_REASON_COUNT]; /* all restarts, by reason */
     uint64_t worker_exits[STATUS_EXIT_REASON_COUNT];
+    const char *watchdog_mode; /* "off", "fixed", "auto"; NULL: no watchdog object */
+    uint64_t watchdog_kills;   /* groups stopped because a worker was hung */
 
     size_t nworkers;
     const struct status_worker_view *workers;

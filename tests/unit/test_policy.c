@@ -85,6 +85,125 @@ static void running(struct agent_policy *p, int n, int max_restarts)
     }
 }
 
+/* A hung worker (the watchdog) fails the group as an exit would: the same
+ * stop and restart budget; it counts as failed, the others as stopped. */
+static void test_watchdog_fails_group(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 2, 1);
+    step(&p, POLICY_EV_WATCHDOG, 1, 0, 100);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(acts[1].sig, SIGTERM);
+    assert_int_equal(acts[1].reason, STOP_FAILURE);
+    assert_int_equal(p.state, AGENT_STOPPING);
+    assert_true(p.workers[1].hung);
+    /* a second verdict while stopping is stale */
+    step(&p, POLICY_EV_WATCHDOG, 0, 0, 101);
+    EXPECT_NONE();
+    exit_clean(&p, 0, -SIGTERM, 110);
+    EXPECT_NONE();
+    assert_int_equal(p.workers[0].state, WORKER_STOPPED);
+    exit_clean(&p, 1, -SIGTERM, 120);
+    assert_int_equal(p.workers[1].state, WORKER_FAILED);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(acts[1].reason, STOP_FAILURE);
+    assert_int_equal(policy_restart_count(&p), 1);
+    step(&p, POLICY_EV_ROUND, 0, 0, 130);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_false(p.workers[1].hung);
+    /* out of restarts: the failure table, exit 1 (even if it exits 0 on SIGTERM) */
+    step(&p, POLICY_EV_WATCHDOG, 0, 0, 200);
+    exit_clean(&p, 1, -SIGTERM, 210);
+    exit_clean(&p, 0, 0, 220);
+    assert_int_equal(p.workers[0].state, WORKER_FAILED);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT);
+    assert_int_equal(acts[2].exit_code, CDDP_EXIT_FAILURE);
+    /* stale outside RUNNING, and for ranks out of range */
+    step(&p, POLICY_EV_WATCHDOG, 0, 0, 300);
+    EXPECT_NONE();
+    policy_free(&p);
+    running(&p, 1, 0);
+    step(&p, POLICY_EV_WATCHDOG, 5, 0, 1);
+    EXPECT_NONE();
+    step(&p, POLICY_EV_WATCHDOG, -1, 0, 1);
+    EXPECT_NONE();
+    policy_free(&p);
+}
+
+static void progress(struct agent_policy *p, int64_t s)
+{
+    struct policy_event ev = {.type = POLICY_EV_PROGRESS, .step = s};
+    nacts = policy_step(p, &ev, 0, acts);
+    assert_int_equal(nacts, 0);
+}
+
+/* One failed attempt of one worker that restarts: returns after the JOIN
+ * and the next ROUND, or with the EXIT when the run ended. */
+static void fail_attempt(struct agent_policy *p, uint64_t now)
+{
+    exit_clean(p, 0, 1, now);
+    if (p->state == AGENT_RENDEZVOUS) {
+        step(p, POLICY_EV_ROUND, 0, 0, now + 1);
+        EXPECT(POLICY_ACT_START_WORKERS);
+    }
+}
+
+/* --max_no_progress_restarts: N restarts in a row that fail before a step
+ * beyond the best seen before them end the run; progress resets the count;
+ * the first attempt never counts; off (0) changes nothing. */
+static void test_no_progress_stop(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 1, 10);
+    p.max_no_progress = 2;
+    progress(&p, 0);
+    progress(&p, 100);
+    fail_attempt(&p, 10); /* attempt 0: not a restart */
+    assert_int_equal(p.no_progress_streak, 0);
+    progress(&p, 90);
+    progress(&p, 100); /* not beyond 100 */
+    fail_attempt(&p, 20);
+    assert_int_equal(p.no_progress_streak, 1);
+    progress(&p, 101); /* progress: the count starts again */
+    fail_attempt(&p, 30);
+    assert_int_equal(p.no_progress_streak, 0);
+    fail_attempt(&p, 40);
+    assert_int_equal(p.no_progress_streak, 1);
+    assert_int_equal(p.state, AGENT_RUNNING);
+    exit_clean(&p, 0, 1, 50);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT);
+    assert_int_equal(acts[2].exit_code, CDDP_EXIT_FAILURE);
+    assert_true(acts[2].end_job);
+    assert_true(p.no_progress_stop);
+    assert_int_equal(p.state, AGENT_FAILED);
+    assert_int_equal(policy_restart_count(&p), 4);
+    policy_free(&p);
+
+    /* off: the budget alone decides */
+    running(&p, 1, 3);
+    for (int k = 0; k < 3; k++)
+        fail_attempt(&p, 10 + (uint64_t)k * 10);
+    exit_clean(&p, 0, 1, 100);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT);
+    assert_false(p.no_progress_stop);
+    policy_free(&p);
+
+    /* no steps at all: no progress; a membership round is a restart too */
+    running(&p, 1, 5);
+    p.max_no_progress = 1;
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 5);
+    exit_clean(&p, 0, -SIGTERM, 6);
+    step(&p, POLICY_EV_ROUND, 0, 0, 7);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    exit_clean(&p, 0, 1, 8);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT);
+    assert_true(p.no_progress_stop);
+    assert_int_equal(policy_restart_count(&p), 0);
+    policy_free(&p);
+}
+
 static void test_start_and_round(void **state)
 {
     (void)state;
@@ -809,6 +928,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_start_and_round),
+        cmocka_unit_test(test_watchdog_fails_group),
+        cmocka_unit_test(test_no_progress_stop),
         cmocka_unit_test(test_success_clean),
         cmocka_unit_test(test_success_leaves_processes),
         cmocka_unit_test(test_failure_restarts_then_fails),

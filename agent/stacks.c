@@ -1,0 +1,173 @@
+/* stacks.c: see stacks.h. */
+#include "agent/stacks.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/errors.h"
+#include "common/strutil.h"
+
+/* The first line of a /proc file, newline removed ("" when unreadable). */
+static void read_line(const char *path, char *out, size_t len)
+{
+    out[0] = '\0';
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return;
+    if (fgets(out, (int)len, f) == NULL)
+        out[0] = '\0';
+    fclose(f);
+    out[strcspn(out, "\n")] = '\0';
+}
+
+/* The state letter and process group from /proc/PID/stat ("pid (comm) S ppid pgrp ..."). */
+static int stat_fields(const char *dir, char *state, long *pgrp)
+{
+    char path[300], line[1024];
+    snprintf(path, sizeof(path), "%s/stat", dir);
+    read_line(path, line, sizeof(line));
+    const char *p = strrchr(line, ')');
+    long ppid;
+    if (p == NULL || sscanf(p + 1, " %c %ld %ld", state, &ppid, pgrp) != 3)
+        return -1;
+    return 0;
+}
+
+static void write_thread(FILE *out, const char *dir, const char *tid)
+{
+    char path[800], comm[256], wchan[256], syscall[256];
+    char state = '?';
+    long pgrp = 0;
+    snprintf(path, sizeof(path), "%s/comm", dir);
+    read_line(path, comm, sizeof(comm));
+    snprintf(path, sizeof(path), "%s/wchan", dir);
+    read_line(path, wchan, sizeof(wchan));
+    snprintf(path, sizeof(path), "%s/syscall", dir);
+    read_line(path, syscall, sizeof(syscall));
+    stat_fields(dir, &state, &pgrp);
+    fprintf(out, "  thread %s: comm=%s state=%c wchan=%s syscall=%s\n", tid, comm, state,
+            wchan[0] ? wchan : "?", syscall[0] ? syscall : "?");
+}
+
+int agent_stacks_write_proc(pid_t pgid, const char *path)
+{
+    FILE *out = fopen(path, "we");
+    if (out == NULL)
+        return CDDP_ERR_FROM_ERRNO(errno);
+    fprintf(out, "# processes of process group %d, as /proc shows them\n", (int)pgid);
+    DIR *procs = opendir("/proc");
+    struct dirent *e;
+    while (procs && (e = readdir(procs)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        char dir[300], cmd[512];
+        char state;
+        long pgrp;
+        snprintf(dir, sizeof(dir), "/proc/%s", e->d_name);
+        if (stat_fields(dir, &state, &pgrp) != 0 || pgrp != (long)pgid)
+            continue;
+        char p[400];
+        snprintf(p, sizeof(p), "%s/cmdline", dir);
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        ssize_t n = fd >= 0 ? read(fd, cmd, sizeof(cmd) - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        n = n < 0 ? 0 : n;
+        for (ssize_t k = 0; k < n; k++)
+            cmd[k] = cmd[k] == '\0' ? ' ' : cmd[k];
+        cmd[n] = '\0';
+        fprintf(out, "process %s (state %c): %s\n", e->d_name, state, cmd);
+        snprintf(p, sizeof(p), "%s/task", dir);
+        DIR *tasks = opendir(p);
+        struct dirent *t;
+        while (tasks && (t = readdir(tasks)) != NULL) {
+            if (t->d_name[0] == '.')
+                continue;
+            char tdir[700];
+            snprintf(tdir, sizeof(tdir), "%s/task/%s", dir, t->d_name);
+            write_thread(out, tdir, t->d_name);
+        }
+        if (tasks)
+            closedir(tasks);
+    }
+    if (procs)
+        closedir(procs);
+    int rc = ferror(out) ? CDDP_ERR_FROM_ERRNO(EIO) : 0;
+    if (fclose(out) != 0 && rc == 0)
+        rc = CDDP_ERR_FROM_ERRNO(errno);
+    return rc;
+}
+
+static char *find_gdb(void)
+{
+    const char *path = getenv("PATH");
+    if (path == NULL)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *p = path;;) {
+        const char *colon = strchr(p, ':');
+        size_t dl = colon ? (size_t)(colon - p) : strlen(p);
+        char cand[4096];
+        if (dl > 0 && dl + 5 < sizeof(cand)) {
+            memcpy(cand, p, dl);
+            memcpy(cand + dl, "/gdb", 5);
+            if (access(cand, X_OK) == 0)
+                return strdup(cand);
+        }
+        if (colon == NULL)
+            return NULL;
+        p = colon + 1;
+    }
+}
+
+int agent_stacks_start_gdb(pid_t pid, const char *path, pid_t *gdb_pid)
+{
+    *gdb_pid = 0;
+    char *gdb = find_gdb();
+    if (gdb == NULL)
+        return 0;
+    char pidarg[32];
+    snprintf(pidarg, sizeof(pidarg), "%d", (int)pid);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || devnull < 0) {
+        int rc = CDDP_ERR_FROM_ERRNO(errno);
+        if (fd >= 0)
+            close(fd);
+        if (devnull >= 0)
+            close(devnull);
+        free(gdb);
+        return rc;
+    }
+    const char header[] = "\n# gdb: every thread's native stack, then the Python stack (py-bt)\n";
+    if (write(fd, header, sizeof(header) - 1) < 0) {
+        /* the capture goes on; gdb's output says what it can */
+    }
+    pid_t child = fork();
+    if (child == 0) {
+        setpgid(0, 0);
+        dup2(devnull, 0);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        execl(gdb, "gdb", "-nx", "-batch", "-p", pidarg, "-ex", "set pagination off", "-ex",
+              "thread apply all bt", "-ex", "py-bt", (char *)NULL);
+        _exit(127);
+    }
+    int err = errno;
+    close(fd);
+    close(devnull);
+    free(gdb);
+    if (child < 0)
+        return CDDP_ERR_FROM_ERRNO(err);
+    setpgid(child, child); /* both sides, so a kill of the group never misses it */
+    *gdb_pid = child;
+    return 0;
+}

@@ -1,0 +1,215 @@
+"""The progress watchdog end to end (docs/cli.md, "Progress watchdog"):
+real cddprun runs with real workers (tests/helpers/hang_worker.c and a
+Python script) that report progress on CDDP_PROGRESS_FD and then block.
+A hung worker is found within the timeout + 1 s, the group is restarted
+(counting against --max_restarts) and the second attempt completes; `auto`
+learns from steady steps; slow but steady steps are never killed; with the
+watchdog off nothing changes.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+
+from conftest import binary, free_port, run
+
+PY_WORKER = """
+import json, os, sys, time
+fd = int(os.environ.get("CDDP_PROGRESS_FD", "-1"))
+steps = int(os.environ.get("HANG_STEPS", "5"))
+period = int(os.environ.get("HANG_PERIOD_MS", "200")) / 1000
+def report(**v):
+    fd >= 0 and os.write(fd, (json.dumps(v) + "\\n").encode())
+def hang_in_python():
+    while True:
+        time.sleep(1)
+for i in range(steps):
+    time.sleep(period)
+    report(step=i)
+if os.environ["TORCHELASTIC_RESTART_COUNT"] in os.environ.get("HANG_ATTEMPTS", "0").split(","):
+    hang_in_python()
+"""
+
+
+def cddprun(args, env_extra, timeout=60):
+    env = dict(os.environ)
+    env.update(env_extra)
+    t0 = time.monotonic()
+    r = run([binary("cddprun"), *args], timeout=timeout, env=env)
+    return r, time.monotonic() - t0
+
+
+def hung_lines(stderr):
+    return [l for l in stderr.splitlines() if "A0901" in l]
+
+
+def silence(line):
+    return float(re.search(r"no progress for ([0-9.]+) s", line).group(1))
+
+
+def test_c_worker_hang_detected_and_restarted(tmp_path):
+    errfile = tmp_path / "agent_error.json"
+    r, took = cddprun(
+        ["--nproc_per_node=2", "--max_restarts=1", "--watchdog_timeout=1",
+         "--log_dir", tmp_path / "logs", binary("cddp-hang-worker")],
+        {"HANG_STEPS": "3", "HANG_PERIOD_MS": "100", "HANG_ATTEMPTS": "0",
+         "TORCHELASTIC_ERROR_FILE": str(errfile), "LOGLEVEL": "INFO"})
+    assert r.returncode == 0, r.stderr
+    lines = hung_lines(r.stderr)
+    assert len(lines) == 1, r.stderr
+    assert 1.0 <= silence(lines[0]) < 2.0, lines[0]
+    assert "after step 2" in lines[0] and "timeout 1.0 s, fixed" in lines[0]
+    assert "Worker group FAILED. 1/1 attempts left" in r.stderr
+    assert "attempt 1" in r.stderr
+    assert not errfile.exists()  # the run succeeded
+    assert took < 15
+    # What the hung worker was doing, next to its logs: /proc, then gdb's
+    # backtrace, which names the function it blocks in.
+    stacks = list((tmp_path / "logs").glob("*/attempt_0/*/stacks.txt"))
+    assert len(stacks) == 1, stacks
+    text = stacks[0].read_text()
+    assert "state S" in text or "state=S" in text, text
+    if shutil.which("gdb"):
+        assert "hang_here" in text, text
+
+
+def test_python_worker_hang_out_of_restarts(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(PY_WORKER)
+    errfile = tmp_path / "agent_error.json"
+    r, _ = cddprun(
+        ["--nproc_per_node=1", "--max_restarts=1", "--watchdog_timeout=1", script],
+        {"HANG_STEPS": "3", "HANG_PERIOD_MS": "100", "HANG_ATTEMPTS": "0,1",
+         "TORCHELASTIC_ERROR_FILE": str(errfile)})
+    assert r.returncode == 1, r.stderr
+    lines = hung_lines(r.stderr)
+    assert len(lines) == 2, r.stderr
+    for l in lines:
+        assert 1.0 <= silence(l) < 2.0, l
+    # the failure table and the agent's error file say why
+    assert "traceback : watchdog: no progress for" in r.stderr, r.stderr
+    m = re.search(r"stacks: (\S+/stacks.txt)", r.stderr)
+    assert m, r.stderr
+    assert "comm=python3" in open(m.group(1)).read()
+    err = json.loads(errfile.read_text())
+    assert err["message"]["message"].startswith("WatchdogTimeout:"), err
+
+
+def test_initial_timeout_covers_startup(tmp_path):
+    r, _ = cddprun(
+        ["--nproc_per_node=1", "--watchdog_timeout=5", "--watchdog_initial=1",
+         binary("cddp-hang-worker")],
+        {"HANG_STEPS": "0", "HANG_ATTEMPTS": "0"})
+    assert r.returncode == 1, r.stderr
+    lines = hung_lines(r.stderr)
+    assert len(lines) == 1 and "before its first progress line" in lines[0], r.stderr
+    assert "--watchdog_initial" in lines[0]
+
+
+def test_auto_learns_from_steady_steps(tmp_path):
+    # 0.2 s steps, warm-up 5, safety 5: about 1 s (the floor is 1 s).
+    r, _ = cddprun(
+        ["--nproc_per_node=1", "--max_restarts=1", "--watchdog_timeout=auto",
+         binary("cddp-hang-worker")],
+        {"HANG_STEPS": "8", "HANG_PERIOD_MS": "200", "HANG_ATTEMPTS": "0",
+         "LOGLEVEL": "INFO"})
+    assert r.returncode == 0, r.stderr
+    lines = hung_lines(r.stderr)
+    assert len(lines) == 1, r.stderr
+    assert 0.9 <= silence(lines[0]) < 2.5, lines[0]
+    assert "A0902" in r.stderr  # the learned timeout was logged
+
+
+def test_auto_slow_but_steady_not_killed(tmp_path):
+    # Steps of 0.2 s, then one of 0.8 s: within 5 x the longest seen.
+    r, _ = cddprun(
+        ["--nproc_per_node=1", "--watchdog_timeout=auto", "--watchdog_warmup=3",
+         binary("cddp-hang-worker")],
+        {"HANG_STEPS": "8", "HANG_PERIOD_MS": "200", "HANG_SLOW_MS": "900",
+         "HANG_ATTEMPTS": "none"})
+    assert r.returncode == 0, r.stderr
+    assert not hung_lines(r.stderr)
+
+
+def test_watchdog_off_changes_nothing(tmp_path):
+    r, _ = cddprun(
+        ["--nproc_per_node=1", binary("cddp-hang-worker")],
+        {"HANG_STEPS": "3", "HANG_PERIOD_MS": "50", "HANG_ATTEMPTS": "none"})
+    assert r.returncode == 0, r.stderr
+    assert not hung_lines(r.stderr)
+
+
+def test_status_and_metrics_show_the_watchdog(tmp_path):
+    port = free_port()
+    env = dict(os.environ, HANG_STEPS="3", HANG_PERIOD_MS="100", HANG_ATTEMPTS="0")
+    p = subprocess.Popen(
+        [binary("cddprun"), "--nproc_per_node=1", "--max_restarts=1",
+         "--watchdog_timeout=1.5", f"--status_port={port}", "--status_linger=30",
+         binary("cddp-hang-worker")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        st = None
+        seen_timeout = False
+        while time.monotonic() < deadline and not seen_timeout:
+            try:
+                st = json.loads(urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/status", timeout=5).read())
+                seen_timeout = st["workers"][0].get("watchdog_timeout_s") == 1.5
+            except Exception:
+                pass
+            time.sleep(0.05)
+        assert seen_timeout, st
+        while time.monotonic() < deadline:
+            try:
+                st = json.loads(urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/status", timeout=5).read())
+            except Exception:
+                st = None
+            if st and st["state"] == "succeeded":
+                break
+            time.sleep(0.1)
+        assert st and st["state"] == "succeeded", st
+        assert st["watchdog"] == {"mode": "fixed", "kills": 1}
+        assert st["worker_exits"]["watchdog"] == 1
+        assert st["restarts"]["count"] == 1
+        m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert "cddp_agent_watchdog_kills_total 1" in m
+        assert 'cddp_agent_worker_exits_total{reason="watchdog"} 1' in m
+    finally:
+        p.send_signal(15)
+        p.communicate(timeout=20)
+
+
+def test_no_progress_restarts_stop_the_job(tmp_path):
+    # Every attempt reports steps 0..2 and hangs: the restarts make no
+    # progress beyond step 2, so the second one in a row ends the job
+    # although --max_restarts allows more.
+    r, _ = cddprun(
+        ["--nproc_per_node=1", "--max_restarts=5", "--max_no_progress_restarts=2",
+         "--watchdog_timeout=1", binary("cddp-hang-worker")],
+        {"HANG_STEPS": "3", "HANG_PERIOD_MS": "50", "HANG_ATTEMPTS": "0,1,2,3,4,5"})
+    assert r.returncode == 1, r.stderr
+    assert len(hung_lines(r.stderr)) == 3, r.stderr
+    stop = [l for l in r.stderr.splitlines() if "A0903" in l]
+    assert len(stop) == 1 and "2 restarts in a row" in stop[0] and "beyond 2" in stop[0], r.stderr
+    assert "attempt 3" not in r.stderr
+
+
+def test_no_progress_stop_off_when_restarts_progress(tmp_path):
+    # Each attempt gets further (steps continue from the restart count),
+    # so the stop never fires and the budget decides.
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import os, sys\n"
+        "fd = int(os.environ['CDDP_PROGRESS_FD'])\n"
+        "n = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+        "os.write(fd, ('{\"step\":%d}\\n' % (10 * n)).encode())\n"
+        "sys.exit(0 if n == 3 else 1)\n")
+    r, _ = cddprun(["--nproc_per_node=1", "--max_restarts=3", "--max_no_progress_restarts=1",
+                    script], {})
+    assert r.returncode == 0, r.stderr
+    assert "A0903" not in r.stderr
