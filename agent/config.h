@@ -130,10 +130,12 @@ struct launch_config {
      * false: the workers' rank 0 serves it (False). */
     bool agent_store;
     /* The progress watchdog (docs/cli.md): --watchdog_timeout (off, auto or
-     * seconds), --watchdog_initial, --watchdog_warmup, --watchdog_safety. */
+     * seconds), --watchdog_initial, --watchdog_warmup, --watchdog_safety,
+     * --watchdog_floor. */
     struct watchdog_config watchdog;
     double watchdog_safety; /* as parsed; copied into watchdog.safety */
     int watchdog_warmup;    /* as parsed; copied into watchdog.warmup */
+    double watchdog_floor;  /* --watchdog_floor, seconds; copied into watchdog.floor_ms */
     /* --max_no_progress_restarts (agent/policy.h); 0: off */
     int max_no_progress_restarts;
 

@@ -54,10 +54,13 @@ void watchdog_exit(struct watchdog *wd, int i)
         w->running = false;
 }
 
-static uint64_t clamp_learned(double ms)
+static uint64_t clamp_learned(const struct watchdog_config *cfg, double ms)
 {
-    if (ms < WATCHDOG_FLOOR_MS)
-        return WATCHDOG_FLOOR_MS;
+    uint64_t floor_ms = cfg->floor_ms > WATCHDOG_FLOOR_MS ? cfg->floor_ms : WATCHDOG_FLOOR_MS;
+    if (floor_ms > WATCHDOG_CEILING_MS)
+        floor_ms = WATCHDOG_CEILING_MS;
+    if (ms < (double)floor_ms)
+        return floor_ms;
     if (ms > WATCHDOG_CEILING_MS)
         return WATCHDOG_CEILING_MS;
     return (uint64_t)(ms + 0.5);
@@ -79,7 +82,7 @@ bool watchdog_report(struct watchdog *wd, int i, uint64_t now_ms, bool has_step,
     }
     if (wd->cfg.mode != WATCHDOG_AUTO || w->lines_total < wd->cfg.warmup || w->max_interval_ms == 0)
         return false;
-    w->learned_ms = clamp_learned((double)w->max_interval_ms * wd->cfg.safety);
+    w->learned_ms = clamp_learned(&wd->cfg, (double)w->max_interval_ms * wd->cfg.safety);
     if (w->reported_ms == 0 ||
         (double)w->learned_ms > (double)w->reported_ms * (1.0 + WATCHDOG_CHANGE_FRACTION)) {
         w->reported_ms = w->learned_ms;

@@ -21,7 +21,7 @@
  *   - AUTO: the timeout is learned. Once the rank has sent cfg.warmup lines
  *     (all attempts together) and at least one interval between two lines
  *     was seen, it is the longest interval seen times cfg.safety, within
- *     [WATCHDOG_FLOOR_MS, WATCHDOG_CEILING_MS]. It only grows: a longer
+ *     [cfg.floor_ms (0: WATCHDOG_FLOOR_MS), WATCHDOG_CEILING_MS]. It only grows: a longer
  *     interval that stayed within the timeout raises it. Before that (the
  *     warm-up) the ceiling applies. The learned value and the longest
  *     interval survive a restart (watchdog_start), so the next attempt is
@@ -36,8 +36,10 @@
 #include <stdint.h>
 
 /* AUTO's bounds. The floor keeps a worker reporting every few milliseconds
- * from being killed by a hiccup; the ceiling bounds both the warm-up and a
- * learned value (a step longer than an hour is not a step). */
+ * from being killed by a hiccup (cddprun's --watchdog_floor sets it, 60 s
+ * by default; WATCHDOG_FLOOR_MS is the least it may be); the ceiling bounds
+ * both the warm-up and a learned value (a step longer than an hour is not a
+ * step). */
 #define WATCHDOG_FLOOR_MS 1000u
 #define WATCHDOG_CEILING_MS 3600000u
 /* A learned timeout is reported as changed (watchdog_report returns true)
@@ -57,6 +59,8 @@ struct watchdog_config {
     uint64_t initial_ms; /* before a worker's first line; 0: not watched then */
     unsigned warmup;     /* AUTO: lines before the timeout is learned (>= 1) */
     double safety;       /* AUTO: the multiplier (> 0) */
+    uint64_t floor_ms;   /* AUTO: the least learned timeout; below WATCHDOG_FLOOR_MS
+                          * (0 included) is taken as WATCHDOG_FLOOR_MS */
 };
 
 struct watchdog_worker {

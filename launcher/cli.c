@@ -73,6 +73,7 @@ enum flag_id {
     F_WATCHDOG_INITIAL,
     F_WATCHDOG_WARMUP,
     F_WATCHDOG_SAFETY,
+    F_WATCHDOG_FLOOR,
     F_MAX_NO_PROGRESS_RESTARTS,
     F_HELP,
     F_VERSION,
@@ -506,6 +507,9 @@ static const struct cddp_flag flag_rows[F_COUNT] = {
     [F_WATCHDOG_SAFETY] = {"--watchdog_safety", "--watchdog-safety", 0, CDDP_FLAG_DOUBLE,
                            AT(watchdog_safety), .env = "CDDP_WATCHDOG_SAFETY", PET, .defval = "5",
                            .min = 1, .max = 1000, .what = "a number in [1, 1000]"},
+    [F_WATCHDOG_FLOOR] = {"--watchdog_floor", "--watchdog-floor", 0, CDDP_FLAG_DOUBLE,
+                          AT(watchdog_floor), .env = "CDDP_WATCHDOG_FLOOR", PET, .defval = "60",
+                          .min = 1, .max = 3600, .what = "a number of seconds in [1, 3600]"},
     [F_MAX_NO_PROGRESS_RESTARTS] = {"--max_no_progress_restarts", "--max-no-progress-restarts", 0,
                                     CDDP_FLAG_INT, AT(max_no_progress_restarts),
                                     .env = "CDDP_MAX_NO_PROGRESS_RESTARTS", PET, .defval = "0",
@@ -586,6 +590,7 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     cfg->status_linger_arg = seen[F_STATUS_LINGER].text;
     cfg->watchdog.warmup = (unsigned)cfg->watchdog_warmup;
     cfg->watchdog.safety = cfg->watchdog_safety;
+    cfg->watchdog.floor_ms = (uint64_t)(cfg->watchdog_floor * 1000.0 + 0.5);
 
     /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT: seconds from the stop signal to SIGKILL;
      * CDDP_EXIT_BARRIER_TIMEOUT: torch's exit_barrier_timeout (300 s), which
@@ -1005,7 +1010,8 @@ void launch_print_help(FILE *out)
             "               [--status-linger STATUS_LINGER]\n"
             "               [--watchdog-timeout {off,auto,SECONDS}]\n"
             "               [--watchdog-initial SECONDS] [--watchdog-warmup N]\n"
-            "               [--watchdog-safety X] [--max-no-progress-restarts N]\n"
+            "               [--watchdog-safety X] [--watchdog-floor S]\n"
+            "               [--max-no-progress-restarts N]\n"
             "               training_script ...\n"
             "\n"
             "cddprun: torchrun's launcher and elastic agent, in C. Starts NPROC_PER_NODE copies\n"
@@ -1085,7 +1091,10 @@ void launch_print_help(FILE *out)
         "                        (default off)\n"
         "  --watchdog-warmup N   auto: lines before the timeout is learned (default 5)\n"
         "  --watchdog-safety X   auto: timeout = longest interval x X (default 5), within\n"
-        "                        1 s .. 3600 s\n"
+        "                        the floor .. 3600 s\n"
+        "  --watchdog-floor S    auto: the least learned timeout (default 60 s, at\n"
+        "                        least 1 s), so a pause between steps (an evaluation,\n"
+        "                        a checkpoint) is not taken for a hang\n"
         "  --max-no-progress-restarts N  stop the job (exit 1) when N restarts in a row\n"
         "                        fail before any worker reports a step beyond the best\n"
         "                        seen before them (default 0: off)\n"

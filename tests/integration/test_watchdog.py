@@ -110,10 +110,10 @@ def test_initial_timeout_covers_startup(tmp_path):
 
 
 def test_auto_learns_from_steady_steps(tmp_path):
-    # 0.2 s steps, warm-up 5, safety 5: about 1 s (the floor is 1 s).
+    # 0.2 s steps, warm-up 5, safety 5: about 1 s (with the floor at 1 s).
     r, _ = cddprun(
         ["--nproc_per_node=1", "--max_restarts=1", "--watchdog_timeout=auto",
-         binary("cddp-hang-worker")],
+         "--watchdog_floor=1", binary("cddp-hang-worker")],
         {"HANG_STEPS": "8", "HANG_PERIOD_MS": "200", "HANG_ATTEMPTS": "0",
          "LOGLEVEL": "INFO"})
     assert r.returncode == 0, r.stderr
@@ -123,11 +123,25 @@ def test_auto_learns_from_steady_steps(tmp_path):
     assert "A0902" in r.stderr  # the learned timeout was logged
 
 
+def test_auto_timeout_never_below_the_floor(tmp_path):
+    # The same steps learn about 1 s, but the floor (here 2.5 s; 60 s by
+    # default) is the least timeout: the stall is caught after the floor.
+    r, _ = cddprun(
+        ["--nproc_per_node=1", "--max_restarts=1", "--watchdog_timeout=auto",
+         "--watchdog_floor=2.5", binary("cddp-hang-worker")],
+        {"HANG_STEPS": "8", "HANG_PERIOD_MS": "200", "HANG_ATTEMPTS": "0",
+         "LOGLEVEL": "INFO"})
+    assert r.returncode == 0, r.stderr
+    lines = hung_lines(r.stderr)
+    assert len(lines) == 1, r.stderr
+    assert 2.4 <= silence(lines[0]) < 4.0, lines[0]
+
+
 def test_auto_slow_but_steady_not_killed(tmp_path):
     # Steps of 0.2 s, then one of 0.8 s: within 5 x the longest seen.
     r, _ = cddprun(
         ["--nproc_per_node=1", "--watchdog_timeout=auto", "--watchdog_warmup=3",
-         binary("cddp-hang-worker")],
+         "--watchdog_floor=1", binary("cddp-hang-worker")],
         {"HANG_STEPS": "8", "HANG_PERIOD_MS": "200", "HANG_SLOW_MS": "900",
          "HANG_ATTEMPTS": "none"})
     assert r.returncode == 0, r.stderr

@@ -192,6 +192,32 @@ static void auto_floor_and_ceiling(void **state)
     watchdog_free(&wd);
 }
 
+/* A configured floor (cddprun's --watchdog_floor) is the least learned
+ * timeout; one below WATCHDOG_FLOOR_MS is raised to it, one above the
+ * ceiling is the ceiling. */
+static void auto_configured_floor(void **state)
+{
+    (void)state;
+    const uint64_t floors[] = {60000, 500, WATCHDOG_CEILING_MS + 1};
+    const uint64_t want[] = {60000, WATCHDOG_FLOOR_MS, WATCHDOG_CEILING_MS};
+    for (size_t k = 0; k < 3; k++) {
+        struct watchdog_config c = {
+            .mode = WATCHDOG_AUTO, .warmup = 2, .safety = 5, .floor_ms = floors[k]};
+        assert_int_equal(watchdog_init(&wd, &c, 1), 0);
+        watchdog_start(&wd, 0, 0);
+        watchdog_report(&wd, 0, 10, true, 0);
+        watchdog_report(&wd, 0, 210, true, 1); /* 200 ms x 5 = 1 s */
+        assert_int_equal(watchdog_timeout(&wd, 0), want[k]);
+        assert_int_equal(watchdog_deadline(&wd, 0), 210 + want[k]);
+        /* Within the floor, a longer interval still raises it past the floor. */
+        if (k == 0) {
+            watchdog_report(&wd, 0, 210 + 20000, true, 2); /* 20 s x 5 */
+            assert_int_equal(watchdog_timeout(&wd, 0), 100000);
+        }
+        watchdog_free(&wd);
+    }
+}
+
 static void auto_carried_to_next_attempt(void **state)
 {
     (void)state;
@@ -321,6 +347,7 @@ int main(void)
         cmocka_unit_test(auto_slow_but_steady_is_never_hung),
         cmocka_unit_test(auto_learns_longest_interval_only_grows),
         cmocka_unit_test(auto_floor_and_ceiling),
+        cmocka_unit_test(auto_configured_floor),
         cmocka_unit_test(auto_carried_to_next_attempt),
         cmocka_unit_test(auto_warmup_one_and_bad_config),
         cmocka_unit_test(random_walk),
