@@ -270,12 +270,14 @@ def test_torchrun_c10d_rendezvous_on_our_store(store, tmp_path):
     import pathlib
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent("""\
-        import torch, torch.distributed as dist
+        import os, torch, torch.distributed as dist
         dist.init_process_group("gloo")
         t = torch.ones(2) * (dist.get_rank() + 1)
         dist.all_reduce(t)
         assert t.tolist() == [3.0, 3.0], t
-        print("rank", dist.get_rank(), "ok", flush=True)
+        # One write(2): both workers share torchrun's stdout, and print()
+        # may write a line in pieces that the other worker's land between.
+        os.write(1, f"rank {dist.get_rank()} ok\\n".encode())
         """))
     torchrun = pathlib.Path(__file__).resolve().parent.parent / "compat" / "torchrun_py311.py"
     r = run([TORCH_PY, torchrun, "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
