@@ -1,13 +1,11 @@
 /* store_client.c: the blocking store client and the store server thread
- * of store.h. The client uses plain sockets and poll(2) for every deadline,
- * so it works from any thread, with or without an event loop. */
+ * of store_client.h. The client uses plain sockets with deadlines
+ * (common/sock.h), so it works from any thread, with or without an event
+ * loop. */
 #include "rendezvous/store_client.h"
 
 #include <errno.h>
 #include <stdarg.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -16,14 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <uv.h>
 
-#include "common/backoff.h"
 #include "common/clock.h"
 #include "common/errors.h"
+#include "common/sock.h"
 #include "common/strutil.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
@@ -150,76 +147,13 @@ static int fail_with(struct rdzv_store_client *c, int rc, const char *fmt, ...)
     return rc;
 }
 
-/* Waits for fd to be ready for events until deadline (ms, monotonic). */
-static int wait_fd(int fd, short events, uint64_t deadline)
-{
-    for (;;) {
-        uint64_t now = cddp_mono_ms();
-        if (now >= deadline)
-            return CDDP_ETIMEOUT;
-        uint64_t left = deadline - now;
-        struct pollfd p = {.fd = fd, .events = events};
-        int n = poll(&p, 1, left > INT32_MAX ? INT32_MAX : (int)left);
-        if (n > 0)
-            return 0;
-        if (n < 0 && errno != EINTR)
-            return CDDP_ERR_FROM_ERRNO(errno);
-    }
-}
-
-static int send_all(int fd, const char *p, size_t n, uint64_t deadline)
-{
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w > 0) {
-            p += w;
-            n -= (size_t)w;
-            continue;
-        }
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int rc = wait_fd(fd, POLLOUT, deadline);
-            if (rc)
-                return rc;
-            continue;
-        }
-        return CDDP_ERR_FROM_ERRNO(w < 0 ? errno : EPIPE);
-    }
-    return 0;
-}
-
-static int recv_all(int fd, char *p, size_t n, uint64_t deadline)
-{
-    while (n > 0) {
-        ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
-        if (r > 0) {
-            p += r;
-            n -= (size_t)r;
-            continue;
-        }
-        if (r == 0)
-            return CDDP_ERR_FROM_ERRNO(ECONNRESET);
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int rc = wait_fd(fd, POLLIN, deadline);
-            if (rc)
-                return rc;
-            continue;
-        }
-        return CDDP_ERR_FROM_ERRNO(errno);
-    }
-    return 0;
-}
-
 static int send_msg(struct rdzv_store_client *c, const struct proto_msg *m, uint64_t deadline)
 {
     struct cddp_buf b;
     cddp_buf_init(&b, PROTO_FRAME_MAX + PROTO_FRAME_HEADER);
     int rc = proto_msg_encode(m, &b);
     if (rc == 0)
-        rc = send_all(c->fd, b.data, b.len, deadline);
+        rc = cddp_send_all(c->fd, b.data, b.len, deadline);
     cddp_buf_free(&b);
     return rc;
 }
@@ -229,7 +163,7 @@ static int recv_msg(struct rdzv_store_client *c, struct proto_msg *m, uint64_t d
 {
     unsigned char hdr[PROTO_FRAME_HEADER];
     char err[256];
-    int rc = recv_all(c->fd, (char *)hdr, sizeof(hdr), deadline);
+    int rc = cddp_recv_all(c->fd, (char *)hdr, sizeof(hdr), deadline);
     if (rc)
         return rc;
     uint32_t len = proto_frame_length(hdr);
@@ -238,7 +172,7 @@ static int recv_msg(struct rdzv_store_client *c, struct proto_msg *m, uint64_t d
     char *payload = malloc(len ? len : 1);
     if (payload == NULL)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    rc = recv_all(c->fd, payload, len, deadline);
+    rc = cddp_recv_all(c->fd, payload, len, deadline);
     if (rc == 0) {
         rc = proto_msg_decode(payload, len, m, err, sizeof(err));
         if (rc)
@@ -290,53 +224,6 @@ static int result_code(struct rdzv_store_client *c, struct proto_msg *res)
     return res->result.code;
 }
 
-static int connect_once(const char *host, int port, uint64_t deadline, int *fd_out, char *err,
-                        size_t errlen)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC,
-                             .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV | AI_ADDRCONFIG};
-    struct addrinfo *ai = NULL;
-    char service[16];
-    snprintf(service, sizeof(service), "%d", port);
-    int g = getaddrinfo(host, service, &hints, &ai);
-    if (g != 0) {
-        snprintf(err, errlen, "cannot resolve '%s': %s", host, gai_strerror(g));
-        return g == EAI_AGAIN ? CDDP_ERR_FROM_ERRNO(EAGAIN) : CDDP_EPARSE;
-    }
-    int rc = CDDP_ERR_FROM_ERRNO(ECONNREFUSED);
-    for (struct addrinfo *p = ai; p; p = p->ai_next) {
-        int fd =
-            socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, p->ai_protocol);
-        if (fd < 0) {
-            rc = CDDP_ERR_FROM_ERRNO(errno);
-            continue;
-        }
-        if (connect(fd, p->ai_addr, p->ai_addrlen) != 0 && errno != EINPROGRESS) {
-            rc = CDDP_ERR_FROM_ERRNO(errno);
-            close(fd);
-            continue;
-        }
-        rc = wait_fd(fd, POLLOUT, deadline);
-        int soerr = 0;
-        socklen_t sl = sizeof(soerr);
-        if (rc == 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr != 0)
-            rc = CDDP_ERR_FROM_ERRNO(soerr);
-        if (rc) {
-            close(fd);
-            continue;
-        }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        *fd_out = fd;
-        freeaddrinfo(ai);
-        return 0;
-    }
-    freeaddrinfo(ai);
-    snprintf(err, errlen, "cannot connect to %s port %d: %s", host, port, cddp_strerror(rc));
-    return rc;
-}
-
 int rdzv_store_connect(const char *host, int port, const struct rdzv_store_client_options *o,
                        struct rdzv_store_client **out, char *err, size_t errlen)
 {
@@ -357,35 +244,9 @@ int rdzv_store_connect(const char *host, int port, const struct rdzv_store_clien
     c->op_timeout_ms = opt.op_timeout_ms;
 
     /* Connect, retrying while the server is not up yet. */
-    uint64_t start = cddp_mono_ms();
-    uint64_t deadline = start + opt.connect_timeout_ms;
-    unsigned seed = (unsigned)getpid() ^ (unsigned)cddp_mono_ns();
-    struct cddp_backoff backoff;
-    cddp_backoff_init(&backoff, 10, 1000);
-    int rc;
-    for (;;) {
-        /* Each attempt gets at least 100 ms, even at the very end. */
-        uint64_t now0 = cddp_mono_ms();
-        uint64_t attempt = deadline > now0 + 100 ? deadline : now0 + 100;
-        rc = connect_once(host, port, attempt, &c->fd, err, errlen);
-        if (rc == 0 || rc == CDDP_EPARSE)
-            break;
-        uint64_t now = cddp_mono_ms();
-        if (now >= deadline)
-            break;
-        /* With jitter, so thousands of ranks spread out. */
-        uint64_t sleep_ms = cddp_backoff_next(&backoff, (uint32_t)rand_r(&seed), deadline - now);
-        struct timespec ts = {.tv_sec = (time_t)(sleep_ms / 1000),
-                              .tv_nsec = (long)(sleep_ms % 1000) * 1000000};
-        nanosleep(&ts, NULL);
-    }
+    int rc =
+        cddp_tcp_connect(host, port, cddp_mono_ms() + opt.connect_timeout_ms, &c->fd, err, errlen);
     if (rc) {
-        if (rc != CDDP_EPARSE) {
-            char why[256];
-            cddp_strlcpy(why, err, sizeof(why));
-            snprintf(err, errlen, "%s (kept trying for %.1f s)", why,
-                     (double)(cddp_mono_ms() - start) / 1000.0);
-        }
         rdzv_store_close(c);
         return rc;
     }

@@ -2,9 +2,6 @@
 #include "trainer/comm/tcpstore_client.h"
 
 #include <errno.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -12,12 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "common/backoff.h"
 #include "common/clock.h"
 #include "common/errors.h"
+#include "common/sock.h"
 #include "common/strutil.h"
 #include "store/tcpstore_wire.h"
 
@@ -46,85 +42,13 @@ static int fail(struct trn_tcpstore *c, int rc, const char *fmt, ...)
     return rc;
 }
 
-/* ---- the socket, with deadlines (ms, monotonic) ---- */
-
-static int poll_until(int fd, short events, uint64_t deadline)
-{
-    for (;;) {
-        uint64_t now = cddp_mono_ms();
-        if (now >= deadline)
-            return CDDP_ETIMEOUT;
-        struct pollfd p = {.fd = fd, .events = events};
-        uint64_t left = deadline - now;
-        int n = poll(&p, 1, left > 1000000 ? 1000000 : (int)left);
-        if (n > 0)
-            return 0;
-        if (n < 0 && errno != EINTR)
-            return CDDP_ERR_FROM_ERRNO(errno);
-    }
-}
-
-/* One connection attempt to any address of host. */
-static int dial(const char *host, int port, uint64_t deadline, int *fd_out, char *why,
-                size_t whylen)
-{
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
-    struct addrinfo *res = NULL;
-    char service[16];
-    snprintf(service, sizeof(service), "%d", port);
-    int g = getaddrinfo(host, service, &hints, &res);
-    if (g != 0) {
-        snprintf(why, whylen, "cannot resolve '%s': %s", host, gai_strerror(g));
-        return g == EAI_AGAIN ? CDDP_ERR_FROM_ERRNO(EAGAIN) : CDDP_EPARSE;
-    }
-    int rc = CDDP_ERR_FROM_ERRNO(ECONNREFUSED);
-    for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0) {
-            rc = CDDP_ERR_FROM_ERRNO(errno);
-            continue;
-        }
-        rc = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS
-                 ? poll_until(fd, POLLOUT, deadline)
-                 : CDDP_ERR_FROM_ERRNO(errno);
-        int soerr = 0;
-        socklen_t sl = sizeof(soerr);
-        if (rc == 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr != 0)
-            rc = CDDP_ERR_FROM_ERRNO(soerr);
-        if (rc == 0) {
-            int one = 1;
-            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-            *fd_out = fd;
-            break;
-        }
-        close(fd);
-    }
-    freeaddrinfo(res);
-    if (rc)
-        snprintf(why, whylen, "cannot connect to %s port %d: %s", host, port, cddp_strerror(rc));
-    return rc;
-}
-
 /* Sends what c->out holds. */
 static int flush_out(struct trn_tcpstore *c, uint64_t deadline)
 {
-    size_t off = 0;
-    while (off < c->out.len) {
-        ssize_t w = send(c->fd, c->out.data + off, c->out.len - off, MSG_NOSIGNAL);
-        if (w > 0) {
-            off += (size_t)w;
-            continue;
-        }
-        if (w < 0 && errno == EINTR)
-            continue;
-        int rc = w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)
-                     ? poll_until(c->fd, POLLOUT, deadline)
-                     : CDDP_ERR_FROM_ERRNO(w < 0 ? errno : EPIPE);
-        if (rc)
-            return rc;
-    }
-    cddp_buf_reset(&c->out);
-    return 0;
+    int rc = cddp_send_all(c->fd, c->out.data, c->out.len, deadline);
+    if (rc == 0)
+        cddp_buf_reset(&c->out);
+    return rc;
 }
 
 /* Reads until one reply of shape is whole in c->in; *used: its bytes. */
@@ -150,7 +74,7 @@ static int read_reply(struct trn_tcpstore *c, enum tcpstore_reply_shape shape, u
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return CDDP_ERR_FROM_ERRNO(errno);
-        if ((rc = poll_until(c->fd, POLLIN, deadline)) != 0)
+        if ((rc = cddp_wait_fd(c->fd, POLLIN, deadline)) != 0)
             return rc;
     }
 }
@@ -221,7 +145,7 @@ static int settle(struct trn_tcpstore *c, const char *host, int port, uint64_t d
         return 0;
     close_fd(c);
     char why[256];
-    rc = dial(host, port, deadline, &c->fd, why, sizeof(why));
+    rc = cddp_tcp_connect_once(host, port, deadline, &c->fd, why, sizeof(why));
     if (rc)
         return fail(c, rc, "%s", why);
     c->dialect = TCPSTORE_DIALECT_V2;
@@ -247,28 +171,8 @@ int trn_tcpstore_connect(const char *host, int port, double timeout_s, struct tr
     cddp_buf_init(&c->in, c->lim.max_query);
     uint64_t start = cddp_mono_ms();
     uint64_t deadline = start + (timeout_s > 0 ? (uint64_t)(timeout_s * 1000.0) : 1);
-    unsigned seed = (unsigned)getpid() ^ (unsigned)cddp_mono_ns();
-    struct cddp_backoff b;
-    cddp_backoff_init(&b, 10, 1000);
-    char why[256] = "";
-    int rc;
-    for (;;) {
-        uint64_t now = cddp_mono_ms();
-        rc =
-            dial(host, port, deadline > now + 100 ? deadline : now + 100, &c->fd, why, sizeof(why));
-        if (rc == 0 || rc == CDDP_EPARSE)
-            break;
-        now = cddp_mono_ms();
-        if (now >= deadline)
-            break;
-        uint64_t ms = cddp_backoff_next(&b, (uint32_t)rand_r(&seed), deadline - now);
-        struct timespec ts = {.tv_sec = (time_t)(ms / 1000),
-                              .tv_nsec = (long)(ms % 1000) * 1000000};
-        nanosleep(&ts, NULL);
-    }
+    int rc = cddp_tcp_connect(host, port, deadline, &c->fd, err, errlen);
     if (rc) {
-        snprintf(err, errlen, "%s (kept trying for %.1f s)", why,
-                 (double)(cddp_mono_ms() - start) / 1000.0);
         trn_tcpstore_close(c);
         return rc;
     }
