@@ -359,6 +359,9 @@ def test_prometheus_scrapes_agent_and_rdzv(background, tmp_path):
         assert close(prom.one(f"cddp_worker_loss{lr}"), p["loss"])
         assert close(prom.one(f"cddp_worker_samples_per_second{lr}"), p["samples_per_s"])
         assert prom.one(f"cddp_worker_progress_lines_total{lr}") == p["lines"]
+    # docs/status.md's join: workers by run.
+    joined = prom.query("cddp_worker_loss * on(instance) group_left(run_id) cddp_agent_info")
+    assert sorted((m["run_id"], m["local_rank"]) for m, _ in joined) == [("job", "0"), ("job", "1")]
     # The rendezvous server's side of the same job.
     rd = status(job.rdzv_status)
     (run,) = rd["runs"]
