@@ -174,6 +174,14 @@ def page_state(b):
     """)
 
 
+def wait_page(b, pred, what, timeout=30):
+    """The page's state once pred(state) holds."""
+    def ok():
+        st = page_state(b)
+        return st if pred(st) else None
+    return wait_for(ok, timeout=timeout, interval=0.2, what=what)
+
+
 @pytest.mark.heavy
 def test_dashboard_in_chromium(background, tmp_path, browser):
     """Two agents of two workers each meet on cddp-rdzv; each agent's page
@@ -188,20 +196,18 @@ def test_dashboard_in_chromium(background, tmp_path, browser):
 
     b = browser
     b.go(f"http://127.0.0.1:{ports[0]}/?interval=0.5")
-    st = wait_for(lambda: (lambda s: s if s["polls"] >= 2 and s["loss"] >= 4 else None)(
-        page_state(b)), timeout=30, interval=0.2, what="the page's first polls")
+    st = wait_page(b, lambda s: s["polls"] >= 2 and s["lines"] == 2 and s["loss"] >= 4,
+                   "the page's first polls, a plotted line per rank")
     assert st["agentShown"] and st["runs"] == [] and not st["connError"], st
     assert st["title"].startswith("cddprun ") and " on " in st["title"]
     assert [w["local"] for w in st["workers"]] == ["0", "1"]
     assert [w["state"] for w in st["workers"]] == ["running", "running"]
     ranks = sorted(int(w["cells"][1]) for w in st["workers"])
     assert ranks in ([0, 1], [2, 3]), st["workers"]
-    assert st["lines"] == 2  # one line per rank
     # The plots grow as the run goes on (a point per progress line seen).
     first = st["loss"], st["tput"]
-    st = wait_for(lambda: (lambda s: s if s["loss"] >= first[0] + 6 and s["tput"] >= first[1] + 6
-                           else None)(page_state(b)), timeout=30, interval=0.3,
-                  what="the plots to grow")
+    st = wait_page(b, lambda s: s["loss"] >= first[0] + 6 and s["tput"] >= first[1] + 6,
+                   "the plots to grow")
     steps = [int(w["cells"][6]) for w in st["workers"]]
     assert all(s > 0 for s in steps), st["workers"]
     save = os.environ.get("CDDP_DASHBOARD_SCREENSHOT")
@@ -216,8 +222,7 @@ def test_dashboard_in_chromium(background, tmp_path, browser):
 
     # cddp-rdzv's page: every job it serves and its nodes.
     b.go(f"http://127.0.0.1:{job.rdzv_status}/?interval=0.5")
-    st = wait_for(lambda: (lambda s: s if s["polls"] >= 1 else None)(page_state(b)),
-                  timeout=30, interval=0.2, what="cddp-rdzv's page")
+    st = wait_page(b, lambda s: s["polls"] >= 1 and s["runs"], "cddp-rdzv's page")
     assert st["title"].startswith("cddp-rdzv ") and not st["agentShown"], st
     (run,) = st["runs"]
     assert run["run"] == "job" and "running" in run["heading"]
@@ -226,5 +231,16 @@ def test_dashboard_in_chromium(background, tmp_path, browser):
     if save:
         with open(re.sub(r"(\.png)?$", "-rdzv.png", save, count=1), "wb") as fh:
             fh.write(b.screenshot())
-    b.quit()
+
+    # The run ends and the agent goes away: the page says so and keeps what
+    # it last showed; only the failed fetches are logged.
+    b.go(f"http://127.0.0.1:{ports[1]}/?interval=0.5")
+    wait_page(b, lambda s: s["polls"] >= 1 and len(s["workers"]) == 2, "the second agent's page")
     job.stop()
+    st = wait_page(b, lambda s: s["connError"], "the page to notice the agent is gone")
+    assert st["conn"].startswith("cannot read /status: ") and len(st["workers"]) == 2, st
+    logged = errors(b.console())
+    assert logged, "the failed fetch is in the browser log"
+    for e in logged:
+        assert e["source"] == "network" and "ERR_CONNECTION_REFUSED" in e["message"], e
+    b.quit()
