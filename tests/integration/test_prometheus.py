@@ -20,12 +20,10 @@ Also used by test_dashboard.py (the Job helper and its worker).
 import json
 import math
 import os
-import pathlib
 import re
 import shutil
-import socket
+import signal
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 
@@ -131,10 +129,18 @@ class Job:
             raise
 
     def stop(self, timeout=30):
-        """Lets the workers finish; every agent exits 0."""
+        """Lets the workers finish: every agent exits 0; then cddp-rdzv is
+        stopped with SIGTERM and exits 0. Nobody's log has a sanitizer's
+        report (under ASan)."""
         (self.tmp / "stop").write_text("")
         for _, bg, log in self.agents:
             assert bg.wait(timeout) == 0, log.read_text(errors="replace")[-3000:]
+        self.rdzv.signal(signal.SIGTERM)
+        assert self.rdzv.wait(timeout) == 0, self.rdzv_log.read_text(errors="replace")[-3000:]
+        for log in [self.rdzv_log] + [log for _, _, log in self.agents]:
+            text = log.read_text(errors="replace")
+            for mark in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+                assert mark not in text, f"{log.name}: {mark}\n{text[-3000:]}"
 
 
 # ---- the Grafana dashboard's metric names ----
@@ -320,9 +326,9 @@ def test_prometheus_scrapes_agent_and_rdzv(background, tmp_path):
     # and holds still.
     job = Job(background, tmp_path, env={"STEPS": "5", "PERIOD": "0.05", "FAIL_AT": "1"})
     port = job.agent("--max_restarts=2")
-    st = job.wait_agent(port, lambda s: s["state"] == "running" and s["restarts"]["count"] == 1
-                        and all(w["progress"] and w["progress"]["step"] == 4
-                                for w in s["workers"]), "the restarted group at step 4")
+    job.wait_agent(port, lambda s: s["state"] == "running" and s["restarts"]["count"] == 1
+                   and all(w["progress"] and w["progress"]["step"] == 4
+                           for w in s["workers"]), "the restarted group at step 4")
     prom = Prometheus(background, tmp_path, {"cddprun": port, "cddp-rdzv": job.rdzv_status})
 
     # Two scrapes of each target, both healthy.
