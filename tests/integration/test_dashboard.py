@@ -97,7 +97,11 @@ class Browser:
             "browserName": "chrome",
             "goog:loggingPrefs": {"browser": "ALL"},
             "goog:chromeOptions": {"binary": shutil.which("chromium"), "args": args}}}}
-        r = self.call("POST", "/session", caps, timeout=90)
+        try:
+            r = self.call("POST", "/session", caps, timeout=90)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nchromedriver's log:\n{self.log.read_text()[-3000:]}") \
+                from None
         self.session = r["sessionId"]
 
     def call(self, method, path, body=None, timeout=30):
