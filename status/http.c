@@ -37,6 +37,7 @@
 #include "common/log.h"
 #include "common/queue.h"
 #include "common/strutil.h"
+#include "status/dashboard.h"
 #include "status/prom.h"
 
 /* ---- snapshots ------------------------------------------------------- */
@@ -377,21 +378,11 @@ static void unref_cb(void *cls)
     status_snapshot_unref(cls);
 }
 
-/* Queues a reply. With snap, body points into it and the response holds the
- * caller's reference to it until sent; otherwise body is copied. */
-static enum MHD_Result reply(struct status_server *s, struct MHD_Connection *connection,
-                             unsigned code, const char *ctype, const char *body, size_t len,
-                             struct status_snapshot *snap)
+/* Adds the headers every answer carries, queues r (NULL: out of memory)
+ * and counts it. Takes r over. */
+static enum MHD_Result queue(struct status_server *s, struct MHD_Connection *connection,
+                             unsigned code, const char *ctype, struct MHD_Response *r)
 {
-    struct MHD_Response *r;
-    if (snap) {
-        r = MHD_create_response_from_buffer_with_free_callback_cls(len, (void *)body, unref_cb,
-                                                                   snap);
-        if (r == NULL)
-            status_snapshot_unref(snap);
-    } else {
-        r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
-    }
     if (r == NULL)
         return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
@@ -407,6 +398,24 @@ static enum MHD_Result reply(struct status_server *s, struct MHD_Connection *con
     return ret;
 }
 
+/* Queues a reply. With snap, body points into it and the response holds the
+ * caller's reference to it until sent; otherwise body is copied. */
+static enum MHD_Result reply(struct status_server *s, struct MHD_Connection *connection,
+                             unsigned code, const char *ctype, const char *body, size_t len,
+                             struct status_snapshot *snap)
+{
+    struct MHD_Response *r;
+    if (snap) {
+        r = MHD_create_response_from_buffer_with_free_callback_cls(len, (void *)body, unref_cb,
+                                                                   snap);
+        if (r == NULL)
+            status_snapshot_unref(snap);
+    } else {
+        r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    }
+    return queue(s, connection, code, ctype, r);
+}
+
 /* Like reply(), handing over a malloc'd body (freed when sent). */
 static enum MHD_Result reply_owned(struct status_server *s, struct MHD_Connection *connection,
                                    unsigned code, const char *ctype, struct cddp_buf *b)
@@ -420,18 +429,12 @@ static enum MHD_Result reply_owned(struct status_server *s, struct MHD_Connectio
         return MHD_NO;
     }
     b->data = NULL; /* the response owns it now */
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
-    enum MHD_Result ret = MHD_queue_response(connection, code, r);
-    MHD_destroy_response(r);
-    add_stat(&s->requests_total, 1);
-    add_stat(&s->responses[code / 100], 1);
-    return ret;
+    return queue(s, connection, code, ctype, r);
 }
 
 #define TEXT "text/plain; charset=utf-8"
 #define JSON "application/json"
+#define HTML "text/html; charset=utf-8"
 #define PROM_CTYPE "text/plain; version=0.0.4; charset=utf-8"
 
 static enum MHD_Result reply_text(struct status_server *s, struct MHD_Connection *connection,
@@ -653,17 +656,43 @@ static enum MHD_Result serve_metrics(struct status_server *s, struct MHD_Connect
     return reply_owned(s, connection, MHD_HTTP_OK, PROM_CTYPE, &b);
 }
 
+/* The dashboard (status/dashboard.h), a static page: served from the
+ * binary's own copy, never copied. */
+static enum MHD_Result serve_dashboard(struct status_server *s, struct MHD_Connection *connection,
+                                       bool negotiated)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        status_dashboard_html_len, (void *)status_dashboard_html, MHD_RESPMEM_PERSISTENT);
+    if (r == NULL)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Security-Policy", STATUS_DASHBOARD_CSP);
+    if (negotiated)
+        MHD_add_response_header(r, "Vary", "Accept");
+    return queue(s, connection, MHD_HTTP_OK, HTML, r);
+}
+
+/* `/`: the dashboard for browsers, the plain-text index for everyone else
+ * (curl, scripts, probes), by the Accept header. */
 static enum MHD_Result serve_index(struct status_server *s, struct MHD_Connection *connection)
 {
+    const char *accept =
+        MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
+    if (status_dashboard_wants_html(accept))
+        return serve_dashboard(s, connection, true);
     char text[512];
     int n = snprintf(text, sizeof(text),
                      "%s status port\n"
                      "  /livez      200 while the event loop turns (/healthz is an alias)\n"
                      "  /readyz     200 when ready; ?verbose lists the checks\n"
                      "  /status     JSON\n"
-                     "  /metrics    Prometheus text format 0.0.4\n",
+                     "  /metrics    Prometheus text format 0.0.4\n"
+                     "  /dashboard  the job dashboard, for a browser (also / for browsers)\n",
                      s->program);
-    return reply(s, connection, MHD_HTTP_OK, TEXT, text, (size_t)n, NULL);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer((size_t)n, text, MHD_RESPMEM_MUST_COPY);
+    if (r)
+        MHD_add_response_header(r, "Vary", "Accept");
+    return queue(s, connection, MHD_HTTP_OK, TEXT, r);
 }
 
 /* ---- the request handler --------------------------------------------- */
@@ -687,6 +716,8 @@ static enum MHD_Result route(struct status_server *s, struct MHD_Connection *con
         return serve_health(s, connection, true, url + 8);
     if (strcmp(url, "/") == 0)
         return serve_index(s, connection);
+    if (strcmp(url, "/dashboard") == 0)
+        return serve_dashboard(s, connection, false);
     return reply_text(s, connection, MHD_HTTP_NOT_FOUND, "not found\n");
 }
 

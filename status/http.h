@@ -10,7 +10,9 @@
  *     GET /status              the published JSON (application/json)
  *     GET /metrics             the published Prometheus text, then the
  *                              server's own cddp_status_* families
- *     GET /                    a plain-text index of the above
+ *     GET /                    a plain-text index of the above; to a browser
+ *                              (Accept names text/html first) the dashboard
+ *     GET /dashboard           the dashboard, an HTML page (status/dashboard.h)
  *
  * HEAD works wherever GET does. Anything else: 405 with Allow; unknown
  * paths 404; headers past max_header_bytes 431 (or 414 for the URL, both
