@@ -57,12 +57,18 @@ void agent_ifname_decide(const char *endpoint, int route_rc, const struct cddp_r
     cddp_strlcpy(out->addr, route->addr, sizeof(out->addr));
     out->set_gloo = !set(gloo_env);
     out->set_nccl = !set(nccl_env);
-    snprintf(
-        out->why, sizeof(out->why),
-        "network interface %.64s (%.64s), the route to the rendezvous endpoint %.100s: %s%s%s%s",
-        out->ifname, out->addr, ep, out->set_gloo ? "GLOO_SOCKET_IFNAME " : "",
-        out->set_nccl ? "NCCL_SOCKET_IFNAME " : "", "set",
-        out->set_gloo && out->set_nccl ? "" : " (the other one is the user's)");
+    char gloo[96] = "", nccl[96] = "";
+    if (out->set_gloo)
+        snprintf(gloo, sizeof(gloo), " GLOO_SOCKET_IFNAME=%s", out->ifname);
+    if (out->set_nccl)
+        snprintf(nccl, sizeof(nccl), " NCCL_SOCKET_IFNAME=%s", out->ifname);
+    const char *kept = !out->set_gloo   ? "; GLOO_SOCKET_IFNAME is the user's"
+                       : !out->set_nccl ? "; NCCL_SOCKET_IFNAME is the user's"
+                                        : "";
+    snprintf(out->why, sizeof(out->why),
+             "network interface %.64s (%.64s), the route to the rendezvous endpoint %.100s: "
+             "set%s%s%s",
+             out->ifname, out->addr, ep, gloo, nccl, kept);
 }
 
 const char *agent_ifname_source_name(enum agent_ifname_source s)

@@ -63,6 +63,18 @@ def _pid_alive(pid):
         return True
 
 
+def running(pid):
+    """pid exists and is not a zombie (an exited child its parent has not
+    reaped yet counts as gone)."""
+    if not _pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in fh)
+    except OSError:
+        return False
+
+
 def _ns_pids(ns):
     r = _ip("netns", "pids", ns, check=False)
     return [int(p) for p in r.stdout.split()] if r.returncode == 0 else []
