@@ -73,17 +73,13 @@ void agent_ifname_decide(const char *endpoint, int route_rc, const struct cddp_r
 
 const char *agent_ifname_source_name(enum agent_ifname_source s)
 {
-    switch (s) {
-    case AGENT_IFNAME_AUTO:
-        return "auto";
-    case AGENT_IFNAME_USER:
-        return "user";
-    case AGENT_IFNAME_OFF:
-        return "off";
-    case AGENT_IFNAME_NONE:
-        break;
-    }
-    return "none";
+    static const char *const names[] = {
+        [AGENT_IFNAME_NONE] = "none",
+        [AGENT_IFNAME_AUTO] = "auto",
+        [AGENT_IFNAME_USER] = "user",
+        [AGENT_IFNAME_OFF] = "off",
+    };
+    return (unsigned)s < sizeof(names) / sizeof(names[0]) ? names[s] : "none";
 }
 
 int agent_ifname_apply(const struct agent_ifname *c)
