@@ -70,6 +70,7 @@ struct rdzv_client {
     uint64_t last_rx;       /* loop time of the last bytes from the server */
     uint64_t last_heard;    /* ... or of its host's last answer (bytes, a reset, a refusal) */
     bool error_from_server; /* the ERROR being reported is the server's own message */
+    bool refused; /* the last connect attempt was refused: the host is there, the server not */
     uint64_t silence_ms;
     uint64_t reconnect_ms;
     bool reconnecting; /* since a loss, until the next welcome */
@@ -474,6 +475,7 @@ static void on_watch(uv_timer_t *t)
          * again, so a healed network is seen within a second or so. */
         snprintf(c->last_error, sizeof(c->last_error), "cannot connect to %s:%d: no answer",
                  c->host, c->port);
+        c->refused = false;
         close_tcp(c); /* on_handle_closed tries the next address, then backs off */
         return;
     }
@@ -526,7 +528,8 @@ static void on_connected(uv_connect_t *req, int status)
     struct rdzv_client *c = req->data;
     if (c->closing || c->state != C_CONNECTING || status == UV_ECANCELED)
         return;
-    if (status == UV_ECONNREFUSED || status >= 0)
+    c->refused = status == UV_ECONNREFUSED;
+    if (c->refused || status >= 0)
         c->last_heard = uv_now(c->loop); /* the host answered */
     if (status < 0) {
         snprintf(c->last_error, sizeof(c->last_error), "cannot connect to %s:%d: %s", c->host,
@@ -1165,6 +1168,8 @@ int64_t rdzv_client_quiet_ms(const struct rdzv_client *c)
 {
     if (!c->ever_welcomed || !c->server_acks || c->state == C_DEAD)
         return -1;
+    if (c->state == C_CONNECTING && c->refused)
+        return 0; /* its host keeps answering: the server is down, not cut off */
     return (int64_t)(uv_now(c->loop) - c->last_heard);
 }
 

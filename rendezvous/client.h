@@ -178,7 +178,8 @@ const char *rdzv_client_node_id(const struct rdzv_client *c);
 bool rdzv_client_connected(const struct rdzv_client *c);
 /* Milliseconds since the server's host last answered: bytes from the
  * server, or a reset or refusal from its host (the server is gone, so it
- * is not removing anyone). -1 while that cannot be told: no welcome yet,
+ * is not removing anyone; 0 while its host keeps refusing the reconnect
+ * attempts). -1 while that cannot be told: no welcome yet,
  * a server that does not answer heartbeats, or the client is done. */
 int64_t rdzv_client_quiet_ms(const struct rdzv_client *c);
 /* The run's wait list as the server last said (heartbeat answers); -1 while

@@ -19,13 +19,17 @@ What is asserted:
   - 50 ms latency and 1% loss on every link (tc netem; skipped where the
     kernel has no sch_netem): the round forms, the job completes, nothing
     restarts;
-  - a host that crashes (everything SIGKILLed, link cut): the others go on.
+  - a host that crashes (everything SIGKILLed, link cut): the others go on;
+  - a rendezvous server that is down while its host is up (connections
+    refused) is not a partition: the workers run on past the window.
 The recovery times are printed (pytest -s) as "netns figure: ...".
 """
 import json
 import os
 import pathlib
 import re
+import signal
+import subprocess
 import time
 
 import pytest
@@ -371,3 +375,38 @@ def test_host_crash_survivors_go_on(job):
     for n in nodes[:2]:
         assert n.wait() == 0, n.text()[-3000:]
     assert not nodes[2].running()
+
+
+@pytest.mark.heavy
+def test_server_down_but_host_up_is_not_a_partition(job, background):
+    """cddp-rdzv on host 0 SIGKILLed for three keep-alive windows: host 0
+    refuses the agents' reconnects, so they know the server is gone (not
+    removing anyone) and their workers run on all the while; started again,
+    the job goes on and finishes."""
+    c, start, out = job(3)
+
+    def rdzv():
+        d = background(c.prefix(0) + [binary("cddp-rdzv"), "--host", "0.0.0.0", "--port",
+                                      "29400"], stderr=subprocess.DEVNULL)
+        assert "listening on" in d.proc.stdout.readline()
+        return d
+    d = rdzv()
+    conf = "is_host=0,keep_alive_interval=0.5,keep_alive_max_attempt=2,last_call_timeout=0.5"
+    nodes = [start(i, *c10d(2, conf=conf)) for i in (1, 2)]
+    first = wait_world(out, 4)
+    os.kill(d.pid, signal.SIGKILL)
+    d.proc.wait(timeout=10)
+    for n in nodes:
+        wait_for(lambda: "reconnecting" in n.text(), what="the agents to notice")
+    time.sleep(3 * 1.0)
+    assert all(alive(int(e["PID"])) for e in first), "the workers run on while host 0 refuses"
+    for n in nodes:
+        assert "heard nothing" not in n.text(), n.text()[-2000:]
+    rdzv()
+    for n in nodes:
+        wait_for(lambda: "reconnected" in n.text() or "ended while it was disconnected" in n.text(),
+                 timeout=30, what="the agents to reconnect")
+    time.sleep(1.0)
+    (out / "finish").touch()
+    for n in nodes:
+        assert n.wait() == 0, n.text()[-3000:]
