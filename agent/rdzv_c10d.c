@@ -78,7 +78,9 @@ struct c10d {
     struct rdzv_client *client; /* NULL once closed */
     struct rdzv_server *server; /* when hosting; NULL once shut down */
     struct rdzv_conf conf;
-    uv_timer_t timer;        /* a deferred join failure; the close echo's deadline */
+    uv_timer_t timer; /* a deferred join failure; the close echo's deadline */
+
+    /* The keep-alive watch and the rejoin after a removal. */
     uv_timer_t quiet;        /* watches the server's silence while a round runs */
     bool round_active;       /* a round was given; no join or exit barrier since */
     bool quiet_suspect;      /* the last check found the window passed: confirm once */
@@ -87,6 +89,7 @@ struct c10d {
     /* What a replacement client is started with (strings owned here). */
     struct rdzv_client_options co;
     char co_host[256], co_node_id[PROTO_MAX_ID + 1], co_local_addr[256], co_hostname[256];
+
     char run_id[PROTO_MAX_ID + 1];
     int nproc;
     bool fixed; /* static backend: node rank and MASTER_ADDR/PORT given */

@@ -60,17 +60,14 @@ struct rdzv_client {
     unsigned seed;
 
     /* The connection and its server. */
-    bool hold;              /* frames go to outq: not connected, or reconnected and not welcomed */
-    bool welcomed;          /* this connection got its welcome */
-    bool ever_welcomed;     /* some connection did: a lost one is reconnected */
-    bool final;             /* the server refused us or closed the run: no reconnecting */
-    bool server_acks;       /* it answers heartbeats */
-    bool server_resume;     /* it understands resume */
-    bool suspect;           /* the watch found read_timeout of silence; one more loop turn */
-    uint64_t last_rx;       /* loop time of the last bytes from the server */
-    uint64_t last_heard;    /* ... or of its host's last answer (bytes, a reset, a refusal) */
-    bool error_from_server; /* the ERROR being reported is the server's own message */
-    bool refused; /* the last connect attempt was refused: the host is there, the server not */
+    bool hold;          /* frames go to outq: not connected, or reconnected and not welcomed */
+    bool welcomed;      /* this connection got its welcome */
+    bool ever_welcomed; /* some connection did: a lost one is reconnected */
+    bool final;         /* the server refused us or closed the run: no reconnecting */
+    bool server_acks;   /* it answers heartbeats */
+    bool server_resume; /* it understands resume */
+    bool suspect;       /* the watch found read_timeout of silence; one more loop turn */
+    uint64_t last_rx;   /* loop time of the last bytes from the server */
     uint64_t silence_ms;
     uint64_t reconnect_ms;
     bool reconnecting; /* since a loss, until the next welcome */
@@ -80,6 +77,11 @@ struct rdzv_client {
     uint64_t resume_id; /* the resume request in flight; 0: none */
     int64_t waiting;    /* the run's wait list as the server last said; -1: unknown */
     int64_t restart_count;
+
+    /* What the agent's keep-alive watch asks (rdzv_client_quiet_ms). */
+    uint64_t last_heard;    /* loop time of the host's last answer: bytes, a reset, a refusal */
+    bool refused;           /* the last connect attempt was refused: host there, server not */
+    bool error_from_server; /* the ERROR being reported is the server's own message */
 
     char *host, *run_id, *node_id, *local_addr, *hostname;
     int port, nproc, min_nodes, max_nodes;
@@ -217,10 +219,8 @@ static void client_fail(struct rdzv_client *c, int code, const char *fmt, ...)
     bool notify = !c->joining && !c->error_to_join;
     fail_pending(c, code);
     if (notify && !c->closing && c->on_event) {
-        struct rdzv_event ev = {.kind = RDZV_EV_ERROR,
-                                .code = code,
-                                .message = c->last_error,
-                                .from_server = c->error_from_server};
+        struct rdzv_event ev = {.kind = RDZV_EV_ERROR, .code = code, .message = c->last_error};
+        ev.from_server = c->error_from_server;
         c->on_event(c, &ev, c->data);
     }
 }
