@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "agent/env.h"
+#include "agent/ifname.h"
 #include "agent/logs.h"
 #include "agent/rdzv.h"
 #include "agent/report.h"
@@ -57,6 +58,7 @@ struct agent {
 
     struct agent_rdzv_static rdzv_static;
     struct agent_rdzv *rdzv;
+    struct agent_ifname ifname; /* the workers' network interface (multi-node) */
     struct agent_round round;
     bool have_round;
     /* --agent_store: the TCPStore this node serves the workers (node 0),
@@ -174,6 +176,9 @@ static void notify(struct agent *a)
         .watchdog_kills = a->watchdog_kills,
         .nworkers = a->nworkers,
         .workers = w,
+        .ifname = a->ifname.ifname,
+        .ifname_addr = a->ifname.addr,
+        .ifname_source = agent_ifname_source_name(a->ifname.source),
     };
     a->hooks->state_changed(a->hooks->arg, &s);
     if (w != infos)
@@ -1159,6 +1164,21 @@ static int make_round(struct agent *a, struct agent_round *r, char *err, size_t 
     return 0;
 }
 
+/* The workers' network interface for a job over several hosts: the one
+ * the route to the endpoint leaves through (agent/ifname.h). */
+static void choose_ifname(struct agent *a, const char *endpoint)
+{
+    struct cddp_route route;
+    int rc = a->cfg->no_ifname ? CDDP_ENOTFOUND : cddp_route_to(endpoint, &route);
+    agent_ifname_decide(endpoint, rc, &route, a->cfg->no_ifname, getenv("GLOO_SOCKET_IFNAME"),
+                        getenv("NCCL_SOCKET_IFNAME"), &a->ifname);
+    log_info("A2101", "%s", a->ifname.why);
+    if ((rc = agent_ifname_apply(&a->ifname)) != 0) {
+        log_warn("A2102", "setting GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME: %s", cddp_strerror(rc));
+        a->ifname.source = AGENT_IFNAME_NONE;
+    }
+}
+
 /* The rendezvous for cfg: no network for one static node (torchrun's
  * default), cddp's rendezvous otherwise (agent/rdzv_c10d.c). */
 static int open_rdzv(struct agent *a, char *why, size_t whylen)
@@ -1187,14 +1207,21 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
             if (rc)
                 return rc;
         }
+        const char *endpoint = fixed ? cfg->static_addr : cfg->rdzv_host;
+        if (!cfg->standalone)
+            choose_ifname(a, endpoint);
+        /* Node 0 publishes the chosen interface's address as MASTER_ADDR. */
+        const char *local_addr = cfg->local_addr;
+        if (local_addr == NULL && a->ifname.source == AGENT_IFNAME_AUTO)
+            local_addr = a->ifname.addr;
         struct agent_rdzv_c10d_options o = {
-            .host = fixed ? cfg->static_addr : cfg->rdzv_host,
+            .host = endpoint,
             .port = fixed ? cfg->static_port + 1 : cfg->rdzv_port,
             .run_id = a->run_id,
             .min_nodes = cfg->nnodes_min,
             .max_nodes = cfg->nnodes_max,
             .nproc = cfg->nproc_per_node,
-            .local_addr = cfg->local_addr,
+            .local_addr = local_addr,
             .conf = &conf,
             .standalone = cfg->standalone,
             .fixed = fixed,

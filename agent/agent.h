@@ -80,6 +80,12 @@ struct agent_snapshot {
     unsigned watchdog_kills; /* worker groups stopped because a worker was hung */
     int nworkers;
     const struct agent_worker_info *workers;
+    /* The workers' network interface (agent/ifname.h): ifname and its
+     * address ("" when none was chosen), and where it came from ("auto",
+     * "user", "off", "none"). */
+    const char *ifname;
+    const char *ifname_addr;
+    const char *ifname_source;
 };
 
 /* Extra inheritance for one worker, filled by the prepare_worker hook. */

@@ -138,6 +138,9 @@ struct launch_config {
     double watchdog_floor;  /* --watchdog_floor, seconds; copied into watchdog.floor_ms */
     /* --max_no_progress_restarts (agent/policy.h); 0: off */
     int max_no_progress_restarts;
+    /* --no_ifname (CDDP_NO_IFNAME, PET_NO_IFNAME): leave GLOO_SOCKET_IFNAME and
+     * NCCL_SOCKET_IFNAME alone (agent/ifname.h) */
+    bool no_ifname;
 
     /* From the environment (envp at parse time). */
     uint64_t shutdown_timeout_ms; /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30 s */

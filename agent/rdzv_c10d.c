@@ -30,6 +30,18 @@
  * base.info/on_info (connected, reconnects) for its status page, as for
  * the run's wait list and the server this agent hosts.
  *
+ * A node that cannot reach its rendezvous (a partition: nothing comes back,
+ * not even a refusal) is removed by the server once it has sent no
+ * heartbeat for keep_alive_interval x keep_alive_max_attempt. The agent
+ * does not wait to hear it: once the server's host has been silent for
+ * that window while a round runs, it stops its workers (so no node
+ * computes in a world the others have left) and joins again as a new
+ * member with a fresh client (node id suffix _1, _2, ...), which connects
+ * when the network heals (for up to join_timeout). A removal the server
+ * did tell us (an agent that was frozen, then woken) is handled the same
+ * way. A server that is down (its host refuses or resets connections)
+ * removes nobody: that is the client's reconnect and resume, as above.
+ *
  * The client calls its pending callbacks with -ECANCELED inside
  * rdzv_client_close; agent/rdzv.h promises that pending callbacks are not
  * called after close, so everything from the client is dropped once
@@ -67,6 +79,17 @@ struct c10d {
     struct rdzv_server *server; /* when hosting; NULL once shut down */
     struct rdzv_conf conf;
     uv_timer_t timer; /* a deferred join failure; the close echo's deadline */
+
+    /* The keep-alive watch and the rejoin after a removal. */
+    uv_timer_t quiet;        /* watches the server's silence while a round runs */
+    bool round_active;       /* a round was given; no join or exit barrier since */
+    bool quiet_suspect;      /* the last check found the window passed: confirm once */
+    unsigned generation;     /* clients replaced after a removal (node id suffix) */
+    unsigned reconnect_base; /* info.reconnects from the clients before this one */
+    /* What a replacement client is started with (strings owned here). */
+    struct rdzv_client_options co;
+    char co_host[256], co_node_id[PROTO_MAX_ID + 1], co_local_addr[256], co_hostname[256];
+
     char run_id[PROTO_MAX_ID + 1];
     int nproc;
     bool fixed; /* static backend: node rank and MASTER_ADDR/PORT given */
@@ -127,11 +150,23 @@ static void on_timer_closed(uv_handle_t *h)
     free(c);
 }
 
+static void on_quiet_closed(uv_handle_t *h)
+{
+    struct c10d *c = h->data;
+    uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+}
+
+/* Closes the last handles, then frees c (on_timer_closed). */
+static void close_timers(struct c10d *c)
+{
+    uv_close((uv_handle_t *)&c->quiet, on_quiet_closed);
+}
+
 static void on_server_down(void *arg)
 {
     struct c10d *c = arg;
     c->server = NULL;
-    uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+    close_timers(c);
 }
 
 static void info_changed(struct c10d *c)
@@ -147,7 +182,7 @@ static void shutdown_server(struct c10d *c)
         info_changed(c);
     }
     if (c->server == NULL) {
-        uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+        close_timers(c);
         return;
     }
     log_info("A0711", "shutting down the rendezvous server of run '%s'", c->run_id);
@@ -183,6 +218,7 @@ static void close_client(struct c10d *c)
 {
     c->awaiting_ack = false;
     uv_timer_stop(&c->timer);
+    uv_timer_stop(&c->quiet);
     struct rdzv_client *cl = c->client;
     c->client = NULL;
     if (cl)
@@ -274,8 +310,8 @@ static void on_joined(struct rdzv_client *cl, int status, const struct proto_rou
             close_client(c);
         return;
     }
-    if (c->join_cb == NULL || c->join_deferred)
-        return;
+    if (cl != c->client || c->join_cb == NULL || c->join_deferred)
+        return; /* a replaced client's (-ECANCELED), or nobody waits */
     agent_round_cb cb = c->join_cb;
     c->join_cb = NULL;
     if (status != 0) {
@@ -311,6 +347,15 @@ static void on_joined(struct rdzv_client *cl, int status, const struct proto_rou
     }
     c->round = r.round;
     c->round_nnodes = r.nnodes;
+    c->round_active = true;
+    c->quiet_suspect = false;
+    if (!c->base.info.connected && c->generation > 0) {
+        /* A new member's first round: connected again. */
+        c->base.info.connected = true;
+        c->base.info.disconnected_at = 0;
+        c->base.info.reconnects = c->reconnect_base;
+        info_changed(c);
+    }
     cb(&c->base, 0, &r, NULL);
 }
 
@@ -329,11 +374,17 @@ static int c10d_join(struct agent_rdzv *r, const struct agent_join *req, agent_r
         return CDDP_ESTATE;
     if (req->local_world_size != c->nproc)
         return CDDP_EMISMATCH;
+    if (c->client == NULL) {
+        c->join_cb = cb;
+        defer_join_failure(c, CDDP_ECLOSED, "the rendezvous client could not be restarted");
+        return 0;
+    }
     /* The barrier of the last round, if any, can no longer complete. */
     c->barrier_cb = NULL;
     c->barrier_gen++;
     c->waiting = false;
     c->base.was_waiting = false;
+    c->round_active = false;
     c->join_cb = cb;
     /* MASTER_PORT: a free port here, used if this node becomes node 0
      * (torch's get_free_port). The static backend's is given. */
@@ -365,7 +416,8 @@ static int c10d_report_failure(struct agent_rdzv *r, int restart_count)
     struct c10d *c = (struct c10d *)r;
     char why[64];
     snprintf(why, sizeof(why), "worker group failed (restart count %d)", restart_count);
-    return c->closing ? CDDP_ECLOSED : rdzv_client_report_failure(c->client, why);
+    return c->closing || c->client == NULL ? CDDP_ECLOSED
+                                           : rdzv_client_report_failure(c->client, why);
 }
 
 static void on_barrier(struct rdzv_client *cl, int status, void *arg)
@@ -385,8 +437,9 @@ static void on_barrier(struct rdzv_client *cl, int status, void *arg)
 static int c10d_exit_barrier(struct agent_rdzv *r, uint64_t timeout_ms, agent_rdzv_status_cb cb)
 {
     struct c10d *c = (struct c10d *)r;
-    if (c->barrier_cb || c->closing || c->round == 0)
+    if (c->barrier_cb || c->closing || c->round == 0 || c->client == NULL)
         return CDDP_ESTATE;
+    c->round_active = false; /* the workers are done: nothing computes in a stale world */
     /* torch's key (store_util.barrier), one per round: a barrier abandoned
      * for a new round never mixes with the next one. */
     char prefix[96];
@@ -408,6 +461,88 @@ static int c10d_exit_barrier(struct agent_rdzv *r, uint64_t timeout_ms, agent_rd
 }
 
 /* ---- pushed news ---- */
+
+static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *data);
+
+/* A client for this node under its current generation's node id. */
+static int start_client(struct c10d *c, char *err, size_t errlen)
+{
+    char node_id[PROTO_MAX_ID + 1];
+    if (c->generation == 0)
+        cddp_strlcpy(node_id, c->co_node_id, sizeof(node_id));
+    else
+        snprintf(node_id, sizeof(node_id), "%.200s_%u", c->co_node_id, c->generation);
+    struct rdzv_client_options co = c->co;
+    co.node_id = node_id;
+    if (c->generation > 0) /* a new member has join_timeout to reach the server again */
+        co.connect_timeout_ms = c->conf.join_timeout_ms;
+    return rdzv_client_start(c->loop, &co, on_event, c, &c->client, err, errlen);
+}
+
+/* This node is out of the run (the server removed it, or will have by
+ * now): drop the client and start a fresh one that joins as a new member.
+ * While a round runs, the agent is told to stop its workers and join. */
+static void rejoin_as_new_member(struct c10d *c, const char *why)
+{
+    struct rdzv_client *old = c->client;
+    c->client = NULL;
+    if (old)
+        rdzv_client_close(old, NULL, NULL); /* its callbacks are dropped (not c->client) */
+    c->generation++;
+    c->reconnect_base = c->base.info.reconnects + 1;
+    c->quiet_suspect = false;
+    bool was_running = c->round_active;
+    c->round_active = false;
+    char err[256] = "";
+    int rc = start_client(c, err, sizeof(err));
+    if (rc) {
+        c->client = NULL; /* nothing to rejoin with: the rendezvous is lost */
+        if (c->base.on_closed)
+            c->base.on_closed(&c->base, rc, err[0] ? err : cddp_strerror(rc));
+        return;
+    }
+    c->base.info.connected = false;
+    c->base.info.disconnected_at = cddp_wall_time();
+    info_changed(c);
+    if (was_running && c->base.on_restart)
+        c->base.on_restart(&c->base, why, false);
+}
+
+static uint64_t removal_window_ms(const struct c10d *c)
+{
+    return c->conf.keep_alive_interval_ms * (uint64_t)c->conf.keep_alive_max_attempt;
+}
+
+/* While a round runs: has the server's host been silent for the window
+ * after which the server removes a node? Confirmed on the next tick, so a
+ * process that was stopped reads what arrived meanwhile first. */
+static void on_quiet_tick(uv_timer_t *t)
+{
+    struct c10d *c = t->data;
+    if (c->closing || c->client == NULL || !c->round_active)
+        return;
+    int64_t quiet = rdzv_client_quiet_ms(c->client);
+    uint64_t window = removal_window_ms(c);
+    if (quiet < 0 || (uint64_t)quiet < window) {
+        c->quiet_suspect = false;
+        return;
+    }
+    if (!c->quiet_suspect) {
+        c->quiet_suspect = true;
+        return;
+    }
+    char why[512];
+    snprintf(why, sizeof(why),
+             "heard nothing from the rendezvous server for %.1f s (keep_alive_interval=%.1f s x "
+             "keep_alive_max_attempt=%d): the server has removed this node",
+             (double)quiet / 1000.0, (double)c->conf.keep_alive_interval_ms / 1000.0,
+             c->conf.keep_alive_max_attempt);
+    log_warn("A2110",
+             "%s; stopping this node's workers; it joins run '%s' again as a new member when the "
+             "server is reachable (for up to %.1f s)",
+             why, c->run_id, (double)c->conf.join_timeout_ms / 1000.0);
+    rejoin_as_new_member(c, why);
+}
 
 static void describe_restart(const struct rdzv_event *ev, char *out, size_t len)
 {
@@ -439,6 +574,17 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
 {
     struct c10d *c = data;
     char why[512];
+    if (cl != c->client)
+        return; /* a client replaced after a removal */
+    if (ev->kind == RDZV_EV_ERROR && ev->from_server && ev->code == CDDP_ETIMEOUT && !c->closing &&
+        c->join_cb == NULL && c->barrier_cb == NULL) {
+        /* The server removed us (missed heartbeats): we are still welcome
+         * as a new member. */
+        log_warn("A2111", "%s; this node joins run '%s' again as a new member",
+                 ev->message ? ev->message : "removed from the run", c->run_id);
+        rejoin_as_new_member(c, ev->message ? ev->message : "this node was removed from the run");
+        return;
+    }
     switch (ev->kind) {
     case RDZV_EV_JOINED:
         c->waiting = ev->waiting;
@@ -472,7 +618,7 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
             log_warn("A0717", "reconnected to the rendezvous server");
         c->base.info.connected = true;
         c->base.info.disconnected_at = 0;
-        c->base.info.reconnects = rdzv_client_reconnects(cl);
+        c->base.info.reconnects = c->reconnect_base + rdzv_client_reconnects(cl);
         info_changed(c);
         return;
     case RDZV_EV_WAITING:
@@ -480,11 +626,12 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
         info_changed(c);
         return;
     case RDZV_EV_RESTART:
+        c->round_active = false; /* the workers stop; the agent joins again */
         if (ev->reason && strcmp(ev->reason, "resume_failed") == 0 && !c->closing) {
             /* Reconnected, but not to its round: connected all the same. */
             c->base.info.connected = true;
             c->base.info.disconnected_at = 0;
-            c->base.info.reconnects = rdzv_client_reconnects(cl);
+            c->base.info.reconnects = c->reconnect_base + rdzv_client_reconnects(cl);
             info_changed(c);
         }
         if (c->closing || c->base.on_restart == NULL)
@@ -611,6 +758,8 @@ int agent_rdzv_c10d_new(uv_loop_t *loop, const struct agent_rdzv_c10d_options *o
 
     uv_timer_init(loop, &c->timer);
     c->timer.data = c;
+    uv_timer_init(loop, &c->quiet);
+    c->quiet.data = c;
     char fqdn[256];
     cddp_fqdn(fqdn, sizeof(fqdn));
     char node_id[PROTO_MAX_ID + 1];
@@ -630,7 +779,18 @@ int agent_rdzv_c10d_new(uv_loop_t *loop, const struct agent_rdzv_c10d_options *o
         .hostname = fqdn,
         .conf = &c->conf,
     };
-    rc = rdzv_client_start(loop, &co, on_event, c, &c->client, why, sizeof(why));
+    /* Kept for the clients that replace this one after a removal. */
+    cddp_strlcpy(c->co_host, host, sizeof(c->co_host));
+    cddp_strlcpy(c->co_node_id, node_id, sizeof(c->co_node_id));
+    cddp_strlcpy(c->co_local_addr, o->local_addr ? o->local_addr : "", sizeof(c->co_local_addr));
+    cddp_strlcpy(c->co_hostname, fqdn, sizeof(c->co_hostname));
+    c->co = co;
+    c->co.host = c->co_host;
+    c->co.run_id = c->run_id;
+    c->co.local_addr = c->co_local_addr[0] ? c->co_local_addr : NULL;
+    c->co.hostname = c->co_hostname;
+    c->co.conf = &c->conf;
+    rc = start_client(c, why, sizeof(why));
     if (rc) {
         snprintf(err, errlen, "rendezvous client: %s", why);
         /* What was started closes itself on the loop, then frees c. */
@@ -640,6 +800,11 @@ int agent_rdzv_c10d_new(uv_loop_t *loop, const struct agent_rdzv_c10d_options *o
         shutdown_server(c);
         return rc;
     }
+    /* Checked ten times per window: a removed node stops within about 1.2
+     * windows of the last word from the server (the confirming tick). */
+    uint64_t tick = removal_window_ms(c) / 10;
+    tick = tick < 20 ? 20 : tick;
+    uv_timer_start(&c->quiet, on_quiet_tick, tick, tick);
     *out = &c->base;
     return 0;
 }

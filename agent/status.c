@@ -65,6 +65,7 @@ struct agent_status {
     char master_addr[256];
     char hostname[256];
     char endpoint[300];
+    char ifname[64], ifname_addr[64], ifname_source[16];
     enum agent_state state;
     enum stop_reason stop_reason;
     uint64_t round;
@@ -195,6 +196,9 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
     v->rdzv_connected = st->rdzv_connected;
     v->rdzv_disconnected_at = st->rdzv_disconnected_at;
     v->rdzv_reconnects = st->rdzv_reconnects;
+    v->ifname = st->ifname[0] ? st->ifname : NULL;
+    v->ifname_addr = st->ifname_addr[0] ? st->ifname_addr : NULL;
+    v->ifname_source = st->ifname_source[0] ? st->ifname_source : NULL;
     v->rdzv_server = NULL;
     if (st->rdzv_server && st->loop) {
         /* The server this agent hosts, shown as cddp-rdzv shows itself. */
@@ -533,6 +537,11 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     st->rdzv_connected = snap->rdzv_connected;
     st->rdzv_disconnected_at = snap->rdzv_disconnected_at;
     st->rdzv_reconnects = snap->rdzv_reconnects;
+    cddp_strlcpy(st->ifname, snap->ifname ? snap->ifname : "", sizeof(st->ifname));
+    cddp_strlcpy(st->ifname_addr, snap->ifname_addr ? snap->ifname_addr : "",
+                 sizeof(st->ifname_addr));
+    cddp_strlcpy(st->ifname_source, snap->ifname_source ? snap->ifname_source : "",
+                 sizeof(st->ifname_source));
     st->waiting_nodes = snap->waiting_nodes;
     st->rdzv_server = snap->rdzv_server;
     st->agent_store = snap->agent_store;

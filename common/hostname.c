@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/ifaddr.h"
 #include "common/strutil.h"
 
 void cddp_fqdn(char *out, size_t len)
@@ -53,33 +54,6 @@ void cddp_fqdn(char *out, size_t len)
     freeaddrinfo(ai);
 }
 
-static bool is_loopback(const struct sockaddr *sa)
-{
-    if (sa->sa_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
-    if (sa->sa_family == AF_INET6) {
-        const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-        if (IN6_IS_ADDR_LOOPBACK(a))
-            return true;
-        /* ::ffff:127.x.y.z */
-        return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
-    }
-    return false;
-}
-
-static bool same_addr(const struct sockaddr *a, const struct sockaddr *b)
-{
-    if (a == NULL || b == NULL || a->sa_family != b->sa_family)
-        return false;
-    if (a->sa_family == AF_INET)
-        return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
-               ((const struct sockaddr_in *)b)->sin_addr.s_addr;
-    if (a->sa_family == AF_INET6)
-        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
-                      &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr)) == 0;
-    return false;
-}
-
 bool cddp_host_is_local(const char *host)
 {
     if (host == NULL || host[0] == '\0')
@@ -105,12 +79,12 @@ bool cddp_host_is_local(const char *host)
         ifs = NULL;
     bool local = false;
     for (struct addrinfo *p = ai; p && !local; p = p->ai_next) {
-        if (is_loopback(p->ai_addr)) {
+        if (cddp_sockaddr_is_loopback(p->ai_addr)) {
             local = true;
             break;
         }
         for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next)
-            local = same_addr(p->ai_addr, i->ifa_addr);
+            local = cddp_sockaddr_same(p->ai_addr, i->ifa_addr);
     }
     if (ifs)
         freeifaddrs(ifs);

@@ -75,6 +75,7 @@ enum flag_id {
     F_WATCHDOG_SAFETY,
     F_WATCHDOG_FLOOR,
     F_MAX_NO_PROGRESS_RESTARTS,
+    F_NO_IFNAME,
     F_HELP,
     F_VERSION,
     F_COUNT,
@@ -514,6 +515,9 @@ static const struct cddp_flag flag_rows[F_COUNT] = {
                                     CDDP_FLAG_INT, AT(max_no_progress_restarts),
                                     .env = "CDDP_MAX_NO_PROGRESS_RESTARTS", PET, .defval = "0",
                                     .min = 0, .max = 1000000000, .what = "an integer >= 0"},
+    /* cddp's own: the workers' network interface (agent/ifname.h). */
+    [F_NO_IFNAME] = {"--no_ifname", "--no-ifname", 0, CDDP_FLAG_BOOL, AT(no_ifname),
+                     .env = "CDDP_NO_IFNAME", PET},
     [F_HELP] = {"--help", NULL, 'h', CDDP_FLAG_ACTION},
     [F_VERSION] = {"--version", NULL, 0, CDDP_FLAG_ACTION},
 };

@@ -78,6 +78,11 @@ struct rdzv_client {
     int64_t waiting;    /* the run's wait list as the server last said; -1: unknown */
     int64_t restart_count;
 
+    /* What the agent's keep-alive watch asks (rdzv_client_quiet_ms). */
+    uint64_t last_heard;    /* loop time of the host's last answer: bytes, a reset, a refusal */
+    bool refused;           /* the last connect attempt was refused: host there, server not */
+    bool error_from_server; /* the ERROR being reported is the server's own message */
+
     char *host, *run_id, *node_id, *local_addr, *hostname;
     int port, nproc, min_nodes, max_nodes;
     struct rdzv_conf conf;
@@ -215,6 +220,7 @@ static void client_fail(struct rdzv_client *c, int code, const char *fmt, ...)
     fail_pending(c, code);
     if (notify && !c->closing && c->on_event) {
         struct rdzv_event ev = {.kind = RDZV_EV_ERROR, .code = code, .message = c->last_error};
+        ev.from_server = c->error_from_server;
         c->on_event(c, &ev, c->data);
     }
 }
@@ -374,6 +380,7 @@ static void on_server_message(struct rdzv_client *c, const struct proto_msg *m)
             c->join_cb(c, m->error.code, NULL, c->join_arg);
             return;
         }
+        c->error_from_server = true;
         client_fail(c, m->error.code, "%s", msg);
         return;
     }
@@ -434,6 +441,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     struct rdzv_client *c = s->data;
     if (nread == 0 || c->state != C_CONNECTED)
         return;
+    c->last_heard = uv_now(c->loop);
     if (nread < 0) {
         connection_lost(c, nread == UV_EOF ? CDDP_ERR_FROM_ERRNO(ECONNRESET) : (int)nread,
                         "connection to the rendezvous server %s:%d lost: %s", c->host, c->port,
@@ -460,6 +468,17 @@ static void on_beat(uv_timer_t *t)
 static void on_watch(uv_timer_t *t)
 {
     struct rdzv_client *c = t->data;
+    if (c->state == C_CONNECTING && c->tcp_open && !uv_is_closing((uv_handle_t *)&c->tcp) &&
+        !c->closing) {
+        /* A connect attempt nobody answers (a partition eats the SYNs)
+         * would wait for the kernel's retries, minutes; give it up and try
+         * again, so a healed network is seen within a second or so. */
+        snprintf(c->last_error, sizeof(c->last_error), "cannot connect to %s:%d: no answer",
+                 c->host, c->port);
+        c->refused = false;
+        close_tcp(c); /* on_handle_closed tries the next address, then backs off */
+        return;
+    }
     if (c->state != C_CONNECTED || c->closing)
         return;
     /* Before welcome every server must answer; after it, only one that
@@ -507,8 +526,11 @@ static int write_outq(struct rdzv_client *c)
 static void on_connected(uv_connect_t *req, int status)
 {
     struct rdzv_client *c = req->data;
-    if (c->closing || c->state != C_CONNECTING)
+    if (c->closing || c->state != C_CONNECTING || status == UV_ECANCELED)
         return;
+    c->refused = status == UV_ECONNREFUSED;
+    if (c->refused || status >= 0)
+        c->last_heard = uv_now(c->loop); /* the host answered */
     if (status < 0) {
         snprintf(c->last_error, sizeof(c->last_error), "cannot connect to %s:%d: %s", c->host,
                  c->port, uv_strerror(status));
@@ -597,8 +619,12 @@ static void try_next_address(struct rdzv_client *c)
         c->open_handles++;
         c->connect_req.data = c;
         int rc = uv_tcp_connect(&c->connect_req, &c->tcp, a->ai_addr, on_connected);
-        if (rc == 0)
+        if (rc == 0) {
+            uint64_t attempt = c->conf.keep_alive_interval_ms;
+            attempt = attempt < 1000 ? 1000 : attempt;
+            uv_timer_start(&c->watch, on_watch, attempt, 0);
             return;
+        }
         snprintf(c->last_error, sizeof(c->last_error), "cannot connect to %s:%d: %s", c->host,
                  c->port, uv_strerror(rc));
         close_tcp(c); /* on_handle_closed comes back here */
@@ -1136,6 +1162,15 @@ void rdzv_client_close(struct rdzv_client *c, void (*close_cb)(void *arg), void 
 bool rdzv_client_connected(const struct rdzv_client *c)
 {
     return c->state == C_CONNECTED && c->welcomed;
+}
+
+int64_t rdzv_client_quiet_ms(const struct rdzv_client *c)
+{
+    if (!c->ever_welcomed || !c->server_acks || c->state == C_DEAD)
+        return -1;
+    if (c->state == C_CONNECTING && c->refused)
+        return 0; /* its host keeps answering: the server is down, not cut off */
+    return (int64_t)(uv_now(c->loop) - c->last_heard);
 }
 
 int64_t rdzv_client_waiting(const struct rdzv_client *c)

@@ -109,6 +109,7 @@ struct rdzv_event {
     int code;              /* ERROR, DISCONNECTED */
     const char *message;   /* ERROR, DISCONNECTED: one line; RESTART: the server's detail */
     bool resumed;          /* RECONNECTED: this node is still in its round */
+    bool from_server;      /* ERROR: the server's own error (it refused or removed us) */
     int64_t waiting_nodes; /* WAITING */
 };
 
@@ -175,6 +176,12 @@ const char *rdzv_client_last_error(const struct rdzv_client *c);
 const char *rdzv_client_node_id(const struct rdzv_client *c);
 /* Connected and welcomed now. */
 bool rdzv_client_connected(const struct rdzv_client *c);
+/* Milliseconds since the server's host last answered: bytes from the
+ * server, or a reset or refusal from its host (the server is gone, so it
+ * is not removing anyone; 0 while its host keeps refusing the reconnect
+ * attempts). -1 while that cannot be told: no welcome yet,
+ * a server that does not answer heartbeats, or the client is done. */
+int64_t rdzv_client_quiet_ms(const struct rdzv_client *c);
 /* The run's wait list as the server last said (heartbeat answers); -1 while
  * unknown. */
 int64_t rdzv_client_waiting(const struct rdzv_client *c);

@@ -227,6 +227,12 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
     jsonw_int(j, "reconnects", v->rdzv_reconnects);
     jsonw_object_end(j);
 
+    jsonw_object_begin(j, "network");
+    jsonw_string(j, "ifname", v->ifname);
+    jsonw_string(j, "address", v->ifname_addr);
+    jsonw_string(j, "source", v->ifname_source ? v->ifname_source : "none");
+    jsonw_object_end(j);
+
     jsonw_object_begin(j, "restarts");
     jsonw_int(j, "count", v->restart_count);
     jsonw_int(j, "max", v->max_restarts);

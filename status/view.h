@@ -123,6 +123,12 @@ struct status_agent_view {
     bool rdzv_connected;         /* false while reconnecting to the rendezvous server */
     double rdzv_disconnected_at; /* wall time the connection was lost; 0 while connected */
     unsigned rdzv_reconnects;    /* connections re-established after a loss */
+    /* The workers' network interface (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME):
+     * its name and address (NULL: none chosen) and where the choice came
+     * from ("auto", "user", "off", "none"; NULL: not said). */
+    const char *ifname;
+    const char *ifname_addr;
+    const char *ifname_source;
     /* The rendezvous server this agent hosts (its runs, members, wait list,
      * connections); NULL when it hosts none. */
     const struct status_rdzv_view *rdzv_server;

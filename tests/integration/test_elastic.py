@@ -295,7 +295,9 @@ def stop(*agents):
 
 def test_sigstop_agent_removed_after_heartbeat_timeout(cluster):
     """A frozen agent (SIGSTOP) misses its heartbeats: the others go on
-    without it; woken up, it learns it was removed and stops its workers."""
+    without it; woken up, it learns it was removed, stops its workers and
+    joins again as a new member (issue 15: it used to exit 1), so the job
+    scales back up to three nodes."""
     port = free_port()
     a = cluster.agent("0", *c10d(port, "2:3", conf="is_host=1," + FAST))
     b = cluster.agent("1", *c10d(port, "2:3", conf="is_host=0," + FAST))
@@ -309,11 +311,17 @@ def test_sigstop_agent_removed_after_heartbeat_timeout(cluster):
         assert "no heartbeat" in b.text()
     finally:
         c.signal(signal.SIGCONT)
-    assert c.wait() == 1
-    assert "sent no heartbeat" in c.text(), c.text()[-2000:]
+    before = snapshot(cluster.out)
+    third = wait_round(cluster.out, 6, ignore=before)
+    check_world(third, 3, [2, 2, 2])
+    text = c.text()
+    assert "sent no heartbeat" in text or "heard nothing from the rendezvous server" in text, \
+        text[-2000:]
+    assert "again as a new member" in text
     frozen = [int(e["PID"]) for e in first if e["NODE"] == "2"]
     assert not any(alive(p) for p in frozen)
-    stop(b, a)
+    assert c.bg.proc.poll() is None
+    stop(c, b, a)
 
 
 def test_lost_host_ends_the_job_with_a_clear_error(cluster):

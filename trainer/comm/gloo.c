@@ -29,6 +29,7 @@
 
 #include "common/clock.h"
 #include "common/errors.h"
+#include "common/ifaddr.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "trainer/comm/backend.h"
@@ -185,33 +186,6 @@ static const struct trn_comm_backend_ops gloo_ops = {
     .destroy = gloo_destroy,
 };
 
-/* The local address the route to `dest` leaves from: a UDP "connect" sends
- * nothing, it only picks the source address, so peers on other nodes can
- * reach the address we bind. 0 or a negative code. */
-static int route_source(const char *dest, char *out, size_t len)
-{
-    struct addrinfo hints = {.ai_socktype = SOCK_DGRAM, .ai_flags = AI_ADDRCONFIG};
-    struct addrinfo *res = NULL;
-    if (getaddrinfo(dest, "9", &hints, &res) != 0 || res == NULL)
-        return CDDP_ENOTFOUND;
-    int rc = CDDP_ENOTFOUND;
-    for (struct addrinfo *ai = res; ai != NULL && rc < 0; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-            continue;
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof(ss);
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-            getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
-            getnameinfo((struct sockaddr *)&ss, sl, out, (socklen_t)len, NULL, 0, NI_NUMERICHOST) ==
-                0)
-            rc = 0;
-        close(fd);
-    }
-    freeaddrinfo(res);
-    return rc;
-}
-
 /* Unblocks SIGPIPE in this thread again, first discarding one that arrived
  * while it was blocked (it would otherwise kill us the moment it is
  * unblocked). */
@@ -241,8 +215,11 @@ int trn_gloo_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
     } else if (o->host != NULL && *o->host != '\0') {
         cddp_strlcpy(host, o->host, sizeof(host));
     } else if (o->route_to != NULL && *o->route_to != '\0') {
-        if (route_source(o->route_to, host, sizeof(host)) < 0)
-            cddp_strlcpy(host, "127.0.0.1", sizeof(host));
+        /* The address the route to MASTER_ADDR leaves from: peers on
+         * other nodes can reach it (common/ifaddr.h). */
+        struct cddp_route route;
+        if (cddp_route_to(o->route_to, &route) == 0)
+            cddp_strlcpy(host, route.addr, sizeof(host));
     }
 
     struct gloo_backend *b = calloc(1, sizeof(*b));
