@@ -231,7 +231,7 @@ def test_not_json_and_http_errors(other_server):
     (["status", "h:1", "--timeout", "abc"], "--timeout 'abc'"),
     (["status", "h:1", "--frobnicate"], "unknown option '--frobnicate'"),
     (["status", "h:1", "extra"], "unexpected argument 'extra'"),
-    (["health", "h:1", "--json"], "--json is an option of status"),
+    (["health", "h:1", "--watch"], "--watch, --interval and --count are options of status and job"),
     (["status", "h:1", "--live"], "--live and --verbose are options of health"),
 ])
 def test_usage_errors(args, needle):
