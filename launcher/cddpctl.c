@@ -1395,6 +1395,46 @@ static void draw_tty(const char *frame, size_t len)
     fputs("\033[J", stdout);
 }
 
+/* Writes one frame: on a terminal in place under a header line (the
+ * frame returned has the header, for the last screen), otherwise after a
+ * "--- time target" line (none with --json). Takes buf; returns the frame
+ * kept as the last one. */
+static char *emit_frame(const struct options *o, bool tty, long snapshots, char *buf, size_t *len)
+{
+    time_t now = time(NULL);
+    struct tm tm;
+    char when[32];
+    localtime_r(&now, &tm);
+    if (tty) {
+        char head[512];
+        strftime(when, sizeof(when), "%H:%M:%S", &tm);
+        int hn = snprintf(head, sizeof(head), "every %gs: cddpctl %s %s%s%.200s   %s\n\n",
+                          o->interval_s, o->cmd->name, o->shown, o->npos > 1 ? " " : "",
+                          o->npos > 1 ? o->pos[1] : "", when);
+        if (hn < 0 || (size_t)hn >= sizeof(head))
+            hn = (int)strlen(head);
+        char *framed = NULL;
+        size_t flen = 0;
+        FILE *fm = open_memstream(&framed, &flen);
+        if (fm) {
+            fwrite(head, 1, (size_t)hn, fm);
+            fwrite(buf, 1, *len, fm);
+            fclose(fm);
+            free(buf);
+            buf = framed;
+            *len = flen;
+        }
+        draw_tty(buf, *len);
+        return buf;
+    }
+    if (!o->json) {
+        strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+        printf("%s--- %s %s\n", snapshots > 1 ? "\n" : "", when, o->shown);
+    }
+    fwrite(buf, 1, *len, stdout);
+    return buf;
+}
+
 static int watch(const struct options *o)
 {
     bool tty = isatty(STDOUT_FILENO) && !o->json;
@@ -1451,11 +1491,12 @@ static int watch(const struct options *o)
                 timeouts = 0;
             if (frc) {
                 /* An answer that is not a status (HTTP 503 while the
-                 * program starts): shown as the frame, and watched on. */
+                 * program starts): shown as the frame (with --json, not
+                 * on stdout: it would not be JSON), and watched on. */
                 free(buf);
                 buf = NULL;
                 len = 0;
-                mem = open_memstream(&buf, &len);
+                mem = o->json ? NULL : open_memstream(&buf, &len);
                 if (mem) {
                     fprintf(mem, "%s\n", f.errmsg);
                     fclose(mem);
@@ -1464,36 +1505,8 @@ static int watch(const struct options *o)
                 cddp_strlcpy(last_state, f.state, sizeof(last_state));
             }
             snapshots++;
-            if (buf && tty) {
-                char head[512], when[32];
-                time_t now = time(NULL);
-                struct tm tm;
-                strftime(when, sizeof(when), "%H:%M:%S", localtime_r(&now, &tm));
-                int hn = snprintf(head, sizeof(head), "every %gs: cddpctl %s %s%s%s   %s\n\n",
-                                  o->interval_s, o->cmd->name, o->shown, o->npos > 1 ? " " : "",
-                                  o->npos > 1 ? o->pos[1] : "", when);
-                char *framed = NULL;
-                size_t flen = 0;
-                FILE *fm = open_memstream(&framed, &flen);
-                if (fm) {
-                    fwrite(head, 1, (size_t)hn, fm);
-                    fwrite(buf, 1, len, fm);
-                    fclose(fm);
-                    free(buf);
-                    buf = framed;
-                    len = flen;
-                }
-                draw_tty(buf, len);
-            } else if (buf) {
-                if (!o->json) {
-                    char when[32];
-                    time_t now = time(NULL);
-                    struct tm tm;
-                    strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", localtime_r(&now, &tm));
-                    printf("%s--- %s %s\n", snapshots > 1 ? "\n" : "", when, o->shown);
-                }
-                fwrite(buf, 1, len, stdout);
-            }
+            if (buf)
+                buf = emit_frame(o, tty, snapshots, buf, &len);
             if (buf) {
                 free(last);
                 last = buf;
