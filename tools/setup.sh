@@ -29,12 +29,13 @@ pkgs="build-essential meson ninja-build pkg-config git
 test_pkgs="python3 python3-pytest python3-torch python3-torchvision python3-numpy
            etcd-server etcd-client curl clang clang-format libclang-rt-14-dev
            iproute2 procps psmisc wrk hyperfine gdb"
+[ $want_test -eq 1 ] && pkgs="$pkgs $test_pkgs"
+
 # Packaging: scdoc turns docs/man/*.scd into man pages at build time; the
 # install and .deb tests read them (man-db), verify the unit (systemd),
 # build the package (dpkg-dev) and install it in a fresh root (debootstrap).
 pkgs="$pkgs scdoc"
-test_pkgs="$test_pkgs man-db systemd dpkg-dev debootstrap util-linux"
-[ $want_test -eq 1 ] && pkgs="$pkgs $test_pkgs"
+[ $want_test -eq 1 ] && pkgs="$pkgs man-db systemd dpkg-dev debootstrap util-linux"
 
 missing=""
 for p in $pkgs; do
