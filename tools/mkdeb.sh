@@ -11,7 +11,8 @@
 #   -B BUILDDIR  the build directory to use (default build-deb/, configured
 #                here: --prefix=/usr, release, -Dcuda=disabled; reused and
 #                rebuilt incrementally on later runs)
-#   -o OUTDIR    where the .deb goes (default: BUILDDIR)
+#   -o OUTDIR    where the .deb goes (default: BUILDDIR, where older ones
+#                are removed)
 #
 # Prints the path of the .deb on its last line. Needs meson, ninja, dpkg-dev
 # (dpkg-shlibdeps) and the build dependencies (tools/setup.sh). The CUDA
@@ -136,5 +137,10 @@ Description: torchrun-compatible launcher, rendezvous server and ResNet DDP trai
  cddp-train trains torchvision's ResNets data-parallel on the CPU.
 EOF
 deb="$outdir/cddp_${version}_${arch}.deb"
+# In its own build directory, only the newest package is kept (so that
+# apt-get install ./build-deb/cddp_*.deb names one).
+if [ "$outdir" = "$(cd "$builddir" && pwd)" ]; then
+    find "$outdir" -maxdepth 1 -name "cddp_*_${arch}.deb" ! -name "$(basename "$deb")" -delete
+fi
 dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" >/dev/null
 echo "$deb"
