@@ -89,13 +89,15 @@ def test_man_pages(installed):
             assert re.search(rf"^{head}$", out, re.M), (page, head)
         if page != "cddp-train":
             assert re.search(r"^EXIT STATUS$", out, re.M), page
-    # Every flag cddpctl's --help names is in its man page.
-    help_text = run([str(prefix / opts["bindir"] / "cddpctl"), "--help"]).stdout
-    page = subprocess.run(["man", "-l", str(mandir / "man1" / "cddpctl.1")], capture_output=True,
-                          text=True, env=dict(os.environ, MANWIDTH="200")).stdout
-    page = re.sub(".\x08", "", page)
-    flags = set(re.findall(r"--[a-z][a-z-]+", help_text))
-    assert flags and {f for f in flags if f not in page} == set()
+    # Every flag a program's --help names is in its man page.
+    for prog, section in MAN_PAGES.items():
+        help_text = run([str(prefix / opts["bindir"] / prog), "--help"]).stdout
+        page = subprocess.run(["man", "-l", str(mandir / f"man{section}" / f"{prog}.{section}")],
+                              capture_output=True, text=True,
+                              env=dict(os.environ, MANWIDTH="250")).stdout
+        page = re.sub(".\x08", "", page)
+        flags = set(re.findall(r"--[a-z][a-z0-9-]+", help_text))
+        assert flags and sorted(f for f in flags if f not in page) == [], prog
 
 
 def complete(bin_dir, script, words):
