@@ -413,8 +413,8 @@ static void transfer_error(const struct reply *r, const char *url, const char *s
 /* GET url. On failure returns CTL_EXIT_UNREACHABLE (CDDP_EXIT_FAILURE when
  * the reply was too large) and logs one line, or, with f->quiet, puts it in
  * f->errmsg. */
-static int fetch(const char *url, const char *shown, double timeout_s, struct reply *r,
-                 struct frame_ctx *f)
+static int fetch_for(const char *url, const char *shown, double timeout_s, struct reply *r,
+                     struct frame_ctx *f)
 {
     CURL *c = handle_new(url, timeout_s, r);
     if (c == NULL) {
@@ -456,6 +456,12 @@ static int fetch(const char *url, const char *shown, double timeout_s, struct re
     return r->rc == CURLE_WRITE_ERROR ? CDDP_EXIT_FAILURE : CTL_EXIT_UNREACHABLE;
 }
 
+/* GET url; a failure is logged (one line). */
+static int fetch(const char *url, const char *shown, double timeout_s, struct reply *r)
+{
+    return fetch_for(url, shown, timeout_s, r, NULL);
+}
+
 /* The first line of a body, quoted and shortened, for error messages. */
 static void excerpt(const struct cddp_buf *b, char *out, size_t len)
 {
@@ -481,7 +487,7 @@ static cJSON *fetch_status(const char *base, const char *shown, double timeout_s
     char url[2100];
     snprintf(url, sizeof(url), "%s/status", base);
     struct reply r = {0};
-    *rc = fetch(url, shown, timeout_s, &r, f);
+    *rc = fetch_for(url, shown, timeout_s, &r, f);
     if (*rc) {
         cddp_buf_free(&r.body);
         return NULL;
@@ -996,7 +1002,7 @@ static int cmd_health(const struct options *o)
     const char *endpoint = o->live ? "/livez" : "/readyz";
     snprintf(url, sizeof(url), "%s%s?verbose", o->base, endpoint);
     struct reply r = {0};
-    int rc = fetch(url, o->shown, o->timeout_s, &r, NULL);
+    int rc = fetch(url, o->shown, o->timeout_s, &r);
     if (rc) {
         cddp_buf_free(&r.body);
         return rc;
