@@ -33,7 +33,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
+
+#include <sys/ioctl.h> /* --watch: TIOCGWINSZ, the terminal's size */
 #include <time.h>
 #include <unistd.h>
 
@@ -951,86 +952,6 @@ static int cmd_status(const struct options *o, struct frame_ctx *f)
     return 0;
 }
 
-/* ---- health ------------------------------------------------------------ */
-
-/* health --json: {"target", "endpoint", "ok", "http_status", "checks":
- * [{"name", "ok", "reason"}]} from the ?verbose list ("[+]loop ok",
- * "[-]workers failed: why"). */
-static void print_health_json(const char *shown, const char *endpoint, const struct reply *r)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "target", shown);
-    cJSON_AddStringToObject(o, "endpoint", endpoint);
-    cJSON_AddBoolToObject(o, "ok", r->code == 200);
-    cJSON_AddNumberToObject(o, "http_status", (double)r->code);
-    cJSON *checks = cJSON_AddArrayToObject(o, "checks");
-    for (const char *line = r->body.data; line && *line;) {
-        const char *nl = strchr(line, '\n');
-        size_t n = nl ? (size_t)(nl - line) : strlen(line);
-        if (n > 3 && line[0] == '[' && (line[1] == '+' || line[1] == '-') && line[2] == ']') {
-            char text[1024];
-            snprintf(text, sizeof(text), "%.*s", (int)(n - 3), line + 3);
-            bool ok = line[1] == '+';
-            char *sp = strchr(text, ' ');
-            const char *reason = NULL;
-            if (sp) {
-                *sp = '\0';
-                reason = sp + 1;
-                if (strncmp(reason, "failed: ", 8) == 0)
-                    reason += 8;
-            }
-            cJSON *c = cJSON_CreateObject();
-            cJSON_AddStringToObject(c, "name", text);
-            cJSON_AddBoolToObject(c, "ok", ok);
-            if (ok || reason == NULL)
-                cJSON_AddNullToObject(c, "reason");
-            else
-                cJSON_AddStringToObject(c, "reason", reason);
-            cJSON_AddItemToArray(checks, c);
-        }
-        line = nl ? nl + 1 : NULL;
-    }
-    char *text = cJSON_PrintUnformatted(o);
-    printf("%s\n", text ? text : "{}");
-    cJSON_free(text);
-    cJSON_Delete(o);
-}
-
-static int cmd_health(const struct options *o)
-{
-    char url[2100];
-    const char *endpoint = o->live ? "/livez" : "/readyz";
-    snprintf(url, sizeof(url), "%s%s?verbose", o->base, endpoint);
-    struct reply r = {0};
-    int rc = fetch(url, o->shown, o->timeout_s, &r);
-    if (rc) {
-        cddp_buf_free(&r.body);
-        return rc;
-    }
-    const char *what = o->live ? "alive" : "ready";
-    if (o->json) {
-        print_health_json(o->shown, endpoint, &r);
-    } else if (r.code == 200) {
-        printf("%s %s\n", o->shown, what);
-        if (o->verbose)
-            fwrite(r.body.data, 1, r.body.len, stdout);
-    } else {
-        printf("%s not %s (HTTP %ld)\n", o->shown, what, r.code);
-        /* The failed checks, or everything with --verbose. */
-        for (char *line = r.body.data; line && *line;) {
-            char *nl = strchr(line, '\n');
-            size_t n = nl ? (size_t)(nl - line) : strlen(line);
-            if (o->verbose || strncmp(line, "[-]", 3) == 0)
-                printf("  %.*s\n", (int)n, line);
-            line = nl ? nl + 1 : NULL;
-        }
-    }
-    if (r.code != 200)
-        rc = CDDP_EXIT_FAILURE;
-    cddp_buf_free(&r.body);
-    return rc;
-}
-
 /* ---- job: a run through its rendezvous server --------------------------- */
 
 /* The host a node id names. cddprun's agents join as "HOST_PID_0", or
@@ -1559,6 +1480,87 @@ static int watch(const struct options *o)
                       "served)");
         rc = ok ? 0 : CDDP_EXIT_FAILURE;
     }
+    return rc;
+}
+
+/* ---- health ------------------------------------------------------------ */
+
+/* health --json: {"target", "endpoint", "ok", "http_status", "checks":
+ * [{"name", "ok", "reason"}]} from the ?verbose list ("[+]loop ok",
+ * "[-]workers failed: why"). */
+static void print_health_json(const char *shown, const char *endpoint, const struct reply *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "target", shown);
+    cJSON_AddStringToObject(o, "endpoint", endpoint);
+    cJSON_AddBoolToObject(o, "ok", r->code == 200);
+    cJSON_AddNumberToObject(o, "http_status", (double)r->code);
+    cJSON *checks = cJSON_AddArrayToObject(o, "checks");
+    for (const char *line = r->body.data; line && *line;) {
+        const char *nl = strchr(line, '\n');
+        size_t n = nl ? (size_t)(nl - line) : strlen(line);
+        if (n > 3 && line[0] == '[' && (line[1] == '+' || line[1] == '-') && line[2] == ']') {
+            char text[1024];
+            snprintf(text, sizeof(text), "%.*s", (int)(n - 3), line + 3);
+            bool ok = line[1] == '+';
+            char *sp = strchr(text, ' ');
+            const char *reason = NULL;
+            if (sp) {
+                *sp = '\0';
+                reason = sp + 1;
+                if (strncmp(reason, "failed: ", 8) == 0)
+                    reason += 8;
+            }
+            cJSON *c = cJSON_CreateObject();
+            cJSON_AddStringToObject(c, "name", text);
+            cJSON_AddBoolToObject(c, "ok", ok);
+            if (ok || reason == NULL)
+                cJSON_AddNullToObject(c, "reason");
+            else
+                cJSON_AddStringToObject(c, "reason", reason);
+            cJSON_AddItemToArray(checks, c);
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    char *text = cJSON_PrintUnformatted(o);
+    printf("%s\n", text ? text : "{}");
+    cJSON_free(text);
+    cJSON_Delete(o);
+}
+
+static int cmd_health(const struct options *o)
+{
+    char url[2100];
+    const char *endpoint = o->live ? "/livez" : "/readyz";
+    snprintf(url, sizeof(url), "%s%s?verbose", o->base, endpoint);
+    struct reply r = {0};
+    int rc = fetch(url, o->shown, o->timeout_s, &r);
+    if (rc) {
+        cddp_buf_free(&r.body);
+        return rc;
+    }
+    const char *what = o->live ? "alive" : "ready";
+    if (o->json) {
+        print_health_json(o->shown, endpoint, &r);
+        if (r.code != 200)
+            rc = CDDP_EXIT_FAILURE;
+    } else if (r.code == 200) {
+        printf("%s %s\n", o->shown, what);
+        if (o->verbose)
+            fwrite(r.body.data, 1, r.body.len, stdout);
+    } else {
+        printf("%s not %s (HTTP %ld)\n", o->shown, what, r.code);
+        /* The failed checks, or everything with --verbose. */
+        for (char *line = r.body.data; line && *line;) {
+            char *nl = strchr(line, '\n');
+            size_t n = nl ? (size_t)(nl - line) : strlen(line);
+            if (o->verbose || strncmp(line, "[-]", 3) == 0)
+                printf("  %.*s\n", (int)n, line);
+            line = nl ? nl + 1 : NULL;
+        }
+        rc = CDDP_EXIT_FAILURE;
+    }
+    cddp_buf_free(&r.body);
     return rc;
 }
 
