@@ -1169,9 +1169,10 @@ static void job_table(FILE *out, const struct options *o, const cJSON *root, con
         const char *agent_s = "-";
         if (jn->agent[0]) {
             if (jn->status)
-                snprintf(agent, sizeof(agent), "%s %s", jn->agent, str(jn->status, "state", "?"));
+                snprintf(agent, sizeof(agent), "%.40s %.20s", jn->agent,
+                         str(jn->status, "state", "?"));
             else
-                snprintf(agent, sizeof(agent), "%s unreachable", jn->agent);
+                snprintf(agent, sizeof(agent), "%.50s unreachable", jn->agent);
             agent_s = agent;
         }
         table_row(&t, 7, str(jn->node, "node", "-"),
