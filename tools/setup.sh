@@ -32,6 +32,12 @@ test_pkgs="python3 python3-pytest python3-torch python3-torchvision python3-nump
            prometheus chromium chromium-driver"
 [ $want_test -eq 1 ] && pkgs="$pkgs $test_pkgs"
 
+# Packaging: scdoc turns docs/man/*.scd into man pages at build time; the
+# install and .deb tests read them (man-db), verify the unit (systemd),
+# build the package (dpkg-dev) and install it in a fresh root (debootstrap).
+pkgs="$pkgs scdoc"
+[ $want_test -eq 1 ] && pkgs="$pkgs man-db systemd dpkg-dev debootstrap util-linux"
+
 missing=""
 for p in $pkgs; do
     st=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
