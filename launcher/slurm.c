@@ -189,6 +189,15 @@ int launch_slurm_apply(char **envp, const struct launch_slurm_rows *rows,
                        struct cddp_flag_seen *seen, char *err, size_t errlen)
 {
     struct launch_slurm *sl = &last;
+    memset(sl, 0, sizeof(*sl));
+    /* Off: nothing of Slurm's is read, not even to refuse it. */
+    if (seen[rows->no_slurm].text) {
+        const char *job = cddp_flags_getenv(envp, "SLURM_JOB_ID");
+        if (job && *job)
+            log_info("L2102", "%s: Slurm job %s's environment is not used",
+                     seen[rows->no_slurm].source ? seen[rows->no_slurm].source : "--no_slurm", job);
+        return 0;
+    }
     int rc = launch_slurm_derive(envp, sl, err, errlen);
     if (rc)
         return rc;
@@ -199,12 +208,6 @@ int launch_slurm_apply(char **envp, const struct launch_slurm_rows *rows,
                  "in Slurm job %s but not in a job step (a batch script or salloc's shell): "
                  "Slurm's values are not used; start cddprun on every node with srun",
                  sl->job_id);
-        return 0;
-    }
-    if (seen[rows->no_slurm].text) {
-        log_info("L2102", "%s: Slurm job %s step %s's values are not used",
-                 seen[rows->no_slurm].source ? seen[rows->no_slurm].source : "--no_slurm",
-                 sl->job_id, sl->step_id);
         return 0;
     }
     bool standalone = seen[rows->standalone].text != NULL;
