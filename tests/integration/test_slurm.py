@@ -353,3 +353,20 @@ def test_failure_exits_one(cluster, tmp_path):
     r = cluster.run("srun", "-N2", "--ntasks-per-node=1", "--time=5", binary("cddprun"), w,
                     timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr
+
+
+def test_example_sbatch_script(cluster, tmp_path):
+    """examples/slurm/train.sbatch as users submit it (its #SBATCH lines:
+    two nodes, one task each), with a small training run as its arguments."""
+    tmp_path.chmod(0o755)
+    script = pathlib.Path(__file__).resolve().parents[2] / "examples" / "slurm" / "train.sbatch"
+    env = dict(os.environ, CDDPRUN=binary("cddprun"), CDDP_TRAIN=binary("cddp-train"),
+               LOGLEVEL="INFO")
+    r = cluster.run("sbatch", "--wait", f"--chdir={tmp_path}", "--time=5",
+                    f"--output={tmp_path}/job.out", script, *SMALL, "--num-samples", "16",
+                    "--batch-size", "4", "--steps", "2", timeout=300, env=env)
+    out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert r.returncode == 0, r.stdout + r.stderr + out[-4000:]
+    assert "cddp-train: done" in out, out[-4000:]
+    assert out.count("L2100: Slurm job") == 2, out[-4000:]
+    assert "group_world_size=2 world_size=2" in out, out[-4000:]
