@@ -370,3 +370,28 @@ def test_example_sbatch_script(cluster, tmp_path):
     assert "cddp-train: done" in out, out[-4000:]
     assert out.count("L2100: Slurm job") == 2, out[-4000:]
     assert "group_world_size=2 world_size=2" in out, out[-4000:]
+
+
+def test_tasks_per_node_of_the_job_are_workers(cluster, tmp_path):
+    """A job of two tasks per node, one cddprun per node (srun -N2 -n2):
+    two workers per node; srun --ntasks-per-node=2 (two agents per node) is
+    refused on every task, before anything starts."""
+    tmp_path.chmod(0o755)
+    w = tmp_path / "dump"
+    w.write_text(f'#!/bin/sh\necho "$(hostname) $LOCAL_WORLD_SIZE $WORLD_SIZE" > '
+                 f'"{tmp_path}/w.$RANK"\n')
+    w.chmod(0o755)
+    r = cluster.run("salloc", "-N2", "--ntasks-per-node=2", "--overcommit", "--time=5",
+                    "srun", "-N2", "-n2", binary("cddprun"), w, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    seen = sorted((tmp_path / f"w.{i}").read_text().split()[0] for i in range(4))
+    assert seen == ["n1", "n1", "n2", "n2"]
+    assert all((tmp_path / f"w.{i}").read_text().split()[1:] == ["2", "4"] for i in range(4))
+
+    for f in tmp_path.glob("w.*"):
+        f.unlink()
+    r = cluster.run("srun", "-N2", "--ntasks-per-node=2", "--overcommit", "--time=5",
+                    binary("cddprun"), w, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.count("srun started 2 tasks of this step on this node") == 4, r.stderr
+    assert not list(tmp_path.glob("w.*"))  # no worker ran
