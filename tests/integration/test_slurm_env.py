@@ -10,7 +10,6 @@ tests/integration/test_slurm.py does the same under a real slurmctld and
 slurmd.
 """
 import os
-import pathlib
 import random
 import signal
 import socket
@@ -18,21 +17,7 @@ import socket
 import pytest
 
 from conftest import binary, run, wait_for
-
-
-def script(tmp_path, name, body):
-    p = tmp_path / name
-    p.write_text("#!/bin/sh\n" + body)
-    p.chmod(0o755)
-    return p
-
-
-def read_env(path):
-    out = {}
-    for line in pathlib.Path(path).read_text().splitlines():
-        k, _, v = line.partition("=")
-        out[k] = v
-    return out
+from test_launcher import read_env, script
 
 
 def port_free(port):
