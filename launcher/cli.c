@@ -34,6 +34,7 @@
 #include "common/hostport.h"
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "launcher/slurm.h"
 #include "rendezvous/conf.h"
 
 /* Row indexes of the flags table, for what launch_parse reads after the
@@ -76,6 +77,7 @@ enum flag_id {
     F_WATCHDOG_FLOOR,
     F_MAX_NO_PROGRESS_RESTARTS,
     F_NO_IFNAME,
+    F_NO_SLURM,
     F_HELP,
     F_VERSION,
     F_COUNT,
@@ -518,6 +520,8 @@ static const struct cddp_flag flag_rows[F_COUNT] = {
     /* cddp's own: the workers' network interface (agent/ifname.h). */
     [F_NO_IFNAME] = {"--no_ifname", "--no-ifname", 0, CDDP_FLAG_BOOL, AT(no_ifname),
                      .env = "CDDP_NO_IFNAME", PET},
+    /* cddp's own: do not read Slurm's environment (launcher/slurm.h, docs/slurm.md). */
+    [F_NO_SLURM] = {"--no_slurm", "--no-slurm", 0, CDDP_FLAG_ACTION, .env = "CDDP_NO_SLURM", PET},
     [F_HELP] = {"--help", NULL, 'h', CDDP_FLAG_ACTION},
     [F_VERSION] = {"--version", NULL, 0, CDDP_FLAG_ACTION},
 };
@@ -579,7 +583,22 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
         return LAUNCH_PARSED_HELP;
     if (seen[F_VERSION].text)
         return LAUNCH_PARSED_VERSION;
+    /* Inside a Slurm step, what the command line and PET_* left unset
+     * comes from the allocation (launcher/slurm.h). */
+    static const struct launch_slurm_rows slurm_rows = {
+        .nnodes = F_NNODES,
+        .node_rank = F_NODE_RANK,
+        .backend = F_RDZV_BACKEND,
+        .endpoint = F_RDZV_ENDPOINT,
+        .rdzv_id = F_RDZV_ID,
+        .rdzv_conf = F_RDZV_CONF,
+        .nproc = F_NPROC_PER_NODE,
+        .signals = F_SIGNALS_TO_HANDLE,
+        .standalone = F_STANDALONE,
+        .no_slurm = F_NO_SLURM,
+    };
     if ((rc = cddp_flags_defaults(&launch_flags, envp, seen, err, errlen)) ||
+        (rc = launch_slurm_apply(envp, &slurm_rows, seen, err, errlen)) ||
         (rc = cddp_flags_convert(&launch_flags, seen, cfg, (void *)probe, err, errlen)))
         return rc;
     cfg->rdzv_backend_set = seen[F_RDZV_BACKEND].source != NULL;
@@ -1102,6 +1121,11 @@ void launch_print_help(FILE *out)
         "  --max-no-progress-restarts N  stop the job (exit 1) when N restarts in a row\n"
         "                        fail before any worker reports a step beyond the best\n"
         "                        seen before them (default 0: off)\n"
+        "Slurm (cddp's own; docs/slurm.md): inside an srun step, flags left unset come from\n"
+        "SLURM_*: --nnodes, --node-rank, --rdzv-backend=c10d, --rdzv-endpoint (the first\n"
+        "host, port 29400 + (job + step) %% 1000), --rdzv-id JOB.STEP, --nproc-per-node\n"
+        "(GPUs, else tasks per node) and SIGUSR1,SIGUSR2 among the signals\n"
+        "  --no-slurm            do not read SLURM_* (env CDDP_NO_SLURM=1)\n"
         "\n"
         "Environment: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
         "(seconds between SIGTERM and SIGKILL, default 30), PYTHON_EXEC, OMP_NUM_THREADS,\n"

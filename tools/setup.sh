@@ -29,7 +29,8 @@ pkgs="build-essential meson ninja-build pkg-config git
 test_pkgs="python3 python3-pytest python3-torch python3-torchvision python3-numpy
            etcd-server etcd-client curl clang clang-format libclang-rt-14-dev
            iproute2 procps psmisc wrk hyperfine gdb
-           prometheus chromium chromium-driver"
+           prometheus chromium chromium-driver
+           slurm-wlm munge util-linux"
 [ $want_test -eq 1 ] && pkgs="$pkgs $test_pkgs"
 
 # Packaging: scdoc turns docs/man/*.scd into man pages at build time; the
