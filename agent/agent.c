@@ -591,6 +591,7 @@ static int start_worker(struct agent *a, int i)
     spec.error_file = w->error_file;
     spec.extra = extras.env;
     spec.nextra = extras.nenv;
+    spec.virtual_local_rank = a->cfg->virtual_local_rank;
     struct agent_env env;
     if ((rc = agent_env_build(environ, &spec, &env)) != 0) {
         release_extras(&extras);

@@ -748,7 +748,6 @@ static void test_refused_until_supported(void **state)
         {{"--rdzv_backend=etcd-v2", "w", NULL}, "etcd-v2"},
         {{"--node_rank=1", "w", NULL}, "--node_rank"},
         {{"--logs_specs=mine", "w", NULL}, "--logs_specs"},
-        {{"--numa_binding=node", "w", NULL}, "--numa_binding"},
         {{"--rdzv_endpoint=host", "w", NULL}, "HOST:PORT"},
         {{"--rdzv_endpoint=[::1", "w", NULL}, "--rdzv_endpoint"},
         {{"--rdzv_endpoint=host:0", "w", NULL}, "HOST:PORT"},
