@@ -543,6 +543,26 @@ static int open_dest(struct agent *a, int local_rank, int stream, const char *pa
     return 0;
 }
 
+/* --duplicate_std{out,err}_filters: this attempt's filtered_std{out,err}.log
+ * (torchrun's DefaultLogsSpecs puts them beside the local ranks' folders). */
+static void open_filtered(struct agent *a)
+{
+    static const char *const names[2] = {"filtered_stdout.log", "filtered_stderr.log"};
+    for (int k = 0; k < 2; k++) {
+        int fd = -1;
+        char dir[4096], path[4200];
+        if (a->cfg->ndup_filters[k] > 0 && !a->logs.devnull &&
+            agent_logs_path(&a->logs, a->attempt, -1, NULL, dir, sizeof(dir)) == 0) {
+            snprintf(path, sizeof(path), "%s/%s", dir, names[k]);
+            fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0666);
+            if (fd < 0)
+                log_warn("A2201", "%s: %s (no lines are duplicated there)", path, strerror(errno));
+        }
+        agent_tee_set_filtered(&a->tees, k + 1, fd, a->cfg->dup_filters[k],
+                               a->cfg->ndup_filters[k]);
+    }
+}
+
 /* The worker has its copies of the hook's fds (or will never get them). */
 static void release_extras(struct agent_worker_extras *x)
 {
@@ -655,6 +675,8 @@ static void start_workers(struct agent *a)
     int rc = agent_logs_attempt(&a->logs, a->attempt, a->nworkers, why, sizeof(why));
     if (rc)
         log_error("A0206", "%s", why[0] ? why : cddp_strerror(rc));
+    if (rc == 0)
+        open_filtered(a);
     log_info("A0207", "[%s] starting %d workers (attempt %d, restart count %d/%d)", a->cfg->role,
              a->nworkers, a->attempt, a->attempt, a->cfg->max_restarts);
     for (int i = 0; i < a->nworkers; i++) {
