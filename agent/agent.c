@@ -19,6 +19,7 @@
 
 #include "agent/env.h"
 #include "agent/logs.h"
+#include "agent/numa.h"
 #include "agent/rdzv.h"
 #include "agent/report.h"
 #include "agent/stacks.h"
@@ -71,6 +72,8 @@ struct agent {
     int attempt; /* restart count of the running attempt */
     uint64_t exit_seq;
     int membership_restarts; /* rounds joined because the rendezvous asked */
+
+    struct agent_numa_plan *numa; /* --numa_binding: one per local rank, or NULL */
 
     struct agent_guardian guardian;
     struct agent_logs logs;
@@ -524,6 +527,37 @@ static void on_barrier(struct agent_rdzv *r, int status)
 
 /* ---- workers ---- */
 
+/* --numa_binding: each local rank's CPUs and memory nodes, planned once
+ * from sysfs (agent/numa.h) and logged; on a machine with one NUMA node
+ * nothing is bound, and that is said once. */
+static int plan_numa(struct agent *a)
+{
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+        CPU_ZERO(&allowed);
+    a->numa = calloc((size_t)a->nworkers, sizeof(*a->numa));
+    if (a->numa == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    for (int i = 0; i < a->nworkers; i++) {
+        char why[512] = "";
+        int rc = agent_numa_plan("", a->cfg->numa_binding, i, cvd, &allowed, &a->numa[i], why,
+                                 sizeof(why));
+        if (rc) {
+            agent_failed(a, "A2204", "%s", why);
+            return rc;
+        }
+        if (!a->numa[i].bind) {
+            log_warn("A2203", "%s", why);
+            free(a->numa);
+            a->numa = NULL;
+            return 0;
+        }
+        log_info("A2202", "--numa_binding=%s: local_rank %d: %s", a->cfg->numa_binding, i, why);
+    }
+    return 0;
+}
+
 static int open_dest(struct agent *a, int local_rank, int stream, const char *path,
                      const char *prefix, int *fd)
 {
@@ -636,6 +670,9 @@ static int start_worker(struct agent *a, int i)
             .keep_fds = extras.fds,
             .nkeep = extras.nfds,
             .ignored = &a->inherited_ignored,
+            .cpus = a->numa ? &a->numa[i].cpus : NULL,
+            .mems = a->numa ? a->numa[i].mems : NULL,
+            .mems_bits = AGENT_NUMA_MAX_NODES,
         };
         rc = agent_spawn(&sp, &pid);
     }
@@ -1335,6 +1372,8 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
                  : CDDP_ERR_FROM_ERRNO(ENOMEM);
     if (rc == 0)
         rc = watchdog_init(&a->wd, &cfg->watchdog, a->nworkers);
+    if (rc == 0 && cfg->numa_binding)
+        rc = plan_numa(a);
     a->pol.max_no_progress = cfg->max_no_progress_restarts;
     if (rc == 0) {
         /* Before any worker exists, and before the loop owns signals. */
@@ -1391,6 +1430,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     policy_free(&a->pol);
     watchdog_free(&a->wd);
     free(a->workers);
+    free(a->numa);
     free(a->queue);
     free(a);
     return code;
