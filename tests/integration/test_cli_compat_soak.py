@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent("""\
     dist.all_reduce(t)
     assert t.tolist() == [10.0] * 4, t
     # One write(2): four workers share the launcher's stdout.
-    os.write(1, b"rank %d done\n" % dist.get_rank())
+    os.write(1, b"rank %d done\\n" % dist.get_rank())
     """)
 
 
