@@ -1192,6 +1192,8 @@ void launch_print_help(FILE *out)
             "               [--watchdog-initial SECONDS] [--watchdog-warmup N]\n"
             "               [--watchdog-safety X] [--watchdog-floor S]\n"
             "               [--max-no-progress-restarts N]\n"
+            "               [--duplicate-stdout-filters L] [--duplicate-stderr-filters L]\n"
+            "               [--shutdown-timeout S] [--virtual-local-rank]\n"
             "               training_script ...\n"
             "\n"
             "cddprun: torchrun's launcher and elastic agent, in C. Starts NPROC_PER_NODE copies\n"
@@ -1242,9 +1244,16 @@ void launch_print_help(FILE *out)
             "  --local-addr ADDR     this node's address as the others reach it (MASTER_ADDR\n"
             "                        when this node is node 0)\n"
             "  --logs-specs NAME     torchrun plugin; refused (cddprun has no Python plugins)\n"
-            "  --numa-binding MODE   refused (not supported yet)\n"
+            "  --numa-binding MODE   node, socket, exclusive or core-complex: bind each worker's\n"
+            "                        CPUs and memory near its GPU (sysfs; one NUMA node: none)\n"
             "  --signals-to-handle L signals forwarded to the workers\n"
-            "                        (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)\n");
+            "                        (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)\n"
+            "  --duplicate-stdout-filters L, --duplicate-stderr-filters L\n"
+            "                        copy teed lines holding any of these (,,: a comma) to\n"
+            "                        attempt_N/filtered_stdout.log / filtered_stderr.log\n"
+            "  --shutdown-timeout S  seconds from SIGTERM to SIGKILL (beats\n"
+            "                        TORCH_ELASTIC_SHUTDOWN_TIMEOUT; default 30)\n"
+            "  --virtual-local-rank  LOCAL_RANK=0 and one CUDA_VISIBLE_DEVICES entry per worker\n");
     fprintf(
         out,
         "\n"
