@@ -75,28 +75,29 @@ static int read_text(const char *root, const char *path, char *buf, size_t len, 
     return 0;
 }
 
-static int read_list(const char *root, const char *path, cpu_set_t *set, char *why, size_t whylen)
+/* A sysfs file under root: a list into set, or (set NULL) a number into v. */
+static int read_sysfs(const char *root, const char *path, cpu_set_t *set, long *v, char *why,
+                      size_t whylen)
 {
     char buf[4096];
     int rc = read_text(root, path, buf, sizeof(buf), why, whylen);
     if (rc)
         return rc;
-    if (agent_numa_parse_list(cddp_strip(buf), set) != 0)
-        return cddp_fail(why, whylen, CDDP_EPARSE, "--numa_binding: %s%s: '%s' is not a list", root,
-                         path, buf);
+    char *t = cddp_strip(buf);
+    if (set ? agent_numa_parse_list(t, set) != 0 : cddp_parse_long(t, -1, 1L << 30, v) != 0)
+        return cddp_fail(why, whylen, CDDP_EPARSE, "--numa_binding: %s%s: '%s' is not %s", root,
+                         path, t, set ? "a list" : "a number");
     return 0;
+}
+
+static int read_list(const char *root, const char *path, cpu_set_t *set, char *why, size_t whylen)
+{
+    return read_sysfs(root, path, set, NULL, why, whylen);
 }
 
 static int read_int(const char *root, const char *path, long *v, char *why, size_t whylen)
 {
-    char buf[64];
-    int rc = read_text(root, path, buf, sizeof(buf), why, whylen);
-    if (rc)
-        return rc;
-    if (cddp_parse_long(cddp_strip(buf), -1, 1L << 30, v) != 0)
-        return cddp_fail(why, whylen, CDDP_EPARSE, "--numa_binding: %s%s: '%s' is not a number",
-                         root, path, buf);
-    return 0;
+    return read_sysfs(root, path, NULL, v, why, whylen);
 }
 
 static int cmp_str(const void *a, const void *b)

@@ -17,30 +17,17 @@ import time
 import pytest
 
 from conftest import TORCH_PY, binary, free_port, run
+from test_launcher import read_env, script
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
 
-def script(tmp_path, name, body):
-    p = tmp_path / name
-    p.write_text("#!/bin/sh\n" + body)
-    p.chmod(0o755)
-    return p
-
-
 def cddprun(*args, timeout=60, env=None, clear_pet=True, **kw):
+    """test_launcher's, but without the PET_ variables of the caller."""
     e = {k: v for k, v in os.environ.items() if not (clear_pet and k.startswith("PET_"))}
     e.setdefault("OMP_NUM_THREADS", "1")
     e.update(env or {})
     return run([binary("cddprun"), *args], timeout=timeout, env=e, **kw)
-
-
-def read_env(path):
-    out = {}
-    for line in pathlib.Path(path).read_text().splitlines():
-        k, _, v = line.partition("=")
-        out[k] = v
-    return out
 
 
 def dump_env_worker(tmp_path):

@@ -143,49 +143,43 @@ static void expect(const char *mode, int gpu_index, const char *cvd, const char 
     assert_non_null(strstr(why, cpus));
 }
 
-static void test_node(void **state)
-{
-    (void)state;
-    expect("node", 0, NULL, "0-3", "0", 0);
-    expect("node", 1, NULL, "0-3", "0", 0);
-    expect("node", 2, NULL, "4-7", "1", 1);
-    expect("node", 3, NULL, "8-11", "2", 2);
-}
-
-static void test_socket(void **state)
-{
-    (void)state;
-    expect("socket", 0, NULL, "0-7", "0-1", 0);
-    expect("socket", 2, NULL, "0-7", "0-1", 1);
-    expect("socket", 3, NULL, "8-11", "2", 2);
-}
-
-static void test_exclusive(void **state)
-{
-    (void)state;
-    /* node 0: two cores for two GPUs, one each, both threads of a core */
-    expect("exclusive", 0, NULL, "0-1", "0", 0);
-    expect("exclusive", 1, NULL, "2-3", "0", 0);
-    /* alone on its node: all of it */
-    expect("exclusive", 2, NULL, "4-7", "1", 1);
-}
-
-static void test_core_complex(void **state)
-{
-    (void)state;
-    expect("core-complex", 0, NULL, "0-1", "0", 0);
-    expect("core-complex", 1, NULL, "2-3", "0", 0);
-    expect("core-complex", 2, NULL, "4-7", "1", 1);
-}
-
-static void test_visible_devices(void **state)
-{
-    (void)state;
+/* mode, GPU (CUDA's index), CUDA_VISIBLE_DEVICES, CPUs, memory nodes, GPU's node */
+static const struct {
+    const char *mode;
+    int gpu;
+    const char *cvd, *cpus, *nodes;
+    int node;
+} cases[] = {
+    {"node", 0, NULL, "0-3", "0", 0},
+    {"node", 1, NULL, "0-3", "0", 0},
+    {"node", 2, NULL, "4-7", "1", 1},
+    {"node", 3, NULL, "8-11", "2", 2},
+    /* every node of the GPU's socket */
+    {"socket", 0, NULL, "0-7", "0-1", 0},
+    {"socket", 2, NULL, "0-7", "0-1", 1},
+    {"socket", 3, NULL, "8-11", "2", 2},
+    /* node 0: two cores for two GPUs, one each, both threads of a core;
+     * alone on its node: all of it */
+    {"exclusive", 0, NULL, "0-1", "0", 0},
+    {"exclusive", 1, NULL, "2-3", "0", 0},
+    {"exclusive", 2, NULL, "4-7", "1", 1},
+    /* one last-level cache each while there are enough */
+    {"core-complex", 0, NULL, "0-1", "0", 0},
+    {"core-complex", 1, NULL, "2-3", "0", 0},
+    {"core-complex", 2, NULL, "4-7", "1", 1},
     /* CUDA's device 0 is the third GPU in PCI order */
-    expect("node", 0, "2,0", "4-7", "1", 1);
-    expect("node", 1, " 2, 0", "0-3", "0", 0);
+    {"node", 0, "2,0", "4-7", "1", 1},
+    {"node", 1, " 2, 0", "0-3", "0", 0},
     /* exclusive among the visible GPUs only: GPU 1 is no longer there */
-    expect("exclusive", 0, "0", "0-3", "0", 0);
+    {"exclusive", 0, "0", "0-3", "0", 0},
+};
+
+static void test_modes(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        expect(cases[i].mode, cases[i].gpu, cases[i].cvd, cases[i].cpus, cases[i].nodes,
+               cases[i].node);
 }
 
 static void test_allowed_narrows(void **state)
@@ -252,14 +246,8 @@ static void test_lists(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_node),
-        cmocka_unit_test(test_socket),
-        cmocka_unit_test(test_exclusive),
-        cmocka_unit_test(test_core_complex),
-        cmocka_unit_test(test_visible_devices),
-        cmocka_unit_test(test_allowed_narrows),
-        cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_one_node),
+        cmocka_unit_test(test_modes),    cmocka_unit_test(test_allowed_narrows),
+        cmocka_unit_test(test_refusals), cmocka_unit_test(test_one_node),
         cmocka_unit_test(test_lists),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
