@@ -1005,7 +1005,7 @@ static const char run_path_bootstrap[] =
     "            json.dump({'message': {'message': f'{type(e).__name__}: {e}', 'extraInfo': {\n"
     "                'py_callstack': traceback.format_exc(),\n"
     "                'timestamp': str(int(time.time()))}}}, fp)\n"
-    "for step in (threading._shutdown, atexit._run_exitfuncs):\n"
+    "for step in (getattr(threading, '_shutdown', lambda: None), atexit._run_exitfuncs):\n"
     "    try:\n"
     "        step()\n"
     "    except BaseException:\n"
