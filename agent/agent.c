@@ -20,6 +20,7 @@
 #include "agent/env.h"
 #include "agent/ifname.h"
 #include "agent/logs.h"
+#include "agent/numa.h"
 #include "agent/rdzv.h"
 #include "agent/report.h"
 #include "agent/stacks.h"
@@ -73,6 +74,8 @@ struct agent {
     int attempt; /* restart count of the running attempt */
     uint64_t exit_seq;
     int membership_restarts; /* rounds joined because the rendezvous asked */
+
+    struct agent_numa_plan *numa; /* --numa_binding: one per local rank, or NULL */
 
     struct agent_guardian guardian;
     struct agent_logs logs;
@@ -529,6 +532,37 @@ static void on_barrier(struct agent_rdzv *r, int status)
 
 /* ---- workers ---- */
 
+/* --numa_binding: each local rank's CPUs and memory nodes, planned once
+ * from sysfs (agent/numa.h) and logged; on a machine with one NUMA node
+ * nothing is bound, and that is said once. */
+static int plan_numa(struct agent *a)
+{
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+        CPU_ZERO(&allowed);
+    a->numa = calloc((size_t)a->nworkers, sizeof(*a->numa));
+    if (a->numa == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    for (int i = 0; i < a->nworkers; i++) {
+        char why[512] = "";
+        int rc = agent_numa_plan("", a->cfg->numa_binding, i, cvd, &allowed, &a->numa[i], why,
+                                 sizeof(why));
+        if (rc) {
+            agent_failed(a, "A2204", "%s", why);
+            return rc;
+        }
+        if (!a->numa[i].bind) {
+            log_warn("A2203", "%s", why);
+            free(a->numa);
+            a->numa = NULL;
+            return 0;
+        }
+        log_info("A2202", "--numa_binding=%s: local_rank %d: %s", a->cfg->numa_binding, i, why);
+    }
+    return 0;
+}
+
 static int open_dest(struct agent *a, int local_rank, int stream, const char *path,
                      const char *prefix, int *fd)
 {
@@ -546,6 +580,26 @@ static int open_dest(struct agent *a, int local_rank, int stream, const char *pa
         return agent_tee_open(&a->tees, path, stream, prefix, fd);
     }
     return 0;
+}
+
+/* --duplicate_std{out,err}_filters: this attempt's filtered_std{out,err}.log
+ * (torchrun's DefaultLogsSpecs puts them beside the local ranks' folders). */
+static void open_filtered(struct agent *a)
+{
+    static const char *const names[2] = {"filtered_stdout.log", "filtered_stderr.log"};
+    for (int k = 0; k < 2; k++) {
+        int fd = -1;
+        char dir[4096], path[4200];
+        if (a->cfg->ndup_filters[k] > 0 && !a->logs.devnull &&
+            agent_logs_path(&a->logs, a->attempt, -1, NULL, dir, sizeof(dir)) == 0) {
+            snprintf(path, sizeof(path), "%s/%s", dir, names[k]);
+            fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0666);
+            if (fd < 0)
+                log_warn("A2201", "%s: %s (no lines are duplicated there)", path, strerror(errno));
+        }
+        agent_tee_set_filtered(&a->tees, k + 1, fd, a->cfg->dup_filters[k],
+                               a->cfg->ndup_filters[k]);
+    }
 }
 
 /* The worker has its copies of the hook's fds (or will never get them). */
@@ -596,6 +650,7 @@ static int start_worker(struct agent *a, int i)
     spec.error_file = w->error_file;
     spec.extra = extras.env;
     spec.nextra = extras.nenv;
+    spec.virtual_local_rank = a->cfg->virtual_local_rank;
     struct agent_env env;
     if ((rc = agent_env_build(environ, &spec, &env)) != 0) {
         release_extras(&extras);
@@ -620,6 +675,9 @@ static int start_worker(struct agent *a, int i)
             .keep_fds = extras.fds,
             .nkeep = extras.nfds,
             .ignored = &a->inherited_ignored,
+            .cpus = a->numa ? &a->numa[i].cpus : NULL,
+            .mems = a->numa ? a->numa[i].mems : NULL,
+            .mems_bits = AGENT_NUMA_MAX_NODES,
         };
         rc = agent_spawn(&sp, &pid);
     }
@@ -659,6 +717,8 @@ static void start_workers(struct agent *a)
     int rc = agent_logs_attempt(&a->logs, a->attempt, a->nworkers, why, sizeof(why));
     if (rc)
         log_error("A0206", "%s", why[0] ? why : cddp_strerror(rc));
+    if (rc == 0)
+        open_filtered(a);
     log_info("A0207", "[%s] starting %d workers (attempt %d, restart count %d/%d)", a->cfg->role,
              a->nworkers, a->attempt, a->attempt, a->cfg->max_restarts);
     for (int i = 0; i < a->nworkers; i++) {
@@ -1339,6 +1399,8 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
                  : CDDP_ERR_FROM_ERRNO(ENOMEM);
     if (rc == 0)
         rc = watchdog_init(&a->wd, &cfg->watchdog, a->nworkers);
+    if (rc == 0 && cfg->numa_binding)
+        rc = plan_numa(a);
     a->pol.max_no_progress = cfg->max_no_progress_restarts;
     if (rc == 0) {
         /* Before any worker exists, and before the loop owns signals. */
@@ -1395,6 +1457,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     policy_free(&a->pol);
     watchdog_free(&a->wd);
     free(a->workers);
+    free(a->numa);
     free(a->queue);
     free(a);
     return code;

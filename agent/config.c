@@ -21,6 +21,12 @@ void launch_config_free(struct launch_config *cfg)
     free(cfg->ranks_filter);
     free(cfg->program);
     free(cfg->argv);
+    for (int i = 0; i < 2; i++) {
+        free(cfg->dup_filters[i]);
+        free(cfg->dup_filters_buf[i]);
+        cfg->dup_filters[i] = NULL;
+        cfg->dup_filters_buf[i] = NULL;
+    }
     cfg->rdzv_conf = NULL;
     cfg->rdzv_conf_buf = NULL;
     cfg->ranks_filter = NULL;

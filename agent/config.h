@@ -155,6 +155,23 @@ struct launch_config {
     char **entry_args;
     int nentry_args;
 
+    /* torchrun's newest flags (torch/distributed/run.py on main). */
+    bool virtual_local_rank;   /* --virtual_local_rank: LOCAL_RANK=0, one GPU each */
+    bool shutdown_timeout_set; /* --shutdown_timeout given (it beats the variable) */
+    /* --duplicate_stdout_filters / --duplicate_stderr_filters: teed lines
+     * holding any of these substrings are copied to
+     * attempt_<n>/filtered_std{out,err}.log. [0] stdout, [1] stderr. */
+    const char **dup_filters[2]; /* owned; NULL when none */
+    int ndup_filters[2];
+    char *dup_filters_buf[2]; /* owned: the split copies dup_filters points into */
+
+    /* What launch_parse read in a way worth saying once (quotes removed
+     * around --rdzv_conf, PET_N_PROC_PER_NODE, PET_STANDALONE=""); main.c
+     * logs each (L2001). */
+#define LAUNCH_MAX_NOTES 4
+    char notes[LAUNCH_MAX_NOTES][256];
+    int nnotes;
+
     /* The worker command, formed by launch_resolve(). */
     enum launch_kind kind;
     char *program; /* owned: path given to execve */

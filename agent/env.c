@@ -88,6 +88,8 @@ static bool key_is(const char *entry, const char *name)
 
 static bool overridden(const char *entry, const struct agent_env_spec *spec)
 {
+    if (spec->virtual_local_rank && key_is(entry, "CUDA_VISIBLE_DEVICES"))
+        return true;
     for (int i = 0; i < V_COUNT; i++) {
         if (key_is(entry, var_names[i]))
             return true;
@@ -128,6 +130,34 @@ int agent_env_build(char *const *base, const struct agent_env_spec *spec, struct
     val[V_NCCL_ASYNC] = nccl ? nccl : "1";
     val[V_ERROR_FILE] = spec->error_file;
 
+    /* --virtual_local_rank: one more variable, after torchrun's. */
+    char visible[256] = "";
+    int nvirtual = 0;
+    if (spec->virtual_local_rank) {
+        nvirtual = 1;
+        val[V_LOCAL_RANK] = "0";
+        const char *cvd = agent_env_get(base, "CUDA_VISIBLE_DEVICES");
+        if (cvd == NULL) {
+            snprintf(visible, sizeof(visible), "%d", r->local_rank);
+        } else {
+            const char *p = cvd;
+            for (int k = 0; k < r->local_rank && p; k++) {
+                p = strchr(p, ',');
+                p = p ? p + 1 : NULL;
+            }
+            if (p == NULL)
+                return CDDP_ERANGE_ARG;
+            const char *end = strchr(p, ',');
+            size_t len = end ? (size_t)(end - p) : strlen(p);
+            if (len >= sizeof(visible))
+                return CDDP_ERANGE_ARG;
+            memcpy(visible, p, len);
+            visible[len] = '\0';
+            char *st = cddp_strip(visible);
+            memmove(visible, st, strlen(st) + 1);
+        }
+    }
+
     size_t nbase = 0;
     for (char *const *e = base; e && *e; e++)
         nbase++;
@@ -136,8 +166,10 @@ int agent_env_build(char *const *base, const struct agent_env_spec *spec, struct
         bytes += strlen(var_names[i]) + strlen(val[i]) + 2;
     for (int i = 0; i < spec->nextra; i++)
         bytes += strlen(spec->extra[i].key) + strlen(spec->extra[i].value) + 2;
+    bytes += nvirtual ? strlen("CUDA_VISIBLE_DEVICES") + strlen(visible) + 2 : 0;
 
-    out->envp = malloc((nbase + V_COUNT + (size_t)spec->nextra + 1) * sizeof(char *));
+    out->envp =
+        malloc((nbase + V_COUNT + (size_t)spec->nextra + (size_t)nvirtual + 1) * sizeof(char *));
     out->strings = malloc(bytes);
     if (out->envp == NULL || out->strings == NULL) {
         agent_env_free(out);
@@ -149,9 +181,13 @@ int agent_env_build(char *const *base, const struct agent_env_spec *spec, struct
             out->envp[n++] = *e;
     }
     char *p = out->strings;
-    for (int i = 0; i < V_COUNT + spec->nextra; i++) {
-        const char *k = i < V_COUNT ? var_names[i] : spec->extra[i - V_COUNT].key;
-        const char *v = i < V_COUNT ? val[i] : spec->extra[i - V_COUNT].value;
+    for (int i = 0; i < V_COUNT + spec->nextra + nvirtual; i++) {
+        const char *k = i < V_COUNT                  ? var_names[i]
+                        : i < V_COUNT + spec->nextra ? spec->extra[i - V_COUNT].key
+                                                     : "CUDA_VISIBLE_DEVICES";
+        const char *v = i < V_COUNT                  ? val[i]
+                        : i < V_COUNT + spec->nextra ? spec->extra[i - V_COUNT].value
+                                                     : visible;
         size_t kl = strlen(k), vl = strlen(v);
         memcpy(p, k, kl);
         p[kl] = '=';

@@ -52,6 +52,10 @@ struct agent_env_spec {
     const char *error_file;        /* "" when --log_dir is /dev/null */
     const struct launch_kv *extra; /* more variables to set (CDDP_*), or NULL */
     int nextra;
+    /* --virtual_local_rank (torchrun's _set_local_rank_env): LOCAL_RANK=0 and
+     * CUDA_VISIBLE_DEVICES the local rank's own entry of the agent's list
+     * (stripped), or the local rank itself when the agent has none. */
+    bool virtual_local_rank;
 };
 
 /* A NULL-terminated envp and the memory behind it. */
@@ -62,7 +66,9 @@ struct agent_env {
 
 /* base: the agent's environment (entries "K=V"; NULL-terminated). Entries
  * for keys the spec sets are dropped from the copy; the base strings are
- * referenced, not copied, so base must outlive the result. 0 or -ENOMEM. */
+ * referenced, not copied, so base must outlive the result. 0, -ENOMEM, or
+ * CDDP_ERANGE_ARG when --virtual_local_rank finds no entry for the local
+ * rank in the agent's CUDA_VISIBLE_DEVICES. */
 int agent_env_build(char *const *base, const struct agent_env_spec *spec, struct agent_env *out);
 void agent_env_free(struct agent_env *env);
 

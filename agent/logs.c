@@ -339,6 +339,9 @@ struct agent_tee {
     struct cddp_queue node; /* in set->tees */
     int file_fd;
     int console_fd;
+    int filtered_fd; /* a copy of the set's for this stream, or -1 */
+    const char *const *filters;
+    int nfilters;
     bool finished;
     struct agent_lines lines;
 };
@@ -365,10 +368,25 @@ static void write_all(int fd, const char *p, size_t n)
     }
 }
 
+bool agent_line_matches(const char *line, size_t len, const char *const *filters, int nfilters)
+{
+    for (int i = 0; i < nfilters; i++) {
+        size_t fl = strlen(filters[i]);
+        if (fl == 0 || memmem(line, len, filters[i], fl) != NULL)
+            return true;
+    }
+    return false;
+}
+
 static void console_emit(void *arg, const char *line, size_t len)
 {
     struct agent_tee *t = arg;
     write_all(t->console_fd, line, len);
+    /* torchrun's tail_logfile matches the worker's text, then writes the
+     * line behind its header: the prefix is not searched. */
+    size_t pl = t->lines.prefix_len < len ? t->lines.prefix_len : len;
+    if (t->filtered_fd >= 0 && agent_line_matches(line + pl, len - pl, t->filters, t->nfilters))
+        write_all(t->filtered_fd, line, len);
 }
 
 static void tee_data(struct agent_tee *t, const char *buf, size_t n)
@@ -394,6 +412,9 @@ static void tee_finish(struct agent_tee *t)
     if (t->file_fd >= 0)
         close(t->file_fd);
     t->file_fd = -1;
+    if (t->filtered_fd >= 0)
+        close(t->filtered_fd);
+    t->filtered_fd = -1;
     cddp_queue_remove(&t->node);
     t->set->open--;
     uv_close((uv_handle_t *)&t->pipe, tee_closed);
@@ -426,6 +447,22 @@ void agent_tee_set_init(struct agent_tee_set *set, uv_loop_t *loop)
     set->loop = loop;
     cddp_queue_init(&set->tees);
     set->open = 0;
+    for (int i = 0; i < 2; i++) {
+        set->filtered_fd[i] = -1;
+        set->filters[i] = NULL;
+        set->nfilters[i] = 0;
+    }
+}
+
+void agent_tee_set_filtered(struct agent_tee_set *set, int stream, int fd,
+                            const char *const *filters, int nfilters)
+{
+    int k = stream == 2 ? 1 : 0;
+    if (set->filtered_fd[k] >= 0)
+        close(set->filtered_fd[k]);
+    set->filtered_fd[k] = fd;
+    set->filters[k] = filters;
+    set->nfilters[k] = nfilters;
 }
 
 int agent_tee_open(struct agent_tee_set *set, const char *file_path, int console_fd,
@@ -436,6 +473,7 @@ int agent_tee_open(struct agent_tee_set *set, const char *file_path, int console
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     t->set = set;
     t->console_fd = console_fd;
+    t->filtered_fd = -1;
     t->file_fd = open(file_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (t->file_fd < 0) {
         int rc = CDDP_ERR_FROM_ERRNO(errno);
@@ -448,6 +486,13 @@ int agent_tee_open(struct agent_tee_set *set, const char *file_path, int console
         close(t->file_fd);
         free(t);
         return rc;
+    }
+    /* From here on tee_finish() closes it. */
+    int k = console_fd == 2 ? 1 : 0;
+    if (set->filtered_fd[k] >= 0) {
+        t->filtered_fd = fcntl(set->filtered_fd[k], F_DUPFD_CLOEXEC, 3);
+        t->filters = set->filters[k];
+        t->nfilters = set->nfilters[k];
     }
     uv_pipe_init(set->loop, &t->pipe, 0);
     t->pipe.data = t;
@@ -486,4 +531,6 @@ void agent_tee_set_close(struct agent_tee_set *set)
         }
         tee_finish(t);
     }
+    agent_tee_set_filtered(set, 1, -1, NULL, 0);
+    agent_tee_set_filtered(set, 2, -1, NULL, 0);
 }

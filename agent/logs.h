@@ -58,7 +58,8 @@ int agent_logs_init(struct agent_logs *l, const char *log_dir, const char *run_i
                     size_t errlen);
 /* Wipes and creates attempt_<attempt>/ and its <local_rank>/ directories. */
 int agent_logs_attempt(struct agent_logs *l, int attempt, int nworkers, char *err, size_t errlen);
-/* <run_dir>/attempt_<attempt>/<local_rank>/<file>, or "" under /dev/null. */
+/* <run_dir>/attempt_<attempt>/<local_rank>/<file> (local_rank < 0:
+ * attempt_<attempt> itself), or "" under /dev/null. */
 int agent_logs_path(const struct agent_logs *l, int attempt, int local_rank, const char *file,
                     char *out, size_t len);
 /* Removes the base directory when it is a temporary one we created. */
@@ -90,6 +91,12 @@ struct agent_tee_set {
     uv_loop_t *loop;
     struct cddp_queue tees; /* the open ones (struct agent_tee, in logs.c) */
     int open;
+    /* --duplicate_std{out,err}_filters: [0] stdout, [1] stderr. A teed line
+     * whose text holds any filter (a substring) is also written, with its
+     * prefix, to filtered_fd (attempt_<n>/filtered_std{out,err}.log). */
+    int filtered_fd[2]; /* owned; -1: none */
+    const char *const *filters[2];
+    int nfilters[2];
 };
 
 void agent_tee_set_init(struct agent_tee_set *set, uv_loop_t *loop);
@@ -97,7 +104,15 @@ void agent_tee_set_init(struct agent_tee_set *set, uv_loop_t *loop);
  * give the worker (the caller closes it after spawning). 0 or -errno. */
 int agent_tee_open(struct agent_tee_set *set, const char *file_path, int console_fd,
                    const char *prefix, int *worker_fd);
-/* Reads what is left in every pipe without waiting, then closes them all. */
+/* Sets where stream's (1 stdout, 2 stderr) matching lines go from now on
+ * for tees opened after this call; takes fd (-1: none), closing the one
+ * before. Tees already open keep their own copy of the old one. */
+void agent_tee_set_filtered(struct agent_tee_set *set, int stream, int fd,
+                            const char *const *filters, int nfilters);
+/* True when the line's text (len bytes) holds any of the filters. Pure. */
+bool agent_line_matches(const char *line, size_t len, const char *const *filters, int nfilters);
+/* Reads what is left in every pipe without waiting, then closes them all
+ * (and the filtered files). */
 void agent_tee_set_close(struct agent_tee_set *set);
 
 #endif

@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/mempolicy.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -81,6 +83,10 @@ static void child_exec(const struct agent_spawn *s, pid_t parent)
         _exit(127); /* the agent died before the death signal was armed */
     setsid();
     reset_signals(s->ignored);
+    if (s->cpus)
+        sched_setaffinity(0, sizeof(*s->cpus), s->cpus);
+    if (s->mems)
+        syscall(SYS_set_mempolicy, MPOL_BIND, s->mems, s->mems_bits + 1);
 
     /* Move every source fd out of the way first, so placing one cannot
      * clobber another that happens to sit on its target number. */

@@ -17,6 +17,7 @@
 #ifndef CDDP_AGENT_WORKERS_H
 #define CDDP_AGENT_WORKERS_H
 
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <sys/types.h>
@@ -30,6 +31,13 @@ struct agent_spawn {
     const int *keep_fds; /* become fds 3, 4, ... in the worker (progress channel, ...) */
     int nkeep;
     const sigset_t *ignored; /* signals the worker starts with ignored, or NULL */
+    /* --numa_binding: the CPUs (sched_setaffinity) and the memory nodes
+     * (set_mempolicy MPOL_BIND, mems_bits bits) the worker starts with, set
+     * between fork and exec; NULL: inherited. A refusal there is ignored:
+     * the worker runs unbound (the agent logged the plan). */
+    const cpu_set_t *cpus;
+    const unsigned long *mems;
+    unsigned long mems_bits;
 };
 
 /* The signals ignored when this process started (a nohup or a `cmd &` in a

@@ -17,6 +17,8 @@
 
 #include <ctype.h>
 #include <dirent.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -78,10 +80,28 @@ enum flag_id {
     F_MAX_NO_PROGRESS_RESTARTS,
     F_NO_IFNAME,
     F_NO_SLURM,
+    F_DUP_STDOUT_FILTERS,
+    F_DUP_STDERR_FILTERS,
+    F_SHUTDOWN_TIMEOUT,
+    F_VIRTUAL_LOCAL_RANK,
     F_HELP,
     F_VERSION,
     F_COUNT,
 };
+
+/* Records a line for main.c to log once (L2001); past LAUNCH_MAX_NOTES
+ * the rest are dropped, as they only repeat what the command said. */
+static void note(struct launch_config *cfg, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void note(struct launch_config *cfg, const char *fmt, ...)
+{
+    if (cfg->nnotes >= LAUNCH_MAX_NOTES)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cfg->notes[cfg->nnotes++], sizeof(cfg->notes[0]), fmt, ap);
+    va_end(ap);
+}
 
 /* ---- converters: one per flag that is more than an int, a double, a
  * string or a choice. Each gets the flag's text (NULL when unset), stores
@@ -167,6 +187,18 @@ static int conv_rdzv_conf(const struct cddp_flag_arg *a, void *dst, void *ctx, c
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     cfg->rdzv_conf_buf = buf;
     char *s = cddp_strip(buf);
+    /* Kubernetes args lists, YAML and PyTorch's own launcher tests write
+     * --rdzv_conf='join_timeout=5' with the quotes inside the argument (no
+     * shell took them off). One pair of the same quote around the whole
+     * value is quoting: it goes, and is logged; a quote anywhere else stays
+     * part of a key or value and is refused below as any other bad text. */
+    size_t sl = strlen(s);
+    if (sl >= 2 && (s[0] == '\'' || s[0] == '"') && s[sl - 1] == s[0]) {
+        note(cfg, "%s: removed the quotes (%c...%c) around '%.*s'", name, s[0], s[0],
+             (int)(sl - 2 > 160 ? 160 : sl - 2), s + 1);
+        s[sl - 1] = '\0';
+        s = cddp_strip(s + 1);
+    }
     if (*s == '\0')
         return 0;
     size_t n = 1;
@@ -429,6 +461,64 @@ static int conv_watchdog_initial(const struct cddp_flag_arg *a, void *dst, void 
     return parse_watchdog_seconds(a, false, &w->initial_ms, err, errlen);
 }
 
+/* torchrun's comma_separated_list: split on ',', ",," is a literal comma.
+ * The row's offset says which stream (0 stdout, 1 stderr). An empty value
+ * is no filter: torchrun's help says an empty list duplicates nothing
+ * (its parser would turn '' into [''], which matches every line). */
+static int conv_dup_filters(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
+                            size_t errlen)
+{
+    struct launch_config *cfg = dst;
+    size_t which = a->flag->offset;
+    const char *t = a->text;
+    if (t == NULL || *t == '\0')
+        return 0;
+    size_t n = strlen(t);
+    char *buf = malloc(n + 1);
+    const char **list = calloc(n / 2 + 2, sizeof(*list));
+    if (buf == NULL || list == NULL) {
+        free(buf);
+        free(list);
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    cfg->dup_filters_buf[which] = buf;
+    cfg->dup_filters[which] = list;
+    int k = 0;
+    char *out = buf;
+    list[k++] = out;
+    for (size_t i = 0; i < n; i++) {
+        if (t[i] == ',' && t[i + 1] == ',') {
+            *out++ = ',';
+            i++;
+        } else if (t[i] == ',') {
+            *out++ = '\0';
+            list[k++] = out;
+        } else {
+            *out++ = t[i];
+        }
+    }
+    *out = '\0';
+    cfg->ndup_filters[which] = k;
+    return 0;
+}
+
+/* --shutdown_timeout: whole seconds >= 0 from SIGTERM to SIGKILL (torchrun's
+ * type=int); when given it beats TORCH_ELASTIC_SHUTDOWN_TIMEOUT. */
+static int conv_shutdown_timeout(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
+                                 size_t errlen)
+{
+    struct launch_config *cfg = dst;
+    long v;
+    if (a->text == NULL)
+        return 0;
+    if (cddp_parse_long(a->text, 0, 86400L * 365, &v) != 0)
+        return cddp_fail(err, errlen, CDDP_EPARSE, "%s: '%s' is not a whole number of seconds >= 0",
+                         a->name, a->text);
+    cfg->shutdown_timeout_ms = (uint64_t)v * 1000u;
+    cfg->shutdown_timeout_set = true;
+    return 0;
+}
+
 static const char *const backends[] = {"static", "c10d", "etcd", "etcd-v2", NULL};
 static const char *const methods[] = {"spawn", "fork", "forkserver", NULL};
 static const char *const numa_modes[] = {"node", "socket", "exclusive", "core-complex", NULL};
@@ -522,6 +612,15 @@ static const struct cddp_flag flag_rows[F_COUNT] = {
                      .env = "CDDP_NO_IFNAME", PET},
     /* cddp's own: do not read Slurm's environment (launcher/slurm.h, docs/slurm.md). */
     [F_NO_SLURM] = {"--no_slurm", "--no-slurm", 0, CDDP_FLAG_ACTION, .env = "CDDP_NO_SLURM", PET},
+    /* torchrun's newest flags (run.py on main). */
+    [F_DUP_STDOUT_FILTERS] = {"--duplicate_stdout_filters", "--duplicate-stdout-filters", 0,
+                              CUSTOM(conv_dup_filters), .offset = 0, PET, .defval = ""},
+    [F_DUP_STDERR_FILTERS] = {"--duplicate_stderr_filters", "--duplicate-stderr-filters", 0,
+                              CUSTOM(conv_dup_filters), .offset = 1, PET, .defval = ""},
+    [F_SHUTDOWN_TIMEOUT] = {"--shutdown_timeout", "--shutdown-timeout", 0,
+                            CUSTOM(conv_shutdown_timeout), PET},
+    [F_VIRTUAL_LOCAL_RANK] = {"--virtual_local_rank", "--virtual-local-rank", 0, CDDP_FLAG_BOOL,
+                              AT(virtual_local_rank), PET},
     [F_HELP] = {"--help", NULL, 'h', CDDP_FLAG_ACTION},
     [F_VERSION] = {"--version", NULL, 0, CDDP_FLAG_ACTION},
 };
@@ -597,10 +696,41 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
         .standalone = F_STANDALONE,
         .no_slurm = F_NO_SLURM,
     };
+    /* The Kubeflow training operator's ways of saying things torchrun reads
+     * otherwise (pkg/controller.v1/pytorch/elastic.go, envvar.go): its older
+     * versions write PET_N_PROC_PER_NODE, which torchrun never reads; and
+     * it says "standalone on" with PET_STANDALONE set to the empty string,
+     * on which torchrun's bool(int(...)) dies. Both are taken as meant. */
+    const char *old_nproc = cddp_flags_getenv(envp, "PET_N_PROC_PER_NODE");
+    if (seen[F_NPROC_PER_NODE].text == NULL && old_nproc &&
+        cddp_flags_getenv(envp, "PET_NPROC_PER_NODE") == NULL) {
+        seen[F_NPROC_PER_NODE].text = old_nproc;
+        seen[F_NPROC_PER_NODE].source = "PET_N_PROC_PER_NODE";
+    }
+    const char *pet_standalone = cddp_flags_getenv(envp, "PET_STANDALONE");
+    bool standalone_empty = false;
+    if (seen[F_STANDALONE].text == NULL && pet_standalone) {
+        char tmp[64];
+        standalone_empty = cddp_strlcpy(tmp, pet_standalone, sizeof(tmp)) < sizeof(tmp) &&
+                           *cddp_strip(tmp) == '\0';
+        if (standalone_empty) {
+            seen[F_STANDALONE].text = "1";
+            seen[F_STANDALONE].source = "PET_STANDALONE";
+        }
+    }
     if ((rc = cddp_flags_defaults(&launch_flags, envp, seen, err, errlen)) ||
         (rc = launch_slurm_apply(envp, &slurm_rows, seen, err, errlen)) ||
         (rc = cddp_flags_convert(&launch_flags, seen, cfg, (void *)probe, err, errlen)))
         return rc;
+    if (seen[F_NPROC_PER_NODE].source &&
+        strcmp(seen[F_NPROC_PER_NODE].source, "PET_N_PROC_PER_NODE") == 0)
+        note(cfg,
+             "PET_N_PROC_PER_NODE=%s read as PET_NPROC_PER_NODE (the training operator's old "
+             "spelling)",
+             old_nproc);
+    if (standalone_empty)
+        note(cfg, "PET_STANDALONE is set and empty: standalone on (the training operator's way of "
+                  "saying so)");
     cfg->rdzv_backend_set = seen[F_RDZV_BACKEND].source != NULL;
     cfg->node_rank_set = seen[F_NODE_RANK].source != NULL;
     /* A PET_ name lives in seen[], which ends with this call: copy it. */
@@ -618,10 +748,12 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT: seconds from the stop signal to SIGKILL;
      * CDDP_EXIT_BARRIER_TIMEOUT: torch's exit_barrier_timeout (300 s), which
      * torchrun hard-codes. */
-    cfg->shutdown_timeout_ms = 30000;
+    if (!cfg->shutdown_timeout_set)
+        cfg->shutdown_timeout_ms = 30000;
     cfg->exit_barrier_timeout_ms = 300000;
-    if ((rc = env_seconds(envp, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 86400.0 * 365,
-                          "a number of seconds >= 0", &cfg->shutdown_timeout_ms, err, errlen)) ||
+    if ((!cfg->shutdown_timeout_set &&
+         (rc = env_seconds(envp, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 86400.0 * 365,
+                           "a number of seconds >= 0", &cfg->shutdown_timeout_ms, err, errlen))) ||
         (rc = env_seconds(envp, "CDDP_EXIT_BARRIER_TIMEOUT", 86400.0 * 7,
                           "a number of seconds in [0, 604800]", &cfg->exit_barrier_timeout_ms, err,
                           errlen)))
@@ -652,6 +784,22 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     if (cfg->no_python && cfg->module && !cfg->run_path)
         return cddp_fail(err, errlen, CDDP_EPARSE,
                          "--no_python and -m/--module cannot be used together");
+    /* --virtual_local_rank gives local rank i the i-th entry of the agent's
+     * CUDA_VISIBLE_DEVICES (local_elastic_agent.py _set_local_rank_env):
+     * torchrun raises when there are fewer entries than workers; here that
+     * is one line before anything starts. */
+    const char *cvd = cddp_flags_getenv(envp, "CUDA_VISIBLE_DEVICES");
+    if (cfg->virtual_local_rank && cvd) {
+        int entries = 1;
+        for (const char *p = cvd; *p; p++)
+            entries += *p == ',';
+        if (entries < cfg->nproc_per_node)
+            return cddp_fail(
+                err, errlen, CDDP_ECONFIG,
+                "--virtual_local_rank: %d workers per node, but CUDA_VISIBLE_DEVICES=%s "
+                "lists %d device%s (each worker needs its own)",
+                cfg->nproc_per_node, cvd, entries, entries == 1 ? "" : "s");
+    }
     return 0;
 }
 
@@ -731,10 +879,6 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
                          "--logs_specs=%s: logs_specs plugins are Python entry points; cddprun has "
                          "none (its logs follow torchrun's default layout)",
                          cfg->logs_specs);
-    if (cfg->numa_binding)
-        return cddp_fail(err, errlen, CDDP_ECONFIG,
-                         "--numa_binding=%s: NUMA binding is not supported by cddprun yet",
-                         cfg->numa_binding);
     if (cfg->standalone) {
         if (cfg->nnodes_max > 1)
             return cddp_fail(err, errlen, CDDP_ECONFIG,
@@ -847,22 +991,58 @@ static bool ends_with(const char *s, const char *suffix)
 
 /* --run_path: runpy.run_path(script) as __main__, recording an uncaught
  * exception in TORCHELASTIC_ERROR_FILE in torch's error.json format, as
- * torchrun's multiprocessing wrapper (@record) does. */
+ * torchrun's multiprocessing wrapper (@record) does. The worker then ends
+ * as torchrun's multiprocessing child does (multiprocessing/process.py
+ * _bootstrap, then os._exit in popen_fork and forkserver): the exit code
+ * from SystemExit (None 0, an int itself, anything else printed to stderr
+ * and 1) or 1 after an exception's traceback; non-daemon threads joined
+ * (threading._shutdown), atexit handlers run, stdout and stderr flushed,
+ * and then os._exit. A normal interpreter shutdown would go on to run
+ * C++ static destructors, where torch's threads sometimes abort
+ * ("terminate called without an active exception") after the script is
+ * done. KeyboardInterrupt ends the worker by SIGINT, as python3 itself
+ * does (torch's spawn wrapper would call it a success). */
 static const char run_path_bootstrap[] =
-    "import json, os, runpy, sys, time, traceback\n"
+    "import atexit, json, os, runpy, signal, sys, threading, time, traceback\n"
     "sys.argv = sys.argv[1:]\n"
+    "code = 0\n"
+    "sigint = False\n"
     "try:\n"
     "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
-    "except SystemExit:\n"
-    "    raise\n"
+    "except SystemExit as e:\n"
+    "    if e.code is None:\n"
+    "        code = 0\n"
+    "    elif isinstance(e.code, int):\n"
+    "        code = e.code\n"
+    "    else:\n"
+    "        sys.stderr.write(str(e.code) + '\\n')\n"
+    "        code = 1\n"
+    "except KeyboardInterrupt:\n"
+    "    sigint = True\n"
     "except BaseException as e:\n"
+    "    code = 1\n"
+    "    traceback.print_exc()\n"
     "    f = os.environ.get('TORCHELASTIC_ERROR_FILE')\n"
     "    if f:\n"
     "        with open(f, 'w') as fp:\n"
     "            json.dump({'message': {'message': f'{type(e).__name__}: {e}', 'extraInfo': {\n"
     "                'py_callstack': traceback.format_exc(),\n"
     "                'timestamp': str(int(time.time()))}}}, fp)\n"
-    "    raise\n";
+    "for step in (getattr(threading, '_shutdown', lambda: None), atexit._run_exitfuncs):\n"
+    "    try:\n"
+    "        step()\n"
+    "    except BaseException:\n"
+    "        traceback.print_exc()\n"
+    "for s in (sys.stdout, sys.stderr):\n"
+    "    try:\n"
+    "        s.flush()\n"
+    "    except BaseException:\n"
+    "        pass\n"
+    "if sigint:\n"
+    "    signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+    "    os.kill(os.getpid(), signal.SIGINT)\n"
+    "    code = 130\n"
+    "os._exit(code & 0xff)\n";
 
 int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t errlen)
 {
@@ -1035,6 +1215,8 @@ void launch_print_help(FILE *out)
             "               [--watchdog-initial SECONDS] [--watchdog-warmup N]\n"
             "               [--watchdog-safety X] [--watchdog-floor S]\n"
             "               [--max-no-progress-restarts N]\n"
+            "               [--duplicate-stdout-filters L] [--duplicate-stderr-filters L]\n"
+            "               [--shutdown-timeout S] [--virtual-local-rank]\n"
             "               training_script ...\n"
             "\n"
             "cddprun: torchrun's launcher and elastic agent, in C. Starts NPROC_PER_NODE copies\n"
@@ -1085,9 +1267,16 @@ void launch_print_help(FILE *out)
             "  --local-addr ADDR     this node's address as the others reach it (MASTER_ADDR\n"
             "                        when this node is node 0)\n"
             "  --logs-specs NAME     torchrun plugin; refused (cddprun has no Python plugins)\n"
-            "  --numa-binding MODE   refused (not supported yet)\n"
+            "  --numa-binding MODE   node, socket, exclusive or core-complex: bind each worker's\n"
+            "                        CPUs and memory near its GPU (sysfs; one NUMA node: none)\n"
             "  --signals-to-handle L signals forwarded to the workers\n"
-            "                        (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)\n");
+            "                        (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)\n"
+            "  --duplicate-stdout-filters L, --duplicate-stderr-filters L\n"
+            "                        copy teed lines holding any of these (,,: a comma) to\n"
+            "                        attempt_N/filtered_stdout.log / filtered_stderr.log\n"
+            "  --shutdown-timeout S  seconds from SIGTERM to SIGKILL (beats\n"
+            "                        TORCH_ELASTIC_SHUTDOWN_TIMEOUT; default 30)\n"
+            "  --virtual-local-rank  LOCAL_RANK=0 and one CUDA_VISIBLE_DEVICES entry per worker\n");
     fprintf(
         out,
         "\n"

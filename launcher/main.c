@@ -67,6 +67,8 @@ int main(int argc, char **argv)
         return CDDP_EXIT_USAGE;
     }
 
+    for (int i = 0; i < cfg.nnotes; i++)
+        log_warn("L2001", "%s", cfg.notes[i]);
     if (cfg.status_linger_ignored)
         log_warn("L0003",
                  "%s=%s has no effect without a status port (--status_port or "

@@ -28,7 +28,7 @@ pkgs="build-essential meson ninja-build pkg-config git
 # The test suite: real PyTorch as the oracle, real etcd, curl, sanitizers and fuzzers.
 test_pkgs="python3 python3-pytest python3-torch python3-torchvision python3-numpy
            etcd-server etcd-client curl clang clang-format libclang-rt-14-dev
-           iproute2 procps psmisc wrk hyperfine gdb
+           iproute2 procps psmisc wrk hyperfine gdb python3-yaml
            prometheus chromium chromium-driver
            slurm-wlm munge util-linux"
 [ $want_test -eq 1 ] && pkgs="$pkgs $test_pkgs"

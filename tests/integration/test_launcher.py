@@ -558,7 +558,7 @@ def test_log_dir_devnull(tmp_path):
     (["--standalone", "--nnodes=2", "w"], "--standalone"),
     (["--rdzv_backend=c10d", "--rdzv_conf=join_timout=1", "w"], "join_timout"),
     (["--rdzv_backend=etcd", "w"], "etcd"),
-    (["--numa_binding=node", "w"], "--numa_binding"),
+    (["--numa_binding=everything", "w"], "--numa_binding"),
 ])
 def test_bad_command_line(tmp_path, args, what):
     script(tmp_path, "w", "exit 0\n")

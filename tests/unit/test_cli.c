@@ -748,7 +748,6 @@ static void test_refused_until_supported(void **state)
         {{"--rdzv_backend=etcd-v2", "w", NULL}, "etcd-v2"},
         {{"--node_rank=1", "w", NULL}, "--node_rank"},
         {{"--logs_specs=mine", "w", NULL}, "--logs_specs"},
-        {{"--numa_binding=node", "w", NULL}, "--numa_binding"},
         {{"--rdzv_endpoint=host", "w", NULL}, "HOST:PORT"},
         {{"--rdzv_endpoint=[::1", "w", NULL}, "--rdzv_endpoint"},
         {{"--rdzv_endpoint=host:0", "w", NULL}, "HOST:PORT"},
@@ -915,6 +914,132 @@ static void test_resolve(void **state)
     launch_config_free(&c);
 }
 
+/* torchrun's newest flags (run.py on main), both spellings and PET_. */
+static void test_newest_flags(void **state)
+{
+    (void)state;
+    struct launch_config c = {0};
+    assert_int_equal(parse(&c, "--duplicate-stdout-filters", "apple,a,,b,", "--virtual-local-rank",
+                           "--shutdown-timeout=7", "w"),
+                     0);
+    assert_int_equal(c.ndup_filters[0], 3);
+    assert_string_equal(c.dup_filters[0][0], "apple");
+    assert_string_equal(c.dup_filters[0][1], "a,b"); /* ",," is a literal comma */
+    assert_string_equal(c.dup_filters[0][2], "");    /* a trailing comma: "" matches all */
+    assert_int_equal(c.ndup_filters[1], 0);
+    assert_true(c.virtual_local_rank);
+    assert_int_equal(c.shutdown_timeout_ms, 7000);
+    assert_int_equal(parse(&c, "--duplicate_stderr_filters=", "--virtual_local_rank", "w"), 0);
+    assert_int_equal(c.ndup_filters[1], 0); /* empty: nothing is duplicated */
+    assert_true(c.virtual_local_rank);
+    assert_false(c.shutdown_timeout_set);
+    assert_int_equal(c.shutdown_timeout_ms, 30000);
+    /* --shutdown_timeout beats TORCH_ELASTIC_SHUTDOWN_TIMEOUT; PET_ works */
+    char *env[] = {(char *)"TORCH_ELASTIC_SHUTDOWN_TIMEOUT=1.5",
+                   (char *)"PET_DUPLICATE_STDERR_FILTERS=NCCL WARN",
+                   (char *)"PET_VIRTUAL_LOCAL_RANK=1", NULL};
+    assert_int_equal(parse_env(&c, env, "w", NULL), 0);
+    assert_int_equal(c.shutdown_timeout_ms, 1500);
+    assert_string_equal(c.dup_filters[1][0], "NCCL WARN");
+    assert_true(c.virtual_local_rank);
+    assert_int_equal(parse_env(&c, env, "--shutdown_timeout", "0", "w", NULL), 0);
+    assert_int_equal(c.shutdown_timeout_ms, 0);
+    assert_bad("--shutdown_timeout", "--shutdown_timeout=1.5", "w");
+    assert_bad("--shutdown-timeout", "--shutdown-timeout=-1", "w");
+    assert_bad("--virtual_local_rank", "--virtual_local_rank=1", "w");
+    /* each worker its own entry of CUDA_VISIBLE_DEVICES */
+    char *cvd[] = {(char *)"CUDA_VISIBLE_DEVICES=3,5", NULL};
+    assert_int_equal(parse_env(&c, cvd, "--virtual_local_rank", "--nproc_per_node=2", "w", NULL),
+                     0);
+    assert_true(parse_env(&c, cvd, "--virtual_local_rank", "--nproc_per_node=3", "w", NULL) < 0);
+    assert_non_null(strstr(err, "CUDA_VISIBLE_DEVICES=3,5"));
+    /* --numa_binding: parsed and no longer refused (agent/numa.c binds) */
+    assert_int_equal(parse(&c, "--numa-binding=exclusive", "w"), 0);
+    assert_string_equal(c.numa_binding, "exclusive");
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    launch_config_free(&c);
+}
+
+/* The Kubeflow training operator's variables, as it sets them. */
+static void test_kubeflow_pet(void **state)
+{
+    (void)state;
+    struct launch_config c = {0};
+    char *env[] = {(char *)"PET_NNODES=1:3",
+                   (char *)"PET_N_PROC_PER_NODE=2",
+                   (char *)"PET_RDZV_ENDPOINT=job-worker-0:23456",
+                   (char *)"PET_RDZV_BACKEND=c10d",
+                   (char *)"PET_RDZV_ID=job",
+                   (char *)"PET_RDZV_CONF='join_timeout=5,timeout=5'",
+                   (char *)"PET_MAX_RESTARTS=3",
+                   NULL};
+    assert_int_equal(parse_env(&c, env, "w", NULL), 0);
+    assert_int_equal(c.nnodes_min, 1);
+    assert_int_equal(c.nnodes_max, 3);
+    assert_int_equal(c.nproc_per_node, 2); /* the old spelling */
+    assert_string_equal(c.rdzv_backend, "c10d");
+    assert_string_equal(c.rdzv_id, "job");
+    assert_int_equal(c.max_restarts, 3);
+    assert_int_equal(c.rdzv_conf_len, 2);
+    assert_string_equal(c.rdzv_conf[0].key, "join_timeout");
+    assert_string_equal(c.rdzv_conf[1].value, "5");
+    assert_int_equal(c.nnotes, 2);
+    assert_non_null(strstr(c.notes[0], "PET_RDZV_CONF: removed the quotes"));
+    assert_non_null(strstr(c.notes[1], "PET_N_PROC_PER_NODE=2"));
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_string_equal(c.rdzv_host, "job-worker-0");
+    assert_int_equal(c.rdzv_port, 23456);
+    /* the new spelling wins over the old one, the command line over both */
+    char *both[] = {(char *)"PET_N_PROC_PER_NODE=2", (char *)"PET_NPROC_PER_NODE=auto", NULL};
+    assert_int_equal(parse_env(&c, both, "w", NULL), 0);
+    assert_int_equal(c.nproc_per_node, 8); /* auto: no GPU, the CPUs */
+    assert_int_equal(c.nnotes, 0);
+    assert_int_equal(parse_env(&c, both, "--nproc_per_node=1", "w", NULL), 0);
+    assert_int_equal(c.nproc_per_node, 1);
+    /* PET_STANDALONE="" is standalone on; "0" off; "x" still refused */
+    char *sa[] = {(char *)"PET_STANDALONE=", NULL};
+    assert_int_equal(parse_env(&c, sa, "w", NULL), 0);
+    assert_true(c.standalone);
+    assert_string_equal(c.rdzv_backend, "c10d");
+    assert_non_null(strstr(c.notes[0], "PET_STANDALONE"));
+    char *off[] = {(char *)"PET_STANDALONE=0", NULL};
+    assert_int_equal(parse_env(&c, off, "w", NULL), 0);
+    assert_false(c.standalone);
+    char *bad[] = {(char *)"PET_STANDALONE=yes", NULL};
+    assert_true(parse_env(&c, bad, "w", NULL) < 0);
+    assert_non_null(strstr(err, "PET_STANDALONE"));
+    launch_config_free(&c);
+}
+
+/* Quotes that survived into argv around --rdzv_conf's value. */
+static void test_rdzv_conf_quotes(void **state)
+{
+    (void)state;
+    struct launch_config c = {0};
+    const char *good[] = {"--rdzv_conf='join_timeout=5,timeout=5'",
+                          "--rdzv_conf=\"join_timeout=5,timeout=5\"",
+                          "--rdzv-conf= ' join_timeout=5, timeout=5 ' "};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        assert_int_equal(parse(&c, "--rdzv_backend=c10d", good[i], "w"), 0);
+        assert_int_equal(c.rdzv_conf_len, 2);
+        assert_string_equal(c.rdzv_conf[0].key, "join_timeout");
+        assert_string_equal(c.rdzv_conf[1].key, "timeout");
+        assert_int_equal(c.nnotes, 1);
+        assert_non_null(strstr(c.notes[0], "removed the quotes"));
+    }
+    assert_int_equal(parse(&c, "--rdzv_conf=join_timeout=5", "w"), 0);
+    assert_int_equal(c.nnotes, 0);
+    assert_int_equal(parse(&c, "--rdzv_conf=''", "w"), 0); /* quoted nothing: no settings */
+    assert_int_equal(c.rdzv_conf_len, 0);
+    /* anything else malformed is still refused */
+    assert_bad("'join_timeout", "--rdzv_conf='join_timeout=5", "w");
+    assert_bad("'5''", "--rdzv_conf=join_timeout=5'", "w");
+    assert_bad("'join_timeout", "--rdzv_conf='join_timeout=5\"", "w");
+    assert_bad("'timeout'", "--rdzv_conf=join_timeout=5,'timeout'=5", "w");
+    assert_bad("must have a value", "--rdzv_conf='join_timeout'", "w");
+    launch_config_free(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -928,6 +1053,9 @@ int main(void)
         cmocka_unit_test(test_status_flags),
         cmocka_unit_test(test_refused_until_supported),
         cmocka_unit_test(test_validate_multinode),
+        cmocka_unit_test(test_newest_flags),
+        cmocka_unit_test(test_kubeflow_pet),
+        cmocka_unit_test(test_rdzv_conf_quotes),
         cmocka_unit_test_setup_teardown(test_resolve, resolve_setup, resolve_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

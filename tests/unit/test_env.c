@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "agent/env.h"
@@ -203,12 +204,52 @@ static void test_env_extras(void **state)
     agent_env_free(&env);
 }
 
+/* --virtual_local_rank (torchrun's _set_local_rank_env): LOCAL_RANK=0 and
+ * the local rank's own entry of the agent's CUDA_VISIBLE_DEVICES. */
+static void test_env_virtual_local_rank(void **state)
+{
+    (void)state;
+    char *base[] = {(char *)"CUDA_VISIBLE_DEVICES=4, 6 ,GPU-abc,7", (char *)"A=1", NULL};
+    struct agent_env env;
+    const char *want[] = {"4", "6", "GPU-abc", "7"};
+    for (int lr = 0; lr < 4; lr++) {
+        struct agent_env_spec s = spec_for(lr);
+        s.virtual_local_rank = true;
+        assert_int_equal(agent_env_build(base, &s, &env), 0);
+        assert_string_equal(agent_env_get(env.envp, "LOCAL_RANK"), "0");
+        assert_int_equal((int)strtol(agent_env_get(env.envp, "RANK"), NULL, 10), 4 + lr);
+        assert_string_equal(agent_env_get(env.envp, "CUDA_VISIBLE_DEVICES"), want[lr]);
+        assert_int_equal(count_key(env.envp, "CUDA_VISIBLE_DEVICES"), 1);
+        assert_string_equal(agent_env_get(env.envp, "A"), "1");
+        agent_env_free(&env);
+    }
+    /* no list in the agent: the local rank itself */
+    char *bare[] = {(char *)"A=1", NULL};
+    struct agent_env_spec s = spec_for(2);
+    s.virtual_local_rank = true;
+    assert_int_equal(agent_env_build(bare, &s, &env), 0);
+    assert_string_equal(agent_env_get(env.envp, "CUDA_VISIBLE_DEVICES"), "2");
+    agent_env_free(&env);
+    /* too short a list: refused */
+    char *shortl[] = {(char *)"CUDA_VISIBLE_DEVICES=1", NULL};
+    s = spec_for(1);
+    s.virtual_local_rank = true;
+    assert_int_equal(agent_env_build(shortl, &s, &env), CDDP_ERANGE_ARG);
+    /* off: inherited unchanged */
+    s.virtual_local_rank = false;
+    assert_int_equal(agent_env_build(shortl, &s, &env), 0);
+    assert_string_equal(agent_env_get(env.envp, "CUDA_VISIBLE_DEVICES"), "1");
+    assert_string_equal(agent_env_get(env.envp, "LOCAL_RANK"), "1");
+    agent_env_free(&env);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ranks_single_node),       cmocka_unit_test(test_ranks_multi_node),
         cmocka_unit_test(test_ranks_invalid),           cmocka_unit_test(test_env_values),
         cmocka_unit_test(test_env_nccl_kept_and_store), cmocka_unit_test(test_env_extras),
+        cmocka_unit_test(test_env_virtual_local_rank),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

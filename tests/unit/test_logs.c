@@ -306,11 +306,28 @@ static void test_tee_roundtrip(void **state)
     assert_int_equal(uv_loop_close(&loop), 0); /* nothing left open */
 }
 
+/* --duplicate_*_filters: any filter as a substring of the line's text. */
+static void test_line_matches(void **state)
+{
+    (void)state;
+    const char *const f[] = {"NCCL WARN", "a,b"};
+    const char line[] = "x NCCL WARN y\n";
+    assert_true(agent_line_matches(line, strlen(line), f, 2));
+    assert_true(agent_line_matches("..a,b..", 7, f, 2));
+    assert_false(agent_line_matches("NCCL WAR", 8, f, 2));
+    /* only len bytes count: no reading past the line */
+    assert_false(agent_line_matches("NCCL WARN", 8, f, 2));
+    assert_false(agent_line_matches(line, strlen(line), f, 0));
+    const char *const empty[] = {""};
+    assert_true(agent_line_matches("anything\n", 9, empty, 1));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream_dest),
         cmocka_unit_test(test_prefix),
+        cmocka_unit_test(test_line_matches),
         cmocka_unit_test(test_lines_every_split),
         cmocka_unit_test(test_lines_too_long),
         cmocka_unit_test_setup_teardown(test_layout, tmp_setup, tmp_teardown),
