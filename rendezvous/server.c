@@ -522,7 +522,7 @@ static void dispatch(struct conn *c, const struct proto_msg *m)
         rdzv_state_heartbeat(srv->state, now, &c->peer);
         break;
     case PROTO_RESUME:
-        rdzv_state_resume(srv->state, now, &c->peer, m->id, m->resume.node_id, m->resume.round);
+        rdzv_state_resume(srv->state, now, &c->peer, m);
         break;
     case PROTO_LEAVE:
         rdzv_state_leave(srv->state, now, &c->peer, m->leave.reason, m->leave.finished);
