@@ -1294,6 +1294,21 @@ void rdzv_state_disconnect(struct rdzv_state *st, uint64_t now, struct rdzv_peer
     maybe_gc(st, run, now);
 }
 
+void rdzv_state_forget(struct rdzv_state *st, struct rdzv_peer *peer)
+{
+    begin(st);
+    if (peer->node) {
+        peer->node->peer = NULL;
+        peer->node = NULL;
+    }
+    struct rdzv_run *run = peer->run;
+    if (run == NULL)
+        return;
+    kvstore_cancel_owner(run->store, &peer->store_owner);
+    peer->run = NULL;
+    run->npeers--;
+}
+
 static void fire_timer(struct rdzv_state *st, struct timer *t, uint64_t now)
 {
     switch (t->kind) {

@@ -193,6 +193,10 @@ void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
                       const struct proto_msg *m);
 /* The connection is gone. The peer is unbound and may be freed afterwards. */
 void rdzv_state_disconnect(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer);
+/* The connection is gone, but the server is stopping for a successor
+ * (rdzv_server_stop_keep_runs): the peer is unbound and nothing else
+ * happens (no restart, no action). Only rdzv_state_free may follow. */
+void rdzv_state_forget(struct rdzv_state *st, struct rdzv_peer *peer);
 /* Time passed: heartbeats, last call, join timeouts, store waits, GC. */
 void rdzv_state_tick(struct rdzv_state *st, uint64_t now);
 /* When rdzv_state_tick next has something to do (RDZV_NEVER: nothing). */
