@@ -533,11 +533,12 @@ class Daemon:
     def __init__(self, port):
         self.port = port
         self.p = None
+        self.args = []  # more flags for the next start()
         self.start()
 
     def start(self):
         self.p = subprocess.Popen([binary("cddp-rdzv"), "--host", "127.0.0.1", "--port",
-                                   str(self.port)], stdout=subprocess.PIPE, text=True,
+                                   str(self.port), *self.args], stdout=subprocess.PIPE, text=True,
                                   start_new_session=True)
         assert "listening on" in self.p.stdout.readline()
 
