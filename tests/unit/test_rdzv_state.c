@@ -165,22 +165,29 @@ struct joinopt {
     const char *local_addr, *hostname;
 };
 
+/* Splits "k=v,k=v" (or NULL) into kv (at most 16), in buf; the count. */
+static size_t parse_kv(const char *conf, char *buf, size_t buflen, struct proto_conf_kv kv[16])
+{
+    size_t n = 0;
+    if (conf == NULL)
+        return 0;
+    snprintf(buf, buflen, "%s", conf);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t && n < 16; t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '=');
+        *eq = '\0';
+        kv[n].key = t;
+        kv[n].value = eq + 1;
+        n++;
+    }
+    return n;
+}
+
 static void join_ex(struct sim *s, int i, const char *node_id, struct joinopt o)
 {
     struct proto_conf_kv kv[16];
     char buf[512];
-    size_t n = 0;
-    if (o.conf) {
-        snprintf(buf, sizeof(buf), "%s", o.conf);
-        char *save = NULL;
-        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            char *eq = strchr(t, '=');
-            *eq = '\0';
-            kv[n].key = t;
-            kv[n].value = eq + 1;
-            n++;
-        }
-    }
+    size_t n = parse_kv(o.conf, buf, sizeof(buf), kv);
     struct proto_msg m = {.type = PROTO_JOIN};
     m.join.node_id = node_id;
     m.join.nproc = o.nproc ? o.nproc : 1;
@@ -899,20 +906,9 @@ struct member {
  * 2 unless told, rank offsets follow). */
 static void resume_member(struct sim *s, int i, uint64_t id, struct member m)
 {
-    struct proto_conf_kv kv[8];
+    struct proto_conf_kv kv[16];
     char buf[256];
-    size_t n = 0;
-    if (m.conf) {
-        snprintf(buf, sizeof(buf), "%s", m.conf);
-        char *save = NULL;
-        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            char *eq = strchr(t, '=');
-            *eq = '\0';
-            kv[n].key = t;
-            kv[n].value = eq + 1;
-            n++;
-        }
-    }
+    size_t n = parse_kv(m.conf, buf, sizeof(buf), kv);
     int nproc = m.nproc ? m.nproc : 2;
     struct proto_msg msg = {.type = PROTO_RESUME, .id = id};
     msg.resume.node_id = m.id;
