@@ -1120,6 +1120,11 @@ static void test_rebuild_refused(void **state)
     assert_int_equal(result_code(s, 0, 1), CDDP_ESTATE);
     assert_non_null(strstr(find(s, 0, RDZV_ACT_RESULT)->result.message, "resume_timeout=0"));
     assert_false(stats(s, "job").rebuilding);
+    /* A plain resume (an older agent) tells a restarted server nothing to
+     * rebuild from: that node must join again. */
+    resume(s, 0, 3, "a", 5);
+    assert_int_equal(result_code(s, 0, 3), CDDP_ESTATE);
+    assert_false(stats(s, "job").rebuilding);
     /* A round larger than --nnodes allows is not taken either. */
     resume_member(s, 0, 2,
                   (struct member){.id = "a", .round = 5, .rank = 0, .nnodes = 3, .max = 2});
