@@ -563,6 +563,10 @@ static void describe_restart(const struct rdzv_event *ev, char *out, size_t len)
     else if (strcmp(r, "worker_failure") == 0)
         snprintf(out, len, "the worker group of node '%s' failed (restart %lld of the job)", n,
                  (long long)ev->restart_count);
+    else if (strcmp(r, "node_missing") == 0)
+        snprintf(out, len,
+                 "a node of the round did not come back to the restarted rendezvous "
+                 "server in time (resume_timeout)");
     else if (strcmp(r, "resume_failed") == 0)
         snprintf(out, len, "this node's round ended while it was disconnected (%s)",
                  ev->message ? ev->message : "the server did not resume it");

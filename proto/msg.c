@@ -404,27 +404,28 @@ static int get_id(struct dec *d)
     return rc;
 }
 
-static int decode_join(struct dec *d)
+/* The fields of a join, from d->obj (a join message, or a resume's "join"). */
+static int decode_join_into(struct dec *d, struct proto_join *j)
 {
     struct proto_msg *m = d->m;
     int rc;
-    if ((rc = get_str(d, "node_id", true, PROTO_MAX_ID, STR_ID, &m->join.node_id)) ||
-        (rc = get_small(d, "nproc", true, 1, PROTO_MAX_NPROC, 1, &m->join.nproc)) ||
-        (rc = get_small(d, "min_nodes", true, 1, PROTO_MAX_NODES, 1, &m->join.min_nodes)) ||
-        (rc = get_small(d, "max_nodes", true, 1, PROTO_MAX_NODES, 1, &m->join.max_nodes)) ||
-        (rc = get_str(d, "local_addr", false, 255, STR_ID, &m->join.local_addr)) ||
-        (rc = get_str(d, "hostname", false, 255, STR_ID, &m->join.hostname)) ||
-        (rc = get_small(d, "master_port", false, 0, 65535, 0, &m->join.master_port)) ||
-        (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0, &m->join.restart_count)) ||
-        (rc = get_small(d, "last_nnodes", false, 0, PROTO_MAX_NODES, 0, &m->join.last_nnodes)))
+    if ((rc = get_str(d, "node_id", true, PROTO_MAX_ID, STR_ID, &j->node_id)) ||
+        (rc = get_small(d, "nproc", true, 1, PROTO_MAX_NPROC, 1, &j->nproc)) ||
+        (rc = get_small(d, "min_nodes", true, 1, PROTO_MAX_NODES, 1, &j->min_nodes)) ||
+        (rc = get_small(d, "max_nodes", true, 1, PROTO_MAX_NODES, 1, &j->max_nodes)) ||
+        (rc = get_str(d, "local_addr", false, 255, STR_ID, &j->local_addr)) ||
+        (rc = get_str(d, "hostname", false, 255, STR_ID, &j->hostname)) ||
+        (rc = get_small(d, "master_port", false, 0, 65535, 0, &j->master_port)) ||
+        (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0, &j->restart_count)) ||
+        (rc = get_small(d, "last_nnodes", false, 0, PROTO_MAX_NODES, 0, &j->last_nnodes)))
         return rc;
     int64_t round;
     if ((rc = get_int(d, "round", false, 0, PROTO_MAX_INT, 0, &round)))
         return rc;
-    m->join.round = (uint64_t)round;
-    if (m->join.node_id[0] == '\0')
+    j->round = (uint64_t)round;
+    if (j->node_id[0] == '\0')
         return bad_field(d, "node_id", "must not be empty");
-    if (m->join.min_nodes > m->join.max_nodes)
+    if (j->min_nodes > j->max_nodes)
         return bad_field(d, "min_nodes", "must not exceed max_nodes");
 
     const cJSON *conf = field(d, "conf");
@@ -450,9 +451,14 @@ static int decode_join(struct dec *d)
         kv[i].value = it->valuestring;
         i++;
     }
-    m->join.conf = kv;
-    m->join.nconf = i;
+    j->conf = kv;
+    j->nconf = i;
     return 0;
+}
+
+static int decode_join(struct dec *d)
+{
+    return decode_join_into(d, &d->m->join);
 }
 
 static int decode_wait(struct dec *d)
@@ -511,6 +517,65 @@ static int decode_result(struct dec *d)
     return 0;
 }
 
+/* The fields of a round, from d->obj (a round message, or a resume's
+ * "member"). */
+static int decode_round_into(struct dec *d, struct proto_round *r)
+{
+    int64_t v;
+    int rc;
+    if ((rc = get_str(d, "run_id", true, PROTO_MAX_ID, STR_ID, &r->run_id)) ||
+        (rc = get_int(d, "round", true, 0, PROTO_MAX_INT, 0, &v)))
+        return rc;
+    r->round = (uint64_t)v;
+    if ((rc = get_small(d, "nnodes", true, 1, PROTO_MAX_NODES, 1, &r->nnodes)) ||
+        (rc = get_small(d, "node_rank", true, 0, PROTO_MAX_NODES - 1, 0, &r->node_rank)) ||
+        (rc = get_small(d, "world_size", true, 1, INT32_MAX, 1, &r->world_size)) ||
+        (rc = get_small(d, "rank_offset", true, 0, INT32_MAX - 1, 0, &r->rank_offset)) ||
+        (rc = get_small(d, "nproc", true, 1, PROTO_MAX_NPROC, 1, &r->nproc)) ||
+        (rc = get_str(d, "master_addr", true, 255, STR_ID, &r->master_addr)) ||
+        (rc = get_small(d, "master_port", true, 0, 65535, 0, &r->master_port)) ||
+        (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0, &r->restart_count)))
+        return rc;
+    if (r->node_rank >= r->nnodes)
+        return bad_field(d, "node_rank", "must be below nnodes");
+    if ((int64_t)r->rank_offset + r->nproc > r->world_size)
+        return bad_field(d, "rank_offset", "plus nproc must not exceed world_size");
+    return 0;
+}
+
+/* A resume's optional rebuild part: "join" and "member", both objects. */
+static int decode_rebuild(struct dec *d)
+{
+    struct proto_msg *m = d->m;
+    const cJSON *join = field(d, "join");
+    const cJSON *member = field(d, "member");
+    bool has_join = join && !cJSON_IsNull(join), has_member = member && !cJSON_IsNull(member);
+    if (!has_join && !has_member)
+        return 0;
+    if (!has_join || !cJSON_IsObject(join))
+        return bad_field(d, "join", "must be an object (with \"member\")");
+    if (!has_member || !cJSON_IsObject(member))
+        return bad_field(d, "member", "must be an object (with \"join\")");
+    struct dec sub = *d;
+    sub.obj = join;
+    sub.type = "resume.join";
+    int rc = decode_join_into(&sub, &m->resume.join);
+    if (rc)
+        return rc;
+    sub.obj = member;
+    sub.type = "resume.member";
+    if ((rc = decode_round_into(&sub, &m->resume.member)))
+        return rc;
+    if (m->resume.member.round != m->resume.round)
+        return bad_field(d, "member", "must be the round being resumed");
+    if (strcmp(m->resume.join.node_id, m->resume.node_id) != 0)
+        return bad_field(d, "join", "must be the join of the node being resumed");
+    if (m->resume.member.nproc != m->resume.join.nproc)
+        return bad_field(d, "member", "must have the join's nproc");
+    m->resume.rebuild = true;
+    return 0;
+}
+
 static int decode_fields(struct dec *d)
 {
     struct proto_msg *m = d->m;
@@ -551,7 +616,7 @@ static int decode_fields(struct dec *d)
         m->resume.round = (uint64_t)v;
         if (m->resume.node_id[0] == '\0')
             return bad_field(d, "node_id", "must not be empty");
-        return 0;
+        return decode_rebuild(d);
     case PROTO_LEAVE:
     case PROTO_CLOSE:
     case PROTO_CLOSED:
@@ -565,25 +630,7 @@ static int decode_fields(struct dec *d)
         m->failure.round = (uint64_t)v;
         return get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->failure.reason);
     case PROTO_ROUND:
-        if ((rc = get_str(d, "run_id", true, PROTO_MAX_ID, STR_ID, &m->round.run_id)) ||
-            (rc = get_int(d, "round", true, 0, PROTO_MAX_INT, 0, &v)))
-            return rc;
-        m->round.round = (uint64_t)v;
-        if ((rc = get_small(d, "nnodes", true, 1, PROTO_MAX_NODES, 1, &m->round.nnodes)) ||
-            (rc =
-                 get_small(d, "node_rank", true, 0, PROTO_MAX_NODES - 1, 0, &m->round.node_rank)) ||
-            (rc = get_small(d, "world_size", true, 1, INT32_MAX, 1, &m->round.world_size)) ||
-            (rc = get_small(d, "rank_offset", true, 0, INT32_MAX - 1, 0, &m->round.rank_offset)) ||
-            (rc = get_small(d, "nproc", true, 1, PROTO_MAX_NPROC, 1, &m->round.nproc)) ||
-            (rc = get_str(d, "master_addr", true, 255, STR_ID, &m->round.master_addr)) ||
-            (rc = get_small(d, "master_port", true, 0, 65535, 0, &m->round.master_port)) ||
-            (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0, &m->round.restart_count)))
-            return rc;
-        if (m->round.node_rank >= m->round.nnodes)
-            return bad_field(d, "node_rank", "must be below nnodes");
-        if ((int64_t)m->round.rank_offset + m->round.nproc > m->round.world_size)
-            return bad_field(d, "rank_offset", "plus nproc must not exceed world_size");
-        return 0;
+        return decode_round_into(d, &m->round);
     case PROTO_RESTART:
         if ((rc = get_int(d, "round", true, 0, PROTO_MAX_INT, 0, &v)))
             return rc;
@@ -802,6 +849,68 @@ static void put_timeout(struct enc *e, int64_t t)
         put_int(e, "timeout_ms", t, 0, PROTO_MAX_TIMEOUT_MS);
 }
 
+/* name: {fields}, a nested object. */
+static void open_object(struct enc *e, const char *name)
+{
+    if (e->rc)
+        return;
+    key(e, name);
+    raw(e, "{", 1);
+    e->first = true;
+}
+
+static void close_object(struct enc *e)
+{
+    raw(e, "}", 1);
+    e->first = false;
+}
+
+static void encode_join_fields(struct enc *e, const struct proto_join *j)
+{
+    put_str(e, "node_id", j->node_id, PROTO_MAX_ID);
+    put_int(e, "nproc", j->nproc, 1, PROTO_MAX_NPROC);
+    put_int(e, "min_nodes", j->min_nodes, 1, PROTO_MAX_NODES);
+    put_int(e, "max_nodes", j->max_nodes, j->min_nodes, PROTO_MAX_NODES);
+    put_str(e, "local_addr", j->local_addr, 255);
+    put_str(e, "hostname", j->hostname, 255);
+    put_int(e, "master_port", j->master_port, 0, 65535);
+    if (j->round)
+        put_int(e, "round", (int64_t)j->round, 0, PROTO_MAX_INT);
+    if (j->last_nnodes)
+        put_int(e, "last_nnodes", j->last_nnodes, 0, PROTO_MAX_NODES);
+    if (j->restart_count)
+        put_int(e, "restart_count", j->restart_count, 0, PROTO_MAX_INT);
+    if (e->rc || j->nconf == 0)
+        return;
+    if (j->nconf > PROTO_MAX_CONF) {
+        e->rc = CDDP_EPROTO_FIELD;
+        return;
+    }
+    open_object(e, "conf");
+    for (size_t i = 0; i < j->nconf && e->rc == 0; i++) {
+        if (strlen(j->conf[i].key) > 64) {
+            e->rc = CDDP_EPROTO_FIELD;
+            break;
+        }
+        put_str(e, j->conf[i].key, j->conf[i].value, 1024);
+    }
+    close_object(e);
+}
+
+static void encode_round_fields(struct enc *e, const struct proto_round *r)
+{
+    put_str(e, "run_id", r->run_id, PROTO_MAX_ID);
+    put_int(e, "round", (int64_t)r->round, 0, PROTO_MAX_INT);
+    put_int(e, "node_rank", r->node_rank, 0, r->nnodes - 1);
+    put_int(e, "nnodes", r->nnodes, 1, PROTO_MAX_NODES);
+    put_int(e, "world_size", r->world_size, 1, INT32_MAX);
+    put_int(e, "rank_offset", r->rank_offset, 0, (int64_t)r->world_size - r->nproc);
+    put_int(e, "nproc", r->nproc, 1, PROTO_MAX_NPROC);
+    put_str(e, "master_addr", r->master_addr ? r->master_addr : "", 255);
+    put_int(e, "master_port", r->master_port, 0, 65535);
+    put_int(e, "restart_count", r->restart_count, 0, PROTO_MAX_INT);
+}
+
 static void encode_fields(struct enc *e, const struct proto_msg *m)
 {
     switch (m->type) {
@@ -820,37 +929,7 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
             put_bool(e, "resume", true);
         break;
     case PROTO_JOIN:
-        put_str(e, "node_id", m->join.node_id, PROTO_MAX_ID);
-        put_int(e, "nproc", m->join.nproc, 1, PROTO_MAX_NPROC);
-        put_int(e, "min_nodes", m->join.min_nodes, 1, PROTO_MAX_NODES);
-        put_int(e, "max_nodes", m->join.max_nodes, m->join.min_nodes, PROTO_MAX_NODES);
-        put_str(e, "local_addr", m->join.local_addr, 255);
-        put_str(e, "hostname", m->join.hostname, 255);
-        put_int(e, "master_port", m->join.master_port, 0, 65535);
-        if (m->join.round)
-            put_int(e, "round", (int64_t)m->join.round, 0, PROTO_MAX_INT);
-        if (m->join.last_nnodes)
-            put_int(e, "last_nnodes", m->join.last_nnodes, 0, PROTO_MAX_NODES);
-        if (m->join.restart_count)
-            put_int(e, "restart_count", m->join.restart_count, 0, PROTO_MAX_INT);
-        if (e->rc || m->join.nconf == 0)
-            break;
-        if (m->join.nconf > PROTO_MAX_CONF) {
-            e->rc = CDDP_EPROTO_FIELD;
-            break;
-        }
-        key(e, "conf");
-        raw(e, "{", 1);
-        e->first = true;
-        for (size_t i = 0; i < m->join.nconf && e->rc == 0; i++) {
-            if (strlen(m->join.conf[i].key) > 64) {
-                e->rc = CDDP_EPROTO_FIELD;
-                break;
-            }
-            put_str(e, m->join.conf[i].key, m->join.conf[i].value, 1024);
-        }
-        raw(e, "}", 1);
-        e->first = false;
+        encode_join_fields(e, &m->join);
         break;
     case PROTO_JOINED:
         put_int(e, "round", (int64_t)m->joined.round, 0, PROTO_MAX_INT);
@@ -864,6 +943,14 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
         put_id(e, m->id);
         put_str(e, "node_id", m->resume.node_id, PROTO_MAX_ID);
         put_int(e, "round", (int64_t)m->resume.round, 1, PROTO_MAX_INT);
+        if (!m->resume.rebuild)
+            break;
+        open_object(e, "join");
+        encode_join_fields(e, &m->resume.join);
+        close_object(e);
+        open_object(e, "member");
+        encode_round_fields(e, &m->resume.member);
+        close_object(e);
         break;
     case PROTO_LEAVE:
     case PROTO_CLOSE:
@@ -877,17 +964,7 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
         put_str(e, "reason", m->failure.reason, PROTO_MAX_TEXT);
         break;
     case PROTO_ROUND:
-        put_str(e, "run_id", m->round.run_id, PROTO_MAX_ID);
-        put_int(e, "round", (int64_t)m->round.round, 0, PROTO_MAX_INT);
-        put_int(e, "node_rank", m->round.node_rank, 0, m->round.nnodes - 1);
-        put_int(e, "nnodes", m->round.nnodes, 1, PROTO_MAX_NODES);
-        put_int(e, "world_size", m->round.world_size, 1, INT32_MAX);
-        put_int(e, "rank_offset", m->round.rank_offset, 0,
-                (int64_t)m->round.world_size - m->round.nproc);
-        put_int(e, "nproc", m->round.nproc, 1, PROTO_MAX_NPROC);
-        put_str(e, "master_addr", m->round.master_addr ? m->round.master_addr : "", 255);
-        put_int(e, "master_port", m->round.master_port, 0, 65535);
-        put_int(e, "restart_count", m->round.restart_count, 0, PROTO_MAX_INT);
+        encode_round_fields(e, &m->round);
         break;
     case PROTO_RESTART:
         put_int(e, "round", (int64_t)m->restart.round, 0, PROTO_MAX_INT);

@@ -100,6 +100,26 @@ struct proto_round {
     int64_t restart_count;
 };
 
+/* A node's join: what it asks for. */
+struct proto_join {
+    const char *node_id;    /* unique in the run, e.g. "host_pid_0" */
+    int nproc;              /* 1..PROTO_MAX_NPROC */
+    int min_nodes;          /* 1..max_nodes */
+    int max_nodes;          /* min_nodes..PROTO_MAX_NODES */
+    const char *local_addr; /* --local_addr, or NULL */
+    const char *hostname;   /* how others can reach this node, or NULL */
+    int master_port;        /* the port this node would serve MASTER_PORT on */
+    /* Optional: the last round this node ran in, its node count, and
+     * the job's counted restarts as this node knows them (0 when
+     * none); a run that has had no round yet (a restarted server)
+     * continues from there. */
+    uint64_t round;
+    int last_nnodes;
+    int64_t restart_count;
+    size_t nconf;
+    const struct proto_conf_kv *conf; /* rdzv_conf, values as strings */
+};
+
 struct proto_msg {
     enum proto_type type;
     /* Request id of store ops and status, echoed in their result. */
@@ -128,25 +148,14 @@ struct proto_msg {
         struct {
             const char *node_id; /* the node, as it joined on a connection now lost */
             uint64_t round;      /* the round it runs in */
+            /* Optional (both or neither): what a restarted server needs to
+             * rebuild that round: the join this node would send, and the
+             * round message it got (member.round == round). */
+            bool rebuild;
+            struct proto_join join;
+            struct proto_round member;
         } resume;
-        struct {
-            const char *node_id;    /* unique in the run, e.g. "host_pid_0" */
-            int nproc;              /* 1..PROTO_MAX_NPROC */
-            int min_nodes;          /* 1..max_nodes */
-            int max_nodes;          /* min_nodes..PROTO_MAX_NODES */
-            const char *local_addr; /* --local_addr, or NULL */
-            const char *hostname;   /* how others can reach this node, or NULL */
-            int master_port;        /* the port this node would serve MASTER_PORT on */
-            /* Optional: the last round this node ran in, its node count, and
-             * the job's counted restarts as this node knows them (0 when
-             * none); a run that has had no round yet (a restarted server)
-             * continues from there. */
-            uint64_t round;
-            int last_nnodes;
-            int64_t restart_count;
-            size_t nconf;
-            const struct proto_conf_kv *conf; /* rdzv_conf, values as strings */
-        } join;
+        struct proto_join join;
         struct {
             uint64_t round;
             bool waiting; /* on the wait list (round running and full, or closed to it) */

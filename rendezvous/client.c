@@ -791,38 +791,52 @@ static void fmt_seconds(char *buf, size_t len, uint64_t ms)
     snprintf(buf, len, "%.3f", (double)ms / 1000.0);
 }
 
-/* Sends (or queues) the join for the outstanding join request. */
+/* The rdzv_conf a join carries, as strings (the server keeps what it needs
+ * of it per node; the token only ever travels in hello). */
+struct join_conf {
+    char v[6][32];
+    struct proto_conf_kv kv[6];
+};
+
+/* This node's join as it stands (master_port: the last join's).
+ * with_resume_timeout: add resume_timeout when it was given, which only a
+ * resume carries (an older server refuses the key in a join). */
+static void fill_join(struct rdzv_client *c, struct proto_join *j, struct join_conf *jc,
+                      bool with_resume_timeout)
+{
+    static const char *const keys[6] = {"join_timeout",           "last_call_timeout",
+                                        "close_timeout",          "keep_alive_interval",
+                                        "keep_alive_max_attempt", "resume_timeout"};
+    fmt_seconds(jc->v[0], sizeof(jc->v[0]), c->conf.join_timeout_ms);
+    fmt_seconds(jc->v[1], sizeof(jc->v[1]), c->conf.last_call_timeout_ms);
+    fmt_seconds(jc->v[2], sizeof(jc->v[2]), c->conf.close_timeout_ms);
+    fmt_seconds(jc->v[3], sizeof(jc->v[3]), c->conf.keep_alive_interval_ms);
+    snprintf(jc->v[4], sizeof(jc->v[4]), "%d", c->conf.keep_alive_max_attempt);
+    fmt_seconds(jc->v[5], sizeof(jc->v[5]), c->conf.resume_timeout_ms);
+    for (int i = 0; i < 6; i++)
+        jc->kv[i] = (struct proto_conf_kv){keys[i], jc->v[i]};
+    *j = (struct proto_join){.node_id = c->node_id,
+                             .nproc = c->nproc,
+                             .min_nodes = c->min_nodes,
+                             .max_nodes = c->max_nodes,
+                             .local_addr = c->local_addr,
+                             .hostname = c->hostname,
+                             .master_port = c->join_port,
+                             /* Where the job was, for a server that restarted since. */
+                             .round = c->has_round ? c->round.round : 0,
+                             .last_nnodes = c->has_round ? c->round.nnodes : 0,
+                             .restart_count = c->restart_count,
+                             .conf = jc->kv,
+                             .nconf = with_resume_timeout && c->conf.has_resume_timeout ? 6 : 5};
+}
+
 /* The join of the outstanding join request: sent (or queued) when into is
  * NULL, else appended to into. */
 static int encode_join(struct rdzv_client *c, struct cddp_buf *into)
 {
-    /* The server keeps what it needs of rdzv_conf per node; the token only
-     * ever travels in hello. */
-    char v[5][32];
-    fmt_seconds(v[0], sizeof(v[0]), c->conf.join_timeout_ms);
-    fmt_seconds(v[1], sizeof(v[1]), c->conf.last_call_timeout_ms);
-    fmt_seconds(v[2], sizeof(v[2]), c->conf.close_timeout_ms);
-    fmt_seconds(v[3], sizeof(v[3]), c->conf.keep_alive_interval_ms);
-    snprintf(v[4], sizeof(v[4]), "%d", c->conf.keep_alive_max_attempt);
-    struct proto_conf_kv kv[5] = {{"join_timeout", v[0]},
-                                  {"last_call_timeout", v[1]},
-                                  {"close_timeout", v[2]},
-                                  {"keep_alive_interval", v[3]},
-                                  {"keep_alive_max_attempt", v[4]}};
+    struct join_conf jc;
     struct proto_msg m = {.type = PROTO_JOIN};
-    m.join.node_id = c->node_id;
-    m.join.nproc = c->nproc;
-    m.join.min_nodes = c->min_nodes;
-    m.join.max_nodes = c->max_nodes;
-    m.join.local_addr = c->local_addr;
-    m.join.hostname = c->hostname;
-    m.join.master_port = c->join_port;
-    /* Where the job was, for a server that restarted since. */
-    m.join.round = c->has_round ? c->round.round : 0;
-    m.join.last_nnodes = c->has_round ? c->round.nnodes : 0;
-    m.join.restart_count = c->restart_count;
-    m.join.conf = kv;
-    m.join.nconf = 5;
+    fill_join(c, &m.join, &jc, false);
     if (into)
         return proto_msg_encode(&m, into);
     bool queued = c->hold;
@@ -915,8 +929,16 @@ static void after_reconnect(struct rdzv_client *c)
         send_join(c);
     } else if (!c->joining && c->in_round && c->server_resume) {
         struct proto_msg m = {.type = PROTO_RESUME};
+        struct join_conf jc;
         m.resume.node_id = c->node_id;
         m.resume.round = c->round.round;
+        /* What a restarted server needs to rebuild the round (one that
+         * still knows it ignores it; so does an older server). */
+        if (rdzv_conf_resume_timeout_ms(&c->conf) > 0) {
+            m.resume.rebuild = true;
+            fill_join(c, &m.resume.join, &jc, true);
+            m.resume.member = c->round;
+        }
         resume = request(c, &m, on_resumed, NULL) == 0;
         if (resume)
             c->resume_id = m.id;

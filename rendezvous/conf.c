@@ -25,7 +25,7 @@ const char *rdzv_conf_known_keys(void)
 {
     return "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, "
            "keep_alive_max_attempt, heartbeat_timeout, read_timeout, is_host, timeout, "
-           "store_type, use_libuv, token";
+           "store_type, use_libuv, token, resume_timeout";
 }
 
 static int seconds(const char *key, const char *value, bool positive, uint64_t *out, char *err,
@@ -63,6 +63,10 @@ int rdzv_conf_set(struct rdzv_conf *c, const char *key, const char *value, char 
         return seconds(key, value, false, &c->close_timeout_ms, err, errlen);
     if (strcmp(key, "keep_alive_interval") == 0)
         return seconds(key, value, true, &c->keep_alive_interval_ms, err, errlen);
+    if (strcmp(key, "resume_timeout") == 0) {
+        c->has_resume_timeout = true;
+        return seconds(key, value, false, &c->resume_timeout_ms, err, errlen);
+    }
     if (strcmp(key, "read_timeout") == 0)
         return seconds(key, value, true, &c->read_timeout_ms, err, errlen);
     if (strcmp(key, "timeout") == 0)

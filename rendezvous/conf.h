@@ -21,6 +21,9 @@
  *   store_type              str tcp  torch's c10d store; only tcp (no FileStore)
  *   use_libuv               bool  -  accepted for torch 2.x compatibility; no effect
  *   token                   str   -  join token (cddp's; CDDP_RDZV_TOKEN also sets it)
+ *   resume_timeout          s     -  a restarted server rebuilds a running round from the
+ *                                    members that re-register within this (cddp's; default
+ *                                    keep_alive_interval x keep_alive_max_attempt; 0: never)
  *
  * Durations are seconds, decimals allowed (torch takes integers; "0.5" is a
  * cddp extension for tests).
@@ -47,6 +50,11 @@ struct rdzv_conf {
     bool use_libuv;
     bool has_token;
     char token[PROTO_MAX_TOKEN + 1];
+    /* resume_timeout: how long a restarted server waits for every member
+     * of a round that agents re-register (docs/protocol.md, "A restarted
+     * server"); 0: never rebuild. Not given: the keep-alive window. */
+    bool has_resume_timeout;
+    uint64_t resume_timeout_ms;
 };
 
 /* torchrun's defaults. */
@@ -67,6 +75,12 @@ const char *rdzv_conf_known_keys(void);
 static inline uint64_t rdzv_conf_dead_after_ms(const struct rdzv_conf *c)
 {
     return c->keep_alive_interval_ms * (uint64_t)c->keep_alive_max_attempt;
+}
+
+/* The grace period for rebuilding a round on a restarted server (0: none). */
+static inline uint64_t rdzv_conf_resume_timeout_ms(const struct rdzv_conf *c)
+{
+    return c->has_resume_timeout ? c->resume_timeout_ms : rdzv_conf_dead_after_ms(c);
 }
 
 #endif

@@ -4,7 +4,10 @@
  *   cddp-rdzv [--host HOST] [--port PORT] [--token-file FILE] ...
  *
  * Serves any number of jobs (by run id) until SIGTERM or SIGINT, which
- * close every run cleanly (each agent is told "closed") and exit 0. Prints
+ * close every run cleanly (each agent is told "closed") and exit 0; or
+ * until SIGUSR2 (or SIGTERM/SIGINT with --keep-runs-on-exit), which stops
+ * for a successor: no run is closed, the agents reconnect to the next
+ * cddp-rdzv on the port and their rounds go on there. Prints
  * one line "cddp-rdzv: listening on HOST:PORT" on stdout once it accepts
  * connections (with --port 0 it names the port it got).
  */
@@ -33,7 +36,7 @@
 static const char usage[] =
     "usage: cddp-rdzv [--host HOST] [--port PORT] [--token-file FILE]\n"
     "                 [--read-timeout SECONDS] [--max-connections N] [--store-only]\n"
-    "                 [--status-port PORT] [--status-addr ADDR]\n"
+    "                 [--status-port PORT] [--status-addr ADDR] [--keep-runs-on-exit]\n"
     "\n"
     "The cddp rendezvous daemon: agents (cddprun --rdzv_backend=c10d\n"
     "--rdzv_endpoint=HOST:PORT) of any number of jobs meet here.\n"
@@ -50,14 +53,22 @@ static const char usage[] =
     "                         (env CDDP_STATUS_PORT; 0 picks a free port; default off)\n"
     "  --status-addr ADDR     the status port's address (env CDDP_STATUS_ADDR;\n"
     "                         default 127.0.0.1; 0.0.0.0 for probes and Prometheus)\n"
+    "  --keep-runs-on-exit    SIGTERM and SIGINT act as SIGUSR2 (for service managers\n"
+    "                         that restart with SIGTERM)\n"
     "  --version, --help\n"
     "\n"
     "SIGTERM or SIGINT: every job is told the rendezvous closed; exit 0.\n"
+    "SIGUSR2: stop for an upgrade: no job is told anything, connections close;\n"
+    "the agents reconnect to the next cddp-rdzv started on the same port (within\n"
+    "their join_timeout) and re-register their rounds, which go on there without\n"
+    "restarting any worker when every node is back within rdzv_conf\n"
+    "resume_timeout (default: the keep-alive window); exit 0.\n"
     "Log level from LOGLEVEL (DEBUG, INFO, WARNING, ERROR), default WARNING.\n";
 
 struct daemon {
     uv_loop_t loop;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sigusr2;
+    bool keep_runs_on_exit;
     struct rdzv_server *srv;
     struct rdzv_status *status; /* NULL: no status port */
     bool stopping;
@@ -69,6 +80,7 @@ static void on_server_gone(void *arg)
     d->srv = NULL;
     uv_close((uv_handle_t *)&d->sigterm, NULL);
     uv_close((uv_handle_t *)&d->sigint, NULL);
+    uv_close((uv_handle_t *)&d->sigusr2, NULL);
 }
 
 static void on_signal(uv_signal_t *h, int sig)
@@ -77,11 +89,19 @@ static void on_signal(uv_signal_t *h, int sig)
     if (d->stopping)
         return;
     d->stopping = true;
-    char reason[64];
-    snprintf(reason, sizeof(reason), "cddp-rdzv received %s",
-             sig == SIGTERM ? "SIGTERM" : "SIGINT");
-    log_info("R0101", "%s: closing every rendezvous", reason);
+    const char *name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGUSR2";
     rdzv_status_detach(d->status);
+    if (sig == SIGUSR2 || d->keep_runs_on_exit) {
+        log_warn("R2100",
+                 "received %s: stopping for a successor; every run stays open and its agents "
+                 "will reconnect to the next cddp-rdzv on this port",
+                 name);
+        rdzv_server_stop_keep_runs(d->srv, on_server_gone, d);
+        return;
+    }
+    char reason[64];
+    snprintf(reason, sizeof(reason), "cddp-rdzv received %s", name);
+    log_info("R0101", "%s: closing every rendezvous", reason);
     rdzv_server_shutdown(d->srv, reason, on_server_gone, d);
 }
 
@@ -128,6 +148,7 @@ struct daemon_args {
     int status_port; /* -1: off */
     const char *status_addr;
     char host[256]; /* --host without the brackets of "[v6]" */
+    bool keep_runs_on_exit;
 };
 
 /* An error about a value that also points at --help. */
@@ -212,6 +233,7 @@ enum {
     R_STORE_ONLY,
     R_STATUS_PORT,
     R_STATUS_ADDR,
+    R_KEEP_RUNS,
     R_HELP,
     R_VERSION,
     R_COUNT
@@ -234,6 +256,8 @@ static const struct cddp_flag rdzv_rows[R_COUNT] = {
                        .env = "CDDP_STATUS_PORT"},
     [R_STATUS_ADDR] = {"--status-addr", "--status_addr", 0, CUSTOM(conv_status_addr),
                        .env = "CDDP_STATUS_ADDR"},
+    [R_KEEP_RUNS] = {"--keep-runs-on-exit", "--keep_runs_on_exit", 0, CDDP_FLAG_BOOL,
+                     offsetof(struct daemon_args, keep_runs_on_exit)},
     [R_HELP] = {"--help", NULL, 'h', CDDP_FLAG_ACTION},
     [R_VERSION] = {"--version", NULL, 0, CDDP_FLAG_ACTION},
 };
@@ -336,9 +360,12 @@ int main(int argc, char **argv)
         rdzv_status_attach(d.status, &d.loop, d.srv);
     uv_signal_init(&d.loop, &d.sigterm);
     uv_signal_init(&d.loop, &d.sigint);
-    d.sigterm.data = d.sigint.data = &d;
+    uv_signal_init(&d.loop, &d.sigusr2);
+    d.sigterm.data = d.sigint.data = d.sigusr2.data = &d;
+    d.keep_runs_on_exit = args.keep_runs_on_exit;
     uv_signal_start(&d.sigterm, on_signal, SIGTERM);
     uv_signal_start(&d.sigint, on_signal, SIGINT);
+    uv_signal_start(&d.sigusr2, on_signal, SIGUSR2);
 
     printf("cddp-rdzv: listening on %s%s%s\n", rdzv_server_address(d.srv),
            o.token ? " (join token required)" : "", o.store_only ? " (store only)" : "");

@@ -70,6 +70,7 @@ struct rdzv_server {
     size_t nconns;
     int open_handles;
     bool shutting_down;
+    bool keep_runs; /* stopping for a successor: connections close, the state hears nothing */
     void (*shutdown_cb)(void *arg);
     void *shutdown_arg;
     struct rdzv_server_stats stats;
@@ -150,7 +151,10 @@ static void conn_detach(struct conn *c)
     if (c->detached)
         return;
     c->detached = true;
-    rdzv_state_disconnect(c->srv->state, now_ms(c->srv), &c->peer);
+    if (c->srv->keep_runs)
+        rdzv_state_forget(c->srv->state, &c->peer);
+    else
+        rdzv_state_disconnect(c->srv->state, now_ms(c->srv), &c->peer);
 }
 
 static void apply_actions(struct rdzv_server *srv);
@@ -522,7 +526,7 @@ static void dispatch(struct conn *c, const struct proto_msg *m)
         rdzv_state_heartbeat(srv->state, now, &c->peer);
         break;
     case PROTO_RESUME:
-        rdzv_state_resume(srv->state, now, &c->peer, m->id, m->resume.node_id, m->resume.round);
+        rdzv_state_resume(srv->state, now, &c->peer, m);
         break;
     case PROTO_LEAVE:
         rdzv_state_leave(srv->state, now, &c->peer, m->leave.reason, m->leave.finished);
@@ -853,8 +857,8 @@ const struct rdzv_state *rdzv_server_state(const struct rdzv_server *s)
     return s->state;
 }
 
-void rdzv_server_shutdown(struct rdzv_server *srv, const char *reason, void (*cb)(void *arg),
-                          void *arg)
+static void shutdown_server(struct rdzv_server *srv, const char *reason, bool keep_runs,
+                            void (*cb)(void *arg), void *arg)
 {
     if (srv->shutting_down)
         return;
@@ -862,10 +866,17 @@ void rdzv_server_shutdown(struct rdzv_server *srv, const char *reason, void (*cb
         drain_fire(srv);
     if (srv->shutting_down)
         return; /* the drain's callback shut the server down itself */
-    /* Tell every node first, while everything is still open. */
-    rdzv_state_close_all(srv->state, now_ms(srv), reason ? reason : "server shutting down");
-    apply_actions(srv);
-    flush(srv);
+    if (keep_runs) {
+        /* Nothing is said: to the agents this is a lost server, which
+         * they reconnect to (a successor on the same port) and resume. */
+        srv->keep_runs = true;
+        flush(srv);
+    } else {
+        /* Tell every node first, while everything is still open. */
+        rdzv_state_close_all(srv->state, now_ms(srv), reason ? reason : "server shutting down");
+        apply_actions(srv);
+        flush(srv);
+    }
     srv->shutting_down = true;
     srv->shutdown_cb = cb;
     srv->shutdown_arg = arg;
@@ -881,4 +892,15 @@ void rdzv_server_shutdown(struct rdzv_server *srv, const char *reason, void (*cb
     /* Detaching may have queued drops; they are closing anyway. */
     while (!cddp_queue_empty(&srv->drops))
         cddp_queue_remove(cddp_queue_head(&srv->drops));
+}
+
+void rdzv_server_shutdown(struct rdzv_server *srv, const char *reason, void (*cb)(void *arg),
+                          void *arg)
+{
+    shutdown_server(srv, reason, false, cb, arg);
+}
+
+void rdzv_server_stop_keep_runs(struct rdzv_server *srv, void (*cb)(void *arg), void *arg)
+{
+    shutdown_server(srv, NULL, true, cb, arg);
 }

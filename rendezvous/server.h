@@ -97,6 +97,13 @@ int rdzv_server_drain(struct rdzv_server *s, const char *run_id, uint64_t timeou
 void rdzv_server_shutdown(struct rdzv_server *s, const char *reason, void (*cb)(void *arg),
                           void *arg);
 
+/* Like rdzv_server_shutdown, but for a successor (an upgrade): no run is
+ * closed and nodes are told nothing; their connections close as if the
+ * server had died, their agents reconnect to whatever serves the port next
+ * (a new cddp-rdzv) and re-register their rounds there, which it rebuilds
+ * without restarting workers (docs/protocol.md, "A restarted server"). */
+void rdzv_server_stop_keep_runs(struct rdzv_server *s, void (*cb)(void *arg), void *arg);
+
 /* The state machine, read only, for status pages (rdzv_state_visit). */
 const struct rdzv_state *rdzv_server_state(const struct rdzv_server *s);
 

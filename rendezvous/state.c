@@ -32,7 +32,7 @@ enum node_state { N_IDLE, N_PARTICIPANT, N_WAITING, N_ACTIVE, N_RESTARTING, N_CO
 static const char *const node_state_names[N_COUNT] = {"idle", "participant", "waiting", "active",
                                                       "restarting"};
 
-enum timer_kind { T_BEAT, T_JOIN, T_LAST_CALL, T_STORE, T_GC };
+enum timer_kind { T_BEAT, T_JOIN, T_LAST_CALL, T_STORE, T_GC, T_REBUILD };
 
 struct timer {
     uint64_t due;
@@ -88,6 +88,14 @@ struct rdzv_run {
     struct cddp_strmap nodes;
     uint64_t closed_at;
     char *close_reason;
+    /* A running round rebuilt from its members' resumes on a restarted
+     * server: what the first member said of it, and who is back. */
+    bool rebuilding;
+    int rebuild_nnodes, rebuild_world, rebuild_port;
+    char *rebuild_master;
+    uint8_t *rebuild_back; /* by node rank: 1 once that member resumed */
+    size_t rebuild_count;
+    struct timer rebuild;
     struct rdzv_node **ranked; /* scratch for completing a round */
     size_t ranked_cap;
     size_t idlen;
@@ -354,6 +362,7 @@ static struct rdzv_run *run_new(struct rdzv_state *st, const char *run_id)
     timer_init(&run->last_call, T_LAST_CALL, run);
     timer_init(&run->store_timer, T_STORE, run);
     timer_init(&run->gc, T_GC, run);
+    timer_init(&run->rebuild, T_REBUILD, run);
     cddp_strmap_init(&run->nodes, st->opt.seed[0] ^ 0x5bd1e995u, st->opt.seed[1]);
     run->store = kvstore_new(&st->opt.store_limits, st->opt.seed[1], st->opt.seed[0]);
     if (run->store == NULL || cddp_strmap_put(&st->runs, run->id, idlen, run) != 0) {
@@ -366,8 +375,19 @@ static struct rdzv_run *run_new(struct rdzv_state *st, const char *run_id)
     return run;
 }
 
+static void rebuild_end(struct rdzv_state *st, struct rdzv_run *run)
+{
+    run->rebuilding = false;
+    timer_disarm(st, &run->rebuild);
+    free(run->rebuild_back);
+    free(run->rebuild_master);
+    run->rebuild_back = NULL;
+    run->rebuild_master = NULL;
+}
+
 static void run_free(struct rdzv_state *st, struct rdzv_run *run)
 {
+    rebuild_end(st, run);
     for (int i = 0; i < N_COUNT; i++) {
         while (!cddp_queue_empty(&run->lists[i]))
             node_free(st, cddp_queue_data(cddp_queue_head(&run->lists[i]), struct rdzv_node, link));
@@ -579,6 +599,7 @@ static void restart(struct rdzv_state *st, struct rdzv_run *run, const char *rea
 {
     const char *r = scratch_strdup(st, reason);
     const char *nid = scratch_strdup(st, node_id);
+    rebuild_end(st, run);
     run->round++;
     run->restarts++;
     if (counted)
@@ -642,6 +663,7 @@ static void close_run(struct rdzv_state *st, struct rdzv_run *run, uint64_t now,
 {
     if (run->phase == RDZV_CLOSED)
         return;
+    rebuild_end(st, run);
     run->phase = RDZV_CLOSED;
     run->closed_at = now;
     free(run->close_reason);
@@ -677,6 +699,11 @@ static void maybe_gc(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
 }
 
 /* ---- the calls ---- */
+
+static const char *phase_name(enum rdzv_phase p)
+{
+    return p == RDZV_FORMING ? "forming" : p == RDZV_RUNNING ? "running" : "closed";
+}
 
 int rdzv_state_hello(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
                      const char *run_id, char *err, size_t errlen)
@@ -730,10 +757,91 @@ static struct rdzv_run *need_rendezvous(struct rdzv_state *st, struct rdzv_peer 
     return need_run(st, peer) ? peer->run : NULL;
 }
 
+/* Checks a join (or a rebuilding resume's join) against the run: its
+ * rdzv_conf (into *conf) and its --nnodes. 0, or the code with *why. */
+static int check_join(struct rdzv_state *st, const struct rdzv_run *run, const struct proto_join *j,
+                      struct rdzv_conf *conf, const char **why)
+{
+    char err[512];
+    rdzv_conf_init(conf);
+    for (size_t i = 0; i < j->nconf; i++) {
+        if (rdzv_conf_set(conf, j->conf[i].key, j->conf[i].value, err, sizeof(err)) != 0) {
+            *why = scratch_strdup(st, err);
+            return CDDP_ECONFIG;
+        }
+    }
+    if (run->configured && (j->min_nodes != run->min_nodes || j->max_nodes != run->max_nodes)) {
+        *why = scratch_printf(st,
+                              "run '%s' was started with --nnodes=%d:%d; node '%s' asks "
+                              "for %d:%d",
+                              run->id, run->min_nodes, run->max_nodes, j->node_id, j->min_nodes,
+                              j->max_nodes);
+        return CDDP_EMISMATCH;
+    }
+    return 0;
+}
+
+/* A new node of run on peer, idle; NULL (the peer told) when out of memory. */
+static struct rdzv_node *node_new(struct rdzv_state *st, struct rdzv_run *run,
+                                  struct rdzv_peer *peer, const char *id)
+{
+    size_t idlen = strlen(id);
+    struct rdzv_node *node = calloc(1, sizeof(*node) + idlen + 1);
+    if (node == NULL) {
+        emit_error(st, peer, CDDP_ERR_FROM_ERRNO(ENOMEM), true, "out of memory");
+        return NULL;
+    }
+    memcpy(node->id, id, idlen + 1);
+    node->idlen = idlen;
+    node->run = run;
+    node->peer = peer;
+    node->prev_rank = -1;
+    node->state = N_IDLE;
+    cddp_queue_init(&node->link);
+    cddp_queue_insert_tail(&run->lists[N_IDLE], &node->link);
+    run->count[N_IDLE]++;
+    timer_init(&node->beat, T_BEAT, node);
+    timer_init(&node->join, T_JOIN, node);
+    if (cddp_strmap_put(&run->nodes, node->id, idlen, node) != 0) {
+        node_free(st, node);
+        emit_error(st, peer, CDDP_ERR_FROM_ERRNO(ENOMEM), true, "out of memory");
+        return NULL;
+    }
+    peer->node = node;
+    return node;
+}
+
+/* Takes what a join says: the run's settings (from its first node), the
+ * node's own; its heartbeats are watched from now. */
+static void configure(struct rdzv_state *st, struct rdzv_run *run, struct rdzv_node *node,
+                      const struct proto_join *j, const struct rdzv_conf *conf, uint64_t now)
+{
+    if (!run->configured) {
+        run->configured = true;
+        run->min_nodes = j->min_nodes;
+        run->max_nodes = j->max_nodes;
+        run->last_call_ms = conf->last_call_timeout_ms;
+        run->close_timeout_ms = conf->close_timeout_ms;
+    }
+    node->nproc = j->nproc;
+    node->master_port = j->master_port;
+    free(node->local_addr);
+    free(node->hostname);
+    node->local_addr = j->local_addr && j->local_addr[0] ? strdup(j->local_addr) : NULL;
+    node->hostname = j->hostname && j->hostname[0] ? strdup(j->hostname) : NULL;
+    node->join_timeout_ms = conf->join_timeout_ms;
+    node->keep_alive_ms = conf->keep_alive_interval_ms;
+    node->keep_alive_max = conf->keep_alive_max_attempt;
+    node->dead_after_ms = rdzv_conf_dead_after_ms(conf);
+    node->last_beat = now;
+    node->joined_at = now;
+    if (!timer_armed(&node->beat))
+        timer_arm(st, &node->beat, add_ms(now, node->dead_after_ms));
+}
+
 void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
                      const struct proto_msg *m)
 {
-    char err[512];
     begin(st);
     struct rdzv_run *run = need_rendezvous(st, peer);
     if (run == NULL)
@@ -743,22 +851,10 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
         return;
     }
     struct rdzv_conf conf;
-    rdzv_conf_init(&conf);
-    for (size_t i = 0; i < m->join.nconf; i++) {
-        if (rdzv_conf_set(&conf, m->join.conf[i].key, m->join.conf[i].value, err, sizeof(err)) !=
-            0) {
-            emit_error(st, peer, CDDP_ECONFIG, false, scratch_strdup(st, err));
-            return;
-        }
-    }
-    if (run->configured &&
-        (m->join.min_nodes != run->min_nodes || m->join.max_nodes != run->max_nodes)) {
-        emit_error(st, peer, CDDP_EMISMATCH, false,
-                   scratch_printf(st,
-                                  "run '%s' was started with --nnodes=%d:%d; node '%s' asks "
-                                  "for %d:%d",
-                                  run->id, run->min_nodes, run->max_nodes, m->join.node_id,
-                                  m->join.min_nodes, m->join.max_nodes));
+    const char *why;
+    int rc = check_join(st, run, &m->join, &conf, &why);
+    if (rc) {
+        emit_error(st, peer, rc, false, why);
         return;
     }
 
@@ -769,8 +865,8 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
         return;
     }
     if (node == NULL) {
-        size_t idlen = strlen(m->join.node_id);
-        struct rdzv_node *other = cddp_strmap_get(&run->nodes, m->join.node_id, idlen);
+        struct rdzv_node *other =
+            cddp_strmap_get(&run->nodes, m->join.node_id, strlen(m->join.node_id));
         if (other) {
             /* A reconnecting agent replaces its stale connection. */
             emit_error(
@@ -780,28 +876,8 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
             if (run->phase == RDZV_CLOSED)
                 return;
         }
-        node = calloc(1, sizeof(*node) + idlen + 1);
-        if (node == NULL) {
-            emit_error(st, peer, CDDP_ERR_FROM_ERRNO(ENOMEM), true, "out of memory");
+        if ((node = node_new(st, run, peer, m->join.node_id)) == NULL)
             return;
-        }
-        memcpy(node->id, m->join.node_id, idlen + 1);
-        node->idlen = idlen;
-        node->run = run;
-        node->peer = peer;
-        node->prev_rank = -1;
-        node->state = N_IDLE;
-        cddp_queue_init(&node->link);
-        cddp_queue_insert_tail(&run->lists[N_IDLE], &node->link);
-        run->count[N_IDLE]++;
-        timer_init(&node->beat, T_BEAT, node);
-        timer_init(&node->join, T_JOIN, node);
-        if (cddp_strmap_put(&run->nodes, node->id, idlen, node) != 0) {
-            node_free(st, node);
-            emit_error(st, peer, CDDP_ERR_FROM_ERRNO(ENOMEM), true, "out of memory");
-            return;
-        }
-        peer->node = node;
     }
     if (!run->had_round && run->phase == RDZV_FORMING) {
         /* Nodes that ran before (a restarted server): the job goes on. */
@@ -812,28 +888,7 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
         if (m->join.last_nnodes > run->resume_nodes)
             run->resume_nodes = m->join.last_nnodes;
     }
-    if (!run->configured) {
-        run->configured = true;
-        run->min_nodes = m->join.min_nodes;
-        run->max_nodes = m->join.max_nodes;
-        run->last_call_ms = conf.last_call_timeout_ms;
-        run->close_timeout_ms = conf.close_timeout_ms;
-    }
-    node->nproc = m->join.nproc;
-    node->master_port = m->join.master_port;
-    free(node->local_addr);
-    free(node->hostname);
-    node->local_addr =
-        m->join.local_addr && m->join.local_addr[0] ? strdup(m->join.local_addr) : NULL;
-    node->hostname = m->join.hostname && m->join.hostname[0] ? strdup(m->join.hostname) : NULL;
-    node->join_timeout_ms = conf.join_timeout_ms;
-    node->keep_alive_ms = conf.keep_alive_interval_ms;
-    node->keep_alive_max = conf.keep_alive_max_attempt;
-    node->dead_after_ms = rdzv_conf_dead_after_ms(&conf);
-    node->last_beat = now;
-    node->joined_at = now;
-    if (!timer_armed(&node->beat))
-        timer_arm(st, &node->beat, add_ms(now, node->dead_after_ms));
+    configure(st, run, node, &m->join, &conf, now);
 
     struct rdzv_action *a;
     switch (node->state) {
@@ -860,8 +915,12 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
         break;
     }
     if (run->phase == RDZV_RUNNING) {
-        if (run->count[N_ACTIVE] < (size_t)run->max_nodes) {
-            restart(st, run, "node_joined", node->id, false);
+        /* While a round is rebuilt, a node that ran in it (or in a later
+         * one) and joins instead of resuming has stopped its workers: the
+         * round cannot be rebuilt. Any other node waits for the outcome. */
+        bool member = run->rebuilding && m->join.round >= run->round;
+        if (member || (!run->rebuilding && run->count[N_ACTIVE] < (size_t)run->max_nodes)) {
+            restart(st, run, member ? "node_rejoined" : "node_joined", node->id, false);
             join_as_participant(st, node, now);
             check_complete(st, run, now);
             return;
@@ -887,9 +946,116 @@ void rdzv_state_heartbeat(struct rdzv_state *st, uint64_t now, struct rdzv_peer 
             peer->run ? peer->run->count[N_WAITING] : 0;
 }
 
-void rdzv_state_resume(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer, uint64_t id,
-                       const char *node_id, uint64_t round)
+/* The round is whole again: it runs on as if the server had never gone.
+ * Nodes that joined meanwhile are taken now, as a join would have been. */
+static void rebuild_done(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
 {
+    rebuild_end(st, run);
+    if (run->count[N_WAITING] == 0 || run->count[N_ACTIVE] >= (size_t)run->max_nodes)
+        return;
+    struct rdzv_node *w =
+        cddp_queue_data(cddp_queue_head(&run->lists[N_WAITING]), struct rdzv_node, link);
+    restart(st, run, "node_joined", w->id, false);
+    check_complete(st, run, now);
+}
+
+/* A member of a running round re-registers with a server that does not
+ * know it (a restarted one): the first one creates the round as it says
+ * (number, node count, world size, MASTER_ADDR/PORT, restart count) and
+ * starts its resume_timeout; the others must say the same and take the
+ * ranks still free. The result is OK at once: the workers run on. */
+static void rebuild_member(struct rdzv_state *st, struct rdzv_run *run, uint64_t now,
+                           struct rdzv_peer *peer, const struct proto_msg *m)
+{
+    const struct proto_round *r = &m->resume.member;
+    const struct proto_join *j = &m->resume.join;
+    struct rdzv_conf conf;
+    const char *why;
+    int rc = check_join(st, run, j, &conf, &why);
+    if (rc) {
+        emit_result(st, peer, m->id, rc, why);
+        return;
+    }
+    if (!run->rebuilding) {
+        if (run->configured || run->had_round) {
+            emit_result(st, peer, m->id, CDDP_ESTATE,
+                        scratch_printf(st,
+                                       "run '%s' is %s round %llu without node '%s': it must "
+                                       "join again",
+                                       run->id, phase_name(run->phase),
+                                       (unsigned long long)run->round, j->node_id));
+            return;
+        }
+        uint64_t grace = rdzv_conf_resume_timeout_ms(&conf);
+        if (grace == 0 || r->nnodes < j->min_nodes || r->nnodes > j->max_nodes) {
+            emit_result(st, peer, m->id, CDDP_ESTATE,
+                        scratch_printf(st,
+                                       "round %llu of run '%s' (%d nodes, --nnodes=%d:%d) is not "
+                                       "rebuilt%s: node '%s' must join again",
+                                       (unsigned long long)r->round, run->id, r->nnodes,
+                                       j->min_nodes, j->max_nodes,
+                                       grace == 0 ? " (resume_timeout=0)" : "", j->node_id));
+            return;
+        }
+        run->rebuild_back = calloc((size_t)r->nnodes, 1);
+        run->rebuild_master = strdup(r->master_addr);
+        if (run->rebuild_back == NULL || run->rebuild_master == NULL) {
+            rebuild_end(st, run);
+            emit_result(st, peer, m->id, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
+            return;
+        }
+        run->rebuilding = true;
+        run->rebuild_nnodes = r->nnodes;
+        run->rebuild_world = r->world_size;
+        run->rebuild_port = r->master_port;
+        run->rebuild_count = 0;
+        run->round = r->round;
+        run->phase = RDZV_RUNNING;
+        run->had_round = true;
+        run->round_at = now;
+        timer_arm(st, &run->rebuild, add_ms(now, grace));
+    } else if (r->round != run->round || r->nnodes != run->rebuild_nnodes ||
+               r->world_size != run->rebuild_world || r->master_port != run->rebuild_port ||
+               strcmp(r->master_addr, run->rebuild_master) != 0) {
+        emit_result(st, peer, m->id, CDDP_ESTATE,
+                    scratch_printf(st,
+                                   "run '%s' is rebuilding round %llu of %d nodes (world %d, "
+                                   "master %s:%d); node '%s' ran round %llu of %d nodes (world "
+                                   "%d, master %s:%d): it must join again",
+                                   run->id, (unsigned long long)run->round, run->rebuild_nnodes,
+                                   run->rebuild_world, run->rebuild_master, run->rebuild_port,
+                                   j->node_id, (unsigned long long)r->round, r->nnodes,
+                                   r->world_size, r->master_addr, r->master_port));
+        return;
+    } else if (run->rebuild_back[r->node_rank]) {
+        emit_result(st, peer, m->id, CDDP_ESTATE,
+                    scratch_printf(st,
+                                   "node rank %d of round %llu of run '%s' is back already (as "
+                                   "another node); node '%s' must join again",
+                                   r->node_rank, (unsigned long long)run->round, run->id,
+                                   j->node_id));
+        return;
+    }
+    struct rdzv_node *node = node_new(st, run, peer, j->node_id);
+    if (node == NULL)
+        return;
+    configure(st, run, node, j, &conf, now);
+    node->prev_rank = r->node_rank;
+    node_set_state(node, N_ACTIVE);
+    run->rebuild_back[r->node_rank] = 1;
+    run->rebuild_count++;
+    if (r->restart_count > (int64_t)run->counted_restarts)
+        run->counted_restarts = (uint64_t)r->restart_count;
+    emit_result(st, peer, m->id, 0, NULL);
+    if (run->rebuild_count == (size_t)run->rebuild_nnodes)
+        rebuild_done(st, run, now);
+}
+
+void rdzv_state_resume(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                       const struct proto_msg *m)
+{
+    uint64_t id = m->id, round = m->resume.round;
+    const char *node_id = m->resume.node_id;
     begin(st);
     struct rdzv_run *run = need_rendezvous(st, peer);
     if (run == NULL)
@@ -907,6 +1073,10 @@ void rdzv_state_resume(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pe
     }
     if (run->phase == RDZV_CLOSED) {
         emit_result(st, peer, id, CDDP_ECLOSED, closed_message(st, run));
+        return;
+    }
+    if (node == NULL && m->resume.rebuild) {
+        rebuild_member(st, run, now, peer, m);
         return;
     }
     if (node == NULL) {
@@ -953,7 +1123,7 @@ void rdzv_state_leave(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
      * (a running round without members would hold them for ever). */
     struct rdzv_run *run = node->run;
     node_free(st, node);
-    if (run->phase == RDZV_RUNNING && run->count[N_ACTIVE] == 0) {
+    if (run->phase == RDZV_RUNNING && run->count[N_ACTIVE] == 0 && !run->rebuilding) {
         close_run(st, run, now,
                   scratch_printf(st, "the job finished: every node of round %llu finished",
                                  (unsigned long long)run->round));
@@ -1124,6 +1294,21 @@ void rdzv_state_disconnect(struct rdzv_state *st, uint64_t now, struct rdzv_peer
     maybe_gc(st, run, now);
 }
 
+void rdzv_state_forget(struct rdzv_state *st, struct rdzv_peer *peer)
+{
+    begin(st);
+    if (peer->node) {
+        peer->node->peer = NULL;
+        peer->node = NULL;
+    }
+    struct rdzv_run *run = peer->run;
+    if (run == NULL)
+        return;
+    kvstore_cancel_owner(run->store, &peer->store_owner);
+    peer->run = NULL;
+    run->npeers--;
+}
+
 static void fire_timer(struct rdzv_state *st, struct timer *t, uint64_t now)
 {
     switch (t->kind) {
@@ -1175,6 +1360,23 @@ static void fire_timer(struct rdzv_state *st, struct timer *t, uint64_t now)
     case T_GC:
         maybe_gc(st, t->owner, now);
         return;
+    case T_REBUILD: {
+        /* Members are missing: the others go on in a new round without
+         * them, as after a node loss (not counted). If every member that
+         * came back has finished meanwhile, the job is done. */
+        struct rdzv_run *run = t->owner;
+        if (!run->rebuilding)
+            return;
+        if (run->count[N_ACTIVE] == 0 && run->rebuild_count > 0) {
+            close_run(st, run, now,
+                      scratch_printf(st, "the job finished: every node of round %llu finished",
+                                     (unsigned long long)run->round));
+            return;
+        }
+        restart(st, run, "node_missing", NULL, false);
+        check_complete(st, run, now);
+        return;
+    }
     }
 }
 
@@ -1200,11 +1402,6 @@ void rdzv_state_close_all(struct rdzv_state *st, uint64_t now, const char *reaso
 
 /* ---- introspection ---- */
 
-static const char *phase_name(enum rdzv_phase p)
-{
-    return p == RDZV_FORMING ? "forming" : p == RDZV_RUNNING ? "running" : "closed";
-}
-
 cJSON *rdzv_state_status(const struct rdzv_state *st, uint64_t now)
 {
     (void)now;
@@ -1223,6 +1420,7 @@ cJSON *rdzv_state_status(const struct rdzv_state *st, uint64_t now)
             break;
         cJSON_AddStringToObject(r, "run_id", run->id);
         cJSON_AddStringToObject(r, "phase", phase_name(run->phase));
+        cJSON_AddBoolToObject(r, "rebuilding", run->rebuilding);
         cJSON_AddNumberToObject(r, "round", (double)run->round);
         cJSON_AddNumberToObject(r, "min_nodes", run->min_nodes);
         cJSON_AddNumberToObject(r, "max_nodes", run->max_nodes);
@@ -1254,6 +1452,7 @@ int rdzv_state_run_stats(const struct rdzv_state *st, const char *run_id,
     out->min_nodes = run->min_nodes;
     out->max_nodes = run->max_nodes;
     out->last_call_armed = timer_armed(&run->last_call);
+    out->rebuilding = run->rebuilding;
     return 0;
 }
 

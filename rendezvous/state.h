@@ -152,15 +152,30 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
  * from a peer with heartbeat_ack set is answered (RDZV_ACT_HEARTBEAT) with
  * the length of its run's wait list. */
 void rdzv_state_heartbeat(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer);
-/* A node whose connection broke on its side asks to go on, on this new
- * connection, in the round it runs in (request id). If the run is running
- * that round and the node is still an active member of it, the node moves
- * to this peer (its old connection gets EEXISTS and is dropped) and nothing
- * else changes: its workers keep running. Otherwise (the node was removed,
- * the run moved on, the server restarted) nothing changes and the result is
- * CDDP_ESTATE, or CDDP_ECLOSED for a closed run: the node must join again. */
-void rdzv_state_resume(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer, uint64_t id,
-                       const char *node_id, uint64_t round);
+/* A node whose connection broke asks to go on, on this new connection, in
+ * the round it runs in (m->type == PROTO_RESUME; m->id the request id). If
+ * the run is running that round and the node is still an active member of
+ * it, the node moves to this peer (its old connection gets EEXISTS and is
+ * dropped) and nothing else changes: its workers keep running.
+ *
+ * A server that does not know the node (a restarted one) rebuilds the
+ * round from such resumes when they carry the node's join and round
+ * (m->resume.rebuild) and the run is new here: the first one re-creates
+ * the round as it was (RUNNING, its number, node count, world size, master,
+ * restart count) and arms the run's resume_timeout (its rdzv_conf; default
+ * the keep-alive window); each member takes its old node rank and is
+ * answered OK at once. Once every rank is back the round simply runs on;
+ * if the time passes first, the members that are back restart (reason
+ * "node_missing", not counted) and form a new round without the missing
+ * ones. Meanwhile a node that ran in the round (or a later one) and joins
+ * instead ends the rebuild with a restart ("node_rejoined"); other joiners
+ * wait for the outcome (and then join as they would have).
+ *
+ * Otherwise (the node was removed, the run moved on, the rebuilt round
+ * differs from the node's) nothing changes and the result is CDDP_ESTATE,
+ * or CDDP_ECLOSED for a closed run: the node must join again. */
+void rdzv_state_resume(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                       const struct proto_msg *m);
 /* A graceful leave: like a lost node, but the connection stays. finished:
  * the node's workers succeeded, so the others go on without it (no restart;
  * torch's exit barrier timing out on one node). */
@@ -178,6 +193,10 @@ void rdzv_state_store(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
                       const struct proto_msg *m);
 /* The connection is gone. The peer is unbound and may be freed afterwards. */
 void rdzv_state_disconnect(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer);
+/* The connection is gone, but the server is stopping for a successor
+ * (rdzv_server_stop_keep_runs): the peer is unbound and nothing else
+ * happens (no restart, no action). Only rdzv_state_free may follow. */
+void rdzv_state_forget(struct rdzv_state *st, struct rdzv_peer *peer);
 /* Time passed: heartbeats, last call, join timeouts, store waits, GC. */
 void rdzv_state_tick(struct rdzv_state *st, uint64_t now);
 /* When rdzv_state_tick next has something to do (RDZV_NEVER: nothing). */
@@ -199,6 +218,7 @@ struct rdzv_run_stats {
     size_t participants, waiting, active, restarting, nodes, peers;
     int min_nodes, max_nodes;
     bool last_call_armed;
+    bool rebuilding; /* a restarted server waits for members of the round (resume) */
 };
 int rdzv_state_run_stats(const struct rdzv_state *st, const char *run_id,
                          struct rdzv_run_stats *out);

@@ -541,11 +541,12 @@ class Daemon:
     def __init__(self, port):
         self.port = port
         self.p = None
+        self.args = []  # more flags for the next start()
         self.start()
 
     def start(self):
         self.p = subprocess.Popen([binary("cddp-rdzv"), "--host", "127.0.0.1", "--port",
-                                   str(self.port)], stdout=subprocess.PIPE, text=True,
+                                   str(self.port), *self.args], stdout=subprocess.PIPE, text=True,
                                   start_new_session=True)
         assert "listening on" in self.p.stdout.readline()
 
@@ -581,11 +582,13 @@ def daemon():
 
 def test_daemon_killed_and_restarted_the_job_goes_on(cluster, daemon):
     """cddp-rdzv dies with SIGKILL while two agents run: the workers keep
-    running while the agents reconnect; the restarted daemon has lost the
-    run, so the agents restart their workers (not counted) in a new round,
-    numbered on from the last; nobody exits."""
+    running while the agents reconnect; with rebuilds turned off
+    (resume_timeout=0; by default the restarted daemon rebuilds the round:
+    test_rdzv_restart.py) the restarted daemon has lost the run, so the
+    agents restart their workers (not counted) in a new round, numbered on
+    from the last; nobody exits."""
     d = daemon()
-    conf = "is_host=0," + FAST
+    conf = "is_host=0,resume_timeout=0," + FAST
     a = cluster.agent("0", *c10d(d.port, 2, conf=conf))
     b = cluster.agent("1", *c10d(d.port, 2, conf=conf))
     first = wait_round(cluster.out, 4)
@@ -612,9 +615,10 @@ def test_daemon_frozen(cluster, daemon):
     """cddp-rdzv stopped (SIGSTOP) but still connected: for less than
     read_timeout nothing happens; for longer, the agents declare it lost and
     reconnect; when it wakes (SIGCONT) it has removed them, and they form a
-    new round with it."""
+    new round with it (rebuilds off: resume_timeout=0; had the daemon
+    forgotten the run, it would rebuild the round as a restarted one does)."""
     d = daemon()
-    conf = "is_host=0,keep_alive_interval=0.2,keep_alive_max_attempt=10,last_call_timeout=0.5," \
+    conf = "is_host=0,resume_timeout=0,keep_alive_interval=0.2,keep_alive_max_attempt=10,last_call_timeout=0.5," \
            "read_timeout=1.5"
     a = cluster.agent("0", *c10d(d.port, 2, conf=conf))
     b = cluster.agent("1", *c10d(d.port, 2, conf=conf))

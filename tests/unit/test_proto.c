@@ -297,6 +297,45 @@ static void test_msg_roundtrip(void **state)
     assert_int_equal(o.id, 9);
     assert_string_equal(o.resume.node_id, "host_42_0");
     assert_int_equal(o.resume.round, 4);
+    assert_false(o.resume.rebuild);
+    proto_msg_free(&o);
+    /* A resume that carries what a restarted server rebuilds the round from. */
+    struct proto_conf_kv rkv[1] = {{"resume_timeout", "2.5"}};
+    m.resume.rebuild = true;
+    m.resume.join = (struct proto_join){.node_id = "host_42_0",
+                                        .nproc = 4,
+                                        .min_nodes = 1,
+                                        .max_nodes = 3,
+                                        .hostname = "h",
+                                        .master_port = 29511,
+                                        .round = 4,
+                                        .last_nnodes = 2,
+                                        .restart_count = 1,
+                                        .conf = rkv,
+                                        .nconf = 1};
+    m.resume.member = (struct proto_round){.run_id = "job7",
+                                           .round = 4,
+                                           .node_rank = 1,
+                                           .nnodes = 2,
+                                           .world_size = 8,
+                                           .rank_offset = 4,
+                                           .nproc = 4,
+                                           .master_addr = "10.0.0.1",
+                                           .master_port = 29500,
+                                           .restart_count = 1};
+    roundtrip(&m, &o);
+    assert_true(o.resume.rebuild);
+    assert_string_equal(o.resume.join.node_id, "host_42_0");
+    assert_int_equal(o.resume.join.max_nodes, 3);
+    assert_int_equal(o.resume.join.master_port, 29511);
+    assert_int_equal(o.resume.join.nconf, 1);
+    assert_string_equal(o.resume.join.conf[0].key, "resume_timeout");
+    assert_string_equal(o.resume.join.conf[0].value, "2.5");
+    assert_int_equal(o.resume.member.node_rank, 1);
+    assert_int_equal(o.resume.member.world_size, 8);
+    assert_int_equal(o.resume.member.rank_offset, 4);
+    assert_string_equal(o.resume.member.master_addr, "10.0.0.1");
+    assert_int_equal(o.resume.member.restart_count, 1);
     proto_msg_free(&o);
 
     memset(&m, 0, sizeof(m));
@@ -560,6 +599,67 @@ static void test_msg_decode_errors(void **state)
         decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"a b\",\"round\":1}", err,
                    sizeof(err)),
         CDDP_EPROTO_FIELD);
+    /* resume's rebuild part: both objects or neither, consistent with the resume. */
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"n\",\"round\":2,\"join\":{"
+                   "\"node_id\":\"n\",\"nproc\":2,\"min_nodes\":1,\"max_nodes\":2},\"member\":{"
+                   "\"run_id\":\"j\",\"round\":2,\"node_rank\":0,\"nnodes\":2,\"world_size\":4,"
+                   "\"rank_offset\":0,\"nproc\":2,\"master_addr\":\"h\",\"master_port\":1}}",
+                   err, sizeof(err)),
+        0);
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"n\",\"round\":2,\"join\":{"
+                   "\"node_id\":\"n\",\"nproc\":2,\"min_nodes\":1,\"max_nodes\":2}}",
+                   err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_non_null(strstr(err, "member"));
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"n\",\"round\":2,\"member\":"
+                   "{\"run_id\":\"j\",\"round\":2,\"node_rank\":0,\"nnodes\":2,\"world_size\":4,"
+                   "\"rank_offset\":0,\"nproc\":2,\"master_addr\":\"h\",\"master_port\":1}}",
+                   err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_non_null(strstr(err, "join"));
+    assert_int_equal(
+        decode_str(
+            "{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"n\",\"round\":2,\"join\":3,"
+            "\"member\":{\"run_id\":\"j\",\"round\":2,\"node_rank\":0,\"nnodes\":2,\"world_size\":"
+            "4,\"rank_offset\":0,\"nproc\":2,\"master_addr\":\"h\",\"master_port\":1}}",
+            err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_non_null(strstr(err, "join"));
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"n\",\"round\":2,\"join\":{"
+                   "\"node_id\":\"n\",\"nproc\":2,\"min_nodes\":1,\"max_nodes\":2},\"member\":{"
+                   "\"run_id\":\"j\",\"round\":3,\"node_rank\":0,\"nnodes\":2,\"world_size\":4,"
+                   "\"rank_offset\":0,\"nproc\":2,\"master_addr\":\"h\",\"master_port\":1}}",
+                   err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_non_null(strstr(err, "member"));
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"n\",\"round\":2,\"join\":{"
+                   "\"node_id\":\"n\",\"nproc\":2,\"min_nodes\":1,\"max_nodes\":2},\"member\":{"
+                   "\"run_id\":\"j\",\"round\":2,\"node_rank\":2,\"nnodes\":2,\"world_size\":4,"
+                   "\"rank_offset\":0,\"nproc\":2,\"master_addr\":\"h\",\"master_port\":1}}",
+                   err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_non_null(strstr(err, "node_rank"));
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"n\",\"round\":2,\"join\":{"
+                   "\"node_id\":\"n\",\"nproc\":2,\"min_nodes\":1,\"max_nodes\":2},\"member\":{"
+                   "\"run_id\":\"j\",\"round\":2,\"node_rank\":0,\"nnodes\":2,\"world_size\":4,"
+                   "\"rank_offset\":0,\"nproc\":1,\"master_addr\":\"h\",\"master_port\":1}}",
+                   err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_non_null(strstr(err, "nproc"));
+    assert_int_equal(
+        decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"n\",\"round\":2,\"join\":{"
+                   "\"node_id\":\"m\",\"nproc\":2,\"min_nodes\":1,\"max_nodes\":2},\"member\":{"
+                   "\"run_id\":\"j\",\"round\":2,\"node_rank\":0,\"nnodes\":2,\"world_size\":4,"
+                   "\"rank_offset\":0,\"nproc\":2,\"master_addr\":\"h\",\"master_port\":1}}",
+                   err, sizeof(err)),
+        CDDP_EPROTO_FIELD);
+    assert_non_null(strstr(err, "join"));
     assert_int_equal(
         decode_str("{\"v\":1,\"type\":\"resume\",\"id\":1,\"node_id\":\"n\",\"round\":1}", err,
                    sizeof(err)),

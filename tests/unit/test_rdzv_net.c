@@ -685,7 +685,10 @@ static void test_reconnect_after_server_restart(void **state)
 {
     (void)state;
     struct world w;
-    pid_t pid = two_in_a_round(&w, "keep_alive_interval=0.05,read_timeout=2", 0);
+    /* resume_timeout=0: the clients do not re-register their round (as
+     * older clients did not; test_server_restart_rebuilds_the_round is the
+     * default). */
+    pid_t pid = two_in_a_round(&w, "keep_alive_interval=0.05,read_timeout=2,resume_timeout=0", 0);
     /* A request in flight when the server dies fails; the loss is seen. */
     struct store_op lost = {0};
     const char *keys[] = {"never"};
@@ -728,12 +731,57 @@ static void test_reconnect_after_server_restart(void **state)
     world_close(&w);
 }
 
+static bool all_resumed(struct world *w)
+{
+    for (int i = 0; i < NCLI; i++) {
+        if (w->a[i].c && w->a[i].resumed < 1)
+            return false;
+    }
+    return true;
+}
+
+/* The server dies and a new one comes up on the port: the clients
+ * re-register their round, which the new server rebuilds; nothing
+ * restarts, and the rebuilt round is a live one (a failure restarts it). */
+static void test_server_restart_rebuilds_the_round(void **state)
+{
+    (void)state;
+    struct world w;
+    pid_t pid = two_in_a_round(&w, "keep_alive_interval=0.05,read_timeout=2", 0);
+    kill_child(pid);
+    want_disconnects = 1;
+    run_until(&w, all_disconnected);
+    pid = server_child(w.port);
+    run_until(&w, all_resumed);
+    run_for(&w, 300); /* past resume_timeout (0.15 s): still nothing */
+    for (int i = 0; i < 2; i++) {
+        struct agent *a = &w.a[i];
+        assert_int_equal(a->resumed, 1);
+        assert_int_equal(a->restarts, 0);
+        assert_int_equal(a->errors, 0);
+        assert_int_equal(a->round.round, 1);
+        assert_int_equal(rdzv_client_reconnects(a->c), 1);
+    }
+    assert_int_equal(rdzv_client_report_failure(w.a[1].c, "exit 1"), 0);
+    want_joins = 2;
+    run_until(&w, all_joined);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(w.a[i].round.round, 2);
+        assert_int_equal(w.a[i].round.nnodes, 2);
+        assert_int_equal(w.a[i].round.restart_count, 1);
+        assert_true(w.a[i].last_counted);
+    }
+    kill_child(pid);
+    world_close(&w);
+}
+
 static void test_frozen_server(void **state)
 {
     (void)state;
     struct world w;
     pid_t pid = two_in_a_round(
-        &w, "keep_alive_interval=0.05,keep_alive_max_attempt=40,read_timeout=0.5", 0);
+        &w, "keep_alive_interval=0.05,keep_alive_max_attempt=40,read_timeout=0.5,resume_timeout=0",
+        0);
     /* Frozen for less than read_timeout: nobody notices. */
     kill(pid, SIGSTOP);
     run_for(&w, 200);
@@ -952,6 +1000,7 @@ int main(void)
         cmocka_unit_test(test_wait_list_in_heartbeat_answers),
         cmocka_unit_test(test_first_connection_breaks),
         cmocka_unit_test(test_reconnect_after_server_restart),
+        cmocka_unit_test(test_server_restart_rebuilds_the_round),
         cmocka_unit_test(test_frozen_server),
         cmocka_unit_test(test_reconnect_gives_up),
         cmocka_unit_test(test_blocking_store),

@@ -75,6 +75,17 @@ static void test_conf(void **state)
     assert_int_equal(c.heartbeat_timeout_ms, 7000);
     assert_int_equal(rdzv_conf_parse(&c, "store_type=file", err, sizeof(err)), CDDP_ECONFIG);
     assert_non_null(strstr(err, "store_type='file'"));
+    /* resume_timeout: the keep-alive window unless given; 0 turns rebuilds off. */
+    rdzv_conf_init(&c);
+    assert_int_equal(rdzv_conf_resume_timeout_ms(&c), 15000);
+    assert_int_equal(rdzv_conf_parse(&c, "keep_alive_interval=1", err, sizeof(err)), 0);
+    assert_int_equal(rdzv_conf_resume_timeout_ms(&c), 3000);
+    assert_int_equal(rdzv_conf_parse(&c, "resume_timeout=0.5", err, sizeof(err)), 0);
+    assert_int_equal(rdzv_conf_resume_timeout_ms(&c), 500);
+    assert_int_equal(rdzv_conf_parse(&c, "resume_timeout=0", err, sizeof(err)), 0);
+    assert_int_equal(rdzv_conf_resume_timeout_ms(&c), 0);
+    assert_int_equal(rdzv_conf_parse(&c, "resume_timeout=-1", err, sizeof(err)), CDDP_ECONFIG);
+    assert_non_null(strstr(err, "resume_timeout"));
 }
 
 /* ---- a simulated server ---- */
@@ -154,22 +165,29 @@ struct joinopt {
     const char *local_addr, *hostname;
 };
 
+/* Splits "k=v,k=v" (or NULL) into kv (at most 16), in buf; the count. */
+static size_t parse_kv(const char *conf, char *buf, size_t buflen, struct proto_conf_kv kv[16])
+{
+    size_t n = 0;
+    if (conf == NULL)
+        return 0;
+    snprintf(buf, buflen, "%s", conf);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t && n < 16; t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '=');
+        *eq = '\0';
+        kv[n].key = t;
+        kv[n].value = eq + 1;
+        n++;
+    }
+    return n;
+}
+
 static void join_ex(struct sim *s, int i, const char *node_id, struct joinopt o)
 {
     struct proto_conf_kv kv[16];
     char buf[512];
-    size_t n = 0;
-    if (o.conf) {
-        snprintf(buf, sizeof(buf), "%s", o.conf);
-        char *save = NULL;
-        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            char *eq = strchr(t, '=');
-            *eq = '\0';
-            kv[n].key = t;
-            kv[n].value = eq + 1;
-            n++;
-        }
-    }
+    size_t n = parse_kv(o.conf, buf, sizeof(buf), kv);
     struct proto_msg m = {.type = PROTO_JOIN};
     m.join.node_id = node_id;
     m.join.nproc = o.nproc ? o.nproc : 1;
@@ -694,7 +712,10 @@ static void test_finished_leave_is_quiet(void **state)
 
 static void resume(struct sim *s, int i, uint64_t id, const char *node_id, uint64_t round)
 {
-    rdzv_state_resume(s->st, s->now, &s->peer[i], id, node_id, round);
+    struct proto_msg m = {.type = PROTO_RESUME, .id = id};
+    m.resume.node_id = node_id;
+    m.resume.round = round;
+    rdzv_state_resume(s->st, s->now, &s->peer[i], &m);
     collect(s);
 }
 
@@ -867,6 +888,247 @@ static void test_restarted_server_goes_on(void **state)
     tick(s, s->now + 30000);
     check_round(s, 1);
     assert_int_equal(find(s, 0, RDZV_ACT_ROUND)->round.round, 3);
+    sim_free(s);
+}
+
+/* ---- a restarted server rebuilds the running round from resumes ---- */
+
+struct member {
+    const char *id;
+    uint64_t round;
+    int rank, nnodes, nproc, min, max;
+    int64_t restarts;
+    const char *master; /* NULL: "10.0.0.1" */
+    const char *conf;   /* "k=v,k=v" or NULL */
+};
+
+/* Node m.id on peer i re-registers its round m.round (every node has nproc
+ * 2 unless told, rank offsets follow). */
+static void resume_member(struct sim *s, int i, uint64_t id, struct member m)
+{
+    struct proto_conf_kv kv[16];
+    char buf[256];
+    size_t n = parse_kv(m.conf, buf, sizeof(buf), kv);
+    int nproc = m.nproc ? m.nproc : 2;
+    struct proto_msg msg = {.type = PROTO_RESUME, .id = id};
+    msg.resume.node_id = m.id;
+    msg.resume.round = m.round;
+    msg.resume.rebuild = true;
+    msg.resume.join = (struct proto_join){.node_id = m.id,
+                                          .nproc = nproc,
+                                          .min_nodes = m.min ? m.min : 1,
+                                          .max_nodes = m.max ? m.max : 4,
+                                          .master_port = 29500 + i,
+                                          .round = m.round,
+                                          .last_nnodes = m.nnodes,
+                                          .restart_count = m.restarts,
+                                          .conf = kv,
+                                          .nconf = n};
+    msg.resume.member = (struct proto_round){.run_id = "job",
+                                             .round = m.round,
+                                             .node_rank = m.rank,
+                                             .nnodes = m.nnodes,
+                                             .world_size = 2 * m.nnodes,
+                                             .rank_offset = 2 * m.rank,
+                                             .nproc = nproc,
+                                             .master_addr = m.master ? m.master : "10.0.0.1",
+                                             .master_port = 29500,
+                                             .restart_count = m.restarts};
+    rdzv_state_resume(s->st, s->now, &s->peer[i], &msg);
+    collect(s);
+}
+
+static const char *const ids3[3] = {"a", "b", "c"};
+
+/* The three nodes of round 5 (2 counted restarts) on a restarted server,
+ * connected as peers 0..2; the first `back` of them re-registered. */
+static struct sim *rebuilt(int back, const char *conf)
+{
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 3; i++)
+        hello(s, i, "job");
+    for (int i = 0; i < back; i++) {
+        resume_member(
+            s, i, 10 + (uint64_t)i,
+            (struct member){
+                .id = ids3[i], .round = 5, .rank = i, .nnodes = 3, .restarts = 2, .conf = conf});
+        assert_int_equal(result_code(s, i, 10 + (uint64_t)i), 0);
+        assert_int_equal(s->nacts, 1); /* the OK, nothing else */
+    }
+    return s;
+}
+
+static void test_rebuild_every_member_back(void **state)
+{
+    (void)state;
+    struct sim *s = rebuilt(2, NULL);
+    assert_true(stats(s, "job").rebuilding);
+    assert_int_equal(stats(s, "job").phase, RDZV_RUNNING);
+    assert_int_equal(stats(s, "job").round, 5);
+    /* The last one is back before resume_timeout (the keep-alive window,
+     * 15 s): the round runs on, no worker restarts, ever. */
+    tick(s, s->now + 14000);
+    assert_int_equal(s->nacts, 0);
+    resume_member(s, 2, 12,
+                  (struct member){.id = "c", .round = 5, .rank = 2, .nnodes = 3, .restarts = 2});
+    assert_int_equal(result_code(s, 2, 12), 0);
+    assert_int_equal(s->nacts, 1);
+    struct rdzv_run_stats r = stats(s, "job");
+    assert_false(r.rebuilding);
+    assert_int_equal(r.active, 3);
+    assert_int_equal(r.round, 5);
+    tick(s, s->now + 60000);
+    assert_int_equal(s->nacts, 0);
+    /* It is a round like any other: a failure restarts everyone, counted
+     * on from the restart count the nodes brought back; ranks are kept. */
+    rdzv_state_failure(s->st, s->now, &s->peer[1], 5, "exit 1");
+    collect(s);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 3);
+    assert_int_equal(find(s, 0, RDZV_ACT_RESTART)->restart.restart_count, 3);
+    assert_int_equal(find(s, 0, RDZV_ACT_RESTART)->restart.round, 6);
+    for (int i = 2; i >= 0; i--)
+        join(s, i, ids3[i], 1, 4, NULL);
+    check_round(s, 3);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(rank_of(s, i), i);
+    assert_int_equal(find(s, 0, RDZV_ACT_ROUND)->round.restart_count, 3);
+    sim_free(s);
+
+    /* A one-node round is whole with its first resume. */
+    s = rebuilt(0, NULL);
+    resume_member(s, 0, 1, (struct member){.id = "a", .round = 2, .rank = 0, .nnodes = 1});
+    assert_int_equal(result_code(s, 0, 1), 0);
+    assert_false(stats(s, "job").rebuilding);
+    assert_int_equal(stats(s, "job").active, 1);
+    sim_free(s);
+}
+
+static void test_rebuild_member_missing(void **state)
+{
+    (void)state;
+    /* c never comes back: when resume_timeout (here 2 s) passes, a and b
+     * restart (not counted, as after a node loss) and go on without it. */
+    struct sim *s = rebuilt(2, "resume_timeout=2");
+    tick(s, s->now + 1999);
+    assert_int_equal(s->nacts, 0);
+    tick(s, s->now + 1);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    const struct rdzv_action *a = find(s, 0, RDZV_ACT_RESTART);
+    assert_string_equal(a->restart.reason, "node_missing");
+    assert_false(a->restart.counted);
+    assert_int_equal(a->restart.restart_count, 2);
+    assert_int_equal(a->restart.round, 6);
+    assert_false(stats(s, "job").rebuilding);
+    join(s, 0, "a", 1, 4, NULL);
+    join(s, 1, "b", 1, 4, NULL);
+    check_round(s, 2);
+    assert_int_equal(find(s, 0, RDZV_ACT_ROUND)->round.round, 6);
+    /* c, late: its round is gone; it joins as a new node (scale-up). */
+    resume_member(s, 2, 9,
+                  (struct member){.id = "c", .round = 5, .rank = 2, .nnodes = 3, .restarts = 2});
+    assert_int_equal(result_code(s, 2, 9), CDDP_ESTATE);
+    assert_int_equal(s->nacts, 1);
+    join(s, 2, "c", 1, 4, NULL);
+    assert_string_equal(find(s, 0, RDZV_ACT_RESTART)->restart.reason, "node_joined");
+    sim_free(s);
+
+    /* A member lost while the others are awaited is a node loss. */
+    s = rebuilt(2, NULL);
+    drop(s, 1);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 1);
+    assert_string_equal(find(s, 0, RDZV_ACT_RESTART)->restart.reason, "node_lost");
+    assert_false(stats(s, "job").rebuilding);
+    sim_free(s);
+
+    /* Every member that came back finished meanwhile: the job is over. */
+    s = rebuilt(1, "resume_timeout=1");
+    rdzv_state_leave(s->st, s->now, &s->peer[0], NULL, true);
+    collect(s);
+    assert_int_equal(s->nacts, 0);
+    tick(s, s->now + 1000);
+    assert_int_equal(stats(s, "job").phase, RDZV_CLOSED);
+    sim_free(s);
+}
+
+static void test_rebuild_refused(void **state)
+{
+    (void)state;
+    struct sim *s = rebuilt(1, NULL);
+    hello(s, 3, "job");
+    hello(s, 4, "job");
+    /* A different round, node count or master than the one being rebuilt,
+     * or a rank already back: that node joins again; nothing else changes. */
+    struct member bad[4] = {
+        {.id = "b", .round = 4, .rank = 1, .nnodes = 3, .restarts = 2},
+        {.id = "b", .round = 5, .rank = 1, .nnodes = 2, .restarts = 2},
+        {.id = "b", .round = 5, .rank = 1, .nnodes = 3, .master = "10.9.9.9"},
+        {.id = "b", .round = 5, .rank = 0, .nnodes = 3, .restarts = 2},
+    };
+    for (int k = 0; k < 4; k++) {
+        resume_member(s, 1, 20 + (uint64_t)k, bad[k]);
+        assert_int_equal(result_code(s, 1, 20 + (uint64_t)k), CDDP_ESTATE);
+        assert_int_equal(s->nacts, 1);
+    }
+    assert_non_null(strstr(find(s, 1, RDZV_ACT_RESULT)->result.message, "is back already"));
+    /* Another --nnodes is refused as a join would be. */
+    resume_member(s, 1, 30,
+                  (struct member){.id = "b", .round = 5, .rank = 1, .nnodes = 3, .max = 3});
+    assert_int_equal(result_code(s, 1, 30), CDDP_EMISMATCH);
+    assert_int_equal(stats(s, "job").active, 1);
+    assert_true(stats(s, "job").rebuilding);
+    /* A newcomer waits for the outcome ... */
+    join(s, 3, "d", 1, 4, NULL);
+    assert_true(find(s, 3, RDZV_ACT_JOINED)->joined.waiting);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 0);
+    /* ... and is taken once the round is whole (below max: a scale-up). */
+    resume_member(s, 1, 31,
+                  (struct member){.id = "b", .round = 5, .rank = 1, .nnodes = 3, .restarts = 2});
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 0);
+    resume_member(s, 2, 32,
+                  (struct member){.id = "c", .round = 5, .rank = 2, .nnodes = 3, .restarts = 2});
+    assert_int_equal(result_code(s, 2, 32), 0);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 3);
+    assert_string_equal(find(s, 0, RDZV_ACT_RESTART)->restart.reason, "node_joined");
+    sim_free(s);
+
+    /* A member that joins instead of resuming (its workers are stopped: an
+     * older agent) ends the rebuild: everyone restarts, not counted. */
+    s = rebuilt(2, NULL);
+    join_back(s, 2, "c", 5, 3, 2);
+    assert_int_equal(count(s, RDZV_ACT_RESTART), 2);
+    assert_string_equal(find(s, 0, RDZV_ACT_RESTART)->restart.reason, "node_rejoined");
+    assert_false(find(s, 0, RDZV_ACT_RESTART)->restart.counted);
+    join_back(s, 0, "a", 5, 3, 2);
+    join_back(s, 1, "b", 5, 3, 2);
+    check_round(s, 3);
+    assert_int_equal(find(s, 0, RDZV_ACT_ROUND)->round.round, 6);
+    sim_free(s);
+
+    /* A run that formed here already (someone joined first), or
+     * resume_timeout=0: no rebuild, the node joins again. */
+    s = sim_new(false);
+    hello(s, 0, "job");
+    hello(s, 1, "job");
+    join_back(s, 0, "a", 5, 3, 2);
+    resume_member(s, 1, 1, (struct member){.id = "b", .round = 5, .rank = 1, .nnodes = 3});
+    assert_int_equal(result_code(s, 1, 1), CDDP_ESTATE);
+    sim_free(s);
+    s = rebuilt(0, NULL);
+    resume_member(
+        s, 0, 1,
+        (struct member){.id = "a", .round = 5, .rank = 0, .nnodes = 3, .conf = "resume_timeout=0"});
+    assert_int_equal(result_code(s, 0, 1), CDDP_ESTATE);
+    assert_non_null(strstr(find(s, 0, RDZV_ACT_RESULT)->result.message, "resume_timeout=0"));
+    assert_false(stats(s, "job").rebuilding);
+    /* A plain resume (an older agent) tells a restarted server nothing to
+     * rebuild from: that node must join again. */
+    resume(s, 0, 3, "a", 5);
+    assert_int_equal(result_code(s, 0, 3), CDDP_ESTATE);
+    assert_false(stats(s, "job").rebuilding);
+    /* A round larger than --nnodes allows is not taken either. */
+    resume_member(s, 0, 2,
+                  (struct member){.id = "a", .round = 5, .rank = 0, .nnodes = 3, .max = 2});
+    assert_int_equal(result_code(s, 0, 2), CDDP_ESTATE);
     sim_free(s);
 }
 
@@ -1559,6 +1821,9 @@ int main(void)
         cmocka_unit_test(test_heartbeat_ack),
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_restarted_server_goes_on),
+        cmocka_unit_test(test_rebuild_every_member_back),
+        cmocka_unit_test(test_rebuild_member_missing),
+        cmocka_unit_test(test_rebuild_refused),
         cmocka_unit_test(test_visit),
         cmocka_unit_test(test_finished_leave_is_quiet),
         cmocka_unit_test(test_no_restart_livelock_with_zero_last_call),
