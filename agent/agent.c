@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "agent/env.h"
+#include "agent/filetimer.h"
 #include "agent/logs.h"
 #include "agent/rdzv.h"
 #include "agent/report.h"
@@ -89,6 +90,10 @@ struct agent {
     int stacks_rank;
     pid_t stacks_pid;
     uv_timer_t stacks_timer;
+    /* torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1), and the pipe
+     * the workers get as TORCHELASTIC_TIMER_FILE. */
+    struct agent_filetimer *filetimer;
+    char filetimer_path[4096];
     bool handles_open;
 
     char run_id[128];
@@ -591,6 +596,13 @@ static int start_worker(struct agent *a, int i)
     spec.error_file = w->error_file;
     spec.extra = extras.env;
     spec.nextra = extras.nenv;
+    struct launch_kv more[AGENT_EXTRA_MAX + 1];
+    if (a->filetimer && extras.nenv < AGENT_EXTRA_MAX + 1) {
+        memcpy(more, extras.env, sizeof(extras.env[0]) * (size_t)extras.nenv);
+        more[extras.nenv] = (struct launch_kv){"TORCHELASTIC_TIMER_FILE", a->filetimer_path};
+        spec.extra = more;
+        spec.nextra = extras.nenv + 1;
+    }
     struct agent_env env;
     if ((rc = agent_env_build(environ, &spec, &env)) != 0) {
         release_extras(&extras);
@@ -650,6 +662,7 @@ static int start_worker(struct agent *a, int i)
 static void start_workers(struct agent *a)
 {
     a->attempt = policy_restart_count(&a->pol);
+    agent_filetimer_reset(a->filetimer); /* the old attempt's pids are gone */
     char why[512] = "";
     int rc = agent_logs_attempt(&a->logs, a->attempt, a->nworkers, why, sizeof(why));
     if (rc)
@@ -1094,6 +1107,8 @@ static void agent_shutdown(struct agent *a)
             agent_signal_group(a->workers[i].pgid, SIGKILL);
     }
     agent_tee_set_close(&a->tees);
+    agent_filetimer_close(a->filetimer); /* removes the pipe */
+    a->filetimer = NULL;
     if (a->hooks && a->hooks->stop)
         a->hooks->stop(a->hooks->arg);
     if (a->handles_open) {
@@ -1213,6 +1228,86 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
     return 0;
 }
 
+/* ---- torch's file timer (agent/filetimer.c serves the pipe) ---- */
+
+/* The local rank whose live worker group holds pid, or -1. */
+static int filetimer_owner(void *arg, pid_t pid)
+{
+    struct agent *a = arg;
+    char state;
+    pid_t pgrp;
+    if (agent_proc_stat(pid, &state, &pgrp) != 0)
+        return -1;
+    for (int i = 0; i < a->nworkers; i++)
+        if (a->workers[i].group_alive && a->workers[i].pgid > 0 && a->workers[i].pgid == pgrp)
+            return i;
+    return -1;
+}
+
+static void filetimer_killed(void *arg, int i, const struct filetimer_kill *k, int err)
+{
+    struct agent *a = arg;
+    struct agent_worker *w = &a->workers[i];
+    double late = cddp_wall_time() - k->expiration;
+    if (err) {
+        log_error("A2408",
+                  "[%s] file timer: scope '%s' of pid %lld (local_rank %d) expired; %s: %s",
+                  a->cfg->role, k->scope, (long long)k->pid, i, cddp_signal_name(k->signal),
+                  strerror(err));
+        return;
+    }
+    log_error("A2409",
+              "[%s] file timer: scope '%s' of pid %lld (local_rank %d) expired %.1f s ago; killed "
+              "it with %s, as torch's FileTimerServer does",
+              a->cfg->role, k->scope, (long long)k->pid, i, late, cddp_signal_name(k->signal));
+    if (w->hang_note[0] == '\0') {
+        snprintf(
+            w->hang_note, sizeof(w->hang_note),
+            "file timer: scope '%.200s' expired (expires(after=...) overran by %.1f s); pid %lld "
+            "was killed with %s",
+            k->scope, late, (long long)k->pid, cddp_signal_name(k->signal));
+        w->hung_at = cddp_wall_time();
+    }
+}
+
+/* torchrun's name for a pipe nobody named: /tmp/watchdog_timer_<uuid4>. */
+static void filetimer_default_path(char *out, size_t len)
+{
+    unsigned char b[16] = {0};
+    if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b)) {
+        uint64_t t = cddp_mono_ms() ^ (uint64_t)getpid() << 32;
+        memcpy(b, &t, sizeof(t));
+    }
+    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+    char hex[33];
+    for (int i = 0; i < 16; i++)
+        snprintf(hex + 2 * i, 3, "%02x", b[i]);
+    snprintf(out, len, "/tmp/watchdog_timer_%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12,
+             hex + 16, hex + 20);
+}
+
+/* TORCHELASTIC_ENABLE_FILE_TIMER=1: serve the pipe at TORCHELASTIC_TIMER_FILE
+ * (or a fresh one the workers are told of), as torchrun's agent does. */
+static int filetimer_open(struct agent *a, char *why, size_t whylen)
+{
+    const char *on = getenv("TORCHELASTIC_ENABLE_FILE_TIMER");
+    if (on == NULL || strcmp(on, "1") != 0)
+        return 0;
+    const char *path = getenv("TORCHELASTIC_TIMER_FILE");
+    if (path && path[0])
+        cddp_strlcpy(a->filetimer_path, path, sizeof(a->filetimer_path));
+    else
+        filetimer_default_path(a->filetimer_path, sizeof(a->filetimer_path));
+    struct agent_filetimer_hooks h = {
+        .arg = a, .owner = filetimer_owner, .killed = filetimer_killed};
+    int rc = agent_filetimer_open(&a->loop, a->filetimer_path, &h, &a->filetimer, why, whylen);
+    if (rc == 0)
+        log_info("A2410", "[%s] serving torch's file timer at TORCHELASTIC_TIMER_FILE=%s",
+                 a->cfg->role, a->filetimer_path);
+    return rc;
+}
+
 static int agent_open(struct agent *a)
 {
     const struct launch_config *cfg = a->cfg;
@@ -1261,6 +1356,10 @@ static int agent_open(struct agent *a)
     }
     if (!a->logs.devnull)
         log_info("A0605", "log directory set to: %s", a->logs.run_dir);
+    if ((rc = filetimer_open(a, why, sizeof(why))) != 0) {
+        agent_failed(a, "A2407", "%s", why[0] ? why : cddp_strerror(rc));
+        return rc;
+    }
     if (a->hooks && a->hooks->attach)
         a->hooks->attach(a->hooks->arg, a);
     if (a->hooks && a->hooks->start && (rc = a->hooks->start(a->hooks->arg, &a->loop)) != 0) {

@@ -39,6 +39,17 @@ static int stat_fields(const char *dir, char *state, long *pgrp)
     return 0;
 }
 
+int agent_proc_stat(pid_t pid, char *state, pid_t *pgrp)
+{
+    char dir[64];
+    long g = 0;
+    snprintf(dir, sizeof(dir), "/proc/%d", (int)pid);
+    if (pid <= 0 || stat_fields(dir, state, &g) != 0)
+        return -1;
+    *pgrp = (pid_t)g;
+    return 0;
+}
+
 static void write_thread(FILE *out, const char *dir, const char *tid)
 {
     char path[800], comm[256], wchan[256], syscall[256];

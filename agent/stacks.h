@@ -26,6 +26,10 @@
 
 #include <sys/types.h>
 
+/* What /proc/PID/stat says of pid: its state letter (R, S, D, T, Z, ...)
+ * and process group. 0, or -1 when pid is gone or unreadable. */
+int agent_proc_stat(pid_t pid, char *state, pid_t *pgrp);
+
 /* 0 or a negative code (the file could not be written). */
 int agent_stacks_write_proc(pid_t pgid, const char *path);
 
