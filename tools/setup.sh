@@ -29,6 +29,9 @@ pkgs="build-essential meson ninja-build pkg-config git
 test_pkgs="python3 python3-pytest python3-torch python3-torchvision python3-numpy
            etcd-server etcd-client curl clang clang-format libclang-rt-14-dev
            iproute2 procps psmisc wrk hyperfine gdb"
+# gdb's py-bt for Python workers' stacks: python3.11-dbg ships the symbols and
+# the gdb extension for Debian's /usr/bin/python3.11 (docs/cli.md).
+test_pkgs="$test_pkgs python3.11-dbg"
 [ $want_test -eq 1 ] && pkgs="$pkgs $test_pkgs"
 
 missing=""
