@@ -94,6 +94,18 @@ struct agent {
      * the workers get as TORCHELASTIC_TIMER_FILE. */
     struct agent_filetimer *filetimer;
     char filetimer_path[4096];
+    /* A stack capture on demand (agent_capture_stacks: cddpctl stacks):
+     * one gdb per running worker (0: done), each into path.<local_rank>. */
+    struct {
+        bool running;
+        unsigned seq;
+        int pending;
+        pid_t *gdb;
+        char path[4096];
+        uv_timer_t timer;
+        void (*done)(void *arg, int rc, const char *path);
+        void *arg;
+    } ondemand;
     bool handles_open;
 
     char run_id[128];
@@ -363,6 +375,122 @@ static void capture_stacks(struct agent *a, int i)
         a->stacks_pid = gdb;
         uv_timer_start(&a->stacks_timer, on_stacks_timeout, STACKS_TIMEOUT_MS, 0);
     }
+}
+
+/* ---- stacks on demand (agent_capture_stacks) ---- */
+
+/* Every gdb is done (or out of time): one file, rank by rank. */
+static void ondemand_finish(struct agent *a)
+{
+    if (!a->ondemand.running)
+        return;
+    a->ondemand.running = false;
+    if (a->handles_open)
+        uv_timer_stop(&a->ondemand.timer);
+    FILE *out = fopen(a->ondemand.path, "we");
+    int rc = out ? 0 : CDDP_ERR_FROM_ERRNO(errno);
+    if (out)
+        fprintf(out, "# stacks of every running worker, captured on demand (capture %u)\n",
+                a->ondemand.seq);
+    for (int i = 0; i < a->nworkers; i++) {
+        if (a->ondemand.gdb[i] > 0)
+            kill(-a->ondemand.gdb[i], SIGKILL); /* out of time; reaped by on_sigchld */
+        a->ondemand.gdb[i] = 0;
+        char part[4200];
+        snprintf(part, sizeof(part), "%s.%d", a->ondemand.path, i);
+        FILE *in = fopen(part, "re");
+        if (in == NULL)
+            continue;
+        if (out) {
+            fprintf(out, "\n## local_rank %d (rank %d, pid %d)\n", i, a->workers[i].info.rank,
+                    (int)a->workers[i].info.pid);
+            char buf[8192];
+            size_t n;
+            while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
+                fwrite(buf, 1, n, out);
+        }
+        fclose(in);
+        unlink(part);
+    }
+    if (out && fclose(out) != 0)
+        rc = CDDP_ERR_FROM_ERRNO(errno);
+    a->ondemand.pending = 0;
+    a->ondemand.done(a->ondemand.arg, rc, rc == 0 ? a->ondemand.path : NULL);
+}
+
+static void on_ondemand_timeout(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    log_warn("A2411",
+             "stacks on demand: gdb did not finish within %d ms; the capture is incomplete",
+             STACKS_TIMEOUT_MS);
+    ondemand_finish(a);
+}
+
+/* A child was reaped: one of the capture's gdbs? */
+static bool ondemand_reaped(struct agent *a, pid_t pid)
+{
+    if (!a->ondemand.running || a->ondemand.gdb == NULL)
+        return false;
+    for (int i = 0; i < a->nworkers; i++) {
+        if (a->ondemand.gdb[i] != pid)
+            continue;
+        a->ondemand.gdb[i] = 0;
+        if (--a->ondemand.pending == 0)
+            ondemand_finish(a);
+        return true;
+    }
+    return false;
+}
+
+int agent_capture_stacks(struct agent *a, void (*done)(void *arg, int rc, const char *path),
+                         void *arg)
+{
+    if (a->shutting_down || !a->handles_open)
+        return CDDP_ESTATE;
+    if (a->ondemand.running)
+        return CDDP_EEXISTS;
+    int running = 0;
+    for (int i = 0; i < a->nworkers; i++)
+        running += a->workers[i].leader_alive && a->workers[i].pgid > 0;
+    if (running == 0)
+        return CDDP_ENOTFOUND;
+    if (a->ondemand.gdb == NULL &&
+        (a->ondemand.gdb = calloc((size_t)a->nworkers, sizeof(pid_t))) == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    a->ondemand.seq++;
+    if (!a->logs.devnull && a->logs.run_dir)
+        snprintf(a->ondemand.path, sizeof(a->ondemand.path), "%s/attempt_%d/stacks-%u.txt",
+                 a->logs.run_dir, a->attempt, a->ondemand.seq);
+    else
+        snprintf(a->ondemand.path, sizeof(a->ondemand.path), "/tmp/cddp-stacks-%d-%u.txt",
+                 (int)getpid(), a->ondemand.seq);
+    a->ondemand.running = true;
+    a->ondemand.pending = 0;
+    a->ondemand.done = done;
+    a->ondemand.arg = arg;
+    for (int i = 0; i < a->nworkers; i++) {
+        struct agent_worker *w = &a->workers[i];
+        a->ondemand.gdb[i] = 0;
+        if (!w->leader_alive || w->pgid <= 0)
+            continue;
+        char part[4200];
+        snprintf(part, sizeof(part), "%s.%d", a->ondemand.path, i);
+        int rc = agent_stacks_write_proc(w->pgid, part);
+        if (rc == 0)
+            rc = agent_stacks_start_gdb(w->pgid, part, &a->ondemand.gdb[i]);
+        if (rc)
+            log_warn("A2412", "stacks on demand: local_rank %d to %s: %s", i, part,
+                     cddp_strerror(rc));
+        a->ondemand.pending += a->ondemand.gdb[i] > 0;
+    }
+    log_info("A2413", "[%s] capturing the stacks of %d running workers into %s", a->cfg->role,
+             running, a->ondemand.path);
+    if (a->ondemand.pending == 0)
+        ondemand_finish(a); /* no gdb: /proc's part is all there is */
+    else
+        uv_timer_start(&a->ondemand.timer, on_ondemand_timeout, STACKS_TIMEOUT_MS, 0);
+    return 0;
 }
 
 static void on_watchdog_timer(uv_timer_t *t);
@@ -1026,6 +1154,8 @@ static void on_sigchld(uv_signal_t *h, int signum)
             continue;
         if (pid <= 0)
             break;
+        if (ondemand_reaped(a, pid))
+            continue;
         if (pid == a->stacks_pid && pid > 0) {
             a->stacks_pid = 0; /* reaped: not killed again */
             stacks_done(a);
@@ -1107,6 +1237,7 @@ static void agent_shutdown(struct agent *a)
             agent_signal_group(a->workers[i].pgid, SIGKILL);
     }
     agent_tee_set_close(&a->tees);
+    ondemand_finish(a);                  /* a capture under way ends with what it has */
     agent_filetimer_close(a->filetimer); /* removes the pipe */
     a->filetimer = NULL;
     if (a->hooks && a->hooks->stop)
@@ -1120,6 +1251,7 @@ static void agent_shutdown(struct agent *a)
         uv_close((uv_handle_t *)&a->group_check, on_closed);
         uv_close((uv_handle_t *)&a->watchdog_timer, on_closed);
         uv_close((uv_handle_t *)&a->stacks_timer, on_closed);
+        uv_close((uv_handle_t *)&a->ondemand.timer, on_closed);
         if (a->rdzv) {
             if (a->rdzv_reason[0] == '\0')
                 snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->this_node,
@@ -1323,6 +1455,8 @@ static int agent_open(struct agent *a)
     a->watchdog_timer.data = a;
     uv_timer_init(&a->loop, &a->stacks_timer);
     a->stacks_timer.data = a;
+    uv_timer_init(&a->loop, &a->ondemand.timer);
+    a->ondemand.timer.data = a;
     for (int i = 0; i < cfg->nsignals; i++) {
         uv_signal_init(&a->loop, &a->sigs[i]);
         a->sigs[i].data = a;
@@ -1466,6 +1600,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     }
     policy_free(&a->pol);
     watchdog_free(&a->wd);
+    free(a->ondemand.gdb);
     free(a->workers);
     free(a->queue);
     free(a);

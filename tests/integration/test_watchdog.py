@@ -259,3 +259,55 @@ def test_no_progress_stop_off_when_restarts_progress(tmp_path):
                     script], {})
     assert r.returncode == 0, r.stderr
     assert "A0903" not in r.stderr
+
+
+def test_cddpctl_stacks_on_demand(tmp_path):
+    # No watchdog: the user asks. Every running worker's stacks come back
+    # through the status port (POST /stacks, then GET /stacks).
+    port = free_port()
+    env = dict(os.environ, HANG_STEPS="1", HANG_PERIOD_MS="50", HANG_ATTEMPTS="0")
+    p = subprocess.Popen(
+        [binary("cddprun"), "--nproc_per_node=2", f"--status_port={port}",
+         f"--master_port={free_port()}", "--log_dir", str(tmp_path / "logs"),
+         binary("cddp-hang-worker")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def running():
+            try:
+                st = json.loads(urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/status", timeout=5).read())
+                return st["state"] == "running" and all(
+                    (w.get("progress") or {}).get("step") is not None for w in st["workers"])
+            except Exception:
+                return False
+        deadline = time.monotonic() + 20
+        while not running() and time.monotonic() < deadline:
+            assert p.poll() is None, p.communicate()[1]
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        r = run([binary("cddpctl"), "stacks", f"127.0.0.1:{port}"], timeout=30)
+        took = time.monotonic() - t0
+        assert r.returncode == 0, r.stderr
+        out = r.stdout
+        assert out.startswith("# capture 1: "), out[:200]
+        assert "## local_rank 0" in out and "## local_rank 1" in out, out
+        assert out.count("comm=cddp-hang-worke") >= 2, out  # /proc's part (comm is 15 chars)
+        if shutil.which("gdb"):
+            assert out.count("hang_here") >= 2, out
+        assert took < 12  # bounded: gdb gets 5 s
+        path = out.split("\n", 1)[0].split(": ", 1)[1]
+        assert path.startswith(str(tmp_path / "logs")) and os.path.exists(path), path
+        # a second request gets a fresh capture
+        r = run([binary("cddpctl"), "stacks", f"127.0.0.1:{port}"], timeout=30)
+        assert r.returncode == 0 and r.stdout.startswith("# capture 2: "), r.stdout[:200]
+    finally:
+        p.send_signal(15)
+        p.communicate(timeout=30)
+
+
+def test_cddpctl_stacks_errors(tmp_path):
+    # Nothing listening: unreachable (2); a usage error (2).
+    r = run([binary("cddpctl"), "stacks", f"127.0.0.1:{free_port()}"], timeout=30)
+    assert r.returncode == 2, r.stderr
+    r = run([binary("cddpctl"), "stacks"], timeout=30)
+    assert r.returncode == 2 and "no HOST:PORT" in r.stderr, r.stderr
