@@ -96,6 +96,9 @@ struct agent {
     char filetimer_path[4096];
     /* A stack capture on demand (agent_capture_stacks: cddpctl stacks):
      * one gdb per running worker (0: done), each into path.<local_rank>. */
+    /* Armed with every SIGKILL to the groups: processes still there when it
+     * fires cannot be killed (D state); they are reported and given up. */
+    uv_timer_t kill_wait;
     struct {
         bool running;
         unsigned seq;
@@ -819,8 +822,69 @@ static void start_workers(struct agent *a)
     }
 }
 
+/* ---- workers stuck at exit ---- */
+
+/* How long SIGKILL gets before the processes it did not end are given up:
+ * the shutdown timeout again, at least this (a GPU process's teardown can
+ * take seconds), at most the ceiling. */
+#define KILL_WAIT_MIN_MS 5000
+#define KILL_WAIT_MAX_MS 60000
+
+static uint64_t kill_wait_ms(const struct agent *a)
+{
+    uint64_t t = a->cfg->shutdown_timeout_ms;
+    return t < KILL_WAIT_MIN_MS ? KILL_WAIT_MIN_MS : t > KILL_WAIT_MAX_MS ? KILL_WAIT_MAX_MS : t;
+}
+
+/* SIGKILL was sent and some group is still not empty: what is left cannot
+ * be killed (a process in uninterruptible sleep, D: a hung mount or driver).
+ * Waiting on would hang the agent (pytorch/pytorch#185414), so each one is
+ * reported with its /proc state and the group is treated as gone: the
+ * restart or the exit goes on. The processes stay the agent's children and
+ * are reaped if they ever end. */
+static void on_kill_wait(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    if (a->pol.state != AGENT_KILLING)
+        return;
+    for (int i = 0; i < a->nworkers; i++) {
+        struct agent_worker *w = &a->workers[i];
+        if (!w->group_alive || w->pgid <= 0)
+            continue;
+        char procs[1024];
+        int n = agent_stacks_describe_group(w->pgid, procs, sizeof(procs));
+        if (n == 0 && !agent_group_alive(w->pgid) && !w->leader_alive)
+            continue; /* emptied just now; its GROUP_EMPTY comes */
+        log_error("A2414",
+                  "[%s] local_rank %d: %d process%s of group %d still there %.1f s after SIGKILL, "
+                  "not waited for any longer: %s",
+                  a->cfg->role, i, n, n == 1 ? "" : "es", (int)w->pgid,
+                  (double)kill_wait_ms(a) / 1000.0, procs[0] ? procs : "(gone from /proc)");
+        bool leader = w->leader_alive;
+        w->leader_alive = false; /* its exit, if it ever comes, is not this attempt's */
+        w->group_alive = false;
+        agent_guardian_remove(&a->guardian, w->pgid);
+        if (leader) {
+            watchdog_exit(&a->wd, i);
+            w->info.exitcode = -SIGKILL;
+            w->info.exit_time = cddp_wall_time();
+            w->info.exits++;
+            w->exit_seq = ++a->exit_seq;
+            struct policy_event ev = {.type = POLICY_EV_WORKER_EXIT,
+                                      .local_rank = i,
+                                      .exitcode = -SIGKILL,
+                                      .group_empty = true};
+            post_event(a, &ev);
+        } else {
+            post(a, POLICY_EV_GROUP_EMPTY, i, 0, 0);
+        }
+    }
+}
+
 static void signal_groups(struct agent *a, int sig)
 {
+    if (sig == SIGKILL && a->handles_open)
+        uv_timer_start(&a->kill_wait, on_kill_wait, kill_wait_ms(a), 0);
     for (int i = 0; i < a->nworkers; i++) {
         struct agent_worker *w = &a->workers[i];
         if (!w->group_alive || w->pgid <= 0)
@@ -1252,6 +1316,7 @@ static void agent_shutdown(struct agent *a)
         uv_close((uv_handle_t *)&a->watchdog_timer, on_closed);
         uv_close((uv_handle_t *)&a->stacks_timer, on_closed);
         uv_close((uv_handle_t *)&a->ondemand.timer, on_closed);
+        uv_close((uv_handle_t *)&a->kill_wait, on_closed);
         if (a->rdzv) {
             if (a->rdzv_reason[0] == '\0')
                 snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->this_node,
@@ -1457,6 +1522,8 @@ static int agent_open(struct agent *a)
     a->stacks_timer.data = a;
     uv_timer_init(&a->loop, &a->ondemand.timer);
     a->ondemand.timer.data = a;
+    uv_timer_init(&a->loop, &a->kill_wait);
+    a->kill_wait.data = a;
     for (int i = 0; i < cfg->nsignals; i++) {
         uv_signal_init(&a->loop, &a->sigs[i]);
         a->sigs[i].data = a;

@@ -66,6 +66,43 @@ static void write_thread(FILE *out, const char *dir, const char *tid)
             wchan[0] ? wchan : "?", syscall[0] ? syscall : "?");
 }
 
+int agent_stacks_describe_group(pid_t pgid, char *out, size_t len)
+{
+    size_t used = 0;
+    int count = 0;
+    out[0] = '\0';
+    DIR *procs = opendir("/proc");
+    struct dirent *e;
+    while (procs && (e = readdir(procs)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        char dir[300], path[400], comm[64], wchan[128];
+        char state;
+        long pgrp;
+        snprintf(dir, sizeof(dir), "/proc/%s", e->d_name);
+        if (stat_fields(dir, &state, &pgrp) != 0 || pgrp != (long)pgid)
+            continue;
+        snprintf(path, sizeof(path), "%s/comm", dir);
+        read_line(path, comm, sizeof(comm));
+        snprintf(path, sizeof(path), "%s/wchan", dir);
+        read_line(path, wchan, sizeof(wchan));
+        const char *what = state == 'D'   ? " (uninterruptible: a hung mount or driver)"
+                           : state == 'T' ? " (stopped)"
+                           : state == 'Z' ? " (a zombie its parent has not reaped)"
+                                          : "";
+        if (used < len) {
+            int n =
+                snprintf(out + used, len - used, "%spid %s (%s) state %c%s wchan=%s",
+                         count ? "; " : "", e->d_name, comm, state, what, wchan[0] ? wchan : "?");
+            used += n > 0 ? (size_t)n : 0;
+        }
+        count++;
+    }
+    if (procs)
+        closedir(procs);
+    return count;
+}
+
 int agent_stacks_write_proc(pid_t pgid, const char *path)
 {
     FILE *out = fopen(path, "we");

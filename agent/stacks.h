@@ -30,6 +30,11 @@
  * and process group. 0, or -1 when pid is gone or unreadable. */
 int agent_proc_stat(pid_t pid, char *state, pid_t *pgrp);
 
+/* One line per process left in process group pgid, for a log: "pid N
+ * (comm) state D wchan=...; ...", at most len bytes. Returns how many
+ * processes are in the group. */
+int agent_stacks_describe_group(pid_t pgid, char *out, size_t len);
+
 /* 0 or a negative code (the file could not be written). */
 int agent_stacks_write_proc(pid_t pgid, const char *path);
 

@@ -311,3 +311,139 @@ def test_cddpctl_stacks_errors(tmp_path):
     assert r.returncode == 2, r.stderr
     r = run([binary("cddpctl"), "stacks"], timeout=30)
     assert r.returncode == 2 and "no HOST:PORT" in r.stderr, r.stderr
+
+
+# ---- workers stuck at exit ----------------------------------------------
+
+STUCK_WORKER = r"""
+import os, signal, sys, time
+rank = int(os.environ["LOCAL_RANK"])
+if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) > 0:
+    sys.exit(0)
+if rank == 0:
+    time.sleep(1.0)
+    sys.exit(1)  # fails: the group is stopped, and the other rank with it
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(os.environ["STUCK_PIDFILE"], "w") as f:
+    f.write(str(os.getpid()))
+if os.environ["STUCK_MODE"] == "stop":
+    os.kill(os.getpid(), signal.SIGSTOP)
+else:
+    os.stat(os.environ["STUCK_TRAP"] + "/x")  # never answered: S, then D after SIGKILL
+time.sleep(60)
+"""
+
+# A FUSE file system that answers FUSE_INIT and nothing else: a process that
+# touches it waits for an answer that never comes, and after SIGKILL it
+# waits uninterruptibly (D), as on a hung mount. Killing this daemon aborts
+# the connection and frees it.
+FUSE_TRAP = r"""
+import ctypes, os, struct, sys
+mnt = sys.argv[1]
+fd = os.open("/dev/fuse", os.O_RDWR)
+libc = ctypes.CDLL(None, use_errno=True)
+opts = ("fd=%d,rootmode=40000,user_id=0,group_id=0" % fd).encode()
+if libc.mount(b"cddptrap", mnt.encode(), b"fuse", 6, opts) != 0:  # MS_NOSUID | MS_NODEV
+    print("mount failed:", os.strerror(ctypes.get_errno()), flush=True)
+    sys.exit(3)
+print("mounted", flush=True)
+while True:
+    buf = os.read(fd, (1 << 20) + 4096)
+    length, op, unique = struct.unpack_from("<IIQ", buf)
+    if op == 26:  # FUSE_INIT: version 7.<the kernel's>, no features
+        major, minor, readahead, flags = struct.unpack_from("<IIII", buf, 40)
+        out = struct.pack("<IIIIHHIIHHI", 7, minor, readahead, 0, 0, 0, 4096, 1, 0, 0, 0)
+        out += bytes(28)
+        os.write(fd, struct.pack("<IiQ", 16 + len(out), 0, unique) + out)
+        print("ready", flush=True)
+"""
+
+# Runs inside a private mount namespace (unshare -m): mounts the trap, runs
+# cddprun, then frees the stuck worker and reports as JSON.
+FUSE_RUN = r"""
+import json, os, subprocess, sys, time
+trap_py, mnt, pidfile = sys.argv[1:4]
+cmd = sys.argv[4:]
+d = subprocess.Popen([sys.executable, trap_py, mnt], stdout=subprocess.PIPE, text=True)
+out = {"mounted": False}
+try:
+    if d.stdout.readline().strip() == "mounted" and d.stdout.readline().strip() == "ready":
+        out["mounted"] = True
+        t0 = time.monotonic()
+        # to files: the stuck worker keeps its copies of cddprun's stdout and
+        # stderr open, so pipes would not reach end-of-file before it is freed
+        with open(pidfile + ".out", "w+") as o, open(pidfile + ".err", "w+") as e:
+            rc = subprocess.run(cmd, stdout=o, stderr=e, timeout=120).returncode
+            o.seek(0)
+            e.seek(0)
+            out.update(rc=rc, stdout=o.read(), stderr=e.read(), took=time.monotonic() - t0)
+        pid = int(open(pidfile).read())
+        with open("/proc/%d/stat" % pid) as f:
+            out["state_after"] = f.read().rsplit(")", 1)[1].split()[0]
+finally:
+    d.kill()
+    d.wait()
+    for _ in range(200):  # the aborted connection frees the stuck worker
+        if not os.path.exists(pidfile) or not os.path.exists("/proc/" + open(pidfile).read()):
+            break
+        time.sleep(0.05)
+    subprocess.run(["umount", "-l", mnt], capture_output=True)
+print(json.dumps(out))
+"""
+
+
+def stuck_args(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_WORKER)
+    return [binary("cddprun"), "--nproc_per_node=2", "--max_restarts=1",
+            f"--master_port={free_port()}", str(script)]
+
+
+def test_stuck_at_exit_stopped_worker_is_killed(tmp_path):
+    # Ignores SIGTERM and is stopped (SIGSTOP): the shutdown timeout's
+    # SIGKILL still ends it, and the restart goes on.
+    env = dict(os.environ, STUCK_MODE="stop", STUCK_PIDFILE=str(tmp_path / "pid"),
+               TORCH_ELASTIC_SHUTDOWN_TIMEOUT="1", PYTHON_EXEC="/usr/bin/python3",
+               LOGLEVEL="INFO")
+    t0 = time.monotonic()
+    r = run(stuck_args(tmp_path), env=env, timeout=60)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert "forcefully exiting via SIGKILL" in r.stderr, r.stderr
+    assert "A2414" not in r.stderr  # SIGKILL was enough
+    assert "attempt 1" in r.stderr
+    assert took < 30
+
+
+def test_stuck_at_exit_unkillable_worker_is_given_up(tmp_path):
+    # A worker in D state after SIGKILL (a hung FUSE mount in a private mount
+    # namespace): the agent waits max(shutdown timeout, 5 s) after SIGKILL,
+    # reports the pid and its state, and restarts without it.
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse") or not shutil.which("unshare"):
+        pytest.skip("needs root, /dev/fuse and unshare for a FUSE mount in a mount namespace")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    (tmp_path / "trap.py").write_text(FUSE_TRAP)
+    (tmp_path / "run.py").write_text(FUSE_RUN)
+    pidfile = tmp_path / "pid"
+    env = dict(os.environ, STUCK_MODE="fuse", STUCK_PIDFILE=str(pidfile), STUCK_TRAP=str(mnt),
+               TORCH_ELASTIC_SHUTDOWN_TIMEOUT="1", PYTHON_EXEC="/usr/bin/python3",
+               LOGLEVEL="INFO")
+    r = run(["unshare", "-m", "--propagation", "private", "/usr/bin/python3",
+             str(tmp_path / "run.py"), str(tmp_path / "trap.py"), str(mnt), str(pidfile),
+             *stuck_args(tmp_path)], env=env, timeout=150)
+    if r.returncode != 0 or not r.stdout.strip():
+        pytest.skip(f"no FUSE mount in a mount namespace here: {r.stderr.strip()[-300:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if not out["mounted"]:
+        pytest.skip("the FUSE trap could not be mounted here")
+    assert out["rc"] == 0, out["stderr"]
+    stuck = [l for l in out["stderr"].splitlines() if "A2414" in l]
+    assert len(stuck) == 1, out["stderr"]
+    pid = pidfile.read_text()
+    assert f"pid {pid} (python3) state D (uninterruptible" in stuck[0], stuck[0]
+    assert "local_rank 1" in stuck[0] and "after SIGKILL" in stuck[0]
+    assert out["state_after"] == "D"  # still stuck when cddprun had finished
+    assert "attempt 1" in out["stderr"]
+    # 1 s to SIGKILL, 5 s more, then attempt 1; not forever
+    assert 6 <= out["took"] < 40, out["took"]
