@@ -28,10 +28,15 @@ def report(**v):
 def hang_in_python():
     while True:
         time.sleep(1)
+def child_blocked():
+    while True:
+        time.sleep(1)
 for i in range(steps):
     time.sleep(period)
     report(step=i)
 if os.environ["TORCHELASTIC_RESTART_COUNT"] in os.environ.get("HANG_ATTEMPTS", "0").split(","):
+    if os.environ.get("HANG_FORK") and os.fork() == 0:
+        child_blocked()  # a dataloader-like child in the worker's group
     hang_in_python()
 """
 
@@ -114,7 +119,7 @@ def test_python_worker_stacks_name_the_python_function(tmp_path):
         ["--nproc_per_node=1", "--max_restarts=0", "--watchdog_timeout=1",
          "--log_dir", tmp_path / "logs", script],
         {"HANG_STEPS": "2", "HANG_PERIOD_MS": "100", "HANG_ATTEMPTS": "0",
-         "PYTHON_EXEC": "/usr/bin/python3"})
+         "HANG_FORK": "1", "PYTHON_EXEC": "/usr/bin/python3"})
     assert r.returncode == 1, r.stderr
     stacks = list((tmp_path / "logs").glob("*/attempt_0/0/stacks.txt"))
     assert len(stacks) == 1, stacks
@@ -128,6 +133,10 @@ def test_python_worker_stacks_name_the_python_function(tmp_path):
     assert "Traceback (most recent call first)" in text, text
     assert re.search(r'File ".*worker.py", line \d+, in hang_in_python', text), text
     assert "in <module>" in text, text
+    # every process of the worker's group, its forked child too
+    assert text.count("# gdb, process ") == 2, text
+    if "A0904" not in r.stderr:
+        assert re.search(r'File ".*worker.py", line \d+, in child_blocked', text), text
 
 
 def test_initial_timeout_covers_startup(tmp_path):
