@@ -378,9 +378,9 @@ int main(int argc, char **argv)
         else if (strcmp(k, "--seconds") == 0)
             rc = cddp_parse_double(v, 0.01, 3600, &seconds);
         else if (strcmp(k, "--op") == 0)
-            op = strcmp(v, "set") == 0   ? OP_SET
-                 : strcmp(v, "get") == 0 ? OP_GET
-                 : strcmp(v, "add") == 0 ? OP_ADD
+            op = strcmp(v, "set") == 0    ? OP_SET
+                 : strcmp(v, "get") == 0  ? OP_GET
+                 : strcmp(v, "add") == 0  ? OP_ADD
                  : strcmp(v, "wait") == 0 ? OP_WAIT
                                           : -2;
         else
