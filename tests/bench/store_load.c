@@ -209,52 +209,70 @@ static double connect_all(void)
     return (double)(now_ns() - t0) / 1e9;
 }
 
+/* One turn of the loop: sends what is queued, reads what came, and hands
+ * every complete reply to on_reply (while want(c) says one is expected). */
+static void pump(int timeout_ms, void (*on_reply)(struct conn *c, const struct tcpstore_reply *r),
+                 bool (*want)(const struct conn *c))
+{
+    struct epoll_event evs[512];
+    int n = epoll_wait(ep, evs, 512, timeout_ms);
+    for (int k = 0; k < n; k++) {
+        struct conn *c = evs[k].data.ptr;
+        if (evs[k].events & EPOLLOUT)
+            flush(c);
+        if (!(evs[k].events & EPOLLIN))
+            continue;
+        read_in(c);
+        struct tcpstore_reply r;
+        while (want(c) && take_reply(c, &r))
+            on_reply(c, &r);
+    }
+}
+
+/* The barrier's keys (of this run only: a server may have served an earlier one). */
+static char bar_count[64], bar_last[64];
+static int bar_done;
+
+static bool bar_want(const struct conn *c)
+{
+    return c->stage < 3;
+}
+
+static void bar_reply(struct conn *c, const struct tcpstore_reply *r)
+{
+    if (c->stage == 1) {
+        if (r->i64 == nconns)
+            query(c, TCPSTORE_SET, bar_last, "1", 1, 0);
+        query(c, TCPSTORE_WAIT, bar_last, NULL, 0, 0);
+        c->expect = TCPSTORE_REPLY_U8;
+        c->stage = 2;
+        flush(c);
+    } else {
+        c->stage = 3;
+        bar_done++;
+    }
+}
+
 static int run_barrier(double timeout_s)
 {
     double conn_s = connect_all();
-    /* Keys of this run only: a server may have served an earlier one. */
-    char count[64], last[64];
-    snprintf(count, sizeof(count), "/barrier/%d/count", (int)getpid());
-    snprintf(last, sizeof(last), "/barrier/%d/last", (int)getpid());
+    snprintf(bar_count, sizeof(bar_count), "/barrier/%d/count", (int)getpid());
+    snprintf(bar_last, sizeof(bar_last), "/barrier/%d/last", (int)getpid());
     long long t0 = now_ns();
     for (int i = 0; i < nconns; i++) {
         struct conn *c = &conns[i];
-        query(c, TCPSTORE_ADD, count, NULL, 0, 1);
+        query(c, TCPSTORE_ADD, bar_count, NULL, 0, 1);
         c->expect = TCPSTORE_REPLY_I64;
         c->stage = 1;
         flush(c);
     }
-    int done = 0;
-    struct epoll_event evs[512];
-    while (done < nconns) {
+    while (bar_done < nconns) {
         if ((double)(now_ns() - t0) / 1e9 > timeout_s) {
             fprintf(stderr, "store-load: the barrier did not complete in %g s (%d of %d)\n",
-                    timeout_s, done, nconns);
+                    timeout_s, bar_done, nconns);
             return 1;
         }
-        int n = epoll_wait(ep, evs, 512, 100);
-        for (int k = 0; k < n; k++) {
-            struct conn *c = evs[k].data.ptr;
-            if (evs[k].events & EPOLLOUT)
-                flush(c);
-            if (!(evs[k].events & EPOLLIN))
-                continue;
-            read_in(c);
-            struct tcpstore_reply r;
-            while (c->stage < 3 && take_reply(c, &r)) {
-                if (c->stage == 1) {
-                    if (r.i64 == nconns)
-                        query(c, TCPSTORE_SET, last, "1", 1, 0);
-                    query(c, TCPSTORE_WAIT, last, NULL, 0, 0);
-                    c->expect = TCPSTORE_REPLY_U8;
-                    c->stage = 2;
-                    flush(c);
-                } else {
-                    c->stage = 3;
-                    done++;
-                }
-            }
-        }
+        pump(100, bar_reply, bar_want);
     }
     double s = (double)(now_ns() - t0) / 1e9;
     printf("{\"barrier\":%d,\"connect_s\":%.4f,\"barrier_s\":%.4f}\n", nconns, conn_s, s);
@@ -286,12 +304,58 @@ static void send_op(struct conn *c, enum op op, const char *val, size_t vlen)
     flush(c);
 }
 
+/* The load run's state, for its reply handler. */
+static struct {
+    enum op op;
+    const char *val;
+    size_t vbytes;
+    double seconds;
+    int ready;
+    long long ops, t_start, t_end;
+    uint32_t *lat;
+    size_t nlat, cap;
+} L;
+
+static bool load_want(const struct conn *c)
+{
+    (void)c;
+    return true;
+}
+
+static void load_reply(struct conn *c, const struct tcpstore_reply *r)
+{
+    (void)r;
+    long long t = now_ns();
+    if (c->stage == 0) {
+        c->stage = 1;
+        if (++L.ready == nconns) {
+            L.t_start = t;
+            L.t_end = t + (long long)(L.seconds * 1e9);
+            for (int i = 0; i < nconns; i++)
+                send_op(&conns[i], L.op, L.val, L.vbytes);
+        }
+        return;
+    }
+    if (t < L.t_end) {
+        L.ops++;
+        if (L.nlat < L.cap)
+            L.lat[L.nlat++] = (uint32_t)((t - c->t0) / 1000);
+        send_op(c, L.op, L.val, L.vbytes);
+    }
+}
+
 static int run_load(enum op op, double seconds, size_t vbytes)
 {
     char *val = malloc(vbytes + 1);
-    if (val == NULL)
+    L.cap = 1u << 24;
+    L.lat = malloc(L.cap * sizeof(*L.lat));
+    if (val == NULL || L.lat == NULL)
         die("malloc");
     memset(val, 'v', vbytes);
+    L.op = op;
+    L.val = val;
+    L.vbytes = vbytes;
+    L.seconds = seconds;
     connect_all();
     /* Setup, off the clock: every key exists (SET, then a GET proves it). */
     for (int i = 0; i < nconns; i++) {
@@ -302,56 +366,18 @@ static int run_load(enum op op, double seconds, size_t vbytes)
         c->stage = 0;
         flush(c);
     }
-    size_t cap = 1u << 24, nlat = 0;
-    uint32_t *lat = malloc(cap * sizeof(*lat));
-    if (lat == NULL)
-        die("malloc");
-    long long ops = 0, t_start = 0, t_end = 0;
-    int ready = 0;
-    struct epoll_event evs[512];
-    for (;;) {
-        long long now = now_ns();
-        if (t_start && now >= t_end)
-            break;
-        int n = epoll_wait(ep, evs, 512, 100);
-        for (int k = 0; k < n; k++) {
-            struct conn *c = evs[k].data.ptr;
-            if (evs[k].events & EPOLLOUT)
-                flush(c);
-            if (!(evs[k].events & EPOLLIN))
-                continue;
-            read_in(c);
-            struct tcpstore_reply r;
-            while (take_reply(c, &r)) {
-                long long t = now_ns();
-                if (c->stage == 0) {
-                    c->stage = 1;
-                    if (++ready == nconns) {
-                        t_start = t;
-                        t_end = t + (long long)(seconds * 1e9);
-                        for (int i = 0; i < nconns; i++)
-                            send_op(&conns[i], op, val, vbytes);
-                    }
-                    continue;
-                }
-                if (t < t_end) {
-                    ops++;
-                    if (nlat < cap)
-                        lat[nlat++] = (uint32_t)((t - c->t0) / 1000);
-                    send_op(c, op, val, vbytes);
-                }
-            }
-        }
-    }
-    double s = (double)(t_end - t_start) / 1e9;
-    qsort(lat, nlat, sizeof(*lat), cmp_u32);
-    uint32_t p50 = nlat ? lat[nlat / 2] : 0, p99 = nlat ? lat[nlat * 99 / 100] : 0;
-    uint32_t mx = nlat ? lat[nlat - 1] : 0;
+    while (!L.t_start || now_ns() < L.t_end)
+        pump(100, load_reply, load_want);
+    double s = (double)(L.t_end - L.t_start) / 1e9;
+    qsort(L.lat, L.nlat, sizeof(*L.lat), cmp_u32);
+    size_t n = L.nlat;
+    uint32_t p50 = n ? L.lat[n / 2] : 0, p99 = n ? L.lat[n * 99 / 100] : 0;
+    uint32_t mx = n ? L.lat[n - 1] : 0;
     static const char *const names[] = {"set", "get", "add", "wait"};
     printf("{\"op\":\"%s\",\"clients\":%d,\"ops\":%lld,\"seconds\":%.3f,\"ops_per_s\":%.0f,"
            "\"p50_us\":%u,\"p99_us\":%u,\"max_us\":%u}\n",
-           names[op], nconns, ops, s, (double)ops / s, p50, p99, mx);
-    free(lat);
+           names[op], nconns, L.ops, s, (double)L.ops / s, p50, p99, mx);
+    free(L.lat);
     free(val);
     return 0;
 }
