@@ -1004,6 +1004,12 @@ static void kill_strays(struct agent *a)
         while (fscanf(f, "%ld", &pid) == 1) {
             if (pid <= 0 || pid == a->guardian.pid)
                 continue;
+            char state = '?';
+            pid_t pgrp;
+            if (agent_proc_stat((pid_t)pid, &state, &pgrp) == 0 && state == 'D') {
+                kill((pid_t)pid, SIGKILL); /* stuck at exit: A2414 said so; again, quietly */
+                continue;
+            }
             log_warn("A0506",
                      "killing process %ld, left behind by a worker outside its process group", pid);
             kill(-(pid_t)pid, SIGKILL); /* its own group, if it leads one */
