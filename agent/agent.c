@@ -19,6 +19,7 @@
 
 #include "agent/env.h"
 #include "agent/ifname.h"
+#include "agent/filetimer.h"
 #include "agent/logs.h"
 #include "agent/numa.h"
 #include "agent/rdzv.h"
@@ -94,6 +95,25 @@ struct agent {
     int stacks_rank;
     pid_t stacks_pid;
     uv_timer_t stacks_timer;
+    /* torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1), and the pipe
+     * the workers get as TORCHELASTIC_TIMER_FILE. */
+    struct agent_filetimer *filetimer;
+    char filetimer_path[4096];
+    /* A stack capture on demand (agent_capture_stacks: cddpctl stacks):
+     * one gdb per running worker (0: done), each into path.<local_rank>. */
+    /* Armed with every SIGKILL to the groups: processes still there when it
+     * fires cannot be killed (D state); they are reported and given up. */
+    uv_timer_t kill_wait;
+    struct {
+        bool running;
+        unsigned seq;
+        int pending;
+        pid_t *gdb;
+        char path[4096];
+        uv_timer_t timer;
+        void (*done)(void *arg, int rc, const char *path);
+        void *arg;
+    } ondemand;
     bool handles_open;
 
     char run_id[128];
@@ -366,6 +386,122 @@ static void capture_stacks(struct agent *a, int i)
         a->stacks_pid = gdb;
         uv_timer_start(&a->stacks_timer, on_stacks_timeout, STACKS_TIMEOUT_MS, 0);
     }
+}
+
+/* ---- stacks on demand (agent_capture_stacks) ---- */
+
+/* Every gdb is done (or out of time): one file, rank by rank. */
+static void ondemand_finish(struct agent *a)
+{
+    if (!a->ondemand.running)
+        return;
+    a->ondemand.running = false;
+    if (a->handles_open)
+        uv_timer_stop(&a->ondemand.timer);
+    FILE *out = fopen(a->ondemand.path, "we");
+    int rc = out ? 0 : CDDP_ERR_FROM_ERRNO(errno);
+    if (out)
+        fprintf(out, "# stacks of every running worker, captured on demand (capture %u)\n",
+                a->ondemand.seq);
+    for (int i = 0; i < a->nworkers; i++) {
+        if (a->ondemand.gdb[i] > 0)
+            kill(-a->ondemand.gdb[i], SIGKILL); /* out of time; reaped by on_sigchld */
+        a->ondemand.gdb[i] = 0;
+        char part[4200];
+        snprintf(part, sizeof(part), "%s.%d", a->ondemand.path, i);
+        FILE *in = fopen(part, "re");
+        if (in == NULL)
+            continue;
+        if (out) {
+            fprintf(out, "\n## local_rank %d (rank %d, pid %d)\n", i, a->workers[i].info.rank,
+                    (int)a->workers[i].info.pid);
+            char buf[8192];
+            size_t n;
+            while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
+                fwrite(buf, 1, n, out);
+        }
+        fclose(in);
+        unlink(part);
+    }
+    if (out && fclose(out) != 0)
+        rc = CDDP_ERR_FROM_ERRNO(errno);
+    a->ondemand.pending = 0;
+    a->ondemand.done(a->ondemand.arg, rc, rc == 0 ? a->ondemand.path : NULL);
+}
+
+static void on_ondemand_timeout(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    log_warn("A2411",
+             "stacks on demand: gdb did not finish within %d ms; the capture is incomplete",
+             STACKS_TIMEOUT_MS);
+    ondemand_finish(a);
+}
+
+/* A child was reaped: one of the capture's gdbs? */
+static bool ondemand_reaped(struct agent *a, pid_t pid)
+{
+    if (!a->ondemand.running || a->ondemand.gdb == NULL)
+        return false;
+    for (int i = 0; i < a->nworkers; i++) {
+        if (a->ondemand.gdb[i] != pid)
+            continue;
+        a->ondemand.gdb[i] = 0;
+        if (--a->ondemand.pending == 0)
+            ondemand_finish(a);
+        return true;
+    }
+    return false;
+}
+
+int agent_capture_stacks(struct agent *a, void (*done)(void *arg, int rc, const char *path),
+                         void *arg)
+{
+    if (a->shutting_down || !a->handles_open)
+        return CDDP_ESTATE;
+    if (a->ondemand.running)
+        return CDDP_EEXISTS;
+    int running = 0;
+    for (int i = 0; i < a->nworkers; i++)
+        running += a->workers[i].leader_alive && a->workers[i].pgid > 0;
+    if (running == 0)
+        return CDDP_ENOTFOUND;
+    if (a->ondemand.gdb == NULL &&
+        (a->ondemand.gdb = calloc((size_t)a->nworkers, sizeof(pid_t))) == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    a->ondemand.seq++;
+    if (!a->logs.devnull && a->logs.run_dir)
+        snprintf(a->ondemand.path, sizeof(a->ondemand.path), "%s/attempt_%d/stacks-%u.txt",
+                 a->logs.run_dir, a->attempt, a->ondemand.seq);
+    else
+        snprintf(a->ondemand.path, sizeof(a->ondemand.path), "/tmp/cddp-stacks-%d-%u.txt",
+                 (int)getpid(), a->ondemand.seq);
+    a->ondemand.running = true;
+    a->ondemand.pending = 0;
+    a->ondemand.done = done;
+    a->ondemand.arg = arg;
+    for (int i = 0; i < a->nworkers; i++) {
+        struct agent_worker *w = &a->workers[i];
+        a->ondemand.gdb[i] = 0;
+        if (!w->leader_alive || w->pgid <= 0)
+            continue;
+        char part[4200];
+        snprintf(part, sizeof(part), "%s.%d", a->ondemand.path, i);
+        int rc = agent_stacks_write_proc(w->pgid, part);
+        if (rc == 0)
+            rc = agent_stacks_start_gdb(w->pgid, part, &a->ondemand.gdb[i]);
+        if (rc)
+            log_warn("A2412", "stacks on demand: local_rank %d to %s: %s", i, part,
+                     cddp_strerror(rc));
+        a->ondemand.pending += a->ondemand.gdb[i] > 0;
+    }
+    log_info("A2413", "[%s] capturing the stacks of %d running workers into %s", a->cfg->role,
+             running, a->ondemand.path);
+    if (a->ondemand.pending == 0)
+        ondemand_finish(a); /* no gdb: /proc's part is all there is */
+    else
+        uv_timer_start(&a->ondemand.timer, on_ondemand_timeout, STACKS_TIMEOUT_MS, 0);
+    return 0;
 }
 
 static void on_watchdog_timer(uv_timer_t *t);
@@ -651,6 +787,13 @@ static int start_worker(struct agent *a, int i)
     spec.extra = extras.env;
     spec.nextra = extras.nenv;
     spec.virtual_local_rank = a->cfg->virtual_local_rank;
+    struct launch_kv more[AGENT_EXTRA_MAX + 1];
+    if (a->filetimer && extras.nenv < AGENT_EXTRA_MAX + 1) {
+        memcpy(more, extras.env, sizeof(extras.env[0]) * (size_t)extras.nenv);
+        more[extras.nenv] = (struct launch_kv){"TORCHELASTIC_TIMER_FILE", a->filetimer_path};
+        spec.extra = more;
+        spec.nextra = extras.nenv + 1;
+    }
     struct agent_env env;
     if ((rc = agent_env_build(environ, &spec, &env)) != 0) {
         release_extras(&extras);
@@ -713,6 +856,7 @@ static int start_worker(struct agent *a, int i)
 static void start_workers(struct agent *a)
 {
     a->attempt = policy_restart_count(&a->pol);
+    agent_filetimer_reset(a->filetimer); /* the old attempt's pids are gone */
     char why[512] = "";
     int rc = agent_logs_attempt(&a->logs, a->attempt, a->nworkers, why, sizeof(why));
     if (rc)
@@ -743,8 +887,69 @@ static void start_workers(struct agent *a)
     }
 }
 
+/* ---- workers stuck at exit ---- */
+
+/* How long SIGKILL gets before the processes it did not end are given up:
+ * the shutdown timeout again, at least this (a GPU process's teardown can
+ * take seconds), at most the ceiling. */
+#define KILL_WAIT_MIN_MS 5000
+#define KILL_WAIT_MAX_MS 60000
+
+static uint64_t kill_wait_ms(const struct agent *a)
+{
+    uint64_t t = a->cfg->shutdown_timeout_ms;
+    return t < KILL_WAIT_MIN_MS ? KILL_WAIT_MIN_MS : t > KILL_WAIT_MAX_MS ? KILL_WAIT_MAX_MS : t;
+}
+
+/* SIGKILL was sent and some group is still not empty: what is left cannot
+ * be killed (a process in uninterruptible sleep, D: a hung mount or driver).
+ * Waiting on would hang the agent (pytorch/pytorch#185414), so each one is
+ * reported with its /proc state and the group is treated as gone: the
+ * restart or the exit goes on. The processes stay the agent's children and
+ * are reaped if they ever end. */
+static void on_kill_wait(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    if (a->pol.state != AGENT_KILLING)
+        return;
+    for (int i = 0; i < a->nworkers; i++) {
+        struct agent_worker *w = &a->workers[i];
+        if (!w->group_alive || w->pgid <= 0)
+            continue;
+        char procs[1024];
+        int n = agent_stacks_describe_group(w->pgid, procs, sizeof(procs));
+        if (n == 0 && !agent_group_alive(w->pgid) && !w->leader_alive)
+            continue; /* emptied just now; its GROUP_EMPTY comes */
+        log_error("A2414",
+                  "[%s] local_rank %d: %d process%s of group %d still there %.1f s after SIGKILL, "
+                  "not waited for any longer: %s",
+                  a->cfg->role, i, n, n == 1 ? "" : "es", (int)w->pgid,
+                  (double)kill_wait_ms(a) / 1000.0, procs[0] ? procs : "(gone from /proc)");
+        bool leader = w->leader_alive;
+        w->leader_alive = false; /* its exit, if it ever comes, is not this attempt's */
+        w->group_alive = false;
+        agent_guardian_remove(&a->guardian, w->pgid);
+        if (leader) {
+            watchdog_exit(&a->wd, i);
+            w->info.exitcode = -SIGKILL;
+            w->info.exit_time = cddp_wall_time();
+            w->info.exits++;
+            w->exit_seq = ++a->exit_seq;
+            struct policy_event ev = {.type = POLICY_EV_WORKER_EXIT,
+                                      .local_rank = i,
+                                      .exitcode = -SIGKILL,
+                                      .group_empty = true};
+            post_event(a, &ev);
+        } else {
+            post(a, POLICY_EV_GROUP_EMPTY, i, 0, 0);
+        }
+    }
+}
+
 static void signal_groups(struct agent *a, int sig)
 {
+    if (sig == SIGKILL && a->handles_open)
+        uv_timer_start(&a->kill_wait, on_kill_wait, kill_wait_ms(a), 0);
     for (int i = 0; i < a->nworkers; i++) {
         struct agent_worker *w = &a->workers[i];
         if (!w->group_alive || w->pgid <= 0)
@@ -864,6 +1069,12 @@ static void kill_strays(struct agent *a)
         while (fscanf(f, "%ld", &pid) == 1) {
             if (pid <= 0 || pid == a->guardian.pid)
                 continue;
+            char state = '?';
+            pid_t pgrp;
+            if (agent_proc_stat((pid_t)pid, &state, &pgrp) == 0 && state == 'D') {
+                kill((pid_t)pid, SIGKILL); /* stuck at exit: A2414 said so; again, quietly */
+                continue;
+            }
             log_warn("A0506",
                      "killing process %ld, left behind by a worker outside its process group", pid);
             kill(-(pid_t)pid, SIGKILL); /* its own group, if it leads one */
@@ -1078,6 +1289,8 @@ static void on_sigchld(uv_signal_t *h, int signum)
             continue;
         if (pid <= 0)
             break;
+        if (ondemand_reaped(a, pid))
+            continue;
         if (pid == a->stacks_pid && pid > 0) {
             a->stacks_pid = 0; /* reaped: not killed again */
             stacks_done(a);
@@ -1159,6 +1372,9 @@ static void agent_shutdown(struct agent *a)
             agent_signal_group(a->workers[i].pgid, SIGKILL);
     }
     agent_tee_set_close(&a->tees);
+    ondemand_finish(a);                  /* a capture under way ends with what it has */
+    agent_filetimer_close(a->filetimer); /* removes the pipe */
+    a->filetimer = NULL;
     if (a->hooks && a->hooks->stop)
         a->hooks->stop(a->hooks->arg);
     if (a->handles_open) {
@@ -1170,6 +1386,8 @@ static void agent_shutdown(struct agent *a)
         uv_close((uv_handle_t *)&a->group_check, on_closed);
         uv_close((uv_handle_t *)&a->watchdog_timer, on_closed);
         uv_close((uv_handle_t *)&a->stacks_timer, on_closed);
+        uv_close((uv_handle_t *)&a->ondemand.timer, on_closed);
+        uv_close((uv_handle_t *)&a->kill_wait, on_closed);
         if (a->rdzv) {
             if (a->rdzv_reason[0] == '\0')
                 snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->this_node,
@@ -1300,6 +1518,86 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
     return 0;
 }
 
+/* ---- torch's file timer (agent/filetimer.c serves the pipe) ---- */
+
+/* The local rank whose live worker group holds pid, or -1. */
+static int filetimer_owner(void *arg, pid_t pid)
+{
+    struct agent *a = arg;
+    char state;
+    pid_t pgrp;
+    if (agent_proc_stat(pid, &state, &pgrp) != 0)
+        return -1;
+    for (int i = 0; i < a->nworkers; i++)
+        if (a->workers[i].group_alive && a->workers[i].pgid > 0 && a->workers[i].pgid == pgrp)
+            return i;
+    return -1;
+}
+
+static void filetimer_killed(void *arg, int i, const struct filetimer_kill *k, int err)
+{
+    struct agent *a = arg;
+    struct agent_worker *w = &a->workers[i];
+    double late = cddp_wall_time() - k->expiration;
+    if (err) {
+        log_error("A2408",
+                  "[%s] file timer: scope '%s' of pid %lld (local_rank %d) expired; %s: %s",
+                  a->cfg->role, k->scope, (long long)k->pid, i, cddp_signal_name(k->signal),
+                  strerror(err));
+        return;
+    }
+    log_error("A2409",
+              "[%s] file timer: scope '%s' of pid %lld (local_rank %d) expired %.1f s ago; killed "
+              "it with %s, as torch's FileTimerServer does",
+              a->cfg->role, k->scope, (long long)k->pid, i, late, cddp_signal_name(k->signal));
+    if (w->hang_note[0] == '\0') {
+        snprintf(
+            w->hang_note, sizeof(w->hang_note),
+            "file timer: scope '%.200s' expired (expires(after=...) overran by %.1f s); pid %lld "
+            "was killed with %s",
+            k->scope, late, (long long)k->pid, cddp_signal_name(k->signal));
+        w->hung_at = cddp_wall_time();
+    }
+}
+
+/* torchrun's name for a pipe nobody named: /tmp/watchdog_timer_<uuid4>. */
+static void filetimer_default_path(char *out, size_t len)
+{
+    unsigned char b[16] = {0};
+    if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b)) {
+        uint64_t t = cddp_mono_ms() ^ (uint64_t)getpid() << 32;
+        memcpy(b, &t, sizeof(t));
+    }
+    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+    char hex[33];
+    for (int i = 0; i < 16; i++)
+        snprintf(hex + 2 * i, 3, "%02x", b[i]);
+    snprintf(out, len, "/tmp/watchdog_timer_%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12,
+             hex + 16, hex + 20);
+}
+
+/* TORCHELASTIC_ENABLE_FILE_TIMER=1: serve the pipe at TORCHELASTIC_TIMER_FILE
+ * (or a fresh one the workers are told of), as torchrun's agent does. */
+static int filetimer_open(struct agent *a, char *why, size_t whylen)
+{
+    const char *on = getenv("TORCHELASTIC_ENABLE_FILE_TIMER");
+    if (on == NULL || strcmp(on, "1") != 0)
+        return 0;
+    const char *path = getenv("TORCHELASTIC_TIMER_FILE");
+    if (path && path[0])
+        cddp_strlcpy(a->filetimer_path, path, sizeof(a->filetimer_path));
+    else
+        filetimer_default_path(a->filetimer_path, sizeof(a->filetimer_path));
+    struct agent_filetimer_hooks h = {
+        .arg = a, .owner = filetimer_owner, .killed = filetimer_killed};
+    int rc = agent_filetimer_open(&a->loop, a->filetimer_path, &h, &a->filetimer, why, whylen);
+    if (rc == 0)
+        log_info("A2410", "[%s] serving torch's file timer at TORCHELASTIC_TIMER_FILE=%s",
+                 a->cfg->role, a->filetimer_path);
+    return rc;
+}
+
 static int agent_open(struct agent *a)
 {
     const struct launch_config *cfg = a->cfg;
@@ -1315,6 +1613,10 @@ static int agent_open(struct agent *a)
     a->watchdog_timer.data = a;
     uv_timer_init(&a->loop, &a->stacks_timer);
     a->stacks_timer.data = a;
+    uv_timer_init(&a->loop, &a->ondemand.timer);
+    a->ondemand.timer.data = a;
+    uv_timer_init(&a->loop, &a->kill_wait);
+    a->kill_wait.data = a;
     for (int i = 0; i < cfg->nsignals; i++) {
         uv_signal_init(&a->loop, &a->sigs[i]);
         a->sigs[i].data = a;
@@ -1348,6 +1650,10 @@ static int agent_open(struct agent *a)
     }
     if (!a->logs.devnull)
         log_info("A0605", "log directory set to: %s", a->logs.run_dir);
+    if ((rc = filetimer_open(a, why, sizeof(why))) != 0) {
+        agent_failed(a, "A2407", "%s", why[0] ? why : cddp_strerror(rc));
+        return rc;
+    }
     if (a->hooks && a->hooks->attach)
         a->hooks->attach(a->hooks->arg, a);
     if (a->hooks && a->hooks->start && (rc = a->hooks->start(a->hooks->arg, &a->loop)) != 0) {
@@ -1456,6 +1762,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     }
     policy_free(&a->pol);
     watchdog_free(&a->wd);
+    free(a->ondemand.gdb);
     free(a->workers);
     free(a->numa);
     free(a->queue);

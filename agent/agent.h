@@ -130,6 +130,16 @@ struct agent_hooks {
 void agent_progress(struct agent *a, int local_rank, const struct progress_report *r,
                     uint64_t now_ms);
 
+/* On the agent's loop, from a hook: captures the stacks of every running
+ * worker (/proc's view of its process group, then gdb's backtraces and
+ * Python stack, all bounded to a few seconds as before a watchdog kill)
+ * into one file in the attempt's log directory. done(arg, rc, path) is
+ * called once, on the loop, when the file is written (path NULL when it
+ * could not be). Returns 0, or without calling done: CDDP_EEXISTS (one is
+ * under way), CDDP_ENOTFOUND (no worker runs), CDDP_ESTATE (shutting down). */
+int agent_capture_stacks(struct agent *a, void (*done)(void *arg, int rc, const char *path),
+                         void *arg);
+
 /* Runs the job described by cfg to the end. Returns the process exit status:
  * 0, 1 (failed), or 128+N (stopped by signal N). hooks may be NULL. */
 int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks);

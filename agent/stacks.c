@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/errors.h"
@@ -39,6 +40,17 @@ static int stat_fields(const char *dir, char *state, long *pgrp)
     return 0;
 }
 
+int agent_proc_stat(pid_t pid, char *state, pid_t *pgrp)
+{
+    char dir[64];
+    long g = 0;
+    snprintf(dir, sizeof(dir), "/proc/%d", (int)pid);
+    if (pid <= 0 || stat_fields(dir, state, &g) != 0)
+        return -1;
+    *pgrp = (pid_t)g;
+    return 0;
+}
+
 static void write_thread(FILE *out, const char *dir, const char *tid)
 {
     char path[800], comm[256], wchan[256], syscall[256];
@@ -53,6 +65,43 @@ static void write_thread(FILE *out, const char *dir, const char *tid)
     stat_fields(dir, &state, &pgrp);
     fprintf(out, "  thread %s: comm=%s state=%c wchan=%s syscall=%s\n", tid, comm, state,
             wchan[0] ? wchan : "?", syscall[0] ? syscall : "?");
+}
+
+int agent_stacks_describe_group(pid_t pgid, char *out, size_t len)
+{
+    size_t used = 0;
+    int count = 0;
+    out[0] = '\0';
+    DIR *procs = opendir("/proc");
+    struct dirent *e;
+    while (procs && (e = readdir(procs)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        char dir[300], path[400], comm[64], wchan[128];
+        char state;
+        long pgrp;
+        snprintf(dir, sizeof(dir), "/proc/%s", e->d_name);
+        if (stat_fields(dir, &state, &pgrp) != 0 || pgrp != (long)pgid)
+            continue;
+        snprintf(path, sizeof(path), "%s/comm", dir);
+        read_line(path, comm, sizeof(comm));
+        snprintf(path, sizeof(path), "%s/wchan", dir);
+        read_line(path, wchan, sizeof(wchan));
+        const char *what = state == 'D'   ? " (uninterruptible: a hung mount or driver)"
+                           : state == 'T' ? " (stopped)"
+                           : state == 'Z' ? " (a zombie its parent has not reaped)"
+                                          : "";
+        if (used < len) {
+            int n =
+                snprintf(out + used, len - used, "%spid %s (%s) state %c%s wchan=%s",
+                         count ? "; " : "", e->d_name, comm, state, what, wchan[0] ? wchan : "?");
+            used += n > 0 ? (size_t)n : 0;
+        }
+        count++;
+    }
+    if (procs)
+        closedir(procs);
+    return count;
 }
 
 int agent_stacks_write_proc(pid_t pgid, const char *path)
@@ -125,14 +174,49 @@ static char *find_gdb(void)
     }
 }
 
-int agent_stacks_start_gdb(pid_t pid, const char *path, pid_t *gdb_pid)
+/* The processes of group pgid, its leader first: at most max. */
+static int group_pids(pid_t pgid, pid_t *out, int max)
+{
+    int n = 0;
+    if (max > 0 && kill(pgid, 0) == 0)
+        out[n++] = pgid;
+    DIR *procs = opendir("/proc");
+    struct dirent *e;
+    while (procs && n < max && (e = readdir(procs)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        char dir[300];
+        char state;
+        long pgrp;
+        snprintf(dir, sizeof(dir), "/proc/%s", e->d_name);
+        long pid = strtol(e->d_name, NULL, 10);
+        if (pid != (long)pgid && stat_fields(dir, &state, &pgrp) == 0 && pgrp == (long)pgid)
+            out[n++] = (pid_t)pid;
+    }
+    if (procs)
+        closedir(procs);
+    return n;
+}
+
+/* gdb attaches to this many processes of a group at most, leader first. */
+#define GDB_MAX_PROCS 16
+
+int agent_stacks_start_gdb(pid_t pgid, const char *path, pid_t *gdb_pid)
 {
     *gdb_pid = 0;
     char *gdb = find_gdb();
     if (gdb == NULL)
         return 0;
-    char pidarg[32];
-    snprintf(pidarg, sizeof(pidarg), "%d", (int)pid);
+    pid_t pids[GDB_MAX_PROCS];
+    int npids = group_pids(pgid, pids, GDB_MAX_PROCS);
+    /* Everything the child needs is made before the fork: after it, only
+     * async-signal-safe calls (fork, exec, waitpid, write). */
+    char pidargs[GDB_MAX_PROCS][32], heads[GDB_MAX_PROCS][96];
+    for (int k = 0; k < npids; k++) {
+        snprintf(pidargs[k], sizeof(pidargs[k]), "%d", (int)pids[k]);
+        snprintf(heads[k], sizeof(heads[k]),
+                 "\n# gdb, process %d: every thread's native stack, then py-bt\n", (int)pids[k]);
+    }
     int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (fd < 0 || devnull < 0) {
@@ -144,22 +228,35 @@ int agent_stacks_start_gdb(pid_t pid, const char *path, pid_t *gdb_pid)
         free(gdb);
         return rc;
     }
-    const char header[] = "\n# gdb: every thread's native stack, then the Python stack (py-bt)\n";
-    if (write(fd, header, sizeof(header) - 1) < 0) {
-        /* the capture goes on; gdb's output says what it can */
-    }
     pid_t child = fork();
     if (child == 0) {
+        /* One gdb after the other, the leader first; the agent kills this
+         * whole process group at its time bound. */
         setpgid(0, 0);
         dup2(devnull, 0);
         dup2(fd, 1);
         dup2(fd, 2);
+        /* The agent's handlers (libuv's) write to the agent's own pipes:
+         * not from here. */
+        for (int sg = 1; sg < NSIG; sg++)
+            signal(sg, SIG_DFL);
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        execl(gdb, "gdb", "-nx", "-batch", "-p", pidarg, "-ex", "set pagination off", "-ex",
-              "thread apply all bt", "-ex", "py-bt", (char *)NULL);
-        _exit(127);
+        for (int k = 0; k < npids; k++) {
+            if (write(1, heads[k], strlen(heads[k])) < 0) {
+                /* gdb's output says what it can */
+            }
+            pid_t g = fork();
+            if (g == 0) {
+                execl(gdb, "gdb", "-nx", "-batch", "-p", pidargs[k], "-ex", "set pagination off",
+                      "-ex", "thread apply all bt", "-ex", "py-bt", (char *)NULL);
+                _exit(127);
+            }
+            while (g > 0 && waitpid(g, NULL, 0) < 0 && errno == EINTR) {
+            }
+        }
+        _exit(0);
     }
     int err = errno;
     close(fd);

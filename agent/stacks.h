@@ -6,8 +6,11 @@
  *                                          (comm, state, wchan, syscall);
  *                                          synchronous, never blocks on the
  *                                          worker
- *     agent_stacks_start_gdb(pid, path)    appends gdb's backtraces of every
- *                                          thread of pid (gdb -batch -p PID
+ *     agent_stacks_start_gdb(pgid, path)   appends gdb's backtraces of every
+ *                                          thread of every process of the
+ *                                          group (at most 16, the leader
+ *                                          first, one gdb after the other:
+ *                                          gdb -batch -p PID
  *                                          -ex 'thread apply all bt', and
  *                                          py-bt, which prints the Python
  *                                          stack when python3-dbg's gdb
@@ -26,11 +29,22 @@
 
 #include <sys/types.h>
 
+/* What /proc/PID/stat says of pid: its state letter (R, S, D, T, Z, ...)
+ * and process group. 0, or -1 when pid is gone or unreadable. */
+int agent_proc_stat(pid_t pid, char *state, pid_t *pgrp);
+
+/* One line per process left in process group pgid, for a log: "pid N
+ * (comm) state D wchan=...; ...", at most len bytes. Returns how many
+ * processes are in the group. */
+int agent_stacks_describe_group(pid_t pgid, char *out, size_t len);
+
 /* 0 or a negative code (the file could not be written). */
 int agent_stacks_write_proc(pid_t pgid, const char *path);
 
-/* Forks gdb with its output appended to path. *gdb_pid: its pid, or 0 when
- * no gdb was found on PATH (returns 0 then too). */
-int agent_stacks_start_gdb(pid_t pid, const char *path, pid_t *gdb_pid);
+/* Forks a child that runs gdb on each process of group pgid in turn, its
+ * output appended to path. *gdb_pid: the child (it leads its own process
+ * group: kill that), or 0 when no gdb was found on PATH (returns 0 then
+ * too). */
+int agent_stacks_start_gdb(pid_t pgid, const char *path, pid_t *gdb_pid);
 
 #endif

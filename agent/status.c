@@ -98,6 +98,19 @@ struct agent_status {
     struct status_slot *slots;
     struct status_worker_view *views; /* scratch for rendering */
     char readbuf[65536];
+
+    /* Stacks on demand (POST /stacks): the HTTP thread counts the request
+     * and wakes the loop through the async handle, under stacks_mu, which
+     * also guards stacks_ready (the handle is open). The loop asks the agent
+     * for a capture and serves the last one's text as GET /stacks. */
+    pthread_mutex_t stacks_mu;
+    bool stacks_mu_init;
+    uv_async_t stacks_async;
+    bool stacks_ready;
+    long long stacks_asked; /* requests so far (under stacks_mu) */
+    long long stacks_taken; /* the highest request a capture was started for */
+    char *stacks_text;      /* the last capture, as served */
+    size_t stacks_len;
 };
 
 /* ---- publishing ---- */
@@ -276,6 +289,8 @@ static void publish(struct agent_status *st)
         log_error("S0101", "status port: cannot render the agent's status: %s", cddp_strerror(rc));
         return;
     }
+    if (st->stacks_text && status_snapshot_set_stacks(snap, st->stacks_text, st->stacks_len) != 0)
+        log_error("S2101", "status port: out of memory serving the last stack capture");
     status_server_publish(st->server, snap);
     st->last_publish_ms = now;
 }
@@ -431,6 +446,111 @@ static int chan_open(struct agent_status *st, int local_rank, int *wfd)
     return 0;
 }
 
+/* ---- stacks on demand ---- */
+
+/* At most this much of a capture is served; the file has all of it. */
+#define STACKS_SERVED_MAX ((size_t)1 << 20)
+
+/* HTTP thread: POST /stacks. */
+static long long on_stacks_request(void *arg, char *why, size_t whylen)
+{
+    struct agent_status *st = arg;
+    long long id = 0;
+    pthread_mutex_lock(&st->stacks_mu);
+    if (st->stacks_ready) {
+        id = ++st->stacks_asked;
+        uv_async_send(&st->stacks_async);
+    }
+    pthread_mutex_unlock(&st->stacks_mu);
+    if (id == 0)
+        snprintf(why, whylen, "the agent is not running its loop");
+    return id;
+}
+
+static void stacks_serve(struct agent_status *st, long long id, const char *text, size_t len,
+                         const char *path)
+{
+    struct cddp_buf b;
+    cddp_buf_init(&b, STACKS_SERVED_MAX + 4096);
+    char head[4400];
+    int n = snprintf(head, sizeof(head), "# capture %lld: %s\n", id, path ? path : "(no file)");
+    cddp_buf_append(&b, head, (size_t)n);
+    size_t take = len > STACKS_SERVED_MAX ? STACKS_SERVED_MAX : len;
+    cddp_buf_append(&b, text, take);
+    if (take < len) {
+        n = snprintf(head, sizeof(head), "\n# ... truncated: the whole capture is in %s\n", path);
+        cddp_buf_append(&b, head, (size_t)n);
+    }
+    free(st->stacks_text);
+    st->stacks_text = b.data;
+    st->stacks_len = b.len;
+    publish(st);
+}
+
+static void stacks_start(struct agent_status *st);
+
+/* Loop: the agent wrote the capture (or could not). */
+static void on_stacks_done(void *arg, int rc, const char *path)
+{
+    struct agent_status *st = arg;
+    long long id = st->stacks_taken;
+    char *text = NULL;
+    size_t len = 0;
+    if (rc == 0 && path) {
+        int err = 0;
+        FILE *f = fopen(path, "re");
+        if (f) {
+            struct cddp_buf b;
+            cddp_buf_init(&b, STACKS_SERVED_MAX + 8192);
+            char buf[8192];
+            size_t n;
+            while ((n = fread(buf, 1, sizeof(buf), f)) > 0 && b.len <= STACKS_SERVED_MAX)
+                if (cddp_buf_append(&b, buf, n) != 0)
+                    break;
+            fclose(f);
+            text = b.data;
+            len = b.len;
+        } else {
+            err = errno;
+        }
+        if (text == NULL)
+            log_warn("S2102", "status port: reading the stack capture %s: %s", path,
+                     strerror(err ? err : EIO));
+    }
+    if (text)
+        stacks_serve(st, id, text, len, path);
+    else
+        stacks_serve(st, id, "# the capture could not be written\n", 35, path);
+    free(text);
+    stacks_start(st); /* asked again while this one ran */
+}
+
+static void stacks_start(struct agent_status *st)
+{
+    pthread_mutex_lock(&st->stacks_mu);
+    long long asked = st->stacks_asked;
+    pthread_mutex_unlock(&st->stacks_mu);
+    if (asked <= st->stacks_taken || st->agent == NULL)
+        return;
+    long long before = st->stacks_taken;
+    st->stacks_taken = asked;
+    int rc = agent_capture_stacks(st->agent, on_stacks_done, st);
+    if (rc == CDDP_EEXISTS) {
+        st->stacks_taken = before; /* the capture under way calls back */
+        return;
+    }
+    if (rc) {
+        const char *why = rc == CDDP_ENOTFOUND ? "# no worker is running now: nothing to capture\n"
+                                               : "# the agent is shutting down: no capture\n";
+        stacks_serve(st, asked, why, strlen(why), NULL);
+    }
+}
+
+static void on_stacks_async(uv_async_t *h)
+{
+    stacks_start(h->data);
+}
+
 /* ---- the agent's hooks ---- */
 
 static void on_attach(void *arg, struct agent *agent)
@@ -449,6 +569,13 @@ static int on_start(void *arg, uv_loop_t *loop)
     st->tick.data = st;
     st->coalesce.data = st;
     st->timers_open = true;
+    if (uv_async_init(loop, &st->stacks_async, on_stacks_async) == 0) {
+        st->stacks_async.data = st;
+        uv_unref((uv_handle_t *)&st->stacks_async); /* never keeps the loop alive */
+        pthread_mutex_lock(&st->stacks_mu);
+        st->stacks_ready = true;
+        pthread_mutex_unlock(&st->stacks_mu);
+    }
     status_server_heartbeat(st->server);
     publish(st);
     return uv_timer_start(&st->tick, on_tick, AGENT_STATUS_TICK_MS, AGENT_STATUS_TICK_MS);
@@ -503,6 +630,12 @@ static void on_loop_done(void *arg)
         uv_close((uv_handle_t *)&st->tick, NULL);
         uv_close((uv_handle_t *)&st->coalesce, NULL);
     }
+    pthread_mutex_lock(&st->stacks_mu);
+    bool async_open = st->stacks_ready;
+    st->stacks_ready = false; /* POST /stacks answers 503 from now on */
+    pthread_mutex_unlock(&st->stacks_mu);
+    if (async_open)
+        uv_close((uv_handle_t *)&st->stacks_async, NULL);
 }
 
 static void on_state_changed(void *arg, const struct agent_snapshot *snap)
@@ -648,6 +781,10 @@ int agent_status_new(const struct launch_config *cfg, const char *version,
         o.addr = cfg->status_addr;
         o.port = cfg->status_port;
         o.program = "cddprun";
+        o.on_stacks = on_stacks_request;
+        o.on_stacks_arg = st;
+        pthread_mutex_init(&st->stacks_mu, NULL);
+        st->stacks_mu_init = true;
         int rc = status_server_start(&o, &st->server, err, errlen);
         if (rc) {
             agent_status_free(st);
@@ -709,6 +846,9 @@ void agent_status_free(struct agent_status *st)
     if (st == NULL)
         return;
     status_server_stop(st->server);
+    if (st->stacks_mu_init)
+        pthread_mutex_destroy(&st->stacks_mu);
+    free(st->stacks_text);
     rdzv_view_builder_free(&st->rdzv_view_builder);
     free(st->slots);
     free(st->views);

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <sys/ioctl.h> /* --watch: TIOCGWINSZ, the terminal's size */
 #include <time.h>
@@ -65,6 +66,7 @@ static const char usage_text[] =
     "usage: cddpctl status HOST:PORT [--json] [--watch] [--timeout SECONDS]\n"
     "       cddpctl health HOST:PORT [--live] [--verbose] [--json] [--timeout SECONDS]\n"
     "       cddpctl job RDZV_HOST:PORT RUN_ID [--agent-port PORT] [--json] [--watch]\n"
+    "       cddpctl stacks HOST:PORT [--timeout SECONDS]\n"
     "\n"
     "Asks the status port of cddprun (--status_port) or cddp-rdzv.\n"
     "  status   the node's or the server's status as a table (--json: raw JSON)\n"
@@ -72,6 +74,8 @@ static const char usage_text[] =
     "           --live asks /livez instead, --verbose prints every check\n"
     "  job      a run's nodes through its rendezvous server's status port;\n"
     "           --agent-port PORT also asks every node's agent on that port\n"
+    "  stacks   capture every running worker's stacks now (cddprun) and print them\n"
+    "           (--timeout default 15)\n"
     "Options:\n"
     "  --json               machine-readable output (docs/status.md)\n"
     "  --watch, -w          status and job: again every --interval, in place on a terminal\n"
@@ -1565,9 +1569,104 @@ static int cmd_health(const struct options *o)
     return rc;
 }
 
+/* ---- stacks ---------------------------------------------------------- */
+
+/* cddpctl stacks HOST:PORT [--timeout SECONDS]: POST /stacks asks cddprun
+ * for a capture of every running worker's stacks (docs/status.md), then
+ * GET /stacks until that capture is served; prints it. Self-contained: its
+ * own arguments, the shared base_url and fetch. */
+static int cmd_stacks(int argc, char **argv)
+{
+    const char *target = NULL;
+    double timeout_s = 15;
+    for (int i = 2; i < argc; i++) {
+        const char *v = NULL;
+        if (strncmp(argv[i], "--timeout=", 10) == 0)
+            v = argv[i] + 10;
+        else if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc)
+            v = argv[++i];
+        else if (argv[i][0] != '-' && target == NULL)
+            target = argv[i];
+        else
+            return usage_error("stacks: unexpected argument '%s'", argv[i]);
+        char *end = NULL;
+        if (v && ((timeout_s = strtod(v, &end)) <= 0 || timeout_s > 3600 || *end != '\0'))
+            return usage_error("--timeout '%s' is not a number of seconds in (0, 3600]", v);
+    }
+    if (target == NULL)
+        return usage_error("no HOST:PORT given");
+    char base[2048], shown[300], url[2100];
+    int rc = base_url(target, base, sizeof(base), shown, sizeof(shown));
+    if (rc)
+        return rc;
+    snprintf(url, sizeof(url), "%s/stacks", base);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        return CDDP_EXIT_FAILURE;
+    struct reply r = {0};
+    cddp_buf_init(&r.body, REPLY_MAX);
+    CURL *c = curl_easy_init();
+    CURLcode cc = CURLE_FAILED_INIT;
+    if (c) {
+        curl_easy_setopt(c, CURLOPT_URL, url);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, "");
+        curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)ceil(timeout_s * 1000.0));
+        curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(c, CURLOPT_WRITEDATA, &r.body);
+        if ((cc = curl_easy_perform(c)) == CURLE_OK)
+            curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.code);
+        curl_easy_cleanup(c);
+    }
+    long long id = 0;
+    if (cc != CURLE_OK) {
+        log_error("K0008", "%s: %s", url, curl_easy_strerror(cc));
+        rc = CTL_EXIT_UNREACHABLE;
+    } else {
+        cJSON *root = cJSON_ParseWithLength(r.body.data ? r.body.data : "", r.body.len);
+        const cJSON *cap = cJSON_GetObjectItemCaseSensitive(root, "capture");
+        id = r.code == 202 && cJSON_IsNumber(cap) ? (long long)cap->valuedouble : 0;
+        if (id <= 0) {
+            char ex[96];
+            excerpt(&r.body, ex, sizeof(ex));
+            log_error("K0010", "%s answered HTTP %ld%s%s", url, r.code, ex[0] ? ": " : "", ex);
+            rc = CDDP_EXIT_FAILURE;
+        }
+        cJSON_Delete(root);
+    }
+    cddp_buf_free(&r.body);
+    /* The capture is bounded on the agent's side (a few seconds); wait for
+     * the one asked for, or a later one. */
+    double waited = 0;
+    while (rc == 0) {
+        memset(&r, 0, sizeof(r));
+        if ((rc = fetch(url, shown, timeout_s, &r)) != 0)
+            break;
+        long long got = 0;
+        if (r.code == 200 && sscanf(r.body.data, "# capture %lld", &got) == 1 && got >= id) {
+            fwrite(r.body.data, 1, r.body.len, stdout);
+            break;
+        }
+        cddp_buf_free(&r.body);
+        if (waited >= timeout_s) {
+            log_error("K0004", "%s did not answer within %gs", shown, timeout_s);
+            rc = CDDP_EXIT_FAILURE;
+            break;
+        }
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        waited += 0.2;
+    }
+    cddp_buf_free(&r.body);
+    curl_global_cleanup();
+    fflush(stdout);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     cddp_log_init("cddpctl");
+    if (argc >= 2 && strcmp(argv[1], "stacks") == 0)
+        return cmd_stacks(argc, argv);
     struct options o = {0};
     int rc = parse_args(argc, argv, &o);
     if (rc)

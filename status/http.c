@@ -50,6 +50,8 @@ struct status_snapshot {
     size_t status_len;
     char *metrics;
     size_t metrics_len;
+    char *stacks; /* the last on-demand stack capture (GET /stacks); NULL: none */
+    size_t stacks_len;
     size_t ncheck;
     struct status_check checks[STATUS_MAX_CHECKS];
 };
@@ -88,6 +90,13 @@ int status_snapshot_set_metrics(struct status_snapshot *s, const char *text, siz
     if (s->frozen)
         return CDDP_ESTATE;
     return set_text(&s->metrics, &s->metrics_len, text, len);
+}
+
+int status_snapshot_set_stacks(struct status_snapshot *s, const char *text, size_t len)
+{
+    if (s->frozen)
+        return CDDP_ESTATE;
+    return set_text(&s->stacks, &s->stacks_len, text, len);
 }
 
 static bool valid_check_name(const char *name)
@@ -179,6 +188,7 @@ void status_snapshot_unref(struct status_snapshot *s)
         return;
     free(s->status);
     free(s->metrics);
+    free(s->stacks);
     free(s);
 }
 
@@ -695,6 +705,35 @@ static enum MHD_Result serve_index(struct status_server *s, struct MHD_Connectio
     return queue(s, connection, MHD_HTTP_OK, TEXT, r);
 }
 
+/* ---- /stacks: a stack capture on demand ------------------------------ */
+
+/* POST asks the owner (on this thread: on_stacks only signals its loop) for
+ * a capture and answers 202 with its number; GET serves the last capture
+ * the owner published, which names its number on its first line. */
+static enum MHD_Result serve_stacks(struct status_server *s, struct MHD_Connection *connection,
+                                    bool post)
+{
+    if (post) {
+        char why[160] = "";
+        long long id = s->opt.on_stacks(s->opt.on_stacks_arg, why, sizeof(why));
+        char body[256];
+        if (id <= 0) {
+            int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}\n",
+                             why[0] ? why : "no capture possible now");
+            return reply(s, connection, MHD_HTTP_SERVICE_UNAVAILABLE, JSON, body, (size_t)n, NULL);
+        }
+        int n = snprintf(body, sizeof(body), "{\"capture\":%lld,\"get\":\"/stacks\"}\n", id);
+        return reply(s, connection, MHD_HTTP_ACCEPTED, JSON, body, (size_t)n, NULL);
+    }
+    struct status_snapshot *snap = status_cell_acquire(&s->cell, NULL);
+    if (snap == NULL || snap->stacks == NULL) {
+        status_snapshot_unref(snap);
+        return reply_text(s, connection, MHD_HTTP_NOT_FOUND,
+                          "no stack capture yet: POST /stacks asks for one\n");
+    }
+    return reply(s, connection, MHD_HTTP_OK, TEXT, snap->stacks, snap->stacks_len, snap);
+}
+
 /* ---- the request handler --------------------------------------------- */
 
 static enum MHD_Result route(struct status_server *s, struct MHD_Connection *connection,
@@ -718,6 +757,8 @@ static enum MHD_Result route(struct status_server *s, struct MHD_Connection *con
         return serve_index(s, connection);
     if (strcmp(url, "/dashboard") == 0)
         return serve_dashboard(s, connection, false);
+    if (strcmp(url, "/stacks") == 0 && s->opt.on_stacks)
+        return serve_stacks(s, connection, false);
     return reply_text(s, connection, MHD_HTTP_NOT_FOUND, "not found\n");
 }
 
@@ -730,13 +771,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
     struct status_server *s = cls;
     struct conn *c = conn_of(connection);
     static int started; /* any non-NULL marker */
+    bool stacks_post = s->opt.on_stacks && strcmp(method, MHD_HTTP_METHOD_POST) == 0 &&
+                       strcmp(url, "/stacks") == 0;
 
     if (*con_cls == NULL) {
         /* First call: the request line and headers are in. */
         *con_cls = &started;
         if (c)
             c->body = 0;
-        if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+        if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0 &&
+            !stacks_post)
             return reply_text(s, connection, MHD_HTTP_METHOD_NOT_ALLOWED,
                               "method not allowed (GET, HEAD)\n");
         const union MHD_ConnectionInfo *ci =
@@ -762,6 +806,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
         *upload_data_size = 0;
         return MHD_YES;
     }
+    if (stacks_post)
+        return serve_stacks(s, connection, true);
     return route(s, connection, url);
 }
 

@@ -13,6 +13,9 @@
  *     GET /                    a plain-text index of the above; to a browser
  *                              (Accept names text/html first) the dashboard
  *     GET /dashboard           the dashboard, an HTML page (status/dashboard.h)
+ *     POST /stacks, GET /stacks  only with on_stacks: ask the owner for a
+ *                              stack capture (202 {"capture":N}), read the
+ *                              last one it published (text)
  *
  * HEAD works wherever GET does. Anything else: 405 with Allow; unknown
  * paths 404; headers past max_header_bytes 431 (or 414 for the URL, both
@@ -68,6 +71,8 @@ struct status_snapshot *status_snapshot_new(void);
  * there). Only before the snapshot is published. 0 or -ENOMEM. */
 int status_snapshot_set_status(struct status_snapshot *s, const char *json, size_t len);
 int status_snapshot_set_metrics(struct status_snapshot *s, const char *text, size_t len);
+/* The last on-demand stack capture, served as GET /stacks. */
+int status_snapshot_set_stacks(struct status_snapshot *s, const char *text, size_t len);
 
 /* Adds a readiness check. reason may be NULL; it is printed after a failed
  * check by ?verbose. 0, CDDP_EPARSE (bad or duplicate name) or CDDP_ETOOBIG. */
@@ -118,6 +123,11 @@ struct status_server_options {
     size_t max_header_bytes;     /* request line + headers; default 8192 */
     size_t max_body_bytes;       /* default 1024; our requests have no body */
     unsigned live_timeout_ms;    /* default 5000 */
+    /* POST /stacks (NULL: no such endpoint). Called on the HTTP thread: it
+     * must not block (signal the owner's loop and return). Returns the
+     * capture's number (> 0), or <= 0 with a reason in why. */
+    long long (*on_stacks)(void *arg, char *why, size_t whylen);
+    void *on_stacks_arg;
 };
 
 /* Counters kept by the HTTP thread (also served as cddp_status_* metrics). */

@@ -31,6 +31,9 @@ test_pkgs="python3 python3-pytest python3-torch python3-torchvision python3-nump
            iproute2 procps psmisc wrk hyperfine gdb python3-yaml
            prometheus chromium chromium-driver
            slurm-wlm munge util-linux"
+# gdb's py-bt for Python workers' stacks: python3.11-dbg ships the symbols and
+# the gdb extension for Debian's /usr/bin/python3.11 (docs/cli.md).
+test_pkgs="$test_pkgs python3.11-dbg"
 [ $want_test -eq 1 ] && pkgs="$pkgs $test_pkgs"
 
 # Packaging: scdoc turns docs/man/*.scd into man pages at build time; the

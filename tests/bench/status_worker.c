@@ -19,66 +19,28 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/strutil.h"
-
-static volatile sig_atomic_t terminated;
-
-static long env_long(const char *name, long def)
-{
-    const char *s = getenv(name);
-    long v;
-    return s && cddp_parse_long(s, -1, 1000000, &v) == 0 ? v : def;
-}
-
-static long long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static void record(const char *dir, const char *what, long attempt, long rank, long long ns)
-{
-    char path[4096], line[128];
-    snprintf(path, sizeof(path), "%s/events", dir);
-    int n = snprintf(line, sizeof(line), "%s %ld %ld %lld\n", what, attempt, rank, ns);
-    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-        if (write(fd, line, (size_t)n) < 0)
-            perror("status_worker: write");
-        close(fd);
-    }
-}
-
-static void on_term(int sig)
-{
-    (void)sig;
-    terminated = 1;
-}
+#include "bench_worker.h"
 
 int main(void)
 {
-    long attempt = env_long("TORCHELASTIC_RESTART_COUNT", 0);
-    long rank = env_long("LOCAL_RANK", 0);
-    long attempts = env_long("BENCH_ATTEMPTS", 2);
-    long period_ms = env_long("BENCH_PERIOD_MS", 10);
-    long progress_fd = env_long("CDDP_PROGRESS_FD", -1);
+    long attempt = bench_env_long("TORCHELASTIC_RESTART_COUNT", 0);
+    long rank = bench_env_long("LOCAL_RANK", 0);
+    long attempts = bench_env_long("BENCH_ATTEMPTS", 2);
+    long period_ms = bench_env_long("BENCH_PERIOD_MS", 10);
+    long progress_fd = bench_env_long("CDDP_PROGRESS_FD", -1);
     const char *dir = getenv("BENCH_DIR");
     if (dir == NULL) {
         fprintf(stderr, "status_worker: BENCH_DIR is not set\n");
         return 2;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_term;
-    sigaction(SIGTERM, &sa, NULL); /* no SA_RESTART: nanosleep returns at once */
+    bench_catch_term();
 
     char go[4096];
     snprintf(go, sizeof(go), "%s/go.%ld", dir, attempt);
     struct timespec period = {period_ms / 1000, (period_ms % 1000) * 1000000L};
     for (long step = 0;; step++) {
-        if (terminated) {
-            record(dir, "term", attempt, rank, now_ns());
+        if (bench_terminated) {
+            bench_record(dir, "term", attempt, rank, bench_now_ns());
             return 143;
         }
         if (progress_fd >= 0) {
@@ -92,7 +54,7 @@ int main(void)
         if (rank == 0 && access(go, F_OK) == 0) {
             if (attempt >= attempts - 1)
                 return 0;
-            record(dir, "exit", attempt, rank, now_ns());
+            bench_record(dir, "exit", attempt, rank, bench_now_ns());
             return 1;
         }
         if (rank != 0 && attempt >= attempts - 1 && access(go, F_OK) == 0)
