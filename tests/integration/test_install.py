@@ -135,7 +135,7 @@ def test_bash_completion(installed):
     # cddprun ... cddp-train: the trainer's flags.
     assert complete(bindir, script, ["cddprun", "--nproc_per_node=2", "cddp-train", "--sync"]) \
         == ["--sync-bn"]
-    assert complete(bindir, script, ["cddpctl", ""]) == ["health", "job", "status"]
+    assert complete(bindir, script, ["cddpctl", ""]) == ["health", "job", "stacks", "status"]
     assert complete(bindir, script, ["cddpctl", "status", "--wa"]) == ["--watch"]
     assert complete(bindir, script, ["cddp-rdzv", "--token"]) == ["--token-file", "--token_file"]
     assert complete(bindir, script, ["cddp-train", "--ar"]) == ["--arch"]
