@@ -1187,6 +1187,21 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
             if (rc)
                 return rc;
         }
+        if (strncmp(cfg->rdzv_backend, "etcd", 4) == 0) {
+            struct agent_rdzv_etcd_options eo = {
+                .endpoints = cfg->rdzv_endpoint,
+                .backend = cfg->rdzv_backend,
+                .run_id = a->run_id,
+                .min_nodes = cfg->nnodes_min,
+                .max_nodes = cfg->nnodes_max,
+                .nproc = cfg->nproc_per_node,
+                .local_addr = cfg->local_addr,
+                .conf = &conf,
+            };
+            if ((rc = agent_rdzv_etcd_new(&a->loop, &eo, &a->rdzv, why, whylen)) != 0)
+                return rc;
+            goto opened;
+        }
         struct agent_rdzv_c10d_options o = {
             .host = fixed ? cfg->static_addr : cfg->rdzv_host,
             .port = fixed ? cfg->static_port + 1 : cfg->rdzv_port,
@@ -1205,6 +1220,7 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
         if ((rc = agent_rdzv_c10d_new(&a->loop, &o, &a->rdzv, why, whylen)) != 0)
             return rc;
     }
+opened:
     a->rdzv->data = a;
     a->rdzv->on_restart = on_rdzv_restart;
     a->rdzv->on_closed = on_rdzv_closed;

@@ -21,6 +21,10 @@
  *   store_type              str tcp  torch's c10d store; only tcp (no FileStore)
  *   use_libuv               bool  -  accepted for torch 2.x compatibility; no effect
  *   token                   str   -  join token (cddp's; CDDP_RDZV_TOKEN also sets it)
+ *   protocol                str  http etcd-v3: http or https to the etcd members
+ *   cacert, cert, key       path  -  etcd-v3: CA bundle; client certificate and key (TLS)
+ *   key_prefix              str  /cddp/rdzv  etcd-v3: where the runs' keys live (etcd_prefix,
+ *                                    torch's etcd name for it, is taken too)
  *
  * Durations are seconds, decimals allowed (torch takes integers; "0.5" is a
  * cddp extension for tests).
@@ -47,6 +51,10 @@ struct rdzv_conf {
     bool use_libuv;
     bool has_token;
     char token[PROTO_MAX_TOKEN + 1];
+    /* etcd-v3 only (docs/etcd.md) */
+    bool etcd_https;
+    char etcd_cacert[512], etcd_cert[512], etcd_key[512];
+    char etcd_key_prefix[256]; /* "" : /cddp/rdzv */
 };
 
 /* torchrun's defaults. */
@@ -59,6 +67,9 @@ int rdzv_conf_set(struct rdzv_conf *c, const char *key, const char *value, char 
 /* Parses "k1=v1,k2=v2" (torch's format; blanks around keys and values are
  * ignored, an empty string is no keys). 0 or CDDP_ECONFIG with err. */
 int rdzv_conf_parse(struct rdzv_conf *c, const char *s, char *err, size_t errlen);
+
+/* Whether key is read by the etcd-v3 backend only. */
+bool rdzv_conf_etcd_only(const char *key);
 
 /* The known keys, comma-separated, for messages. */
 const char *rdzv_conf_known_keys(void);
