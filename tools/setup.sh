@@ -29,6 +29,8 @@ pkgs="build-essential meson ninja-build pkg-config git
 test_pkgs="python3 python3-pytest python3-torch python3-torchvision python3-numpy
            etcd-server etcd-client curl clang clang-format libclang-rt-14-dev
            iproute2 procps psmisc wrk hyperfine gdb"
+# tests/integration/test_etcd.py makes its TLS test CA with openssl.
+test_pkgs="$test_pkgs openssl"
 [ $want_test -eq 1 ] && pkgs="$pkgs $test_pkgs"
 
 missing=""
