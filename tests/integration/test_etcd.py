@@ -123,7 +123,9 @@ class Etcd:
 
 
 def make_tls(d):
-    """A test CA, a server certificate for 127.0.0.1 and a client certificate."""
+    """A test CA, a server certificate for 127.0.0.1 and a client certificate.
+    The server's may be used as a client's too: with --client-cert-auth,
+    etcd's JSON gateway dials its own gRPC port with it."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed (tools/setup.sh installs it)")
     d.mkdir()
@@ -132,7 +134,8 @@ def make_tls(d):
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     ossl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
          "-subj", "/CN=cddp test CA")
-    for who, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+    for who, ext in (("server",
+                      "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth"),
                      ("client", "extendedKeyUsage=clientAuth")):
         (d / f"{who}.ext").write_text(ext + "\n")
         ossl("req", *ec, "-keyout", f"{who}.key", "-out", f"{who}.csr", "-subj", f"/CN={who}")
