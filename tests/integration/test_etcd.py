@@ -384,10 +384,14 @@ def test_tls_with_client_certificates(etcd, nodes, tmp_path):
 @pytest.mark.parametrize("victim", ["leader", "follower"])
 def test_losing_one_member_restarts_no_worker(etcd, nodes, victim):
     e = etcd(3)
-    agents = [nodes.agent(str(i), *v3(e.endpoints, 2), env={"LIFETIME": "12"}) for i in range(2)]
-    first = wait_round(nodes.out, 4, timeout=30)
     leader = wait_for(e.leader, timeout=10, what="an etcd leader")
     m = leader if victim == "leader" else next(x for x in e.members if x is not leader)
+    # the victim first in the list: the member the agents use
+    e.members.remove(m)
+    e.members.insert(0, m)
+    agents = [nodes.agent(str(i), *v3(e.endpoints, 2), env={"LIFETIME": "12"}) for i in range(2)]
+    first = wait_round(nodes.out, 4, timeout=30)
+    assert leader.status()["leader"] == leader.status()["header"]["member_id"]
     m.kill()
     # workers run their 12 s and exit 0: the same round all along
     for a in agents:
@@ -396,6 +400,7 @@ def test_losing_one_member_restarts_no_worker(etcd, nodes, victim):
     assert {x["TORCHELASTIC_RESTART_COUNT"] for x in first} == {"0"}
     for a in agents:
         assert "will restart worker group" not in a.text()
+        assert "A2008" in a.text(), a.text()[-2000:]  # its watch moved on
 
 
 @pytest.mark.heavy
