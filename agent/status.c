@@ -77,6 +77,9 @@ struct agent_status {
     double rdzv_disconnected_at;
     unsigned rdzv_reconnects;
     int64_t waiting_nodes;
+    char etcd_member[280]; /* "": not etcd-v3 */
+    bool etcd_lease_ok, etcd_watch_ok;
+    unsigned etcd_failovers;
     /* The rendezvous server this agent hosts, as the last snapshot said
      * (the agent clears it before the server goes); NULL: none. */
     const struct rdzv_server *rdzv_server;
@@ -195,6 +198,10 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
     v->rdzv_connected = st->rdzv_connected;
     v->rdzv_disconnected_at = st->rdzv_disconnected_at;
     v->rdzv_reconnects = st->rdzv_reconnects;
+    v->etcd_member = st->etcd_member[0] ? st->etcd_member : NULL;
+    v->etcd_lease_ok = st->etcd_lease_ok;
+    v->etcd_watch_ok = st->etcd_watch_ok;
+    v->etcd_failovers = st->etcd_failovers;
     v->rdzv_server = NULL;
     if (st->rdzv_server && st->loop) {
         /* The server this agent hosts, shown as cddp-rdzv shows itself. */
@@ -534,6 +541,11 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     st->rdzv_disconnected_at = snap->rdzv_disconnected_at;
     st->rdzv_reconnects = snap->rdzv_reconnects;
     st->waiting_nodes = snap->waiting_nodes;
+    cddp_strlcpy(st->etcd_member, snap->etcd_member ? snap->etcd_member : "",
+                 sizeof(st->etcd_member));
+    st->etcd_lease_ok = snap->etcd_lease_ok;
+    st->etcd_watch_ok = snap->etcd_watch_ok;
+    st->etcd_failovers = snap->etcd_failovers;
     st->rdzv_server = snap->rdzv_server;
     st->agent_store = snap->agent_store;
     st->agent_store_round = snap->agent_store_round;

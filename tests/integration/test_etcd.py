@@ -236,6 +236,34 @@ def test_agents_form_one_world_and_close_the_run(etcd, nodes, nproc):
     assert r.get("kvs", []) == []
 
 
+def test_status_shows_the_member_lease_and_watch(etcd, nodes):
+    from promparse import parse as prom_parse
+    e = etcd(1)
+    port = free_port()
+    a = nodes.agent("0", *v3(e.endpoints, 1), f"--status_port={port}")
+    wait_round(nodes.out, 2, timeout=30)
+
+    def get(path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.read().decode()
+    st = wait_for(lambda: json.loads(get("/status")), what="/status")
+    rd = st["rdzv"]
+    assert rd["backend"] == "etcd-v3"
+    assert rd["etcd"] == {"member": e.endpoints, "lease_ok": True, "watch_ok": True,
+                          "failovers": 0}
+    assert rd["connected"] is True
+    metrics = get("/metrics")
+    assert f'cddp_agent_rdzv_etcd_lease_ok{{member="{e.endpoints}"}} 1' in metrics
+    assert f'cddp_agent_rdzv_etcd_watch_ok{{member="{e.endpoints}"}} 1' in metrics
+    prom_parse(metrics, conventions=True)
+    # etcd gone: the lease's health says so (the workers run on)
+    e.members[0].kill()
+    wait_for(lambda: json.loads(get("/status"))["rdzv"]["etcd"]["lease_ok"] is False,
+             timeout=20, what="lease_ok false")
+    a.signal(signal.SIGTERM)
+    assert a.wait() == 128 + signal.SIGTERM
+
+
 def test_closed_run_refuses_late_agents_then_expires(etcd, nodes):
     e = etcd(1)
     conf = FAST + ",close_timeout=2"
