@@ -103,6 +103,9 @@ struct ed {
     uv_timer_t op_timer; /* backoff of a failed op */
     int64_t close_lease;
     struct etcd_round pending; /* the value being written */
+    unsigned conflicts;        /* in a row, for the jittered backoff */
+    bool alive_listed;         /* the JOIN at the head has listed the live nodes */
+    uint64_t rnd;
 
     /* the join */
     agent_round_cb join_cb;
@@ -318,6 +321,7 @@ static void op_done(struct ed *e)
     e->op_in_flight = false;
     if (e->ops[0].kind == OP_JOIN && e->join_cb)
         e->join_applied = true; /* the state has this node now */
+    e->alive_listed = false;
     memmove(&e->ops[0], &e->ops[1], (e->nops - 1) * sizeof(e->ops[0]));
     e->nops--;
     if (e->closing && e->nops == 0) {
@@ -368,6 +372,7 @@ static void on_cas(struct etcd_client *cl, int status, long http, const char *bo
         e->st_valid = true;
         e->st_rev = r.revision;
         etcd_range_free(&r);
+        e->conflicts = 0;
         op_done(e);
         return;
     }
@@ -382,6 +387,15 @@ static void on_cas(struct etcd_client *cl, int status, long http, const char *bo
     e->op_in_flight = false;
     if (!e->closing)
         state_changed(e);
+    /* Many agents writing at once (a job starting): retrying at once makes
+     * every retry but one fail again; a jittered wait that grows with the
+     * conflicts in a row spreads them out (as torch's backends do). */
+    if (++e->conflicts > 1) {
+        unsigned cap = e->conflicts < 8 ? 1u << e->conflicts : 256u;
+        e->rnd = e->rnd * 6364136223846793005ULL + 1442695040888963407ULL;
+        uv_timer_start(&e->op_timer, op_retry, (e->rnd >> 33) % cap, 0);
+        return;
+    }
     run_ops(e);
 }
 
@@ -433,6 +447,7 @@ static void on_alive(struct etcd_client *cl, int status, long http, const char *
     char why[256];
     e->op_in_flight = false;
     if (status == 0 && etcd_parse_range(body, len, &r, why, sizeof(why)) == 0) {
+        e->alive_listed = true;
         write_op(e, &r);
         etcd_range_free(&r);
         return;
@@ -462,9 +477,10 @@ static void run_ops(struct ed *e)
         return;
     const struct op *o = &e->ops[0];
     int rc = 0;
-    if (o->kind == OP_JOIN) {
+    if (o->kind == OP_JOIN && !e->alive_listed) {
         /* Members whose lease is gone (lost before our watch began) go
-         * first: list the live node keys. */
+         * first: list the live node keys (once per join; the watch tells
+         * of later losses). */
         char end[640];
         size_t n = etcd_prefix_end(e->nodes_key, strlen(e->nodes_key), end);
         end[n] = '\0';
@@ -1164,6 +1180,7 @@ int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o
         timers[i]->data = e;
     }
     e->started_at = cddp_mono_ms();
+    e->rnd = cddp_mono_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)e;
     e->last_ka_ok = e->started_at;
     uv_timer_start(&e->ka_timer, on_ka_timer, e->conf.keep_alive_interval_ms,
                    e->conf.keep_alive_interval_ms);
