@@ -745,7 +745,7 @@ static void open_watch(struct ed *e)
 
 /* ---- setup: lease, node key, state, watch ---- */
 
-static void setup_failed(struct ed *e, const char *what);
+static void setup_failed(struct ed *e, int status, const char *what);
 
 static void setup_retry(uv_timer_t *t)
 {
@@ -761,7 +761,7 @@ static void on_state_read(struct etcd_client *cl, int status, long http, const c
     struct etcd_range r;
     char why[256];
     if (status != 0 || etcd_parse_range(body, len, &r, why, sizeof(why)) != 0) {
-        setup_failed(e, "read the run's state");
+        setup_failed(e, status, "read the run's state");
         return;
     }
     if (r.nkvs)
@@ -790,13 +790,13 @@ static void on_node_put(struct etcd_client *cl, int status, long http, const cha
     struct ed *e = arg;
     if (status != 0) {
         e->setting_up = false;
-        setup_failed(e, "register this node");
+        setup_failed(e, status, "register this node");
         return;
     }
     if (etcd_call(e->cl, "kv/range", etcd_req_range(e->state_key, NULL, false, false),
                   on_state_read, e) != 0) {
         e->setting_up = false;
-        setup_failed(e, "read the run's state");
+        setup_failed(e, 0, "read the run's state");
     }
 }
 
@@ -810,7 +810,7 @@ static void on_granted(struct etcd_client *cl, int status, long http, const char
     if (status != 0 || etcd_parse_lease(body, len, &e->lease, &ttl, why, sizeof(why)) != 0) {
         e->setting_up = false;
         e->lease = 0;
-        setup_failed(e, "grant this node's lease");
+        setup_failed(e, status, "grant this node's lease");
         return;
     }
     char val[64];
@@ -818,7 +818,7 @@ static void on_granted(struct etcd_client *cl, int status, long http, const char
     if (etcd_call(e->cl, "kv/put", etcd_req_put(e->node_key, val, strlen(val), e->lease),
                   on_node_put, e) != 0) {
         e->setting_up = false;
-        setup_failed(e, "register this node");
+        setup_failed(e, 0, "register this node");
     }
 }
 
@@ -835,7 +835,7 @@ static void start_setup(struct ed *e)
                        on_state_read, e);
     if (rc) {
         e->setting_up = false;
-        setup_failed(e, "send a request");
+        setup_failed(e, 0, "send a request");
     }
 }
 
@@ -851,10 +851,18 @@ static void lost(struct ed *e, int status, const char *why)
     }
 }
 
-static void setup_failed(struct ed *e, const char *what)
+static void setup_failed(struct ed *e, int status, const char *what)
 {
     if (e->closing)
         return;
+    if (status == CDDP_EPEER) {
+        /* A member answered, and said no (permissions, a bad request):
+         * asking again will not change its mind. */
+        char why[768];
+        snprintf(why, sizeof(why), "etcd: could not %s: %s", what, last_error(e));
+        lost(e, CDDP_ECONFIG, why);
+        return;
+    }
     uint64_t waited = cddp_mono_ms() - e->started_at;
     if (waited >= e->conf.join_timeout_ms) {
         char why[768];
@@ -1158,6 +1166,8 @@ int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o
         .cacert = e->conf.etcd_cacert[0] ? e->conf.etcd_cacert : NULL,
         .cert = e->conf.etcd_cert[0] ? e->conf.etcd_cert : NULL,
         .key = e->conf.etcd_key[0] ? e->conf.etcd_key : NULL,
+        .user = e->conf.etcd_user[0] ? e->conf.etcd_user : NULL,
+        .password = e->conf.etcd_password[0] ? e->conf.etcd_password : getenv("CDDP_ETCD_PASSWORD"),
         /* A request must not outlive a keep-alive interval much. */
         .request_timeout_ms =
             e->conf.keep_alive_interval_ms < 5000 ? 5000 : e->conf.keep_alive_interval_ms,

@@ -25,13 +25,15 @@ const char *rdzv_conf_known_keys(void)
 {
     return "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, "
            "keep_alive_max_attempt, heartbeat_timeout, read_timeout, is_host, timeout, "
-           "store_type, use_libuv, token, protocol, cacert, cert, key, key_prefix, etcd_prefix";
+           "store_type, use_libuv, token, protocol, cacert, cert, key, key_prefix, etcd_prefix, "
+           "user, "
+           "password";
 }
 
 bool rdzv_conf_etcd_only(const char *key)
 {
-    static const char *const keys[] = {"protocol", "cacert",     "cert",
-                                       "key",      "key_prefix", "etcd_prefix"};
+    static const char *const keys[] = {"protocol",   "cacert",      "cert", "key",
+                                       "key_prefix", "etcd_prefix", "user", "password"};
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
         if (strcmp(key, keys[i]) == 0)
             return true;
@@ -134,7 +136,9 @@ int rdzv_conf_set(struct rdzv_conf *c, const char *key, const char *value, char 
                  {"cert", c->etcd_cert, sizeof(c->etcd_cert)},
                  {"key", c->etcd_key, sizeof(c->etcd_key)},
                  {"key_prefix", c->etcd_key_prefix, sizeof(c->etcd_key_prefix)},
-                 {"etcd_prefix", c->etcd_key_prefix, sizeof(c->etcd_key_prefix)}};
+                 {"etcd_prefix", c->etcd_key_prefix, sizeof(c->etcd_key_prefix)},
+                 {"user", c->etcd_user, sizeof(c->etcd_user)},
+                 {"password", c->etcd_password, sizeof(c->etcd_password)}};
     for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
         if (strcmp(key, paths[i].name) != 0)
             continue;
@@ -142,7 +146,7 @@ int rdzv_conf_set(struct rdzv_conf *c, const char *key, const char *value, char 
             snprintf(err, errlen, "rdzv_conf %s: longer than %zu bytes", key, paths[i].len - 1);
             return CDDP_ECONFIG;
         }
-        if (i >= 3 && value[0] != '/') {
+        if ((i == 3 || i == 4) && value[0] != '/') {
             snprintf(err, errlen, "rdzv_conf key_prefix='%.64s': must start with '/'", value);
             return CDDP_ECONFIG;
         }

@@ -23,6 +23,8 @@
  *   token                   str   -  join token (cddp's; CDDP_RDZV_TOKEN also sets it)
  *   protocol                str  http etcd-v3: http or https to the etcd members
  *   cacert, cert, key       path  -  etcd-v3: CA bundle; client certificate and key (TLS)
+ *   user, password          str   -  etcd-v3: etcd authentication (CDDP_ETCD_PASSWORD also
+ *                                    sets the password, kept out of the command line)
  *   key_prefix              str  /cddp/rdzv  etcd-v3: where the runs' keys live (etcd_prefix,
  *                                    torch's etcd name for it, is taken too)
  *
@@ -54,7 +56,8 @@ struct rdzv_conf {
     /* etcd-v3 only (docs/etcd.md) */
     bool etcd_https;
     char etcd_cacert[512], etcd_cert[512], etcd_key[512];
-    char etcd_key_prefix[256]; /* "" : /cddp/rdzv */
+    char etcd_key_prefix[256];               /* "" : /cddp/rdzv */
+    char etcd_user[128], etcd_password[256]; /* "": no etcd authentication */
 };
 
 /* torchrun's defaults. */

@@ -39,6 +39,8 @@ struct etcd_client {
     size_t nmembers, cur;
     unsigned failovers;
     char cacert[512], cert[512], key[512];
+    char user[128], password[256], token[512];
+    bool authing; /* auth/authenticate in flight; parked transfers wait for it */
     uint64_t timeout_ms;
     struct cddp_queue xfers; /* every transfer in flight */
     unsigned open_handles;   /* the timer and the poll handles, until closed */
@@ -68,6 +70,10 @@ struct xfer {
     /* a watch */
     struct etcd_watch *watch;
     bool overflow;
+    bool parked;      /* waits for a token, not started */
+    bool auth_failed; /* finished because authenticating failed */
+    bool reauthed;    /* was sent again with a fresh token once */
+    bool is_auth;
 };
 
 struct etcd_watch {
@@ -217,6 +223,18 @@ static int xfer_start(struct xfer *x)
     x->errbuf[0] = '\0';
     x->member = c->cur;
     x->tries++;
+    curl_slist_free_all(x->headers);
+    x->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    if (x->headers && c->token[0] && !x->is_auth) {
+        char h[600];
+        snprintf(h, sizeof(h), "Authorization: %s", c->token);
+        struct curl_slist *l = curl_slist_append(x->headers, h);
+        if (l == NULL)
+            return CDDP_ERR_FROM_ERRNO(ENOMEM);
+        x->headers = l;
+    }
+    if (x->headers == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
     CURL *e = x->easy = curl_easy_init();
     if (e == NULL)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
@@ -259,13 +277,7 @@ static struct xfer *xfer_new(struct etcd_client *c, const char *path, char *body
     cddp_strlcpy(x->path, path, sizeof(x->path));
     x->body = body;
     cddp_buf_init(&x->in, max);
-    x->headers = curl_slist_append(NULL, "Content-Type: application/json");
     cddp_queue_insert_tail(&c->xfers, &x->q);
-    if (x->headers == NULL) {
-        x->body = NULL;
-        xfer_free(x);
-        return NULL;
-    }
     return x;
 }
 
@@ -290,7 +302,18 @@ static void note_failure(struct etcd_client *c, struct xfer *x)
                  x->errbuf[0] ? x->errbuf : curl_easy_strerror(x->result));
     else {
         char msg[256] = "";
-        etcd_parse_error(x->in.data ? x->in.data : "", x->in.len, msg, sizeof(msg));
+        if (!etcd_parse_error(x->in.data ? x->in.data : "", x->in.len, msg, sizeof(msg))) {
+            /* Not JSON (the gateway's own refusals are plain text): its
+             * first line, printable bytes only. */
+            size_t o = 0;
+            for (size_t i = 0; i < x->in.len && o + 1 < sizeof(msg); i++) {
+                char ch = x->in.data[i];
+                if (ch == '\n' || ch == '\r')
+                    break;
+                msg[o++] = (ch >= 0x20 && ch < 0x7f) ? ch : '?';
+            }
+            msg[o] = '\0';
+        }
         snprintf(c->last_error, sizeof(c->last_error), "etcd member %s: HTTP %ld%s%s", m, x->http,
                  msg[0] ? ": " : "", msg);
     }
@@ -325,11 +348,101 @@ static bool deliver_one(struct etcd_client *c, struct xfer *x)
     return true;
 }
 
+static int xfer_go(struct xfer *x);
+
+/* The token came (or could not be had): the parked transfers go, or
+ * finish with the reason. Runs from dispatch. */
+static void on_auth(struct etcd_client *c, int status, long http, const char *body, size_t len,
+                    void *arg)
+{
+    (void)arg;
+    c->authing = false;
+    char why[256];
+    if (status == 0 &&
+        etcd_parse_token(body, len, c->token, sizeof(c->token), why, sizeof(why)) != 0) {
+        status = CDDP_EPARSE;
+        snprintf(c->last_error, sizeof(c->last_error), "etcd: authenticating as '%.64s': %s",
+                 c->user, why);
+    } else if (status != 0) {
+        char was[300];
+        cddp_strlcpy(was, c->last_error, sizeof(was));
+        snprintf(c->last_error, sizeof(c->last_error), "etcd: authenticating as '%.64s': %s",
+                 c->user, was);
+    }
+    (void)http;
+    struct cddp_queue *q;
+    cddp_queue_foreach(q, &c->xfers)
+    {
+        struct xfer *x = cddp_queue_data(q, struct xfer, q);
+        if (!x->parked)
+            continue;
+        x->parked = false;
+        if (status != 0 || xfer_start(x) != 0) {
+            x->done = true;
+            x->auth_failed = true;
+        }
+    }
+}
+
+static void auth_begin(struct etcd_client *c)
+{
+    if (c->authing)
+        return;
+    struct xfer *x =
+        xfer_new(c, "auth/authenticate", etcd_req_auth(c->user, c->password), ETCD_MAX_ANSWER);
+    if (x == NULL || x->body == NULL) {
+        if (x)
+            xfer_free(x);
+        return;
+    }
+    x->is_auth = true;
+    x->cb = on_auth;
+    c->authing = true;
+    if (xfer_start(x) != 0) {
+        c->authing = false;
+        xfer_free(x);
+    }
+}
+
+/* Starts x, or parks it until there is a token. */
+static int xfer_go(struct xfer *x)
+{
+    struct etcd_client *c = x->c;
+    if (c->user[0] && !c->token[0] && !x->is_auth) {
+        x->parked = true;
+        auth_begin(c);
+        return c->authing ? 0 : CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    return xfer_start(x);
+}
+
 static void finish_call(struct etcd_client *c, struct xfer *x)
 {
+    if (x->auth_failed) {
+        etcd_done_cb cb = x->cb;
+        void *arg = x->arg;
+        xfer_free(x);
+        cb(c, CDDP_EPEER, 401, "", 0, arg);
+        return;
+    }
     bool transport = x->result != CURLE_OK || x->http >= 500 || x->http == 0;
     if (transport || x->http != 200)
         note_failure(c, x);
+    if (!transport && x->http != 200 && c->user[0] && !x->is_auth && !x->reauthed &&
+        strstr(c->last_error, "auth token")) {
+        /* The token expired (or etcd restarted): a fresh one, once. */
+        c->token[0] = '\0';
+        x->reauthed = true;
+        x->tries = 0;
+        if (x->easy) {
+            curl_multi_remove_handle(c->multi, x->easy);
+            curl_easy_cleanup(x->easy);
+            x->easy = NULL;
+        }
+        x->done = false;
+        if (xfer_go(x) == 0)
+            return;
+    }
     if (transport && !x->overflow && x->tries < c->nmembers) {
         next_member(c, x->member);
         if (xfer_start(x) == 0)
@@ -398,7 +511,7 @@ static void dispatch(struct etcd_client *c)
         cddp_queue_foreach(q, &c->xfers)
         {
             struct xfer *x = cddp_queue_data(q, struct xfer, q);
-            if (x->watch && x->http == 0)
+            if (x->watch && x->http == 0 && x->easy)
                 curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &x->http);
             if (x->watch && x->http == 200 && deliver_one(c, x)) {
                 delivered = true;
@@ -495,6 +608,15 @@ int etcd_client_new(uv_loop_t *loop, const struct etcd_client_options *o, struct
         else if (files[i])
             cddp_strlcpy(dst[i], files[i], sizeof(c->cacert));
     }
+    if (rc == 0 && o->user && o->user[0]) {
+        if (strlen(o->user) >= sizeof(c->user) ||
+            (o->password && strlen(o->password) >= sizeof(c->password)))
+            rc = cddp_fail(err, errlen, CDDP_ETOOBIG, "etcd user name or password too long");
+        else {
+            cddp_strlcpy(c->user, o->user, sizeof(c->user));
+            cddp_strlcpy(c->password, o->password ? o->password : "", sizeof(c->password));
+        }
+    }
     if (rc == 0 && c->nmembers == 0)
         rc = cddp_fail(err, errlen, CDDP_EPARSE, "no etcd endpoint given");
     if (rc == 0 && (c->multi = curl_multi_init()) == NULL)
@@ -529,7 +651,7 @@ int etcd_call(struct etcd_client *c, const char *path, char *body, etcd_done_cb 
     }
     x->cb = cb;
     x->arg = arg;
-    int rc = xfer_start(x);
+    int rc = xfer_go(x);
     if (rc)
         xfer_free(x);
     return rc;
@@ -557,7 +679,7 @@ int etcd_watch_open(struct etcd_client *c, char *body, etcd_msg_cb on_msg, etcd_
     w->arg = arg;
     x->watch = w;
     x->tries = c->nmembers; /* a stream is not retried here: the caller reopens it */
-    int rc = xfer_start(x);
+    int rc = xfer_go(x);
     if (rc) {
         xfer_free(x);
         free(w);

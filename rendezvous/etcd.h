@@ -47,6 +47,10 @@ struct etcd_client_options {
     const char *cacert; /* PEM CA bundle to verify members with (NULL: the system's) */
     const char *cert;   /* PEM client certificate (TLS client auth), or NULL */
     const char *key;    /* its private key, or NULL */
+    /* etcd's authentication (auth/authenticate): every request then
+     * carries the token, which is fetched again when etcd says it is no
+     * longer valid. NULL user: none. */
+    const char *user, *password;
     /* One try on one member may take this long (connect included); 0: 5 s. */
     uint64_t request_timeout_ms;
 };

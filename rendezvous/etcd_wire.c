@@ -231,6 +231,14 @@ char *etcd_req_lease_id(int64_t id)
     return o ? finish(o, add_i64(o, "ID", id)) : NULL;
 }
 
+char *etcd_req_auth(const char *name, const char *password)
+{
+    cJSON *o = cJSON_CreateObject();
+    return o ? finish(o, cJSON_AddStringToObject(o, "name", name) &&
+                             cJSON_AddStringToObject(o, "password", password))
+             : NULL;
+}
+
 char *etcd_req_watch(const char *key, const char *range_end, int64_t start_rev)
 {
     cJSON *o = cJSON_CreateObject();
@@ -516,6 +524,26 @@ int etcd_parse_lease(const char *body, size_t len, int64_t *id, int64_t *ttl, ch
         rc = get_i64(o, "TTL", ttl, err, errlen);
     if (rc == 0 && (*ttl < 0 || *id == 0))
         rc = cddp_fail(err, errlen, CDDP_EPARSE, "etcd answer: lease ID 0 or negative TTL");
+    cJSON_Delete(j);
+    return rc;
+}
+
+int etcd_parse_token(const char *body, size_t len, char *out, size_t outlen, char *err,
+                     size_t errlen)
+{
+    cJSON *j = parse_bounded(body, len, err, errlen);
+    if (j == NULL)
+        return CDDP_EPARSE;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "token");
+    int rc = 0;
+    if (!cJSON_IsString(t) || t->valuestring[0] == '\0' || strlen(t->valuestring) >= outlen)
+        rc = cddp_fail(err, errlen, CDDP_EPARSE, "etcd answer: no usable auth token");
+    for (const char *p = rc ? "" : t->valuestring; *p && rc == 0; p++) {
+        if (*p < 0x21 || *p > 0x7e) /* it goes into an HTTP header */
+            rc = cddp_fail(err, errlen, CDDP_EPARSE, "etcd answer: an auth token not printable");
+    }
+    if (rc == 0)
+        cddp_strlcpy(out, t->valuestring, outlen);
     cJSON_Delete(j);
     return rc;
 }

@@ -54,6 +54,8 @@ char *etcd_req_cas(const char *key, int64_t mod_rev, const void *val, size_t vle
 char *etcd_req_delete(const char *key, const char *range_end);
 char *etcd_req_lease_grant(int64_t ttl_s);
 char *etcd_req_lease_id(int64_t id); /* keepalive, revoke */
+/* auth/authenticate (etcd's user name and password). */
+char *etcd_req_auth(const char *name, const char *password);
 /* A watch on [key, range_end) from start_rev (0: now). */
 char *etcd_req_watch(const char *key, const char *range_end, int64_t start_rev);
 
@@ -89,6 +91,10 @@ int etcd_parse_cas(const char *body, size_t len, bool *succeeded, struct etcd_ra
 /* lease/grant ({ID, TTL}) or lease/keepalive ({"result":{ID, TTL}}); a
  * keepalive for a lease that is gone answers without TTL: *ttl = 0. */
 int etcd_parse_lease(const char *body, size_t len, int64_t *id, int64_t *ttl, char *err,
+                     size_t errlen);
+
+/* auth/authenticate's answer: the token (at most outlen-1 printable bytes). */
+int etcd_parse_token(const char *body, size_t len, char *out, size_t outlen, char *err,
                      size_t errlen);
 
 enum etcd_event_type { ETCD_PUT = 0, ETCD_DELETE = 1 };

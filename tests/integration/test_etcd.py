@@ -406,6 +406,35 @@ def test_tls_with_client_certificates(etcd, nodes, tmp_path):
     assert "etcd member 127.0.0.1:" in y.text(), y.text()[-2000:]
 
 
+def test_prefix_permissions_and_passwords(etcd, nodes):
+    """etcd's authentication and RBAC: user 'cddp' may use /allowed/ only.
+    Outside it, or with a wrong password, the agent stops with one line
+    naming the problem."""
+    e = etcd(1)
+    ctl = ["/usr/bin/etcdctl", f"--endpoints={e.members[0].url}"]
+    env = dict(os.environ, ETCDCTL_API="3")
+    for args in (["user", "add", "root", "--new-user-password=rootpw"],
+                 ["role", "add", "cddp"],
+                 ["role", "grant-permission", "cddp", "--prefix=true", "readwrite", "/allowed/"],
+                 ["user", "add", "cddp", "--new-user-password=s3cret"],
+                 ["user", "grant-role", "cddp", "cddp"],
+                 ["auth", "enable"]):
+        r = subprocess.run(ctl + args, env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, (args, r.stderr)
+    conf = FAST + ",join_timeout=5,user=cddp"
+    pw = {"CDDP_ETCD_PASSWORD": "s3cret"}
+    x = nodes.agent("x", *v3(e.endpoints, 1, conf=conf), env=pw)
+    assert x.wait(timeout=60) == 1
+    bad = [ln for ln in x.text().splitlines() if "A0101" in ln]
+    assert len(bad) == 1 and "permission denied" in bad[0], x.text()[-2000:]
+    wrong = nodes.agent("w", *v3(e.endpoints, 1, conf=conf + ",password=nope"))
+    assert wrong.wait(timeout=60) == 1
+    assert "authenticating as 'cddp'" in wrong.text(), wrong.text()[-2000:]
+    ok = nodes.agent("ok", *v3(e.endpoints, 1, conf=conf + ",key_prefix=/allowed"),
+                     env=dict(pw, LIFETIME="0.3"))
+    assert ok.wait(timeout=60) == 0, ok.text()[-2000:]
+
+
 # ---- three members ----
 
 @pytest.mark.heavy
