@@ -171,6 +171,20 @@ static void test_answers(void **state)
     assert_int_equal(m.events[1].kv.mod_rev, 3);
     etcd_watch_msg_free(&m);
 
+    char tok[32];
+    const char *auth = "{" HDR ",\"token\":\"abc.17\"}";
+    assert_int_equal(etcd_parse_token(auth, strlen(auth), tok, sizeof(tok), err, sizeof(err)), 0);
+    assert_string_equal(tok, "abc.17");
+    const char *bad_tokens[] = {"{}", "{\"token\":\"\"}", "{\"token\":\"a b\"}",
+                                "{\"token\":\"0123456789012345678901234567890123\"}",
+                                "{\"token\":5}"};
+    for (size_t i = 0; i < sizeof(bad_tokens) / sizeof(bad_tokens[0]); i++)
+        assert_true(etcd_parse_token(bad_tokens[i], strlen(bad_tokens[i]), tok, sizeof(tok), err,
+                                     sizeof(err)) < 0);
+    char *req = etcd_req_auth("u\"x", "p");
+    assert_string_equal(req, "{\"name\":\"u\\\"x\",\"password\":\"p\"}");
+    free(req);
+
     char msg[64];
     assert_true(etcd_parse_error(ERROR_ANSWER, strlen(ERROR_ANSWER), msg, sizeof(msg)));
     assert_non_null(strstr(msg, "illegal base64"));
@@ -277,6 +291,8 @@ static void test_fuzzish(void **state)
             if (etcd_parse_watch(buf, len, &m, err, sizeof(err)) == 0)
                 etcd_watch_msg_free(&m);
             (void)etcd_parse_error(buf, len, msg, sizeof(msg));
+            char tok[64];
+            (void)etcd_parse_token(buf, len, tok, sizeof(tok), err, sizeof(err));
             struct etcd_round st;
             if (etcd_round_decode(buf, len, &st, err, sizeof(err)) == 0)
                 etcd_round_free(&st);
