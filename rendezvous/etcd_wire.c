@@ -12,93 +12,7 @@
 
 #include "common/errors.h"
 #include "common/strutil.h"
-
-/* ---- base64 ---- */
-
-static const char b64_alphabet[] =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-size_t etcd_b64_len(size_t n)
-{
-    return (n + 2) / 3 * 4;
-}
-
-long etcd_b64_encode(const void *in, size_t n, char *out, size_t outlen)
-{
-    const unsigned char *p = in;
-    size_t need = etcd_b64_len(n);
-    if (outlen < need + 1 || need > (size_t)LONG_MAX)
-        return CDDP_ETOOBIG;
-    size_t o = 0;
-    for (size_t i = 0; i < n; i += 3) {
-        uint32_t v = (uint32_t)p[i] << 16;
-        if (i + 1 < n)
-            v |= (uint32_t)p[i + 1] << 8;
-        if (i + 2 < n)
-            v |= p[i + 2];
-        out[o++] = b64_alphabet[(v >> 18) & 63];
-        out[o++] = b64_alphabet[(v >> 12) & 63];
-        out[o++] = i + 1 < n ? b64_alphabet[(v >> 6) & 63] : '=';
-        out[o++] = i + 2 < n ? b64_alphabet[v & 63] : '=';
-    }
-    out[o] = '\0';
-    return (long)o;
-}
-
-static int b64_digit(char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    if (c == '+')
-        return 62;
-    if (c == '/')
-        return 63;
-    return -1;
-}
-
-long etcd_b64_decode(const char *in, size_t n, unsigned char *out, size_t outlen)
-{
-    if (n % 4 != 0)
-        return CDDP_EPARSE;
-    size_t o = 0;
-    for (size_t i = 0; i < n; i += 4) {
-        bool last = i + 4 == n;
-        int d[4];
-        int pad = 0;
-        for (int j = 0; j < 4; j++) {
-            char c = in[i + (size_t)j];
-            if (c == '=' && last && j >= 2) {
-                d[j] = 0;
-                pad++;
-                continue;
-            }
-            if (pad) /* data after padding */
-                return CDDP_EPARSE;
-            if ((d[j] = b64_digit(c)) < 0)
-                return CDDP_EPARSE;
-        }
-        uint32_t v =
-            (uint32_t)d[0] << 18 | (uint32_t)d[1] << 12 | (uint32_t)d[2] << 6 | (uint32_t)d[3];
-        /* Canonical: the bits the padding drops must be zero. */
-        if ((pad == 1 && (v & 0xff)) || (pad == 2 && (v & 0xffff)))
-            return CDDP_EPARSE;
-        size_t k = 3 - (size_t)pad;
-        if (o + k > outlen)
-            return CDDP_ETOOBIG;
-        out[o++] = (unsigned char)(v >> 16);
-        if (k > 1)
-            out[o++] = (unsigned char)(v >> 8);
-        if (k > 2)
-            out[o++] = (unsigned char)v;
-    }
-    if (o < outlen)
-        out[o] = '\0';
-    return (long)o;
-}
+#include "proto/msg.h"
 
 size_t etcd_prefix_end(const char *prefix, size_t len, char *out)
 {
@@ -118,11 +32,10 @@ size_t etcd_prefix_end(const char *prefix, size_t len, char *out)
 
 static bool add_b64(cJSON *o, const char *name, const void *p, size_t n)
 {
-    size_t cap = etcd_b64_len(n) + 1;
-    char *s = malloc(cap);
+    char *s = malloc(proto_base64_len(n) + 1);
     if (s == NULL)
         return false;
-    etcd_b64_encode(p, n, s, cap);
+    proto_base64_encode(p, n, s);
     bool ok = cJSON_AddStringToObject(o, name, s) != NULL;
     free(s);
     return ok;
@@ -341,7 +254,7 @@ static int get_b64(const cJSON *o, const char *name, bool required, size_t max, 
     unsigned char *b = malloc(n / 4 * 3 + 1);
     if (b == NULL)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    long got = etcd_b64_decode(v->valuestring, n, b, n / 4 * 3 + 1);
+    long got = proto_base64_decode(v->valuestring, n, b, n / 4 * 3);
     if (got < 0) {
         free(b);
         return cddp_fail(err, errlen, CDDP_EPARSE, "etcd answer: '%s' is not base64", name);

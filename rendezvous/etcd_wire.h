@@ -27,14 +27,7 @@
 #define ETCD_MAX_VALUE (4u << 20)
 #define ETCD_MAX_KVS 100000 /* kvs in one range, events in one watch message */
 
-/* Standard base64 with padding. Encode: out gets 4*ceil(n/3)+1 bytes
- * (NUL-terminated), returns the length without the NUL, or a negative code
- * if outlen is too small. Decode: CDDP_EPARSE for anything that is not
- * canonical padded base64; returns the decoded length (out holds at least
- * 3*len/4 bytes; a NUL is written after the data when it fits). */
-size_t etcd_b64_len(size_t n);
-long etcd_b64_encode(const void *in, size_t n, char *out, size_t outlen);
-long etcd_b64_decode(const char *in, size_t n, unsigned char *out, size_t outlen);
+/* Keys and values are base64 with padding (proto/msg.h's proto_base64_*). */
 
 /* The range end that covers every key starting with prefix (etcd's
  * clientv3.GetPrefixRangeEnd): the prefix with its last byte incremented,

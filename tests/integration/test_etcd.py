@@ -18,9 +18,9 @@ with one line saying so; an unreachable etcd at start and a TLS certificate
 the agents do not trust are clear errors; TLS with client certificates from
 a CA made here with openssl works.
 """
+import base64
 import json
 import os
-import pathlib
 import shutil
 import signal
 import ssl
@@ -31,7 +31,7 @@ import urllib.request
 import pytest
 
 from conftest import ROOT, binary, free_port, wait_for
-from test_elastic import (WORKER, Agent, alive, check_world, envs, rounds, snapshot,  # noqa: F401
+from test_elastic import (alive, check_world, cluster, envs, rounds, snapshot,  # noqa: F401
                           wait_round)
 
 ETCD = "/usr/bin/etcd"
@@ -116,7 +116,6 @@ class Etcd:
         return None
 
     def get(self, key):
-        import base64
         r = self.members[0].post("kv/range", {"key": base64.b64encode(key.encode()).decode()})
         kvs = r.get("kvs", [])
         return (base64.b64decode(kvs[0].get("value", "")).decode(), kvs[0]) if kvs else None
@@ -156,8 +155,8 @@ def etcd(background, tmp_path):
         root = tmp_path / "etcd"
         root.mkdir(exist_ok=True)
         ports = [(free_port(), free_port()) for _ in range(n)]
-        cluster = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, (_, p) in enumerate(ports))
-        members = [Member(background, root, f"m{i}", c, p, cluster, tls)
+        peers = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, (_, p) in enumerate(ports))
+        members = [Member(background, root, f"m{i}", c, p, peers, tls)
                    for i, (c, p) in enumerate(ports)]
         for m in members:
             m.start()
@@ -165,33 +164,6 @@ def etcd(background, tmp_path):
         e.wait_ready()
         return e
     return start
-
-
-@pytest.fixture
-def nodes(background, tmp_path):
-    """nodes.agent(name, *args) starts one agent with the recording worker."""
-    (tmp_path / "out").mkdir()
-    w = tmp_path / "worker.sh"
-    w.write_text(WORKER)
-    w.chmod(0o755)
-
-    class Nodes:
-        out = tmp_path / "out"
-        agents = []
-
-        def agent(self, name, *args, **kw):
-            a = Agent(background, tmp_path, name, args, **kw)
-            self.agents.append(a)
-            return a
-
-    n = Nodes()
-    n.agents = []
-    yield n
-    for a in n.agents:
-        if a.bg.proc.poll() is None:
-            a.bg.kill()
-        for mark in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
-            assert mark not in a.text(), f"agent {a.name}: {mark}\n{a.text()[-3000:]}"
 
 
 def v3(endpoints, nnodes, nproc=2, conf=FAST, run_id="job", backend="etcd-v3", **kw):
@@ -207,16 +179,16 @@ def v3(endpoints, nnodes, nproc=2, conf=FAST, run_id="job", backend="etcd-v3", *
 # ---- one member ----
 
 @pytest.mark.parametrize("nproc", [[2, 2], [1, 2, 1, 2]], ids=["2x2", "4-nodes-mixed"])
-def test_agents_form_one_world_and_close_the_run(etcd, nodes, nproc):
+def test_agents_form_one_world_and_close_the_run(etcd, cluster, nproc):
     e = etcd(1)
     n = len(nproc)
-    agents = [nodes.agent(str(i), *v3(e.endpoints, n, nproc=p,
+    agents = [cluster.agent(str(i), *v3(e.endpoints, n, nproc=p,
                                       backend="etcd" if i == 0 else "etcd-v3"),
                           env={"LIFETIME": "0.5"})
               for i, p in enumerate(nproc)]
     for a in agents:
         assert a.wait() == 0, a.text()[-3000:]
-    (r,) = rounds(nodes.out)
+    (r,) = rounds(cluster.out)
     check_world(r, n, nproc)
     assert r[0]["TORCHELASTIC_RESTART_COUNT"] == "0"
     # `etcd` is a name for etcd-v3: one notice line, from that agent only
@@ -230,18 +202,18 @@ def test_agents_form_one_world_and_close_the_run(etcd, nodes, nproc):
     assert st["phase"] == "closed" and st["closed_reason"]
     assert int(kv.get("lease", "0")) != 0
     # Every node's lease was revoked when it left: no node key remains.
-    import base64
-    r = e.members[0].post("kv/range", {"key": base64.b64encode(b"/cddp/rdzv/job/nodes/").decode(),
-                                       "range_end": base64.b64encode(b"/cddp/rdzv/job/nodes0").decode()})
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    r = e.members[0].post("kv/range", {"key": b64(b"/cddp/rdzv/job/nodes/"),
+                                       "range_end": b64(b"/cddp/rdzv/job/nodes0")})
     assert r.get("kvs", []) == []
 
 
-def test_status_shows_the_member_lease_and_watch(etcd, nodes):
+def test_status_shows_the_member_lease_and_watch(etcd, cluster):
     from promparse import parse as prom_parse
     e = etcd(1)
     port = free_port()
-    a = nodes.agent("0", *v3(e.endpoints, 1), f"--status_port={port}")
-    wait_round(nodes.out, 2, timeout=30)
+    a = cluster.agent("0", *v3(e.endpoints, 1), f"--status_port={port}")
+    wait_round(cluster.out, 2, timeout=30)
 
     def get(path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
@@ -264,41 +236,41 @@ def test_status_shows_the_member_lease_and_watch(etcd, nodes):
     assert a.wait() == 128 + signal.SIGTERM
 
 
-def test_closed_run_refuses_late_agents_then_expires(etcd, nodes):
+def test_closed_run_refuses_late_agents_then_expires(etcd, cluster):
     e = etcd(1)
     conf = FAST + ",close_timeout=2"
-    a = nodes.agent("0", *v3(e.endpoints, 1, conf=conf), env={"LIFETIME": "0.2"})
+    a = cluster.agent("0", *v3(e.endpoints, 1, conf=conf), env={"LIFETIME": "0.2"})
     assert a.wait() == 0, a.text()[-2000:]
-    late = nodes.agent("1", *v3(e.endpoints, 1, conf=conf))
+    late = cluster.agent("1", *v3(e.endpoints, 1, conf=conf))
     assert late.wait() == 1
     assert "closed" in late.text(), late.text()[-2000:]
     # after close_timeout the run id is free again
     wait_for(lambda: e.get("/cddp/rdzv/job/state") is None, timeout=15,
              what="the closed run's state to expire")
-    again = nodes.agent("2", *v3(e.endpoints, 1, conf=conf), env={"LIFETIME": "0.2"})
+    again = cluster.agent("2", *v3(e.endpoints, 1, conf=conf), env={"LIFETIME": "0.2"})
     assert again.wait() == 0, again.text()[-2000:]
 
 
-def test_two_jobs_in_one_etcd_are_isolated(etcd, nodes):
+def test_two_jobs_in_one_etcd_are_isolated(etcd, cluster):
     e = etcd(1)
-    a = nodes.agent("a", *v3(e.endpoints, 1, run_id="one"), env={"LIFETIME": "0.5"})
-    b = nodes.agent("b", *v3(e.endpoints, 1, run_id="one",
+    a = cluster.agent("a", *v3(e.endpoints, 1, run_id="one"), env={"LIFETIME": "0.5"})
+    b = cluster.agent("b", *v3(e.endpoints, 1, run_id="one",
                              conf=FAST + ",key_prefix=/other"), env={"LIFETIME": "0.5"})
     assert a.wait() == 0 and b.wait() == 0
-    rs = rounds(nodes.out)
+    rs = rounds(cluster.out)
     assert len(rs) == 2 and all(len(r) == 2 and r[0]["WORLD_SIZE"] == "2" for r in rs)
     assert e.get("/other/one/state") is not None and e.get("/cddp/rdzv/one/state") is not None
 
 
-def test_sigkill_agent_survivors_new_round_within_ttl(etcd, nodes):
+def test_sigkill_agent_survivors_new_round_within_ttl(etcd, cluster):
     e = etcd(1)
-    agents = [nodes.agent(str(i), *v3(e.endpoints, "2:3")) for i in range(3)]
-    first = wait_round(nodes.out, 6, timeout=30)
+    agents = [cluster.agent(str(i), *v3(e.endpoints, "2:3")) for i in range(3)]
+    first = wait_round(cluster.out, 6, timeout=30)
     check_world(first, 3, [2, 2, 2])
-    before = snapshot(nodes.out)
+    before = snapshot(cluster.out)
     t0 = time.monotonic()
     agents[2].signal(signal.SIGKILL)
-    second = wait_round(nodes.out, 4, ignore=before, timeout=30)
+    second = wait_round(cluster.out, 4, ignore=before, timeout=30)
     took = time.monotonic() - t0
     check_world(second, 2, [2, 2])
     assert {x["NODE"] for x in second} == {"0", "1"}
@@ -312,56 +284,56 @@ def test_sigkill_agent_survivors_new_round_within_ttl(etcd, nodes):
         assert a.wait() == 128 + signal.SIGTERM
 
 
-def test_late_agent_scales_up_and_one_beyond_max_waits(etcd, nodes):
+def test_late_agent_scales_up_and_one_beyond_max_waits(etcd, cluster):
     e = etcd(1)
-    a = nodes.agent("0", *v3(e.endpoints, "2:3"))
-    b = nodes.agent("1", *v3(e.endpoints, "2:3"))
-    wait_round(nodes.out, 4, timeout=30)
-    before = snapshot(nodes.out)
-    c = nodes.agent("2", *v3(e.endpoints, "2:3"))
-    second = wait_round(nodes.out, 6, ignore=before, timeout=30)
+    a = cluster.agent("0", *v3(e.endpoints, "2:3"))
+    b = cluster.agent("1", *v3(e.endpoints, "2:3"))
+    wait_round(cluster.out, 4, timeout=30)
+    before = snapshot(cluster.out)
+    c = cluster.agent("2", *v3(e.endpoints, "2:3"))
+    second = wait_round(cluster.out, 6, ignore=before, timeout=30)
     check_world(second, 3, [2, 2, 2])
     assert "joined (scale-up)" in a.text()
-    before = snapshot(nodes.out)
-    d = nodes.agent("3", *v3(e.endpoints, "2:3"))
+    before = snapshot(cluster.out)
+    d = cluster.agent("3", *v3(e.endpoints, "2:3"))
     d.wait_log("waits for a place", timeout=20)
     time.sleep(1)
-    assert snapshot(nodes.out) == before
+    assert snapshot(cluster.out) == before
     c.signal(signal.SIGKILL)
-    third = wait_round(nodes.out, 6, ignore=before, timeout=30)
+    third = wait_round(cluster.out, 6, ignore=before, timeout=30)
     assert {x["NODE"] for x in third} == {"0", "1", "3"}
     for x in (a, b, d):
         x.signal(signal.SIGTERM)
         assert x.wait() == 128 + signal.SIGTERM
 
 
-def test_worker_failure_restarts_every_node_counted_once(etcd, nodes):
+def test_worker_failure_restarts_every_node_counted_once(etcd, cluster):
     e = etcd(1)
     env = {"FAIL_RANK": "3", "FAIL_COUNT": "1", "LIFETIME": "1"}
-    a = nodes.agent("0", *v3(e.endpoints, 2, max_restarts=1), env=env)
-    b = nodes.agent("1", *v3(e.endpoints, 2, max_restarts=1), env=env)
+    a = cluster.agent("0", *v3(e.endpoints, 2, max_restarts=1), env=env)
+    b = cluster.agent("1", *v3(e.endpoints, 2, max_restarts=1), env=env)
     assert a.wait() == 0, a.text()[-3000:]
     assert b.wait() == 0, b.text()[-3000:]
-    rs = rounds(nodes.out)
+    rs = rounds(cluster.out)
     assert len(rs) == 2
     assert {x["TORCHELASTIC_RESTART_COUNT"] for x in rs[1]} == {"1"}
 
 
-def test_unreachable_etcd_is_a_clear_error(nodes):
+def test_unreachable_etcd_is_a_clear_error(cluster):
     port = free_port()
-    a = nodes.agent("0", *v3(f"127.0.0.1:{port}", 2, conf="join_timeout=3"))
+    a = cluster.agent("0", *v3(f"127.0.0.1:{port}", 2, conf="join_timeout=3"))
     assert a.wait(timeout=60) == 1
     text = a.text()
     assert "within join_timeout (3 s)" in text, text[-2000:]
     assert f"127.0.0.1:{port}" in text
-    assert envs(nodes.out) == []
+    assert envs(cluster.out) == []
 
 
-def test_cddp_train_over_etcd(etcd, nodes, tmp_path):
+def test_cddp_train_over_etcd(etcd, cluster, tmp_path):
     e = etcd(1)
     small = ["--arch", "resnet18", "--data", "synthetic", "--image-size", "32", "--num-classes",
              "10", "--epochs", "1", "--log-every", "1", "--num-samples", "16", "--batch-size", "4"]
-    agents = [nodes.agent(str(i), *v3(e.endpoints, 2, nproc=1), script=binary("cddp-train"),
+    agents = [cluster.agent(str(i), *v3(e.endpoints, 2, nproc=1), script=binary("cddp-train"),
                           script_args=small, env={"OMP_NUM_THREADS": "1"})
               for i in range(2)]
     for a in agents:
@@ -369,12 +341,12 @@ def test_cddp_train_over_etcd(etcd, nodes, tmp_path):
 
 
 @pytest.mark.heavy
-def test_seed_ddp_script_over_etcd(etcd, nodes, torch_python, tmp_path):
+def test_seed_ddp_script_over_etcd(etcd, cluster, torch_python, tmp_path):
     e = etcd(1)
     out = tmp_path / "ddp"
     out.mkdir()
     script = ROOT / "tests" / "compat" / "ddp_train.py"
-    agents = [nodes.agent(str(i), *v3(e.endpoints, 2, nproc=1), script=script,
+    agents = [cluster.agent(str(i), *v3(e.endpoints, 2, nproc=1), script=script,
                           script_args=["--out", out], env={"PYTHON_EXEC": torch_python})
               for i in range(2)]
     for a in agents:
@@ -383,30 +355,30 @@ def test_seed_ddp_script_over_etcd(etcd, nodes, torch_python, tmp_path):
 
 # ---- TLS ----
 
-def test_tls_with_client_certificates(etcd, nodes, tmp_path):
+def test_tls_with_client_certificates(etcd, cluster, tmp_path):
     tls = make_tls(tmp_path / "tls")
     e = etcd(1, tls=tls)
     conf = (FAST + f",protocol=https,cacert={tls['ca']},cert={tls['client_cert']},"
             f"key={tls['client_key']}")
-    agents = [nodes.agent(str(i), *v3(e.endpoints, 2, conf=conf), env={"LIFETIME": "0.5"})
+    agents = [cluster.agent(str(i), *v3(e.endpoints, 2, conf=conf), env={"LIFETIME": "0.5"})
               for i in range(2)]
     for a in agents:
         assert a.wait() == 0, a.text()[-3000:]
-    check_world(rounds(nodes.out)[0], 2, [2, 2])
+    check_world(rounds(cluster.out)[0], 2, [2, 2])
     # a CA that did not sign the server's certificate: one line naming it
     bad = FAST + (f",join_timeout=2,protocol=https,cacert={tls['other_ca']},"
                   f"cert={tls['client_cert']},key={tls['client_key']}")
-    x = nodes.agent("x", *v3(e.endpoints, 2, conf=bad, run_id="tlsbad"))
+    x = cluster.agent("x", *v3(e.endpoints, 2, conf=bad, run_id="tlsbad"))
     assert x.wait(timeout=60) == 1
     assert "TLS certificate not accepted" in x.text(), x.text()[-2000:]
     # no client certificate: the member refuses the handshake
     nocert = FAST + f",join_timeout=2,protocol=https,cacert={tls['ca']}"
-    y = nodes.agent("y", *v3(e.endpoints, 2, conf=nocert, run_id="tlsbad2"))
+    y = cluster.agent("y", *v3(e.endpoints, 2, conf=nocert, run_id="tlsbad2"))
     assert y.wait(timeout=60) == 1
     assert "etcd member 127.0.0.1:" in y.text(), y.text()[-2000:]
 
 
-def test_prefix_permissions_and_passwords(etcd, nodes):
+def test_prefix_permissions_and_passwords(etcd, cluster):
     """etcd's authentication and RBAC: user 'cddp' may use /allowed/ only.
     Outside it, or with a wrong password, the agent stops with one line
     naming the problem."""
@@ -423,14 +395,14 @@ def test_prefix_permissions_and_passwords(etcd, nodes):
         assert r.returncode == 0, (args, r.stderr)
     conf = FAST + ",join_timeout=5,user=cddp"
     pw = {"CDDP_ETCD_PASSWORD": "s3cret"}
-    x = nodes.agent("x", *v3(e.endpoints, 1, conf=conf), env=pw)
+    x = cluster.agent("x", *v3(e.endpoints, 1, conf=conf), env=pw)
     assert x.wait(timeout=60) == 1
     bad = [ln for ln in x.text().splitlines() if "A0101" in ln]
     assert len(bad) == 1 and "permission denied" in bad[0], x.text()[-2000:]
-    wrong = nodes.agent("w", *v3(e.endpoints, 1, conf=conf + ",password=nope"))
+    wrong = cluster.agent("w", *v3(e.endpoints, 1, conf=conf + ",password=nope"))
     assert wrong.wait(timeout=60) == 1
     assert "authenticating as 'cddp'" in wrong.text(), wrong.text()[-2000:]
-    ok = nodes.agent("ok", *v3(e.endpoints, 1, conf=conf + ",key_prefix=/allowed"),
+    ok = cluster.agent("ok", *v3(e.endpoints, 1, conf=conf + ",key_prefix=/allowed"),
                      env=dict(pw, LIFETIME="0.3"))
     assert ok.wait(timeout=60) == 0, ok.text()[-2000:]
 
@@ -439,21 +411,21 @@ def test_prefix_permissions_and_passwords(etcd, nodes):
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("victim", ["leader", "follower"])
-def test_losing_one_member_restarts_no_worker(etcd, nodes, victim):
+def test_losing_one_member_restarts_no_worker(etcd, cluster, victim):
     e = etcd(3)
     leader = wait_for(e.leader, timeout=10, what="an etcd leader")
     m = leader if victim == "leader" else next(x for x in e.members if x is not leader)
     # the victim first in the list: the member the agents use
     e.members.remove(m)
     e.members.insert(0, m)
-    agents = [nodes.agent(str(i), *v3(e.endpoints, 2), env={"LIFETIME": "12"}) for i in range(2)]
-    first = wait_round(nodes.out, 4, timeout=30)
+    agents = [cluster.agent(str(i), *v3(e.endpoints, 2), env={"LIFETIME": "12"}) for i in range(2)]
+    first = wait_round(cluster.out, 4, timeout=30)
     assert leader.status()["leader"] == leader.status()["header"]["member_id"]
     m.kill()
     # workers run their 12 s and exit 0: the same round all along
     for a in agents:
         assert a.wait(timeout=60) == 0, a.text()[-3000:]
-    assert len(rounds(nodes.out)) == 1
+    assert len(rounds(cluster.out)) == 1
     assert {x["TORCHELASTIC_RESTART_COUNT"] for x in first} == {"0"}
     for a in agents:
         assert "will restart worker group" not in a.text()
@@ -461,11 +433,11 @@ def test_losing_one_member_restarts_no_worker(etcd, nodes, victim):
 
 
 @pytest.mark.heavy
-def test_quorum_lost_then_back_workers_keep_running(etcd, nodes):
+def test_quorum_lost_then_back_workers_keep_running(etcd, cluster):
     e = etcd(3)
-    agents = [nodes.agent(str(i), *v3(e.endpoints, 2, conf=FAST + ",join_timeout=60"),
+    agents = [cluster.agent(str(i), *v3(e.endpoints, 2, conf=FAST + ",join_timeout=60"),
                           env={"LIFETIME": "25"}) for i in range(2)]
-    first = wait_round(nodes.out, 4, timeout=30)
+    first = wait_round(cluster.out, 4, timeout=30)
     gone = e.members[1:]
     for m in gone:
         m.kill()
@@ -479,15 +451,15 @@ def test_quorum_lost_then_back_workers_keep_running(etcd, nodes):
         a.wait_log("A2014", timeout=40)  # answered again
     for a in agents:
         assert a.wait(timeout=60) == 0, a.text()[-3000:]
-    assert len(rounds(nodes.out)) == 1
+    assert len(rounds(cluster.out)) == 1
 
 
 @pytest.mark.heavy
-def test_no_quorum_past_join_timeout_is_a_clear_error(etcd, nodes):
+def test_no_quorum_past_join_timeout_is_a_clear_error(etcd, cluster):
     e = etcd(3)
-    agents = [nodes.agent(str(i), *v3(e.endpoints, 2, conf=FAST + ",join_timeout=6"))
+    agents = [cluster.agent(str(i), *v3(e.endpoints, 2, conf=FAST + ",join_timeout=6"))
               for i in range(2)]
-    first = wait_round(nodes.out, 4, timeout=30)
+    first = wait_round(cluster.out, 4, timeout=30)
     for m in e.members[1:]:
         m.kill()
     for a in agents:
