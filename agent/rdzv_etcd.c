@@ -170,6 +170,7 @@ static void timer_closed(uv_handle_t *h)
         return;
     agent_rdzv_close_cb cb = e->close_cb;
     etcd_round_free(&e->st);
+    etcd_round_free(&e->pending); /* a write cut short by the close */
     struct agent_rdzv *base = &e->base;
     if (cb)
         cb(base);
@@ -841,6 +842,8 @@ static void start_setup(struct ed *e)
 
 static void lost(struct ed *e, int status, const char *why)
 {
+    if (e->closing) /* nothing is called back after close */
+        return;
     if (e->join_cb) {
         fail_join(e, status, why);
         return;
@@ -884,6 +887,8 @@ static void on_keepalive(struct etcd_client *cl, int status, long http, const ch
     (void)cl, (void)http;
     struct ed *e = arg;
     e->ka_in_flight = false;
+    if (e->closing)
+        return;
     int64_t id, ttl = -1;
     char why[256];
     if (status == 0 && etcd_parse_lease(body, len, &id, &ttl, why, sizeof(why)) == 0) {
