@@ -133,6 +133,9 @@ struct ed {
     agent_rdzv_close_cb close_cb;
     uv_timer_t close_timer;
     int timers_open;
+    /* The last answer that made no sense (a member that misbehaves), for
+     * the messages; "" once a request fails otherwise or one succeeds. */
+    char bad[400];
 };
 
 static void start_setup(struct ed *e);
@@ -157,6 +160,8 @@ static void info_changed(struct ed *e)
 
 static const char *last_error(struct ed *e)
 {
+    if (e->bad[0])
+        return e->bad;
     const char *s = e->cl ? etcd_client_last_error(e->cl) : "";
     return s[0] ? s : "no answer";
 }
@@ -753,6 +758,17 @@ static void setup_retry(uv_timer_t *t)
     start_setup(t->data);
 }
 
+/* What an answer parsed to: why it made no sense (status 0 and why set),
+ * or nothing to remember. */
+static void note_answer(struct ed *e, int status, const char *why)
+{
+    if (status == 0 && why && why[0])
+        snprintf(e->bad, sizeof(e->bad), "etcd member %s: %s",
+                 e->cl ? etcd_client_member(e->cl) : "?", why);
+    else
+        e->bad[0] = '\0';
+}
+
 static void on_state_read(struct etcd_client *cl, int status, long http, const char *body,
                           size_t len, void *arg)
 {
@@ -760,11 +776,13 @@ static void on_state_read(struct etcd_client *cl, int status, long http, const c
     struct ed *e = arg;
     e->setting_up = false;
     struct etcd_range r;
-    char why[256];
+    char why[256] = "";
     if (status != 0 || etcd_parse_range(body, len, &r, why, sizeof(why)) != 0) {
+        note_answer(e, status, why);
         setup_failed(e, status, "read the run's state");
         return;
     }
+    note_answer(e, status, NULL);
     if (r.nkvs)
         take_state(e, &r.kvs[0], 0);
     else
@@ -807,8 +825,9 @@ static void on_granted(struct etcd_client *cl, int status, long http, const char
     (void)cl, (void)http;
     struct ed *e = arg;
     int64_t ttl;
-    char why[256];
+    char why[256] = "";
     if (status != 0 || etcd_parse_lease(body, len, &e->lease, &ttl, why, sizeof(why)) != 0) {
+        note_answer(e, status, why);
         e->setting_up = false;
         e->lease = 0;
         setup_failed(e, status, "grant this node's lease");
@@ -890,8 +909,10 @@ static void on_keepalive(struct etcd_client *cl, int status, long http, const ch
     if (e->closing)
         return;
     int64_t id, ttl = -1;
-    char why[256];
-    if (status == 0 && etcd_parse_lease(body, len, &id, &ttl, why, sizeof(why)) == 0) {
+    char why[256] = "";
+    bool parsed = status == 0 && etcd_parse_lease(body, len, &id, &ttl, why, sizeof(why)) == 0;
+    note_answer(e, parsed ? 0 : status, parsed ? NULL : why);
+    if (parsed) {
         if (ttl == 0 && e->ready) {
             log_warn("A2011", "etcd: this node's lease in run '%s' expired; renewing it",
                      e->run_id);
@@ -954,7 +975,7 @@ static void on_join_timer(uv_timer_t *t)
     }
     char why[768];
     if (!e->ready)
-        snprintf(why, sizeof(why), "etcd: no member answered within join_timeout (%.0f s): %s",
+        snprintf(why, sizeof(why), "etcd: no usable answer within join_timeout (%.0f s): %s",
                  (double)e->conf.join_timeout_ms / 1000.0, last_error(e));
     else
         snprintf(why, sizeof(why),

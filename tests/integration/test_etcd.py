@@ -25,7 +25,9 @@ import shutil
 import signal
 import ssl
 import subprocess
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import urllib.request
 
 import pytest
@@ -327,6 +329,49 @@ def test_unreachable_etcd_is_a_clear_error(cluster):
     assert "within join_timeout (3 s)" in text, text[-2000:]
     assert f"127.0.0.1:{port}" in text
     assert envs(cluster.out) == []
+
+
+@pytest.mark.parametrize("answer", ["junk", "deep", "huge", "wrong-types"])
+def test_misbehaving_endpoint_is_an_error_not_a_crash(cluster, answer):
+    """A 'member' that answers nonsense: the agent says what it got, gives
+    up after join_timeout and exits 1 (ASan builds: no error either)."""
+    bodies = {
+        "junk": b"{this is not json",
+        "deep": b"[" * 100000,
+        "huge": b'{"header":{"revision":"1"},"x":"' + b"a" * (9 << 20) + b'"}',
+        "wrong-types": b'{"header":{"revision":[1]},"ID":{},"TTL":"x","kvs":7}',
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = bodies[answer]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        a = cluster.agent("0", *v3(f"127.0.0.1:{srv.server_port}", 1, conf="join_timeout=2"))
+        assert a.wait(timeout=60) == 1
+        text = a.text()
+        assert "within join_timeout (2 s)" in text, text[-2000:]
+        said = {"junk": "not a JSON object", "deep": "nested deeper",
+                "huge": "longer than", "wrong-types": "etcd answer"}[answer]
+        line = [ln for ln in text.splitlines() if "A0101" in ln]
+        assert len(line) == 1 and said in line[0], text[-2000:]
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_cddp_train_over_etcd(etcd, cluster, tmp_path):
