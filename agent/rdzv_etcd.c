@@ -696,14 +696,25 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
         return;
     }
     bool state = false, barrier = false;
+    /* Only the last value of the state in a message matters (a loaded
+     * etcd sends many at once, and each costs a decode of every member). */
+    size_t last_state = m.nevents;
+    for (size_t i = 0; i < m.nevents; i++) {
+        if (strcmp(m.events[i].kv.key, e->state_key) == 0)
+            last_state = i;
+    }
+    if (last_state < m.nevents) {
+        const struct etcd_event *ev = &m.events[last_state];
+        take_state(e, ev->type == ETCD_PUT ? &ev->kv : NULL, ev->kv.mod_rev);
+        state = true;
+    }
     for (size_t i = 0; i < m.nevents && !e->closing; i++) {
         const struct etcd_event *ev = &m.events[i];
         const char *rest;
         if (ev->kv.mod_rev > e->watch_rev)
             e->watch_rev = ev->kv.mod_rev;
         if (strcmp(ev->kv.key, e->state_key) == 0) {
-            take_state(e, ev->type == ETCD_PUT ? &ev->kv : NULL, ev->kv.mod_rev);
-            state = true;
+            continue;
         } else if (has_prefix(ev->kv.key, e->nodes_key, &rest) && ev->type == ETCD_DELETE) {
             if (strcmp(rest, e->node_id) == 0) {
                 /* Our own lease expired (etcd did not hear from us in
@@ -715,6 +726,7 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
                 start_setup(e);
                 continue;
             }
+            /* The state is this message's latest already (taken above). */
             if (e->st_valid && etcd_round_find(&e->st, rest)) {
                 struct op o = {.kind = OP_LOSE};
                 cddp_strlcpy(o.id, rest, sizeof(o.id));
