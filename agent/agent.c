@@ -192,6 +192,10 @@ static void notify(struct agent *a)
         .rdzv_reconnects = a->rdzv ? a->rdzv->info.reconnects : 0,
         .waiting_nodes = a->rdzv ? a->rdzv->info.waiting_nodes : -1,
         .rdzv_server = a->rdzv ? a->rdzv->info.server : NULL,
+        .etcd_member = a->rdzv ? a->rdzv->info.etcd_member : NULL,
+        .etcd_lease_ok = a->rdzv && a->rdzv->info.etcd_lease_ok,
+        .etcd_watch_ok = a->rdzv && a->rdzv->info.etcd_watch_ok,
+        .etcd_failovers = a->rdzv ? a->rdzv->info.etcd_failovers : 0,
         .agent_store = a->store,
         .agent_store_round = a->store_round,
         .start_time = a->start_time,
@@ -1485,6 +1489,21 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
             if (rc)
                 return rc;
         }
+        if (strncmp(cfg->rdzv_backend, "etcd", 4) == 0) {
+            struct agent_rdzv_etcd_options eo = {
+                .endpoints = cfg->rdzv_endpoint,
+                .backend = cfg->rdzv_backend,
+                .run_id = a->run_id,
+                .min_nodes = cfg->nnodes_min,
+                .max_nodes = cfg->nnodes_max,
+                .nproc = cfg->nproc_per_node,
+                .local_addr = cfg->local_addr,
+                .conf = &conf,
+            };
+            if ((rc = agent_rdzv_etcd_new(&a->loop, &eo, &a->rdzv, why, whylen)) != 0)
+                return rc;
+            goto opened;
+        }
         const char *endpoint = fixed ? cfg->static_addr : cfg->rdzv_host;
         if (!cfg->standalone)
             choose_ifname(a, endpoint);
@@ -1510,6 +1529,7 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
         if ((rc = agent_rdzv_c10d_new(&a->loop, &o, &a->rdzv, why, whylen)) != 0)
             return rc;
     }
+opened:
     a->rdzv->data = a;
     a->rdzv->on_restart = on_rdzv_restart;
     a->rdzv->on_closed = on_rdzv_closed;

@@ -71,6 +71,11 @@ struct agent_snapshot {
     unsigned rdzv_reconnects;
     int64_t waiting_nodes; /* -1: not known */
     const struct rdzv_server *rdzv_server;
+    /* etcd-v3: the member in use (NULL: another backend), lease and watch
+     * health, member changes. */
+    const char *etcd_member;
+    bool etcd_lease_ok, etcd_watch_ok;
+    unsigned etcd_failovers;
     /* The TCPStore this agent serves its workers (--agent_store); NULL:
      * none. Valid until the next snapshot, on the loop thread only. */
     const struct tcpstore_server *agent_store;

@@ -110,6 +110,12 @@ struct agent_rdzv_info {
     /* The server this agent hosts (NULL: none), for its status page: valid
      * until on_info says it is NULL; read it on the loop thread only. */
     const struct rdzv_server *server;
+    /* etcd-v3 (agent/rdzv_etcd.c; NULL / false otherwise): the member in
+     * use, whether this node's lease was kept alive at the last try and
+     * whether the watch stream is open, and how often the member changed. */
+    const char *etcd_member;
+    bool etcd_lease_ok, etcd_watch_ok;
+    unsigned etcd_failovers;
 };
 
 struct agent_rdzv {
@@ -180,6 +186,21 @@ struct agent_rdzv_c10d_options {
  * docs/multi-node.md), then starts connecting. 0, or a negative code with a
  * one-line reason in err (nothing is left on the loop then). */
 int agent_rdzv_c10d_new(uv_loop_t *loop, const struct agent_rdzv_c10d_options *o,
+                        struct agent_rdzv **out, char *err, size_t errlen);
+
+/* The etcd-v3 rendezvous (agent/rdzv_etcd.c, docs/etcd.md): the round
+ * state in one etcd key, liveness through leases, pushes through a watch. */
+struct agent_rdzv_etcd_options {
+    const char *endpoints; /* --rdzv_endpoint: "h1:2379,h2:2379" */
+    const char *backend;   /* the name given: etcd-v3, or etcd / etcd-v2 (a notice) */
+    const char *run_id;
+    int min_nodes, max_nodes;
+    int nproc;
+    const char *local_addr;       /* --local_addr or NULL */
+    const struct rdzv_conf *conf; /* timeouts, protocol, TLS files, key_prefix */
+    const char *node_id;          /* NULL: "<fqdn>_<pid>" */
+};
+int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o,
                         struct agent_rdzv **out, char *err, size_t errlen);
 
 /* A TCP port free on every IPv4 address a moment ago (torch's

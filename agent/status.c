@@ -78,6 +78,9 @@ struct agent_status {
     double rdzv_disconnected_at;
     unsigned rdzv_reconnects;
     int64_t waiting_nodes;
+    char etcd_member[280]; /* "": not etcd-v3 */
+    bool etcd_lease_ok, etcd_watch_ok;
+    unsigned etcd_failovers;
     /* The rendezvous server this agent hosts, as the last snapshot said
      * (the agent clears it before the server goes); NULL: none. */
     const struct rdzv_server *rdzv_server;
@@ -212,6 +215,10 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
     v->ifname = st->ifname[0] ? st->ifname : NULL;
     v->ifname_addr = st->ifname_addr[0] ? st->ifname_addr : NULL;
     v->ifname_source = st->ifname_source[0] ? st->ifname_source : NULL;
+    v->etcd_member = st->etcd_member[0] ? st->etcd_member : NULL;
+    v->etcd_lease_ok = st->etcd_lease_ok;
+    v->etcd_watch_ok = st->etcd_watch_ok;
+    v->etcd_failovers = st->etcd_failovers;
     v->rdzv_server = NULL;
     if (st->rdzv_server && st->loop) {
         /* The server this agent hosts, shown as cddp-rdzv shows itself. */
@@ -676,6 +683,11 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     cddp_strlcpy(st->ifname_source, snap->ifname_source ? snap->ifname_source : "",
                  sizeof(st->ifname_source));
     st->waiting_nodes = snap->waiting_nodes;
+    cddp_strlcpy(st->etcd_member, snap->etcd_member ? snap->etcd_member : "",
+                 sizeof(st->etcd_member));
+    st->etcd_lease_ok = snap->etcd_lease_ok;
+    st->etcd_watch_ok = snap->etcd_watch_ok;
+    st->etcd_failovers = snap->etcd_failovers;
     st->rdzv_server = snap->rdzv_server;
     st->agent_store = snap->agent_store;
     st->agent_store_round = snap->agent_store_round;

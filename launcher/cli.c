@@ -175,7 +175,7 @@ static int conv_nproc(const struct cddp_flag_arg *a, void *dst, void *ctx, char 
 
 /* torch's _parse_rendezvous_config: "k=v,k=v", whitespace stripped, an empty
  * key or value is an error; later keys win. After --rdzv_backend (the etcd
- * backends skip cddp's own checks). */
+ * keys are the etcd-v3 backend's only). */
 static int conv_rdzv_conf(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
                           size_t errlen)
 {
@@ -224,9 +224,13 @@ static int conv_rdzv_conf(const struct cddp_flag_arg *a, void *dst, void *ctx, c
             return cddp_fail(err, errlen, CDDP_EPARSE, "%s: option '%s' must have a value", name,
                              key);
         /* The rendezvous's own checks (rendezvous/conf.c): unknown keys and
-         * bad values are refused here, before anything starts. The etcd
-         * backends are refused as a whole by launch_validate. */
-        if (!etcd) {
+         * bad values are refused here, before anything starts (the etcd-v3
+         * keys included, and only there). */
+        if (!etcd && rdzv_conf_etcd_only(key))
+            return cddp_fail(err, errlen, CDDP_EPARSE,
+                             "%s: '%s' is a key of the etcd-v3 backend (--rdzv_backend=%s)", name,
+                             key, cfg->rdzv_backend);
+        {
             struct rdzv_conf scratch;
             char why[512];
             rdzv_conf_init(&scratch);
@@ -519,7 +523,7 @@ static int conv_shutdown_timeout(const struct cddp_flag_arg *a, void *dst, void 
     return 0;
 }
 
-static const char *const backends[] = {"static", "c10d", "etcd", "etcd-v2", NULL};
+static const char *const backends[] = {"static", "c10d", "etcd", "etcd-v2", "etcd-v3", NULL};
 static const char *const methods[] = {"spawn", "fork", "forkserver", NULL};
 static const char *const numa_modes[] = {"node", "socket", "exclusive", "core-complex", NULL};
 
@@ -895,11 +899,39 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
     if (!cfg->rdzv_backend_set &&
         (cfg->nnodes_min != cfg->nnodes_max || (cfg->nnodes_max > 1 && !cfg->node_rank_set)))
         cfg->rdzv_backend = "c10d";
-    if (strncmp(cfg->rdzv_backend, "etcd", 4) == 0)
-        return cddp_fail(err, errlen, CDDP_ECONFIG,
-                         "--rdzv_backend=%s: not yet supported by cddprun (use c10d: cddp's "
-                         "rendezvous, hosted by an agent or by cddp-rdzv)",
-                         cfg->rdzv_backend);
+    if (strncmp(cfg->rdzv_backend, "etcd", 4) == 0) {
+        /* etcd-v3 (etcd and etcd-v2 name it, with a notice from the agent):
+         * one or more members, "h1:2379,h2:2379" (docs/etcd.md). */
+        if (cfg->rdzv_endpoint[0] == '\0')
+            return cddp_fail(err, errlen, CDDP_ECONFIG,
+                             "--rdzv_backend=%s needs --rdzv_endpoint=HOST:PORT[,HOST:PORT...] "
+                             "(the etcd members)",
+                             cfg->rdzv_backend);
+        char copy[1024];
+        if (strlen(cfg->rdzv_endpoint) >= sizeof(copy))
+            return cddp_fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: too long");
+        cddp_strlcpy(copy, cfg->rdzv_endpoint, sizeof(copy));
+        for (char *p = copy;;) {
+            char *comma = strchr(p, ',');
+            if (comma)
+                *comma = '\0';
+            char *item = cddp_strip(p);
+            if (strncmp(item, "http://", 7) == 0)
+                item += 7;
+            else if (strncmp(item, "https://", 8) == 0)
+                item += 8;
+            char why[256];
+            if (*item == '\0' ||
+                launch_parse_endpoint(item, 2379, cfg->rdzv_host, sizeof(cfg->rdzv_host),
+                                      &cfg->rdzv_port, why, sizeof(why)) != 0)
+                return cddp_fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: etcd member '%s': %s",
+                                 item, *item ? why : "empty");
+            if (comma == NULL)
+                break;
+            p = comma + 1;
+        }
+        return 0;
+    }
     if (strcmp(cfg->rdzv_backend, "c10d") == 0) {
         /* torch's parse_rendezvous_endpoint with its default port 29400;
          * an empty endpoint is localhost:29400. */
@@ -1236,8 +1268,8 @@ void launch_print_help(FILE *out)
             "  --version             print the version and exit\n"
             "  --nnodes NNODES       N or MIN:MAX nodes (default 1:1; MIN:MAX needs c10d)\n"
             "  --nproc-per-node N    workers per node: an integer, cpu, gpu or auto (default 1)\n"
-            "  --rdzv-backend NAME   static (default: fixed node ranks) or c10d (elastic, cddp's\n"
-            "                        rendezvous); etcd, etcd-v2 are not supported yet. Unset,\n"
+            "  --rdzv-backend NAME   static (default: fixed node ranks), c10d (elastic, cddp's\n"
+            "                        rendezvous) or etcd-v3 (etcd and etcd-v2 name it). Unset,\n"
             "                        several nodes without --node-rank, or MIN:MAX, are c10d\n"
             "  --rdzv-endpoint H:P   c10d: the rendezvous server (default port 29400; the agent\n"
             "                        on that host serves it unless cddp-rdzv does); static:\n"

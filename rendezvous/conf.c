@@ -25,7 +25,20 @@ const char *rdzv_conf_known_keys(void)
 {
     return "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, "
            "keep_alive_max_attempt, heartbeat_timeout, read_timeout, is_host, timeout, "
-           "store_type, use_libuv, token, resume_timeout";
+           "store_type, use_libuv, token, resume_timeout, protocol, cacert, cert, key, key_prefix, etcd_prefix, "
+           "user, "
+           "password";
+}
+
+bool rdzv_conf_etcd_only(const char *key)
+{
+    static const char *const keys[] = {"protocol",   "cacert",      "cert", "key",
+                                       "key_prefix", "etcd_prefix", "user", "password"};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        if (strcmp(key, keys[i]) == 0)
+            return true;
+    }
+    return false;
 }
 
 static int seconds(const char *key, const char *value, bool positive, uint64_t *out, char *err,
@@ -109,6 +122,39 @@ int rdzv_conf_set(struct rdzv_conf *c, const char *key, const char *value, char 
         }
         cddp_strlcpy(c->token, value, sizeof(c->token));
         c->has_token = value[0] != '\0';
+        return 0;
+    }
+    if (strcmp(key, "protocol") == 0) {
+        if (strcmp(value, "http") != 0 && strcmp(value, "https") != 0) {
+            snprintf(err, errlen, "rdzv_conf protocol='%.64s': expected http or https", value);
+            return CDDP_ECONFIG;
+        }
+        c->etcd_https = strcmp(value, "https") == 0;
+        return 0;
+    }
+    struct {
+        const char *name;
+        char *dst;
+        size_t len;
+    } paths[] = {{"cacert", c->etcd_cacert, sizeof(c->etcd_cacert)},
+                 {"cert", c->etcd_cert, sizeof(c->etcd_cert)},
+                 {"key", c->etcd_key, sizeof(c->etcd_key)},
+                 {"key_prefix", c->etcd_key_prefix, sizeof(c->etcd_key_prefix)},
+                 {"etcd_prefix", c->etcd_key_prefix, sizeof(c->etcd_key_prefix)},
+                 {"user", c->etcd_user, sizeof(c->etcd_user)},
+                 {"password", c->etcd_password, sizeof(c->etcd_password)}};
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+        if (strcmp(key, paths[i].name) != 0)
+            continue;
+        if (strlen(value) >= paths[i].len) {
+            snprintf(err, errlen, "rdzv_conf %s: longer than %zu bytes", key, paths[i].len - 1);
+            return CDDP_ECONFIG;
+        }
+        if ((i == 3 || i == 4) && value[0] != '/') {
+            snprintf(err, errlen, "rdzv_conf key_prefix='%.64s': must start with '/'", value);
+            return CDDP_ECONFIG;
+        }
+        cddp_strlcpy(paths[i].dst, value, paths[i].len);
         return 0;
     }
     char shown[65];

@@ -24,6 +24,12 @@
  *   resume_timeout          s     -  a restarted server rebuilds a running round from the
  *                                    members that re-register within this (cddp's; default
  *                                    keep_alive_interval x keep_alive_max_attempt; 0: never)
+ *   protocol                str  http etcd-v3: http or https to the etcd members
+ *   cacert, cert, key       path  -  etcd-v3: CA bundle; client certificate and key (TLS)
+ *   user, password          str   -  etcd-v3: etcd authentication (CDDP_ETCD_PASSWORD also
+ *                                    sets the password, kept out of the command line)
+ *   key_prefix              str  /cddp/rdzv  etcd-v3: where the runs' keys live (etcd_prefix,
+ *                                    torch's etcd name for it, is taken too)
  *
  * Durations are seconds, decimals allowed (torch takes integers; "0.5" is a
  * cddp extension for tests).
@@ -55,6 +61,11 @@ struct rdzv_conf {
      * server"); 0: never rebuild. Not given: the keep-alive window. */
     bool has_resume_timeout;
     uint64_t resume_timeout_ms;
+    /* etcd-v3 only (docs/etcd.md) */
+    bool etcd_https;
+    char etcd_cacert[512], etcd_cert[512], etcd_key[512];
+    char etcd_key_prefix[256];               /* "" : /cddp/rdzv */
+    char etcd_user[128], etcd_password[256]; /* "": no etcd authentication */
 };
 
 /* torchrun's defaults. */
@@ -67,6 +78,9 @@ int rdzv_conf_set(struct rdzv_conf *c, const char *key, const char *value, char 
 /* Parses "k1=v1,k2=v2" (torch's format; blanks around keys and values are
  * ignored, an empty string is no keys). 0 or CDDP_ECONFIG with err. */
 int rdzv_conf_parse(struct rdzv_conf *c, const char *s, char *err, size_t errlen);
+
+/* Whether key is read by the etcd-v3 backend only. */
+bool rdzv_conf_etcd_only(const char *key);
 
 /* The known keys, comma-separated, for messages. */
 const char *rdzv_conf_known_keys(void);

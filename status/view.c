@@ -225,6 +225,14 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
     jsonw_bool(j, "connected", v->rdzv_connected);
     js_secs_if(j, "disconnected_at", v->rdzv_disconnected_at > 0, v->rdzv_disconnected_at);
     jsonw_int(j, "reconnects", v->rdzv_reconnects);
+    if (v->etcd_member) {
+        jsonw_object_begin(j, "etcd");
+        jsonw_string(j, "member", v->etcd_member);
+        jsonw_bool(j, "lease_ok", v->etcd_lease_ok);
+        jsonw_bool(j, "watch_ok", v->etcd_watch_ok);
+        jsonw_int(j, "failovers", v->etcd_failovers);
+        jsonw_object_end(j);
+    }
     jsonw_object_end(j);
 
     jsonw_object_begin(j, "network");
@@ -349,6 +357,17 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
     prom_family(w, "cddp_agent_rdzv_reconnects_total", PROM_COUNTER,
                 "Connections to the rendezvous server re-established after a loss.");
     prom_sample0(w, v->rdzv_reconnects);
+    if (v->etcd_member) {
+        prom_family(w, "cddp_agent_rdzv_etcd_lease_ok", PROM_GAUGE,
+                    "etcd-v3: 1 while this node's lease keep-alive is answered.");
+        prom_sample1(w, "member", v->etcd_member, v->etcd_lease_ok);
+        prom_family(w, "cddp_agent_rdzv_etcd_watch_ok", PROM_GAUGE,
+                    "etcd-v3: 1 while the watch stream on the run is open.");
+        prom_sample1(w, "member", v->etcd_member, v->etcd_watch_ok);
+        prom_family(w, "cddp_agent_rdzv_etcd_failovers_total", PROM_COUNTER,
+                    "etcd-v3: how often the member in use changed.");
+        prom_sample0(w, v->etcd_failovers);
+    }
     prom_family(w, "cddp_agent_restarts_total", PROM_COUNTER,
                 "Worker group restarts, by reason (worker_failure counts against max_restarts).");
     for (int i = 0; i < STATUS_RESTART_REASON_COUNT; i++)

@@ -129,6 +129,12 @@ struct status_agent_view {
     const char *ifname;
     const char *ifname_addr;
     const char *ifname_source;
+    /* etcd-v3 only (NULL member: another backend): the member in use,
+     * whether the last keep-alive was answered and the watch is open, how
+     * often the member in use changed. */
+    const char *etcd_member;
+    bool etcd_lease_ok, etcd_watch_ok;
+    unsigned etcd_failovers;
     /* The rendezvous server this agent hosts (its runs, members, wait list,
      * connections); NULL when it hosts none. */
     const struct status_rdzv_view *rdzv_server;

@@ -34,6 +34,8 @@ test_pkgs="python3 python3-pytest python3-torch python3-torchvision python3-nump
 # gdb's py-bt for Python workers' stacks: python3.11-dbg ships the symbols and
 # the gdb extension for Debian's /usr/bin/python3.11 (docs/cli.md).
 test_pkgs="$test_pkgs python3.11-dbg"
+# tests/integration/test_etcd.py makes its TLS test CA with openssl.
+test_pkgs="$test_pkgs openssl"
 [ $want_test -eq 1 ] && pkgs="$pkgs $test_pkgs"
 
 # Packaging: scdoc turns docs/man/*.scd into man pages at build time; the

@@ -728,10 +728,22 @@ static void test_validate_multinode(void **state)
                            "w"),
                      0);
     assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
-    /* etcd: its keys pass the parser, the backend itself is refused by name */
+    /* etcd: its keys pass the parser; the backend needs its members */
     assert_int_equal(parse(&c, "--rdzv_backend=etcd-v2", "--rdzv_conf=etcd_prefix=/x", "w"), 0);
     assert_true(launch_validate(&c, err, sizeof(err)) < 0);
-    assert_non_null(strstr(err, "not yet"));
+    assert_non_null(strstr(err, "--rdzv_endpoint"));
+    assert_int_equal(parse(&c, "--rdzv_backend=etcd-v3", "--rdzv_endpoint=a:1,b,[::1]:3",
+                           "--rdzv_conf=protocol=https,cacert=/ca.pem,key_prefix=/j", "w"),
+                     0);
+    assert_int_equal(launch_validate(&c, err, sizeof(err)), 0);
+    assert_int_equal(parse(&c, "--rdzv_backend=etcd-v3", "--rdzv_endpoint=a:1,,b", "w"), 0);
+    assert_true(launch_validate(&c, err, sizeof(err)) < 0);
+    assert_non_null(strstr(err, "etcd member"));
+    err[0] = '\0';
+    assert_true(parse(&c, "--rdzv_backend=etcd-v3", "--rdzv_conf=protocol=gopher", "w") < 0);
+    assert_non_null(strstr(err, "protocol"));
+    assert_true(parse(&c, "--rdzv_backend=etcd-v3", "--rdzv_conf=key_prefix=rel", "w") < 0);
+    assert_non_null(strstr(err, "key_prefix"));
     launch_config_free(&c);
 }
 

@@ -1,0 +1,1239 @@
+/*
+ * rdzv_etcd.c: the etcd-v3 rendezvous behind agent/rdzv.h (docs/etcd.md).
+ *
+ * There is no server: the run's round is one etcd key (<prefix>/<run>/state,
+ * rendezvous/etcd_round.h), and every agent changes it the same way: apply
+ * one event to the value it knows, write it back with a transaction
+ * compared on the key's mod_revision; a conflict returns the value as it
+ * is now, and the event is applied again. One mutation is in flight per
+ * agent at a time (a small queue of ops), so the order of this agent's own
+ * events holds.
+ *
+ * Keys under <key_prefix>/<run_id>/:
+ *   state                 the round (JSON); once closed, written with a lease
+ *                         of close_timeout, so the run id can be used again
+ *   nodes/<node_id>       this node is alive: attached to its lease, whose TTL
+ *                         is the keep-alive window (keep_alive_interval x
+ *                         keep_alive_max_attempt), renewed every interval
+ *   barrier/<round>/<id>  the exit barrier (with the node's lease)
+ *
+ * One watch over the whole run prefix brings every change: a new state
+ * (round complete -> the join's callback; a later round -> on_restart;
+ * closed -> on_closed), a node key deleted (its lease expired or was
+ * revoked: apply "lose", which restarts the round as the built-in server's
+ * heartbeat timeout does) and the barrier's keys. No polling: the only
+ * timers are the keep-alive, the last call deadline stored in the state,
+ * join_timeout, the barrier's timeout and retry backoff.
+ *
+ * etcd unreachable or without quorum: requests fail over across the
+ * members (rendezvous/etcd.c) and are retried with backoff; a running
+ * round's workers keep running meanwhile (etcd keeps leases while it has no
+ * leader and renews them all on election). Past join_timeout without one
+ * successful keep-alive (or, before the first round, without the join
+ * going through), the rendezvous is lost with one line saying why.
+ */
+#include "agent/rdzv.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/hostname.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "rendezvous/etcd.h"
+#include "rendezvous/etcd_round.h"
+#include "rendezvous/etcd_wire.h"
+
+#define RETRY_MS 500
+#define CLOSE_TIMEOUT_MS 5000
+#define MAX_OPS 256
+#define DEFAULT_PREFIX "/cddp/rdzv"
+
+enum op_kind { OP_JOIN = 1, OP_LOSE, OP_LEAVE, OP_FAILURE, OP_CLOSE, OP_TICK };
+
+struct op {
+    enum op_kind kind;
+    char id[PROTO_MAX_ID + 1]; /* LOSE */
+    uint64_t round;            /* FAILURE */
+    bool finished;             /* LEAVE */
+};
+
+struct ed {
+    struct agent_rdzv base;
+    uv_loop_t *loop;
+    struct etcd_client *cl;
+    struct rdzv_conf conf;
+    struct etcd_round_conf rconf;
+    char run_id[PROTO_MAX_ID + 1];
+    char node_id[PROTO_MAX_ID + 1];
+    char addr[256];
+    int nproc, min_nodes, max_nodes;
+    char prefix[600]; /* <key_prefix>/<run_id>/ */
+    char state_key[640], nodes_key[640], node_key[900], barrier_key[640];
+
+    /* setup: lease, node key, first read of the state, watch */
+    bool ready;
+    bool setting_up;
+    uint64_t started_at; /* mono ms */
+    int64_t lease;
+    int64_t ttl_s;
+    uv_timer_t ka_timer;
+    uint64_t last_ka_ok; /* mono ms of the last keep-alive answered (or setup) */
+    bool ka_in_flight;
+    struct etcd_watch *watch;
+    int64_t watch_rev;      /* the last revision the watch delivered */
+    uv_timer_t retry_timer; /* setup and watch retries */
+
+    /* the state as last seen */
+    struct etcd_round st;
+    int64_t st_rev; /* its mod_revision; 0: the key does not exist */
+    bool st_valid;
+
+    /* ops */
+    struct op ops[MAX_OPS];
+    size_t nops;
+    bool op_in_flight;
+    uv_timer_t op_timer; /* backoff of a failed op */
+    int64_t close_lease;
+    struct etcd_round pending; /* the value being written */
+    unsigned conflicts;        /* in a row, for the jittered backoff */
+    bool alive_listed;         /* the JOIN at the head has listed the live nodes */
+    uint64_t rnd;
+
+    /* the join */
+    agent_round_cb join_cb;
+    int join_port;
+    bool join_applied;
+    uv_timer_t join_timer; /* join_timeout; also defers a failure */
+    int deferred_status;
+    char deferred_reason[512];
+    bool warned_waiting;
+    uint64_t round; /* the last round handed to the agent */
+    int round_nnodes;
+    uint64_t restart_told; /* the round on_restart was called for */
+    bool closed_told;
+    uv_timer_t lc_timer; /* the state's last call */
+
+    /* the exit barrier */
+    agent_rdzv_status_cb barrier_cb;
+    uint64_t barrier_round;
+    bool barrier_counting;
+    uv_timer_t barrier_timer;
+
+    bool closing;
+    enum agent_rdzv_farewell how;
+    char close_reason[256];
+    agent_rdzv_close_cb close_cb;
+    uv_timer_t close_timer;
+    int timers_open;
+    /* The last answer that made no sense (a member that misbehaves), for
+     * the messages; "" once a request fails otherwise or one succeeds. */
+    char bad[400];
+};
+
+static void start_setup(struct ed *e);
+static void run_ops(struct ed *e);
+static void state_changed(struct ed *e);
+static void open_watch(struct ed *e);
+
+static uint64_t wall_ms(void)
+{
+    return (uint64_t)(cddp_wall_time() * 1000.0);
+}
+
+static void info_changed(struct ed *e)
+{
+    e->base.info.etcd_member = e->cl ? etcd_client_member(e->cl) : NULL;
+    e->base.info.etcd_failovers = e->cl ? etcd_client_failovers(e->cl) : 0;
+    e->base.info.etcd_watch_ok = e->watch != NULL;
+    e->base.info.connected = e->watch != NULL && e->base.info.etcd_lease_ok;
+    if (e->base.on_info)
+        e->base.on_info(&e->base);
+}
+
+static const char *last_error(struct ed *e)
+{
+    if (e->bad[0])
+        return e->bad;
+    const char *s = e->cl ? etcd_client_last_error(e->cl) : "";
+    return s[0] ? s : "no answer";
+}
+
+/* ---- closing ---- */
+
+static void timer_closed(uv_handle_t *h)
+{
+    struct ed *e = h->data;
+    if (--e->timers_open > 0)
+        return;
+    agent_rdzv_close_cb cb = e->close_cb;
+    etcd_round_free(&e->st);
+    etcd_round_free(&e->pending); /* a write cut short by the close */
+    struct agent_rdzv *base = &e->base;
+    if (cb)
+        cb(base);
+    free(e);
+}
+
+static void client_closed(void *arg)
+{
+    struct ed *e = arg;
+    uv_timer_t *timers[] = {&e->ka_timer, &e->retry_timer,   &e->op_timer,   &e->join_timer,
+                            &e->lc_timer, &e->barrier_timer, &e->close_timer};
+    e->timers_open = (int)(sizeof(timers) / sizeof(timers[0]));
+    for (size_t i = 0; i < sizeof(timers) / sizeof(timers[0]); i++)
+        uv_close((uv_handle_t *)timers[i], timer_closed);
+}
+
+static void finish_close(struct ed *e)
+{
+    uv_timer_stop(&e->close_timer);
+    e->watch = NULL; /* closed with the client */
+    struct etcd_client *cl = e->cl;
+    e->cl = NULL;
+    if (cl)
+        etcd_client_close(cl, client_closed, e);
+    else
+        client_closed(e);
+}
+
+static void on_revoked(struct etcd_client *cl, int status, long http, const char *body, size_t len,
+                       void *arg)
+{
+    (void)cl, (void)status, (void)http, (void)body, (void)len;
+    finish_close(arg);
+}
+
+/* The farewell op is written (or given up): revoke the lease, which
+ * deletes this node's keys at once instead of after the TTL. */
+static void farewell_done(struct ed *e)
+{
+    if (e->lease && e->cl &&
+        etcd_call(e->cl, "lease/revoke", etcd_req_lease_id(e->lease), on_revoked, e) == 0)
+        return;
+    finish_close(e);
+}
+
+static void on_close_timeout(uv_timer_t *t)
+{
+    struct ed *e = t->data;
+    log_warn("A2001", "etcd: closing this node's part of run '%s' took over %.1f s (%s); going",
+             e->run_id, CLOSE_TIMEOUT_MS / 1000.0, last_error(e));
+    finish_close(e);
+}
+
+/* ---- ops: one state mutation in flight ---- */
+
+static void push_op(struct ed *e, const struct op *o)
+{
+    for (size_t i = 0; i < e->nops; i++) { /* the same news once */
+        if (e->ops[i].kind == o->kind && strcmp(e->ops[i].id, o->id) == 0 &&
+            e->ops[i].round == o->round)
+            return;
+    }
+    if (e->nops == MAX_OPS) {
+        log_warn("A2002", "etcd: too many pending rendezvous updates; dropping one");
+        return;
+    }
+    e->ops[e->nops++] = *o;
+    run_ops(e);
+}
+
+static bool alive_in(void *arg, const char *id)
+{
+    const struct etcd_range *nodes = arg;
+    size_t idlen = strlen(id);
+    for (size_t i = 0; i < nodes->nkvs; i++) {
+        const char *k = nodes->kvs[i].key;
+        size_t kl = nodes->kvs[i].keylen;
+        if (kl >= idlen && strcmp(k + kl - idlen, id) == 0 &&
+            (kl == idlen || k[kl - idlen - 1] == '/'))
+            return true;
+    }
+    return false;
+}
+
+/* Applies op to st; true if it must be written. */
+static bool apply(struct ed *e, struct etcd_round *st, const struct op *o,
+                  const struct etcd_range *alive)
+{
+    uint64_t now = wall_ms();
+    switch (o->kind) {
+    case OP_JOIN: {
+        bool changed =
+            alive ? etcd_round_prune(st, &e->rconf, now, alive_in, (void *)alive) : false;
+        struct etcd_join j = {
+            .id = e->node_id, .nproc = e->nproc, .addr = e->addr, .port = e->join_port};
+        return etcd_round_join(st, &e->rconf, now, &j) || changed;
+    }
+    case OP_LOSE:
+        return etcd_round_lose(st, &e->rconf, now, o->id, "node_lost", false);
+    case OP_LEAVE:
+        return etcd_round_lose(st, &e->rconf, now, e->node_id, "node_left", o->finished);
+    case OP_FAILURE:
+        return etcd_round_failure(st, &e->rconf, now, e->node_id, o->round);
+    case OP_CLOSE:
+        return etcd_round_close(st, e->close_reason);
+    case OP_TICK:
+        return etcd_round_tick(st, &e->rconf, now);
+    }
+    return false;
+}
+
+/* A state value read from etcd (a CAS conflict, a range, the watch);
+ * kv NULL: the key does not exist. */
+static void take_state(struct ed *e, const struct etcd_kv *kv, int64_t deleted_at)
+{
+    if (kv == NULL) {
+        if (deleted_at && deleted_at < e->st_rev)
+            return;
+        etcd_round_free(&e->st);
+        e->st_valid = false;
+        e->st_rev = 0;
+        return;
+    }
+    if (kv->mod_rev <= e->st_rev)
+        return; /* seen already (our own write, echoed by the watch) */
+    struct etcd_round st;
+    char why[256];
+    e->st_rev = kv->mod_rev;
+    etcd_round_free(&e->st);
+    e->st_valid = false;
+    if (etcd_round_decode((const char *)kv->value, kv->vlen, &st, why, sizeof(why)) != 0) {
+        /* Not ours (or damaged): the next write replaces it. */
+        log_warn("A2003",
+                 "etcd: the state key of run '%s' is unreadable (%s); it will be rewritten",
+                 e->run_id, why);
+        return;
+    }
+    e->st = st;
+    e->st_valid = true;
+}
+
+static void op_retry(uv_timer_t *t)
+{
+    run_ops(t->data);
+}
+
+static void op_done(struct ed *e)
+{
+    e->op_in_flight = false;
+    if (e->ops[0].kind == OP_JOIN && e->join_cb)
+        e->join_applied = true; /* the state has this node now */
+    e->alive_listed = false;
+    memmove(&e->ops[0], &e->ops[1], (e->nops - 1) * sizeof(e->ops[0]));
+    e->nops--;
+    if (e->closing && e->nops == 0) {
+        farewell_done(e);
+        return;
+    }
+    if (!e->closing)
+        state_changed(e);
+    run_ops(e);
+}
+
+static void op_failed(struct ed *e, const char *what)
+{
+    e->op_in_flight = false;
+    if (e->closing) {
+        /* A farewell that cannot be written: the lease's expiry tells the others. */
+        log_warn("A2004", "etcd: could not %s while leaving (%s)", what, last_error(e));
+        e->nops = 0;
+        farewell_done(e);
+        return;
+    }
+    log_debug("A2005", "etcd: %s failed (%s); retrying", what, last_error(e));
+    uv_timer_start(&e->op_timer, op_retry, RETRY_MS, 0);
+}
+
+static void on_cas(struct etcd_client *cl, int status, long http, const char *body, size_t len,
+                   void *arg)
+{
+    (void)cl, (void)http;
+    struct ed *e = arg;
+    bool ok = false;
+    struct etcd_range r;
+    char why[256] = "";
+    if (status == 0 && etcd_parse_cas(body, len, &ok, &r, why, sizeof(why)) != 0)
+        status = CDDP_EPARSE;
+    if (status != 0) {
+        etcd_round_free(&e->pending);
+        if (status == CDDP_EPARSE)
+            log_warn("A2006", "etcd: a bad answer to a state update: %s", why);
+        op_failed(e, "update the rendezvous state");
+        return;
+    }
+    if (ok) {
+        /* What we wrote is the state now, at the answer's revision. */
+        etcd_round_free(&e->st);
+        e->st = e->pending;
+        memset(&e->pending, 0, sizeof(e->pending));
+        e->st_valid = true;
+        e->st_rev = r.revision;
+        etcd_range_free(&r);
+        e->conflicts = 0;
+        op_done(e);
+        return;
+    }
+    /* Someone moved first: apply again to the state as it is. */
+    etcd_round_free(&e->pending);
+    take_state(e, r.nkvs ? &r.kvs[0] : NULL, 0);
+    if (r.nkvs == 0) {
+        e->st_rev = 0;
+        e->st_valid = false;
+    }
+    etcd_range_free(&r);
+    e->op_in_flight = false;
+    if (!e->closing)
+        state_changed(e);
+    /* Many agents writing at once (a job starting): retrying at once makes
+     * every retry but one fail again; a jittered wait that grows with the
+     * conflicts in a row spreads them out (as torch's backends do). */
+    if (++e->conflicts > 1) {
+        unsigned cap = e->conflicts < 8 ? 1u << e->conflicts : 256u;
+        e->rnd = e->rnd * 6364136223846793005ULL + 1442695040888963407ULL;
+        uv_timer_start(&e->op_timer, op_retry, (e->rnd >> 33) % cap, 0);
+        return;
+    }
+    run_ops(e);
+}
+
+static void write_op(struct ed *e, const struct etcd_range *alive)
+{
+    const struct op *o = &e->ops[0];
+    struct etcd_round next;
+    if (e->st_valid) {
+        if (etcd_round_copy(&next, &e->st) != 0) {
+            op_failed(e, "copy the state");
+            return;
+        }
+    } else if (o->kind == OP_JOIN || o->kind == OP_CLOSE) {
+        etcd_round_init(&next, e->min_nodes, e->max_nodes);
+    } else {
+        op_done(e); /* no run: nothing to change */
+        return;
+    }
+    if (!apply(e, &next, o, alive)) {
+        etcd_round_free(&next);
+        op_done(e);
+        return;
+    }
+    char *val = etcd_round_encode(&next);
+    if (val == NULL) {
+        etcd_round_free(&next);
+        op_failed(e, "encode the state");
+        return;
+    }
+    int64_t lease = o->kind == OP_CLOSE ? e->close_lease : 0;
+    char *req =
+        etcd_req_cas(e->state_key, e->st_valid ? e->st_rev : e->st_rev, val, strlen(val), lease);
+    free(val);
+    e->pending = next;
+    if (etcd_call(e->cl, "kv/txn", req, on_cas, e) != 0) {
+        etcd_round_free(&e->pending);
+        op_failed(e, "update the rendezvous state");
+        return;
+    }
+    e->op_in_flight = true;
+}
+
+static void on_alive(struct etcd_client *cl, int status, long http, const char *body, size_t len,
+                     void *arg)
+{
+    (void)cl, (void)http;
+    struct ed *e = arg;
+    struct etcd_range r;
+    char why[256];
+    e->op_in_flight = false;
+    if (status == 0 && etcd_parse_range(body, len, &r, why, sizeof(why)) == 0) {
+        e->alive_listed = true;
+        write_op(e, &r);
+        etcd_range_free(&r);
+        return;
+    }
+    op_failed(e, "list the run's live nodes");
+}
+
+static void on_close_lease(struct etcd_client *cl, int status, long http, const char *body,
+                           size_t len, void *arg)
+{
+    (void)cl, (void)http;
+    struct ed *e = arg;
+    int64_t ttl;
+    char why[256];
+    e->op_in_flight = false;
+    if (status == 0 && etcd_parse_lease(body, len, &e->close_lease, &ttl, why, sizeof(why)) == 0) {
+        write_op(e, NULL);
+        return;
+    }
+    op_failed(e, "grant the closed run's lease");
+}
+
+static void run_ops(struct ed *e)
+{
+    if (e->op_in_flight || e->nops == 0 || !e->ready || e->cl == NULL ||
+        uv_is_active((uv_handle_t *)&e->op_timer))
+        return;
+    const struct op *o = &e->ops[0];
+    int rc = 0;
+    if (o->kind == OP_JOIN && !e->alive_listed) {
+        /* Members whose lease is gone (lost before our watch began) go
+         * first: list the live node keys (once per join; the watch tells
+         * of later losses). */
+        char end[640];
+        size_t n = etcd_prefix_end(e->nodes_key, strlen(e->nodes_key), end);
+        end[n] = '\0';
+        rc = etcd_call(e->cl, "kv/range", etcd_req_range(e->nodes_key, end, false, true), on_alive,
+                       e);
+    } else if (o->kind == OP_CLOSE && e->close_lease == 0) {
+        uint64_t s = (e->conf.close_timeout_ms + 999) / 1000;
+        rc = etcd_call(e->cl, "lease/grant", etcd_req_lease_grant((int64_t)(s ? s : 1)),
+                       on_close_lease, e);
+    } else {
+        write_op(e, NULL);
+        return;
+    }
+    if (rc)
+        op_failed(e, "send a request");
+    else
+        e->op_in_flight = true;
+}
+
+/* ---- the state, as it changes ---- */
+
+static void describe(const struct etcd_round *st, char *out, size_t len)
+{
+    const char *n = st->node[0] ? st->node : "?";
+    const char *r = st->reason;
+    if (strcmp(r, "node_lost") == 0)
+        snprintf(out, len, "node '%s' was lost (its etcd lease expired)", n);
+    else if (strcmp(r, "node_left") == 0)
+        snprintf(out, len, "node '%s' left", n);
+    else if (strcmp(r, "node_joined") == 0)
+        snprintf(out, len, "node '%s' joined (scale-up)", n);
+    else if (strcmp(r, "node_rejoined") == 0)
+        snprintf(out, len, "node '%s' asked for a new round", n);
+    else if (strcmp(r, "worker_failure") == 0)
+        snprintf(out, len, "the worker group of node '%s' failed (restart %" PRId64 " of the job)",
+                 n, st->restart_count);
+    else
+        snprintf(out, len, "%s (node '%s')", r[0] ? r : "new round", n);
+}
+
+static void fail_join(struct ed *e, int status, const char *reason)
+{
+    agent_round_cb cb = e->join_cb;
+    e->join_cb = NULL;
+    uv_timer_stop(&e->join_timer);
+    if (cb)
+        cb(&e->base, status, NULL, reason);
+}
+
+static void on_last_call(uv_timer_t *t)
+{
+    struct ed *e = t->data;
+    struct op o = {.kind = OP_TICK};
+    push_op(e, &o);
+}
+
+static void check_barrier(struct ed *e);
+
+static void state_changed(struct ed *e)
+{
+    if (e->closing)
+        return;
+    uv_timer_stop(&e->lc_timer);
+    if (!e->st_valid) {
+        if (e->join_cb && e->join_applied) {
+            /* The run's state went (closed and expired, or deleted): join anew. */
+            e->join_applied = false;
+            struct op o = {.kind = OP_JOIN};
+            push_op(e, &o);
+        }
+        return;
+    }
+    const struct etcd_round *st = &e->st;
+    int64_t waiting = 0;
+    for (size_t i = 0; i < st->nmembers; i++)
+        waiting += st->members[i].state == ETCD_M_WAITING;
+    if (waiting != e->base.info.waiting_nodes) {
+        e->base.info.waiting_nodes = waiting;
+        info_changed(e);
+    }
+    if (st->phase == ETCD_CLOSED) {
+        if (e->join_cb) {
+            const struct etcd_member *m = etcd_round_find(st, e->node_id);
+            e->base.was_waiting = m && m->state == ETCD_M_WAITING;
+            char why[600];
+            snprintf(why, sizeof(why), "the rendezvous of run '%s' is closed (%s)", e->run_id,
+                     st->closed_reason);
+            fail_join(e, CDDP_ECLOSED, why);
+        } else if (!e->closed_told && e->round) {
+            e->closed_told = true;
+            if (e->base.on_closed)
+                e->base.on_closed(&e->base, 0, st->closed_reason);
+        }
+        return;
+    }
+    if (st->phase == ETCD_FORMING && st->last_call_at) {
+        uint64_t now = wall_ms();
+        uint64_t in = st->last_call_at > now ? st->last_call_at - now : 0;
+        uv_timer_start(&e->lc_timer, on_last_call, in + 10, 0);
+    }
+    if (e->join_cb && e->join_applied) {
+        const struct etcd_member *m = etcd_round_find(st, e->node_id);
+        if (m == NULL) {
+            /* Dropped (taken for lost): join again. */
+            e->join_applied = false;
+            struct op o = {.kind = OP_JOIN};
+            push_op(e, &o);
+            return;
+        }
+        if (m->state == ETCD_M_WAITING && !e->warned_waiting) {
+            e->warned_waiting = true;
+            log_warn("A2007",
+                     "run '%s' runs at its maximum number of nodes: this node waits for a place "
+                     "(round %" PRIu64 ")",
+                     e->run_id, st->round);
+        }
+        struct proto_round pr;
+        if (st->round > e->round && etcd_round_place(st, e->run_id, e->node_id, &pr) == 0) {
+            struct agent_round r;
+            memset(&r, 0, sizeof(r));
+            r.round = pr.round;
+            r.restart_count = pr.restart_count;
+            r.node_rank = pr.node_rank;
+            r.nnodes = pr.nnodes;
+            r.world_size = pr.world_size;
+            r.rank_offset = pr.rank_offset;
+            cddp_strlcpy(r.master_addr, pr.master_addr, sizeof(r.master_addr));
+            r.master_port = pr.master_port;
+            cddp_strlcpy(r.run_id, e->run_id, sizeof(r.run_id));
+            e->round = r.round;
+            e->round_nnodes = r.nnodes;
+            e->restart_told = r.round;
+            agent_round_cb cb = e->join_cb;
+            e->join_cb = NULL;
+            uv_timer_stop(&e->join_timer);
+            cb(&e->base, 0, &r, NULL);
+        }
+        return;
+    }
+    if (e->join_cb == NULL && e->round && st->round > e->round && e->restart_told < st->round) {
+        e->restart_told = st->round;
+        char why[512];
+        describe(st, why, sizeof(why));
+        if (e->base.on_restart)
+            e->base.on_restart(&e->base, why, st->counted);
+        return;
+    }
+    if (e->barrier_cb)
+        check_barrier(e);
+}
+
+/* ---- the watch ---- */
+
+static bool has_prefix(const char *key, const char *prefix, const char **rest)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(key, prefix, n) != 0)
+        return false;
+    *rest = key + n;
+    return true;
+}
+
+static void watch_retry(uv_timer_t *t)
+{
+    open_watch(t->data);
+}
+
+static void on_watch_end(struct etcd_watch *w, int status, const char *why, void *arg)
+{
+    (void)w, (void)status;
+    struct ed *e = arg;
+    e->watch = NULL;
+    if (e->closing)
+        return;
+    log_warn("A2008", "etcd: the watch on run '%s' ended (%s); reopening on %s", e->run_id, why,
+             etcd_client_member(e->cl));
+    info_changed(e);
+    uv_timer_start(&e->retry_timer, watch_retry, RETRY_MS, 0);
+}
+
+static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void *arg)
+{
+    (void)w;
+    struct ed *e = arg;
+    struct etcd_watch_msg m;
+    char why[256];
+    if (etcd_parse_watch(msg, len, &m, why, sizeof(why)) != 0) {
+        log_warn("A2009", "etcd: a bad watch message (%s); reopening the watch", why);
+        etcd_watch_cancel(e->watch);
+        e->watch = NULL;
+        info_changed(e);
+        uv_timer_start(&e->retry_timer, watch_retry, RETRY_MS, 0);
+        return;
+    }
+    if (m.created && !e->base.info.etcd_watch_ok)
+        info_changed(e);
+    if (m.canceled || m.compact_revision > 0) {
+        /* Compacted past where we were: read the state again, watch from now. */
+        log_warn("A2010", "etcd: the watch on run '%s' was cancelled (%s); reopening", e->run_id,
+                 m.cancel_reason[0] ? m.cancel_reason : "compacted");
+        etcd_watch_msg_free(&m);
+        etcd_watch_cancel(e->watch);
+        e->watch = NULL;
+        e->watch_rev = 0;
+        e->ready = false;
+        start_setup(e);
+        return;
+    }
+    bool state = false, barrier = false;
+    /* Only the last value of the state in a message matters (a loaded
+     * etcd sends many at once, and each costs a decode of every member). */
+    size_t last_state = m.nevents;
+    for (size_t i = 0; i < m.nevents; i++) {
+        if (strcmp(m.events[i].kv.key, e->state_key) == 0)
+            last_state = i;
+    }
+    if (last_state < m.nevents) {
+        const struct etcd_event *ev = &m.events[last_state];
+        take_state(e, ev->type == ETCD_PUT ? &ev->kv : NULL, ev->kv.mod_rev);
+        state = true;
+    }
+    for (size_t i = 0; i < m.nevents && !e->closing; i++) {
+        const struct etcd_event *ev = &m.events[i];
+        const char *rest;
+        if (ev->kv.mod_rev > e->watch_rev)
+            e->watch_rev = ev->kv.mod_rev;
+        if (strcmp(ev->kv.key, e->state_key) == 0) {
+            continue;
+        } else if (has_prefix(ev->kv.key, e->nodes_key, &rest) && ev->type == ETCD_DELETE) {
+            if (strcmp(rest, e->node_id) == 0) {
+                /* Our own lease expired (etcd did not hear from us in
+                 * time): the others drop us; come back with a new lease. */
+                log_warn("A2011", "etcd: this node's lease in run '%s' expired; renewing it",
+                         e->run_id);
+                e->ready = false;
+                e->lease = 0;
+                start_setup(e);
+                continue;
+            }
+            /* The state is this message's latest already (taken above). */
+            if (e->st_valid && etcd_round_find(&e->st, rest)) {
+                struct op o = {.kind = OP_LOSE};
+                cddp_strlcpy(o.id, rest, sizeof(o.id));
+                push_op(e, &o);
+            }
+        } else if (has_prefix(ev->kv.key, e->barrier_key, &rest)) {
+            barrier = true;
+        }
+    }
+    if (m.revision > e->watch_rev)
+        e->watch_rev = m.revision;
+    etcd_watch_msg_free(&m);
+    if (state)
+        state_changed(e);
+    if (barrier && e->barrier_cb)
+        check_barrier(e);
+}
+
+static void open_watch(struct ed *e)
+{
+    if (e->closing || e->watch)
+        return;
+    char end[600];
+    size_t n = etcd_prefix_end(e->prefix, strlen(e->prefix), end);
+    end[n] = '\0';
+    int rc = etcd_watch_open(e->cl, etcd_req_watch(e->prefix, end, e->watch_rev + 1), on_watch_msg,
+                             on_watch_end, e, &e->watch);
+    if (rc) {
+        e->watch = NULL;
+        uv_timer_start(&e->retry_timer, watch_retry, RETRY_MS, 0);
+    }
+    info_changed(e);
+}
+
+/* ---- setup: lease, node key, state, watch ---- */
+
+static void setup_failed(struct ed *e, int status, const char *what);
+
+static void setup_retry(uv_timer_t *t)
+{
+    start_setup(t->data);
+}
+
+/* What an answer parsed to: why it made no sense (status 0 and why set),
+ * or nothing to remember. */
+static void note_answer(struct ed *e, int status, const char *why)
+{
+    if (status == 0 && why && why[0])
+        snprintf(e->bad, sizeof(e->bad), "etcd member %s: %s",
+                 e->cl ? etcd_client_member(e->cl) : "?", why);
+    else
+        e->bad[0] = '\0';
+}
+
+static void on_state_read(struct etcd_client *cl, int status, long http, const char *body,
+                          size_t len, void *arg)
+{
+    (void)cl, (void)http;
+    struct ed *e = arg;
+    e->setting_up = false;
+    struct etcd_range r;
+    char why[256] = "";
+    if (status != 0 || etcd_parse_range(body, len, &r, why, sizeof(why)) != 0) {
+        note_answer(e, status, why);
+        setup_failed(e, status, "read the run's state");
+        return;
+    }
+    note_answer(e, status, NULL);
+    if (r.nkvs)
+        take_state(e, &r.kvs[0], 0);
+    else
+        take_state(e, NULL, 0);
+    if (e->watch_rev == 0 || e->watch == NULL)
+        e->watch_rev = r.revision;
+    etcd_range_free(&r);
+    bool first = !e->ready;
+    e->ready = true;
+    e->last_ka_ok = cddp_mono_ms();
+    e->base.info.etcd_lease_ok = true;
+    if (first)
+        log_info("A2012", "etcd: run '%s' on %s: lease %" PRIx64 " (TTL %" PRId64 " s)", e->run_id,
+                 etcd_client_member(e->cl), (uint64_t)e->lease, e->ttl_s);
+    open_watch(e);
+    state_changed(e);
+    run_ops(e);
+}
+
+static void on_node_put(struct etcd_client *cl, int status, long http, const char *body, size_t len,
+                        void *arg)
+{
+    (void)cl, (void)http, (void)body, (void)len;
+    struct ed *e = arg;
+    if (status != 0) {
+        e->setting_up = false;
+        setup_failed(e, status, "register this node");
+        return;
+    }
+    if (etcd_call(e->cl, "kv/range", etcd_req_range(e->state_key, NULL, false, false),
+                  on_state_read, e) != 0) {
+        e->setting_up = false;
+        setup_failed(e, 0, "read the run's state");
+    }
+}
+
+static void on_granted(struct etcd_client *cl, int status, long http, const char *body, size_t len,
+                       void *arg)
+{
+    (void)cl, (void)http;
+    struct ed *e = arg;
+    int64_t ttl;
+    char why[256] = "";
+    if (status != 0 || etcd_parse_lease(body, len, &e->lease, &ttl, why, sizeof(why)) != 0) {
+        note_answer(e, status, why);
+        e->setting_up = false;
+        e->lease = 0;
+        setup_failed(e, status, "grant this node's lease");
+        return;
+    }
+    char val[64];
+    snprintf(val, sizeof(val), "{\"nproc\":%d}", e->nproc);
+    if (etcd_call(e->cl, "kv/put", etcd_req_put(e->node_key, val, strlen(val), e->lease),
+                  on_node_put, e) != 0) {
+        e->setting_up = false;
+        setup_failed(e, 0, "register this node");
+    }
+}
+
+static void start_setup(struct ed *e)
+{
+    if (e->closing || e->setting_up)
+        return;
+    e->setting_up = true;
+    int rc;
+    if (e->lease == 0)
+        rc = etcd_call(e->cl, "lease/grant", etcd_req_lease_grant(e->ttl_s), on_granted, e);
+    else
+        rc = etcd_call(e->cl, "kv/range", etcd_req_range(e->state_key, NULL, false, false),
+                       on_state_read, e);
+    if (rc) {
+        e->setting_up = false;
+        setup_failed(e, 0, "send a request");
+    }
+}
+
+static void lost(struct ed *e, int status, const char *why)
+{
+    if (e->closing) /* nothing is called back after close */
+        return;
+    if (e->join_cb) {
+        fail_join(e, status, why);
+        return;
+    }
+    if (!e->closed_told && e->base.on_closed) {
+        e->closed_told = true;
+        e->base.on_closed(&e->base, status, why);
+    }
+}
+
+static void setup_failed(struct ed *e, int status, const char *what)
+{
+    if (e->closing)
+        return;
+    if (status == CDDP_EPEER) {
+        /* A member answered, and said no (permissions, a bad request):
+         * asking again will not change its mind. */
+        char why[768];
+        snprintf(why, sizeof(why), "etcd: could not %s: %s", what, last_error(e));
+        lost(e, CDDP_ECONFIG, why);
+        return;
+    }
+    uint64_t waited = cddp_mono_ms() - e->started_at;
+    if (waited >= e->conf.join_timeout_ms) {
+        char why[768];
+        snprintf(why, sizeof(why), "etcd: could not %s within join_timeout (%.0f s): %s", what,
+                 (double)e->conf.join_timeout_ms / 1000.0, last_error(e));
+        lost(e, CDDP_ETIMEOUT, why);
+        return;
+    }
+    log_warn("A2013", "etcd: could not %s (%s); retrying", what, last_error(e));
+    info_changed(e);
+    uv_timer_start(&e->retry_timer, setup_retry, 1000, 0);
+}
+
+/* ---- keep-alive ---- */
+
+static void on_keepalive(struct etcd_client *cl, int status, long http, const char *body,
+                         size_t len, void *arg)
+{
+    (void)cl, (void)http;
+    struct ed *e = arg;
+    e->ka_in_flight = false;
+    if (e->closing)
+        return;
+    int64_t id, ttl = -1;
+    char why[256] = "";
+    bool parsed = status == 0 && etcd_parse_lease(body, len, &id, &ttl, why, sizeof(why)) == 0;
+    note_answer(e, parsed ? 0 : status, parsed ? NULL : why);
+    if (parsed) {
+        if (ttl == 0 && e->ready) {
+            log_warn("A2011", "etcd: this node's lease in run '%s' expired; renewing it",
+                     e->run_id);
+            e->ready = false;
+            e->lease = 0;
+            start_setup(e);
+            return;
+        }
+        bool was = e->base.info.etcd_lease_ok;
+        e->last_ka_ok = cddp_mono_ms();
+        e->base.info.etcd_lease_ok = true;
+        if (!was) {
+            log_warn("A2014", "etcd: keep-alive of run '%s' answered again by %s", e->run_id,
+                     etcd_client_member(e->cl));
+            info_changed(e);
+        }
+        return;
+    }
+    uint64_t since = cddp_mono_ms() - e->last_ka_ok;
+    if (e->base.info.etcd_lease_ok) {
+        log_warn("A2015",
+                 "etcd: keep-alive of run '%s' failed (%s); workers keep running, retrying for "
+                 "up to %.0f s",
+                 e->run_id, last_error(e), (double)e->conf.join_timeout_ms / 1000.0);
+        e->base.info.etcd_lease_ok = false;
+        e->base.info.disconnected_at = cddp_wall_time();
+        info_changed(e);
+    }
+    if (since >= e->conf.join_timeout_ms) {
+        char msg[768];
+        snprintf(msg, sizeof(msg),
+                 "etcd: no keep-alive answered for %.0f s (join_timeout; no quorum or no member "
+                 "reachable): %s",
+                 (double)since / 1000.0, last_error(e));
+        lost(e, CDDP_ETIMEOUT, msg);
+    }
+}
+
+static void on_ka_timer(uv_timer_t *t)
+{
+    struct ed *e = t->data;
+    if (e->closing || e->ka_in_flight || !e->ready || e->lease == 0)
+        return;
+    if (etcd_call(e->cl, "lease/keepalive", etcd_req_lease_id(e->lease), on_keepalive, e) == 0)
+        e->ka_in_flight = true;
+}
+
+/* ---- the agent's calls ---- */
+
+static void on_join_timer(uv_timer_t *t)
+{
+    struct ed *e = t->data;
+    if (e->join_cb == NULL)
+        return;
+    if (e->deferred_status) {
+        int st = e->deferred_status;
+        e->deferred_status = 0;
+        fail_join(e, st, e->deferred_reason);
+        return;
+    }
+    char why[768];
+    if (!e->ready)
+        snprintf(why, sizeof(why), "etcd: no usable answer within join_timeout (%.0f s): %s",
+                 (double)e->conf.join_timeout_ms / 1000.0, last_error(e));
+    else
+        snprintf(why, sizeof(why),
+                 "the round of run '%s' did not complete within join_timeout (%.0f s)", e->run_id,
+                 (double)e->conf.join_timeout_ms / 1000.0);
+    fail_join(e, CDDP_ETIMEOUT, why);
+}
+
+static int ed_join(struct agent_rdzv *r, const struct agent_join *req, agent_round_cb cb)
+{
+    struct ed *e = (struct ed *)r;
+    if (e->join_cb || e->closing)
+        return CDDP_ESTATE;
+    if (req->local_world_size != e->nproc)
+        return CDDP_EMISMATCH;
+    e->barrier_cb = NULL;
+    uv_timer_stop(&e->barrier_timer);
+    e->base.was_waiting = false;
+    e->warned_waiting = false;
+    e->join_cb = cb;
+    int port = req->master_port > 0 ? req->master_port : agent_free_port();
+    if (port < 0) {
+        e->deferred_status = port;
+        snprintf(e->deferred_reason, sizeof(e->deferred_reason), "picking a free MASTER_PORT: %s",
+                 cddp_strerror(port));
+        uv_timer_start(&e->join_timer, on_join_timer, 0, 0);
+        return 0;
+    }
+    e->join_port = port;
+    e->join_applied = false; /* until the op is written */
+    uv_timer_start(&e->join_timer, on_join_timer, e->conf.join_timeout_ms, 0);
+    struct op o = {.kind = OP_JOIN};
+    push_op(e, &o);
+    return 0;
+}
+
+static int ed_report_failure(struct agent_rdzv *r, int restart_count)
+{
+    (void)restart_count;
+    struct ed *e = (struct ed *)r;
+    if (e->closing)
+        return CDDP_ECLOSED;
+    struct op o = {.kind = OP_FAILURE, .round = e->round};
+    push_op(e, &o);
+    return 0;
+}
+
+static void barrier_fire(struct ed *e, int status)
+{
+    agent_rdzv_status_cb cb = e->barrier_cb;
+    e->barrier_cb = NULL;
+    uv_timer_stop(&e->barrier_timer);
+    if (cb)
+        cb(&e->base, status);
+}
+
+static void on_barrier_count(struct etcd_client *cl, int status, long http, const char *body,
+                             size_t len, void *arg)
+{
+    (void)cl, (void)http;
+    struct ed *e = arg;
+    e->barrier_counting = false;
+    struct etcd_range r;
+    char why[256];
+    if (e->barrier_cb == NULL || e->closing)
+        return;
+    if (status != 0 || etcd_parse_range(body, len, &r, why, sizeof(why)) != 0)
+        return; /* the next barrier event, or the timeout */
+    if (r.count >= e->round_nnodes)
+        barrier_fire(e, 0);
+    etcd_range_free(&r);
+}
+
+static void check_barrier(struct ed *e)
+{
+    if (e->barrier_counting || e->barrier_cb == NULL)
+        return;
+    char key[700], end[700];
+    snprintf(key, sizeof(key), "%s%" PRIu64 "/", e->barrier_key, e->barrier_round);
+    size_t n = etcd_prefix_end(key, strlen(key), end);
+    end[n] = '\0';
+    if (etcd_call(e->cl, "kv/range", etcd_req_range(key, end, true, false), on_barrier_count, e) ==
+        0)
+        e->barrier_counting = true;
+}
+
+static void on_barrier_put(struct etcd_client *cl, int status, long http, const char *body,
+                           size_t len, void *arg)
+{
+    (void)cl, (void)http, (void)body, (void)len, (void)status;
+    check_barrier(arg);
+}
+
+static void on_barrier_timeout(uv_timer_t *t)
+{
+    barrier_fire(t->data, CDDP_ETIMEOUT);
+}
+
+static int ed_exit_barrier(struct agent_rdzv *r, uint64_t timeout_ms, agent_rdzv_status_cb cb)
+{
+    struct ed *e = (struct ed *)r;
+    if (e->barrier_cb || e->closing || e->round == 0)
+        return CDDP_ESTATE;
+    char key[1000];
+    snprintf(key, sizeof(key), "%s%" PRIu64 "/%s", e->barrier_key, e->round, e->node_id);
+    int rc = etcd_call(e->cl, "kv/put", etcd_req_put(key, "1", 1, e->lease), on_barrier_put, e);
+    if (rc)
+        return rc;
+    e->barrier_cb = cb;
+    e->barrier_round = e->round;
+    uv_timer_start(&e->barrier_timer, on_barrier_timeout, timeout_ms, 0);
+    return 0;
+}
+
+static void ed_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const char *reason,
+                     agent_rdzv_close_cb cb)
+{
+    struct ed *e = (struct ed *)r;
+    if (e->closing)
+        return;
+    e->closing = true;
+    e->how = how;
+    e->close_cb = cb;
+    cddp_strlcpy(e->close_reason, reason && reason[0] ? reason : "the job ended",
+                 sizeof(e->close_reason));
+    e->join_cb = NULL;
+    e->barrier_cb = NULL;
+    uv_timer_stop(&e->join_timer);
+    uv_timer_stop(&e->barrier_timer);
+    uv_timer_stop(&e->lc_timer);
+    uv_timer_stop(&e->ka_timer);
+    uv_timer_stop(&e->retry_timer);
+    uv_timer_stop(&e->op_timer);
+    if (e->watch) {
+        etcd_watch_cancel(e->watch);
+        e->watch = NULL;
+    }
+    uv_timer_start(&e->close_timer, on_close_timeout, CLOSE_TIMEOUT_MS, 0);
+    if (!e->ready || e->cl == NULL) {
+        farewell_done(e);
+        return;
+    }
+    /* Pending news of others is no longer ours to write; the farewell is. */
+    bool busy = e->op_in_flight;
+    size_t keep = busy ? 1 : 0;
+    e->nops = keep;
+    struct op o = {.kind = how == AGENT_RDZV_END_JOB ? OP_CLOSE : OP_LEAVE,
+                   .finished = how == AGENT_RDZV_FINISHED};
+    e->ops[e->nops++] = o;
+    if (!busy)
+        run_ops(e);
+}
+
+static const struct agent_rdzv_ops etcd_ops = {
+    .name = "etcd-v3",
+    .join = ed_join,
+    .report_failure = ed_report_failure,
+    .exit_barrier = ed_exit_barrier,
+    .close = ed_close,
+};
+
+int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o,
+                        struct agent_rdzv **out, char *err, size_t errlen)
+{
+    struct ed *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
+    e->base.ops = &etcd_ops;
+    e->base.loop = loop;
+    e->base.coordinated = true;
+    e->base.picks_master_port = true;
+    e->base.info.waiting_nodes = -1;
+    e->loop = loop;
+    e->nproc = o->nproc;
+    e->min_nodes = o->min_nodes;
+    e->max_nodes = o->max_nodes;
+    if (o->conf)
+        e->conf = *o->conf;
+    else
+        rdzv_conf_init(&e->conf);
+    e->rconf.last_call_timeout_ms = e->conf.last_call_timeout_ms;
+    cddp_strlcpy(e->run_id, o->run_id, sizeof(e->run_id));
+    char fqdn[256];
+    cddp_fqdn(fqdn, sizeof(fqdn));
+    if (o->node_id)
+        cddp_strlcpy(e->node_id, o->node_id, sizeof(e->node_id));
+    else
+        snprintf(e->node_id, sizeof(e->node_id), "%.200s_%d", fqdn, (int)getpid());
+    cddp_strlcpy(e->addr, o->local_addr && o->local_addr[0] ? o->local_addr : fqdn,
+                 sizeof(e->addr));
+    for (const char *p = e->run_id; *p; p++) {
+        if (*p == '/')
+            return free(e),
+                   cddp_fail(err, errlen, CDDP_ECONFIG,
+                             "--rdzv_id=%s: the etcd backend takes no '/' in run ids", e->run_id);
+    }
+    const char *kp = e->conf.etcd_key_prefix[0] ? e->conf.etcd_key_prefix : DEFAULT_PREFIX;
+    size_t kpl = strlen(kp);
+    while (kpl > 1 && kp[kpl - 1] == '/')
+        kpl--;
+    snprintf(e->prefix, sizeof(e->prefix), "%.*s/%s/", (int)kpl, kp, e->run_id);
+    snprintf(e->state_key, sizeof(e->state_key), "%sstate", e->prefix);
+    snprintf(e->nodes_key, sizeof(e->nodes_key), "%snodes/", e->prefix);
+    snprintf(e->node_key, sizeof(e->node_key), "%s%s", e->nodes_key, e->node_id);
+    snprintf(e->barrier_key, sizeof(e->barrier_key), "%sbarrier/", e->prefix);
+    double window = (double)rdzv_conf_dead_after_ms(&e->conf) / 1000.0;
+    e->ttl_s = (int64_t)ceil(window);
+    if (e->ttl_s < 2)
+        e->ttl_s = 2; /* etcd raises shorter TTLs to its minimum anyway */
+
+    struct etcd_client_options co = {
+        .endpoints = o->endpoints,
+        .https = e->conf.etcd_https,
+        .cacert = e->conf.etcd_cacert[0] ? e->conf.etcd_cacert : NULL,
+        .cert = e->conf.etcd_cert[0] ? e->conf.etcd_cert : NULL,
+        .key = e->conf.etcd_key[0] ? e->conf.etcd_key : NULL,
+        .user = e->conf.etcd_user[0] ? e->conf.etcd_user : NULL,
+        .password = e->conf.etcd_password[0] ? e->conf.etcd_password : getenv("CDDP_ETCD_PASSWORD"),
+        /* A request must not outlive a keep-alive interval much. */
+        .request_timeout_ms =
+            e->conf.keep_alive_interval_ms < 5000 ? 5000 : e->conf.keep_alive_interval_ms,
+    };
+    char why[512];
+    int rc = etcd_client_new(loop, &co, &e->cl, why, sizeof(why));
+    if (rc) {
+        free(e);
+        return cddp_fail(err, errlen, rc, "--rdzv_endpoint: %s", why);
+    }
+    if (o->backend && strcmp(o->backend, "etcd-v3") != 0)
+        log_warn("A2000",
+                 "--rdzv_backend=%s: cddprun's etcd backend is etcd-v3 (etcd's v3 API); it "
+                 "cannot join a torchrun etcd rendezvous (docs/torchrun-compat.md)",
+                 o->backend);
+    uv_timer_t *timers[] = {&e->ka_timer, &e->retry_timer,   &e->op_timer,   &e->join_timer,
+                            &e->lc_timer, &e->barrier_timer, &e->close_timer};
+    for (size_t i = 0; i < sizeof(timers) / sizeof(timers[0]); i++) {
+        uv_timer_init(loop, timers[i]);
+        timers[i]->data = e;
+    }
+    e->started_at = cddp_mono_ms();
+    e->rnd = cddp_mono_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)e;
+    e->last_ka_ok = e->started_at;
+    uv_timer_start(&e->ka_timer, on_ka_timer, e->conf.keep_alive_interval_ms,
+                   e->conf.keep_alive_interval_ms);
+    info_changed(e);
+    start_setup(e);
+    *out = &e->base;
+    return 0;
+}
