@@ -159,6 +159,11 @@ static void bind(struct trn_resnet *m)
         e->data = e->kind == TRN_STATE_PARAM    ? (void *)(m->params + e->off)
                   : e->kind == TRN_STATE_BUFFER ? (void *)(m->buffers + e->off)
                                                 : (void *)&m->num_batches_tracked[e->off];
+        e->host = e->data;
+        if (e->kind == TRN_STATE_PARAM && m->host_params)
+            e->host = m->host_params + e->off;
+        else if (e->kind == TRN_STATE_BUFFER && m->host_buffers)
+            e->host = m->host_buffers + e->off;
     }
 }
 
@@ -227,6 +232,11 @@ int trn_resnet_create(struct trn_resnet *m, struct trn_backend *be, const struct
     m->buffers = ops->alloc(be, m->num_buffers * sizeof(float));
     m->bn_scratch = ops->alloc(be, 7 * bn_channels * sizeof(float));
     m->num_batches_tracked = trn_calloc((size_t)m->num_bn, sizeof(int64_t));
+    if (be->device != TRN_DEVICE_CPU) {
+        m->host_params = trn_calloc(m->num_params, sizeof(float));
+        m->host_momentum = trn_calloc(m->num_params, sizeof(float));
+        m->host_buffers = trn_calloc(m->num_buffers, sizeof(float));
+    }
     if (!m->params || !m->grads || !m->momentum || !m->buffers || !m->bn_scratch) {
         snprintf(err, errlen, "%s: out of memory for %zu parameters", arch->name, m->num_params);
         trn_resnet_free(m);
@@ -250,11 +260,40 @@ void trn_resnet_free(struct trn_resnet *m)
     be->ops->free(be, m->bn_scratch);
     be->ops->free(be, m->arena);
     free(m->num_batches_tracked);
+    free(m->host_params);
+    free(m->host_momentum);
+    free(m->host_buffers);
     free(m->state);
     free(m->convs);
     free(m->bns);
     free(m->blocks);
     memset(m, 0, sizeof(*m));
+}
+
+void trn_resnet_pull(struct trn_resnet *m)
+{
+    struct trn_backend *be = m->be;
+    if (!m->host_params)
+        return;
+    be->ops->to_host(be, m->host_params, m->params, m->num_params * sizeof(float));
+    be->ops->to_host(be, m->host_momentum, m->momentum, m->num_params * sizeof(float));
+    be->ops->to_host(be, m->host_buffers, m->buffers, m->num_buffers * sizeof(float));
+}
+
+void trn_resnet_push(struct trn_resnet *m)
+{
+    struct trn_backend *be = m->be;
+    if (!m->host_params)
+        return;
+    be->ops->to_device(be, m->params, m->host_params, m->num_params * sizeof(float));
+    be->ops->to_device(be, m->momentum, m->host_momentum, m->num_params * sizeof(float));
+    be->ops->to_device(be, m->buffers, m->host_buffers, m->num_buffers * sizeof(float));
+    be->ops->synchronize(be);
+}
+
+float *trn_resnet_host_momentum(const struct trn_resnet *m)
+{
+    return m->host_momentum ? m->host_momentum : m->momentum;
 }
 
 const struct trn_state_entry *trn_resnet_find(const struct trn_resnet *m, const char *name)

@@ -91,6 +91,7 @@ struct trn_state_entry {
     size_t numel;
     size_t off; /* elements into params or buffers; index into the counters */
     void *data; /* where it is (device memory for params and buffers) */
+    void *host; /* its host copy (trn_resnet_pull/push); == data on the CPU */
 };
 
 /* Called from backward and forward for DDP and SyncBN; any may be NULL. */
@@ -120,6 +121,11 @@ struct trn_resnet {
     int num_bn;
     int64_t *num_batches_tracked; /* (num_bn), host */
     long optimizer_steps;         /* SGD steps taken; 0: the next one fills momentum */
+
+    /* Host copies of params, buffers and momentum on a device backend (NULL
+     * on the CPU, whose memory is host memory): what checkpoints, --init and
+     * --save read and write, so the files carry nothing device-bound. */
+    float *host_params, *host_buffers, *host_momentum;
 
     struct trn_state_entry *state; /* (n_state) state_dict order */
     size_t n_state;
@@ -168,6 +174,17 @@ void trn_resnet_free(struct trn_resnet *m);
  * the optimizer.
  */
 void trn_resnet_init(struct trn_resnet *m, uint64_t seed, bool zero_init_residual);
+
+/*
+ * On a device backend: pull copies params, buffers and momentum to their
+ * host copies (before a checkpoint, --save, the state checksum), push the
+ * other way (after --init or a resumed checkpoint wrote the host copies).
+ * No-ops on the CPU. trn_resnet_host_momentum is where the momentum's host
+ * view is (m->momentum on the CPU).
+ */
+void trn_resnet_pull(struct trn_resnet *m);
+void trn_resnet_push(struct trn_resnet *m);
+float *trn_resnet_host_momentum(const struct trn_resnet *m);
 
 /* The state_dict entry called name, or NULL. */
 const struct trn_state_entry *trn_resnet_find(const struct trn_resnet *m, const char *name);
