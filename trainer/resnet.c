@@ -432,6 +432,12 @@ static struct trn_tensor carve_activation(struct trn_resnet *m, struct arena *a,
     return t;
 }
 
+/* Whether the input is reordered to channels-last before conv1 (resnet.h). */
+static bool input_to_nhwc(const struct trn_resnet *m)
+{
+    return m->be->act_layout == TRN_LAYOUT_NHWC;
+}
+
 static int conv_out(const struct trn_conv *c, int in)
 {
     return (in + 2 * c->pad - c->k) / c->stride + 1;
@@ -441,6 +447,7 @@ static int conv_out(const struct trn_conv *c, int in)
 static void layout(struct trn_resnet *m, struct arena *a)
 {
     size_t mx = 0;
+    m->x_nhwc = input_to_nhwc(m) ? carve(a, (size_t)m->n * 3 * m->h * m->w * sizeof(float)) : NULL;
     int h = conv_out(&m->conv1.op, m->h), w = conv_out(&m->conv1.op, m->w);
     m->stem_c = carve_activation(m, a, 64, h, w, &mx);
     m->stem_a = carve_activation(m, a, 64, h, w, &mx);
@@ -587,6 +594,11 @@ float trn_resnet_forward(struct trn_resnet *m, const float *x, const int32_t *la
     set_shape(m, n, h, w);
     struct trn_tensor in = {(float *)x, n, 3, h, w, TRN_F32, TRN_LAYOUT_NCHW, be->device};
     m->x = in;
+    if (input_to_nhwc(m)) {
+        m->x.data = m->x_nhwc;
+        m->x.layout = TRN_LAYOUT_NHWC;
+        ops->reorder(be, &in, &m->x);
+    }
 
     conv_forward(m, &m->conv1, &m->x, &m->stem_c);
     bn_relu(m, &m->bn1, &m->stem_c, &m->stem_a, training);

@@ -147,7 +147,11 @@ struct trn_resnet {
     int n, h, w;
     void *arena;
     size_t arena_bytes;
+    /* x: the network input as conv1 reads it: the caller's NCHW batch, or
+     * on an NHWC backend (CUDA: cuDNN wants x and y of a convolution in one
+     * layout) its channels-last copy in x_nhwc, reordered at each forward */
     struct trn_tensor x, stem_c, stem_a, stem_p;
+    float *x_nhwc;
     uint8_t *pool_argmax;
     float *pooled, *logits, *probs, *dlogits, *dpooled; /* (n, feat) / (n, K) */
     float *gbuf[4]; /* backward scratch, each the largest activation */
