@@ -28,7 +28,6 @@ Exit 0 when every check holds, 1 when one does not (the JSON says which), 2
 on bad arguments or when cddp-train or torch cannot run.
 """
 import argparse
-import json
 import os
 import pathlib
 import subprocess
@@ -38,7 +37,9 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 TESTS = HERE.parent
-sys.path[:0] = [str(TESTS), str(TESTS / "compat")]
+sys.path[:0] = [str(HERE), str(TESTS), str(TESTS / "compat")]
+
+import gpu_common  # noqa: E402
 
 BATCH, STEPS, SIZE, CLASSES = 16, 3, 32, 10
 LR, MOMENTUM, WD = 0.01, 0.9, 1e-4
@@ -110,13 +111,12 @@ def main(argv):
         y = torch.from_numpy(train_y).long().to(dev)
         model.train()
         ref_losses = []
-        for step in range(STEPS):
-            xb, yb = x[step * BATCH:(step + 1) * BATCH], y[step * BATCH:(step + 1) * BATCH]
+        for xb, yb in zip(x.split(BATCH), y.split(BATCH)):  # the 3 batches in order
             opt.zero_grad()
-            loss = crit(model(xb), yb)
-            loss.backward()
+            out = crit(model(xb), yb)
+            out.backward()
             opt.step()
-            ref_losses.append(loss.item())
+            ref_losses.append(out.item())
         after = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
         s3 = tmp / "s3.safetensors"
@@ -164,11 +164,8 @@ def finish(a, result, rc, t0):
              if "worst" in result else "") +
             (f": {result['error']}" if result.get("error") else ""))
     print(line, flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return rc
+    return gpu_common.finish(a.json, result, rc)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    gpu_common.run_main(main)

@@ -22,12 +22,15 @@ Exit 0 when every run finished, 1 when one failed or ran past --timeout, 2
 on bad arguments.
 """
 import argparse
-import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import gpu_common  # noqa: E402
 
 
 def parse(argv):
@@ -159,11 +162,8 @@ def main(argv):
               f"{o.get('img_per_s', o.get('error'))} img/s (peak {o.get('peak_mib', '?')} MiB), "
               f"torch eager {t.get('img_per_s', t.get('error'))} img/s "
               f"(peak {t.get('peak_mib', '?')} MiB)", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return rc
+    return gpu_common.finish(a.json, result, rc)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    gpu_common.run_main(main)

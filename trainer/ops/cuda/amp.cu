@@ -41,58 +41,50 @@ bool cuda_unscale(struct trn_backend *be, float *grad, size_t n, float inv_scale
     return host != 0;
 }
 
-__global__ void f32_to_bf16_kernel(const float *src, uint16_t *dst, size_t n)
+/* One kernel for the four casts: Kind picks the conversion at compile time. */
+enum cast_kind { TO_BF16, TO_F16, FROM_BF16, FROM_F16 };
+
+template <int Kind, typename S, typename D>
+__global__ void cast_kernel(const S *src, D *dst, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
+    if (i >= n)
+        return;
+    if constexpr (Kind == TO_BF16)
         dst[i] = trn_f32_to_bf16(src[i]);
-}
-
-__global__ void f32_to_f16_kernel(const float *src, uint16_t *dst, size_t n)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
+    else if constexpr (Kind == TO_F16)
         dst[i] = trn_f32_to_f16(src[i]);
-}
-
-__global__ void bf16_to_f32_kernel(const uint16_t *src, float *dst, size_t n)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
+    else if constexpr (Kind == FROM_BF16)
         dst[i] = trn_bf16_to_f32(src[i]);
-}
-
-__global__ void f16_to_f32_kernel(const uint16_t *src, float *dst, size_t n)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
+    else
         dst[i] = trn_f16_to_f32(src[i]);
 }
 
-#define LAUNCH(kernel, src, dst, n)                                                                \
-    do {                                                                                           \
-        if (n) {                                                                                   \
-            kernel<<<cuda_blocks(n, 256), 256, 0, cuda_of(be)->stream>>>(src, dst, n);             \
-            cudaLaunchCheck();                                                                     \
-        }                                                                                          \
-    } while (0)
+template <int Kind, typename S, typename D>
+static void cast(struct trn_backend *be, const S *src, D *dst, size_t n)
+{
+    if (!n)
+        return;
+    cast_kernel<Kind><<<cuda_blocks(n, 256), 256, 0, cuda_of(be)->stream>>>(src, dst, n);
+    cudaLaunchCheck();
+}
 
 void cuda_cast_f32_to_bf16(struct trn_backend *be, const float *src, uint16_t *dst, size_t n)
 {
-    LAUNCH(f32_to_bf16_kernel, src, dst, n);
+    cast<TO_BF16>(be, src, dst, n);
 }
 
 void cuda_cast_f32_to_f16(struct trn_backend *be, const float *src, uint16_t *dst, size_t n)
 {
-    LAUNCH(f32_to_f16_kernel, src, dst, n);
+    cast<TO_F16>(be, src, dst, n);
 }
 
 void cuda_cast_bf16_to_f32(struct trn_backend *be, const uint16_t *src, float *dst, size_t n)
 {
-    LAUNCH(bf16_to_f32_kernel, src, dst, n);
+    cast<FROM_BF16>(be, src, dst, n);
 }
 
 void cuda_cast_f16_to_f32(struct trn_backend *be, const uint16_t *src, float *dst, size_t n)
 {
-    LAUNCH(f16_to_f32_kernel, src, dst, n);
+    cast<FROM_F16>(be, src, dst, n);
 }
