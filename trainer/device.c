@@ -55,5 +55,6 @@ int trn_device_choose(int req, bool built, int count, int world, int local_rank,
         return -1;
     }
     snprintf(out->note, sizeof(out->note), "%s", no);
+    out->gpu_unused = built && count > 0;
     return 0;
 }

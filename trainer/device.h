@@ -37,8 +37,9 @@ int trn_device_parse(const char *what, const char *v, int *req, char *err, size_
 
 struct trn_device_choice {
     enum trn_device device;
-    int ordinal;    /* the CUDA device (LOCAL_RANK); 0 on the CPU */
-    char note[256]; /* auto's reason for the CPU; "" otherwise */
+    int ordinal;     /* the CUDA device (LOCAL_RANK); 0 on the CPU */
+    char note[256];  /* auto's reason for the CPU; "" otherwise */
+    bool gpu_unused; /* auto chose the CPU although a GPU is there (say it louder) */
 };
 
 /*

@@ -218,7 +218,9 @@ static void setup_device(struct run *r)
     if (trn_device_choose(req, built, count, r->world, r->env.local_rank, &r->dev, err,
                           sizeof(err)) != 0)
         trn_refuse(CDDP_EXIT_USAGE, "%s", err);
-    if (r->dev.note[0])
+    if (r->dev.gpu_unused)
+        log_warn("T2001", "--device auto: the CPU although a GPU is visible (%s)", r->dev.note);
+    else if (r->dev.note[0])
         log_info("T2001", "--device auto: the CPU (%s)", r->dev.note);
     if (c->amp != TRN_AMP_OFF && r->dev.device == TRN_DEVICE_CPU)
         trn_refuse(CDDP_EXIT_USAGE,

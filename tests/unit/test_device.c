@@ -50,23 +50,28 @@ static void test_auto(void **state)
     assert_int_equal(c.device, TRN_DEVICE_CUDA);
     assert_int_equal(c.ordinal, 1);
     assert_string_equal(c.note, "");
+    assert_false(c.gpu_unused);
     /* no GPU, no CUDA build, LOCAL_RANK beyond, several ranks: the CPU, saying why */
     assert_int_equal(trn_device_choose(TRN_DEVICE_REQ_AUTO, true, 0, 1, 0, &c, err, sizeof(err)),
                      0);
     assert_int_equal(c.device, TRN_DEVICE_CPU);
     assert_string_equal(c.note, "no CUDA device is visible");
+    assert_false(c.gpu_unused);
     assert_int_equal(trn_device_choose(TRN_DEVICE_REQ_AUTO, false, 4, 1, 0, &c, err, sizeof(err)),
                      0);
     assert_int_equal(c.device, TRN_DEVICE_CPU);
     assert_non_null(strstr(c.note, "built without CUDA"));
+    assert_false(c.gpu_unused);
     assert_int_equal(trn_device_choose(TRN_DEVICE_REQ_AUTO, true, 1, 1, 3, &c, err, sizeof(err)),
                      0);
     assert_int_equal(c.device, TRN_DEVICE_CPU);
     assert_string_equal(c.note, "LOCAL_RANK 3, but 1 CUDA device(s) are visible");
+    assert_true(c.gpu_unused);
     assert_int_equal(trn_device_choose(TRN_DEVICE_REQ_AUTO, true, 8, 8, 0, &c, err, sizeof(err)),
                      0);
     assert_int_equal(c.device, TRN_DEVICE_CPU);
     assert_non_null(strstr(c.note, "NCCL"));
+    assert_true(c.gpu_unused); /* a GPU node running 8 ranks on the CPU: a warning */
 }
 
 static void test_explicit(void **state)
