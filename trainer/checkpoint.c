@@ -82,7 +82,7 @@ static int save_file(const char *path, const struct trn_ckpt_tensor *model, size
                      size_t errlen)
 {
     struct strings s = {0};
-    struct trn_st_meta md[24];
+    struct trn_st_meta md[32];
     size_t nm = 0;
     int rc = 0;
     struct trn_st_tensor *t = calloc(n_model + n_mom + 1, sizeof(*t));
@@ -126,6 +126,10 @@ static int save_file(const char *path, const struct trn_ckpt_tensor *model, size
         META("optimizer.weight_decay", "%.17g", meta->weight_decay);
         META("optimizer.lr_schedule", "%s", meta->lr_schedule[0] ? meta->lr_schedule : "constant");
         META("optimizer.lr_total_steps", "%ld", meta->lr_total_steps);
+        if (meta->amp_scaler) {
+            META("amp.scale", "%.17g", meta->amp_scale);
+            META("amp.growth_tracker", "%ld", meta->amp_growth_tracker);
+        }
         META("data_crc32", "%08" PRIx32, trn_st_tensors_crc32(t, n_model + n_mom));
     }
 #undef META
@@ -468,6 +472,14 @@ static int parse_meta(const struct trn_st_file *f, const char *path, struct trn_
         (rc = meta_long(f, path, "optimizer.lr_total_steps", LONG_MAX, &m->lr_total_steps, err,
                         errlen)))
         return rc;
+    /* Optional: only --amp fp16 runs write the scaler's state. */
+    if (trn_st_meta_get(f, "amp.scale") != NULL) {
+        m->amp_scaler = true;
+        if ((rc = meta_double(f, path, "amp.scale", &m->amp_scale, err, errlen)) ||
+            (rc = meta_long(f, path, "amp.growth_tracker", LONG_MAX, &m->amp_growth_tracker, err,
+                            errlen)))
+            return rc;
+    }
     if ((rc = meta_long(f, path, "sampler.world_size", INT32_MAX, &v, err, errlen)))
         return rc;
     m->world_size = (int)v;

@@ -71,6 +71,12 @@ struct trn_ckpt_meta {
      * constant. */
     char lr_schedule[16];
     long lr_total_steps;
+    /* --amp fp16's GradScaler (scaler.h): written only when amp_scaler
+     * (metadata amp.scale, amp.growth_tracker); checkpoints without them
+     * read as no scaler state (a fresh scaler starts at the defaults). */
+    bool amp_scaler;
+    double amp_scale;
+    long amp_growth_tracker;
 };
 
 /*

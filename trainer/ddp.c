@@ -306,7 +306,9 @@ uint64_t trn_ddp_state_checksum(const struct trn_resnet *m)
 {
     /* FNV-1a over 64-bit words of params, buffers, then the counters. */
     uint64_t h = 0xcbf29ce484222325ull;
-    const void *parts[3] = {m->params, m->buffers, m->num_batches_tracked};
+    /* (the host copies on a device backend: the caller pulls first) */
+    const void *parts[3] = {m->host_params ? m->host_params : m->params,
+                            m->host_buffers ? m->host_buffers : m->buffers, m->num_batches_tracked};
     size_t bytes[3] = {m->num_params * sizeof(float), m->num_buffers * sizeof(float),
                        (size_t)m->num_bn * sizeof(int64_t)};
     for (int p = 0; p < 3; p++) {

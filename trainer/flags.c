@@ -11,6 +11,7 @@
 #include "trainer/buckets.h"        /* TRN_DEFAULT_BUCKET_CAP_MB */
 #include "trainer/comm/bootstrap.h" /* TRN_DEFAULT_INIT_TIMEOUT_S */
 #include "trainer/comm/comm.h"      /* TRN_COMM_DEFAULT_TIMEOUT_S */
+#include "trainer/device.h"         /* trn_device_parse */
 #include "trainer/resnet.h"         /* trn_arch_find */
 
 static int check_arch(const char *v, void *field, char *err, size_t errlen)
@@ -27,11 +28,20 @@ static int parse_fault(const char *v, void *field, char *err, size_t errlen)
     return trn_fault_parse(v, field, err, errlen); /* err names --fault */
 }
 
+static int parse_device(const char *v, void *field, char *err, size_t errlen)
+{
+    return trn_device_parse("--device", v, field, err, errlen);
+}
+
+const char *const trn_amp_names[] = {"off", "bf16", "fp16", NULL};
+const char *const trn_tf32_names[] = {"conv", "all", "off", NULL};
+
 #define AT(field) offsetof(struct trn_config, field)
 #define MODEL "model and optimiser"
 #define DATA "data"
 #define TRAINING "training"
 #define CKPT "checkpoints"
+#define DEVICE "device"
 #define DIST "distributed (torchrun's environment; see docs/distributed.md)"
 
 /* The seed script's defaults (ddp_train.py): ResNet-152, batch 64, 100
@@ -123,6 +133,22 @@ static const struct trn_flag table[] = {
      .help = "inject a fault: crash@step=N[,rank=R][,every],\n"
              "hang@step=N[,rank=R][,every], slow@step=N,ms=M[,...]",
      .shown = ""},
+
+    {"device", "D", TRN_FLAG_PARSED, AT(device), .check = parse_device, .group = DEVICE,
+     .help = "auto, cpu or cuda (GPU LOCAL_RANK); auto: cuda when this\n"
+             "build has it and a GPU is visible, else cpu",
+     .shown = "CDDP_DEVICE, else auto"},
+    {"amp", "P", TRN_FLAG_CHOICE, AT(amp), .def.choice = TRN_AMP_OFF, .choices = trn_amp_names,
+     .agree = TRN_AGREE_VALUE, .group = DEVICE,
+     .help = "mixed precision on cuda: off, bf16, or fp16 with\n"
+             "GradScaler's loss scaling"},
+    {"tf32", "S", TRN_FLAG_CHOICE, AT(tf32), .def.choice = TRN_TF32_CONV, .choices = trn_tf32_names,
+     .agree = TRN_AGREE_VALUE, .group = DEVICE,
+     .help = "TF32 on cuda: conv (PyTorch's default), all (also fc), off"},
+    {"cudnn-workspace-mb", "N", TRN_FLAG_LONG, AT(cudnn_workspace_mb), 1, 1 << 20, .def.l = 256,
+     .group = DEVICE, .help = "bound on cuDNN's convolution workspace, MiB"},
+    {"deterministic", NULL, TRN_FLAG_ON, AT(deterministic), .agree = TRN_AGREE_VALUE,
+     .group = DEVICE, .help = "deterministic cuDNN convolution algorithms only"},
 };
 
 #define N_FLAGS (sizeof(table) / sizeof(table[0]))
@@ -385,7 +411,8 @@ void trn_flags_usage(FILE *f)
 {
     fprintf(f, "usage: cddp-train [options]\n"
                "\n"
-               "Trains a torchvision ResNet with SGD on the CPU, as the seed's ddp_train.py.\n"
+               "Trains a torchvision ResNet with SGD on the CPU or a CUDA GPU, as the seed's\n"
+               "ddp_train.py.\n"
                "\n");
     const char *group = NULL;
     for (size_t i = 0; i < N_FLAGS; i++) {

@@ -60,7 +60,21 @@ struct trn_config {
     double collective_timeout; /* s */
     double init_timeout;       /* s */
     struct trn_fault fault;
+    /* device (docs/trainer.md, "Devices") */
+    int device;              /* enum trn_device_req; 0: not given (CDDP_DEVICE, else auto) */
+    int amp;                 /* enum trn_amp */
+    int tf32;                /* enum trn_tf32 */
+    long cudnn_workspace_mb; /* cuDNN workspace bound */
+    bool deterministic;      /* deterministic convolution algorithms */
 };
+
+/* --amp: mixed precision (CUDA only). */
+enum trn_amp { TRN_AMP_OFF, TRN_AMP_BF16, TRN_AMP_FP16 };
+extern const char *const trn_amp_names[]; /* "off", "bf16", "fp16", NULL */
+/* --tf32: where TF32 tensor cores may round fp32 inputs (PyTorch's
+ * allow_tf32 flags: convolutions on, matmul off by default). */
+enum trn_tf32 { TRN_TF32_CONV, TRN_TF32_ALL, TRN_TF32_OFF };
+extern const char *const trn_tf32_names[]; /* "conv", "all", "off", NULL */
 
 enum trn_flag_kind {
     TRN_FLAG_LONG,   /* long, an integer in [min, max] */

@@ -159,6 +159,11 @@ static void bind(struct trn_resnet *m)
         e->data = e->kind == TRN_STATE_PARAM    ? (void *)(m->params + e->off)
                   : e->kind == TRN_STATE_BUFFER ? (void *)(m->buffers + e->off)
                                                 : (void *)&m->num_batches_tracked[e->off];
+        e->host = e->data;
+        if (e->kind == TRN_STATE_PARAM && m->host_params)
+            e->host = m->host_params + e->off;
+        else if (e->kind == TRN_STATE_BUFFER && m->host_buffers)
+            e->host = m->host_buffers + e->off;
     }
 }
 
@@ -227,6 +232,11 @@ int trn_resnet_create(struct trn_resnet *m, struct trn_backend *be, const struct
     m->buffers = ops->alloc(be, m->num_buffers * sizeof(float));
     m->bn_scratch = ops->alloc(be, 7 * bn_channels * sizeof(float));
     m->num_batches_tracked = trn_calloc((size_t)m->num_bn, sizeof(int64_t));
+    if (be->device != TRN_DEVICE_CPU) {
+        m->host_params = trn_calloc(m->num_params, sizeof(float));
+        m->host_momentum = trn_calloc(m->num_params, sizeof(float));
+        m->host_buffers = trn_calloc(m->num_buffers, sizeof(float));
+    }
     if (!m->params || !m->grads || !m->momentum || !m->buffers || !m->bn_scratch) {
         snprintf(err, errlen, "%s: out of memory for %zu parameters", arch->name, m->num_params);
         trn_resnet_free(m);
@@ -250,11 +260,40 @@ void trn_resnet_free(struct trn_resnet *m)
     be->ops->free(be, m->bn_scratch);
     be->ops->free(be, m->arena);
     free(m->num_batches_tracked);
+    free(m->host_params);
+    free(m->host_momentum);
+    free(m->host_buffers);
     free(m->state);
     free(m->convs);
     free(m->bns);
     free(m->blocks);
     memset(m, 0, sizeof(*m));
+}
+
+void trn_resnet_pull(struct trn_resnet *m)
+{
+    struct trn_backend *be = m->be;
+    if (!m->host_params)
+        return;
+    be->ops->to_host(be, m->host_params, m->params, m->num_params * sizeof(float));
+    be->ops->to_host(be, m->host_momentum, m->momentum, m->num_params * sizeof(float));
+    be->ops->to_host(be, m->host_buffers, m->buffers, m->num_buffers * sizeof(float));
+}
+
+void trn_resnet_push(struct trn_resnet *m)
+{
+    struct trn_backend *be = m->be;
+    if (!m->host_params)
+        return;
+    be->ops->to_device(be, m->params, m->host_params, m->num_params * sizeof(float));
+    be->ops->to_device(be, m->momentum, m->host_momentum, m->num_params * sizeof(float));
+    be->ops->to_device(be, m->buffers, m->host_buffers, m->num_buffers * sizeof(float));
+    be->ops->synchronize(be);
+}
+
+float *trn_resnet_host_momentum(const struct trn_resnet *m)
+{
+    return m->host_momentum ? m->host_momentum : m->momentum;
 }
 
 const struct trn_state_entry *trn_resnet_find(const struct trn_resnet *m, const char *name)
@@ -393,6 +432,12 @@ static struct trn_tensor carve_activation(struct trn_resnet *m, struct arena *a,
     return t;
 }
 
+/* Whether the input is reordered to channels-last before conv1 (resnet.h). */
+static bool input_to_nhwc(const struct trn_resnet *m)
+{
+    return m->be->act_layout == TRN_LAYOUT_NHWC;
+}
+
 static int conv_out(const struct trn_conv *c, int in)
 {
     return (in + 2 * c->pad - c->k) / c->stride + 1;
@@ -402,6 +447,7 @@ static int conv_out(const struct trn_conv *c, int in)
 static void layout(struct trn_resnet *m, struct arena *a)
 {
     size_t mx = 0;
+    m->x_nhwc = input_to_nhwc(m) ? carve(a, (size_t)m->n * 3 * m->h * m->w * sizeof(float)) : NULL;
     int h = conv_out(&m->conv1.op, m->h), w = conv_out(&m->conv1.op, m->w);
     m->stem_c = carve_activation(m, a, 64, h, w, &mx);
     m->stem_a = carve_activation(m, a, 64, h, w, &mx);
@@ -548,6 +594,11 @@ float trn_resnet_forward(struct trn_resnet *m, const float *x, const int32_t *la
     set_shape(m, n, h, w);
     struct trn_tensor in = {(float *)x, n, 3, h, w, TRN_F32, TRN_LAYOUT_NCHW, be->device};
     m->x = in;
+    if (input_to_nhwc(m)) {
+        m->x.data = m->x_nhwc;
+        m->x.layout = TRN_LAYOUT_NHWC;
+        ops->reorder(be, &in, &m->x);
+    }
 
     conv_forward(m, &m->conv1, &m->x, &m->stem_c);
     bn_relu(m, &m->bn1, &m->stem_c, &m->stem_a, training);

@@ -91,6 +91,7 @@ struct trn_state_entry {
     size_t numel;
     size_t off; /* elements into params or buffers; index into the counters */
     void *data; /* where it is (device memory for params and buffers) */
+    void *host; /* its host copy (trn_resnet_pull/push); == data on the CPU */
 };
 
 /* Called from backward and forward for DDP and SyncBN; any may be NULL. */
@@ -121,6 +122,11 @@ struct trn_resnet {
     int64_t *num_batches_tracked; /* (num_bn), host */
     long optimizer_steps;         /* SGD steps taken; 0: the next one fills momentum */
 
+    /* Host copies of params, buffers and momentum on a device backend (NULL
+     * on the CPU, whose memory is host memory): what checkpoints, --init and
+     * --save read and write, so the files carry nothing device-bound. */
+    float *host_params, *host_buffers, *host_momentum;
+
     struct trn_state_entry *state; /* (n_state) state_dict order */
     size_t n_state;
 
@@ -141,7 +147,11 @@ struct trn_resnet {
     int n, h, w;
     void *arena;
     size_t arena_bytes;
+    /* x: the network input as conv1 reads it: the caller's NCHW batch, or
+     * on an NHWC backend (CUDA: cuDNN wants x and y of a convolution in one
+     * layout) its channels-last copy in x_nhwc, reordered at each forward */
     struct trn_tensor x, stem_c, stem_a, stem_p;
+    float *x_nhwc;
     uint8_t *pool_argmax;
     float *pooled, *logits, *probs, *dlogits, *dpooled; /* (n, feat) / (n, K) */
     float *gbuf[4]; /* backward scratch, each the largest activation */
@@ -168,6 +178,17 @@ void trn_resnet_free(struct trn_resnet *m);
  * the optimizer.
  */
 void trn_resnet_init(struct trn_resnet *m, uint64_t seed, bool zero_init_residual);
+
+/*
+ * On a device backend: pull copies params, buffers and momentum to their
+ * host copies (before a checkpoint, --save, the state checksum), push the
+ * other way (after --init or a resumed checkpoint wrote the host copies).
+ * No-ops on the CPU. trn_resnet_host_momentum is where the momentum's host
+ * view is (m->momentum on the CPU).
+ */
+void trn_resnet_pull(struct trn_resnet *m);
+void trn_resnet_push(struct trn_resnet *m);
+float *trn_resnet_host_momentum(const struct trn_resnet *m);
 
 /* The state_dict entry called name, or NULL. */
 const struct trn_state_entry *trn_resnet_find(const struct trn_resnet *m, const char *name);

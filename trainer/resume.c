@@ -14,7 +14,6 @@
 
 struct trn_ckpt_tensor *trn_state_table(const struct trn_resnet *m)
 {
-    TRN_CHECK(m->be->device == TRN_DEVICE_CPU, "weights files need host copies on this backend");
     struct trn_ckpt_tensor *t = trn_calloc(m->n_state, sizeof(*t));
     for (size_t i = 0; i < m->n_state; i++) {
         const struct trn_state_entry *e = &m->state[i];
@@ -22,7 +21,7 @@ struct trn_ckpt_tensor *trn_state_table(const struct trn_resnet *m)
         t[i].dtype = e->dtype == TRN_I64 ? TRN_ST_I64 : TRN_ST_F32;
         t[i].ndim = e->ndim;
         memcpy(t[i].shape, e->shape, sizeof(t[i].shape));
-        t[i].data = e->data;
+        t[i].data = e->host; /* the host copy on a device backend (trn_resnet_pull) */
     }
     return t;
 }
@@ -43,7 +42,7 @@ void trn_resume_init(struct trn_resume *k, const struct trn_config *c, struct tr
         if (m->state[i].kind != TRN_STATE_PARAM)
             continue;
         k->momentum[k->n_mom] = table[i];
-        k->momentum[k->n_mom++].data = m->momentum + m->state[i].off; /* host memory on the CPU */
+        k->momentum[k->n_mom++].data = trn_resnet_host_momentum(m) + m->state[i].off;
     }
 }
 
@@ -91,6 +90,14 @@ int trn_resume_load(struct trn_resume *k, int rank, struct trn_resume_point *at,
         return -1;
     }
     k->model->optimizer_steps = meta.optimizer_steps;
+    if (k->scaler && k->scaler->enabled && meta.amp_scaler &&
+        trn_scaler_restore(k->scaler, meta.amp_scale, meta.amp_growth_tracker) != 0) {
+        snprintf(err, errlen,
+                 "--checkpoint: %s: amp.scale %g / amp.growth_tracker %ld are not a "
+                 "loss scaler's state",
+                 k->path, meta.amp_scale, meta.amp_growth_tracker);
+        return -1;
+    }
     *at = (struct trn_resume_point){.resumed = true,
                                     .epoch = (int)start.epoch,
                                     .step = meta.step,
@@ -149,6 +156,11 @@ int trn_resume_save(struct trn_resume *k, int rank, int epoch, long step, size_t
             .weight_decay = c->weight_decay,
             .lr_total_steps = k->schedule->total_steps,
         };
+        if (k->scaler && k->scaler->enabled) {
+            meta.amp_scaler = true;
+            meta.amp_scale = (double)k->scaler->scale;
+            meta.amp_growth_tracker = k->scaler->growth_tracker;
+        }
         cddp_strlcpy(meta.arch, c->arch, sizeof(meta.arch));
         cddp_strlcpy(meta.lr_schedule, trn_lr_kind_name(k->schedule->kind),
                      sizeof(meta.lr_schedule));

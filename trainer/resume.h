@@ -27,10 +27,12 @@
 #include "trainer/data/sampler.h" /* struct trn_sampler */
 #include "trainer/flags.h"        /* struct trn_config */
 #include "trainer/resnet.h"       /* struct trn_resnet */
+#include "trainer/scaler.h"       /* struct trn_scaler */
 #include "trainer/schedule.h"     /* struct trn_lr_schedule */
 
-/* The model's state_dict as checkpoint.h's table (host pointers: the CPU
- * backend's memory is host memory). The caller frees it. */
+/* The model's state_dict as checkpoint.h's table, over host memory: the
+ * model's own on the CPU, its host copies on a device backend (the caller
+ * pulls before writing and pushes after reading; resnet.h). The caller frees it. */
 struct trn_ckpt_tensor *trn_state_table(const struct trn_resnet *m);
 
 struct trn_resume {
@@ -43,6 +45,9 @@ struct trn_resume {
     struct trn_ckpt_tensor *momentum;
     size_t n_mom;
     long last_step; /* step of the checkpoint last written or resumed; -1: none */
+    /* --amp fp16's loss scaler (set after init; NULL or disabled: none):
+     * saved with the checkpoint, restored from one that has it. */
+    struct trn_scaler *scaler;
 };
 
 /* Where a run starts. */

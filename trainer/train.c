@@ -17,7 +17,8 @@
  * epochs, evaluate (--eval), save (--save). Each step is a function of one
  * run context, struct run. The pieces live beside it: flags.c (the flags
  * table), schedule.c (the learning rate), resume.c (the run's checkpoint),
- * resnet.c (the graph), ops/cpu/ (the kernels), data/ (datasets and the
+ * resnet.c (the graph), ops/cpu/ and ops/cuda/ (the kernels, chosen by
+ * --device: device.c), scaler.c (--amp fp16), data/ (datasets and the
  * sampler), ddp.c and comm/ (distributed).
  */
 #include <errno.h>
@@ -43,12 +44,14 @@
 #include "trainer/data/dataset.h"   /* trn_dataset: synthetic, idx, folder */
 #include "trainer/data/sampler.h"   /* trn_sampler: DistributedSampler semantics */
 #include "trainer/ddp.h"            /* trn_ddp: DDP buckets, SyncBatchNorm */
+#include "trainer/device.h"         /* --device: trn_device_choose */
 #include "trainer/fatal.h"          /* trn_refuse, trn_fatal, trn_malloc */
 #include "trainer/fault.h"          /* --fault */
 #include "trainer/flags.h"          /* struct trn_config, trn_flags_parse */
 #include "trainer/ops/ops.h"        /* trn_backend */
 #include "trainer/resnet.h"         /* trn_resnet */
 #include "trainer/resume.h"         /* trn_resume: --checkpoint */
+#include "trainer/scaler.h"         /* --amp fp16: GradScaler */
 #include "trainer/schedule.h"       /* trn_lr_at */
 
 /* Everything one run holds, filled in main()'s order. */
@@ -58,7 +61,9 @@ struct run {
     int rank, world;
     int progress_fd; /* CDDP_PROGRESS_FD; -1: none */
 
+    struct trn_device_choice dev; /* --device, resolved */
     struct trn_backend be;
+    struct trn_scaler scaler;         /* --amp fp16's loss scaling (disabled otherwise) */
     struct trn_dataset *train, *test; /* test: --eval only */
     int num_classes;
     int height, width; /* of every image */
@@ -190,15 +195,102 @@ static void setup_flags(struct run *r, int argc, char **argv)
     progress_open(r);
 }
 
-/* The backend (oneDNN and our kernels on --threads OpenMP threads), the
- * training split and, for --eval, the test split, and the model:
- * torchvision's initialisation (seeded), or its weights (--init). */
+/* --device (else CDDP_DEVICE, else auto) resolved against this build, the
+ * visible GPUs and torchrun's world (device.h); --amp against the device.
+ * A request that cannot be met: one line, exit 2. */
+static void setup_device(struct run *r)
+{
+    const struct trn_config *c = &r->cfg;
+    char err[512];
+    int req = c->device;
+    const char *env = getenv("CDDP_DEVICE");
+    if (req == TRN_DEVICE_REQ_UNSET && env && *env &&
+        trn_device_parse("CDDP_DEVICE", env, &req, err, sizeof(err)) != 0)
+        trn_refuse(CDDP_EXIT_USAGE, "%s", err);
+    if (req == TRN_DEVICE_REQ_UNSET)
+        req = TRN_DEVICE_REQ_AUTO;
+    bool built = CDDP_HAVE_CUDA;
+    int count = 0;
+#if CDDP_HAVE_CUDA
+    if (req != TRN_DEVICE_REQ_CPU)
+        count = trn_cuda_device_count();
+#endif
+    if (trn_device_choose(req, built, count, r->world, r->env.local_rank, &r->dev, err,
+                          sizeof(err)) != 0)
+        trn_refuse(CDDP_EXIT_USAGE, "%s", err);
+    if (r->dev.gpu_unused)
+        log_warn("T2001", "--device auto: the CPU although a GPU is visible (%s)", r->dev.note);
+    else if (r->dev.note[0])
+        log_info("T2001", "--device auto: the CPU (%s)", r->dev.note);
+    if (c->amp != TRN_AMP_OFF && r->dev.device == TRN_DEVICE_CPU)
+        trn_refuse(CDDP_EXIT_USAGE,
+                   "--amp %s: mixed precision needs --device cuda (the CPU backend computes in "
+                   "fp32)",
+                   trn_amp_names[c->amp]);
+    trn_scaler_init(&r->scaler, c->amp == TRN_AMP_FP16);
+}
+
+/* The backend --device chose: oneDNN and our kernels on --threads OpenMP
+ * threads, or cuDNN, cuBLAS and our kernels on GPU LOCAL_RANK. */
+static void setup_backend(struct run *r)
+{
+    const struct trn_config *c = &r->cfg;
+    char err[4096];
+    if (r->dev.device == TRN_DEVICE_CPU) {
+        if (trn_backend_cpu_init(&r->be, (int)c->threads, err, sizeof(err)) != 0)
+            trn_fatal("%s", err);
+        return;
+    }
+#if CDDP_HAVE_CUDA
+    struct trn_cuda_options o = {
+        .device = r->dev.ordinal,
+        .workspace_bytes = (size_t)c->cudnn_workspace_mb << 20,
+        .deterministic = c->deterministic,
+        .tf32_conv = c->tf32 != TRN_TF32_OFF,
+        .tf32_matmul = c->tf32 == TRN_TF32_ALL,
+    };
+    int rc = trn_backend_cuda_init(&r->be, &o, err, sizeof(err));
+    if (rc == CDDP_ECONFIG)
+        trn_refuse(CDDP_EXIT_USAGE, "--device cuda: %s", err);
+    if (rc != 0)
+        trn_fatal("%s", err);
+    log_info("T2000", "device: cuda:%d, --amp %s, --tf32 %s, cuDNN workspace %ld MiB%s",
+             r->dev.ordinal, trn_amp_names[c->amp], trn_tf32_names[c->tf32], c->cudnn_workspace_mb,
+             c->deterministic ? ", deterministic" : "");
+    if (c->amp != TRN_AMP_OFF)
+        log_warn("T2003",
+                 "--amp %s: the CUDA ops still compute and store activations in fp32 in this "
+                 "build (the casting kernels exist, the ops do not use them yet)%s",
+                 trn_amp_names[c->amp],
+                 c->amp == TRN_AMP_FP16 ? "; fp16's loss scaling (GradScaler) runs" : "");
+#endif
+}
+
+static void release_backend(struct run *r)
+{
+    if (!r->be.ops)
+        return;
+#if CDDP_HAVE_CUDA
+    if (r->be.device == TRN_DEVICE_CUDA) {
+        log_info("T2002", "peak device memory %.1f MiB",
+                 (double)trn_backend_cuda_peak_bytes(&r->be) / 1048576.0);
+        trn_backend_cuda_free(&r->be);
+        return;
+    }
+#endif
+    trn_backend_cpu_free(&r->be);
+}
+
+/* The backend, the training split and, for --eval, the test split, and
+ * the model: torchvision's initialisation (seeded), or its weights
+ * (--init), in host memory until resume() has had its say (then pushed to
+ * the device). */
 static void setup_model(struct run *r)
 {
     const struct trn_config *c = &r->cfg;
     char err[4096];
-    if (trn_backend_cpu_init(&r->be, (int)c->threads, err, sizeof(err)) != 0)
-        trn_fatal("%s", err);
+    setup_device(r);
+    setup_backend(r);
     r->train = open_data(c, TRN_SPLIT_TRAIN);
     r->test = c->eval ? open_data(c, TRN_SPLIT_TEST) : NULL;
     const struct trn_dataset *d = r->train;
@@ -220,6 +312,7 @@ static void setup_model(struct run *r)
                           sizeof(err)))
         trn_fatal("%s", err);
     trn_resnet_init(&r->model, (uint64_t)c->seed, c->zero_init_residual);
+    trn_resnet_pull(&r->model); /* the host copies start equal (a device backend) */
     r->state = trn_state_table(&r->model);
     /* A checkpoint to resume replaces these weights: --init is not read then. */
     r->resuming = c->checkpoint && !c->no_resume && access(c->checkpoint, F_OK) == 0;
@@ -270,6 +363,7 @@ static void resume(struct run *r)
 {
     char err[4096];
     trn_resume_init(&r->ckpt, &r->cfg, &r->model, r->state, &r->sampler, &r->schedule);
+    r->ckpt.scaler = &r->scaler;
     int rc = trn_resume_load(&r->ckpt, r->rank, &r->start, err, sizeof(err));
     if (rc < 0)
         trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
@@ -277,6 +371,7 @@ static void resume(struct run *r)
         trn_refuse(CDDP_EXIT_FAILURE, "--checkpoint: %s: removed while cddp-train was starting",
                    r->cfg.checkpoint);
     r->step = r->start.step;
+    trn_resnet_push(&r->model); /* --init's or the checkpoint's tensors (a device backend) */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -381,6 +476,8 @@ static void load_batch(struct run *r, const struct trn_dataset *d, const uint32_
 static void checkpoint(struct run *r, int epoch, size_t rank_offset)
 {
     char err[4096];
+    if (r->cfg.checkpoint && r->rank == 0)
+        trn_resnet_pull(&r->model);
     int rc = trn_resume_save(&r->ckpt, r->rank, epoch, r->step, rank_offset, err, sizeof(err));
     if (rc < 0)
         trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
@@ -393,6 +490,24 @@ struct epoch_tally {
     double loss_sum;
     long images, batches;
 };
+
+/* --amp fp16 (GradScaler): unscale the gradients, and whether the step is
+ * to be taken (no inf or NaN among them); the scale backs off or grows.
+ * Always true without loss scaling. */
+static bool amp_step_ok(struct run *r)
+{
+    struct trn_resnet *m = &r->model;
+    if (!r->scaler.enabled)
+        return true;
+    bool found_inf =
+        r->be.ops->unscale(&r->be, m->grads, m->num_params, trn_scaler_inv_scale(&r->scaler));
+    if (trn_scaler_update(&r->scaler, found_inf))
+        return true;
+    log_warn("T2004",
+             "step %ld: inf/NaN gradients under --amp fp16: step skipped, loss scale now %g",
+             r->step, (double)r->scaler.scale);
+    return false;
+}
 
 /* One optimizer step over batches [b0, b1) of the epoch: each loss divided
  * by their number, gradients averaged across ranks only after the last one
@@ -419,7 +534,8 @@ static void train_step(struct run *r, int epoch, long b0, long b1, struct epoch_
         float loss =
             trn_resnet_forward(&r->model, r->x_dev, r->labels, n, r->height, r->width, true);
         trn_ddp_begin_backward(&r->ddp, b == b1 - 1);
-        trn_resnet_backward(&r->model, 1.0f / k, b > b0);
+        /* (times the loss scale under --amp fp16: unscaled before the step) */
+        trn_resnet_backward(&r->model, trn_scaler_loss_scale(&r->scaler) / k, b > b0);
         t->batches++;
         t->images += n;
         step_images += n;
@@ -432,7 +548,8 @@ static void train_step(struct run *r, int epoch, long b0, long b1, struct epoch_
     }
     trn_ddp_finish_backward(&r->ddp);
     double lr = trn_lr_at(&r->schedule, r->step);
-    trn_resnet_sgd_step(&r->model, (float)lr, (float)c->momentum, (float)c->weight_decay);
+    if (amp_step_ok(r))
+        trn_resnet_sgd_step(&r->model, (float)lr, (float)c->momentum, (float)c->weight_decay);
     r->step++;
     double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
     log_debug("T0002", "step %ld loss %.9g time %.6f s", r->step, (double)step_loss, secs);
@@ -476,6 +593,7 @@ static void finish_training(struct run *r)
 {
     r->in_step = -1;
     trn_ddp_sync_buffers(&r->ddp);
+    trn_resnet_pull(&r->model); /* the checksum and --save read the host copies */
     if (cddp_log_enabled(CDDP_LOG_INFO))
         log_info("T6202", "after %ld steps: state checksum %016" PRIx64, r->step,
                  trn_ddp_state_checksum(&r->model));
@@ -591,7 +709,7 @@ static void release(struct run *r)
     trn_resnet_free(&r->model);
     trn_dataset_close(r->train);
     trn_dataset_close(r->test);
-    trn_backend_cpu_free(&r->be);
+    release_backend(r);
 }
 
 int main(int argc, char **argv)

@@ -488,6 +488,32 @@ static void check_sgd(size_t n)
     gpu.ops->free(&gpu, gb);
 }
 
+/* GradScaler's unscale (--amp fp16): the same products (exact), and both
+ * backends see an inf or a NaN wherever it is, and nothing when there is none. */
+static void check_unscale(size_t n)
+{
+    float *g = randn(n);
+    float *gg = dev(g, n * 4);
+    float inv = 1.0f / 65536.0f;
+    bool cf = cpu.ops->unscale(&cpu, g, n, inv), gf = gpu.ops->unscale(&gpu, gg, n, inv);
+    check_vec("unscale", gg, g, n, 0);
+    report("unscale: no inf/NaN found", cf == gf && !gf ? 0 : INFINITY, 0);
+    static const float bad[2] = {INFINITY, NAN};
+    for (int k = 0; k < 2; k++) {
+        size_t at = k == 0 ? n - 1 : n / 3; /* the last element: the partial block */
+        float v = bad[k];
+        gpu.ops->to_device(&gpu, gg + at, &v, sizeof(v));
+        g[at] = v;
+        cf = cpu.ops->unscale(&cpu, g, n, 1.0f);
+        gf = gpu.ops->unscale(&gpu, gg, n, 1.0f);
+        report(k == 0 ? "unscale: inf found" : "unscale: NaN found", cf && gf ? 0 : INFINITY, 0);
+        g[at] = 0;
+        gpu.ops->to_device(&gpu, gg + at, &g[at], sizeof(float));
+    }
+    free(g);
+    gpu.ops->free(&gpu, gg);
+}
+
 static void check_reorder(void)
 {
     struct act a = act_randn(2, 5, 3, 7); /* NCHW -> NHWC on the GPU, back in check_act */
@@ -551,6 +577,7 @@ int main(int argc, char **argv)
     check_fc(8, 512, 100, mm_tol);
     check_xent(8, 1000);
     check_sgd(100003);
+    check_unscale(100003);
     size_t peak = trn_backend_cuda_peak_bytes(&gpu);
     printf("cuda-opcheck: %d checks, %d failed; peak device memory %.1f MiB\n", checks, failures,
            (double)peak / (1 << 20));

@@ -186,6 +186,10 @@ struct trn_ops {
     /* sgd.c. torch.optim.SGD on n elements (see sgd.c for the exact update). */
     void (*sgd_step)(struct trn_backend *be, float *param, const float *grad, float *momentum_buf,
                      size_t n, float lr, float momentum, float weight_decay, bool first_step);
+
+    /* amp: GradScaler's unscale_ over n gradients: grad *= inv_scale; returns
+     * whether any was inf or NaN (a host value: this synchronises). */
+    bool (*unscale)(struct trn_backend *be, float *grad, size_t n, float inv_scale);
 };
 
 /* A backend instance: the table plus its state (oneDNN engine and stream,

@@ -127,6 +127,7 @@ static const struct trn_ops cpu_ops = {
     .xent_forward = cpu_xent_forward,
     .xent_backward = cpu_xent_backward,
     .sgd_step = cpu_sgd_step,
+    .unscale = cpu_unscale,
 };
 
 /* Threads: the caller's choice, else OMP_NUM_THREADS (as PyTorch), else every core. */

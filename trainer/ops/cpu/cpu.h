@@ -109,6 +109,7 @@ void cpu_xent_backward(struct trn_backend *be, int n, int k, const float *probs,
                        const int32_t *labels, float scale, float *dlogits);
 
 /* sgd.c */
+bool cpu_unscale(struct trn_backend *be, float *grad, size_t n, float inv_scale);
 void cpu_sgd_step(struct trn_backend *be, float *param, const float *grad, float *momentum_buf,
                   size_t n, float lr, float momentum, float weight_decay, bool first_step);
 

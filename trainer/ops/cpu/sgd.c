@@ -11,6 +11,8 @@
  * operations are done in float in this order, as PyTorch does, so the
  * result agrees to the last bit or so.
  */
+#include <math.h>
+
 #include "trainer/ops/cpu/cpu.h"
 
 void cpu_sgd_step(struct trn_backend *be, float *param, const float *grad, float *momentum_buf,
@@ -41,4 +43,18 @@ void cpu_sgd_step(struct trn_backend *be, float *param, const float *grad, float
         momentum_buf[i] = b;
         param[i] = param[i] - lr * b;
     }
+}
+
+/* GradScaler's unscale_: every gradient times inv_scale, noting inf or NaN
+ * (checked before unscaling, as torch does). */
+bool cpu_unscale(struct trn_backend *be, float *grad, size_t n, float inv_scale)
+{
+    (void)be;
+    int found = 0;
+#pragma omp parallel for reduction(| : found) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        found |= !isfinite(grad[i]);
+        grad[i] *= inv_scale;
+    }
+    return found != 0;
 }

@@ -199,6 +199,7 @@ static const struct trn_ops cuda_ops = {
     .xent_forward = cuda_xent_forward,
     .xent_backward = cuda_xent_backward,
     .sgd_step = cuda_sgd_step,
+    .unscale = cuda_unscale,
 };
 
 extern "C" int trn_cuda_device_count(void)

@@ -144,4 +144,12 @@ void cuda_xent_backward(struct trn_backend *be, int n, int k, const float *probs
 void cuda_sgd_step(struct trn_backend *be, float *param, const float *grad, float *momentum_buf,
                    size_t n, float lr, float momentum, float weight_decay, bool first_step);
 
+/* amp.cu */
+bool cuda_unscale(struct trn_backend *be, float *grad, size_t n, float inv_scale);
+/* dst (n, bf16 or fp16 bits) = src (n, fp32) rounded to nearest even; and back. */
+void cuda_cast_f32_to_bf16(struct trn_backend *be, const float *src, uint16_t *dst, size_t n);
+void cuda_cast_f32_to_f16(struct trn_backend *be, const float *src, uint16_t *dst, size_t n);
+void cuda_cast_bf16_to_f32(struct trn_backend *be, const uint16_t *src, float *dst, size_t n);
+void cuda_cast_f16_to_f32(struct trn_backend *be, const uint16_t *src, float *dst, size_t n);
+
 #endif

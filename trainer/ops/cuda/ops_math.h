@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h> /* memcpy: the bits of a float */
 
 #ifdef __CUDACC__
 #define TRN_HD __host__ __device__
@@ -269,6 +270,88 @@ TRN_HD static inline void trn_sgd_one(float *param, float grad, float *buf, floa
         *buf = b;
         *param = *param - lr * b;
     }
+}
+
+/* ---- mixed precision (amp.cu; trainer/scaler.h) ---- */
+
+/* GradScaler's unscale of one gradient: g * inv_scale, and whether g (before
+ * unscaling, as torch checks) is inf or NaN. */
+TRN_HD static inline float trn_unscale_one(float g, float inv_scale, int *found_inf)
+{
+    if (!isfinite(g))
+        *found_inf = 1;
+    return g * inv_scale;
+}
+
+/* fp32 -> bf16 bits, round to nearest even (NaN stays a quiet NaN), as
+ * torch's c10::BFloat16 and __float2bfloat16_rn. */
+TRN_HD static inline uint16_t trn_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+TRN_HD static inline float trn_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* fp32 -> IEEE half bits, round to nearest even, overflow to inf, NaN kept
+ * (as __float2half_rn). */
+TRN_HD static inline uint16_t trn_f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00u); /* NaN */
+    if (a >= 0x477ff000u)                  /* rounds to 65520 or more: inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x38800000u) { /* below 2^-14: a subnormal half (or 0) */
+        if (a < 0x33000000u)
+            return (uint16_t)sign; /* below half the smallest subnormal: 0 */
+        uint32_t m = (a & 0x7fffffu) | 0x800000u, e = a >> 23; /* value m * 2^(e-150) */
+        uint32_t shift = 126u - e;                             /* to units of 2^-24 */
+        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), mid = 1u << (shift - 1u);
+        if (rem > mid || (rem == mid && (q & 1u)))
+            q++;
+        return (uint16_t)(sign | q);
+    }
+    /* normal: rebias the exponent (127 -> 15), round 13 bits away */
+    uint32_t v = a - 0x38000000u;
+    v += 0xfffu + ((v >> 13) & 1u);
+    return (uint16_t)(sign | (v >> 13));
+}
+
+TRN_HD static inline float trn_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+    if (e == 0x1f) {
+        u = sign | 0x7f800000u | (m << 13);
+    } else if (e == 0) {
+        if (m == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            e = 113;
+            while (!(m & 0x400u)) {
+                m <<= 1;
+                e--;
+            }
+            u = sign | (e << 23) | ((m & 0x3ffu) << 13);
+        }
+    } else {
+        u = sign | ((e + 112u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
 }
 
 #endif

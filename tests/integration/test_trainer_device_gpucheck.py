@@ -1,0 +1,125 @@
+"""tools/gpu-check and its stage scripts on a machine without a GPU.
+
+What can run here does: without a GPU, gpu-check exits 77 with one line
+(whatever --stages says); bad arguments are one line, exit 2, before the GPU
+is looked for; --help prints the stages. CDDP_GPU_CHECK_SELFTEST=1 runs the
+stages' own code (the bundle or build lookup, the op checker's skip, the
+parity and throughput scripts, the JSON and markdown reports) on the CPU
+with small settings, so a mistake in them shows here and not in the few
+minutes of a lent GPU. tests/gpu/parity.py and throughput.py refuse bad
+arguments. --pack (heavy: it compresses the bundle) writes a bundle with
+both binaries and the libraries they need. On a machine with a GPU the
+skip tests themselves skip.
+"""
+import json
+import os
+import shutil
+import tarfile
+
+import pytest
+
+from conftest import BUILD, ROOT, TORCH_PY, binary, run
+
+GPU_CHECK = ROOT / "tools" / "gpu-check"
+
+
+def has_cuda_build():
+    cfg = BUILD / "config.h"
+    return cfg.exists() and "#define CDDP_HAVE_CUDA 1" in cfg.read_text()
+
+
+def gpu_visible():
+    return shutil.which("nvidia-smi") and run(["nvidia-smi", "-L"], timeout=30).returncode == 0
+
+
+def check(*args, env_extra=None, timeout=120):
+    env = dict(os.environ, CDDP_BUILD_DIR=str(BUILD))
+    env.pop("CDDP_GPU_CHECK_SELFTEST", None)
+    env.update(env_extra or {})
+    return run([TORCH_PY, GPU_CHECK, *args], timeout=timeout, env=env, cwd=ROOT)
+
+
+@pytest.mark.skipif(bool(gpu_visible()), reason="a GPU is visible")
+@pytest.mark.parametrize("args", [[], ["--stages", "parity"], ["--stages=ops,throughput"]])
+def test_no_gpu_exits_77_with_one_line(args):
+    r = check(*args)
+    assert r.returncode == 77, (r.stdout, r.stderr)
+    lines = [l for l in (r.stdout + r.stderr).splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("gpu-check: skipped: no NVIDIA GPU visible"), lines
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--stages", "bogus"], "--stages: 'bogus'"),
+    (["--stages", ""], "--stages: ''"),
+    (["--stages"], "unexpected argument '--stages'"),
+    (["--pack", "now"], "unexpected argument '--pack'"),
+    (["--frobnicate"], "unexpected argument '--frobnicate'"),
+])
+def test_bad_arguments(args, needle):
+    r = check(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert r.stdout == ""
+
+
+def test_help():
+    r = check("--help")
+    assert r.returncode == 0
+    for stage in ("environment", "build", "ops", "parity", "throughput", "--pack"):
+        assert stage in r.stdout
+
+
+@pytest.mark.parametrize("script, args, needle", [
+    ("parity.py", ["--device", "tpu"], "--device"),
+    ("parity.py", [], "--train"),
+    ("throughput.py", ["--train", "x", "--modes", "fp64"], "--modes"),
+    ("throughput.py", ["--train", "x", "--batch", "1"], "--batch"),
+])
+def test_stage_scripts_refuse_bad_arguments(script, args, needle):
+    r = run([TORCH_PY, ROOT / "tests" / "gpu" / script, *args], timeout=60)
+    assert r.returncode == 2 and needle in r.stderr, (r.stdout, r.stderr)
+
+
+@pytest.mark.torch
+@pytest.mark.heavy
+def test_selftest_runs_every_stage_on_the_cpu(torch_python, tmp_path):
+    if not has_cuda_build():
+        pytest.skip("no CUDA build: no cuda-opcheck to look for")
+    binary("cddp-train")
+    out = tmp_path / "out"
+    out.mkdir()
+    r = check(env_extra={"CDDP_GPU_CHECK_SELFTEST": "1", "OUT": str(out)}, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads((out / "gpu-check.json").read_text())
+    status = {s["stage"]: s["status"] for s in report["stages"]}
+    assert status["environment"] == "ok" and status["build"] == "ok", status
+    assert status["ops (fp32)"] == "skipped"  # the op checker's 77: no device
+    assert status["parity (resnet18)"] == "ok", status
+    assert status["throughput (resnet152)"] == "ok", status
+    parity = json.loads((out / "parity-resnet18.json").read_text())
+    assert parity["ok"] and parity["device"] == "cpu" and len(parity["losses"]["ours"]) == 3
+    thr = json.loads((out / "throughput-resnet152.json").read_text())
+    assert thr["modes"]["fp32"]["cddp"]["img_per_s"] > 0
+    assert thr["modes"]["fp32"]["torch_eager"]["img_per_s"] > 0
+    md = (out / "gpu-check.md").read_text()
+    assert "## parity (resnet18)" in md and "| fp32 |" in md
+    # every file the device tool is to bring back has a plain name
+    for f in out.iterdir():
+        assert all(c.isalnum() or c in "-_." for c in f.name), f.name
+
+
+@pytest.mark.heavy
+def test_pack_bundles_both_binaries(tmp_path):
+    if not has_cuda_build():
+        pytest.skip("no CUDA build: nothing to pack")
+    r = check("--pack", timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    bundle = BUILD / "gpu-bundle.tar.xz"
+    assert bundle.stat().st_size < 48 << 20, "the bundle must leave room in 64 MiB carried"
+    with tarfile.open(bundle) as tar:
+        names = set(tar.getnames())
+    assert {"bin/cddp-train", "bin/cuda-opcheck"} <= names, names
+    libs = {n.split("/")[-1] for n in names if n.startswith("lib/")}
+    assert "libdnnl.so.2" in libs and "libgloo.so.0" in libs, libs
+    assert not any(l.startswith(("libcudnn", "libcublas", "libc.so")) for l in libs), libs
