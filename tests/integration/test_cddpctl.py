@@ -565,6 +565,14 @@ def test_watch_a_real_run_to_its_end(background, tmp_path):
     sport = free_port()
     agent = background([binary("cddprun"), "--nproc_per_node=2", f"--status_port={sport}",
                         f"--master_port={free_port()}", "--status_linger=1.5", "--rdzv_id=w1", str(w)])
+
+    def listening():
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", sport)) == 0
+
+    # The watch starts once the port is up: a refused first connection is
+    # an error for cddpctl, on purpose (a typo in HOST:PORT must not wait).
+    wait_for(listening, timeout=30, what="cddprun's status port")
     watch = background([binary("cddpctl"), "status", f"127.0.0.1:{sport}", "--watch", "-n",
                         "0.25", "--total-steps", "30"])
     assert agent.wait(60) == 0, agent.err
