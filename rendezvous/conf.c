@@ -25,7 +25,8 @@ const char *rdzv_conf_known_keys(void)
 {
     return "join_timeout, last_call_timeout, close_timeout, keep_alive_interval, "
            "keep_alive_max_attempt, heartbeat_timeout, read_timeout, is_host, timeout, "
-           "store_type, use_libuv, token, resume_timeout, protocol, cacert, cert, key, key_prefix, etcd_prefix, "
+           "store_type, use_libuv, token, resume_timeout, protocol, cacert, cert, key, key_prefix, "
+           "etcd_prefix, "
            "user, "
            "password";
 }
