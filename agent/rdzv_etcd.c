@@ -757,8 +757,14 @@ static void schedule_fold(struct ed *e)
         if (e->ops[i].kind == OP_FOLD)
             return; /* op_done schedules the next */
     }
-    size_t n = e->st_valid ? e->st.nmembers : 0;
-    uv_timer_start(&e->fold_timer, fold_due, 5 + n / 10, 0);
+    size_t n = e->st_valid ? e->st.nmembers : 0, taken = 0;
+    for (size_t i = 0; i < n; i++)
+        taken +=
+            e->st.members[i].state == ETCD_M_JOINED || e->st.members[i].state == ETCD_M_EXPECTED;
+    /* At once when these requests may complete the round. */
+    bool full =
+        e->st_valid && e->st.phase == ETCD_FORMING && taken + e->nreqs >= (size_t)e->max_nodes;
+    uv_timer_start(&e->fold_timer, fold_due, full ? 1 : 5 + n / 4, 0);
 }
 
 static void req_put(struct ed *e, const char *id, int64_t rev, const unsigned char *val,
@@ -807,6 +813,13 @@ static void req_drop(struct ed *e, const char *id, int64_t rev)
 
 static void step_down(struct ed *e)
 {
+    if (e->lease == 0 && e->join_cb && e->join_put) {
+        /* Our join request went with the lease: write it again. */
+        e->join_put = false;
+        e->join_applied = false;
+        struct op o = {.kind = OP_JOIN};
+        push_op(e, &o);
+    }
     e->leader = false;
     e->writer_seen = false;
     e->fold_prune = false;
@@ -980,8 +993,18 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
     }
     if (last_state < m.nevents) {
         const struct etcd_event *ev = &m.events[last_state];
-        take_state(e, ev->type == ETCD_PUT ? &ev->kv : NULL, ev->kv.mod_rev);
-        state = true;
+        uint64_t round;
+        enum etcd_phase phase;
+        /* A forming state tells a waiting non-leader nothing it acts on
+         * (the round completes, or restarts, in a later one): skip its
+         * decode, which costs O(members) in each of N agents. */
+        bool skip = ev->type == ETCD_PUT && !e->leader &&
+                    etcd_round_peek((const char *)ev->kv.value, ev->kv.vlen, &round, &phase) == 0 &&
+                    phase == ETCD_FORMING && (e->join_cb != NULL || e->restart_told >= round);
+        if (!skip) {
+            take_state(e, ev->type == ETCD_PUT ? &ev->kv : NULL, ev->kv.mod_rev);
+            state = true;
+        }
     }
     for (size_t i = 0; i < m.nevents && !e->closing; i++) {
         const struct etcd_event *ev = &m.events[i];
