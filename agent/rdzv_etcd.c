@@ -87,8 +87,8 @@ struct ed {
     char addr[256];
     int nproc, min_nodes, max_nodes;
     char prefix[600]; /* <key_prefix>/<run_id>/ */
-    char state_key[640], nodes_key[640], node_key[900], barrier_key[640];
-    char joins_key[640], join_key[900], writer_key[640];
+    char state_key[640], nodes_key[640], node_key[900], barrier_key[700];
+    char joins_key[640], join_key[900], writer_key[700], news_key[640], round_key[700];
 
     /* leadership: the agent whose create of writer_key (on its lease)
      * went through folds the others' join requests into the state */
@@ -484,6 +484,11 @@ static void write_op(struct ed *e, const struct etcd_range *alive)
         return;
     }
     int64_t lease = o->kind == OP_CLOSE ? e->close_lease : 0;
+    /* A new round, phase or run goes to news/round too, which is all the
+     * non-leaders watch: the forming states in between are the leader's. */
+    const char *news = !e->st_valid || e->st.round != next.round || e->st.phase != next.phase
+                           ? e->round_key
+                           : NULL;
     char *req;
     if (o->kind == OP_FOLD && e->nfolding) {
         /* The folded requests go in the same transaction, each compared on
@@ -496,12 +501,12 @@ static void write_op(struct ed *e, const struct etcd_range *alive)
             keys[i] = buf[i];
             revs[i] = e->folding[i].rev;
         }
-        req = buf ? etcd_req_fold(e->state_key, e->st_rev, val, strlen(val), lease, keys, revs,
-                                  e->nfolding)
+        req = buf ? etcd_req_fold(e->state_key, e->st_rev, val, strlen(val), lease, news, keys,
+                                  revs, e->nfolding)
                   : NULL;
         free(buf);
     } else {
-        req = etcd_req_cas(e->state_key, e->st_rev, val, strlen(val), lease);
+        req = etcd_req_fold(e->state_key, e->st_rev, val, strlen(val), lease, news, NULL, NULL, 0);
     }
     free(val);
     e->pending = next;
@@ -987,31 +992,22 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
     /* Only the last value of the state in a message matters (a loaded
      * etcd sends many at once, and each costs a decode of every member). */
     size_t last_state = m.nevents;
+    const char *sk = e->leader ? e->state_key : e->round_key;
     for (size_t i = 0; i < m.nevents; i++) {
-        if (strcmp(m.events[i].kv.key, e->state_key) == 0)
+        if (strcmp(m.events[i].kv.key, sk) == 0)
             last_state = i;
     }
     if (last_state < m.nevents) {
         const struct etcd_event *ev = &m.events[last_state];
-        uint64_t round;
-        enum etcd_phase phase;
-        /* A forming state tells a waiting non-leader nothing it acts on
-         * (the round completes, or restarts, in a later one): skip its
-         * decode, which costs O(members) in each of N agents. */
-        bool skip = ev->type == ETCD_PUT && !e->leader &&
-                    etcd_round_peek((const char *)ev->kv.value, ev->kv.vlen, &round, &phase) == 0 &&
-                    phase == ETCD_FORMING && (e->join_cb != NULL || e->restart_told >= round);
-        if (!skip) {
-            take_state(e, ev->type == ETCD_PUT ? &ev->kv : NULL, ev->kv.mod_rev);
-            state = true;
-        }
+        take_state(e, ev->type == ETCD_PUT ? &ev->kv : NULL, ev->kv.mod_rev);
+        state = true;
     }
     for (size_t i = 0; i < m.nevents && !e->closing; i++) {
         const struct etcd_event *ev = &m.events[i];
         const char *rest;
         if (ev->kv.mod_rev > e->watch_rev)
             e->watch_rev = ev->kv.mod_rev;
-        if (strcmp(ev->kv.key, e->state_key) == 0) {
+        if (strcmp(ev->kv.key, e->state_key) == 0 || strcmp(ev->kv.key, e->round_key) == 0) {
             continue;
         } else if (strcmp(ev->kv.key, e->writer_key) == 0) {
             if (ev->type == ETCD_DELETE) {
@@ -1063,15 +1059,15 @@ static void open_watch(struct ed *e)
 {
     if (e->closing || e->watch)
         return;
-    char end[600], from[640];
-    size_t n = etcd_prefix_end(e->prefix, strlen(e->prefix), end);
+    /* The others watch only news/ (the round when it changes, the barrier,
+     * the leader key): the forming states, join requests and node keys are
+     * the leader's to read. */
+    const char *from = e->leader ? e->prefix : e->news_key;
+    char end[700];
+    size_t n = etcd_prefix_end(from, strlen(from), end);
     end[n] = '\0';
-    /* Others watch only the keys after nodes/ (state, sync/, writer): the
-     * join requests and node keys are the leader's to read. */
-    snprintf(from, sizeof(from), "%snodes0", e->prefix);
-    int rc =
-        etcd_watch_open(e->cl, etcd_req_watch(e->leader ? e->prefix : from, end, e->watch_rev + 1),
-                        on_watch_msg, on_watch_end, e, &e->watch);
+    int rc = etcd_watch_open(e->cl, etcd_req_watch(from, end, e->watch_rev + 1), on_watch_msg,
+                             on_watch_end, e, &e->watch);
     if (rc) {
         e->watch = NULL;
         uv_timer_start(&e->retry_timer, watch_retry, RETRY_MS, 0);
@@ -1520,10 +1516,12 @@ int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o
     snprintf(e->state_key, sizeof(e->state_key), "%sstate", e->prefix);
     snprintf(e->nodes_key, sizeof(e->nodes_key), "%snodes/", e->prefix);
     snprintf(e->node_key, sizeof(e->node_key), "%s%s", e->nodes_key, e->node_id);
-    snprintf(e->barrier_key, sizeof(e->barrier_key), "%ssync/", e->prefix);
     snprintf(e->joins_key, sizeof(e->joins_key), "%sjoins/", e->prefix);
     snprintf(e->join_key, sizeof(e->join_key), "%s%s", e->joins_key, e->node_id);
-    snprintf(e->writer_key, sizeof(e->writer_key), "%swriter", e->prefix);
+    snprintf(e->news_key, sizeof(e->news_key), "%snews/", e->prefix);
+    snprintf(e->barrier_key, sizeof(e->barrier_key), "%sbarrier/", e->news_key);
+    snprintf(e->writer_key, sizeof(e->writer_key), "%sleader", e->news_key);
+    snprintf(e->round_key, sizeof(e->round_key), "%sround", e->news_key);
     double window = (double)rdzv_conf_dead_after_ms(&e->conf) / 1000.0;
     e->ttl_s = (int64_t)ceil(window);
     if (e->ttl_s < 2)

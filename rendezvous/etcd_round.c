@@ -568,30 +568,3 @@ bool etcd_round_fold(struct etcd_round *r, const struct etcd_round_conf *c, uint
         changed = etcd_round_join(r, c, now, &joins[i]) || changed;
     return changed;
 }
-
-int etcd_round_peek(const char *json, size_t len, uint64_t *round, enum etcd_phase *phase)
-{
-    /* etcd_round_encode writes these first: {"v":1,"round":N,"phase":"P", */
-    static const char head[] = "{\"v\":1,\"round\":";
-    size_t hl = sizeof(head) - 1, i = hl;
-    if (len < hl || memcmp(json, head, hl) != 0)
-        return CDDP_EPARSE;
-    uint64_t n = 0;
-    size_t d0 = i;
-    while (i < len && json[i] >= '0' && json[i] <= '9' && i - d0 < 16)
-        n = n * 10 + (uint64_t)(json[i++] - '0');
-    static const char ph[] = ",\"phase\":\"";
-    size_t pl = sizeof(ph) - 1;
-    if (i == d0 || len - i < pl || memcmp(json + i, ph, pl) != 0)
-        return CDDP_EPARSE;
-    i += pl;
-    for (int p = 0; p < 3; p++) {
-        size_t nl = strlen(phase_names[p]);
-        if (len - i > nl && memcmp(json + i, phase_names[p], nl) == 0 && json[i + nl] == '"') {
-            *round = n;
-            *phase = (enum etcd_phase)p;
-            return 0;
-        }
-    }
-    return CDDP_EPARSE;
-}

@@ -136,11 +136,6 @@ int etcd_round_request_decode(const char *json, size_t len, struct etcd_request 
 bool etcd_round_fold(struct etcd_round *r, const struct etcd_round_conf *c, uint64_t now,
                      const struct etcd_join *joins, size_t n);
 
-/* The round and phase of an encoded state without decoding it (an agent
- * that waits skips the forming states the leader writes): 0, or
- * CDDP_EPARSE when json does not start as etcd_round_encode writes it. */
-int etcd_round_peek(const char *json, size_t len, uint64_t *round, enum etcd_phase *phase);
-
 /* The member id, or NULL. */
 const struct etcd_member *etcd_round_find(const struct etcd_round *r, const char *id);
 

@@ -143,7 +143,7 @@ static cJSON *add_op(cJSON *arr, const char *kind)
 }
 
 char *etcd_req_fold(const char *key, int64_t mod_rev, const void *val, size_t vlen, int64_t lease,
-                    const char *const *del, const int64_t *del_rev, size_t ndel)
+                    const char *copy, const char *const *del, const int64_t *del_rev, size_t ndel)
 {
     cJSON *o = cJSON_CreateObject();
     if (o == NULL)
@@ -154,6 +154,10 @@ char *etcd_req_fold(const char *key, int64_t mod_rev, const void *val, size_t vl
     bool ok = cmp && succ && fail && add_cmp(cmp, key, mod_rev);
     cJSON *put = ok ? add_op(succ, "request_put") : NULL;
     ok = put && fill_put(put, key, val, vlen, lease);
+    if (ok && copy) {
+        put = add_op(succ, "request_put");
+        ok = put && fill_put(put, copy, val, vlen, lease);
+    }
     for (size_t i = 0; ok && i < ndel; i++) {
         cJSON *d = add_cmp(cmp, del[i], del_rev[i]) ? add_op(succ, "request_delete_range") : NULL;
         ok = d && add_b64(d, "key", del[i], strlen(del[i]));
