@@ -1388,7 +1388,7 @@ static void check_barrier(struct ed *e)
 {
     if (e->barrier_counting || e->barrier_cb == NULL)
         return;
-    char key[700], end[700];
+    char key[760], end[760];
     snprintf(key, sizeof(key), "%s%" PRIu64 "/", e->barrier_key, e->barrier_round);
     size_t n = etcd_prefix_end(key, strlen(key), end);
     end[n] = '\0';
