@@ -457,6 +457,15 @@ static void on_cas(struct etcd_client *cl, int status, long http, const char *bo
     run_ops(e);
 }
 
+/* Members on the wait list (a change while running is news: they log it). */
+static size_t waiting(const struct etcd_round *st)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < st->nmembers; i++)
+        n += st->members[i].state == ETCD_M_WAITING;
+    return n;
+}
+
 static void write_op(struct ed *e, const struct etcd_range *alive)
 {
     const struct op *o = &e->ops[0];
@@ -486,7 +495,8 @@ static void write_op(struct ed *e, const struct etcd_range *alive)
     int64_t lease = o->kind == OP_CLOSE ? e->close_lease : 0;
     /* A new round, phase or run goes to news/round too, which is all the
      * non-leaders watch: the forming states in between are the leader's. */
-    const char *news = !e->st_valid || e->st.round != next.round || e->st.phase != next.phase
+    const char *news = !e->st_valid || e->st.round != next.round || e->st.phase != next.phase ||
+                               (next.phase == ETCD_RUNNING && waiting(&e->st) != waiting(&next))
                            ? e->round_key
                            : NULL;
     char *req;
