@@ -2,28 +2,34 @@
  * rdzv_etcd.c: the etcd-v3 rendezvous behind agent/rdzv.h (docs/etcd.md).
  *
  * There is no server: the run's round is one etcd key (<prefix>/<run>/state,
- * rendezvous/etcd_round.h), and every agent changes it the same way: apply
- * one event to the value it knows, write it back with a transaction
- * compared on the key's mod_revision; a conflict returns the value as it
- * is now, and the event is applied again. One mutation is in flight per
- * agent at a time (a small queue of ops), so the order of this agent's own
- * events holds.
+ * rendezvous/etcd_round.h), changed by applying events to the value as it
+ * is and writing it back with a transaction compared on the key's
+ * mod_revision; a conflict returns the value as it is now, and the events
+ * are applied again. One mutation is in flight per agent at a time (a
+ * small queue of ops), so the order of this agent's own events holds.
  *
- * Keys under <key_prefix>/<run_id>/:
- *   state                 the round (JSON); once closed, written with a lease
- *                         of close_timeout, so the run id can be used again
- *   nodes/<node_id>       this node is alive: attached to its lease, whose TTL
- *                         is the keep-alive window (keep_alive_interval x
- *                         keep_alive_max_attempt), renewed every interval
- *   barrier/<round>/<id>  the exit barrier (with the node's lease)
+ * Keys under <key_prefix>/<run_id>/ (docs/etcd.md "How it works"):
+ *   state                  the round (JSON); once closed, written with a
+ *                          lease of close_timeout, so the run id can be
+ *                          used again
+ *   nodes/<node_id>        this node is alive: on its lease, whose TTL is
+ *                          the keep-alive window, renewed every interval
+ *   joins/<node_id>        this node's join request (on its lease)
+ *   news/round             state again, whenever its round, phase or (while
+ *                          running) wait list changes: all others watch
+ *   news/leader            the leader (on its lease): created by the first
+ *                          agent whose txn on mod_revision 0 went through
+ *   news/barrier/<round>/<id>  the exit barrier (with the node's lease)
  *
- * One watch over the whole run prefix brings every change: a new state
- * (round complete -> the join's callback; a later round -> on_restart;
- * closed -> on_closed), a node key deleted (its lease expired or was
- * revoked: apply "lose", which restarts the round as the built-in server's
- * heartbeat timeout does) and the barrier's keys. No polling: the only
- * timers are the keep-alive, the last call deadline stored in the state,
- * join_timeout, the barrier's timeout and retry backoff.
+ * The leader watches the whole run and folds the pending join requests
+ * into the state in batches (one txn per batch, deleting them), applies
+ * lost nodes (node key deleted) and the last call. The other agents watch
+ * news/ only: a new round (the join's callback; a later round ->
+ * on_restart; closed -> on_closed), the barrier's keys, and the leader
+ * key's deletion (take over). Their own leave, failure and close they
+ * write to the state themselves. No polling: the only timers are the
+ * keep-alive, the last call deadline stored in the state, join_timeout,
+ * the barrier's timeout, the fold's debounce and retry backoff.
  *
  * etcd unreachable or without quorum: requests fail over across the
  * members (rendezvous/etcd.c) and are retried with backoff; a running

@@ -3,8 +3,9 @@
  * pure value (no I/O, no clock reads: `now` is an argument, wall-clock ms,
  * since every agent of the run compares it with the same stored deadline).
  *
- * With etcd there is no server to decide: every agent reads the run's state
- * key, applies one event here, and writes the result back with a
+ * With etcd there is no server to decide: an agent (the run's leader, for
+ * joins and lost nodes, folded in batches: etcd_round_fold) reads the
+ * run's state key, applies events here, and writes the result back with a
  * transaction compared on the key's mod_revision (torch's
  * DynamicRendezvousHandler over a compare_set backend). A conflict means
  * someone else moved first: read again, apply again. Since every agent
