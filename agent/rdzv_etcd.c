@@ -595,10 +595,10 @@ static void run_ops(struct ed *e)
                              on_join_put, e)
                  : CDDP_ERR_FROM_ERRNO(ENOMEM);
         free(val);
-    } else if (o->kind == OP_FOLD && e->fold_prune && !e->alive_listed) {
+    } else if (o->kind == OP_FOLD && e->fold_prune) {
         /* A new leader: members whose lease is gone (lost before its watch
          * began, or with the last leader) go first: list the live node
-         * keys (once; the watch tells of later losses). */
+         * keys (again after a conflict; the watch tells of later losses). */
         char end[640];
         size_t n = etcd_prefix_end(e->nodes_key, strlen(e->nodes_key), end);
         end[n] = '\0';
