@@ -1111,6 +1111,10 @@ static void note_answer(struct ed *e, int status, const char *why)
         e->bad[0] = '\0';
 }
 
+/* Setting up reads news/round, not state: the same value at each new round
+ * (a forming state in between is the leader's; a write on the older value
+ * conflicts once and gets the state as it is), and far smaller than the
+ * state while a large round forms. */
 static void on_state_read(struct etcd_client *cl, int status, long http, const char *body,
                           size_t len, void *arg)
 {
@@ -1157,7 +1161,7 @@ static void on_node_put(struct etcd_client *cl, int status, long http, const cha
         setup_failed(e, status, "register this node");
         return;
     }
-    if (etcd_call(e->cl, "kv/range", etcd_req_range(e->state_key, NULL, false, false),
+    if (etcd_call(e->cl, "kv/range", etcd_req_range(e->round_key, NULL, false, false),
                   on_state_read, e) != 0) {
         e->setting_up = false;
         setup_failed(e, 0, "read the run's state");
@@ -1196,7 +1200,7 @@ static void start_setup(struct ed *e)
     if (e->lease == 0)
         rc = etcd_call(e->cl, "lease/grant", etcd_req_lease_grant(e->ttl_s), on_granted, e);
     else
-        rc = etcd_call(e->cl, "kv/range", etcd_req_range(e->state_key, NULL, false, false),
+        rc = etcd_call(e->cl, "kv/range", etcd_req_range(e->round_key, NULL, false, false),
                        on_state_read, e);
     if (rc) {
         e->setting_up = false;
