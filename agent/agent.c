@@ -33,6 +33,7 @@
 #include "common/log.h"
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "rendezvous/etcd.h"
 #include "store/tcpstore.h"
 
 extern char **environ;
@@ -1490,6 +1491,15 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
                 return rc;
         }
         if (strncmp(cfg->rdzv_backend, "etcd", 4) == 0) {
+            /* The interface towards the first etcd member, as c10d's
+             * towards its endpoint; node 0 offers its address. */
+            char ehost[256];
+            const char *eaddr = cfg->local_addr;
+            if (etcd_first_host(cfg->rdzv_endpoint, ehost, sizeof(ehost)) == 0) {
+                choose_ifname(a, ehost);
+                if (eaddr == NULL && a->ifname.source == AGENT_IFNAME_AUTO)
+                    eaddr = a->ifname.addr;
+            }
             struct agent_rdzv_etcd_options eo = {
                 .endpoints = cfg->rdzv_endpoint,
                 .backend = cfg->rdzv_backend,
@@ -1497,7 +1507,7 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
                 .min_nodes = cfg->nnodes_min,
                 .max_nodes = cfg->nnodes_max,
                 .nproc = cfg->nproc_per_node,
-                .local_addr = cfg->local_addr,
+                .local_addr = eaddr,
                 .conf = &conf,
             };
             if ((rc = agent_rdzv_etcd_new(&a->loop, &eo, &a->rdzv, why, whylen)) != 0)

@@ -2,28 +2,34 @@
  * rdzv_etcd.c: the etcd-v3 rendezvous behind agent/rdzv.h (docs/etcd.md).
  *
  * There is no server: the run's round is one etcd key (<prefix>/<run>/state,
- * rendezvous/etcd_round.h), and every agent changes it the same way: apply
- * one event to the value it knows, write it back with a transaction
- * compared on the key's mod_revision; a conflict returns the value as it
- * is now, and the event is applied again. One mutation is in flight per
- * agent at a time (a small queue of ops), so the order of this agent's own
- * events holds.
+ * rendezvous/etcd_round.h), changed by applying events to the value as it
+ * is and writing it back with a transaction compared on the key's
+ * mod_revision; a conflict returns the value as it is now, and the events
+ * are applied again. One mutation is in flight per agent at a time (a
+ * small queue of ops), so the order of this agent's own events holds.
  *
- * Keys under <key_prefix>/<run_id>/:
- *   state                 the round (JSON); once closed, written with a lease
- *                         of close_timeout, so the run id can be used again
- *   nodes/<node_id>       this node is alive: attached to its lease, whose TTL
- *                         is the keep-alive window (keep_alive_interval x
- *                         keep_alive_max_attempt), renewed every interval
- *   barrier/<round>/<id>  the exit barrier (with the node's lease)
+ * Keys under <key_prefix>/<run_id>/ (docs/etcd.md "How it works"):
+ *   state                  the round (JSON); once closed, written with a
+ *                          lease of close_timeout, so the run id can be
+ *                          used again
+ *   nodes/<node_id>        this node is alive: on its lease, whose TTL is
+ *                          the keep-alive window, renewed every interval
+ *   joins/<node_id>        this node's join request (on its lease)
+ *   news/round             state again, whenever its round, phase or (while
+ *                          running) wait list changes: all others watch
+ *   news/leader            the leader (on its lease): created by the first
+ *                          agent whose txn on mod_revision 0 went through
+ *   news/barrier/<round>/<id>  the exit barrier (with the node's lease)
  *
- * One watch over the whole run prefix brings every change: a new state
- * (round complete -> the join's callback; a later round -> on_restart;
- * closed -> on_closed), a node key deleted (its lease expired or was
- * revoked: apply "lose", which restarts the round as the built-in server's
- * heartbeat timeout does) and the barrier's keys. No polling: the only
- * timers are the keep-alive, the last call deadline stored in the state,
- * join_timeout, the barrier's timeout and retry backoff.
+ * The leader watches the whole run and folds the pending join requests
+ * into the state in batches (one txn per batch, deleting them), applies
+ * lost nodes (node key deleted) and the last call. The other agents watch
+ * news/ only: a new round (the join's callback; a later round ->
+ * on_restart; closed -> on_closed), the barrier's keys, and the leader
+ * key's deletion (take over). Their own leave, failure and close they
+ * write to the state themselves. No polling: the only timers are the
+ * keep-alive, the last call deadline stored in the state, join_timeout,
+ * the barrier's timeout, the fold's debounce and retry backoff.
  *
  * etcd unreachable or without quorum: requests fail over across the
  * members (rendezvous/etcd.c) and are retried with backoff; a running
@@ -56,7 +62,18 @@
 #define MAX_OPS 256
 #define DEFAULT_PREFIX "/cddp/rdzv"
 
-enum op_kind { OP_JOIN = 1, OP_LOSE, OP_LEAVE, OP_FAILURE, OP_CLOSE, OP_TICK };
+enum op_kind { OP_JOIN = 1, OP_LOSE, OP_LEAVE, OP_FAILURE, OP_CLOSE, OP_TICK, OP_FOLD };
+
+/* The most join requests one fold writes (etcd's default --max-txn-ops is
+ * 128: one put and a delete each). */
+#define FOLD_MAX 120
+
+/* A join request the leader has seen (<run>/joins/<id>, at mod_revision rev). */
+struct request {
+    char id[PROTO_MAX_ID + 1];
+    int64_t rev;
+    struct etcd_request req;
+};
 
 struct op {
     enum op_kind kind;
@@ -76,7 +93,21 @@ struct ed {
     char addr[256];
     int nproc, min_nodes, max_nodes;
     char prefix[600]; /* <key_prefix>/<run_id>/ */
-    char state_key[640], nodes_key[640], node_key[900], barrier_key[640];
+    char state_key[640], nodes_key[640], node_key[900], barrier_key[700];
+    char joins_key[640], join_key[900], writer_key[700], news_key[640], round_key[700];
+
+    /* leadership: the agent whose create of writer_key (on its lease)
+     * went through folds the others' join requests into the state */
+    bool leader;
+    bool electing;
+    bool fold_prune;      /* just became leader: drop members without a lease first */
+    struct request *reqs; /* the pending join requests (leader only) */
+    size_t nreqs, reqcap;
+    struct request folding[FOLD_MAX]; /* the ones the fold in flight deletes */
+    size_t nfolding;
+    uv_timer_t fold_timer; /* the batch's debounce */
+    bool join_put;         /* this node's join request is written */
+    bool writer_seen;      /* another agent holds writer_key */
 
     /* setup: lease, node key, first read of the state, watch */
     bool ready;
@@ -142,6 +173,8 @@ static void start_setup(struct ed *e);
 static void run_ops(struct ed *e);
 static void state_changed(struct ed *e);
 static void open_watch(struct ed *e);
+static void elect(struct ed *e);
+static void schedule_fold(struct ed *e);
 
 static uint64_t wall_ms(void)
 {
@@ -176,6 +209,7 @@ static void timer_closed(uv_handle_t *h)
     agent_rdzv_close_cb cb = e->close_cb;
     etcd_round_free(&e->st);
     etcd_round_free(&e->pending); /* a write cut short by the close */
+    free(e->reqs);
     struct agent_rdzv *base = &e->base;
     if (cb)
         cb(base);
@@ -185,8 +219,8 @@ static void timer_closed(uv_handle_t *h)
 static void client_closed(void *arg)
 {
     struct ed *e = arg;
-    uv_timer_t *timers[] = {&e->ka_timer, &e->retry_timer,   &e->op_timer,   &e->join_timer,
-                            &e->lc_timer, &e->barrier_timer, &e->close_timer};
+    uv_timer_t *timers[] = {&e->ka_timer, &e->retry_timer,   &e->op_timer,    &e->join_timer,
+                            &e->lc_timer, &e->barrier_timer, &e->close_timer, &e->fold_timer};
     e->timers_open = (int)(sizeof(timers) / sizeof(timers[0]));
     for (size_t i = 0; i < sizeof(timers) / sizeof(timers[0]); i++)
         uv_close((uv_handle_t *)timers[i], timer_closed);
@@ -266,12 +300,20 @@ static bool apply(struct ed *e, struct etcd_round *st, const struct op *o,
 {
     uint64_t now = wall_ms();
     switch (o->kind) {
-    case OP_JOIN: {
+    case OP_JOIN: /* a request of our own (run_ops), folded by the leader */
+        return false;
+    case OP_FOLD: {
         bool changed =
             alive ? etcd_round_prune(st, &e->rconf, now, alive_in, (void *)alive) : false;
-        struct etcd_join j = {
-            .id = e->node_id, .nproc = e->nproc, .addr = e->addr, .port = e->join_port};
-        return etcd_round_join(st, &e->rconf, now, &j) || changed;
+        struct etcd_join j[FOLD_MAX];
+        e->nfolding = 0;
+        for (size_t i = 0; i < e->nreqs && e->nfolding < FOLD_MAX; i++) {
+            struct request *q = &e->folding[e->nfolding];
+            *q = e->reqs[i];
+            j[e->nfolding++] = (struct etcd_join){
+                .id = q->id, .nproc = q->req.nproc, .addr = q->req.addr, .port = q->req.port};
+        }
+        return etcd_round_fold(st, &e->rconf, now, j, e->nfolding) || changed;
     }
     case OP_LOSE:
         return etcd_round_lose(st, &e->rconf, now, o->id, "node_lost", false);
@@ -326,7 +368,22 @@ static void op_done(struct ed *e)
 {
     e->op_in_flight = false;
     if (e->ops[0].kind == OP_JOIN && e->join_cb)
-        e->join_applied = true; /* the state has this node now */
+        e->join_put = true; /* the leader folds it into the state */
+    if (e->ops[0].kind == OP_FOLD) {
+        /* Folded (or nothing to change): those requests are done. */
+        for (size_t i = 0; i < e->nfolding; i++) {
+            for (size_t k = 0; k < e->nreqs; k++) {
+                if (strcmp(e->reqs[k].id, e->folding[i].id) == 0 &&
+                    e->reqs[k].rev == e->folding[i].rev) {
+                    e->reqs[k] = e->reqs[--e->nreqs];
+                    break;
+                }
+            }
+        }
+        e->nfolding = 0;
+        if (e->alive_listed)
+            e->fold_prune = false;
+    }
     e->alive_listed = false;
     memmove(&e->ops[0], &e->ops[1], (e->nops - 1) * sizeof(e->ops[0]));
     e->nops--;
@@ -336,6 +393,7 @@ static void op_done(struct ed *e)
     }
     if (!e->closing)
         state_changed(e);
+    schedule_fold(e);
     run_ops(e);
 }
 
@@ -405,6 +463,15 @@ static void on_cas(struct etcd_client *cl, int status, long http, const char *bo
     run_ops(e);
 }
 
+/* Members on the wait list (a change while running is news: they log it). */
+static size_t waiting(const struct etcd_round *st)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < st->nmembers; i++)
+        n += st->members[i].state == ETCD_M_WAITING;
+    return n;
+}
+
 static void write_op(struct ed *e, const struct etcd_range *alive)
 {
     const struct op *o = &e->ops[0];
@@ -414,7 +481,7 @@ static void write_op(struct ed *e, const struct etcd_range *alive)
             op_failed(e, "copy the state");
             return;
         }
-    } else if (o->kind == OP_JOIN || o->kind == OP_CLOSE) {
+    } else if (o->kind == OP_FOLD || o->kind == OP_CLOSE) {
         etcd_round_init(&next, e->min_nodes, e->max_nodes);
     } else {
         op_done(e); /* no run: nothing to change */
@@ -432,8 +499,31 @@ static void write_op(struct ed *e, const struct etcd_range *alive)
         return;
     }
     int64_t lease = o->kind == OP_CLOSE ? e->close_lease : 0;
-    char *req =
-        etcd_req_cas(e->state_key, e->st_valid ? e->st_rev : e->st_rev, val, strlen(val), lease);
+    /* A new round, phase or run goes to news/round too, which is all the
+     * non-leaders watch: the forming states in between are the leader's. */
+    const char *news = !e->st_valid || e->st.round != next.round || e->st.phase != next.phase ||
+                               (next.phase == ETCD_RUNNING && waiting(&e->st) != waiting(&next))
+                           ? e->round_key
+                           : NULL;
+    char *req;
+    if (o->kind == OP_FOLD && e->nfolding) {
+        /* The folded requests go in the same transaction, each compared on
+         * its revision (a newer request of that node stays). */
+        const char *keys[FOLD_MAX];
+        int64_t revs[FOLD_MAX];
+        char(*buf)[sizeof(e->join_key)] = malloc(e->nfolding * sizeof(*buf));
+        for (size_t i = 0; buf && i < e->nfolding; i++) {
+            snprintf(buf[i], sizeof(buf[i]), "%s%s", e->joins_key, e->folding[i].id);
+            keys[i] = buf[i];
+            revs[i] = e->folding[i].rev;
+        }
+        req = buf ? etcd_req_fold(e->state_key, e->st_rev, val, strlen(val), lease, news, keys,
+                                  revs, e->nfolding)
+                  : NULL;
+        free(buf);
+    } else {
+        req = etcd_req_fold(e->state_key, e->st_rev, val, strlen(val), lease, news, NULL, NULL, 0);
+    }
     free(val);
     e->pending = next;
     if (etcd_call(e->cl, "kv/txn", req, on_cas, e) != 0) {
@@ -461,6 +551,19 @@ static void on_alive(struct etcd_client *cl, int status, long http, const char *
     op_failed(e, "list the run's live nodes");
 }
 
+static void on_join_put(struct etcd_client *cl, int status, long http, const char *body, size_t len,
+                        void *arg)
+{
+    (void)cl, (void)http, (void)body, (void)len;
+    struct ed *e = arg;
+    e->op_in_flight = false;
+    if (status != 0) {
+        op_failed(e, "write this node's join request");
+        return;
+    }
+    op_done(e);
+}
+
 static void on_close_lease(struct etcd_client *cl, int status, long http, const char *body,
                            size_t len, void *arg)
 {
@@ -483,10 +586,19 @@ static void run_ops(struct ed *e)
         return;
     const struct op *o = &e->ops[0];
     int rc = 0;
-    if (o->kind == OP_JOIN && !e->alive_listed) {
-        /* Members whose lease is gone (lost before our watch began) go
-         * first: list the live node keys (once per join; the watch tells
-         * of later losses). */
+    if (o->kind == OP_JOIN) {
+        /* Our join is a request of our own key; the leader folds it. */
+        struct etcd_join j = {
+            .id = e->node_id, .nproc = e->nproc, .addr = e->addr, .port = e->join_port};
+        char *val = etcd_round_request_encode(&j);
+        rc = val ? etcd_call(e->cl, "kv/put", etcd_req_put(e->join_key, val, strlen(val), e->lease),
+                             on_join_put, e)
+                 : CDDP_ERR_FROM_ERRNO(ENOMEM);
+        free(val);
+    } else if (o->kind == OP_FOLD && e->fold_prune) {
+        /* A new leader: members whose lease is gone (lost before its watch
+         * began, or with the last leader) go first: list the live node
+         * keys (again after a conflict; the watch tells of later losses). */
         char end[640];
         size_t n = etcd_prefix_end(e->nodes_key, strlen(e->nodes_key), end);
         end[n] = '\0';
@@ -554,6 +666,7 @@ static void state_changed(struct ed *e)
         if (e->join_cb && e->join_applied) {
             /* The run's state went (closed and expired, or deleted): join anew. */
             e->join_applied = false;
+            e->join_put = false;
             struct op o = {.kind = OP_JOIN};
             push_op(e, &o);
         }
@@ -582,20 +695,26 @@ static void state_changed(struct ed *e)
         }
         return;
     }
-    if (st->phase == ETCD_FORMING && st->last_call_at) {
+    if (st->phase == ETCD_FORMING && st->last_call_at && e->leader) {
         uint64_t now = wall_ms();
         uint64_t in = st->last_call_at > now ? st->last_call_at - now : 0;
         uv_timer_start(&e->lc_timer, on_last_call, in + 10, 0);
     }
-    if (e->join_cb && e->join_applied) {
+    if (e->join_cb && e->join_put) {
         const struct etcd_member *m = etcd_round_find(st, e->node_id);
         if (m == NULL) {
+            if (!e->join_applied)
+                return; /* not folded yet */
             /* Dropped (taken for lost): join again. */
             e->join_applied = false;
+            e->join_put = false;
             struct op o = {.kind = OP_JOIN};
             push_op(e, &o);
             return;
         }
+        if (m->state == ETCD_M_JOINED || m->state == ETCD_M_WAITING ||
+            (m->state == ETCD_M_ACTIVE && st->round > e->round))
+            e->join_applied = true; /* the state has this node now */
         if (m->state == ETCD_M_WAITING && !e->warned_waiting) {
             e->warned_waiting = true;
             log_warn("A2007",
@@ -636,6 +755,196 @@ static void state_changed(struct ed *e)
     }
     if (e->barrier_cb)
         check_barrier(e);
+}
+
+/* ---- leadership: one agent folds the join requests ---- */
+
+static void fold_due(uv_timer_t *t)
+{
+    struct ed *e = t->data;
+    struct op o = {.kind = OP_FOLD};
+    push_op(e, &o);
+}
+
+/* A batch of requests after a short debounce that grows with the round's
+ * size: every state write goes to every agent's watch, so fewer, larger
+ * writes are what scales (docs/etcd.md "Scale"). */
+static void schedule_fold(struct ed *e)
+{
+    if (!e->leader || e->closing || (e->nreqs == 0 && !e->fold_prune) ||
+        uv_is_active((uv_handle_t *)&e->fold_timer))
+        return;
+    for (size_t i = 0; i < e->nops; i++) {
+        if (e->ops[i].kind == OP_FOLD)
+            return; /* op_done schedules the next */
+    }
+    size_t n = e->st_valid ? e->st.nmembers : 0, taken = 0;
+    for (size_t i = 0; i < n; i++)
+        taken +=
+            e->st.members[i].state == ETCD_M_JOINED || e->st.members[i].state == ETCD_M_EXPECTED;
+    /* At once when these requests may complete the round. */
+    bool full =
+        e->st_valid && e->st.phase == ETCD_FORMING && taken + e->nreqs >= (size_t)e->max_nodes;
+    uv_timer_start(&e->fold_timer, fold_due, full ? 1 : 5 + n / 4, 0);
+}
+
+static void req_put(struct ed *e, const char *id, int64_t rev, const unsigned char *val,
+                    size_t vlen)
+{
+    struct etcd_request rq;
+    char why[256];
+    if (id[0] == '\0' || strlen(id) > PROTO_MAX_ID ||
+        etcd_round_request_decode((const char *)val, vlen, &rq, why, sizeof(why)) != 0) {
+        log_warn("A2050", "etcd: an unreadable join request in run '%s' (node '%.64s'); ignored",
+                 e->run_id, id);
+        return;
+    }
+    struct request *q = NULL;
+    for (size_t i = 0; i < e->nreqs && q == NULL; i++)
+        q = strcmp(e->reqs[i].id, id) == 0 ? &e->reqs[i] : NULL;
+    if (q && q->rev >= rev)
+        return;
+    if (q == NULL) {
+        if (e->nreqs == e->reqcap) {
+            size_t cap = e->reqcap ? e->reqcap * 2 : 64;
+            struct request *p = realloc(e->reqs, cap * sizeof(*p));
+            if (p == NULL)
+                return;
+            e->reqs = p;
+            e->reqcap = cap;
+        }
+        q = &e->reqs[e->nreqs++];
+        cddp_strlcpy(q->id, id, sizeof(q->id));
+    }
+    q->rev = rev;
+    q->req = rq;
+    schedule_fold(e);
+}
+
+static void req_drop(struct ed *e, const char *id, int64_t rev)
+{
+    for (size_t i = 0; i < e->nreqs; i++) {
+        if (strcmp(e->reqs[i].id, id) == 0) {
+            if (e->reqs[i].rev < rev)
+                e->reqs[i] = e->reqs[--e->nreqs];
+            return;
+        }
+    }
+}
+
+static void step_down(struct ed *e)
+{
+    if (e->lease == 0 && e->join_cb && e->join_put) {
+        /* Our join request went with the lease: write it again. */
+        e->join_put = false;
+        e->join_applied = false;
+        struct op o = {.kind = OP_JOIN};
+        push_op(e, &o);
+    }
+    e->leader = false;
+    e->writer_seen = false;
+    e->fold_prune = false;
+    e->nreqs = 0;
+    uv_timer_stop(&e->fold_timer);
+}
+
+static void list_joins(struct ed *e);
+
+static void list_retry(uv_timer_t *t)
+{
+    list_joins(t->data);
+}
+
+static void on_joins_listed(struct etcd_client *cl, int status, long http, const char *body,
+                            size_t len, void *arg)
+{
+    (void)cl, (void)http;
+    struct ed *e = arg;
+    struct etcd_range r;
+    char why[256];
+    if (!e->leader || e->closing)
+        return;
+    if (status != 0 || etcd_parse_range(body, len, &r, why, sizeof(why)) != 0) {
+        uv_timer_start(&e->fold_timer, list_retry, RETRY_MS, 0);
+        return;
+    }
+    size_t pl = strlen(e->joins_key);
+    for (size_t i = 0; i < r.nkvs; i++) {
+        if (r.kvs[i].keylen > pl)
+            req_put(e, r.kvs[i].key + pl, r.kvs[i].mod_rev, r.kvs[i].value, r.kvs[i].vlen);
+    }
+    etcd_range_free(&r);
+    e->fold_prune = true;
+    uv_timer_stop(&e->fold_timer);
+    struct op o = {.kind = OP_FOLD};
+    push_op(e, &o);
+}
+
+/* The pending requests as they are (the watch tells of later ones). */
+static void list_joins(struct ed *e)
+{
+    if (!e->leader || e->closing)
+        return;
+    char end[640];
+    size_t n = etcd_prefix_end(e->joins_key, strlen(e->joins_key), end);
+    end[n] = '\0';
+    if (etcd_call(e->cl, "kv/range", etcd_req_range(e->joins_key, end, false, false),
+                  on_joins_listed, e) != 0)
+        uv_timer_start(&e->fold_timer, list_retry, RETRY_MS, 0);
+}
+
+static void become_leader(struct ed *e)
+{
+    e->leader = true;
+    e->writer_seen = true;
+    log_info("A2051", "etcd: this node is the leader of run '%s' (it folds the join requests)",
+             e->run_id);
+    /* The leader watches the whole run (join requests, node keys). */
+    if (e->watch) {
+        etcd_watch_cancel(e->watch);
+        e->watch = NULL;
+    }
+    open_watch(e);
+    uv_timer_stop(&e->fold_timer);
+    list_joins(e);
+}
+
+static void on_elect(struct etcd_client *cl, int status, long http, const char *body, size_t len,
+                     void *arg)
+{
+    (void)cl, (void)http;
+    struct ed *e = arg;
+    bool ok = false;
+    struct etcd_range r;
+    char why[256];
+    e->electing = false;
+    if (e->closing || !e->ready)
+        return;
+    if (status != 0 || etcd_parse_cas(body, len, &ok, &r, why, sizeof(why)) != 0)
+        return; /* the keep-alive timer tries again */
+    bool ours =
+        ok || (r.nkvs && r.kvs[0].lease == e->lease && r.kvs[0].vlen == strlen(e->node_id) &&
+               memcmp(r.kvs[0].value, e->node_id, r.kvs[0].vlen) == 0);
+    bool held = r.nkvs > 0;
+    etcd_range_free(&r);
+    if (ours) {
+        become_leader(e);
+        return;
+    }
+    e->writer_seen = held;
+    if (!held)
+        elect(e); /* gone in between */
+}
+
+/* Create writer_key on our lease if nobody holds it (mod_revision 0). */
+static void elect(struct ed *e)
+{
+    if (e->electing || e->leader || !e->ready || e->closing || e->lease == 0)
+        return;
+    if (etcd_call(e->cl, "kv/txn",
+                  etcd_req_cas(e->writer_key, 0, e->node_id, strlen(e->node_id), e->lease),
+                  on_elect, e) == 0)
+        e->electing = true;
 }
 
 /* ---- the watch ---- */
@@ -699,8 +1008,9 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
     /* Only the last value of the state in a message matters (a loaded
      * etcd sends many at once, and each costs a decode of every member). */
     size_t last_state = m.nevents;
+    const char *sk = e->leader ? e->state_key : e->round_key;
     for (size_t i = 0; i < m.nevents; i++) {
-        if (strcmp(m.events[i].kv.key, e->state_key) == 0)
+        if (strcmp(m.events[i].kv.key, sk) == 0)
             last_state = i;
     }
     if (last_state < m.nevents) {
@@ -713,8 +1023,23 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
         const char *rest;
         if (ev->kv.mod_rev > e->watch_rev)
             e->watch_rev = ev->kv.mod_rev;
-        if (strcmp(ev->kv.key, e->state_key) == 0) {
+        if (strcmp(ev->kv.key, e->state_key) == 0 || strcmp(ev->kv.key, e->round_key) == 0) {
             continue;
+        } else if (strcmp(ev->kv.key, e->writer_key) == 0) {
+            if (ev->type == ETCD_DELETE) {
+                /* The leader went (left, or its lease expired): take over. */
+                if (e->leader)
+                    step_down(e);
+                e->writer_seen = false;
+                elect(e);
+            }
+        } else if (has_prefix(ev->kv.key, e->joins_key, &rest)) {
+            if (!e->leader)
+                continue;
+            if (ev->type == ETCD_PUT)
+                req_put(e, rest, ev->kv.mod_rev, ev->kv.value, ev->kv.vlen);
+            else
+                req_drop(e, rest, ev->kv.mod_rev);
         } else if (has_prefix(ev->kv.key, e->nodes_key, &rest) && ev->type == ETCD_DELETE) {
             if (strcmp(rest, e->node_id) == 0) {
                 /* Our own lease expired (etcd did not hear from us in
@@ -723,6 +1048,7 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
                          e->run_id);
                 e->ready = false;
                 e->lease = 0;
+                step_down(e);
                 start_setup(e);
                 continue;
             }
@@ -749,10 +1075,14 @@ static void open_watch(struct ed *e)
 {
     if (e->closing || e->watch)
         return;
-    char end[600];
-    size_t n = etcd_prefix_end(e->prefix, strlen(e->prefix), end);
+    /* The others watch only news/ (the round when it changes, the barrier,
+     * the leader key): the forming states, join requests and node keys are
+     * the leader's to read. */
+    const char *from = e->leader ? e->prefix : e->news_key;
+    char end[700];
+    size_t n = etcd_prefix_end(from, strlen(from), end);
     end[n] = '\0';
-    int rc = etcd_watch_open(e->cl, etcd_req_watch(e->prefix, end, e->watch_rev + 1), on_watch_msg,
+    int rc = etcd_watch_open(e->cl, etcd_req_watch(from, end, e->watch_rev + 1), on_watch_msg,
                              on_watch_end, e, &e->watch);
     if (rc) {
         e->watch = NULL;
@@ -781,6 +1111,10 @@ static void note_answer(struct ed *e, int status, const char *why)
         e->bad[0] = '\0';
 }
 
+/* Setting up reads news/round, not state: the same value at each new round
+ * (a forming state in between is the leader's; a write on the older value
+ * conflicts once and gets the state as it is), and far smaller than the
+ * state while a large round forms. */
 static void on_state_read(struct etcd_client *cl, int status, long http, const char *body,
                           size_t len, void *arg)
 {
@@ -809,7 +1143,10 @@ static void on_state_read(struct etcd_client *cl, int status, long http, const c
     if (first)
         log_info("A2012", "etcd: run '%s' on %s: lease %" PRIx64 " (TTL %" PRId64 " s)", e->run_id,
                  etcd_client_member(e->cl), (uint64_t)e->lease, e->ttl_s);
+    if (e->leader)
+        step_down(e); /* set up again (compacted): the leader lists the requests again */
     open_watch(e);
+    elect(e);
     state_changed(e);
     run_ops(e);
 }
@@ -824,7 +1161,7 @@ static void on_node_put(struct etcd_client *cl, int status, long http, const cha
         setup_failed(e, status, "register this node");
         return;
     }
-    if (etcd_call(e->cl, "kv/range", etcd_req_range(e->state_key, NULL, false, false),
+    if (etcd_call(e->cl, "kv/range", etcd_req_range(e->round_key, NULL, false, false),
                   on_state_read, e) != 0) {
         e->setting_up = false;
         setup_failed(e, 0, "read the run's state");
@@ -863,7 +1200,7 @@ static void start_setup(struct ed *e)
     if (e->lease == 0)
         rc = etcd_call(e->cl, "lease/grant", etcd_req_lease_grant(e->ttl_s), on_granted, e);
     else
-        rc = etcd_call(e->cl, "kv/range", etcd_req_range(e->state_key, NULL, false, false),
+        rc = etcd_call(e->cl, "kv/range", etcd_req_range(e->round_key, NULL, false, false),
                        on_state_read, e);
     if (rc) {
         e->setting_up = false;
@@ -930,6 +1267,7 @@ static void on_keepalive(struct etcd_client *cl, int status, long http, const ch
                      e->run_id);
             e->ready = false;
             e->lease = 0;
+            step_down(e);
             start_setup(e);
             return;
         }
@@ -966,7 +1304,11 @@ static void on_keepalive(struct etcd_client *cl, int status, long http, const ch
 static void on_ka_timer(uv_timer_t *t)
 {
     struct ed *e = t->data;
-    if (e->closing || e->ka_in_flight || !e->ready || e->lease == 0)
+    if (e->closing || !e->ready || e->lease == 0)
+        return;
+    if (!e->leader && !e->writer_seen)
+        elect(e); /* the last try got no answer */
+    if (e->ka_in_flight)
         return;
     if (etcd_call(e->cl, "lease/keepalive", etcd_req_lease_id(e->lease), on_keepalive, e) == 0)
         e->ka_in_flight = true;
@@ -1017,7 +1359,8 @@ static int ed_join(struct agent_rdzv *r, const struct agent_join *req, agent_rou
         return 0;
     }
     e->join_port = port;
-    e->join_applied = false; /* until the op is written */
+    e->join_applied = false; /* until the leader folds it */
+    e->join_put = false;
     uv_timer_start(&e->join_timer, on_join_timer, e->conf.join_timeout_ms, 0);
     struct op o = {.kind = OP_JOIN};
     push_op(e, &o);
@@ -1065,7 +1408,7 @@ static void check_barrier(struct ed *e)
 {
     if (e->barrier_counting || e->barrier_cb == NULL)
         return;
-    char key[700], end[700];
+    char key[760], end[760];
     snprintf(key, sizeof(key), "%s%" PRIu64 "/", e->barrier_key, e->barrier_round);
     size_t n = etcd_prefix_end(key, strlen(key), end);
     end[n] = '\0';
@@ -1121,6 +1464,7 @@ static void ed_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const c
     uv_timer_stop(&e->ka_timer);
     uv_timer_stop(&e->retry_timer);
     uv_timer_stop(&e->op_timer);
+    uv_timer_stop(&e->fold_timer);
     if (e->watch) {
         etcd_watch_cancel(e->watch);
         e->watch = NULL;
@@ -1192,7 +1536,12 @@ int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o
     snprintf(e->state_key, sizeof(e->state_key), "%sstate", e->prefix);
     snprintf(e->nodes_key, sizeof(e->nodes_key), "%snodes/", e->prefix);
     snprintf(e->node_key, sizeof(e->node_key), "%s%s", e->nodes_key, e->node_id);
-    snprintf(e->barrier_key, sizeof(e->barrier_key), "%sbarrier/", e->prefix);
+    snprintf(e->joins_key, sizeof(e->joins_key), "%sjoins/", e->prefix);
+    snprintf(e->join_key, sizeof(e->join_key), "%s%s", e->joins_key, e->node_id);
+    snprintf(e->news_key, sizeof(e->news_key), "%snews/", e->prefix);
+    snprintf(e->barrier_key, sizeof(e->barrier_key), "%sbarrier/", e->news_key);
+    snprintf(e->writer_key, sizeof(e->writer_key), "%sleader", e->news_key);
+    snprintf(e->round_key, sizeof(e->round_key), "%sround", e->news_key);
     double window = (double)rdzv_conf_dead_after_ms(&e->conf) / 1000.0;
     e->ttl_s = (int64_t)ceil(window);
     if (e->ttl_s < 2)
@@ -1221,8 +1570,8 @@ int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o
                  "--rdzv_backend=%s: cddprun's etcd backend is etcd-v3 (etcd's v3 API); it "
                  "cannot join a torchrun etcd rendezvous (docs/torchrun-compat.md)",
                  o->backend);
-    uv_timer_t *timers[] = {&e->ka_timer, &e->retry_timer,   &e->op_timer,   &e->join_timer,
-                            &e->lc_timer, &e->barrier_timer, &e->close_timer};
+    uv_timer_t *timers[] = {&e->ka_timer, &e->retry_timer,   &e->op_timer,    &e->join_timer,
+                            &e->lc_timer, &e->barrier_timer, &e->close_timer, &e->fold_timer};
     for (size_t i = 0; i < sizeof(timers) / sizeof(timers[0]); i++) {
         uv_timer_init(loop, timers[i]);
         timers[i]->data = e;

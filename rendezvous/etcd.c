@@ -535,6 +535,28 @@ static void dispatch(struct etcd_client *c)
 
 /* ---- public ---- */
 
+int etcd_first_host(const char *endpoints, char *host, size_t len)
+{
+    char item[512];
+    const char *p = endpoints ? endpoints : "";
+    size_t n = strcspn(p, ",");
+    if (n >= sizeof(item))
+        return CDDP_EPARSE;
+    memcpy(item, p, n);
+    item[n] = '\0';
+    char *s = cddp_strip(item);
+    if (strncmp(s, "http://", 7) == 0)
+        s += 7;
+    else if (strncmp(s, "https://", 8) == 0)
+        s += 8;
+    struct cddp_hostport hp;
+    char why[256];
+    if (*s == '\0' || cddp_hostport_parse(s, 2379, &hp, why, sizeof(why)) != 0)
+        return CDDP_EPARSE;
+    cddp_strlcpy(host, hp.host, len);
+    return 0;
+}
+
 static int parse_members(struct etcd_client *c, const char *list, bool https, char *err,
                          size_t errlen)
 {

@@ -55,6 +55,11 @@ struct etcd_client_options {
     uint64_t request_timeout_ms;
 };
 
+/* The host of the first member in an --rdzv_endpoint list (scheme, port
+ * and brackets dropped), for the agent's choice of network interface. 0,
+ * or CDDP_EPARSE. */
+int etcd_first_host(const char *endpoints, char *host, size_t len);
+
 /* Parses the endpoints and sets up. 0, or a negative code with one line in
  * err (a bad endpoint list; nothing is left on the loop then). */
 int etcd_client_new(uv_loop_t *loop, const struct etcd_client_options *o, struct etcd_client **out,

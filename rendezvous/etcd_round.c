@@ -517,3 +517,54 @@ fail:
     etcd_round_free(r);
     return rc ? rc : CDDP_EPARSE;
 }
+
+/* ---- join requests (the leader folds them; docs/etcd.md "Scale") ---- */
+
+char *etcd_round_request_encode(const struct etcd_join *j)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL)
+        return NULL;
+    bool ok = cJSON_AddNumberToObject(o, "nproc", j->nproc) &&
+              cJSON_AddStringToObject(o, "addr", j->addr ? j->addr : "") &&
+              cJSON_AddNumberToObject(o, "port", j->port);
+    char *s = ok ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return s;
+}
+
+int etcd_round_request_decode(const char *json, size_t len, struct etcd_request *out, char *err,
+                              size_t errlen)
+{
+    memset(out, 0, sizeof(*out));
+    if (len > 4096)
+        return cddp_fail(err, errlen, CDDP_EPARSE, "join request: over 4096 bytes");
+    cJSON *o = cJSON_ParseWithLength(json, len);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return cddp_fail(err, errlen, CDDP_EPARSE, "join request: not a JSON object");
+    }
+    double nproc, port;
+    int rc = num(o, "nproc", 1, 1 << 20, &nproc, err, errlen);
+    if (rc == 0)
+        rc = num(o, "port", 1, 65535, &port, err, errlen);
+    if (rc == 0)
+        rc = str(o, "addr", ETCD_ROUND_MAX_ADDR, true, out->addr, err, errlen);
+    cJSON_Delete(o);
+    if (rc) {
+        memset(out, 0, sizeof(*out));
+        return rc;
+    }
+    out->nproc = (int)nproc;
+    out->port = (int)port;
+    return 0;
+}
+
+bool etcd_round_fold(struct etcd_round *r, const struct etcd_round_conf *c, uint64_t now,
+                     const struct etcd_join *joins, size_t n)
+{
+    bool changed = false;
+    for (size_t i = 0; i < n; i++)
+        changed = etcd_round_join(r, c, now, &joins[i]) || changed;
+    return changed;
+}

@@ -3,8 +3,9 @@
  * pure value (no I/O, no clock reads: `now` is an argument, wall-clock ms,
  * since every agent of the run compares it with the same stored deadline).
  *
- * With etcd there is no server to decide: every agent reads the run's state
- * key, applies one event here, and writes the result back with a
+ * With etcd there is no server to decide: an agent (the run's leader, for
+ * joins and lost nodes, folded in batches: etcd_round_fold) reads the
+ * run's state key, applies events here, and writes the result back with a
  * transaction compared on the key's mod_revision (torch's
  * DynamicRendezvousHandler over a compare_set backend). A conflict means
  * someone else moved first: read again, apply again. Since every agent
@@ -116,6 +117,25 @@ bool etcd_round_tick(struct etcd_round *r, const struct etcd_round_conf *c, uint
 /* Drops members whose lease is gone (alive(id) false), as lose does. */
 bool etcd_round_prune(struct etcd_round *r, const struct etcd_round_conf *c, uint64_t now,
                       bool (*alive)(void *arg, const char *id), void *arg);
+
+/* A join as a request the run's leader folds (docs/etcd.md "Scale"): each
+ * agent writes its own <run>/joins/<id> key with this value; the leader
+ * applies the pending ones in batches, one state write per batch, and
+ * deletes them in the same transaction. */
+struct etcd_request {
+    int nproc;
+    char addr[ETCD_ROUND_MAX_ADDR + 1];
+    int port;
+};
+/* j->id is not encoded (it is the key's last part). Malloc'd, or NULL. */
+char *etcd_round_request_encode(const struct etcd_join *j);
+/* Validates (CDDP_EPARSE with err; out zeroed on failure). */
+int etcd_round_request_decode(const char *json, size_t len, struct etcd_request *out, char *err,
+                              size_t errlen);
+/* Applies n joins in order, as n etcd_round_join calls would; true if r
+ * changed. */
+bool etcd_round_fold(struct etcd_round *r, const struct etcd_round_conf *c, uint64_t now,
+                     const struct etcd_join *joins, size_t n);
 
 /* The member id, or NULL. */
 const struct etcd_member *etcd_round_find(const struct etcd_round *r, const char *id);

@@ -121,6 +121,52 @@ char *etcd_req_cas(const char *key, int64_t mod_rev, const void *val, size_t vle
     return finish(o, ok);
 }
 
+static bool add_cmp(cJSON *cmp, const char *key, int64_t mod_rev)
+{
+    cJSON *c = cJSON_CreateObject();
+    if (c == NULL || !cJSON_AddItemToArray(cmp, c)) {
+        cJSON_Delete(c);
+        return false;
+    }
+    return cJSON_AddStringToObject(c, "target", "MOD") && add_b64(c, "key", key, strlen(key)) &&
+           add_i64(c, "mod_revision", mod_rev) && cJSON_AddStringToObject(c, "result", "EQUAL");
+}
+
+static cJSON *add_op(cJSON *arr, const char *kind)
+{
+    cJSON *s = cJSON_CreateObject();
+    if (s == NULL || !cJSON_AddItemToArray(arr, s)) {
+        cJSON_Delete(s);
+        return NULL;
+    }
+    return cJSON_AddObjectToObject(s, kind);
+}
+
+char *etcd_req_fold(const char *key, int64_t mod_rev, const void *val, size_t vlen, int64_t lease,
+                    const char *copy, const char *const *del, const int64_t *del_rev, size_t ndel)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL)
+        return NULL;
+    cJSON *cmp = cJSON_AddArrayToObject(o, "compare");
+    cJSON *succ = cJSON_AddArrayToObject(o, "success");
+    cJSON *fail = cJSON_AddArrayToObject(o, "failure");
+    bool ok = cmp && succ && fail && add_cmp(cmp, key, mod_rev);
+    cJSON *put = ok ? add_op(succ, "request_put") : NULL;
+    ok = put && fill_put(put, key, val, vlen, lease);
+    if (ok && copy) {
+        put = add_op(succ, "request_put");
+        ok = put && fill_put(put, copy, val, vlen, lease);
+    }
+    for (size_t i = 0; ok && i < ndel; i++) {
+        cJSON *d = add_cmp(cmp, del[i], del_rev[i]) ? add_op(succ, "request_delete_range") : NULL;
+        ok = d && add_b64(d, "key", del[i], strlen(del[i]));
+    }
+    cJSON *rng = ok ? add_op(fail, "request_range") : NULL;
+    ok = rng && fill_range(rng, key, NULL, false, false);
+    return finish(o, ok);
+}
+
 char *etcd_req_delete(const char *key, const char *range_end)
 {
     cJSON *o = cJSON_CreateObject();

@@ -44,6 +44,12 @@ char *etcd_req_put(const char *key, const void *val, size_t vlen, int64_t lease)
  * exist); otherwise reads it back in the same round trip (the failure
  * branch), so a conflict costs no extra request. */
 char *etcd_req_cas(const char *key, int64_t mod_rev, const void *val, size_t vlen, int64_t lease);
+/* etcd_req_cas that also writes the same value to copy (unless NULL) and
+ * deletes the keys del[i], each compared on its mod_revision del_rev[i]
+ * (the leader's batch of folded join requests; etcd refuses a txn of over
+ * 128 operations by default). */
+char *etcd_req_fold(const char *key, int64_t mod_rev, const void *val, size_t vlen, int64_t lease,
+                    const char *copy, const char *const *del, const int64_t *del_rev, size_t ndel);
 char *etcd_req_delete(const char *key, const char *range_end);
 char *etcd_req_lease_grant(int64_t ttl_s);
 char *etcd_req_lease_id(int64_t id); /* keepalive, revoke */

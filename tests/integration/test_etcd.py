@@ -197,6 +197,10 @@ def test_agents_form_one_world_and_close_the_run(etcd, cluster, nproc):
     notice = [line for line in agents[0].text().splitlines() if "A2000" in line]
     assert len(notice) == 1 and "etcd-v3" in notice[0], agents[0].text()[-2000:]
     assert "A2000" not in agents[1].text()
+    # The network interface is chosen towards the first etcd member, as
+    # c10d's towards its endpoint (here loopback: nothing to set).
+    why = [line for line in agents[1].text().splitlines() if "A2101" in line]
+    assert len(why) == 1 and "127.0.0.1" in why[0], agents[1].text()[-2000:]
     # The job's end closed the run: the state key says so, on a lease
     # (close_timeout), so the run id can be used again once it expires.
     value, kv = e.get("/cddp/rdzv/job/state")

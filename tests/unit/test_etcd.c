@@ -546,6 +546,99 @@ static void test_round_decode_refuses(void **state)
     }
 }
 
+/* The leader's batch: the state, its copy under news/, and each folded
+ * request deleted, compared on its own revision. */
+static void test_fold_request(void **state)
+{
+    (void)state;
+    const char *keys[] = {"/j/a", "/j/b"};
+    const int64_t revs[] = {11, 12};
+    char *s = etcd_req_fold("/s", 7, "v", 1, 0, "/n/round", keys, revs, 2);
+    assert_non_null(s);
+    cJSON *o = cJSON_Parse(s);
+    free(s);
+    assert_non_null(o);
+    const cJSON *cmp = cJSON_GetObjectItem(o, "compare");
+    const cJSON *succ = cJSON_GetObjectItem(o, "success");
+    const cJSON *fail = cJSON_GetObjectItem(o, "failure");
+    assert_int_equal(cJSON_GetArraySize(cmp), 3);
+    assert_int_equal(cJSON_GetArraySize(succ), 4); /* put, copy, two deletes */
+    assert_int_equal(cJSON_GetArraySize(fail), 1);
+    assert_string_equal(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cmp, 2), "mod_revision")->valuestring, "12");
+    assert_string_equal(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(succ, 1), "request_put"), "key")
+            ->valuestring,
+        "L24vcm91bmQ="); /* /n/round */
+    assert_non_null(cJSON_GetObjectItem(cJSON_GetArrayItem(succ, 3), "request_delete_range"));
+    cJSON_Delete(o);
+    /* No copy, no deletes: a plain compare-and-put. */
+    s = etcd_req_fold("/s", 0, "v", 1, 5, NULL, NULL, NULL, 0);
+    o = cJSON_Parse(s);
+    free(s);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "success")), 1);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(o, "compare")), 1);
+    cJSON_Delete(o);
+}
+
+static void test_join_request(void **state)
+{
+    (void)state;
+    struct etcd_join j = {.id = "n1", .nproc = 8, .addr = "h1.example", .port = 29500};
+    char *s = etcd_round_request_encode(&j);
+    assert_non_null(s);
+    struct etcd_request q;
+    char err[256];
+    assert_int_equal(etcd_round_request_decode(s, strlen(s), &q, err, sizeof(err)), 0);
+    free(s);
+    assert_int_equal(q.nproc, 8);
+    assert_int_equal(q.port, 29500);
+    assert_string_equal(q.addr, "h1.example");
+    const char *bad[] = {"",
+                         "[]",
+                         "{\"nproc\":8,\"addr\":\"h\"}",
+                         "{\"nproc\":0,\"addr\":\"h\",\"port\":1}",
+                         "{\"nproc\":1,\"addr\":\"\",\"port\":1}",
+                         "{\"nproc\":1,\"addr\":\"h\",\"port\":70000}",
+                         "{\"nproc\":1.5,\"addr\":\"h\",\"port\":1}",
+                         "{\"nproc\":"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = '\0';
+        assert_int_equal(etcd_round_request_decode(bad[i], strlen(bad[i]), &q, err, sizeof(err)),
+                         CDDP_EPARSE);
+        assert_true(err[0] != '\0');
+        assert_int_equal(q.nproc, 0);
+    }
+}
+
+/* Folding a batch of requests decides as the joins one by one would. */
+static void test_round_fold(void **state)
+{
+    (void)state;
+    struct etcd_round a, b;
+    etcd_round_init(&a, 3, 3);
+    etcd_round_init(&b, 3, 3);
+    struct etcd_join j[3] = {{.id = "c", .nproc = 1, .addr = "c", .port = 3},
+                             {.id = "a", .nproc = 2, .addr = "a", .port = 1},
+                             {.id = "b", .nproc = 1, .addr = "b", .port = 2}};
+    assert_true(etcd_round_fold(&a, &CONF, 5, j, 2));
+    assert_int_equal(a.phase, ETCD_FORMING);
+    assert_true(etcd_round_fold(&a, &CONF, 6, j + 2, 1));
+    for (int i = 0; i < 3; i++)
+        etcd_round_join(&b, &CONF, i < 2 ? 5 : 6, &j[i]);
+    assert_int_equal(a.phase, ETCD_RUNNING);
+    char *ea = etcd_round_encode(&a), *eb = etcd_round_encode(&b);
+    assert_string_equal(ea, eb);
+    free(ea);
+    free(eb);
+    assert_int_equal(rank_of(&a, "a"), 0);
+    assert_false(etcd_round_fold(&a, &CONF, 7, j, 0));
+    etcd_round_close(&a, "done");
+    assert_false(etcd_round_fold(&a, &CONF, 8, j, 3)); /* closed: nothing */
+    etcd_round_free(&a);
+    etcd_round_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -561,6 +654,9 @@ int main(void)
         cmocka_unit_test(test_round_scale_and_wait),
         cmocka_unit_test(test_round_failure_leave_close),
         cmocka_unit_test(test_round_decode_refuses),
+        cmocka_unit_test(test_fold_request),
+        cmocka_unit_test(test_join_request),
+        cmocka_unit_test(test_round_fold),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
