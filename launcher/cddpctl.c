@@ -104,6 +104,7 @@ struct options {
     unsigned given; /* OPT_* seen */
     bool json, live, verbose, watch;
     double timeout_s;
+    bool timeout_given; /* stacks waits longer by default */
     double interval_s;
     long count;       /* --count; 0: no limit */
     long total_steps; /* --total-steps; 0: unknown */
@@ -138,12 +139,14 @@ struct command {
 static int cmd_status(const struct options *o, struct frame_ctx *f);
 static int cmd_job(const struct options *o, struct frame_ctx *f);
 static int cmd_health(const struct options *o);
+static int cmd_stacks(const struct options *o);
 
 static const struct command commands[] = {
     {"status", 1, "HOST:PORT", OPT_JSON | OPT_WATCH | OPT_STEPS, cmd_status, NULL},
     {"health", 1, "HOST:PORT", OPT_JSON | OPT_HEALTH, NULL, cmd_health},
     {"job", 2, "RDZV_HOST:PORT RUN_ID", OPT_JSON | OPT_WATCH | OPT_STEPS | OPT_AGENTPORT, cmd_job,
      NULL},
+    {"stacks", 1, "HOST:PORT", 0, NULL, cmd_stacks},
 };
 
 /* What to say when an option is given to a command that does not take it. */
@@ -247,6 +250,7 @@ static int parse_args(int argc, char **argv, struct options *o)
                 return CDDP_EXIT_USAGE;
             if (cddp_parse_double(v, 0.001, 3600, &o->timeout_s) != 0)
                 return usage_error("--timeout '%s' is not a number of seconds in (0, 3600]", v);
+            o->timeout_given = true;
         } else if (a[0] == '-' && a[1] != '\0') {
             return usage_error("unknown option '%s'", a);
         } else if (cmdname == NULL) {
@@ -258,12 +262,12 @@ static int parse_args(int argc, char **argv, struct options *o)
         }
     }
     if (cmdname == NULL)
-        return usage_error("no command (status, health or job)");
+        return usage_error("no command (status, health, job or stacks)");
     for (size_t c = 0; c < sizeof(commands) / sizeof(commands[0]); c++)
         if (strcmp(commands[c].name, cmdname) == 0)
             o->cmd = &commands[c];
     if (o->cmd == NULL)
-        return usage_error("unknown command '%s' (status, health or job)", cmdname);
+        return usage_error("unknown command '%s' (status, health, job or stacks)", cmdname);
     if (o->npos < o->cmd->nargs)
         return usage_error("no %s given", o->npos == 0 ? o->cmd->argdesc : "RUN_ID");
     if (o->npos > o->cmd->nargs)
@@ -418,14 +422,18 @@ static void transfer_error(const struct reply *r, const char *url, const char *s
 /* GET url. On failure returns CTL_EXIT_UNREACHABLE (CDDP_EXIT_FAILURE when
  * the reply was too large) and logs one line, or, with f->quiet, puts it in
  * f->errmsg. */
-static int fetch_for(const char *url, const char *shown, double timeout_s, struct reply *r,
-                     struct frame_ctx *f)
+/* One request (GET, or a POST with an empty body), its failure reported as
+ * the command's errors are (f: a frame's, or NULL: the log). */
+static int request(const char *url, bool post, const char *shown, double timeout_s, struct reply *r,
+                   struct frame_ctx *f)
 {
     CURL *c = handle_new(url, timeout_s, r);
     if (c == NULL) {
         log_error("K0002", "cannot start libcurl");
         return CDDP_EXIT_FAILURE;
     }
+    if (post)
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, "");
     handle_done(c, curl_easy_perform(c), r);
     curl_easy_cleanup(c);
     if (r->rc == CURLE_OK)
@@ -462,9 +470,15 @@ static int fetch_for(const char *url, const char *shown, double timeout_s, struc
 }
 
 /* GET url; a failure is logged (one line). */
+static int fetch_for(const char *url, const char *shown, double timeout_s, struct reply *r,
+                     struct frame_ctx *f)
+{
+    return request(url, false, shown, timeout_s, r, f);
+}
+
 static int fetch(const char *url, const char *shown, double timeout_s, struct reply *r)
 {
-    return fetch_for(url, shown, timeout_s, r, NULL);
+    return request(url, false, shown, timeout_s, r, NULL);
 }
 
 /* The first line of a body, quoted and shortened, for error messages. */
@@ -1573,56 +1587,17 @@ static int cmd_health(const struct options *o)
 
 /* cddpctl stacks HOST:PORT [--timeout SECONDS]: POST /stacks asks cddprun
  * for a capture of every running worker's stacks (docs/status.md), then
- * GET /stacks until that capture is served; prints it. Self-contained: its
- * own arguments, the shared base_url and fetch. */
-static int cmd_stacks(int argc, char **argv)
+ * GET /stacks until that capture is served; prints it. */
+static int cmd_stacks(const struct options *o)
 {
-    const char *target = NULL;
-    double timeout_s = 15;
-    for (int i = 2; i < argc; i++) {
-        const char *v = NULL;
-        if (strncmp(argv[i], "--timeout=", 10) == 0)
-            v = argv[i] + 10;
-        else if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc)
-            v = argv[++i];
-        else if (argv[i][0] != '-' && target == NULL)
-            target = argv[i];
-        else
-            return usage_error("stacks: unexpected argument '%s'", argv[i]);
-        char *end = NULL;
-        if (v && ((timeout_s = strtod(v, &end)) <= 0 || timeout_s > 3600 || *end != '\0'))
-            return usage_error("--timeout '%s' is not a number of seconds in (0, 3600]", v);
-    }
-    if (target == NULL)
-        return usage_error("no HOST:PORT given");
-    char base[2048], shown[300], url[2100];
-    int rc = base_url(target, base, sizeof(base), shown, sizeof(shown));
-    if (rc)
-        return rc;
-    snprintf(url, sizeof(url), "%s/stacks", base);
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-        return CDDP_EXIT_FAILURE;
+    double timeout_s = o->timeout_given ? o->timeout_s : 15;
+    char url[2100];
+    snprintf(url, sizeof(url), "%s/stacks", o->base);
     struct reply r = {0};
-    cddp_buf_init(&r.body, REPLY_MAX);
-    CURL *c = curl_easy_init();
-    CURLcode cc = CURLE_FAILED_INIT;
-    if (c) {
-        curl_easy_setopt(c, CURLOPT_URL, url);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, "");
-        curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)ceil(timeout_s * 1000.0));
-        curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-        curl_easy_setopt(c, CURLOPT_WRITEDATA, &r.body);
-        if ((cc = curl_easy_perform(c)) == CURLE_OK)
-            curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.code);
-        curl_easy_cleanup(c);
-    }
+    int rc = request(url, true, o->shown, timeout_s, &r, NULL);
     long long id = 0;
-    if (cc != CURLE_OK) {
-        log_error("K0008", "%s: %s", url, curl_easy_strerror(cc));
-        rc = CTL_EXIT_UNREACHABLE;
-    } else {
-        cJSON *root = cJSON_ParseWithLength(r.body.data ? r.body.data : "", r.body.len);
+    if (rc == 0) {
+        cJSON *root = cJSON_ParseWithLength(r.body.data, r.body.len);
         const cJSON *cap = cJSON_GetObjectItemCaseSensitive(root, "capture");
         id = r.code == 202 && cJSON_IsNumber(cap) ? (long long)cap->valuedouble : 0;
         if (id <= 0) {
@@ -1639,7 +1614,7 @@ static int cmd_stacks(int argc, char **argv)
     double waited = 0;
     while (rc == 0) {
         memset(&r, 0, sizeof(r));
-        if ((rc = fetch(url, shown, timeout_s, &r)) != 0)
+        if ((rc = fetch(url, o->shown, timeout_s, &r)) != 0)
             break;
         long long got = 0;
         if (r.code == 200 && sscanf(r.body.data, "# capture %lld", &got) == 1 && got >= id) {
@@ -1648,7 +1623,7 @@ static int cmd_stacks(int argc, char **argv)
         }
         cddp_buf_free(&r.body);
         if (waited >= timeout_s) {
-            log_error("K0004", "%s did not answer within %gs", shown, timeout_s);
+            log_error("K0004", "%s did not answer within %gs", o->shown, timeout_s);
             rc = CDDP_EXIT_FAILURE;
             break;
         }
@@ -1657,16 +1632,12 @@ static int cmd_stacks(int argc, char **argv)
         waited += 0.2;
     }
     cddp_buf_free(&r.body);
-    curl_global_cleanup();
-    fflush(stdout);
     return rc;
 }
 
 int main(int argc, char **argv)
 {
     cddp_log_init("cddpctl");
-    if (argc >= 2 && strcmp(argv[1], "stacks") == 0)
-        return cmd_stacks(argc, argv);
     struct options o = {0};
     int rc = parse_args(argc, argv, &o);
     if (rc)
