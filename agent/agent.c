@@ -100,11 +100,11 @@ struct agent {
      * the workers get as TORCHELASTIC_TIMER_FILE. */
     struct agent_filetimer *filetimer;
     char filetimer_path[4096];
-    /* A stack capture on demand (agent_capture_stacks: cddpctl stacks):
-     * one gdb per running worker (0: done), each into path.<local_rank>. */
     /* Armed with every SIGKILL to the groups: processes still there when it
      * fires cannot be killed (D state); they are reported and given up. */
     uv_timer_t kill_wait;
+    /* A stack capture on demand (agent_capture_stacks: cddpctl stacks):
+     * one gdb per running worker (0: done), each into path.<local_rank>. */
     struct {
         bool running;
         unsigned seq;
