@@ -149,6 +149,7 @@ struct ed {
     uint64_t round; /* the last round handed to the agent */
     int round_nnodes;
     uint64_t restart_told; /* the round on_restart was called for */
+    uint64_t rejoined_for; /* the forming round a missed round's rejoin was sent for */
     bool closed_told;
     uv_timer_t lc_timer; /* the state's last call */
 
@@ -706,6 +707,25 @@ static void state_changed(struct ed *e)
             if (!e->join_applied)
                 return; /* not folded yet */
             /* Dropped (taken for lost): join again. */
+            e->join_applied = false;
+            e->join_put = false;
+            struct op o = {.kind = OP_JOIN};
+            push_op(e, &o);
+            return;
+        }
+        if (m->state == ETCD_M_EXPECTED && st->phase == ETCD_FORMING && st->round > e->round + 1 &&
+            st->round > e->rejoined_for) {
+            /* EXPECTED: a member of the last round, round - 1, that is not
+             * back yet. We were never told of that round (e->round is older),
+             * so our request went into it and it ran and restarted before
+             * this agent saw it running (the put's answer came after the
+             * watch's news, or one watch message carried both states). Our
+             * request is spent: join again, once for this round. */
+            log_info("A2016",
+                     "etcd: run '%s' restarted (round %" PRIu64 ") before this node saw the round "
+                     "it was placed in; joining again",
+                     e->run_id, st->round);
+            e->rejoined_for = st->round;
             e->join_applied = false;
             e->join_put = false;
             struct op o = {.kind = OP_JOIN};

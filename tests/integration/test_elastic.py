@@ -131,8 +131,11 @@ class Agent:
     """One cddprun, its stderr in a file."""
 
     def __init__(self, background, tmp, name, args, env=None, script=None, script_args=(),
-                 prefix=()):
+                 prefix=(), siblings=None):
         self.name = name
+        # The cluster's agents (this one among them): a failed wait prints
+        # every agent's log, since a hang in one is often caused by another.
+        self.siblings = siblings if siblings is not None else [self]
         self.log = tmp / f"agent-{name}.log"
         e = dict(os.environ, NODE=name, OUT=str(tmp / "out"), LOGLEVEL="INFO",
                  TORCH_ELASTIC_SHUTDOWN_TIMEOUT="2")
@@ -156,7 +159,11 @@ class Agent:
             return self.bg.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.bg.kill()
-            pytest.fail(f"agent {self.name} did not exit within {timeout}s:\n{self.text()[-3000:]}")
+            others = "".join(
+                f"\n--- agent {a.name} ({'running' if a.bg.proc.poll() is None else f'exit {a.bg.proc.returncode}'}):\n"
+                f"{a.text()[-3000:]}" for a in self.siblings if a is not self)
+            pytest.fail(f"agent {self.name} did not exit within {timeout}s:\n{self.text()[-3000:]}"
+                        f"{others}")
 
     def signal(self, sig):
         os.kill(self.pid, sig)
@@ -177,7 +184,7 @@ def cluster(background, tmp_path):
         agents = []
 
         def agent(self, name, *args, **kw):
-            a = Agent(background, tmp_path, name, args, **kw)
+            a = Agent(background, tmp_path, name, args, siblings=self.agents, **kw)
             self.agents.append(a)
             return a
 
