@@ -76,6 +76,17 @@ double trn_comm_timeout(const struct trn_comm *c)
     return c->timeout_s;
 }
 
+bool trn_comm_on_device(const struct trn_comm *c)
+{
+    (void)c;
+    return false; /* gloo and local move host memory */
+}
+
+void trn_comm_set_watchdog_exit(struct trn_comm *c, trn_comm_exit_fn fn, void *arg)
+{
+    (void)c, (void)fn, (void)arg; /* no backend with a watchdog thread yet */
+}
+
 const struct trn_comm_error *trn_comm_last_error(const struct trn_comm *c)
 {
     return &c->err;

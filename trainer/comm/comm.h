@@ -3,8 +3,24 @@
  *
  * One communicator per process group. Backends: "local" (world size 1: no
  * peers, every collective is a copy or nothing), "gloo" (CPU tensors over
- * TCP; gloo_shim.cc is the project's only C++), later "nccl" (GPU). The
- * training loop and ddp.c see only this interface.
+ * TCP; gloo_shim.cc is the project's only C++), "nccl" (CUDA device memory,
+ * trainer/comm/nccl.c; built when CUDA and NCCL are). The training loop and
+ * ddp.c see only this interface.
+ *
+ * NCCL. Buffers are device memory of o->cuda_device, except that the
+ * synchronous calls also take host memory (staged through a device buffer,
+ * for the small exchanges: config checks, SyncBN statistics copied to the
+ * host). Collectives are ordered with the compute stream o->cuda_stream:
+ * start makes the communicator's stream wait for everything queued on the
+ * compute stream so far (an event), enqueues the NCCL call and records a
+ * completion event; wait makes the compute stream wait for that event and
+ * returns at once (stream-ordered: the optimizer step that follows runs after
+ * the reduction, the host does not block). A synchronous call on host memory
+ * returns when the result is in host memory. A watchdog thread polls every
+ * completion event and ncclCommGetAsyncError at least every 100 ms; past the
+ * timeout, or on an asynchronous error, it aborts the communicator, writes
+ * the error file and exits 75 itself (trn_comm_set_watchdog_exit), since the
+ * main thread may be blocked in the CUDA runtime by then.
  *
  * Ordering. Collectives run in the order they are issued, one at a time, on
  * the communicator's own thread (gloo). Every rank must issue the same
@@ -92,7 +108,17 @@ struct trn_comm_options {
     int world;
     double timeout_s;      /* per collective; <= 0: TRN_COMM_DEFAULT_TIMEOUT_S */
     double init_timeout_s; /* connecting the mesh through the store */
-    const char *backend;   /* NULL or "gloo" (world 1 always uses "local") */
+    const char *backend;   /* NULL or "gloo", or "nccl" (world 1 always uses "local") */
+    /* nccl: the CUDA device, and the compute stream (a cudaStream_t) the
+     * collectives are ordered with (NULL: the legacy default stream). */
+    int cuda_device;
+    void *cuda_stream;
+    /* nccl: rank 0 publishes the unique id under a key naming both, so a
+     * restarted or re-formed group never reads a stale id
+     * (pytorch/pytorch#135712): TORCHELASTIC_RESTART_COUNT and the
+     * rendezvous round (CDDP_RDZV_ROUND; 0 when the launcher does not say). */
+    long restart_count;
+    long rdzv_round;
     /* Local address peers reach this rank at (gloo binds there). NULL: the
      * address the route to `route_to` leaves from (so it works across nodes),
      * or 127.0.0.1. GLOO_SOCKET_IFNAME, when set, names an interface instead. */
@@ -138,6 +164,18 @@ int trn_comm_wait(struct trn_comm *c, struct trn_comm_work *w);
 
 /* The first failure (code 0 if none). */
 const struct trn_comm_error *trn_comm_last_error(const struct trn_comm *c);
+
+/* True when the communicator's buffers are CUDA device memory (nccl). */
+bool trn_comm_on_device(const struct trn_comm *c);
+
+/* What the NCCL watchdog does when it gives up (a collective past the
+ * timeout, or an asynchronous error): it calls fn(arg, err) on its own
+ * thread, which must not return (the trainer's: trn_comm_fail with the
+ * step the training loop last published, error file, exit 75). Unset, the
+ * watchdog calls trn_comm_fail(err, -1, rank, TORCHELASTIC_ERROR_FILE). gloo
+ * reports through the failing call instead and ignores this. */
+typedef void (*trn_comm_exit_fn)(void *arg, const struct trn_comm_error *err);
+void trn_comm_set_watchdog_exit(struct trn_comm *c, trn_comm_exit_fn fn, void *arg);
 
 /* "allreduce", ... */
 const char *trn_comm_coll_name(enum trn_comm_coll coll);
