@@ -52,6 +52,8 @@ size_t trn_comm_dtype_size(enum trn_comm_dtype dt)
         return 8;
     case TRN_COMM_U8:
         return 1;
+    case TRN_COMM_BF16:
+        return 2;
     }
     return 0;
 }
@@ -156,7 +158,7 @@ static bool redop_ok(enum trn_comm_dtype dt, enum trn_comm_redop op)
     case TRN_COMM_MIN:
         return true;
     case TRN_COMM_AVG:
-        return dt == TRN_COMM_F32 || dt == TRN_COMM_F64;
+        return dt == TRN_COMM_F32 || dt == TRN_COMM_F64 || dt == TRN_COMM_BF16;
     }
     return false;
 }

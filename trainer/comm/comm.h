@@ -59,6 +59,7 @@ enum trn_comm_dtype {
     TRN_COMM_I32,
     TRN_COMM_I64,
     TRN_COMM_U8,
+    TRN_COMM_BF16, /* nccl only (DDP's bf16 gradient compression); gloo refuses it */
 };
 
 enum trn_comm_redop {

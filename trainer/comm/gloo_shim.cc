@@ -294,6 +294,9 @@ extern "C" int trn_gloo_run(struct trn_gloo *g, struct trn_comm_work *w, double 
         case TRN_COMM_U8:
             run_typed<uint8_t>(g, w, t);
             break;
+        case TRN_COMM_BF16:
+            one_line(w->detail, sizeof(w->detail), "gloo has no bf16 reduction (nccl only)");
+            return CDDP_ERANGE_ARG;
         }
     } catch (const gloo::IoException &e) {
         one_line(w->detail, sizeof(w->detail), e.what());
