@@ -8,6 +8,7 @@ process still carrying the tag is an orphan: it is killed and the test fails.
 import json
 import os
 import pathlib
+import random
 import shutil
 import signal
 import socket
@@ -48,9 +49,36 @@ def binary(name):
     return _bin_cache[name]
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host="127.0.0.1"):
-    """A port that was free a moment ago (bind to 0, close)."""
+    """A port that was free a moment ago, below the kernel's ephemeral range.
+
+    Not bind-to-0: that hands out an ephemeral port, and between this
+    function's close and the test's server binding it, any process of the
+    test (an agent's store on port 0, an outgoing connection) may be given
+    the same port by the kernel; an agent then finds its endpoint "served
+    already" by a stranger and waits. Below the ephemeral range only an
+    explicit bind can take the port."""
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # 10000..29000: clear of the ephemeral range and of torchrun's defaults
+    # (29400 rendezvous, 29500 MASTER_PORT) that some tests use as they are.
+    hi = min(29000, _ephemeral_low())
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, hi)
+        with socket.socket(fam, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(fam, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
