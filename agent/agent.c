@@ -1530,6 +1530,7 @@ static int open_rdzv(struct agent *a, char *why, size_t whylen)
             .nproc = cfg->nproc_per_node,
             .local_addr = local_addr,
             .conf = &conf,
+            .status_port = a->hooks ? a->hooks->status_port : 0,
             .standalone = cfg->standalone,
             .fixed = fixed,
             .node_rank = cfg->node_rank,

@@ -111,6 +111,9 @@ struct agent;
 
 struct agent_hooks {
     void *arg;
+    /* The status port the hooks serve (told to a c10d rendezvous server, so
+     * `cddpctl job` finds every node's agent); 0: none. */
+    int status_port;
     /* Before start: the agent, for agent_progress(). May be NULL. */
     void (*attach)(void *arg, struct agent *agent);
     /* The loop exists (before any worker starts): add handles to it. */

@@ -171,6 +171,7 @@ struct agent_rdzv_c10d_options {
     int nproc;
     const char *local_addr;       /* --local_addr or NULL */
     const struct rdzv_conf *conf; /* --rdzv_conf; NULL: torchrun's defaults */
+    int status_port;              /* this agent's status port, told to the server; 0: none */
     /* --standalone: host on 127.0.0.1 with a free port (host/port unused). */
     bool standalone;
     /* The static backend with several nodes: node_rank is fixed, node 0

@@ -781,6 +781,7 @@ int agent_rdzv_c10d_new(uv_loop_t *loop, const struct agent_rdzv_c10d_options *o
         .max_nodes = o->max_nodes,
         .local_addr = o->local_addr,
         .hostname = fqdn,
+        .status_port = o->status_port,
         .conf = &c->conf,
     };
     /* Kept for the clients that replace this one after a removal. */

@@ -811,6 +811,8 @@ void agent_status_hooks(struct agent_status *st, struct agent_hooks *hooks)
 {
     memset(hooks, 0, sizeof(*hooks));
     hooks->arg = st;
+    int port = agent_status_port(st);
+    hooks->status_port = port > 0 ? port : 0;
     hooks->attach = on_attach;
     hooks->start = on_start;
     hooks->stop = on_stop;

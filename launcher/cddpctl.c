@@ -1201,9 +1201,12 @@ static void job_table(FILE *out, const struct options *o, const cJSON *root, con
                   fmt_ago(jn->node, "last_seen_at", now, seen, sizeof(seen)), agent_s);
     }
     table_print(&t, out);
-    if (o->agent_port == 0) {
-        fprintf(out, "\n(the rendezvous server does not know the agents' status ports: "
-                     "--agent-port PORT asks each node's agent for its workers)\n");
+    bool any = false;
+    for (size_t i = 0; i < n; i++)
+        any = any || nodes[i].agent[0] || nodes[i].error[0];
+    if (!any) {
+        fprintf(out, "\n(no agent of this run told the rendezvous server a status port: "
+                     "--agent-port PORT asks each node's agent on that port for its workers)\n");
         return;
     }
     /* Every worker of the job, node by node; NODE replaces LOCAL's place. */
@@ -1277,7 +1280,7 @@ static int cmd_job(const struct options *o, struct frame_ctx *f)
         cJSON_Delete(root);
         return CDDP_EXIT_FAILURE;
     }
-    size_t i = 0;
+    size_t i = 0, asked = 0;
     static const char *const lists[] = {"members", "waiting"};
     for (int l = 0; l < 2; l++) {
         const cJSON *nd;
@@ -1287,15 +1290,28 @@ static int cmd_job(const struct options *o, struct frame_ctx *f)
             jn->node = nd;
             jn->waiting = l == 1;
             char host[256];
-            if (o->agent_port == 0)
+            /* --agent-port, else the status port the agent told the
+             * server when it joined (cddprun with --status_port). */
+            double told = 0;
+            int port = o->agent_port;
+            if (port == 0 && num(nd, "status_port", &told) && told >= 1 && told <= 65535)
+                port = (int)told;
+            if (port == 0)
                 continue;
-            if (node_host(str(nd, "node", ""), host, sizeof(host)))
-                cddp_hostport_format(host, o->agent_port, jn->agent, sizeof(jn->agent));
+            asked++;
+            /* A told port is the agent's own: reach it where its
+             * connection to the server comes from (the node id's host
+             * name need not resolve); --agent-port keeps the node id's. */
+            const char *addr = str(nd, "addr", "");
+            if (o->agent_port == 0 && addr[0])
+                cddp_hostport_format(addr, port, jn->agent, sizeof(jn->agent));
+            else if (node_host(str(nd, "node", ""), host, sizeof(host)))
+                cddp_hostport_format(host, port, jn->agent, sizeof(jn->agent));
             else
                 snprintf(jn->error, sizeof(jn->error), "no host name in the node id");
         }
     }
-    if (o->agent_port)
+    if (asked)
         job_fetch_agents(o, nodes, n);
     if (o->json)
         job_json(f->out, o, run, nodes, n);

@@ -416,6 +416,7 @@ static int decode_join_into(struct dec *d, struct proto_join *j)
         (rc = get_str(d, "local_addr", false, 255, STR_ID, &j->local_addr)) ||
         (rc = get_str(d, "hostname", false, 255, STR_ID, &j->hostname)) ||
         (rc = get_small(d, "master_port", false, 0, 65535, 0, &j->master_port)) ||
+        (rc = get_small(d, "status_port", false, 0, 65535, 0, &j->status_port)) ||
         (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0, &j->restart_count)) ||
         (rc = get_small(d, "last_nnodes", false, 0, PROTO_MAX_NODES, 0, &j->last_nnodes)))
         return rc;
@@ -874,6 +875,8 @@ static void encode_join_fields(struct enc *e, const struct proto_join *j)
     put_str(e, "local_addr", j->local_addr, 255);
     put_str(e, "hostname", j->hostname, 255);
     put_int(e, "master_port", j->master_port, 0, 65535);
+    if (j->status_port)
+        put_int(e, "status_port", j->status_port, 0, 65535);
     if (j->round)
         put_int(e, "round", (int64_t)j->round, 0, PROTO_MAX_INT);
     if (j->last_nnodes)

@@ -109,6 +109,10 @@ struct proto_join {
     const char *local_addr; /* --local_addr, or NULL */
     const char *hostname;   /* how others can reach this node, or NULL */
     int master_port;        /* the port this node would serve MASTER_PORT on */
+    /* Optional: the agent's status port (--status_port), 0 when it serves
+     * none; shown in the server's /status so cddpctl job can ask each
+     * node's agent for its workers. */
+    int status_port;
     /* Optional: the last round this node ran in, its node count, and
      * the job's counted restarts as this node knows them (0 when
      * none); a run that has had no round yet (a restarted server)

@@ -96,6 +96,7 @@ struct rdzv_client {
     rdzv_join_cb join_cb;
     void *join_arg;
     int join_port;      /* its master_port */
+    int status_port;    /* the agent's, told in every join */
     bool join_queued;   /* the join waits in outq */
     bool join_resend;   /* it went out on a connection since lost */
     bool error_to_join; /* the last ERROR went to a join callback */
@@ -716,6 +717,7 @@ int rdzv_client_start(uv_loop_t *loop, const struct rdzv_client_options *o, rdzv
     c->loop = loop;
     c->port = o->port;
     c->nproc = o->nproc;
+    c->status_port = o->status_port;
     c->min_nodes = o->min_nodes;
     c->max_nodes = o->max_nodes;
     if (o->conf)
@@ -822,6 +824,7 @@ static void fill_join(struct rdzv_client *c, struct proto_join *j, struct join_c
                              .local_addr = c->local_addr,
                              .hostname = c->hostname,
                              .master_port = c->join_port,
+                             .status_port = c->status_port,
                              /* Where the job was, for a server that restarted since. */
                              .round = c->has_round ? c->round.round : 0,
                              .last_nnodes = c->has_round ? c->round.nnodes : 0,

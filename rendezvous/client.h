@@ -75,6 +75,7 @@ struct rdzv_client_options {
     int min_nodes, max_nodes;
     const char *local_addr; /* --local_addr (MASTER_ADDR if we become node 0), or NULL */
     const char *hostname;   /* how others reach us if no local_addr; NULL: gethostname() */
+    int status_port;        /* the agent's status port, told to the server; 0: none */
     /* rdzv_conf (timeouts, keep-alive, token); NULL: torchrun's defaults.
      * Without a token there, CDDP_RDZV_TOKEN from the environment is used.
      * The client sends the server what it needs of it, never the token

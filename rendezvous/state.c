@@ -50,7 +50,8 @@ struct rdzv_node {
     struct cddp_queue link;
     int nproc;
     int master_port;
-    int prev_rank; /* rank in the last completed round it was part of, or -1 */
+    int status_port; /* the agent's status port, 0: none (status pages) */
+    int prev_rank;   /* rank in the last completed round it was part of, or -1 */
     uint64_t last_beat;
     uint64_t joined_at; /* its last join (status pages) */
     uint64_t dead_after_ms;
@@ -825,6 +826,7 @@ static void configure(struct rdzv_state *st, struct rdzv_run *run, struct rdzv_n
     }
     node->nproc = j->nproc;
     node->master_port = j->master_port;
+    node->status_port = j->status_port;
     free(node->local_addr);
     free(node->hostname);
     node->local_addr = j->local_addr && j->local_addr[0] ? strdup(j->local_addr) : NULL;
@@ -1495,6 +1497,8 @@ void rdzv_state_visit(const struct rdzv_state *st, size_t max_runs,
                     .state = node_state_names[n->state],
                     .rank = ranked ? n->prev_rank : -1,
                     .nproc = n->nproc,
+                    .status_port = n->status_port,
+                    .addr = n->peer && n->peer->addr[0] ? n->peer->addr : NULL,
                     .joined_at = n->joined_at,
                     .last_seen = n->last_beat,
                 };

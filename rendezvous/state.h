@@ -240,6 +240,8 @@ struct rdzv_node_info {
     const char *state; /* "idle", "participant", "waiting", "active", "restarting" */
     int rank;          /* node rank in the current round (active, restarting); else -1 */
     int nproc;
+    int status_port;    /* the agent's status port; 0: none or not said */
+    const char *addr;   /* the address its connection comes from; NULL: not connected */
     uint64_t joined_at; /* when its last join was taken */
     uint64_t last_seen; /* its last frame */
 };

@@ -46,6 +46,8 @@ static void visit_node(void *arg, const struct rdzv_node_info *ni)
     n->state = ni->state;
     n->node_rank = ni->rank;
     n->nproc = ni->nproc;
+    n->status_port = ni->status_port;
+    n->addr = ni->addr;
     n->joined_at = wall_of(b, ni->joined_at);
     n->last_seen_at = wall_of(b, ni->last_seen);
     /* The visit gives the wait list last: members, then waiting. */

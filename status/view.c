@@ -514,6 +514,11 @@ static void rdzv_json_nodes(struct jsonw *j, const char *key,
             jsonw_string(j, "state", nodes[i].state);
         js_int_if(j, "node_rank", nodes[i].node_rank >= 0, nodes[i].node_rank);
         js_int_if(j, "nproc", nodes[i].nproc > 0, nodes[i].nproc);
+        js_int_if(j, "status_port", nodes[i].status_port > 0, nodes[i].status_port);
+        if (nodes[i].addr)
+            jsonw_string(j, "addr", nodes[i].addr);
+        else
+            jsonw_null(j, "addr");
         js_secs_if(j, "joined_at", nodes[i].joined_at > 0, nodes[i].joined_at);
         js_secs_if(j, "last_seen_at", nodes[i].last_seen_at > 0, nodes[i].last_seen_at);
         jsonw_object_end(j);

@@ -185,6 +185,8 @@ struct status_rdzv_node_view {
     double joined_at;
     double last_seen_at; /* last heartbeat */
     const char *state;   /* the state machine's name for it ("active", ...); NULL: not shown */
+    int status_port;     /* its agent's status port; 0: none or not said */
+    const char *addr;    /* where its connection comes from; NULL: not connected */
 };
 
 struct status_rdzv_run_view {

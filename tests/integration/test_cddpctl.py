@@ -527,7 +527,8 @@ done
 
 def test_job_of_real_agents_through_the_hosted_server(cluster):
     """Two real agents (c10d, the first hosts the rendezvous server): job lists
-    both nodes of the run as the server knows them."""
+    both nodes of the run as the server knows them and, through the status
+    port each agent told the server, every worker of the job."""
     from test_status_multinode import release, worker_script
     port, sport, sport1 = free_port(), free_port(), free_port()
     w = worker_script(cluster)
@@ -544,11 +545,21 @@ def test_job_of_real_agents_through_the_hosted_server(cluster):
     assert (j["state"], j["round"], j["min_nodes"], j["max_nodes"]) == ("running", 1, 2, 2)
     assert sorted(n["node_rank"] for n in j["nodes"]) == [0, 1]
     assert all(re.fullmatch(r".+_\d+_0", n["node"]) and n["nproc"] == 2 for n in j["nodes"])
+    # Each agent told the server its --status_port when it joined: job
+    # asks every agent without --agent-port, where its connection comes from.
+    assert sorted(n["agent"] for n in j["nodes"]) == sorted(
+        [f"127.0.0.1:{sport}", f"127.0.0.1:{sport1}"]), j["nodes"]
+    for n in j["nodes"]:
+        assert n["agent_error"] is None and n["status"]["run_id"] == "job", n
+        assert len(n["status"]["workers"]) == 2
     r = cddpctl("job", f"127.0.0.1:{sport}", "job")
     assert r.returncode == 0
     assert re.search(r"^run job on 127\.0\.0\.1:\d+: running, round 1, 2 nodes \(min:max 2:2\)",
                      r.stdout, re.M), r.stdout
     assert len(re.findall(r"^\S+_\d+_0 +active +[01] +2 ", r.stdout, re.M)) == 2
+    # ... and lists the four workers of the job, two per node.
+    assert len(re.findall(r"^127\.0\.0\.1:\d+ +[0-3] +[01] +\d+ ", r.stdout, re.M)) == 4, r.stdout
+    assert "--agent-port PORT asks" not in r.stdout
     release(cluster, "0")
     release(cluster, "1")
     assert all(a.wait() == 0 for a in cluster.agents)

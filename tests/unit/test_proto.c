@@ -247,11 +247,14 @@ static void test_msg_roundtrip(void **state)
     assert_string_equal(o.join.conf[1].value, "0.5");
     assert_int_equal(o.join.round, 0); /* optional, absent */
     assert_int_equal(o.join.restart_count, 0);
+    assert_int_equal(o.join.status_port, 0);
     proto_msg_free(&o);
     m.join.round = 7;
     m.join.last_nnodes = 3;
     m.join.restart_count = 2;
+    m.join.status_port = 29501;
     roundtrip(&m, &o);
+    assert_int_equal(o.join.status_port, 29501);
     assert_int_equal(o.join.round, 7);
     assert_int_equal(o.join.last_nnodes, 3);
     assert_int_equal(o.join.restart_count, 2);

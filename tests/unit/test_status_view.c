@@ -254,10 +254,11 @@ static void test_rdzv(void **state)
 {
     (void)state;
     struct status_rdzv_node_view members[2] = {
-        {"10.0.0.2:40000", 0, 4, 1000, 1005, "active"},
-        {"10.0.0.3:40000", 1, 4, 1001, 1005, NULL},
+        {"10.0.0.2:40000", 0, 4, 1000, 1005, "active", 29501, "10.0.0.2"},
+        {"10.0.0.3:40000", 1, 4, 1001, 1005, NULL, 0, NULL},
     };
-    struct status_rdzv_node_view waiting[1] = {{"10.0.0.4:40000", -1, 4, 1004, 1005, "waiting"}};
+    struct status_rdzv_node_view waiting[1] = {
+        {"10.0.0.4:40000", -1, 4, 1004, 1005, "waiting", 0, NULL}};
     struct status_rdzv_run_view runs[2] = {
         {"job7", "running", 2, 1, 4, 1002, 2, members, 1, waiting},
         {"job8", "joining", 0, 2, 2, 0, 0, NULL, 0, NULL},
@@ -297,6 +298,11 @@ static void test_rdzv(void **state)
     assert_string_equal(str(cJSON_GetArrayItem(ms, 0), "state"), "active");
     /* no state given: no key */
     assert_null(cJSON_GetObjectItem(cJSON_GetArrayItem(ms, 1), "state"));
+    /* the agent's status port when it told one, else null */
+    assert_true(num(cJSON_GetArrayItem(ms, 0), "status_port") == 29501);
+    assert_true(is_null(cJSON_GetArrayItem(ms, 1), "status_port"));
+    assert_string_equal(str(cJSON_GetArrayItem(ms, 0), "addr"), "10.0.0.2");
+    assert_true(is_null(cJSON_GetArrayItem(ms, 1), "addr"));
     cJSON_Delete(root);
     size_t len;
     const char *m = status_snapshot_metrics(s, &len);
@@ -399,8 +405,8 @@ static void test_agent_rdzv(void **state)
     assert_null(strstr(m, "cddp_rdzv_")); /* hosts nothing */
     status_snapshot_unref(s);
 
-    struct status_rdzv_node_view members[1] = {{"a_1_0", 0, 2, 1000, 1005, "active"}};
-    struct status_rdzv_node_view waiting[1] = {{"b_2_0", -1, 2, 1004, 1005, "waiting"}};
+    struct status_rdzv_node_view members[1] = {{"a_1_0", 0, 2, 1000, 1005, "active", 0, NULL}};
+    struct status_rdzv_node_view waiting[1] = {{"b_2_0", -1, 2, 1004, 1005, "waiting", 0, NULL}};
     struct status_rdzv_run_view runs[1] = {
         {"job\"7", "running", 3, 1, 1, 1002, 1, members, 1, waiting}};
     struct status_rdzv_view srv = {.program = "cddprun",
