@@ -174,7 +174,8 @@ def page_state(b):
                 agentShown: !document.getElementById('agent').classList.contains('hidden'),
                 runs: Array.from(q('#runs [data-run]')).map(d => ({
                     run: d.dataset.run, heading: d.querySelector('h3').textContent,
-                    nodes: Array.from(d.querySelectorAll('tbody tr')).map(r => r.dataset.node)}))};
+                    nodes: Array.from(d.querySelectorAll('tbody tr')).map(r => r.dataset.node),
+                    links: Array.from(d.querySelectorAll('tbody tr a')).map(a => a.href)}))};
     """)
 
 
@@ -231,6 +232,8 @@ def test_dashboard_in_chromium(background, tmp_path, browser):
     (run,) = st["runs"]
     assert run["run"] == "job" and "running" in run["heading"]
     assert len(run["nodes"]) == 2 and len(set(run["nodes"])) == 2
+    # Each node links to its agent's page (the status port it told the server).
+    assert sorted(run["links"]) == sorted(f"http://127.0.0.1:{p}/dashboard" for p in ports), run
     assert errors(b.console()) == []
     if save:
         with open(re.sub(r"(\.png)?$", "-rdzv.png", save, count=1), "wb") as fh:
