@@ -442,7 +442,11 @@ static void connect_ranks(struct run *r)
     trn_comm_set_watchdog_exit(r->dist.comm, watchdog_exit, r);
 
     struct trn_ddp_options ddo = {
-        .bucket_cap_mb = c->bucket_cap_mb, .overlap = c->overlap, .sync_bn = c->sync_bn};
+        .bucket_cap_mb = c->bucket_cap_mb,
+        .overlap = c->overlap,
+        .sync_bn = c->sync_bn,
+        .bf16_grads = c->grad_reduce == TRN_GRAD_REDUCE_BF16,
+    };
     if (trn_ddp_init(&r->ddp, &r->model, r->dist.comm, &ddo, collective_failed, r, err,
                      sizeof(err)))
         trn_fatal("%s", err);
