@@ -428,8 +428,12 @@ static void connect_ranks(struct run *r)
 {
     const struct trn_config *c = &r->cfg;
     char err[8192];
-    /* (nccl: the CUDA device and the compute stream go in the comm options
-     * once trn_dist_options carries them: docs/gpu.md, "DDP on GPUs") */
+    /* nccl also needs the CUDA device and the compute stream in the comm
+     * options (comm.h: cuda_device, cuda_stream); struct trn_dist_options
+     * does not carry them yet. When it does: .cuda_device = r->dev.ordinal,
+     * .cuda_stream = trn_backend_cuda_stream(&r->be) on a CUDA backend.
+     * restart_count and rdzv_round come from the environment bootstrap.c
+     * reads (TORCHELASTIC_RESTART_COUNT, CDDP_RDZV_ROUND). */
     struct trn_dist_options dopts = {.init_timeout_s = c->init_timeout,
                                      .collective_timeout_s = c->collective_timeout,
                                      .backend = r->dev.comm};
