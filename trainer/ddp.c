@@ -137,25 +137,9 @@ static void on_bn_stats(void *arg, const struct trn_bn_layer *bn, float *mean, f
         must(d, trn_comm_allgather(d->comm, mine, all, per, TRN_COMM_F32));
     }
     d->stats.bn_exchanges++;
-    /* The merged values overwrite rank 0's block, read in rank order first. */
+    /* The merged values go after the gathered blocks. */
     float *gm = d->bn_buf + (size_t)w * per, *gv = gm + c;
-    double total = 0;
-    for (int ch = 0; ch < c; ch++) {
-        double n = 0, avg = 0, m2 = 0;
-        for (int j = 0; j < w; j++) {
-            const float *r = all + (size_t)j * per;
-            double nj = r[2 * c], mj = r[ch], vj = r[c + ch];
-            if (nj <= 0)
-                continue;
-            double tot = n + nj, delta = avg - mj;
-            m2 += vj * nj + delta * delta * n * nj / tot;
-            avg = (n * avg + nj * mj) / tot;
-            n = tot;
-        }
-        gm[ch] = (float)avg;
-        gv[ch] = (float)(m2 / n);
-        total = n;
-    }
+    double total = trn_bn_merge_stats(all, w, c, gm, gv);
     be->ops->to_device(be, mean, gm, (size_t)c * sizeof(float));
     be->ops->to_device(be, var, gv, (size_t)c * sizeof(float));
     *count = total;
