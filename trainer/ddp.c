@@ -111,8 +111,10 @@ void trn_ddp_finish_backward(struct trn_ddp *d)
 /*
  * All ranks' statistics for one batch norm: each rank contributes
  * [mean (C), var (C), count], all-gathered, then merged per channel in rank
- * order with Chan et al.'s formula (as batch_norm_gather_stats_with_counts),
- * in double. mean, var (biased) and count are replaced by the global ones.
+ * order with Chan et al.'s formula (trn_bn_merge_stats, as
+ * batch_norm_gather_stats_with_counts), in double. On the device the blocks
+ * are packed and gathered there and read back once (ddp.h). mean, var (biased) and count are
+ * replaced by the global ones.
  */
 static void on_bn_stats(void *arg, const struct trn_bn_layer *bn, float *mean, float *var,
                         double *count)

@@ -23,8 +23,9 @@
  *   - --sync-bn: SyncBatchNorm's global statistics. In the training forward,
  *     each batch norm's per-rank mean, biased variance and count are
  *     all-gathered (one collective of world x (2C + 1) floats) and merged
- *     with Chan's parallel formula, in rank order, as PyTorch's
- *     batch_norm_gather_stats_with_counts does; the running variance then
+ *     with Chan's parallel formula, in rank order (buckets.h's
+ *     trn_bn_merge_stats), as PyTorch's batch_norm_gather_stats_with_counts
+ *     does; the running variance then
  *     uses the global unbiased variance. (PyTorch gathers invstd and
  *     recovers the variance from it; we gather the variance itself, which
  *     loses nothing to the round trip.) In backward, sum_dy and
