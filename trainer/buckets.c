@@ -152,3 +152,26 @@ int trn_bucket_ready_finish(const struct trn_bucket_ready *r, size_t *missing)
         }
     return CDDP_ESTATE;
 }
+
+double trn_bn_merge_stats(const float *all, int world, int c, float *mean, float *var)
+{
+    size_t per = 2 * (size_t)c + 1;
+    double total = 0;
+    for (int ch = 0; ch < c; ch++) {
+        double n = 0, avg = 0, m2 = 0;
+        for (int j = 0; j < world; j++) {
+            const float *r = all + (size_t)j * per;
+            double nj = r[2 * c], mj = r[ch], vj = r[c + ch];
+            if (nj <= 0)
+                continue;
+            double tot = n + nj, delta = avg - mj;
+            m2 += vj * nj + delta * delta * n * nj / tot;
+            avg = (n * avg + nj * mj) / tot;
+            n = tot;
+        }
+        mean[ch] = (float)avg;
+        var[ch] = (float)(n > 0 ? m2 / n : 0.0);
+        total = n;
+    }
+    return total;
+}

@@ -93,4 +93,15 @@ int trn_bucket_ready_mark(struct trn_bucket_ready *r, size_t off, size_t numel, 
  * the first tensor (parameter order) never marked in *missing. */
 int trn_bucket_ready_finish(const struct trn_bucket_ready *r, size_t *missing);
 
+/*
+ * SyncBatchNorm's merge (ddp.c's exchange, on both devices; pure like the
+ * rest of this file): all holds world blocks of (2c + 1) floats, rank r's
+ * [mean (c), biased variance (c), count] at r * (2c + 1). Per channel, in
+ * rank order and in double, Chan et al.'s parallel formula (as PyTorch's
+ * batch_norm_gather_stats_with_counts); a block with count <= 0 adds
+ * nothing. Writes the global mean and biased variance (c each) and returns
+ * the global count.
+ */
+double trn_bn_merge_stats(const float *all, int world, int c, float *mean, float *var);
+
 #endif

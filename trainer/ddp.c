@@ -5,6 +5,7 @@
  */
 #include "trainer/ddp.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,14 +33,38 @@ static void must(struct trn_ddp *d, int rc)
 
 /* ---- gradient buckets ---- */
 
+/* Starts bucket b's allreduce (AVG). --grad-reduce-dtype bf16: the
+ * bucket cast into its slice of the bf16 scratch first (queued on the
+ * compute stream, so the communicator's stream waits for it too). */
 static void launch(struct trn_ddp *d, int b)
 {
     const struct trn_bucket *k = &d->plan.buckets[b];
-    must(d, trn_comm_allreduce_start(d->comm, &d->work[b], d->m->grads + k->off, k->numel,
-                                     TRN_COMM_F32, TRN_COMM_AVG));
+    float *g = d->m->grads + k->off;
+    if (d->bf16) {
+        struct trn_backend *be = d->m->be;
+        uint16_t *h = d->bf16 + k->off;
+        be->ops->cast_f32_to_bf16(be, g, h, k->numel);
+        must(d, trn_comm_allreduce_start(d->comm, &d->work[b], h, k->numel, TRN_COMM_BF16,
+                                         TRN_COMM_AVG));
+    } else {
+        must(d, trn_comm_allreduce_start(d->comm, &d->work[b], g, k->numel, TRN_COMM_F32,
+                                         TRN_COMM_AVG));
+    }
     d->launched = b + 1;
     d->stats.allreduces++;
-    d->stats.bytes += (double)k->numel * sizeof(float);
+    d->stats.bytes += (double)k->numel * (d->bf16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+/* Waits for bucket b (on the device: the compute stream waits), and with
+ * bf16 casts the averaged bucket back into the fp32 gradients. */
+static void await_bucket(struct trn_ddp *d, int b)
+{
+    must(d, trn_comm_wait(d->comm, &d->work[b]));
+    if (d->bf16) {
+        const struct trn_bucket *k = &d->plan.buckets[b];
+        struct trn_backend *be = d->m->be;
+        be->ops->cast_bf16_to_f32(be, d->bf16 + k->off, d->m->grads + k->off, k->numel);
+    }
 }
 
 static void on_grad_ready(void *arg, size_t off, size_t numel)
@@ -75,7 +100,7 @@ void trn_ddp_finish_backward(struct trn_ddp *d)
     for (int b = d->launched; b < d->plan.n_buckets; b++)
         launch(d, b);
     for (int b = 0; b < d->plan.n_buckets; b++)
-        must(d, trn_comm_wait(d->comm, &d->work[b]));
+        await_bucket(d, b);
     d->stats.wait_s += (double)(cddp_mono_ns() - t0) * 1e-9;
     d->stats.backwards++;
     d->sync = false;
@@ -86,8 +111,10 @@ void trn_ddp_finish_backward(struct trn_ddp *d)
 /*
  * All ranks' statistics for one batch norm: each rank contributes
  * [mean (C), var (C), count], all-gathered, then merged per channel in rank
- * order with Chan et al.'s formula (as batch_norm_gather_stats_with_counts),
- * in double. mean, var (biased) and count are replaced by the global ones.
+ * order with Chan et al.'s formula (trn_bn_merge_stats, as
+ * batch_norm_gather_stats_with_counts), in double. On the device the blocks
+ * are packed and gathered there and read back once (ddp.h). mean, var (biased) and count are
+ * replaced by the global ones.
  */
 static void on_bn_stats(void *arg, const struct trn_bn_layer *bn, float *mean, float *var,
                         double *count)
@@ -97,30 +124,24 @@ static void on_bn_stats(void *arg, const struct trn_bn_layer *bn, float *mean, f
     size_t per = 2 * (size_t)c + 1;
     float *all = d->bn_buf, *mine = all + (size_t)d->rank * per;
     struct trn_backend *be = d->m->be;
-    be->ops->to_host(be, mine, mean, (size_t)c * sizeof(float));
-    be->ops->to_host(be, mine + c, var, (size_t)c * sizeof(float));
-    mine[2 * c] = (float)*count;
-    must(d, trn_comm_allgather(d->comm, mine, all, per, TRN_COMM_F32));
-    d->stats.bn_exchanges++;
-    /* The merged values overwrite rank 0's block, read in rank order first. */
-    float *gm = d->bn_buf + (size_t)w * per, *gv = gm + c;
-    double total = 0;
-    for (int ch = 0; ch < c; ch++) {
-        double n = 0, avg = 0, m2 = 0;
-        for (int j = 0; j < w; j++) {
-            const float *r = all + (size_t)j * per;
-            double nj = r[2 * c], mj = r[ch], vj = r[c + ch];
-            if (nj <= 0)
-                continue;
-            double tot = n + nj, delta = avg - mj;
-            m2 += vj * nj + delta * delta * n * nj / tot;
-            avg = (n * avg + nj * mj) / tot;
-            n = tot;
-        }
-        gm[ch] = (float)avg;
-        gv[ch] = (float)(m2 / n);
-        total = n;
+    if (d->on_device) {
+        /* pack on the device, gather there, read the blocks back once */
+        float *dmine = d->bn_dev + (size_t)d->rank * per, n = (float)*count;
+        be->ops->copy(be, dmine, mean, (size_t)c * sizeof(float));
+        be->ops->copy(be, dmine + c, var, (size_t)c * sizeof(float));
+        be->ops->to_device(be, dmine + 2 * c, &n, sizeof(float));
+        must(d, trn_comm_allgather(d->comm, dmine, d->bn_dev, per, TRN_COMM_F32));
+        be->ops->to_host(be, all, d->bn_dev, (size_t)w * per * sizeof(float));
+    } else {
+        be->ops->to_host(be, mine, mean, (size_t)c * sizeof(float));
+        be->ops->to_host(be, mine + c, var, (size_t)c * sizeof(float));
+        mine[2 * c] = (float)*count;
+        must(d, trn_comm_allgather(d->comm, mine, all, per, TRN_COMM_F32));
     }
+    d->stats.bn_exchanges++;
+    /* The merged values go after the gathered blocks. */
+    float *gm = d->bn_buf + (size_t)w * per, *gv = gm + c;
+    double total = trn_bn_merge_stats(all, w, c, gm, gv);
     be->ops->to_device(be, mean, gm, (size_t)c * sizeof(float));
     be->ops->to_device(be, var, gv, (size_t)c * sizeof(float));
     *count = total;
@@ -132,8 +153,16 @@ static void on_bn_grads(void *arg, const struct trn_bn_layer *bn, float *sum_dy,
     struct trn_ddp *d = arg;
     int c = bn->c;
     struct trn_backend *be = d->m->be;
-    if (sum_dy_xmu == sum_dy + c && be->device == TRN_DEVICE_CPU) {
+    if (sum_dy_xmu == sum_dy + c && (be->device == TRN_DEVICE_CPU || d->on_device)) {
+        /* in place, host memory on the CPU, device memory in stream order on CUDA */
         must(d, trn_comm_allreduce(d->comm, sum_dy, 2 * (size_t)c, TRN_COMM_F32, TRN_COMM_SUM));
+    } else if (d->on_device) {
+        size_t bytes = (size_t)c * sizeof(float);
+        be->ops->copy(be, d->bn_dev, sum_dy, bytes);
+        be->ops->copy(be, d->bn_dev + c, sum_dy_xmu, bytes);
+        must(d, trn_comm_allreduce(d->comm, d->bn_dev, 2 * (size_t)c, TRN_COMM_F32, TRN_COMM_SUM));
+        be->ops->copy(be, sum_dy, d->bn_dev, bytes);
+        be->ops->copy(be, sum_dy_xmu, d->bn_dev + c, bytes);
     } else {
         float *buf = d->bn_buf;
         be->ops->to_host(be, buf, sum_dy, (size_t)c * sizeof(float));
@@ -146,6 +175,43 @@ static void on_bn_grads(void *arg, const struct trn_bn_layer *bn, float *sum_dy,
 }
 
 /* ---- set-up ---- */
+
+/* On a CUDA device with several ranks: a device communicator is required,
+ * and the device scratch (SyncBN, the bf16 buckets) is allocated. */
+static int device_buffers(struct trn_ddp *d, size_t bn_floats, char *err, size_t errlen)
+{
+    struct trn_backend *be = d->m->be;
+    if (d->world == 1)
+        return 0;
+    d->on_device = be->device == TRN_DEVICE_CUDA && trn_comm_on_device(d->comm);
+    if (be->device == TRN_DEVICE_CUDA && !d->on_device) {
+        snprintf(err, errlen,
+                 "ddp: the gradients are in CUDA device memory, and the %s communicator moves "
+                 "host memory (use --backend nccl)",
+                 trn_comm_backend(d->comm));
+        return CDDP_ECONFIG;
+    }
+    if (d->opt.bf16_grads && !d->on_device) {
+        snprintf(err, errlen,
+                 "ddp: --grad-reduce-dtype bf16 needs CUDA and the nccl communicator, not %s",
+                 trn_comm_backend(d->comm));
+        return CDDP_ECONFIG;
+    }
+    if (!d->on_device)
+        return 0;
+    TRN_CHECK(be->ops->copy && be->ops->cast_f32_to_bf16 && be->ops->cast_bf16_to_f32,
+              "ddp: the %s backend lacks the device copy and casts", be->ops->name);
+    d->bn_dev = be->ops->alloc(be, bn_floats * sizeof(float));
+    if (d->opt.bf16_grads)
+        d->bf16 = be->ops->alloc(be, d->m->num_params * sizeof(uint16_t));
+    if (!d->bn_dev || (d->opt.bf16_grads && !d->bf16)) {
+        snprintf(err, errlen, "ddp: out of device memory for the reduction scratch (%zu bytes)",
+                 bn_floats * sizeof(float) +
+                     (d->opt.bf16_grads ? d->m->num_params * sizeof(uint16_t) : 0));
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    return 0;
+}
 
 int trn_ddp_init(struct trn_ddp *d, struct trn_resnet *m, struct trn_comm *comm,
                  const struct trn_ddp_options *o,
@@ -195,7 +261,13 @@ int trn_ddp_init(struct trn_ddp *d, struct trn_resnet *m, struct trn_comm *comm,
         if (m->bns[i]->c > max_c)
             max_c = m->bns[i]->c;
     /* world blocks of (2C + 1) for the gather, and 2C for the merged result */
-    d->bn_buf = trn_calloc(((size_t)d->world + 1) * (2 * (size_t)max_c + 1), sizeof(float));
+    size_t bn_floats = ((size_t)d->world + 1) * (2 * (size_t)max_c + 1);
+    d->bn_buf = trn_calloc(bn_floats, sizeof(float));
+    rc = device_buffers(d, bn_floats, err, errlen);
+    if (rc) {
+        trn_ddp_free(d);
+        return rc;
+    }
     for (int b = 0; b < d->plan.n_buckets; b++) {
         const struct trn_bucket *k = &d->plan.buckets[b];
         log_debug("T6204", "bucket %d: %zu bytes, %s .. %s", b, k->numel * sizeof(float),
@@ -221,6 +293,10 @@ void trn_ddp_free(struct trn_ddp *d)
     free(d->work);
     free(d->tensor_names);
     free(d->bn_buf);
+    if (d->m && d->m->be) {
+        d->m->be->ops->free(d->m->be, d->bn_dev);
+        d->m->be->ops->free(d->m->be, d->bf16);
+    }
     memset(d, 0, sizeof(*d));
 }
 

@@ -23,8 +23,9 @@
  *   - --sync-bn: SyncBatchNorm's global statistics. In the training forward,
  *     each batch norm's per-rank mean, biased variance and count are
  *     all-gathered (one collective of world x (2C + 1) floats) and merged
- *     with Chan's parallel formula, in rank order, as PyTorch's
- *     batch_norm_gather_stats_with_counts does; the running variance then
+ *     with Chan's parallel formula, in rank order (buckets.h's
+ *     trn_bn_merge_stats), as PyTorch's batch_norm_gather_stats_with_counts
+ *     does; the running variance then
  *     uses the global unbiased variance. (PyTorch gathers invstd and
  *     recovers the variance from it; we gather the variance itself, which
  *     loses nothing to the round trip.) In backward, sum_dy and
@@ -32,6 +33,36 @@
  *     which then uses the global count; the weight and bias gradients
  *     stay local and are averaged by the buckets like any other.
  *     Works on the CPU (PyTorch's SyncBatchNorm is GPU-only).
+ *
+ * On a CUDA device (the CUDA backend with the nccl communicator: comm.h's
+ * trn_comm_on_device) the same, in device memory and stream order:
+ *   - the flat gradient buffer is device memory, and the buckets are views
+ *     of it, as on the CPU. grad_ready comes as backward queues the kernel
+ *     that finishes a gradient; the bucket's allreduce_start then makes the
+ *     communicator's stream wait for everything queued on the compute
+ *     stream so far (an event), so it starts once the gradients are
+ *     computed and runs beside the rest of backward. finish_backward's
+ *     waits make the compute stream wait for each bucket's completion
+ *     event and return at once: the host never blocks there, the optimizer
+ *     step is queued behind the reductions (stats.wait_s is then ~0: the
+ *     exposed communication shows in the step time instead);
+ *   - --grad-reduce-dtype bf16 (DDP's bf16_compress_hook): a bucket is cast
+ *     to bf16 into its slice of a scratch buffer (num_params bf16, so all
+ *     buckets can be in flight at once), averaged in bf16, and cast back
+ *     into the fp32 gradients after its wait, all in stream order;
+ *   - broadcasts of parameters and buffers are of device memory; the
+ *     num_batches_tracked counters are host memory (the communicator
+ *     stages small host exchanges);
+ *   - SyncBN: a layer's mean and variance are copied (device to device)
+ *     into this rank's block of a device buffer with the count, the blocks
+ *     all-gathered on the device, the result read back to the host once and
+ *     merged there exactly as on the CPU, the merged mean and variance
+ *     copied back. The host merge is chosen because the ops take the global
+ *     count as a host number (bn_prepare, bn_backward_input), so the host
+ *     must read the gathered counts anyway: one synchronisation per batch
+ *     norm in forward, whoever merges; and it keeps one merge, bit for bit
+ *     the CPU's. In backward, sum_dy and sum_dy_xmu are all-reduced in place
+ *     on the device (no host round trip).
  *
  * Every rank must make the same calls in the same order (the collectives
  * pair up by order); trn_ddp_check_config verifies that the ranks were
@@ -53,6 +84,7 @@ struct trn_ddp_options {
     double bucket_cap_mb; /* <= 0: TRN_DEFAULT_BUCKET_CAP_MB */
     bool overlap;         /* allreduce each bucket during backward (else after it) */
     bool sync_bn;
+    bool bf16_grads; /* --grad-reduce-dtype bf16: a device communicator only */
 };
 
 struct trn_ddp_stats {
@@ -74,7 +106,10 @@ struct trn_ddp {
     const char **tensor_names;  /* (plan.n_tensors) for messages */
     bool sync;                  /* this backward reduces the gradients */
     int launched;               /* buckets started this backward */
-    float *bn_buf;              /* SyncBN scratch */
+    float *bn_buf;              /* SyncBN scratch (host) */
+    bool on_device;             /* CUDA backend and a device communicator */
+    float *bn_dev;              /* SyncBN scratch on the device (on_device) */
+    uint16_t *bf16;             /* (num_params) bf16 bucket scratch, device */
     /* Called on a failed collective with the communicator's error; does
      * not return (the trainer's calls trn_comm_fail: error file, exit 75). */
     void (*fail)(void *arg, const struct trn_comm_error *e);

@@ -16,9 +16,12 @@ int trn_device_parse(const char *what, const char *v, int *req, char *err, size_
     return -1;
 }
 
+const char *const trn_comm_req_names[] = {"auto", "gloo", "nccl", NULL};
+const char *const trn_grad_reduce_names[] = {"fp32", "bf16", NULL};
+
 /* Why CUDA cannot be used, or NULL when it can (why has room for 200). */
-static const char *cuda_unusable(bool built, int count, int world, int local_rank, char *why,
-                                 size_t len)
+static const char *cuda_unusable(bool built, int count, int world, int local_rank, int backend,
+                                 bool nccl, char *why, size_t len)
 {
     if (!built)
         snprintf(why, len, "this cddp-train was built without CUDA (meson -Dcuda=enabled)");
@@ -26,35 +29,74 @@ static const char *cuda_unusable(bool built, int count, int world, int local_ran
         snprintf(why, len, "no CUDA device is visible");
     else if (local_rank < 0 || local_rank >= count)
         snprintf(why, len, "LOCAL_RANK %d, but %d CUDA device(s) are visible", local_rank, count);
-    else if (world > 1)
+    else if (world > 1 && backend == TRN_COMM_REQ_GLOO)
+        snprintf(why, len,
+                 "%d ranks with --backend gloo: gloo reduces host memory, so DDP between GPUs "
+                 "needs --backend nccl (or auto)",
+                 world);
+    else if (world > 1 && !nccl)
         snprintf(why, len,
                  "%d ranks: DDP between GPUs needs the NCCL communicator, which this build does "
-                 "not have yet",
+                 "not have",
                  world);
     else
         return NULL;
     return why;
 }
 
-int trn_device_choose(int req, bool built, int count, int world, int local_rank,
-                      struct trn_device_choice *out, char *err, size_t errlen)
+int trn_device_choose_dist(int req, int backend, bool built, bool nccl, int count, int world,
+                           int local_rank, struct trn_device_choice *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof(*out));
     out->device = TRN_DEVICE_CPU;
-    if (req == TRN_DEVICE_REQ_CPU)
-        return 0;
+    out->comm = "gloo";
     char why[200];
-    const char *no = cuda_unusable(built, count, world, local_rank, why, sizeof(why));
+    const char *no = req == TRN_DEVICE_REQ_CPU ? "--device cpu"
+                                               : cuda_unusable(built, count, world, local_rank,
+                                                               backend, nccl, why, sizeof(why));
     if (!no) {
         out->device = TRN_DEVICE_CUDA;
         out->ordinal = local_rank;
+        out->comm = backend == TRN_COMM_REQ_GLOO ? "gloo" : "nccl";
         return 0;
     }
     if (req == TRN_DEVICE_REQ_CUDA) {
         snprintf(err, errlen, "--device cuda: %s", no);
         return -1;
     }
+    if (backend == TRN_COMM_REQ_NCCL) {
+        snprintf(err, errlen,
+                 "--backend nccl: NCCL reduces CUDA device memory, and this rank computes on the "
+                 "CPU (%s); use --backend gloo or auto",
+                 no);
+        return -1;
+    }
+    if (req == TRN_DEVICE_REQ_CPU)
+        return 0;
     snprintf(out->note, sizeof(out->note), "%s", no);
     out->gpu_unused = built && count > 0;
     return 0;
+}
+
+int trn_device_choose(int req, bool built, int count, int world, int local_rank,
+                      struct trn_device_choice *out, char *err, size_t errlen)
+{
+    return trn_device_choose_dist(req, TRN_COMM_REQ_AUTO, built, false, count, world, local_rank,
+                                  out, err, errlen);
+}
+
+int trn_grad_reduce_check(int dtype, const struct trn_device_choice *c, char *err, size_t errlen)
+{
+    if (dtype != TRN_GRAD_REDUCE_BF16)
+        return 0;
+    if (c->device != TRN_DEVICE_CUDA)
+        snprintf(err, errlen,
+                 "--grad-reduce-dtype bf16: gradient compression needs --device cuda and the "
+                 "nccl backend (the CPU and gloo reduce fp32)");
+    else if (strcmp(c->comm, "nccl") != 0)
+        snprintf(err, errlen,
+                 "--grad-reduce-dtype bf16: needs --backend nccl (or auto): gloo has no bf16");
+    else
+        return 0;
+    return -1;
 }

@@ -12,8 +12,14 @@
  *   cpu   the CPU backend.
  *   cuda  CUDA device LOCAL_RANK, or a refusal (exit 2): no CUDA in this
  *         build, no device visible, LOCAL_RANK beyond the visible devices,
- *         or several ranks (DDP between GPUs needs the NCCL communicator,
- *         which is not built yet: gloo reduces host memory).
+ *         or several ranks without NCCL (this build has none, or --backend
+ *         gloo: gloo reduces host memory, not device memory).
+ *
+ * And the communicator (--backend auto|gloo|nccl): auto is nccl on a CUDA
+ * device, gloo on the CPU (torch's init_process_group default per device);
+ * nccl on the CPU is refused (NCCL moves device memory only). With one
+ * rank the communicator is "local" whatever is asked (comm.h), but the
+ * name is still decided, so a refusal does not depend on the world size.
  */
 #ifndef CDDP_TRAINER_DEVICE_H
 #define CDDP_TRAINER_DEVICE_H
@@ -35,11 +41,27 @@ enum trn_device_req {
  * or cuda" in err (what: "--device" or "CDDP_DEVICE"). */
 int trn_device_parse(const char *what, const char *v, int *req, char *err, size_t errlen);
 
+/* --backend: the communicator between ranks. */
+enum trn_comm_req {
+    TRN_COMM_REQ_AUTO = 0,
+    TRN_COMM_REQ_GLOO,
+    TRN_COMM_REQ_NCCL,
+};
+extern const char *const trn_comm_req_names[]; /* "auto", "gloo", "nccl", NULL */
+
+/* --grad-reduce-dtype: what DDP's bucket allreduce carries. */
+enum trn_grad_reduce {
+    TRN_GRAD_REDUCE_FP32 = 0,
+    TRN_GRAD_REDUCE_BF16, /* DDP's bf16_compress_hook; nccl only */
+};
+extern const char *const trn_grad_reduce_names[]; /* "fp32", "bf16", NULL */
+
 struct trn_device_choice {
     enum trn_device device;
-    int ordinal;     /* the CUDA device (LOCAL_RANK); 0 on the CPU */
-    char note[256];  /* auto's reason for the CPU; "" otherwise */
-    bool gpu_unused; /* auto chose the CPU although a GPU is there (say it louder) */
+    const char *comm; /* "gloo" or "nccl": trn_dist_options.backend */
+    int ordinal;      /* the CUDA device (LOCAL_RANK); 0 on the CPU */
+    char note[256];   /* auto's reason for the CPU; "" otherwise */
+    bool gpu_unused;  /* auto chose the CPU although a GPU is there (say it louder) */
 };
 
 /*
@@ -49,5 +71,20 @@ struct trn_device_choice {
  */
 int trn_device_choose(int req, bool built, int count, int world, int local_rank,
                       struct trn_device_choice *out, char *err, size_t errlen);
+
+/*
+ * The same with the communicator: backend (enum trn_comm_req) and nccl
+ * (CDDP_HAVE_NCCL: this build has the NCCL communicator). Several CUDA
+ * ranks need nccl and a backend of auto or nccl; --device cuda with
+ * --backend gloo and world > 1 is refused, auto falls back to the CPU
+ * saying why; --backend nccl on the CPU is refused ("--backend nccl: why").
+ * trn_device_choose is this with backend auto and no NCCL.
+ */
+int trn_device_choose_dist(int req, int backend, bool built, bool nccl, int count, int world,
+                           int local_rank, struct trn_device_choice *out, char *err, size_t errlen);
+
+/* --grad-reduce-dtype against the choice: bf16 needs the CUDA device and
+ * nccl (gloo has no bf16). 0, or -1 with one line in err. */
+int trn_grad_reduce_check(int dtype, const struct trn_device_choice *c, char *err, size_t errlen);
 
 #endif

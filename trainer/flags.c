@@ -129,6 +129,14 @@ static const struct trn_flag table[] = {
     {"init-timeout", "S", TRN_FLAG_DOUBLE, AT(init_timeout), 0.1, 1e7,
      .def.d = TRN_DEFAULT_INIT_TIMEOUT_S, .group = DIST,
      .help = "bound on connecting to the other ranks"},
+    {"backend", "B", TRN_FLAG_CHOICE, AT(backend), .def.choice = TRN_COMM_REQ_AUTO,
+     .choices = trn_comm_req_names, .agree = TRN_AGREE_VALUE, .group = DIST,
+     .help = "the communicator: auto (nccl on cuda, gloo on the cpu),\n"
+             "gloo or nccl"},
+    {"grad-reduce-dtype", "T", TRN_FLAG_CHOICE, AT(grad_reduce), .def.choice = TRN_GRAD_REDUCE_FP32,
+     .choices = trn_grad_reduce_names, .agree = TRN_AGREE_VALUE, .group = DIST,
+     .help = "what the gradient allreduce carries: fp32, or bf16 (DDP's\n"
+             "bf16_compress_hook; cuda and nccl only)"},
     {"fault", "SPEC", TRN_FLAG_PARSED, AT(fault), .check = parse_fault, .group = DIST,
      .help = "inject a fault: crash@step=N[,rank=R][,every],\n"
              "hang@step=N[,rank=R][,every], slow@step=N,ms=M[,...]",

@@ -60,6 +60,8 @@ struct trn_config {
     double collective_timeout; /* s */
     double init_timeout;       /* s */
     struct trn_fault fault;
+    int backend;     /* enum trn_comm_req (device.h): auto, gloo, nccl */
+    int grad_reduce; /* enum trn_grad_reduce (device.h): fp32, bf16 */
     /* device (docs/trainer.md, "Devices") */
     int device;              /* enum trn_device_req; 0: not given (CDDP_DEVICE, else auto) */
     int amp;                 /* enum trn_amp */

@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,12 @@
 #include "trainer/scaler.h"         /* --amp fp16: GradScaler */
 #include "trainer/schedule.h"       /* trn_lr_at */
 
+/* This build has the NCCL communicator (trainer/comm/nccl.c; meson sets it
+ * in config.h when CUDA and NCCL are found). */
+#ifndef CDDP_HAVE_NCCL
+#define CDDP_HAVE_NCCL 0
+#endif
+
 /* Everything one run holds, filled in main()'s order. */
 struct run {
     struct trn_config cfg;
@@ -81,7 +88,9 @@ struct run {
     struct trn_resume ckpt;
     struct trn_resume_point start; /* where training starts */
     long step;                     /* optimizer steps taken */
-    long in_step;                  /* the step in progress, for a failed collective; -1: none */
+    /* The step in progress, for a failed collective; -1: none. Published
+     * for the NCCL watchdog's thread too (watchdog_exit), hence atomic. */
+    _Atomic long in_step;
 
     struct trn_dist dist;
     struct trn_ddp ddp;
@@ -96,6 +105,17 @@ static void collective_failed(void *arg, const struct trn_comm_error *e)
 {
     const struct run *r = arg;
     trn_comm_fail(e, r->in_step, r->rank, r->env.error_file);
+}
+
+/* The NCCL watchdog gave up (a collective past --collective-timeout, or a
+ * peer's asynchronous error), on its own thread while the main one may be
+ * stuck in the CUDA runtime: the same error file, naming the step the loop
+ * last published, and exit 75 (comm.h, trn_comm_set_watchdog_exit). */
+static _Noreturn void watchdog_exit(void *arg, const struct trn_comm_error *e)
+{
+    const struct run *r = arg;
+    trn_comm_fail(e, atomic_load_explicit(&r->in_step, memory_order_relaxed), r->rank,
+                  r->env.error_file);
 }
 
 /* A collective's return code: on failure, the path above (no return). */
@@ -215,8 +235,9 @@ static void setup_device(struct run *r)
     if (req != TRN_DEVICE_REQ_CPU)
         count = trn_cuda_device_count();
 #endif
-    if (trn_device_choose(req, built, count, r->world, r->env.local_rank, &r->dev, err,
-                          sizeof(err)) != 0)
+    if (trn_device_choose_dist(req, c->backend, built, CDDP_HAVE_NCCL, count, r->world,
+                               r->env.local_rank, &r->dev, err, sizeof(err)) != 0 ||
+        trn_grad_reduce_check(c->grad_reduce, &r->dev, err, sizeof(err)) != 0)
         trn_refuse(CDDP_EXIT_USAGE, "%s", err);
     if (r->dev.gpu_unused)
         log_warn("T2001", "--device auto: the CPU although a GPU is visible (%s)", r->dev.note);
@@ -407,17 +428,29 @@ static void connect_ranks(struct run *r)
 {
     const struct trn_config *c = &r->cfg;
     char err[8192];
+    /* nccl also needs the CUDA device and the compute stream in the comm
+     * options (comm.h: cuda_device, cuda_stream); struct trn_dist_options
+     * does not carry them yet. When it does: .cuda_device = r->dev.ordinal,
+     * .cuda_stream = trn_backend_cuda_stream(&r->be) on a CUDA backend.
+     * restart_count and rdzv_round come from the environment bootstrap.c
+     * reads (TORCHELASTIC_RESTART_COUNT, CDDP_RDZV_ROUND). */
     struct trn_dist_options dopts = {.init_timeout_s = c->init_timeout,
-                                     .collective_timeout_s = c->collective_timeout};
+                                     .collective_timeout_s = c->collective_timeout,
+                                     .backend = r->dev.comm};
     int rc = trn_dist_init(&r->dist, &dopts, getenv, err, sizeof(err));
     if (rc != 0)
         trn_refuse(rc == CDDP_ECONFIG || rc == CDDP_EPARSE || rc == CDDP_ERANGE_ARG
                        ? CDDP_EXIT_USAGE
                        : CDDP_EXIT_FAILURE,
                    "%s", err);
+    trn_comm_set_watchdog_exit(r->dist.comm, watchdog_exit, r);
 
     struct trn_ddp_options ddo = {
-        .bucket_cap_mb = c->bucket_cap_mb, .overlap = c->overlap, .sync_bn = c->sync_bn};
+        .bucket_cap_mb = c->bucket_cap_mb,
+        .overlap = c->overlap,
+        .sync_bn = c->sync_bn,
+        .bf16_grads = c->grad_reduce == TRN_GRAD_REDUCE_BF16,
+    };
     if (trn_ddp_init(&r->ddp, &r->model, r->dist.comm, &ddo, collective_failed, r, err,
                      sizeof(err)))
         trn_fatal("%s", err);
@@ -437,9 +470,13 @@ static void connect_ranks(struct run *r)
     trn_ddp_broadcast_state(&r->ddp);
     if (r->world > 1) {
         trn_ddp_bucket_summary(&r->ddp, err, sizeof(err));
-        log_info("T6201", "DDP over %d ranks (%s): %s, overlap %s, sync-bn %s, accum-steps %ld",
+        log_info("T6201",
+                 "DDP over %d ranks (%s): %s, overlap %s, sync-bn %s, accum-steps %ld, "
+                 "gradients reduced in %s (--backend %s, %s memory)",
                  r->world, trn_comm_backend(r->dist.comm), err, c->overlap ? "on" : "off",
-                 c->sync_bn ? "on" : "off", c->accum_steps);
+                 c->sync_bn ? "on" : "off", c->accum_steps, trn_grad_reduce_names[c->grad_reduce],
+                 trn_comm_req_names[c->backend],
+                 r->dev.device == TRN_DEVICE_CUDA ? "device" : "host");
     }
 }
 

@@ -146,3 +146,67 @@ def test_checkpoint_carries_nothing_device_bound(tmp_path):
     r = train(*TINY, "--checkpoint", ck, "--epochs", "2")
     assert r.returncode == 0, r.stderr
     assert "=> resumed from checkpoint" in r.stdout
+
+
+# --backend and --grad-reduce-dtype (DDP on GPUs, docs/gpu.md). The
+# refusals come before anything connects, so one process with torchrun's
+# environment for two ranks shows them; the GPU cases are tests/unit/
+# test_device.c's and tools/gpu-check's.
+
+def two_rank_env():
+    return {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "1"}
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--backend", "mpi"], "--backend: 'mpi' is not auto, gloo or nccl"),
+    (["--backend", ""], "--backend: '' is not auto, gloo or nccl"),
+    (["--grad-reduce-dtype", "fp16"], "--grad-reduce-dtype: 'fp16' is not fp32 or bf16"),
+])
+def test_bad_backend_values_refused(args, needle):
+    refused(train(*TINY, *args), needle)
+
+
+@pytest.mark.parametrize("device", [["--device", "cpu"], []])
+@pytest.mark.parametrize("world", [1, 2])
+def test_nccl_on_the_cpu_refused(device, world):
+    if not device and gpu_visible():
+        pytest.skip("a GPU is visible: auto would use it")
+    env = two_rank_env() if world == 2 else {}
+    r = train(*TINY, *device, "--backend", "nccl", env_extra=env)
+    refused(r, "--backend nccl: NCCL reduces CUDA device memory, and this rank computes on the CPU")
+
+
+@pytest.mark.parametrize("extra", [["--device", "cpu"], ["--device", "cpu", "--backend", "gloo"]])
+def test_bf16_gradient_compression_on_the_cpu_refused(extra):
+    r = train(*TINY, *extra, "--grad-reduce-dtype", "bf16", env_extra=two_rank_env())
+    refused(r, "--grad-reduce-dtype bf16: gradient compression needs --device cuda and the nccl "
+               "backend")
+
+
+@no_gpu
+def test_cuda_with_gloo_and_two_ranks_refused():
+    r = train(*TINY, "--device", "cuda", "--backend", "gloo", env_extra=two_rank_env())
+    why = "no CUDA device is visible" if has_cuda_build() else "built without CUDA"
+    refused(r, "cddp-train: --device cuda:", why)
+
+
+@pytest.mark.parametrize("backend", ["auto", "gloo"])
+def test_two_cpu_ranks_use_gloo_and_say_so(tmp_path, backend):
+    r = run([binary("cddprun"), "--nproc_per_node=2", "--standalone",
+             f"--log_dir={tmp_path / 'logs'}", binary("cddp-train"), *TINY, "--threads", "1",
+             "--steps", "1", "--backend", backend, "--grad-reduce-dtype", "fp32"],
+            timeout=180, env=dict(os.environ, LOGLEVEL="INFO"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [l for l in r.stderr.splitlines() if "T6201" in l]
+    assert len(lines) == 2, r.stderr[-3000:]
+    for l in lines:
+        assert "DDP over 2 ranks (gloo):" in l, l
+        assert f"gradients reduced in fp32 (--backend {backend}, host memory)" in l, l
+
+
+def test_help_lists_the_ddp_device_flags():
+    r = run([binary("cddp-train"), "--help"])
+    assert r.returncode == 0
+    for flag in ("--backend B", "--grad-reduce-dtype T"):
+        assert flag in r.stdout, flag

@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -301,6 +303,64 @@ static void test_ready_exhaustive_every_order(void **state)
     assert_true(orders > 5040);
 }
 
+/* SyncBN's merge: a small case by hand, then random ranks (one empty)
+ * against the two-pass statistics of all their values together. */
+static void test_bn_merge_small_by_hand(void **state)
+{
+    (void)state;
+    /* rank 0 saw {1, 3} in channel 0 and {0, 0} in channel 1; rank 1 saw {5} and {6} */
+    const float all[] = {2, 0, 1, 0, 2, 5, 6, 0, 0, 1};
+    float mean[2], var[2];
+    assert_true(trn_bn_merge_stats(all, 2, 2, mean, var) == 3.0);
+    assert_true(mean[0] == 3.0f && var[0] == (float)(8.0 / 3.0));
+    assert_true(mean[1] == 2.0f && var[1] == 8.0f);
+    /* one rank: its own statistics back, exactly */
+    assert_true(trn_bn_merge_stats(all, 1, 2, mean, var) == 2.0);
+    assert_true(mean[0] == 2.0f && var[0] == 1.0f && mean[1] == 0.0f && var[1] == 0.0f);
+}
+
+static void test_bn_merge_random_ranks_match_two_pass(void **state)
+{
+    (void)state;
+    enum { W = 4, C = 5, MAXN = 50 };
+    static const int counts[W] = {37, 0, 50, 3};
+    static float vals[W][C][MAXN];
+    float all[W * (2 * C + 1)];
+    uint32_t seed = 12345;
+    for (int r = 0; r < W; r++) {
+        float *b = all + r * (2 * C + 1);
+        for (int ch = 0; ch < C; ch++) {
+            double sum = 0, sq = 0;
+            for (int i = 0; i < counts[r]; i++) {
+                seed = seed * 1664525u + 1013904223u;
+                vals[r][ch][i] = (float)((seed >> 8) % 10000) / 1000.0f + (float)(ch * 3 + r);
+                sum += vals[r][ch][i];
+            }
+            double m = counts[r] ? sum / counts[r] : 0;
+            for (int i = 0; i < counts[r]; i++)
+                sq += (vals[r][ch][i] - m) * (vals[r][ch][i] - m);
+            b[ch] = (float)m;
+            b[C + ch] = (float)(counts[r] ? sq / counts[r] : 0);
+        }
+        b[2 * C] = (float)counts[r];
+    }
+    float mean[C], var[C];
+    double n = trn_bn_merge_stats(all, W, C, mean, var);
+    assert_true(n == 90.0);
+    for (int ch = 0; ch < C; ch++) {
+        double sum = 0, sq = 0;
+        for (int r = 0; r < W; r++)
+            for (int i = 0; i < counts[r]; i++)
+                sum += vals[r][ch][i];
+        double m = sum / n;
+        for (int r = 0; r < W; r++)
+            for (int i = 0; i < counts[r]; i++)
+                sq += (vals[r][ch][i] - m) * (vals[r][ch][i] - m);
+        assert_true(fabs(mean[ch] - m) <= 1e-6 * fabs(m));
+        assert_true(fabs(var[ch] - sq / n) <= 1e-5 * (sq / n));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -312,6 +372,8 @@ int main(void)
         cmocka_unit_test(test_ready_out_of_order_waits_for_earlier_buckets),
         cmocka_unit_test(test_ready_refuses_twice_and_partial_ranges),
         cmocka_unit_test(test_ready_exhaustive_every_order),
+        cmocka_unit_test(test_bn_merge_small_by_hand),
+        cmocka_unit_test(test_bn_merge_random_ranks_match_two_pass),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,6 +99,102 @@ static void test_explicit(void **state)
     assert_non_null(strstr(err, "NCCL"));
 }
 
+/* --backend with the device: auto is nccl on CUDA and gloo on the CPU;
+ * several CUDA ranks need NCCL in the build and a backend other than gloo. */
+static void test_backend(void **state)
+{
+    (void)state;
+    struct trn_device_choice c;
+    enum { A = TRN_COMM_REQ_AUTO, G = TRN_COMM_REQ_GLOO, N = TRN_COMM_REQ_NCCL };
+    /* one CUDA rank: the name follows the request (the comm is local anyway) */
+    assert_int_equal(
+        trn_device_choose_dist(TRN_DEVICE_REQ_AUTO, A, true, false, 1, 1, 0, &c, err, sizeof(err)),
+        0);
+    assert_int_equal(c.device, TRN_DEVICE_CUDA);
+    assert_string_equal(c.comm, "nccl");
+    assert_int_equal(
+        trn_device_choose_dist(TRN_DEVICE_REQ_CUDA, G, true, false, 1, 1, 0, &c, err, sizeof(err)),
+        0);
+    assert_string_equal(c.comm, "gloo");
+    /* several CUDA ranks with NCCL: nccl, for auto and nccl; GPU LOCAL_RANK */
+    for (int b = A; b <= N; b += N - A) {
+        assert_int_equal(trn_device_choose_dist(TRN_DEVICE_REQ_AUTO, b, true, true, 8, 16, 3, &c,
+                                                err, sizeof(err)),
+                         0);
+        assert_int_equal(c.device, TRN_DEVICE_CUDA);
+        assert_int_equal(c.ordinal, 3);
+        assert_string_equal(c.comm, "nccl");
+        assert_string_equal(c.note, "");
+    }
+    /* ... gloo: --device cuda refused with the reason, auto falls back saying it */
+    assert_int_equal(
+        trn_device_choose_dist(TRN_DEVICE_REQ_CUDA, G, true, true, 2, 2, 0, &c, err, sizeof(err)),
+        -1);
+    assert_string_equal(err, "--device cuda: 2 ranks with --backend gloo: gloo reduces host "
+                             "memory, so DDP between GPUs needs --backend nccl (or auto)");
+    assert_int_equal(
+        trn_device_choose_dist(TRN_DEVICE_REQ_AUTO, G, true, true, 2, 2, 0, &c, err, sizeof(err)),
+        0);
+    assert_int_equal(c.device, TRN_DEVICE_CPU);
+    assert_string_equal(c.comm, "gloo");
+    assert_non_null(strstr(c.note, "--backend gloo"));
+    assert_true(c.gpu_unused);
+    /* ... no NCCL in the build: refused / the CPU */
+    assert_int_equal(
+        trn_device_choose_dist(TRN_DEVICE_REQ_CUDA, A, true, false, 2, 2, 1, &c, err, sizeof(err)),
+        -1);
+    assert_non_null(strstr(err, "needs the NCCL communicator"));
+    assert_int_equal(
+        trn_device_choose_dist(TRN_DEVICE_REQ_AUTO, A, true, false, 2, 2, 1, &c, err, sizeof(err)),
+        0);
+    assert_int_equal(c.device, TRN_DEVICE_CPU);
+    assert_string_equal(c.comm, "gloo");
+    /* nccl on the CPU: refused, whichever way the CPU was reached */
+    assert_int_equal(
+        trn_device_choose_dist(TRN_DEVICE_REQ_CPU, N, true, true, 2, 1, 0, &c, err, sizeof(err)),
+        -1);
+    assert_string_equal(err, "--backend nccl: NCCL reduces CUDA device memory, and this rank "
+                             "computes on the CPU (--device cpu); use --backend gloo or auto");
+    assert_int_equal(
+        trn_device_choose_dist(TRN_DEVICE_REQ_AUTO, N, true, true, 0, 2, 0, &c, err, sizeof(err)),
+        -1);
+    assert_non_null(strstr(err, "(no CUDA device is visible)"));
+    assert_int_equal(
+        trn_device_choose_dist(TRN_DEVICE_REQ_AUTO, N, false, false, 0, 1, 0, &c, err, sizeof(err)),
+        -1);
+    assert_non_null(strstr(err, "built without CUDA"));
+    /* --device cpu with auto or gloo: gloo, no note */
+    assert_int_equal(
+        trn_device_choose_dist(TRN_DEVICE_REQ_CPU, A, true, true, 2, 2, 0, &c, err, sizeof(err)),
+        0);
+    assert_string_equal(c.comm, "gloo");
+    assert_string_equal(c.note, "");
+}
+
+static void test_grad_reduce(void **state)
+{
+    (void)state;
+    struct trn_device_choice c;
+    assert_int_equal(trn_device_choose_dist(TRN_DEVICE_REQ_CPU, TRN_COMM_REQ_AUTO, true, true, 1, 2,
+                                            0, &c, err, sizeof(err)),
+                     0);
+    assert_int_equal(trn_grad_reduce_check(TRN_GRAD_REDUCE_FP32, &c, err, sizeof(err)), 0);
+    assert_int_equal(trn_grad_reduce_check(TRN_GRAD_REDUCE_BF16, &c, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "--grad-reduce-dtype bf16: gradient compression needs --device "
+                                "cuda"));
+    assert_int_equal(trn_device_choose_dist(TRN_DEVICE_REQ_CUDA, TRN_COMM_REQ_GLOO, true, true, 1,
+                                            1, 0, &c, err, sizeof(err)),
+                     0);
+    assert_int_equal(trn_grad_reduce_check(TRN_GRAD_REDUCE_BF16, &c, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "gloo has no bf16"));
+    assert_int_equal(trn_device_choose_dist(TRN_DEVICE_REQ_CUDA, TRN_COMM_REQ_AUTO, true, true, 1,
+                                            4, 0, &c, err, sizeof(err)),
+                     0);
+    assert_int_equal(trn_grad_reduce_check(TRN_GRAD_REDUCE_BF16, &c, err, sizeof(err)), 0);
+    assert_string_equal(trn_comm_req_names[TRN_COMM_REQ_NCCL], "nccl");
+    assert_string_equal(trn_grad_reduce_names[TRN_GRAD_REDUCE_BF16], "bf16");
+}
+
 static void test_host_copies_on_a_device_backend(void **state)
 {
     (void)state;
@@ -193,6 +289,8 @@ int main(void)
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_explicit),
+        cmocka_unit_test(test_backend),
+        cmocka_unit_test(test_grad_reduce),
         cmocka_unit_test(test_host_copies_on_a_device_backend),
         cmocka_unit_test(test_no_host_copies_on_the_cpu),
     };

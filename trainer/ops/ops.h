@@ -190,6 +190,15 @@ struct trn_ops {
     /* amp: GradScaler's unscale_ over n gradients: grad *= inv_scale; returns
      * whether any was inf or NaN (a host value: this synchronises). */
     bool (*unscale)(struct trn_backend *be, float *grad, size_t n, float inv_scale);
+
+    /* Optional: NULL where the backend has no use for them (the CPU's).
+     * DDP on the device (ddp.c), queued in stream order like the ops:
+     * dst = src, bytes of device memory to device memory; and the casts
+     * for --grad-reduce-dtype bf16: dst (n bf16 bits) = src (n fp32)
+     * rounded to nearest even, and back. */
+    void (*copy)(struct trn_backend *be, void *dst, const void *src, size_t bytes);
+    void (*cast_f32_to_bf16)(struct trn_backend *be, const float *src, uint16_t *dst, size_t n);
+    void (*cast_bf16_to_f32)(struct trn_backend *be, const uint16_t *src, float *dst, size_t n);
 };
 
 /* A backend instance: the table plus its state (oneDNN engine and stream,
@@ -228,5 +237,8 @@ int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cuda_options 
 void trn_backend_cuda_free(struct trn_backend *be);
 /* The most device memory allocated through be->ops->alloc at once, in bytes. */
 size_t trn_backend_cuda_peak_bytes(struct trn_backend *be);
+/* The compute stream every op is queued on (a cudaStream_t), for the
+ * communicator to order its collectives with (comm.h: cuda_stream). */
+void *trn_backend_cuda_stream(struct trn_backend *be);
 
 #endif

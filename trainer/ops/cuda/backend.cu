@@ -137,6 +137,12 @@ static void cuda_synchronize(struct trn_backend *be)
     cudaCheck(cudaStreamSynchronize(cuda_of(be)->stream));
 }
 
+static void cuda_copy(struct trn_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_of(be)->stream));
+}
+
 /* ---- layout conversion ---- */
 
 /* One thread per destination element. */
@@ -200,6 +206,9 @@ static const struct trn_ops cuda_ops = {
     .xent_backward = cuda_xent_backward,
     .sgd_step = cuda_sgd_step,
     .unscale = cuda_unscale,
+    .copy = cuda_copy,
+    .cast_f32_to_bf16 = cuda_cast_f32_to_bf16,
+    .cast_bf16_to_f32 = cuda_cast_bf16_to_f32,
 };
 
 extern "C" int trn_cuda_device_count(void)
@@ -258,6 +267,11 @@ extern "C" size_t trn_backend_cuda_peak_bytes(struct trn_backend *be)
 {
     struct cuda_backend *cb = cuda_of(be);
     return cb->peak_bytes + cb->workspace_size + cb->wbuf_size + cb->scratch_size;
+}
+
+extern "C" void *trn_backend_cuda_stream(struct trn_backend *be)
+{
+    return (void *)cuda_of(be)->stream;
 }
 
 extern "C" void trn_backend_cuda_free(struct trn_backend *be)
