@@ -24,6 +24,7 @@ struct trn_comm {
     const struct trn_comm_backend_ops *be; /* NULL: local (world 1) */
     void *impl;
     bool broken;
+    long step;                 /* trn_comm_set_step */
     struct trn_comm_error err; /* the first failure */
 };
 
@@ -115,6 +116,7 @@ int trn_comm_create(const struct trn_comm_options *o, struct trn_kv *kv, struct 
     c->rank = o->rank;
     c->world = o->world;
     c->timeout_s = o->timeout_s > 0 ? o->timeout_s : TRN_COMM_DEFAULT_TIMEOUT_S;
+    c->step = -1;
     if (o->world > 1) {
         const char *name = o->backend ? o->backend : "gloo";
         int rc;
@@ -186,7 +188,12 @@ static void run_local(struct trn_comm_work *w)
     w->state = TRN_WORK_DONE;
 }
 
-static int start(struct trn_comm *c, struct trn_comm_work *w)
+void trn_comm_set_step(struct trn_comm *c, long step)
+{
+    c->step = step;
+}
+
+static int start(struct trn_comm *c, struct trn_comm_work *w, int bucket)
 {
     if (c->broken) {
         snprintf(w->detail, sizeof(w->detail), "communicator unusable after an earlier %s failed",
@@ -204,6 +211,9 @@ static int start(struct trn_comm *c, struct trn_comm_work *w)
     w->rc = 0;
     w->start_ns = w->end_ns = 0;
     w->detail[0] = '\0';
+    w->bucket = bucket;
+    w->step = c->step;
+    w->seq = 0;
     /* Nothing to move: every rank skips it alike, so the order is kept. */
     if (c->be == NULL || (w->count == 0 && w->coll != TRN_COLL_BARRIER)) {
         run_local(w);
@@ -227,12 +237,13 @@ int trn_comm_wait(struct trn_comm *c, struct trn_comm_work *w)
 
 static int run_sync(struct trn_comm *c, struct trn_comm_work *w)
 {
-    int rc = start(c, w);
+    int rc = start(c, w, -1);
     return rc < 0 ? rc : trn_comm_wait(c, w);
 }
 
-int trn_comm_allreduce_start(struct trn_comm *c, struct trn_comm_work *w, void *buf, size_t count,
-                             enum trn_comm_dtype dt, enum trn_comm_redop op)
+int trn_comm_allreduce_start_bucket(struct trn_comm *c, struct trn_comm_work *w, void *buf,
+                                    size_t count, enum trn_comm_dtype dt, enum trn_comm_redop op,
+                                    int bucket)
 {
     memset(w, 0, sizeof(*w));
     w->coll = TRN_COLL_ALLREDUCE;
@@ -240,7 +251,13 @@ int trn_comm_allreduce_start(struct trn_comm *c, struct trn_comm_work *w, void *
     w->count = count;
     w->dtype = dt;
     w->redop = op;
-    return start(c, w);
+    return start(c, w, bucket < 0 ? -1 : bucket);
+}
+
+int trn_comm_allreduce_start(struct trn_comm *c, struct trn_comm_work *w, void *buf, size_t count,
+                             enum trn_comm_dtype dt, enum trn_comm_redop op)
+{
+    return trn_comm_allreduce_start_bucket(c, w, buf, count, dt, op, -1);
 }
 
 int trn_comm_allreduce(struct trn_comm *c, void *buf, size_t count, enum trn_comm_dtype dt,
