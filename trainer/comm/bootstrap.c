@@ -311,6 +311,10 @@ int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
         .init_timeout_s = init_s,
         .backend = o->backend,
         .route_to = d->env.master_addr,
+        .cuda_device = o->cuda_device,
+        .cuda_stream = o->cuda_stream,
+        .restart_count = d->env.restart_count,
+        .rdzv_round = d->env.rdzv_round,
     };
     struct trn_comm_error ce;
     if (d->env.world == 1) {

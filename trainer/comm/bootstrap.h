@@ -37,6 +37,9 @@ struct trn_dist_options {
     double init_timeout_s;       /* <= 0: TRN_DEFAULT_INIT_TIMEOUT_S */
     double collective_timeout_s; /* <= 0: TRN_COMM_DEFAULT_TIMEOUT_S */
     const char *backend;         /* NULL: "gloo" */
+    /* nccl: the CUDA device and the compute stream (trn_comm_options). */
+    int cuda_device;
+    void *cuda_stream;
 };
 
 /* rendezvous/store_client.h's client as the communicator's struct trn_kv. */
