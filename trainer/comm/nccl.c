@@ -69,6 +69,10 @@ struct nccl_backend {
     size_t staged_bytes;
     uint64_t staged_seq;
 
+    /* Held by the training thread around its NCCL calls; the watchdog
+     * takes it (bounded) before ncclCommAbort, so the abort does not free
+     * the communicator under a call still running. */
+    pthread_mutex_t nccl_mu;
     pthread_mutex_t mu; /* guards everything below */
     pthread_cond_t cv;  /* the watchdog sleeps here (stopping wakes it) */
     pthread_t thread;
@@ -195,22 +199,25 @@ static void retire(struct nccl_backend *b)
     }
 }
 
-static _Noreturn void give_up(struct nccl_backend *b, const struct trn_wd_decision *d)
+/* Called without b->mu; err, fn and arg were read under it. */
+static _Noreturn void give_up(struct nccl_backend *b, const struct trn_comm_error *err,
+                              trn_comm_exit_fn fn, void *arg)
 {
-    struct trn_comm_error err;
-    trn_wd_error(d, "nccl", NULL, -1, &err);
-    log_error("T2103", "NCCL watchdog: %s; aborting the communicator", err.detail);
+    log_error("T2103", "NCCL watchdog: %s; aborting the communicator", err->detail);
+    /* The training thread holds nccl_mu only for the moment of a call; if
+     * it is stuck inside one (a full launch queue behind the hung kernel),
+     * abort anyway after 2 s: the process ends right after. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 2;
+    pthread_mutex_timedlock(&b->nccl_mu, &ts);
     /* Non-blocking communicator: the abort does not wait for the stuck
      * kernels, it tells them to stop. */
     ncclCommAbort(b->comm);
-    pthread_mutex_lock(&b->mu);
-    trn_comm_exit_fn fn = b->exit_fn;
-    void *arg = b->exit_arg;
-    pthread_mutex_unlock(&b->mu);
     if (fn != NULL)
-        fn(arg, &err);
+        fn(arg, err);
     /* Unset (or an fn that returned, which it must not): the contract's default. */
-    trn_comm_fail(&err, -1, b->rank, getenv("TORCHELASTIC_ERROR_FILE"));
+    trn_comm_fail(err, -1, b->rank, getenv("TORCHELASTIC_ERROR_FILE"));
 }
 
 static void *watchdog_thread(void *arg)
@@ -235,8 +242,12 @@ static void *watchdog_thread(void *arg)
         }
         struct trn_wd_decision d;
         if (trn_wd_check(&b->wd, now, &d) != TRN_WD_NONE) {
+            struct trn_comm_error err;
+            trn_wd_error(&d, "nccl", NULL, -1, &err);
+            trn_comm_exit_fn fn = b->exit_fn;
+            void *exit_arg = b->exit_arg;
             pthread_mutex_unlock(&b->mu);
-            give_up(b, &d);
+            give_up(b, &err, fn, exit_arg);
         }
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -306,7 +317,9 @@ static int settle(struct nccl_backend *b, char *err, size_t errlen)
     ncclResult_t st = ncclInProgress;
     long ms = 0;
     for (;;) {
+        pthread_mutex_lock(&b->nccl_mu);
         ncclResult_t qr = ncclCommGetAsyncError(b->comm, &st);
+        pthread_mutex_unlock(&b->nccl_mu);
         if (qr != ncclSuccess)
             st = qr;
         if (st != ncclInProgress)
@@ -380,7 +393,10 @@ static int nccl_start(void *impl, struct trn_comm_work *w)
         send = b->dstage;
         buf = w->coll == TRN_COLL_ALLGATHER ? (char *)b->dstage + in_bytes : b->dstage;
     }
-    if ((rc = enqueue(b, w, buf, send, err, errlen)) < 0 || (rc = settle(b, err, errlen)) < 0)
+    pthread_mutex_lock(&b->nccl_mu);
+    rc = enqueue(b, w, buf, send, err, errlen);
+    pthread_mutex_unlock(&b->nccl_mu);
+    if (rc < 0 || (rc = settle(b, err, errlen)) < 0)
         goto fail_registered;
     if (host) {
         if ((rc = CU(cudaMemcpyAsync(b->hstage, buf, out_bytes, cudaMemcpyDeviceToHost, b->stream),
@@ -477,6 +493,7 @@ static void free_backend(struct nccl_backend *b)
     trn_wd_free(&b->wd);
     pthread_cond_destroy(&b->cv);
     pthread_mutex_destroy(&b->mu);
+    pthread_mutex_destroy(&b->nccl_mu);
     free(b);
 }
 
@@ -612,6 +629,7 @@ int trn_nccl_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
     b->device = o->cuda_device;
     b->compute = (cudaStream_t)o->cuda_stream;
     pthread_mutex_init(&b->mu, NULL);
+    pthread_mutex_init(&b->nccl_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
