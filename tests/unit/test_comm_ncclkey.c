@@ -59,12 +59,31 @@ static void test_key_errors(void **state)
     assert_int_equal(trn_nccl_id_key(NULL, 0, -1, NULL, big, sizeof(big)), CDDP_ERANGE_ARG);
 }
 
+static void test_progress_key(void **state)
+{
+    (void)state;
+    char k[128], id[128];
+    assert_int_equal(trn_nccl_progress_key(NULL, 2, 5, 3, k, sizeof(k)), 0);
+    assert_string_equal(k, "cddp/nccl/progress/restart_2/round_5/rank_3");
+    /* Never the id's key, whatever the group is called. */
+    assert_int_equal(trn_nccl_id_key(NULL, 2, 5, "progress", id, sizeof(id)), 0);
+    assert_string_not_equal(k, id);
+    char other[128];
+    trn_nccl_progress_key(NULL, 3, 5, 3, other, sizeof(other));
+    assert_string_not_equal(k, other);
+    trn_nccl_progress_key(NULL, 2, 5, 4, other, sizeof(other));
+    assert_string_not_equal(k, other);
+    assert_int_equal(trn_nccl_progress_key(NULL, 0, 0, -1, k, sizeof(k)), CDDP_ERANGE_ARG);
+    assert_int_equal(trn_nccl_progress_key(NULL, 0, 0, 1, k, 8), CDDP_ETOOBIG);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_text),
         cmocka_unit_test(test_keys_differ),
         cmocka_unit_test(test_key_errors),
+        cmocka_unit_test(test_progress_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

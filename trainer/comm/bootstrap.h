@@ -63,6 +63,10 @@ struct trn_dist {
     struct rdzv_store_thread *server; /* rank 0 only */
     struct trn_store_kv store;
     struct trn_tcpstore_kv agent_store; /* TORCHELASTIC_USE_AGENT_STORE=True */
+    /* nccl: a second connection to the same store for the communicator's
+     * progress (trn_comm_options.progress_kv); one of these, or neither. */
+    struct trn_store_kv progress_store;
+    struct trn_tcpstore_kv progress_agent_store;
 };
 
 /* Fills *d. lookup is getenv (or a table in tests). On failure returns a

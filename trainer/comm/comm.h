@@ -133,6 +133,11 @@ struct trn_comm_options {
     const char *host;
     const char *route_to;     /* usually MASTER_ADDR */
     const char *store_prefix; /* keys under this prefix; NULL: "gloo/rank" */
+    /* nccl, optional: a store connection of its own, kept open by the
+     * caller until trn_comm_destroy returns, on which the communicator
+     * publishes its progress (trainer/comm/progress.h) so a timeout can
+     * name the ranks that never reached the collective. NULL: not named. */
+    struct trn_kv *progress_kv;
 };
 
 struct trn_comm;

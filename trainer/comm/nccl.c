@@ -49,6 +49,7 @@
 #include "trainer/comm/backend.h"
 #include "trainer/comm/failure.h"
 #include "trainer/comm/nccl_key.h"
+#include "trainer/comm/progress.h"
 #include "trainer/comm/watchdog_core.h"
 
 #define TRN_NCCL_POLL_MS 50 /* watchdog period; the contract says at most 100 */
@@ -84,6 +85,7 @@ struct nccl_backend {
     bool recorded[TRN_NCCL_INFLIGHT];
     trn_comm_exit_fn exit_fn;
     void *exit_arg;
+    struct trn_comm_progress *progress; /* NULL without o->progress_kv */
 };
 
 /* ---- checked calls ---- */
@@ -242,11 +244,18 @@ static void *watchdog_thread(void *arg)
         }
         struct trn_wd_decision d;
         if (trn_wd_check(&b->wd, now, &d) != TRN_WD_NONE) {
-            struct trn_comm_error err;
-            trn_wd_error(&d, "nccl", NULL, -1, &err);
             trn_comm_exit_fn fn = b->exit_fn;
             void *exit_arg = b->exit_arg;
             pthread_mutex_unlock(&b->mu);
+            /* d is a copy (its detail points at the core's first async
+             * error, which never changes once set). Ask the store, briefly,
+             * who never reached the blamed collective. */
+            int missing[64], nmissing = -1;
+            if (d.verdict == TRN_WD_TIMEOUT && b->progress != NULL)
+                nmissing = trn_comm_progress_missing(b->progress, d.blamed.seq, 2.0, missing,
+                                                     (int)(sizeof(missing) / sizeof(missing[0])));
+            struct trn_comm_error err; /* the report names the first 16 of nmissing */
+            trn_wd_error(&d, "nccl", missing, nmissing, &err);
             give_up(b, &err, fn, exit_arg);
         }
         struct timespec ts;
@@ -374,6 +383,8 @@ static int nccl_start(void *impl, struct trn_comm_work *w)
     b->recorded[slot] = false;
     pthread_mutex_unlock(&b->mu);
     w->seq = seq;
+    if (b->progress != NULL)
+        trn_comm_progress_note(b->progress, seq);
 
     if ((rc = CU(cudaEventRecord(b->ready, b->compute), err, errlen)) < 0 ||
         (rc = CU(cudaStreamWaitEvent(b->stream, b->ready, 0), err, errlen)) < 0)
@@ -525,6 +536,8 @@ static void nccl_destroy(void *impl)
         nap_ms(ms < 10 ? ++ms : 10);
     }
     stop_watchdog(b);
+    trn_comm_progress_stop(b->progress);
+    b->progress = NULL;
     if (b->comm != NULL) {
         if (b->failed) {
             NC(ncclCommAbort(b->comm), NULL, NULL, 0);
@@ -683,10 +696,15 @@ int trn_nccl_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
     if ((rc = NC(st, b->comm, err, errlen)) < 0)
         goto fail;
 
+    if (o->progress_kv != NULL &&
+        trn_comm_progress_start(o->progress_kv, o->restart_count, o->rdzv_round, o->rank, o->world,
+                                1.0, &b->progress) < 0)
+        b->progress = NULL; /* the report then names no ranks */
     int prc = pthread_create(&b->thread, NULL, watchdog_thread, b);
     if (prc != 0) {
         snprintf(err, errlen, "cannot start the NCCL watchdog thread: %s", strerror(prc));
         rc = CDDP_ERR_FROM_ERRNO(prc);
+        trn_comm_progress_stop(b->progress);
         goto fail;
     }
     b->thread_started = true;

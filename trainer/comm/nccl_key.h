@@ -22,4 +22,10 @@
 int trn_nccl_id_key(const char *prefix, long restart_count, long rdzv_round, const char *group,
                     char *out, size_t outlen);
 
+/* Where rank r publishes the last sequence number it enqueued (the NCCL
+ * watchdog names the ranks that never reached a timed-out collective):
+ * "<prefix>/progress/restart_<R>/round_<N>/rank_<r>". Same rules. */
+int trn_nccl_progress_key(const char *prefix, long restart_count, long rdzv_round, int rank,
+                          char *out, size_t outlen);
+
 #endif

@@ -117,7 +117,8 @@ int trn_wd_missing(const int64_t *peer_seq, int world, int self, uint64_t seq, i
 
 /* The one-line report: the collective, its sequence number, bucket, step
  * and bytes, the seconds waited and the bound, and the missing ranks when
- * nmissing >= 0 (missing[0..nmissing) names them; < 0: not known).
+ * nmissing >= 0 (how many; missing[] holds the first min(nmissing, 16), the
+ * ones named; < 0: not known).
  * backend: "nccl", "gloo". Returns what snprintf returns. */
 int trn_wd_report(const struct trn_wd_decision *d, const char *backend, const int *missing,
                   int nmissing, char *buf, size_t len);
