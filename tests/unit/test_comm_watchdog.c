@@ -9,9 +9,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/errors.h"
+#include "trainer/comm/failure.h"
 #include "trainer/comm/watchdog_core.h"
 
 #define S(x) ((uint64_t)((x)*1e9))
@@ -272,6 +277,46 @@ static void test_report_text(void **state)
     trn_wd_free(&w);
 }
 
+/* What the NCCL watchdog's default exit writes: the report in torchrun's
+ * error file, exit 75. */
+static void test_error_file(void **state)
+{
+    (void)state;
+    struct trn_wd_core w;
+    assert_int_equal(trn_wd_init(&w, 5.0, 0.0, 8), 0);
+    enq(&w, TRN_COLL_ALLREDUCE, 1, 9, 2048, S(0));
+    struct trn_wd_decision d;
+    assert_int_equal(trn_wd_check(&w, S(6), &d), TRN_WD_TIMEOUT);
+    int missing[1] = {2};
+    struct trn_comm_error e;
+    trn_wd_error(&d, "nccl", missing, 1, &e);
+    trn_wd_free(&w);
+
+    char dir[] = "/tmp/cddp-test-wd-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/error.json", dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        trn_comm_fail(&e, -1, 0, path);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 75);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char text[4096];
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    unlink(path);
+    rmdir(dir);
+    assert_non_null(strstr(text, "CollectiveTimeoutError: allreduce on rank 0 timed out"));
+    assert_non_null(strstr(text, "allreduce #1 (bucket 1, step 9, 2048 bytes) not complete after "
+                                 "6.0 s (--collective-timeout 5 s; nccl); rank that never reached "
+                                 "it: 2"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -280,6 +325,7 @@ int main(void)
         cmocka_unit_test(test_full_table),       cmocka_unit_test(test_async_error_first),
         cmocka_unit_test(test_async_error_idle), cmocka_unit_test(test_sequence_numbers),
         cmocka_unit_test(test_missing),          cmocka_unit_test(test_report_text),
+        cmocka_unit_test(test_error_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
