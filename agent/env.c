@@ -86,9 +86,15 @@ static bool key_is(const char *entry, const char *name)
     return strncmp(entry, name, n) == 0 && entry[n] == '=';
 }
 
+/* cddp's own addition after torchrun's variables (docs/torchrun-compat.md):
+ * the rendezvous round, which the NCCL unique id's store key names. */
+#define RDZV_ROUND_VAR "CDDP_RDZV_ROUND"
+
 static bool overridden(const char *entry, const struct agent_env_spec *spec)
 {
     if (spec->virtual_local_rank && key_is(entry, "CUDA_VISIBLE_DEVICES"))
+        return true;
+    if (spec->rdzv_round > 0 && key_is(entry, RDZV_ROUND_VAR))
         return true;
     for (int i = 0; i < V_COUNT; i++) {
         if (key_is(entry, var_names[i]))
@@ -158,6 +164,18 @@ int agent_env_build(char *const *base, const struct agent_env_spec *spec, struct
         }
     }
 
+    /* After torchrun's and the extras: the virtual local rank's device and
+     * the rendezvous round (when the agent knows it). */
+    struct launch_kv tail[2];
+    int ntail = 0;
+    if (nvirtual)
+        tail[ntail++] = (struct launch_kv){"CUDA_VISIBLE_DEVICES", visible};
+    char round[24];
+    if (spec->rdzv_round > 0) {
+        snprintf(round, sizeof(round), "%llu", (unsigned long long)spec->rdzv_round);
+        tail[ntail++] = (struct launch_kv){RDZV_ROUND_VAR, round};
+    }
+
     size_t nbase = 0;
     for (char *const *e = base; e && *e; e++)
         nbase++;
@@ -166,10 +184,11 @@ int agent_env_build(char *const *base, const struct agent_env_spec *spec, struct
         bytes += strlen(var_names[i]) + strlen(val[i]) + 2;
     for (int i = 0; i < spec->nextra; i++)
         bytes += strlen(spec->extra[i].key) + strlen(spec->extra[i].value) + 2;
-    bytes += nvirtual ? strlen("CUDA_VISIBLE_DEVICES") + strlen(visible) + 2 : 0;
+    for (int i = 0; i < ntail; i++)
+        bytes += strlen(tail[i].key) + strlen(tail[i].value) + 2;
 
     out->envp =
-        malloc((nbase + V_COUNT + (size_t)spec->nextra + (size_t)nvirtual + 1) * sizeof(char *));
+        malloc((nbase + V_COUNT + (size_t)spec->nextra + (size_t)ntail + 1) * sizeof(char *));
     out->strings = malloc(bytes);
     if (out->envp == NULL || out->strings == NULL) {
         agent_env_free(out);
@@ -181,13 +200,14 @@ int agent_env_build(char *const *base, const struct agent_env_spec *spec, struct
             out->envp[n++] = *e;
     }
     char *p = out->strings;
-    for (int i = 0; i < V_COUNT + spec->nextra + nvirtual; i++) {
+    for (int i = 0; i < V_COUNT + spec->nextra + ntail; i++) {
+        int t = i - V_COUNT - spec->nextra;
         const char *k = i < V_COUNT                  ? var_names[i]
                         : i < V_COUNT + spec->nextra ? spec->extra[i - V_COUNT].key
-                                                     : "CUDA_VISIBLE_DEVICES";
+                                                     : tail[t].key;
         const char *v = i < V_COUNT                  ? val[i]
                         : i < V_COUNT + spec->nextra ? spec->extra[i - V_COUNT].value
-                                                     : visible;
+                                                     : tail[t].value;
         size_t kl = strlen(k), vl = strlen(v);
         memcpy(p, k, kl);
         p[kl] = '=';

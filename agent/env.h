@@ -10,7 +10,8 @@
  *   TORCHELASTIC_USE_AGENT_STORE TORCH_NCCL_ASYNC_ERROR_HANDLING
  *   TORCHELASTIC_ERROR_FILE
  *
- * plus extras (CDDP_*) the agent's modules add. OMP_NUM_THREADS and
+ * plus extras (CDDP_*) the agent's modules add, and cddp's own
+ * CDDP_RDZV_ROUND (the rendezvous round, 1, 2, ...) after them. OMP_NUM_THREADS and
  * CUDA_VISIBLE_DEVICES are inherited from the agent's environment, as in
  * torchrun (the launcher sets OMP_NUM_THREADS=1 there when it is unset).
  */
@@ -18,6 +19,7 @@
 #define CDDP_AGENT_ENV_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "agent/config.h"
 #include "agent/rdzv.h"
@@ -56,6 +58,9 @@ struct agent_env_spec {
      * CUDA_VISIBLE_DEVICES the local rank's own entry of the agent's list
      * (stripped), or the local rank itself when the agent has none. */
     bool virtual_local_rank;
+    /* The rendezvous round, exported as CDDP_RDZV_ROUND (cddp's own, not
+     * torchrun's: the NCCL unique id's store key names it); 0: not set. */
+    uint64_t rdzv_round;
 };
 
 /* A NULL-terminated envp and the memory behind it. */

@@ -92,6 +92,20 @@ static void test_torchrun(void **state)
     assert_true(e.use_agent_store);
 }
 
+static void test_rdzv_round(void **state)
+{
+    (void)state;
+    struct trn_dist_env e;
+    char err[256];
+    const char *const none[] = {NULL};
+    assert_int_equal(read_env(none, &e, err, sizeof(err)), 0);
+    assert_int_equal(e.rdzv_round, 0); /* torchrun does not set it */
+    const char *const env[] = {"CDDP_RDZV_ROUND", "17", "TORCHELASTIC_RESTART_COUNT", "3", NULL};
+    assert_int_equal(read_env(env, &e, err, sizeof(err)), 0);
+    assert_int_equal(e.rdzv_round, 17);
+    assert_int_equal(e.restart_count, 3);
+}
+
 static void expect_bad(const char *const *env, int code, const char *needle)
 {
     struct trn_dist_env e;
@@ -131,6 +145,10 @@ static void test_bad(void **state)
     const char *const m[] = {"RANK", "0",           "WORLD_SIZE", "2", "MASTER_ADDR",
                              "a b",  "MASTER_PORT", "1",          NULL};
     expect_bad(m, CDDP_EPARSE, "MASTER_ADDR='a b'");
+    const char *const n[] = {"CDDP_RDZV_ROUND", "-2", NULL};
+    expect_bad(n, CDDP_ERANGE_ARG, "CDDP_RDZV_ROUND='-2'");
+    const char *const o[] = {"CDDP_RDZV_ROUND", "two", NULL};
+    expect_bad(o, CDDP_EPARSE, "CDDP_RDZV_ROUND='two'");
 }
 
 int main(void)
@@ -138,6 +156,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alone),
         cmocka_unit_test(test_torchrun),
+        cmocka_unit_test(test_rdzv_round),
         cmocka_unit_test(test_bad),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -184,6 +184,29 @@ static void test_env_nccl_kept_and_store(void **state)
     agent_env_free(&env);
 }
 
+static void test_env_rdzv_round(void **state)
+{
+    (void)state;
+    /* cddp's own variable, after torchrun's; an inherited one is replaced. */
+    char *base[] = {(char *)"CDDP_RDZV_ROUND=1", (char *)"A=1", NULL};
+    struct agent_env_spec s = spec_for(0);
+    s.rdzv_round = 12;
+    struct agent_env env;
+    assert_int_equal(agent_env_build(base, &s, &env), 0);
+    assert_string_equal(agent_env_get(env.envp, "CDDP_RDZV_ROUND"), "12");
+    assert_int_equal(count_key(env.envp, "CDDP_RDZV_ROUND"), 1);
+    int n = 0;
+    while (env.envp[n])
+        n++;
+    assert_int_equal(n, 2 - 1 + 17 + 1);
+    agent_env_free(&env);
+    /* Unknown (0): not set, and the agent's own passes through. */
+    s.rdzv_round = 0;
+    assert_int_equal(agent_env_build(base, &s, &env), 0);
+    assert_string_equal(agent_env_get(env.envp, "CDDP_RDZV_ROUND"), "1");
+    agent_env_free(&env);
+}
+
 static void test_env_extras(void **state)
 {
     (void)state;
@@ -249,7 +272,7 @@ int main(void)
         cmocka_unit_test(test_ranks_single_node),       cmocka_unit_test(test_ranks_multi_node),
         cmocka_unit_test(test_ranks_invalid),           cmocka_unit_test(test_env_values),
         cmocka_unit_test(test_env_nccl_kept_and_store), cmocka_unit_test(test_env_extras),
-        cmocka_unit_test(test_env_virtual_local_rank),
+        cmocka_unit_test(test_env_virtual_local_rank),  cmocka_unit_test(test_env_rdzv_round),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

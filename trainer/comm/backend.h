@@ -25,6 +25,10 @@ struct trn_comm_backend_ops {
     int (*wait)(void *impl, struct trn_comm_work *w);
     /* Drains the queue, stops the backend's threads and frees impl. */
     void (*destroy)(void *impl);
+    /* NULL for a backend without a watchdog thread (gloo reports through
+     * the failing call). */
+    void (*set_exit)(void *impl, trn_comm_exit_fn fn, void *arg);
+    bool on_device; /* buffers are CUDA device memory */
 };
 
 /* gloo.c: connects the mesh; on failure returns a negative code with a
@@ -32,5 +36,15 @@ struct trn_comm_backend_ops {
 int trn_gloo_backend_create(const struct trn_comm_options *o, struct trn_kv *kv, double timeout_s,
                             const struct trn_comm_backend_ops **ops, void **impl, char *err,
                             size_t errlen);
+
+/* nccl.c (built when CUDA and NCCL are: CDDP_HAVE_NCCL): initialises the
+ * NCCL communicator through kv (nccl_key.h) and starts its watchdog; on
+ * failure returns a negative code with a one-line reason in err. */
+int trn_nccl_backend_create(const struct trn_comm_options *o, struct trn_kv *kv, double timeout_s,
+                            const struct trn_comm_backend_ops **ops, void **impl, char *err,
+                            size_t errlen);
+/* cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream): world size
+ * 1's allgather on device memory. 0 or a negative code (logged). */
+int trn_nccl_copy(void *dst, const void *src, size_t bytes, void *stream);
 
 #endif

@@ -151,6 +151,36 @@ static int connect_agent_store(struct trn_dist *d, uint64_t deadline, char *err,
     return 0;
 }
 
+/* nccl: the progress connection (progress.h). Best effort: without it a
+ * timeout just names no ranks. Short operation timeouts, so the thread
+ * that uses it is never held long by a store that went away. */
+static struct trn_kv *connect_progress(struct trn_dist *d, uint64_t deadline)
+{
+    char why[512];
+    const char *host = d->env.master_addr;
+    int port = d->env.master_port;
+    if (d->env.use_agent_store) {
+        if (trn_tcpstore_connect(host, port, left_s(deadline) < 5 ? left_s(deadline) : 5,
+                                 &d->progress_agent_store.client, why, sizeof(why)) != 0) {
+            d->progress_agent_store.client = NULL;
+            log_debug("T2107", "no progress connection to the agent's store: %s", why);
+            return NULL;
+        }
+        d->progress_agent_store.kv.ops = &tcpstore_kv_ops;
+        memcpy(d->progress_agent_store.prefix, d->agent_store.prefix,
+               sizeof(d->progress_agent_store.prefix));
+        return &d->progress_agent_store.kv;
+    }
+    struct rdzv_store_client_options o = {.connect_timeout_ms = 5000, .op_timeout_ms = 2000};
+    if (rdzv_store_connect(host, port, &o, &d->progress_store.client, why, sizeof(why)) != 0) {
+        d->progress_store.client = NULL;
+        log_debug("T2107", "no progress connection to the bootstrap store: %s", why);
+        return NULL;
+    }
+    d->progress_store.kv.ops = &store_kv_ops;
+    return &d->progress_store.kv;
+}
+
 /* ---- serving (rank 0) ---- */
 
 static bool is_loopback(const struct sockaddr *sa)
@@ -311,6 +341,10 @@ int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
         .init_timeout_s = init_s,
         .backend = o->backend,
         .route_to = d->env.master_addr,
+        .cuda_device = o->cuda_device,
+        .cuda_stream = o->cuda_stream,
+        .restart_count = d->env.restart_count,
+        .rdzv_round = d->env.rdzv_round,
     };
     struct trn_comm_error ce;
     if (d->env.world == 1) {
@@ -340,6 +374,8 @@ int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
     if (rc)
         goto fail;
     co.init_timeout_s = left_s(deadline);
+    if (o->backend != NULL && strcmp(o->backend, "nccl") == 0)
+        co.progress_kv = connect_progress(d, deadline);
     rc = trn_comm_create(&co, kv, &d->comm, &ce);
     if (rc) {
         snprintf(err, errlen,
@@ -370,9 +406,13 @@ void trn_dist_close(struct trn_dist *d)
     trn_comm_destroy(d->comm);
     rdzv_store_close(d->store.client);
     trn_tcpstore_close(d->agent_store.client);
+    rdzv_store_close(d->progress_store.client);
+    trn_tcpstore_close(d->progress_agent_store.client);
     rdzv_store_thread_stop(d->server);
     d->agent_store.client = NULL;
     d->comm = NULL;
     d->store.client = NULL;
+    d->progress_store.client = NULL;
+    d->progress_agent_store.client = NULL;
     d->server = NULL;
 }

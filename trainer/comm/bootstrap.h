@@ -37,6 +37,9 @@ struct trn_dist_options {
     double init_timeout_s;       /* <= 0: TRN_DEFAULT_INIT_TIMEOUT_S */
     double collective_timeout_s; /* <= 0: TRN_COMM_DEFAULT_TIMEOUT_S */
     const char *backend;         /* NULL: "gloo" */
+    /* nccl: the CUDA device and the compute stream (trn_comm_options). */
+    int cuda_device;
+    void *cuda_stream;
 };
 
 /* rendezvous/store_client.h's client as the communicator's struct trn_kv. */
@@ -60,6 +63,10 @@ struct trn_dist {
     struct rdzv_store_thread *server; /* rank 0 only */
     struct trn_store_kv store;
     struct trn_tcpstore_kv agent_store; /* TORCHELASTIC_USE_AGENT_STORE=True */
+    /* nccl: a second connection to the same store for the communicator's
+     * progress (trn_comm_options.progress_kv); one of these, or neither. */
+    struct trn_store_kv progress_store;
+    struct trn_tcpstore_kv progress_agent_store;
 };
 
 /* Fills *d. lookup is getenv (or a table in tests). On failure returns a

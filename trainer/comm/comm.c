@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h" /* CDDP_HAVE_NCCL */
+
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -24,6 +26,9 @@ struct trn_comm {
     const struct trn_comm_backend_ops *be; /* NULL: local (world 1) */
     void *impl;
     bool broken;
+    bool on_device;            /* nccl (world 1 included: the trainer passes device memory) */
+    void *cuda_stream;         /* world 1 on the device: the allgather's copy is ordered on it */
+    long step;                 /* trn_comm_set_step */
     struct trn_comm_error err; /* the first failure */
 };
 
@@ -80,13 +85,13 @@ double trn_comm_timeout(const struct trn_comm *c)
 
 bool trn_comm_on_device(const struct trn_comm *c)
 {
-    (void)c;
-    return false; /* gloo and local move host memory */
+    return c->be ? c->be->on_device : c->on_device; /* gloo moves host memory */
 }
 
 void trn_comm_set_watchdog_exit(struct trn_comm *c, trn_comm_exit_fn fn, void *arg)
 {
-    (void)c, (void)fn, (void)arg; /* no backend with a watchdog thread yet */
+    if (c->be != NULL && c->be->set_exit != NULL)
+        c->be->set_exit(c->impl, fn, arg);
 }
 
 const struct trn_comm_error *trn_comm_last_error(const struct trn_comm *c)
@@ -115,6 +120,14 @@ int trn_comm_create(const struct trn_comm_options *o, struct trn_kv *kv, struct 
     c->rank = o->rank;
     c->world = o->world;
     c->timeout_s = o->timeout_s > 0 ? o->timeout_s : TRN_COMM_DEFAULT_TIMEOUT_S;
+    c->step = -1;
+    bool nccl = o->backend != NULL && strcmp(o->backend, "nccl") == 0;
+#if CDDP_HAVE_NCCL
+    /* World size 1 stays "local" (no peers, no communicator), but its
+     * buffers are the device memory the trainer would give NCCL. */
+    c->on_device = nccl;
+    c->cuda_stream = o->cuda_stream;
+#endif
     if (o->world > 1) {
         const char *name = o->backend ? o->backend : "gloo";
         int rc;
@@ -122,10 +135,20 @@ int trn_comm_create(const struct trn_comm_options *o, struct trn_kv *kv, struct 
         if (strcmp(name, "gloo") == 0) {
             rc = trn_gloo_backend_create(o, kv, c->timeout_s, &c->be, &c->impl, err->detail,
                                          sizeof(err->detail));
+        } else if (nccl) {
+#if CDDP_HAVE_NCCL
+            rc = trn_nccl_backend_create(o, kv, c->timeout_s, &c->be, &c->impl, err->detail,
+                                         sizeof(err->detail));
+#else
+            rc = CDDP_ECONFIG;
+            snprintf(err->detail, sizeof(err->detail),
+                     "comm backend 'nccl': this build has no NCCL (CUDA and NCCL were not found "
+                     "when it was configured)");
+#endif
         } else {
             rc = CDDP_ECONFIG;
-            snprintf(err->detail, sizeof(err->detail), "unknown comm backend '%s' (have: gloo)",
-                     name);
+            snprintf(err->detail, sizeof(err->detail), "unknown comm backend '%s' (have: gloo%s)",
+                     name, CDDP_HAVE_NCCL ? ", nccl" : "");
         }
         if (rc < 0) {
             err->code = rc;
@@ -177,16 +200,30 @@ static void record(struct trn_comm *c, const struct trn_comm_work *w, int rc)
     cddp_strlcpy(c->err.detail, w->detail, sizeof(c->err.detail));
 }
 
-/* World size 1: the result is already in place (allgather: one copy). */
-static void run_local(struct trn_comm_work *w)
+/* World size 1: the result is already in place (allgather: one copy, on
+ * the compute stream when the buffers are device memory). */
+static void run_local(struct trn_comm *c, struct trn_comm_work *w)
 {
-    if (w->coll == TRN_COLL_ALLGATHER && w->send != w->buf)
-        memmove(w->buf, w->send, w->count * trn_comm_dtype_size(w->dtype));
     w->rc = 0;
+    if (w->coll == TRN_COLL_ALLGATHER && w->send != w->buf) {
+        size_t bytes = w->count * trn_comm_dtype_size(w->dtype);
+#if CDDP_HAVE_NCCL
+        if (c->on_device)
+            w->rc = trn_nccl_copy(w->buf, w->send, bytes, c->cuda_stream);
+        else
+#endif
+            memmove(w->buf, w->send, bytes);
+    }
+    (void)c;
     w->state = TRN_WORK_DONE;
 }
 
-static int start(struct trn_comm *c, struct trn_comm_work *w)
+void trn_comm_set_step(struct trn_comm *c, long step)
+{
+    c->step = step;
+}
+
+static int start(struct trn_comm *c, struct trn_comm_work *w, int bucket)
 {
     if (c->broken) {
         snprintf(w->detail, sizeof(w->detail), "communicator unusable after an earlier %s failed",
@@ -204,10 +241,13 @@ static int start(struct trn_comm *c, struct trn_comm_work *w)
     w->rc = 0;
     w->start_ns = w->end_ns = 0;
     w->detail[0] = '\0';
+    w->bucket = bucket;
+    w->step = c->step;
+    w->seq = 0;
     /* Nothing to move: every rank skips it alike, so the order is kept. */
     if (c->be == NULL || (w->count == 0 && w->coll != TRN_COLL_BARRIER)) {
-        run_local(w);
-        return 0;
+        run_local(c, w);
+        return w->rc;
     }
     w->state = TRN_WORK_QUEUED;
     int rc = c->be->start(c->impl, w);
@@ -227,12 +267,13 @@ int trn_comm_wait(struct trn_comm *c, struct trn_comm_work *w)
 
 static int run_sync(struct trn_comm *c, struct trn_comm_work *w)
 {
-    int rc = start(c, w);
+    int rc = start(c, w, -1);
     return rc < 0 ? rc : trn_comm_wait(c, w);
 }
 
-int trn_comm_allreduce_start(struct trn_comm *c, struct trn_comm_work *w, void *buf, size_t count,
-                             enum trn_comm_dtype dt, enum trn_comm_redop op)
+int trn_comm_allreduce_start_bucket(struct trn_comm *c, struct trn_comm_work *w, void *buf,
+                                    size_t count, enum trn_comm_dtype dt, enum trn_comm_redop op,
+                                    int bucket)
 {
     memset(w, 0, sizeof(*w));
     w->coll = TRN_COLL_ALLREDUCE;
@@ -240,7 +281,13 @@ int trn_comm_allreduce_start(struct trn_comm *c, struct trn_comm_work *w, void *
     w->count = count;
     w->dtype = dt;
     w->redop = op;
-    return start(c, w);
+    return start(c, w, bucket < 0 ? -1 : bucket);
+}
+
+int trn_comm_allreduce_start(struct trn_comm *c, struct trn_comm_work *w, void *buf, size_t count,
+                             enum trn_comm_dtype dt, enum trn_comm_redop op)
+{
+    return trn_comm_allreduce_start_bucket(c, w, buf, count, dt, op, -1);
 }
 
 int trn_comm_allreduce(struct trn_comm *c, void *buf, size_t count, enum trn_comm_dtype dt,

@@ -102,6 +102,13 @@ struct trn_comm_work {
     int rc;
     uint64_t start_ns, end_ns;
     char detail[384];
+    /* What the watchdog reports about it (set by start): the DDP bucket
+     * (trn_comm_allreduce_start_bucket; -1 otherwise), the step from
+     * trn_comm_set_step, and its sequence number on the communicator
+     * (1, 2, ...: the same collective has the same number on every rank). */
+    int bucket;
+    long step;
+    uint64_t seq;
 };
 
 struct trn_comm_options {
@@ -126,6 +133,11 @@ struct trn_comm_options {
     const char *host;
     const char *route_to;     /* usually MASTER_ADDR */
     const char *store_prefix; /* keys under this prefix; NULL: "gloo/rank" */
+    /* nccl, optional: a store connection of its own, kept open by the
+     * caller until trn_comm_destroy returns, on which the communicator
+     * publishes its progress (trainer/comm/progress.h) so a timeout can
+     * name the ranks that never reached the collective. NULL: not named. */
+    struct trn_kv *progress_kv;
 };
 
 struct trn_comm;
@@ -160,6 +172,15 @@ int trn_comm_barrier(struct trn_comm *c);
  * queued (bad argument, or the communicator is broken). */
 int trn_comm_allreduce_start(struct trn_comm *c, struct trn_comm_work *w, void *buf, size_t count,
                              enum trn_comm_dtype dt, enum trn_comm_redop op);
+/* The same, naming the DDP bucket it reduces (the watchdog's report says
+ * "bucket N"). trn_comm_allreduce_start is this with bucket -1. */
+int trn_comm_allreduce_start_bucket(struct trn_comm *c, struct trn_comm_work *w, void *buf,
+                                    size_t count, enum trn_comm_dtype dt, enum trn_comm_redop op,
+                                    int bucket);
+/* The training step the collectives started from now on belong to (-1, the
+ * default: none); the watchdog's report names it. Call it from the thread
+ * that starts the collectives. */
+void trn_comm_set_step(struct trn_comm *c, long step);
 /* Waits for w. 0, or the collective's error (trn_comm_last_error says more). */
 int trn_comm_wait(struct trn_comm *c, struct trn_comm_work *w);
 

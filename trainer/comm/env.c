@@ -29,8 +29,8 @@ int trn_dist_env_read(struct trn_dist_env *e, char *(*lookup)(const char *name),
     e->world = 1;
     e->local_world = 1;
 
-    long rank = 0, world = 1, local_rank = 0, local_world = 1, port = 0, restarts = 0;
-    bool has_rank, has_world, has_lr, has_lw, has_port, has_restarts;
+    long rank = 0, world = 1, local_rank = 0, local_world = 1, port = 0, restarts = 0, round = 0;
+    bool has_rank, has_world, has_lr, has_lw, has_port, has_restarts, has_round;
     int rc;
     if ((rc = int_var(lookup, "WORLD_SIZE", 1, MAX_WORLD, &world, &has_world, err, errlen)) < 0 ||
         (rc = int_var(lookup, "RANK", 0, MAX_WORLD - 1, &rank, &has_rank, err, errlen)) < 0 ||
@@ -40,7 +40,8 @@ int trn_dist_env_read(struct trn_dist_env *e, char *(*lookup)(const char *name),
                       errlen)) < 0 ||
         (rc = int_var(lookup, "MASTER_PORT", 1, 65535, &port, &has_port, err, errlen)) < 0 ||
         (rc = int_var(lookup, "TORCHELASTIC_RESTART_COUNT", 0, 1L << 30, &restarts, &has_restarts,
-                      err, errlen)) < 0)
+                      err, errlen)) < 0 ||
+        (rc = int_var(lookup, "CDDP_RDZV_ROUND", 0, 1L << 62, &round, &has_round, err, errlen)) < 0)
         return rc;
 
     if (has_rank && !has_world) {
@@ -65,6 +66,7 @@ int trn_dist_env_read(struct trn_dist_env *e, char *(*lookup)(const char *name),
         return CDDP_ERANGE_ARG;
     }
     e->restart_count = restarts;
+    e->rdzv_round = round;
 
     const char *ef = lookup("TORCHELASTIC_ERROR_FILE");
     if (ef != NULL && *ef != '\0') {

@@ -5,6 +5,9 @@
  *   TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT,
  *   TORCHELASTIC_ERROR_FILE
  *
+ * and cddprun's own CDDP_RDZV_ROUND (the rendezvous round; torchrun does not
+ * set it: 0 then), which the NCCL unique id's store key names.
+ *
  * With none of RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set the worker runs
  * alone (world size 1). WORLD_SIZE > 1 needs all four; a missing or malformed
  * one is an error naming the variable. LOCAL_RANK defaults to RANK (one node).
@@ -30,6 +33,7 @@ struct trn_dist_env {
      * store on MASTER_PORT (torch's TCPStore), so rank 0 must not. */
     bool use_agent_store;
     long restart_count;                /* TORCHELASTIC_RESTART_COUNT, 0 if unset */
+    long rdzv_round;                   /* CDDP_RDZV_ROUND, 0 if unset */
     char error_file[TRN_ENV_PATH_MAX]; /* TORCHELASTIC_ERROR_FILE, "" if unset */
 };
 

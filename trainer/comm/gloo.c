@@ -34,6 +34,7 @@
 #include "common/strutil.h"
 #include "trainer/comm/backend.h"
 #include "trainer/comm/gloo_shim.h"
+#include "trainer/comm/watchdog_core.h"
 
 struct gloo_backend {
     struct trn_gloo *g;
@@ -43,7 +44,10 @@ struct gloo_backend {
     pthread_cond_t work_cv; /* the comm thread waits here for work */
     pthread_cond_t done_cv; /* waiters wait here for results */
     struct trn_comm_work *head, *tail;
-    uint64_t running_start_ns; /* 0 when idle */
+    /* The guard's bookkeeping: the running collective (one at a time) and
+     * its deadline, timeout plus grace (watchdog_core.h). */
+    struct trn_wd_core wd;
+    uint64_t running_seq; /* 0 when idle */
     bool stopping;
     bool failed;    /* a collective failed: fail the rest without running them */
     bool abandoned; /* a waiter gave up on a stuck collective: touch nothing */
@@ -74,7 +78,12 @@ static void *comm_thread(void *arg)
             continue;
         }
         w->state = TRN_WORK_RUNNING;
-        b->running_start_ns = now;
+        struct trn_wd_coll wc = {.coll = w->coll,
+                                 .bucket = w->bucket,
+                                 .step = w->step,
+                                 .bytes = w->count * trn_comm_dtype_size(w->dtype)};
+        if (trn_wd_enqueued(&b->wd, &wc, now, &b->running_seq) == 0)
+            w->seq = b->running_seq;
         pthread_mutex_unlock(&b->mu);
 
         /* w is ours while RUNNING: the waiter reads it only once DONE. */
@@ -84,7 +93,8 @@ static void *comm_thread(void *arg)
             cddp_strlcpy(detail, w->detail, sizeof(detail));
 
         pthread_mutex_lock(&b->mu);
-        b->running_start_ns = 0;
+        trn_wd_completed(&b->wd, b->running_seq);
+        b->running_seq = 0;
         if (b->abandoned)
             break;
         w->rc = rc;
@@ -128,28 +138,25 @@ static void deadline_ts(uint64_t mono_ns, struct timespec *ts)
 static int gloo_wait(void *impl, struct trn_comm_work *w)
 {
     struct gloo_backend *b = impl;
-    /* Grace past gloo's own timeout before the waiter gives up by itself. */
-    uint64_t grace_ns = (uint64_t)((5.0 + 0.1 * b->timeout_s) * 1e9);
-    uint64_t limit_ns = (uint64_t)(b->timeout_s * 1e9) + grace_ns;
     pthread_mutex_lock(&b->mu);
     while (w->state != TRN_WORK_DONE) {
         uint64_t now = cddp_mono_ns();
-        uint64_t started = b->running_start_ns;
-        if (started != 0 && now - started > limit_ns) {
+        struct trn_wd_decision d;
+        if (trn_wd_check(&b->wd, now, &d) == TRN_WD_TIMEOUT) {
             b->abandoned = true;
             b->failed = true;
             w->rc = CDDP_ETIMEOUT;
-            w->start_ns = started;
+            w->start_ns = d.blamed.start_ns;
             w->end_ns = now;
             snprintf(w->detail, sizeof(w->detail),
                      "gloo did not return within %.0f s (timeout %.0f s plus grace); "
                      "communicator abandoned",
-                     (double)(now - started) * 1e-9, b->timeout_s);
+                     d.waited_s, b->timeout_s);
             break;
         }
         struct timespec ts;
         /* Wake at the guard's deadline, or within a second while queued. */
-        uint64_t until = started != 0 ? started + limit_ns + 1000000u : now + 1000000000u;
+        uint64_t until = d.have_blamed ? d.next_ns + 1000000u : now + 1000000000u;
         deadline_ts(until, &ts);
         pthread_cond_timedwait(&b->done_cv, &b->mu, &ts);
     }
@@ -173,6 +180,7 @@ static void gloo_destroy(void *impl)
     }
     pthread_join(b->thread, NULL);
     trn_gloo_free(b->g);
+    trn_wd_free(&b->wd);
     pthread_cond_destroy(&b->work_cv);
     pthread_cond_destroy(&b->done_cv);
     pthread_mutex_destroy(&b->mu);
@@ -228,6 +236,12 @@ int trn_gloo_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     }
     b->timeout_s = timeout_s;
+    /* Grace past gloo's own timeout before the waiter gives up by itself. */
+    if (trn_wd_init(&b->wd, timeout_s, 5.0 + 0.1 * timeout_s, 4) < 0) {
+        free(b);
+        snprintf(err, errlen, "out of memory");
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
     struct trn_gloo_config cfg = {
         .rank = o->rank,
         .world = o->world,
@@ -251,6 +265,7 @@ int trn_gloo_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
     int rc = trn_gloo_connect(&cfg, kv, &b->g, err, errlen);
     if (rc < 0) {
         restore_sigpipe(&pipe_set, &old_mask);
+        trn_wd_free(&b->wd);
         free(b);
         return rc;
     }
@@ -270,6 +285,7 @@ int trn_gloo_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
         pthread_cond_destroy(&b->work_cv);
         pthread_cond_destroy(&b->done_cv);
         pthread_mutex_destroy(&b->mu);
+        trn_wd_free(&b->wd);
         free(b);
         return CDDP_ERR_FROM_ERRNO(prc);
     }

@@ -1,0 +1,731 @@
+/*
+ * nccl.c: the NCCL backend (CUDA device memory; comm.h says the contract).
+ *
+ * Set-up: rank 0 makes the unique id and publishes it through the
+ * bootstrap store under nccl_key.h's key (restart count, round, group);
+ * the others wait for it, bounded by --init-timeout. The communicator is
+ * non-blocking (ncclConfig_t.blocking = 0): ncclCommInitRankConfig returns
+ * at once and we poll ncclCommGetAsyncError until it is ready or the
+ * init timeout passes (then ncclCommAbort and one line saying a rank never
+ * arrived), so a missing rank is an error, never a hang.
+ *
+ * Order: one communication stream (non-blocking) on the device. start()
+ * records an event on the compute stream and makes the communication
+ * stream wait for it, registers the collective with the watchdog, enqueues
+ * the NCCL call and records the collective's completion event. wait()
+ * makes the compute stream wait for that event and returns: the host does
+ * not block. Host memory (cudaPointerGetAttributes: unregistered or
+ * pinned host) is staged through a pinned bounce buffer and a device
+ * buffer, and wait() then polls until the result is back in host memory,
+ * as does a barrier. Nothing here calls cudaStreamSynchronize or
+ * cudaDeviceSynchronize on the communicator's behalf: a host wait is a
+ * poll that the watchdog can always end.
+ *
+ * Watchdog: a thread polls the completion events of the collectives in
+ * flight (in order: one stream) and ncclCommGetAsyncError every
+ * TRN_NCCL_POLL_MS and feeds watchdog_core.h. On a timeout or an
+ * asynchronous error it aborts the communicator and calls the exit
+ * function (trn_comm_set_watchdog_exit; default trn_comm_fail: error file,
+ * exit 75). It never returns to the training thread, which may be blocked
+ * inside the CUDA runtime behind the stuck collective by then.
+ *
+ * Checked calls: every CUDA and NCCL call goes through cu_check/nc_check,
+ * which write "nccl.c:LINE: call: library message" into the caller's
+ * error buffer (set-up, start) or the log (teardown).
+ */
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "trainer/comm/backend.h"
+#include "trainer/comm/failure.h"
+#include "trainer/comm/nccl_key.h"
+#include "trainer/comm/progress.h"
+#include "trainer/comm/watchdog_core.h"
+
+#define TRN_NCCL_POLL_MS 50 /* watchdog period; the contract says at most 100 */
+#define TRN_NCCL_INFLIGHT 256
+
+struct nccl_backend {
+    int rank, world, device;
+    ncclComm_t comm;
+    cudaStream_t stream;  /* the communication stream */
+    cudaStream_t compute; /* o->cuda_stream (NULL: the legacy default stream) */
+    cudaEvent_t ready;    /* recorded on compute, waited on by stream */
+    float *dscratch;      /* a barrier's one element */
+
+    /* Host-memory staging for the synchronous calls (one at a time). */
+    void *hstage, *dstage;
+    size_t stage_size;
+    void *staged_out; /* where wait copies the result to (host), or NULL */
+    size_t staged_bytes;
+    uint64_t staged_seq;
+
+    /* Held by the training thread around its NCCL calls; the watchdog
+     * takes it (bounded) before ncclCommAbort, so the abort does not free
+     * the communicator under a call still running. */
+    pthread_mutex_t nccl_mu;
+    pthread_mutex_t mu; /* guards everything below */
+    pthread_cond_t cv;  /* the watchdog sleeps here (stopping wakes it) */
+    pthread_t thread;
+    bool thread_started;
+    bool stopping;
+    bool failed; /* an NCCL or CUDA call failed: abort, not destroy */
+    struct trn_wd_core wd;
+    cudaEvent_t done[TRN_NCCL_INFLIGHT]; /* seq s: done[s % TRN_NCCL_INFLIGHT] */
+    bool recorded[TRN_NCCL_INFLIGHT];
+    trn_comm_exit_fn exit_fn;
+    void *exit_arg;
+    struct trn_comm_progress *progress; /* NULL without o->progress_kv */
+};
+
+/* ---- checked calls ---- */
+
+static int cu_check_at(cudaError_t st, const char *what, int line, char *err, size_t errlen)
+{
+    if (st == cudaSuccess)
+        return 0;
+    if (err != NULL)
+        snprintf(err, errlen, "nccl.c:%d: %s: %s (%s)", line, what, cudaGetErrorString(st),
+                 cudaGetErrorName(st));
+    else
+        log_error("T2106", "nccl.c:%d: %s: %s", line, what, cudaGetErrorString(st));
+    return CDDP_EPEER;
+}
+
+static int nc_check_at(ncclResult_t st, ncclComm_t comm, const char *what, int line, char *err,
+                       size_t errlen)
+{
+    if (st == ncclSuccess || st == ncclInProgress)
+        return 0;
+    const char *last = comm != NULL ? ncclGetLastError(comm) : NULL;
+    if (err != NULL)
+        snprintf(err, errlen, "nccl.c:%d: %s: %s%s%s", line, what, ncclGetErrorString(st),
+                 last && *last ? ": " : "", last ? last : "");
+    else
+        log_error("T2106", "nccl.c:%d: %s: %s", line, what, ncclGetErrorString(st));
+    return CDDP_EPEER;
+}
+
+#define CU(call, err, len) cu_check_at((call), #call, __LINE__, (err), (len))
+#define NC(call, comm, err, len) nc_check_at((call), (comm), #call, __LINE__, (err), (len))
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- mappings ---- */
+
+static ncclDataType_t nccl_dtype(enum trn_comm_dtype dt)
+{
+    switch (dt) {
+    case TRN_COMM_F32:
+        return ncclFloat32;
+    case TRN_COMM_F64:
+        return ncclFloat64;
+    case TRN_COMM_I32:
+        return ncclInt32;
+    case TRN_COMM_I64:
+        return ncclInt64;
+    case TRN_COMM_U8:
+        return ncclUint8;
+    case TRN_COMM_BF16:
+        return ncclBfloat16;
+    }
+    return ncclFloat32;
+}
+
+static ncclRedOp_t nccl_redop(enum trn_comm_redop op)
+{
+    switch (op) {
+    case TRN_COMM_SUM:
+        return ncclSum;
+    case TRN_COMM_AVG:
+        return ncclAvg;
+    case TRN_COMM_MAX:
+        return ncclMax;
+    case TRN_COMM_MIN:
+        return ncclMin;
+    }
+    return ncclSum;
+}
+
+/* Device memory NCCL can use directly; host memory (pageable or pinned) is
+ * staged. */
+static bool on_host(const void *p)
+{
+    if (p == NULL)
+        return false;
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError(); /* older runtimes: unregistered memory is an error */
+        return true;
+    }
+    return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
+}
+
+/* ---- the watchdog ---- */
+
+/* Marks the collectives whose completion event has fired complete, oldest
+ * first (one stream: they finish in order). Under b->mu. */
+static void retire(struct nccl_backend *b)
+{
+    uint64_t s;
+    while ((s = trn_wd_oldest(&b->wd)) != 0) {
+        size_t i = s % TRN_NCCL_INFLIGHT;
+        if (!b->recorded[i])
+            break;
+        cudaError_t q = cudaEventQuery(b->done[i]);
+        if (q == cudaErrorNotReady)
+            break;
+        if (q != cudaSuccess) {
+            char why[256];
+            snprintf(why, sizeof(why), "CUDA error on the communication stream: %s",
+                     cudaGetErrorString(q));
+            trn_wd_async_error(&b->wd, CDDP_EPEER, why, cddp_mono_ns());
+            break;
+        }
+        b->recorded[i] = false;
+        trn_wd_completed(&b->wd, s);
+    }
+}
+
+/* Called without b->mu; err, fn and arg were read under it. */
+static _Noreturn void give_up(struct nccl_backend *b, const struct trn_comm_error *err,
+                              trn_comm_exit_fn fn, void *arg)
+{
+    log_error("T2103", "NCCL watchdog: %s; aborting the communicator", err->detail);
+    /* The training thread holds nccl_mu only for the moment of a call; if
+     * it is stuck inside one (a full launch queue behind the hung kernel),
+     * abort anyway after 2 s: the process ends right after. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 2;
+    pthread_mutex_timedlock(&b->nccl_mu, &ts);
+    /* Non-blocking communicator: the abort does not wait for the stuck
+     * kernels, it tells them to stop. */
+    ncclCommAbort(b->comm);
+    if (fn != NULL)
+        fn(arg, err);
+    /* Unset (or an fn that returned, which it must not): the contract's default. */
+    trn_comm_fail(err, -1, b->rank, getenv("TORCHELASTIC_ERROR_FILE"));
+}
+
+static void *watchdog_thread(void *arg)
+{
+    struct nccl_backend *b = arg;
+    /* The runtime's current device is per thread. */
+    CU(cudaSetDevice(b->device), NULL, 0);
+    pthread_mutex_lock(&b->mu);
+    while (!b->stopping) {
+        retire(b);
+        ncclResult_t st = ncclSuccess;
+        ncclResult_t qr = ncclCommGetAsyncError(b->comm, &st);
+        uint64_t now = cddp_mono_ns();
+        if (qr != ncclSuccess)
+            st = qr;
+        if (st != ncclSuccess && st != ncclInProgress) {
+            char why[256];
+            const char *last = ncclGetLastError(b->comm);
+            snprintf(why, sizeof(why), "%s%s%s", ncclGetErrorString(st), last && *last ? ": " : "",
+                     last ? last : "");
+            trn_wd_async_error(&b->wd, CDDP_EPEER, why, now);
+        }
+        struct trn_wd_decision d;
+        if (trn_wd_check(&b->wd, now, &d) != TRN_WD_NONE) {
+            trn_comm_exit_fn fn = b->exit_fn;
+            void *exit_arg = b->exit_arg;
+            pthread_mutex_unlock(&b->mu);
+            /* d is a copy (its detail points at the core's first async
+             * error, which never changes once set). Ask the store, briefly,
+             * who never reached the blamed collective. */
+            int missing[64], nmissing = -1;
+            if (d.verdict == TRN_WD_TIMEOUT && b->progress != NULL)
+                nmissing = trn_comm_progress_missing(b->progress, d.blamed.seq, 2.0, missing,
+                                                     (int)(sizeof(missing) / sizeof(missing[0])));
+            struct trn_comm_error err; /* the report names the first 16 of nmissing */
+            trn_wd_error(&d, "nccl", missing, nmissing, &err);
+            give_up(b, &err, fn, exit_arg);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += TRN_NCCL_POLL_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* ---- staging host memory ---- */
+
+static int grow_stage(struct nccl_backend *b, size_t bytes, char *err, size_t errlen)
+{
+    if (bytes <= b->stage_size)
+        return 0;
+    size_t want = b->stage_size ? b->stage_size : (1u << 20);
+    while (want < bytes)
+        want *= 2;
+    /* Freeing may wait for the device; only the synchronous host calls
+     * grow it, rarely (the first config exchange, SyncBN's statistics). */
+    if (b->dstage)
+        CU(cudaFree(b->dstage), NULL, 0);
+    if (b->hstage)
+        CU(cudaFreeHost(b->hstage), NULL, 0);
+    b->dstage = b->hstage = NULL;
+    b->stage_size = 0;
+    int rc = CU(cudaMalloc(&b->dstage, want), err, errlen);
+    if (rc == 0)
+        rc = CU(cudaMallocHost(&b->hstage, want), err, errlen);
+    if (rc == 0)
+        b->stage_size = want;
+    return rc;
+}
+
+/* ---- start / wait ---- */
+
+static int enqueue(struct nccl_backend *b, struct trn_comm_work *w, void *buf, const void *send,
+                   char *err, size_t errlen)
+{
+    ncclDataType_t dt = nccl_dtype(w->dtype);
+    switch (w->coll) {
+    case TRN_COLL_ALLREDUCE:
+        return NC(ncclAllReduce(buf, buf, w->count, dt, nccl_redop(w->redop), b->comm, b->stream),
+                  b->comm, err, errlen);
+    case TRN_COLL_BROADCAST:
+        return NC(ncclBroadcast(buf, buf, w->count, dt, w->root, b->comm, b->stream), b->comm, err,
+                  errlen);
+    case TRN_COLL_ALLGATHER:
+        return NC(ncclAllGather(send, buf, w->count, dt, b->comm, b->stream), b->comm, err, errlen);
+    case TRN_COLL_BARRIER:
+        return NC(
+            ncclAllReduce(b->dscratch, b->dscratch, 1, ncclFloat32, ncclSum, b->comm, b->stream),
+            b->comm, err, errlen);
+    }
+    return CDDP_ERANGE_ARG;
+}
+
+/* A non-blocking communicator may answer a call with ncclInProgress: the
+ * next call must wait until it is ready (bounded: the watchdog is on). */
+static int settle(struct nccl_backend *b, char *err, size_t errlen)
+{
+    ncclResult_t st = ncclInProgress;
+    long ms = 0;
+    for (;;) {
+        pthread_mutex_lock(&b->nccl_mu);
+        ncclResult_t qr = ncclCommGetAsyncError(b->comm, &st);
+        pthread_mutex_unlock(&b->nccl_mu);
+        if (qr != ncclSuccess)
+            st = qr;
+        if (st != ncclInProgress)
+            break;
+        nap_ms(ms < 10 ? ++ms : 10);
+    }
+    return NC(st, b->comm, err, errlen);
+}
+
+static int nccl_start(void *impl, struct trn_comm_work *w)
+{
+    struct nccl_backend *b = impl;
+    char *err = w->detail;
+    size_t errlen = sizeof(w->detail);
+    size_t es = trn_comm_dtype_size(w->dtype);
+    size_t out_bytes = w->count * es * (w->coll == TRN_COLL_ALLGATHER ? (size_t)b->world : 1);
+    size_t in_bytes = w->count * es;
+    bool host = w->coll != TRN_COLL_BARRIER &&
+                (on_host(w->buf) || (w->coll == TRN_COLL_ALLGATHER && on_host(w->send)));
+    int rc;
+    if (w->coll == TRN_COLL_ALLGATHER && on_host(w->buf) != on_host(w->send)) {
+        snprintf(err, errlen, "allgather: one buffer in host memory, the other on the device");
+        return CDDP_ERANGE_ARG;
+    }
+    if (b->failed) {
+        snprintf(err, errlen, "the NCCL communicator failed earlier");
+        return CDDP_ESTATE;
+    }
+    if (host && b->staged_seq != 0) {
+        snprintf(err, errlen, "one collective on host memory at a time (wait for the last one)");
+        return CDDP_ESTATE;
+    }
+    if (host && (rc = grow_stage(b, in_bytes + out_bytes, err, errlen)) < 0)
+        goto fail;
+
+    /* Register first, so a call that blocks in the host is bounded too. */
+    struct trn_wd_coll wc = {
+        .coll = w->coll, .bucket = w->bucket, .step = w->step, .bytes = in_bytes};
+    uint64_t seq = 0;
+    pthread_mutex_lock(&b->mu);
+    while ((rc = trn_wd_enqueued(&b->wd, &wc, cddp_mono_ns(), &seq)) == CDDP_ETOOBIG) {
+        retire(b);
+        if (trn_wd_enqueued(&b->wd, &wc, cddp_mono_ns(), &seq) == 0) {
+            rc = 0;
+            break;
+        }
+        pthread_mutex_unlock(&b->mu);
+        nap_ms(1);
+        pthread_mutex_lock(&b->mu);
+    }
+    size_t slot = seq % TRN_NCCL_INFLIGHT;
+    b->recorded[slot] = false;
+    pthread_mutex_unlock(&b->mu);
+    w->seq = seq;
+    if (b->progress != NULL)
+        trn_comm_progress_note(b->progress, seq);
+
+    if ((rc = CU(cudaEventRecord(b->ready, b->compute), err, errlen)) < 0 ||
+        (rc = CU(cudaStreamWaitEvent(b->stream, b->ready, 0), err, errlen)) < 0)
+        goto fail_registered;
+    void *buf = w->buf;
+    const void *send = w->send;
+    if (host) {
+        /* in: the input (allgather: send; the rest: buf) -> dstage[0, in);
+         * the collective writes dstage[in, in + out) for allgather, in
+         * place otherwise. */
+        const void *src = w->coll == TRN_COLL_ALLGATHER ? w->send : w->buf;
+        memcpy(b->hstage, src, in_bytes);
+        if ((rc = CU(
+                 cudaMemcpyAsync(b->dstage, b->hstage, in_bytes, cudaMemcpyHostToDevice, b->stream),
+                 err, errlen)) < 0)
+            goto fail_registered;
+        send = b->dstage;
+        buf = w->coll == TRN_COLL_ALLGATHER ? (char *)b->dstage + in_bytes : b->dstage;
+    }
+    pthread_mutex_lock(&b->nccl_mu);
+    rc = enqueue(b, w, buf, send, err, errlen);
+    pthread_mutex_unlock(&b->nccl_mu);
+    if (rc < 0 || (rc = settle(b, err, errlen)) < 0)
+        goto fail_registered;
+    if (host) {
+        if ((rc = CU(cudaMemcpyAsync(b->hstage, buf, out_bytes, cudaMemcpyDeviceToHost, b->stream),
+                     err, errlen)) < 0)
+            goto fail_registered;
+        b->staged_out = w->buf;
+        b->staged_bytes = out_bytes;
+        b->staged_seq = seq;
+    } else if (w->coll == TRN_COLL_BARRIER) {
+        b->staged_out = NULL;
+        b->staged_bytes = 0;
+        b->staged_seq = seq;
+    }
+    pthread_mutex_lock(&b->mu);
+    rc = CU(cudaEventRecord(b->done[slot], b->stream), err, errlen);
+    b->recorded[slot] = rc == 0;
+    pthread_mutex_unlock(&b->mu);
+    if (rc < 0)
+        goto fail_registered;
+    return 0;
+
+fail_registered:
+    /* The watchdog keeps the collective as unfinished: a failure here is
+     * reported by the call, and the watchdog ends the rank if the trainer
+     * does not. */
+fail:
+    b->failed = true;
+    return rc;
+}
+
+static int nccl_wait(void *impl, struct trn_comm_work *w)
+{
+    struct nccl_backend *b = impl;
+    if (w->seq != 0 && w->seq == b->staged_seq) {
+        /* Host memory, or a barrier: poll until done (the watchdog ends
+         * the rank if it never is). */
+        long ms = 0;
+        for (;;) {
+            pthread_mutex_lock(&b->mu);
+            retire(b);
+            bool busy = trn_wd_in_flight(&b->wd, w->seq);
+            pthread_mutex_unlock(&b->mu);
+            if (!busy)
+                break;
+            nap_ms(ms < 10 ? ++ms : 10);
+        }
+        b->staged_seq = 0;
+        if (b->staged_out != NULL)
+            memcpy(b->staged_out, b->hstage, b->staged_bytes);
+        b->staged_out = NULL;
+        return 0;
+    }
+    int rc = 0;
+    pthread_mutex_lock(&b->mu);
+    if (trn_wd_in_flight(&b->wd, w->seq))
+        rc = CU(cudaStreamWaitEvent(b->compute, b->done[w->seq % TRN_NCCL_INFLIGHT], 0), w->detail,
+                sizeof(w->detail));
+    pthread_mutex_unlock(&b->mu);
+    if (rc < 0)
+        b->failed = true;
+    return rc;
+}
+
+static void set_exit(void *impl, trn_comm_exit_fn fn, void *arg)
+{
+    struct nccl_backend *b = impl;
+    pthread_mutex_lock(&b->mu);
+    b->exit_fn = fn;
+    b->exit_arg = arg;
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void free_cuda(struct nccl_backend *b)
+{
+    for (int i = 0; i < TRN_NCCL_INFLIGHT; i++)
+        if (b->done[i])
+            CU(cudaEventDestroy(b->done[i]), NULL, 0);
+    if (b->ready)
+        CU(cudaEventDestroy(b->ready), NULL, 0);
+    if (b->dscratch)
+        CU(cudaFree(b->dscratch), NULL, 0);
+    if (b->dstage)
+        CU(cudaFree(b->dstage), NULL, 0);
+    if (b->hstage)
+        CU(cudaFreeHost(b->hstage), NULL, 0);
+    if (b->stream)
+        CU(cudaStreamDestroy(b->stream), NULL, 0);
+}
+
+/* Everything but the communicator and the thread. */
+static void free_backend(struct nccl_backend *b)
+{
+    free_cuda(b);
+    trn_wd_free(&b->wd);
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+    pthread_mutex_destroy(&b->nccl_mu);
+    free(b);
+}
+
+static void stop_watchdog(struct nccl_backend *b)
+{
+    if (!b->thread_started)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->stopping = true;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    pthread_join(b->thread, NULL);
+    b->thread_started = false;
+}
+
+static void nccl_destroy(void *impl)
+{
+    struct nccl_backend *b = impl;
+    /* Let the queued collectives finish while the watchdog still bounds
+     * them (it ends the rank if they never do). */
+    long ms = 0;
+    for (;;) {
+        pthread_mutex_lock(&b->mu);
+        retire(b);
+        size_t busy = trn_wd_pending(&b->wd);
+        pthread_mutex_unlock(&b->mu);
+        if (busy == 0 || b->failed)
+            break;
+        nap_ms(ms < 10 ? ++ms : 10);
+    }
+    stop_watchdog(b);
+    trn_comm_progress_stop(b->progress);
+    b->progress = NULL;
+    if (b->comm != NULL) {
+        if (b->failed) {
+            NC(ncclCommAbort(b->comm), NULL, NULL, 0);
+        } else {
+            char why[384];
+            if (NC(ncclCommFinalize(b->comm), b->comm, why, sizeof(why)) < 0 ||
+                settle(b, why, sizeof(why)) < 0) {
+                log_warn("T2104", "finalizing the NCCL communicator: %s; aborting it", why);
+                NC(ncclCommAbort(b->comm), NULL, NULL, 0);
+            } else {
+                NC(ncclCommDestroy(b->comm), NULL, NULL, 0);
+            }
+        }
+    }
+    free_backend(b);
+}
+
+static const struct trn_comm_backend_ops nccl_ops = {
+    .name = "nccl",
+    .start = nccl_start,
+    .wait = nccl_wait,
+    .destroy = nccl_destroy,
+    .set_exit = set_exit,
+    .on_device = true,
+};
+
+/* ---- set-up ---- */
+
+static void log_version_once(void)
+{
+    static atomic_bool done;
+    if (atomic_exchange(&done, true))
+        return;
+    int v = 0;
+    if (ncclGetVersion(&v) != ncclSuccess)
+        return;
+    /* NCCL >= 2.9: major * 10000 + minor * 100 + patch. */
+    log_info("T2100", "NCCL %d.%d.%d (built against %d.%d.%d)", v / 10000, (v / 100) % 100, v % 100,
+             NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+}
+
+/* Rank 0 publishes the unique id; the others wait for it until the deadline. */
+static int exchange_id(const struct trn_comm_options *o, struct trn_kv *kv, double timeout_s,
+                       ncclUniqueId *id, char *err, size_t errlen)
+{
+    char key[256];
+    int rc = trn_nccl_id_key(NULL, o->restart_count, o->rdzv_round, "default", key, sizeof(key));
+    if (rc < 0) {
+        snprintf(err, errlen, "cannot make the NCCL unique id's key: %s", cddp_strerror(rc));
+        return rc;
+    }
+    if (o->rank == 0) {
+        if ((rc = NC(ncclGetUniqueId(id), NULL, err, errlen)) < 0)
+            return rc;
+        if (kv == NULL)
+            return 0;
+        rc = kv->ops->set(kv, key, id, sizeof(*id));
+        if (rc < 0)
+            snprintf(err, errlen, "publishing the NCCL unique id: %s", kv->err);
+        return rc;
+    }
+    if (kv == NULL) {
+        snprintf(err, errlen, "rank %d has no store to read the NCCL unique id from", o->rank);
+        return CDDP_ESTATE;
+    }
+    void *val = NULL;
+    size_t len = 0;
+    rc = kv->ops->get(kv, key, timeout_s, &val, &len);
+    if (rc < 0) {
+        snprintf(err, errlen,
+                 "rank 0 did not publish the NCCL unique id (%s) within %.1f s "
+                 "(--init-timeout): %s",
+                 key, timeout_s, kv->err);
+        return rc;
+    }
+    if (len != sizeof(*id)) {
+        snprintf(err, errlen, "the NCCL unique id at %s has %zu bytes, not %zu", key, len,
+                 sizeof(*id));
+        free(val);
+        return CDDP_EMISMATCH;
+    }
+    memcpy(id, val, sizeof(*id));
+    free(val);
+    return 0;
+}
+
+int trn_nccl_backend_create(const struct trn_comm_options *o, struct trn_kv *kv, double timeout_s,
+                            const struct trn_comm_backend_ops **ops, void **impl, char *err,
+                            size_t errlen)
+{
+    uint64_t t0 = cddp_mono_ns();
+    double init_s = o->init_timeout_s > 0 ? o->init_timeout_s : 300.0;
+    uint64_t deadline = t0 + (uint64_t)(init_s * 1e9);
+    log_version_once();
+    struct nccl_backend *b = calloc(1, sizeof(*b));
+    if (b == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
+    b->rank = o->rank;
+    b->world = o->world;
+    b->device = o->cuda_device;
+    b->compute = (cudaStream_t)o->cuda_stream;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_mutex_init(&b->nccl_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&b->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    int rc = trn_wd_init(&b->wd, timeout_s, 0.0, TRN_NCCL_INFLIGHT);
+    if (rc < 0) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if ((rc = CU(cudaSetDevice(b->device), err, errlen)) < 0 ||
+        (rc = CU(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking), err, errlen)) < 0 ||
+        (rc = CU(cudaEventCreateWithFlags(&b->ready, cudaEventDisableTiming), err, errlen)) < 0 ||
+        (rc = CU(cudaMalloc((void **)&b->dscratch, sizeof(float)), err, errlen)) < 0 ||
+        (rc = CU(cudaMemset(b->dscratch, 0, sizeof(float)), err, errlen)) < 0)
+        goto fail;
+    for (int i = 0; i < TRN_NCCL_INFLIGHT; i++)
+        if ((rc = CU(cudaEventCreateWithFlags(&b->done[i], cudaEventDisableTiming), err, errlen)) <
+            0)
+            goto fail;
+
+    ncclUniqueId id;
+    if ((rc = exchange_id(o, kv, init_s, &id, err, errlen)) < 0)
+        goto fail;
+
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    if ((rc = NC(ncclCommInitRankConfig(&b->comm, o->world, id, o->rank, &cfg), NULL, err,
+                 errlen)) < 0) {
+        b->comm = NULL;
+        goto fail;
+    }
+    ncclResult_t st = ncclInProgress;
+    long ms = 0;
+    while (st == ncclInProgress) {
+        ncclResult_t qr = ncclCommGetAsyncError(b->comm, &st);
+        if (qr != ncclSuccess)
+            st = qr;
+        if (st != ncclInProgress)
+            break;
+        if (cddp_mono_ns() >= deadline) {
+            snprintf(err, errlen,
+                     "the NCCL communicator (%d ranks) was not ready after %.1f s "
+                     "(--init-timeout): a rank never arrived",
+                     o->world, (double)(cddp_mono_ns() - t0) * 1e-9);
+            rc = CDDP_ETIMEOUT;
+            goto fail;
+        }
+        nap_ms(ms < 20 ? ++ms : 20);
+    }
+    if ((rc = NC(st, b->comm, err, errlen)) < 0)
+        goto fail;
+
+    if (o->progress_kv != NULL &&
+        trn_comm_progress_start(o->progress_kv, o->restart_count, o->rdzv_round, o->rank, o->world,
+                                1.0, &b->progress) < 0)
+        b->progress = NULL; /* the report then names no ranks */
+    int prc = pthread_create(&b->thread, NULL, watchdog_thread, b);
+    if (prc != 0) {
+        snprintf(err, errlen, "cannot start the NCCL watchdog thread: %s", strerror(prc));
+        rc = CDDP_ERR_FROM_ERRNO(prc);
+        trn_comm_progress_stop(b->progress);
+        goto fail;
+    }
+    b->thread_started = true;
+    log_info("T2101", "NCCL communicator ready: rank %d/%d on CUDA device %d in %.3f s", o->rank,
+             o->world, b->device, (double)(cddp_mono_ns() - t0) * 1e-9);
+    *ops = &nccl_ops;
+    *impl = b;
+    return 0;
+fail:
+    if (b->comm != NULL)
+        NC(ncclCommAbort(b->comm), NULL, NULL, 0);
+    free_backend(b);
+    return rc;
+}
+
+int trn_nccl_copy(void *dst, const void *src, size_t bytes, void *stream)
+{
+    char why[384];
+    int rc = CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream), why,
+                sizeof(why));
+    if (rc < 0)
+        log_error("T2105", "%s", why);
+    return rc;
+}
