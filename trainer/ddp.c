@@ -44,11 +44,11 @@ static void launch(struct trn_ddp *d, int b)
         struct trn_backend *be = d->m->be;
         uint16_t *h = d->bf16 + k->off;
         be->ops->cast_f32_to_bf16(be, g, h, k->numel);
-        must(d, trn_comm_allreduce_start(d->comm, &d->work[b], h, k->numel, TRN_COMM_BF16,
-                                         TRN_COMM_AVG));
+        must(d, trn_comm_allreduce_start_bucket(d->comm, &d->work[b], h, k->numel, TRN_COMM_BF16,
+                                                TRN_COMM_AVG, b));
     } else {
-        must(d, trn_comm_allreduce_start(d->comm, &d->work[b], g, k->numel, TRN_COMM_F32,
-                                         TRN_COMM_AVG));
+        must(d, trn_comm_allreduce_start_bucket(d->comm, &d->work[b], g, k->numel, TRN_COMM_F32,
+                                                TRN_COMM_AVG, b));
     }
     d->launched = b + 1;
     d->stats.allreduces++;

@@ -428,15 +428,17 @@ static void connect_ranks(struct run *r)
 {
     const struct trn_config *c = &r->cfg;
     char err[8192];
-    /* nccl also needs the CUDA device and the compute stream in the comm
-     * options (comm.h: cuda_device, cuda_stream); struct trn_dist_options
-     * does not carry them yet. When it does: .cuda_device = r->dev.ordinal,
-     * .cuda_stream = trn_backend_cuda_stream(&r->be) on a CUDA backend.
+    /* nccl orders its collectives with the compute stream (comm.h);
      * restart_count and rdzv_round come from the environment bootstrap.c
      * reads (TORCHELASTIC_RESTART_COUNT, CDDP_RDZV_ROUND). */
     struct trn_dist_options dopts = {.init_timeout_s = c->init_timeout,
                                      .collective_timeout_s = c->collective_timeout,
-                                     .backend = r->dev.comm};
+                                     .backend = r->dev.comm,
+                                     .cuda_device = r->dev.ordinal};
+#if CDDP_HAVE_CUDA
+    if (r->be.device == TRN_DEVICE_CUDA)
+        dopts.cuda_stream = trn_backend_cuda_stream(&r->be);
+#endif
     int rc = trn_dist_init(&r->dist, &dopts, getenv, err, sizeof(err));
     if (rc != 0)
         trn_refuse(rc == CDDP_ECONFIG || rc == CDDP_EPARSE || rc == CDDP_ERANGE_ARG
@@ -553,6 +555,7 @@ static void train_step(struct run *r, int epoch, long b0, long b1, struct epoch_
 {
     const struct trn_config *c = &r->cfg;
     r->in_step = r->step;
+    trn_comm_set_step(r->dist.comm, r->step); /* the watchdog's report names it */
     if (trn_fault_due(&c->fault, r->step, r->rank, r->env.restart_count))
         trn_fault_fire(&c->fault, r->step, r->rank);
     float k = (float)(b1 - b0), step_loss = 0;
