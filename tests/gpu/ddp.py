@@ -188,16 +188,19 @@ class Stage:
         self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="cddp-gpu-ddp-"))
         self.base_env = dict(os.environ, LOGLEVEL="DEBUG", PYTHONUNBUFFERED="1",
                              OMP_NUM_THREADS="1")
-        # What the torch runs see as LD_LIBRARY_PATH (gpu-check: without the bundle's libraries)
+        # LD_LIBRARY_PATH for our binaries (gpu-check: with the bundle's
+        # libraries) and for torch (without them); unset: this process's.
+        self.bin_ld = os.environ.get("CDDP_BUNDLE_LD_LIBRARY_PATH")
         self.torch_ld = os.environ.get("CDDP_ONE_GPU_LD_LIBRARY_PATH")
+        if self.bin_ld is not None:
+            self.base_env["LD_LIBRARY_PATH"] = self.bin_ld
         self.train_help = self._help(a.train)
         self.torch_major = None
 
-    @staticmethod
-    def _help(binary):
+    def _help(self, binary):
         try:
             return subprocess.run([binary, "--help"], capture_output=True, text=True,
-                                  timeout=30).stdout
+                                  timeout=30, env=self.base_env).stdout
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
@@ -268,6 +271,8 @@ class Stage:
             p = self.cddprun(nproc, prog, env, out / "logs")
         else:
             # (--no_python: torch 1.13's spelling, which 2.x accepts too)
+            if self.torch_ld is not None:
+                env = dict(env, LD_LIBRARY_PATH=self.torch_ld)
             p = Proc(self.torch_launcher() + [f"--nproc_per_node={nproc}", "--standalone",
                                               "--no_python", WRAP] + prog, env)
         rc = p.wait(timeout)
@@ -313,7 +318,7 @@ class Stage:
             extra = {"NCCL_DEBUG": "INFO"} if self.cuda else {}
             env = self.torch_env(**dict(v, **extra))
             rc, res, p = self.torch_run("cddprun", 2, self.tmp / f"setup{i}", env,
-                                        min(90, self.left() - 5), ["--probe"])
+                                        min(60, self.left() - 5), ["--probe"])
             ok = rc == 0 and bool(res and res.get("probe_ok"))
             text = p.text()
             transport = sorted({m.group(1) for m in re.finditer(r"via (\S+)", text)})
