@@ -55,7 +55,9 @@ GPU; on the CPU the compat test's 1e-4 holds.
 
 --device cpu (tools/gpu-check's self-test) runs the same orchestration over
 gloo on the CPU with small settings: the NCCL-only checks skip. Exit 0 when
-no sub-check failed, 1 when one did, 2 on bad arguments.
+no sub-check failed, 1 when one did, 2 on bad arguments, 77 (skipped, one
+line) on cuda when no GPU is visible (meson's suite gpu runs it:
+tests/gpu/meson.build).
 """
 import argparse
 import json
@@ -164,6 +166,14 @@ class Proc:
         rx = re.compile(pattern)
         with self.lock:
             return next((t for t, _, l in self.lines if t >= after and rx.search(l)), None)
+
+
+def gpu_visible():
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and "GPU" in r.stdout
 
 
 def free_port():
@@ -673,6 +683,9 @@ def main(argv):
         if not os.path.exists(path):
             print(f"ddp: {what} {path}: not found", file=sys.stderr)
             return 2
+    if a.device == "cuda" and not gpu_visible():
+        print("ddp: skipped: no NVIDIA GPU visible (nvidia-smi -L)")
+        return 77
     s = Stage(a)
     try:
         for c in CHECKS:
