@@ -246,7 +246,8 @@ class Stage:
         args = ["--device", self.a.device]
         if "--backend" in self.train_help:
             args += ["--backend", "nccl" if self.cuda else "gloo"]
-        return args + (["--tf32", "off"] if self.cuda else ["--threads", "1"])
+        # (cuda: 8 CPU threads a rank, for the synthetic batches: two ranks on 16 cores)
+        return args + (["--tf32", "off", "--threads", "8"] if self.cuda else ["--threads", "1"])
 
     def trainer_missing(self):
         """Why cddp-train cannot run DDP on this device, or None."""
@@ -634,7 +635,7 @@ class Stage:
         if why:
             return self.skip(name, why)
         if self.cuda:
-            arch, size, batch, steps, warmup = "resnet50", 224, 32, 12, 4
+            arch, size, batch, steps, warmup = "resnet50", 224, 32, 10, 3
         else:
             arch, size, batch, steps, warmup = "resnet18", 32, 4, 4, 1
         rows = []
