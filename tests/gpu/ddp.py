@@ -91,7 +91,9 @@ NCCL_VARIANTS = (
     {"NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "NCCL_P2P_DISABLE": "1",
      "NCCL_SHM_DISABLE": "1"},
 )
-LINE = re.compile(r"(cddp-\w+)\[\d+\] rank(\d+) \S+ (\w+) (\w\d{4}): (.*)")
+# cddp-train's one-line refusals of a device or communicator it cannot have
+REFUSAL = re.compile(r"cddp-train: ((?:--device cuda|--backend nccl|--grad-reduce-dtype)[^\n]*)")
+TRAINER_CHECKS = ("hang-restart", "crash-async", "syncbn", "step-time")
 
 
 def parse(argv):
@@ -195,6 +197,7 @@ class Stage:
         self.nccl_env = {} if self.cuda else dict(NCCL_VARIANTS[0])  # harmless on gloo
         self.nccl_ok = not self.cuda  # gloo needs no set-up
         self.nccl_why = ""
+        self.trainer_refused = None
         self.tmp = pathlib.Path(tempfile.mkdtemp(prefix="cddp-gpu-ddp-"))
         self.base_env = dict(os.environ, LOGLEVEL="DEBUG", PYTHONUNBUFFERED="1",
                              OMP_NUM_THREADS="1")
@@ -218,6 +221,14 @@ class Stage:
         return self.end - time.monotonic()
 
     def record(self, name, status, t0, **kw):
+        # (full: the whole output the refusal may be in; not kept)
+        full = kw.pop("full", None) or kw.get("output_tail") or ""
+        refusal = REFUSAL.search(full) if status == "failed" else None
+        if refusal and name in TRAINER_CHECKS:
+            # cddp-train said it cannot (a build without NCCL, say): the
+            # checks that need it are skipped, with its words
+            self.trainer_refused = "cddp-train refuses: " + refusal.group(1)
+            status, kw = "skipped", {"reason": self.trainer_refused}
         r = {"check": name, "status": status, "seconds": round(time.monotonic() - t0, 1)}
         r.update(kw)
         self.results.append(r)
@@ -253,6 +264,8 @@ class Stage:
         """Why cddp-train cannot run DDP on this device, or None."""
         if self.cuda and "--backend" not in self.train_help:
             return "this cddp-train has no --backend (the NCCL DDP path is not in this build)"
+        if self.trainer_refused:
+            return self.trainer_refused
         if not self.nccl_ok:
             return self.nccl_why or "no NCCL set-up worked for two ranks on one GPU"
         return None
@@ -458,7 +471,7 @@ class Stage:
             problems.append("the restarted group did not reach step 8")
         if problems:
             return self.record(name, "failed", t0, error="; ".join(problems),
-                               output_tail=tail(err), **fig)
+                               output_tail=tail(err), full=err, **fig)
         return self.record(name, "ok", t0, **fig)
 
     def check_crash_async(self):
@@ -508,7 +521,7 @@ class Stage:
                             f"(its timeout: {timeout} s)")
         if problems:
             return self.record(name, "failed", t0, error="; ".join(problems),
-                               output_tail=tail(procs[0].text()), **fig)
+                               output_tail=tail(procs[0].text()), full=procs[0].text(), **fig)
         return self.record(name, "ok", t0, **fig)
 
     def check_syncbn(self):
@@ -566,7 +579,7 @@ class Stage:
             rc = p.wait(min(120, self.left() - 5))
             if rc != 0 or not save.exists():
                 return self.record(name, "failed", t0, error=f"the {key} run exited {rc}",
-                                   output_tail=tail(p.text("err")))
+                                   output_tail=tail(p.text("err")), full=p.text("err"))
             losses = {}
             for m in re.finditer(r"cddp-train\[\d+\] (?:rank(\d+) )?\S+ DEBUG T0002: step (\d+) "
                                  r"loss (\S+)", p.text("err")):
@@ -638,7 +651,7 @@ class Stage:
             arch, size, batch, steps, warmup = "resnet50", 224, 32, 10, 3
         else:
             arch, size, batch, steps, warmup = "resnet18", 32, 4, 4, 1
-        rows = []
+        rows, row_full = [], ""
         for world in (1, 2):
             for overlap in (True, False):
                 if self.left() < 20:
@@ -658,6 +671,7 @@ class Stage:
                 if rc != 0 or len(times) != steps:
                     row["error"] = f"exit {rc}, {len(times)} step times"
                     row["output_tail"] = tail(err, 1200)
+                    row_full = err
                 else:
                     step = statistics.median(times[warmup:])
                     row.update(step_ms=round(step * 1e3, 2),
@@ -673,7 +687,8 @@ class Stage:
                        "compute, and the allreduce runs over loopback sockets" if self.cuda else
                        "CPU self-test: the figures mean nothing"}
         if failed:
-            return self.record(name, "failed", t0, error=failed[0]["error"], **fig)
+            return self.record(name, "failed", t0, error=failed[0]["error"],
+                               output_tail=failed[0]["output_tail"], full=row_full, **fig)
         return self.record(name, "ok", t0, **fig)
 
 

@@ -188,3 +188,22 @@ def test_pack_bundles_both_binaries(tmp_path):
     assert "libdnnl.so.2" in libs and "libgloo.so.0" in libs, libs
     assert not any(l.startswith(("libcudnn", "libcublas", "libc.so", "libnccl", "libresolv"))
                    for l in libs), libs
+
+
+@pytest.mark.torch
+def test_ddp_checks_skip_when_the_trainer_refuses(torch_python, tmp_path):
+    """A cddp-train that refuses the device or communicator (a build without
+    NCCL, say) makes its checks skipped with its words, not failed."""
+    fake = tmp_path / "cddp-train"
+    fake.write_text(f"#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = --help ] && exec {binary('cddp-train')} "
+                    "--help; done\necho 'cddp-train: --device cuda: 2 ranks: DDP between GPUs needs "
+                    "the NCCL communicator, which this build does not have' >&2\nexit 2\n")
+    fake.chmod(0o755)
+    out = tmp_path / "ddp.json"
+    r = run([TORCH_PY, ROOT / "tests" / "gpu" / "ddp.py", "--train", fake, "--cddprun",
+             binary("cddprun"), "--device", "cpu", "--checks", "syncbn,hang-restart,crash-async,step-time",
+             "--json", out], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    checks = {c["check"]: c for c in json.loads(out.read_text())["checks"]}
+    assert [c["status"] for c in checks.values()] == ["skipped"] * 4, checks
+    assert all("does not have" in c["reason"] for c in checks.values()), checks
