@@ -103,7 +103,8 @@ def main():
     if rank == 0:
         with open(os.path.join(args.out, "result.json"), "w") as fh:
             json.dump(result, fh, sort_keys=True)
-    dist.barrier()
+    # (NCCL: the barrier on this rank's device, not one guessed from the rank)
+    dist.barrier(**({"device_ids": [local_rank]} if args.device == "cuda" else {}))
     dist.destroy_process_group()
 
 
