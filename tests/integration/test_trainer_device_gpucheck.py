@@ -74,7 +74,7 @@ def test_bad_arguments(args, needle):
 def test_help():
     r = check("--help")
     assert r.returncode == 0
-    for stage in ("environment", "build", "ops", "parity", "throughput", "--pack"):
+    for stage in ("environment", "build", "ops", "parity", "ddp", "throughput", "--pack"):
         assert stage in r.stdout
 
 
