@@ -239,6 +239,23 @@ class Stage:
     def skip(self, name, why):
         return self.record(name, "skipped", time.monotonic(), reason=why)
 
+    def verdict(self, name, t0, problems, output, **fig):
+        """ok, or failed naming every problem with the end of the output."""
+        if problems:
+            return self.record(name, "failed", t0, error="; ".join(problems),
+                               output_tail=tail(output), full=output, **fig)
+        return self.record(name, "ok", t0, **fig)
+
+    def cannot_start(self, need):
+        """Why a cddp-train check cannot start (the trainer cannot, or less than
+        `need` seconds of the stage are left), or None."""
+        why = self.trainer_missing()
+        if why:
+            return why
+        if self.left() < need:
+            return f"stage budget: {int(self.left())} s left, it needs {need}"
+        return None
+
     def env(self, **extra):
         e = dict(self.base_env)
         e.update(self.nccl_env)
@@ -413,13 +430,11 @@ class Stage:
 
     def check_hang_restart(self):
         name, t0 = "hang-restart", time.monotonic()
-        why = self.trainer_missing()
-        if why:
-            return self.skip(name, why)
         timeout = 20 if self.cuda else 5
         need = 3 * timeout + 30
-        if self.left() < need:
-            return self.skip(name, f"stage budget: {int(self.left())} s left, it needs {need}")
+        why = self.cannot_start(need)
+        if why:
+            return self.skip(name, why)
         d = self.tmp / "hang"
         d.mkdir()
         # 2 ranks x batch 4 over 64 samples: 8 steps; checkpoints every 2; rank 1 hangs in step 5
@@ -469,19 +484,14 @@ class Stage:
             problems.append("the restarted group did not resume from step 4's checkpoint")
         if not re.search(r"rank0 \S+ \w+ T0002: step 8 ", err):
             problems.append("the restarted group did not reach step 8")
-        if problems:
-            return self.record(name, "failed", t0, error="; ".join(problems),
-                               output_tail=tail(err), full=err, **fig)
-        return self.record(name, "ok", t0, **fig)
+        return self.verdict(name, t0, problems, err, **fig)
 
     def check_crash_async(self):
         name, t0 = "crash-async", time.monotonic()
-        why = self.trainer_missing()
+        timeout = 60 if self.cuda else 30
+        why = self.cannot_start(timeout + 20)
         if why:
             return self.skip(name, why)
-        timeout = 60 if self.cuda else 30
-        if self.left() < timeout + 20:
-            return self.skip(name, f"stage budget: {int(self.left())} s left")
         d = self.tmp / "crash"
         d.mkdir()
         port = free_port()
@@ -519,18 +529,13 @@ class Stage:
         if fig["crash_to_rank0_exit_s"] > timeout / 2:
             problems.append(f"rank 0 ended {fig['crash_to_rank0_exit_s']} s after the crash "
                             f"(its timeout: {timeout} s)")
-        if problems:
-            return self.record(name, "failed", t0, error="; ".join(problems),
-                               output_tail=tail(procs[0].text()), full=procs[0].text(), **fig)
-        return self.record(name, "ok", t0, **fig)
+        return self.verdict(name, t0, problems, procs[0].text(), **fig)
 
     def check_syncbn(self):
         name, t0 = "syncbn", time.monotonic()
-        why = self.trainer_missing()
+        why = self.cannot_start(45)
         if why:
             return self.skip(name, why)
-        if self.left() < 45:
-            return self.skip(name, f"stage budget: {int(self.left())} s left")
         try:
             import numpy as np
             import torch
@@ -644,7 +649,7 @@ class Stage:
 
     def check_step_time(self):
         name, t0 = "step-time", time.monotonic()
-        why = self.trainer_missing()
+        why = self.cannot_start(20)
         if why:
             return self.skip(name, why)
         if self.cuda:
