@@ -33,7 +33,7 @@ import time
 
 import pytest
 
-from conftest import binary, free_port, run
+from conftest import binary, free_port, run, wait_for
 
 EXIT_TIMEOUT = 75
 SMALL = ["--arch", "resnet18", "--data", "synthetic", "--image-size", "32", "--num-classes",
@@ -231,3 +231,45 @@ def test_progress_lines_on_the_progress_channel(tmp_path):
     reports = [json.loads(l) for l in lines]
     assert [x["step"] for x in reports] == [1, 2, 3], lines
     assert all(x["epoch"] == 0 and x["loss"] > 0 and x["samples_per_s"] > 0 for x in reports)
+
+
+@pytest.mark.heavy
+def test_collective_timeout_is_its_own_exit_reason(background, tmp_path):
+    """A hung rank: rank 0's collective times out (exit 75, error file) and
+    the agent counts it as a collective timeout, not a crash, in /status and
+    /metrics; the group restarts and the run succeeds."""
+    import promparse
+    from test_prometheus import metrics, status
+    sport = free_port()
+    log = tmp_path / "agent.log"
+    with open(log, "w") as fh:
+        agent = background([binary("cddprun"), "--nproc_per_node=2", "--standalone",
+                            f"--log_dir={tmp_path / 'logs'}", "--max_restarts=1",
+                            f"--status_port={sport}", "--status_linger=60",
+                            binary("cddp-train"), *RESTART, "--checkpoint",
+                            str(tmp_path / "ck.safetensors"), "--collective-timeout", "3",
+                            "--fault", "hang@step=3,rank=1"],
+                           env=dict(os.environ, LOGLEVEL="INFO"), stdout=subprocess.DEVNULL,
+                           stderr=fh)
+
+    def finished():
+        st = status(sport)
+        return st if st and st["state"] == "succeeded" else None
+    try:
+        st = wait_for(finished, timeout=150, what="the run to succeed after its restart")
+    except BaseException:
+        print(log.read_text(errors="replace")[-3000:])
+        raise
+    ex = st["worker_exits"]
+    assert ex["collective_timeout"] == 1 and ex["failure"] == 0, ex
+    assert st["restarts"]["by_reason"]["worker_failure"] == 1, st["restarts"]
+    m = metrics(sport)
+    assert promparse.value(m, "cddp_agent_worker_exits_total", reason="collective_timeout") == 1
+    assert promparse.value(m, "cddp_agent_worker_exits_total", reason="failure") == 0
+    text = log.read_text(errors="replace")
+    assert "failed (exitcode: 75) local_rank: 0" in text, text[-3000:]
+    assert re.search(r"T6010: \w+ at step 3 on rank 0 timed out", text), text[-3000:]
+    msg = json.loads(open(attempt_files(tmp_path, 0, "error.json")[0]).read())["message"]
+    assert msg["message"].startswith("CollectiveTimeoutError: "), msg
+    agent.signal(15)  # ends the linger
+    assert agent.wait(30) == 0
