@@ -1,7 +1,9 @@
 /* device.c: --device auto|cpu|cuda; see device.h. */
 #include "trainer/device.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int trn_device_parse(const char *what, const char *v, int *req, char *err, size_t errlen)
@@ -12,23 +14,35 @@ int trn_device_parse(const char *what, const char *v, int *req, char *err, size_
             *req = TRN_DEVICE_REQ_AUTO + i;
             return 0;
         }
-    snprintf(err, errlen, "%s: '%s' is not auto, cpu or cuda", what, v);
+    if (strncmp(v, "cuda:", 5) == 0 && v[5] >= '0' && v[5] <= '9') {
+        char *end;
+        errno = 0;
+        unsigned long n = strtoul(v + 5, &end, 10);
+        if (*end == '\0' && errno == 0 && n <= TRN_DEVICE_MAX_ORDINAL) {
+            *req = TRN_DEVICE_REQ_CUDA_AT + (int)n;
+            return 0;
+        }
+    }
+    snprintf(err, errlen, "%s: '%s' is not auto, cpu, cuda or cuda:N", what, v);
     return -1;
 }
 
 const char *const trn_comm_req_names[] = {"auto", "gloo", "nccl", NULL};
 const char *const trn_grad_reduce_names[] = {"fp32", "bf16", NULL};
 
-/* Why CUDA cannot be used, or NULL when it can (why has room for 200). */
-static const char *cuda_unusable(bool built, int count, int world, int local_rank, int backend,
-                                 bool nccl, char *why, size_t len)
+/* Why CUDA cannot be used, or NULL when it can (why has room for 200).
+ * ordinal: the device asked for; pinned: by cuda:N, else LOCAL_RANK's. */
+static const char *cuda_unusable(bool built, int count, int world, int ordinal, bool pinned,
+                                 int backend, bool nccl, char *why, size_t len)
 {
     if (!built)
         snprintf(why, len, "this cddp-train was built without CUDA (meson -Dcuda=enabled)");
     else if (count <= 0)
         snprintf(why, len, "no CUDA device is visible");
-    else if (local_rank < 0 || local_rank >= count)
-        snprintf(why, len, "LOCAL_RANK %d, but %d CUDA device(s) are visible", local_rank, count);
+    else if ((ordinal < 0 || ordinal >= count) && pinned)
+        snprintf(why, len, "device %d, but %d CUDA device(s) are visible", ordinal, count);
+    else if (ordinal < 0 || ordinal >= count)
+        snprintf(why, len, "LOCAL_RANK %d, but %d CUDA device(s) are visible", ordinal, count);
     else if (world > 1 && backend == TRN_COMM_REQ_GLOO)
         snprintf(why, len,
                  "%d ranks with --backend gloo: gloo reduces host memory, so DDP between GPUs "
@@ -51,14 +65,20 @@ int trn_device_choose_dist(int req, int backend, bool built, bool nccl, int coun
     out->device = TRN_DEVICE_CPU;
     out->comm = "gloo";
     char why[200];
+    bool pinned = req >= TRN_DEVICE_REQ_CUDA_AT;
+    int ordinal = pinned ? req - TRN_DEVICE_REQ_CUDA_AT : local_rank;
     const char *no = req == TRN_DEVICE_REQ_CPU ? "--device cpu"
-                                               : cuda_unusable(built, count, world, local_rank,
+                                               : cuda_unusable(built, count, world, ordinal, pinned,
                                                                backend, nccl, why, sizeof(why));
     if (!no) {
         out->device = TRN_DEVICE_CUDA;
-        out->ordinal = local_rank;
+        out->ordinal = ordinal;
         out->comm = backend == TRN_COMM_REQ_GLOO ? "gloo" : "nccl";
         return 0;
+    }
+    if (pinned) {
+        snprintf(err, errlen, "--device cuda:%d: %s", ordinal, no);
+        return -1;
     }
     if (req == TRN_DEVICE_REQ_CUDA) {
         snprintf(err, errlen, "--device cuda: %s", no);

@@ -35,10 +35,16 @@ enum trn_device_req {
     TRN_DEVICE_REQ_AUTO,
     TRN_DEVICE_REQ_CPU,
     TRN_DEVICE_REQ_CUDA,
+    /* cuda:N is TRN_DEVICE_REQ_CUDA_AT + N: that device, whatever LOCAL_RANK
+     * says (several ranks sharing one GPU; pinning by hand). */
+    TRN_DEVICE_REQ_CUDA_AT = 16,
 };
 
-/* "auto", "cpu" or "cuda" into *req; else -1 with "WHAT: 'v' is not auto, cpu
- * or cuda" in err (what: "--device" or "CDDP_DEVICE"). */
+#define TRN_DEVICE_MAX_ORDINAL 1023
+
+/* "auto", "cpu", "cuda" or "cuda:N" (N in 0..TRN_DEVICE_MAX_ORDINAL) into
+ * *req; else -1 with "WHAT: 'v' is not auto, cpu, cuda or cuda:N" in err
+ * (what: "--device" or "CDDP_DEVICE"). */
 int trn_device_parse(const char *what, const char *v, int *req, char *err, size_t errlen);
 
 /* --backend: the communicator between ranks. */

@@ -143,8 +143,9 @@ static const struct trn_flag table[] = {
      .shown = ""},
 
     {"device", "D", TRN_FLAG_PARSED, AT(device), .check = parse_device, .group = DEVICE,
-     .help = "auto, cpu or cuda (GPU LOCAL_RANK); auto: cuda when this\n"
-             "build has it and a GPU is visible, else cpu",
+     .help = "auto, cpu, cuda (GPU LOCAL_RANK) or cuda:N (GPU N, whatever\n"
+             "LOCAL_RANK); auto: cuda when this build has it and a GPU is\n"
+             "visible, else cpu",
      .shown = "CDDP_DEVICE, else auto"},
     {"amp", "P", TRN_FLAG_CHOICE, AT(amp), .def.choice = TRN_AMP_OFF, .choices = trn_amp_names,
      .agree = TRN_AGREE_VALUE, .group = DEVICE,

@@ -84,6 +84,8 @@ def test_cddp_device_env_auto_and_cpu():
     ([], {"CDDP_DEVICE": "cuda"}),
     (["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": ""}),
     (["--device", "cuda"], {"CDDP_DEVICE": "cpu"}),  # the flag beats the variable
+    (["--device", "cuda:0"], {}),  # a pinned device, whatever LOCAL_RANK says
+    ([], {"CDDP_DEVICE": "cuda:1"}),
 ])
 def test_cuda_without_a_gpu_refused(args, env):
     r = train(*TINY, *args, env_extra=env)
@@ -98,11 +100,11 @@ def test_flag_beats_environment():
 
 
 @pytest.mark.parametrize("args, env, needle", [
-    (["--device", "gpu"], {}, "--device: 'gpu' is not auto, cpu or cuda"),
-    (["--device", ""], {}, "--device: '' is not auto, cpu or cuda"),
-    (["--device", "cuda:0"], {}, "--device: 'cuda:0' is not auto, cpu or cuda"),
+    (["--device", "gpu"], {}, "--device: 'gpu' is not auto, cpu, cuda or cuda:N"),
+    (["--device", ""], {}, "--device: '' is not auto, cpu, cuda or cuda:N"),
+    (["--device", "cuda:x"], {}, "--device: 'cuda:x' is not auto, cpu, cuda or cuda:N"),
     (["--device"], {}, "--device: needs a value"),
-    ([], {"CDDP_DEVICE": "tpu"}, "CDDP_DEVICE: 'tpu' is not auto, cpu or cuda"),
+    ([], {"CDDP_DEVICE": "tpu"}, "CDDP_DEVICE: 'tpu' is not auto, cpu, cuda or cuda:N"),
     (["--amp", "fp8"], {}, "--amp: 'fp8' is not off, bf16 or fp16"),
     (["--tf32", "yes"], {}, "--tf32: 'yes' is not conv, all or off"),
     (["--cudnn-workspace-mb", "0"], {}, "--cudnn-workspace-mb"),

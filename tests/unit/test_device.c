@@ -34,8 +34,21 @@ static void test_parse(void **state)
     assert_int_equal(req, TRN_DEVICE_REQ_CPU);
     assert_int_equal(trn_device_parse("--device", "cuda", &req, err, sizeof(err)), 0);
     assert_int_equal(req, TRN_DEVICE_REQ_CUDA);
-    assert_int_equal(trn_device_parse("CDDP_DEVICE", "cuda:0", &req, err, sizeof(err)), -1);
-    assert_string_equal(err, "CDDP_DEVICE: 'cuda:0' is not auto, cpu or cuda");
+    assert_int_equal(trn_device_parse("CDDP_DEVICE", "cuda:0", &req, err, sizeof(err)), 0);
+    assert_int_equal(req, TRN_DEVICE_REQ_CUDA_AT);
+    assert_int_equal(trn_device_parse("--device", "cuda:7", &req, err, sizeof(err)), 0);
+    assert_int_equal(req, TRN_DEVICE_REQ_CUDA_AT + 7);
+    static const char *const bad[] = {"cuda:",
+                                      "cuda:x",
+                                      "cuda:-1",
+                                      "cuda:1024",
+                                      "cuda:1a",
+                                      "cuda: 1",
+                                      "cuda:99999999999999999999"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(trn_device_parse("CDDP_DEVICE", bad[i], &req, err, sizeof(err)), -1);
+    assert_string_equal(err, "CDDP_DEVICE: 'cuda:99999999999999999999' is not auto, cpu, cuda or "
+                             "cuda:N");
     assert_int_equal(trn_device_parse("--device", "", &req, err, sizeof(err)), -1);
     assert_int_equal(trn_device_parse("--device", "CPU", &req, err, sizeof(err)), -1);
 }
@@ -126,6 +139,21 @@ static void test_backend(void **state)
         assert_string_equal(c.comm, "nccl");
         assert_string_equal(c.note, "");
     }
+    /* cuda:N: device N whatever LOCAL_RANK is (two ranks on one GPU) */
+    assert_int_equal(trn_device_choose_dist(TRN_DEVICE_REQ_CUDA_AT + 0, A, true, true, 1, 2, 1, &c,
+                                            err, sizeof(err)),
+                     0);
+    assert_int_equal(c.device, TRN_DEVICE_CUDA);
+    assert_int_equal(c.ordinal, 0);
+    assert_string_equal(c.comm, "nccl");
+    assert_int_equal(trn_device_choose_dist(TRN_DEVICE_REQ_CUDA_AT + 2, A, true, true, 2, 1, 0, &c,
+                                            err, sizeof(err)),
+                     -1);
+    assert_string_equal(err, "--device cuda:2: device 2, but 2 CUDA device(s) are visible");
+    assert_int_equal(trn_device_choose_dist(TRN_DEVICE_REQ_CUDA_AT + 1, A, false, false, 0, 1, 0,
+                                            &c, err, sizeof(err)),
+                     -1);
+    assert_non_null(strstr(err, "--device cuda:1: this cddp-train was built without CUDA"));
     /* ... gloo: --device cuda refused with the reason, auto falls back saying it */
     assert_int_equal(
         trn_device_choose_dist(TRN_DEVICE_REQ_CUDA, G, true, true, 2, 2, 0, &c, err, sizeof(err)),
