@@ -25,6 +25,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -509,6 +510,95 @@ static void load_batch(struct run *r, const struct trn_dataset *d, const uint32_
     r->be.ops->to_device(&r->be, r->x_dev, x, (size_t)n * per * sizeof(float));
 }
 
+/* ---- SIGTERM / SIGINT with --checkpoint: stop at the step's end ----
+ *
+ * The launcher stops a worker group with SIGTERM (a restart, the job's
+ * end, a preemption: Slurm and Kubernetes send it before SIGKILL). With
+ * --checkpoint, the rank finishes the step it is in (every rank gets the
+ * signal, so the step's collectives complete), rank 0 writes the
+ * checkpoint at that step, and the rank then dies by the signal as it
+ * would have at once: the restarted group resumes from the last step, not
+ * from the last --ckpt-every. Bounded: a step that does not end within
+ * its grace (three times the longest step so far plus the last checkpoint
+ * write, plus 2 s; at most 30 s) is abandoned, as is a signal before the
+ * first step ends (nothing newer to save); a second signal ends it at once. */
+static volatile sig_atomic_t stop_sig;       /* the signal to stop by, 0: none */
+static volatile sig_atomic_t stop_arm;       /* a step ended: worth finishing the next */
+static volatile sig_atomic_t stop_grace = 2; /* seconds */
+
+static void die_by(int sig)
+{
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void on_stop_signal(int sig)
+{
+    if (stop_sig || !stop_arm) {
+        die_by(sig);
+        return;
+    }
+    stop_sig = sig;
+    alarm((unsigned)stop_grace);
+}
+
+static void on_stop_alarm(int sig)
+{
+    (void)sig;
+    die_by(stop_sig ? stop_sig : SIGTERM);
+}
+
+static void install_stop_handlers(const struct run *r)
+{
+    if (!r->cfg.checkpoint)
+        return; /* nothing to save: the default action, at once */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sa.sa_handler = on_stop_alarm;
+    sigaction(SIGALRM, &sa, NULL);
+}
+
+/* After each step: how long the next may take to finish once signalled. */
+static void note_step_time(double step_s, double ckpt_s)
+{
+    static double longest;
+    if (step_s > longest)
+        longest = step_s;
+    double g = 3.0 * longest + ckpt_s + 2.0;
+    stop_grace = g > 30.0 ? 30 : (int)ceil(g);
+    stop_arm = 1;
+}
+
+/* A stop signal came during the step that just ended: rank 0 saves it. */
+static void stop_if_signalled(struct run *r, int epoch, long b1)
+{
+    if (!stop_sig)
+        return;
+    int sig = stop_sig;
+    if (r->rank == 0) {
+        char err[4096];
+        bool whole = b1 >= r->batches;
+        trn_resnet_pull(&r->model);
+        int rc = trn_resume_save(&r->ckpt, 0, whole ? epoch + 1 : epoch, r->step,
+                                 whole ? 0 : (size_t)b1 * (size_t)r->batch, err, sizeof(err));
+        if (rc < 0)
+            log_error("T2010", "%s: %s", strsignal(sig), err);
+        else
+            log_warn("T2011", "%s: checkpoint at step %ld %s; stopping", strsignal(sig), r->step,
+                     rc > 0 ? "written" : "already on disk");
+    } else {
+        log_info("T2012", "%s: stopping after step %ld", strsignal(sig), r->step);
+    }
+    fflush(stdout);
+    fflush(stderr);
+    die_by(sig);
+}
+
 /* Writes the checkpoint (rank 0) at `step` in `epoch` with rank_offset of
  * this rank's samples done; then nobody runs on before the checkpoint it
  * would restart from exists. */
@@ -610,10 +700,14 @@ static bool train_epoch(struct run *r, int epoch)
         if (c->steps && r->step >= c->steps)
             break;
         long b1 = b0 + c->accum_steps < r->batches ? b0 + c->accum_steps : r->batches;
+        uint64_t ts = cddp_mono_ns();
         train_step(r, epoch, b0, b1, &t);
+        stop_if_signalled(r, epoch, b1);
+        uint64_t tc = cddp_mono_ns();
         /* (an epoch's last step is saved as the epoch's end, below) */
         if (c->ckpt_every && r->step % c->ckpt_every == 0 && b1 < r->batches)
             checkpoint(r, epoch, (size_t)b1 * (size_t)r->batch);
+        note_step_time((double)(tc - ts) * 1e-9, (double)(cddp_mono_ns() - tc) * 1e-9);
     }
     if (t.batches == 0)
         return false;
@@ -763,6 +857,7 @@ int main(int argc, char **argv)
     setup_batches(&r);
     resume(&r);
     connect_ranks(&r);
+    install_stop_handlers(&r);
     for (int epoch = r.start.epoch; epoch < r.cfg.epochs; epoch++)
         if (!train_epoch(&r, epoch))
             break;

@@ -273,3 +273,33 @@ def test_collective_timeout_is_its_own_exit_reason(background, tmp_path):
     assert msg["message"].startswith("CollectiveTimeoutError: "), msg
     agent.signal(15)  # ends the linger
     assert agent.wait(30) == 0
+
+
+def test_sigterm_saves_the_step_then_resume_matches(background, tmp_path, uninterrupted):
+    """cddprun stopped with SIGTERM (a preemption) during step 4: every rank
+    finishes that step, rank 0 writes the checkpoint at step 5 (the last
+    --ckpt-every one was step 4) and the workers die by SIGTERM. A new run
+    resumes from step 5 and ends bit for bit where an uninterrupted run
+    does."""
+    ck, out = tmp_path / "ck.safetensors", tmp_path / "final.safetensors"
+    args = RESTART + ["--checkpoint", str(ck), "--save", str(out)]
+    log = tmp_path / "agent.log"
+    env = dict(os.environ, LOGLEVEL="INFO", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="20")
+    with open(log, "w") as fh:
+        agent = background([binary("cddprun"), "--nproc_per_node=2", "--standalone",
+                            f"--log_dir={tmp_path / 'logs'}", binary("cddp-train"), *args,
+                            "--fault", "slow@step=4,ms=1500"],
+                           env=env, stdout=subprocess.DEVNULL, stderr=fh)
+    text = lambda: log.read_text(errors="replace")  # noqa: E731
+    wait_for(lambda: len(re.findall(r"T6103: fault injection: sleeping", text())) == 2,
+             timeout=120, what="both ranks in step 4's sleep")
+    agent.signal(15)
+    assert agent.wait(60) != 0
+    t = text()
+    assert re.search(r"rank0 \S+ WARNING T2011: Terminated: checkpoint at step 5 written", t), t[-3000:]
+    assert re.search(r"rank1 \S+ INFO T2012: Terminated: stopping after step 5", t), t[-3000:]
+    assert not out.exists()
+    r = cddprun(tmp_path, 2, args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "=> resumed from checkpoint" in r.stdout and "step 5)" in r.stdout, r.stdout
+    assert out.read_bytes() == uninterrupted
