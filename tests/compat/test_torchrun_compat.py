@@ -102,6 +102,10 @@ exit 0
                         assert re.search(ERROR_FILE_RE.format(attempt=attempt, lr=lr), v), v
                 elif k == "MASTER_PORT":
                     assert tv.isdigit() and cv.isdigit()
+                elif k == "CDDP_RDZV_ROUND":
+                    # cddp's own (docs/torchrun-compat.md): the rendezvous
+                    # round, a new one each attempt; torchrun has none.
+                    assert tv is None and cv.isdigit() and int(cv) >= attempt + 1, (k, tv, cv)
                 else:
                     assert tv == cv, f"attempt {attempt} rank {lr}: {k}: torchrun {tv!r}, cddprun {cv!r}"
             assert ce["TORCHELASTIC_RESTART_COUNT"] == str(attempt)
