@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/unit/unit_util.h"
+
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <stdio.h>
@@ -41,18 +43,6 @@ static int teardown(void **state)
     if (d)
         closedir(d);
     return rmdir(dir);
-}
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    static char buf[8192];
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
 }
 
 static int count_files(void)
@@ -105,7 +95,7 @@ static void test_error_file(void **state)
     assert_int_equal(trn_error_file_write(path, "CollectiveTimeoutError", "allreduce \"x\"\n",
                                           "line1\nline2\n", 1700000000),
                      0);
-    cJSON *root = cJSON_Parse(slurp(path));
+    cJSON *root = cJSON_Parse(unit_slurp(path));
     assert_non_null(root);
     cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "message");
     assert_true(cJSON_IsObject(m));
@@ -140,7 +130,7 @@ static void test_fail_exits_75(void **state)
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), CDDP_EXIT_COLLECTIVE_TIMEOUT);
-    cJSON *root = cJSON_Parse(slurp(path));
+    cJSON *root = cJSON_Parse(unit_slurp(path));
     assert_non_null(root);
     const char *text = cJSON_GetObjectItemCaseSensitive(
                            cJSON_GetObjectItemCaseSensitive(root, "message"), "message")

@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/unit/unit_util.h"
+
 #include <arpa/inet.h>
 #include <cuda_runtime_api.h>
 #include <netinet/in.h>
@@ -61,17 +63,6 @@ static int gpu_present(void)
     int st = 0;
     waitpid(p, &st, 0);
     return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sin);
-    assert_int_equal(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&sin, &len), 0);
-    close(fd);
-    return ntohs(sin.sin_port);
 }
 
 static void error_file(int rank, char *out, size_t len)
@@ -233,7 +224,7 @@ static void rank_main(int rank, int port, enum scenario sc, double timeout_s)
 /* Runs both ranks; returns rank 0's wait status and how long it took. */
 static int run_pair(enum scenario sc, double timeout_s, double limit_s, double *took_s)
 {
-    int port = free_port();
+    int port = unit_free_port();
     pid_t pid[2];
     uint64_t t0 = cddp_mono_ns();
     for (int r = 0; r < 2; r++) {
@@ -267,18 +258,6 @@ static int run_pair(enum scenario sc, double timeout_s, double limit_s, double *
     return st[0];
 }
 
-static char *slurp(const char *path)
-{
-    static char buf[16384];
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
-}
-
 static void test_collectives(void **state)
 {
     (void)state;
@@ -299,7 +278,7 @@ static void expect_exit_75(enum scenario sc, double timeout_s, double limit_s, c
     assert_int_equal(WEXITSTATUS(st), 75);
     char ef[128];
     error_file(0, ef, sizeof(ef));
-    const char *j = slurp(ef);
+    const char *j = unit_slurp(ef);
     assert_non_null(j);
     assert_non_null(strstr(j, type));
     if (needle != NULL && strstr(j, needle) == NULL)
@@ -316,7 +295,7 @@ static void test_hang_times_out(void **state)
     expect_exit_75(SC_HANG, 5, 60, "CollectiveTimeoutError", "bucket 2, step 5", "hang");
     char ef[128];
     error_file(0, ef, sizeof(ef));
-    assert_non_null(strstr(slurp(ef), "rank that never reached it: 1"));
+    assert_non_null(strstr(unit_slurp(ef), "rank that never reached it: 1"));
 }
 
 static void test_crash_is_async_error(void **state)

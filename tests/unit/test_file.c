@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/unit/unit_util.h"
+
 #include <dirent.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -58,18 +60,6 @@ static size_t entries(void)
     return n;
 }
 
-static char *slurp(const char *path)
-{
-    static char buf[1 << 16];
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
-}
-
 static void test_write_all(void **state)
 {
     (void)state;
@@ -93,7 +83,7 @@ static void test_atomic_write(void **state)
     char path[128], err[256] = "";
     snprintf(path, sizeof(path), "%s/error.json", dir);
     assert_int_equal(cddp_write_file_atomic(path, "{\"a\":1}", 7, 0600, err, sizeof(err)), 0);
-    assert_string_equal(slurp(path), "{\"a\":1}");
+    assert_string_equal(unit_slurp(path), "{\"a\":1}");
     struct stat st;
     assert_int_equal(stat(path, &st), 0);
     mode_t um = umask(0);
@@ -101,11 +91,11 @@ static void test_atomic_write(void **state)
     assert_int_equal(st.st_mode & 0777, 0600 & ~um);
     /* Replaces, and leaves nothing else in the directory. */
     assert_int_equal(cddp_write_file_atomic(path, "second", 6, 0644, NULL, 0), 0);
-    assert_string_equal(slurp(path), "second");
+    assert_string_equal(unit_slurp(path), "second");
     assert_int_equal(entries(), 1);
     /* Empty content is a file too. */
     assert_int_equal(cddp_write_file_atomic(path, "", 0, 0644, NULL, 0), 0);
-    assert_string_equal(slurp(path), "");
+    assert_string_equal(unit_slurp(path), "");
 }
 
 static void test_atomic_failures(void **state)
@@ -125,7 +115,7 @@ static void test_atomic_failures(void **state)
     err[0] = '\0';
     assert_true(cddp_write_file_atomic(path, "x", 1, 0644, err, sizeof(err)) < 0);
     assert_non_null(strstr(err, "rename"));
-    assert_string_equal(slurp(inner), "k");
+    assert_string_equal(unit_slurp(inner), "k");
     assert_int_equal(entries(), 2); /* error.json and sub: no sub.tmp.<pid> */
     unlink(inner);
     rmdir(path);
@@ -151,7 +141,7 @@ static void test_commit(void **state)
     assert_int_equal(cddp_file_commit(fd, tmp, path, &renamed, err, sizeof(err)), 0);
     assert_true(renamed);
     close(fd);
-    assert_string_equal(slurp(path), "data");
+    assert_string_equal(unit_slurp(path), "data");
     assert_int_equal(access(tmp, F_OK), -1);
     /* The temporary file is gone: the rename fails, and says so. */
     fd = open(path, O_RDONLY);

@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/unit/unit_util.h"
+
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -251,17 +253,6 @@ static void test_layout(void **state)
     agent_logs_free(&l);
 }
 
-static char *slurp(const char *path)
-{
-    static char buf[8192];
-    int fd = open(path, O_RDONLY);
-    assert_true(fd >= 0);
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    buf[n > 0 ? n : 0] = '\0';
-    return buf;
-}
-
 static void test_tee_roundtrip(void **state)
 {
     (void)state;
@@ -282,7 +273,7 @@ static void test_tee_roundtrip(void **state)
     close(wfd); /* the last writer is gone: EOF ends the tee */
     uv_run(&loop, UV_RUN_DEFAULT);
     assert_int_equal(set.open, 0);
-    assert_string_equal(slurp(file), "hello\nworld\ntail"); /* the file gets bytes unchanged */
+    assert_string_equal(unit_slurp(file), "hello\nworld\ntail"); /* the file gets bytes unchanged */
     close(console[1]);
     char got[256];
     ssize_t n = read(console[0], got, sizeof(got) - 1);

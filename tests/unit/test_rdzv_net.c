@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/unit/unit_util.h"
+
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -509,17 +511,6 @@ static void test_connect_retry_and_timeout(void **state)
 
 /* ---- a server that dies, freezes, comes back: a child process ---- */
 
-static int free_tcp_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sin);
-    assert_int_equal(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&sin, &len), 0);
-    close(fd);
-    return ntohs(sin.sin_port);
-}
-
 static bool port_open(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -620,7 +611,7 @@ static pid_t two_in_a_round(struct world *w, const char *conf, uint64_t reconnec
     uv_timer_init(&w->loop, &w->guard);
     uv_timer_start(&w->guard, on_guard, 20000, 0);
     uv_unref((uv_handle_t *)&w->guard);
-    w->port = free_tcp_port();
+    w->port = unit_free_port();
     pid_t pid = server_child(w->port);
     for (int i = 0; i < 2; i++) {
         w->a[i].w = w;
@@ -650,7 +641,7 @@ static void test_first_connection_breaks(void **state)
     uv_timer_init(&w.loop, &w.guard);
     uv_timer_start(&w.guard, on_guard, 20000, 0);
     uv_unref((uv_handle_t *)&w.guard);
-    w.port = free_tcp_port();
+    w.port = unit_free_port();
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     int one = 1;
     setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
