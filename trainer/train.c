@@ -640,8 +640,9 @@ static bool amp_step_ok(struct run *r)
 
 /* One optimizer step over batches [b0, b1) of the epoch: each loss divided
  * by their number, gradients averaged across ranks only after the last one
- * (DDP's no_sync before it), then SGD at the schedule's rate. */
-static void train_step(struct run *r, int epoch, long b0, long b1, struct epoch_tally *t)
+ * (DDP's no_sync before it), then SGD at the schedule's rate. Returns the step's
+ * seconds (what the progress line reports). */
+static double train_step(struct run *r, int epoch, long b0, long b1, struct epoch_tally *t)
 {
     const struct trn_config *c = &r->cfg;
     r->in_step = r->step;
@@ -684,6 +685,7 @@ static void train_step(struct run *r, int epoch, long b0, long b1, struct epoch_
     double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
     log_debug("T0002", "step %ld loss %.9g time %.6f s", r->step, (double)step_loss, secs);
     progress_report(r, epoch, step_loss, (double)step_images / secs);
+    return secs;
 }
 
 /* One epoch, from where the run starts in it: steps of --accum-steps
@@ -700,14 +702,13 @@ static bool train_epoch(struct run *r, int epoch)
         if (c->steps && r->step >= c->steps)
             break;
         long b1 = b0 + c->accum_steps < r->batches ? b0 + c->accum_steps : r->batches;
-        uint64_t ts = cddp_mono_ns();
-        train_step(r, epoch, b0, b1, &t);
+        double step_s = train_step(r, epoch, b0, b1, &t);
         stop_if_signalled(r, epoch, b1);
         uint64_t tc = cddp_mono_ns();
         /* (an epoch's last step is saved as the epoch's end, below) */
         if (c->ckpt_every && r->step % c->ckpt_every == 0 && b1 < r->batches)
             checkpoint(r, epoch, (size_t)b1 * (size_t)r->batch);
-        note_step_time((double)(tc - ts) * 1e-9, (double)(cddp_mono_ns() - tc) * 1e-9);
+        note_step_time(step_s, (double)(cddp_mono_ns() - tc) * 1e-9);
     }
     if (t.batches == 0)
         return false;
