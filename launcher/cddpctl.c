@@ -419,11 +419,10 @@ static void transfer_error(const struct reply *r, const char *url, const char *s
     }
 }
 
-/* GET url. On failure returns CTL_EXIT_UNREACHABLE (CDDP_EXIT_FAILURE when
- * the reply was too large) and logs one line, or, with f->quiet, puts it in
- * f->errmsg. */
-/* One request (GET, or a POST with an empty body), its failure reported as
- * the command's errors are (f: a frame's, or NULL: the log). */
+/* One request to url: a GET, or a POST with an empty body. On failure
+ * returns CTL_EXIT_UNREACHABLE (CDDP_EXIT_FAILURE when the reply was too
+ * large) and logs one line, or, with f->quiet, puts it in f->errmsg (f may
+ * be NULL: then it is logged). */
 static int request(const char *url, bool post, const char *shown, double timeout_s, struct reply *r,
                    struct frame_ctx *f)
 {
@@ -469,7 +468,7 @@ static int request(const char *url, bool post, const char *shown, double timeout
     return r->rc == CURLE_WRITE_ERROR ? CDDP_EXIT_FAILURE : CTL_EXIT_UNREACHABLE;
 }
 
-/* GET url; a failure is logged (one line). */
+/* GET url, as request() says. */
 static int fetch_for(const char *url, const char *shown, double timeout_s, struct reply *r,
                      struct frame_ctx *f)
 {
