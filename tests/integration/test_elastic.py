@@ -246,8 +246,8 @@ def test_ddp_across_two_agents_matches_one_node(cluster, torch_python, tmp_path)
               for i in range(2)]
     for a in agents:
         assert a.wait(timeout=300) == 0, a.text()
-    single = subprocess.run([binary("cddprun"), "--nproc_per_node=4", str(script), "--out",
-                             str(one)], env=dict(os.environ, PYTHON_EXEC=torch_python),
+    single = subprocess.run([binary("cddprun"), "--nproc_per_node=4",
+                             f"--master_port={free_port()}", str(script), "--out", str(one)], env=dict(os.environ, PYTHON_EXEC=torch_python),
                             capture_output=True, text=True, timeout=240)
     assert single.returncode == 0, single.stderr
     r2 = json.loads((two / "result.json").read_text())
