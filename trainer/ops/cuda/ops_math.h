@@ -15,6 +15,10 @@
  * Layouts: activations are NHWC on the GPU (cuDNN's fast layout); plain NCHW
  * is accepted too (the network input). Weights are OIHW in the flat
  * parameter buffer and OHWI (cuDNN's KRSC) for cuDNN with NHWC activations.
+ *
+ * Storage: activations are fp32, or bf16/fp16 under --amp; the kernels read
+ * and write them through trn_act_get/put (the end of this file), so the
+ * arithmetic between a load and a store is the fp32 arithmetic above.
  */
 #ifndef CDDP_TRAINER_OPS_CUDA_OPS_MATH_H
 #define CDDP_TRAINER_OPS_CUDA_OPS_MATH_H
