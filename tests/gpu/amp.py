@@ -133,13 +133,21 @@ def run_mode(a, ref, data, mode):
     return out
 
 
+def numpy_or_why():
+    """(numpy, None), or (None, why it cannot be imported)."""
+    try:
+        import numpy
+    except ImportError as e:
+        return None, str(e)
+    return numpy, None
+
+
 def main(argv):
     a = parse(argv)
     t0 = time.time()
-    try:
-        import numpy as np
-    except ImportError as e:
-        print(f"amp: skipped: {e} in {sys.executable}")
+    np, why = numpy_or_why()
+    if np is None:
+        print(f"amp: skipped: {why} in {sys.executable}")
         return 77
     import test_trainer_parity as ref  # write_idx, losses_of
 
