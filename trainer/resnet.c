@@ -21,6 +21,10 @@
  *
  * Backward uses four scratch gradient buffers, each the size of the largest
  * activation, handed out and returned as the block is walked.
+ *
+ * Activations and their gradients are in the backend's dtype
+ * (be->act_dtype: fp32, or bf16/fp16 on CUDA under --amp, half the arena);
+ * parameters, gradients, the pooled features, logits and loss stay fp32.
  */
 #include "trainer/resnet.h"
 
@@ -421,12 +425,14 @@ static void *carve(struct arena *a, size_t bytes)
     return a->base ? a->base + at : NULL;
 }
 
+/* An activation in the backend's layout and dtype (bf16/fp16 under --amp:
+ * half the bytes of fp32). */
 static struct trn_tensor carve_activation(struct trn_resnet *m, struct arena *a, int c, int h,
                                           int w, size_t *max_numel)
 {
-    struct trn_tensor t = {NULL, m->n, c, h, w, TRN_F32, m->be->act_layout, m->be->device};
+    struct trn_tensor t = {NULL, m->n, c, h, w, m->be->act_dtype, m->be->act_layout, m->be->device};
     size_t numel = trn_tensor_numel(&t);
-    t.data = carve(a, numel * sizeof(float));
+    t.data = carve(a, trn_tensor_bytes(&t));
     if (numel > *max_numel)
         *max_numel = numel;
     return t;
@@ -446,8 +452,8 @@ static int conv_out(const struct trn_conv *c, int in)
 /* Lays out every activation for m->n, h, w in a (measure only when a->base is NULL). */
 static void layout(struct trn_resnet *m, struct arena *a)
 {
-    size_t mx = 0;
-    m->x_nhwc = input_to_nhwc(m) ? carve(a, (size_t)m->n * 3 * m->h * m->w * sizeof(float)) : NULL;
+    size_t mx = 0, act_size = trn_dtype_size(m->be->act_dtype);
+    m->x_nhwc = input_to_nhwc(m) ? carve(a, (size_t)m->n * 3 * m->h * m->w * act_size) : NULL;
     int h = conv_out(&m->conv1.op, m->h), w = conv_out(&m->conv1.op, m->w);
     m->stem_c = carve_activation(m, a, 64, h, w, &mx);
     m->stem_a = carve_activation(m, a, 64, h, w, &mx);
@@ -483,7 +489,7 @@ static void layout(struct trn_resnet *m, struct arena *a)
     m->labels = carve(a, (size_t)m->n * sizeof(int32_t));
     m->gbuf_numel = mx;
     for (int i = 0; i < 4; i++)
-        m->gbuf[i] = carve(a, mx * sizeof(float));
+        m->gbuf[i] = carve(a, mx * act_size);
 }
 
 /* Makes the activations fit a batch of n x 3 x h x w (grows, never shrinks). */
@@ -597,6 +603,7 @@ float trn_resnet_forward(struct trn_resnet *m, const float *x, const int32_t *la
     if (input_to_nhwc(m)) {
         m->x.data = m->x_nhwc;
         m->x.layout = TRN_LAYOUT_NHWC;
+        m->x.dtype = be->act_dtype; /* cast in the same pass under --amp */
         ops->reorder(be, &in, &m->x);
     }
 

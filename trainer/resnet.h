@@ -149,12 +149,14 @@ struct trn_resnet {
     size_t arena_bytes;
     /* x: the network input as conv1 reads it: the caller's NCHW batch, or
      * on an NHWC backend (CUDA: cuDNN wants x and y of a convolution in one
-     * layout) its channels-last copy in x_nhwc, reordered at each forward */
+     * layout) its channels-last copy in x_nhwc, reordered at each forward
+     * (and cast to be->act_dtype: bf16/fp16 under --amp). Every activation
+     * and gbuf holds be->act_dtype elements; pooled onwards are fp32. */
     struct trn_tensor x, stem_c, stem_a, stem_p;
     float *x_nhwc;
     uint8_t *pool_argmax;
     float *pooled, *logits, *probs, *dlogits, *dpooled; /* (n, feat) / (n, K) */
-    float *gbuf[4]; /* backward scratch, each the largest activation */
+    float *gbuf[4]; /* backward scratch, each the largest activation (gbuf_numel elements) */
     size_t gbuf_numel;
     int32_t *labels; /* (n) device copy of this batch's labels */
     bool have_labels;

@@ -270,6 +270,9 @@ static void setup_backend(struct run *r)
         .deterministic = c->deterministic,
         .tf32_conv = c->tf32 != TRN_TF32_OFF,
         .tf32_matmul = c->tf32 == TRN_TF32_ALL,
+        .act_dtype = c->amp == TRN_AMP_BF16   ? TRN_BF16
+                     : c->amp == TRN_AMP_FP16 ? TRN_F16
+                                              : TRN_F32,
     };
     int rc = trn_backend_cuda_init(&r->be, &o, err, sizeof(err));
     if (rc == CDDP_ECONFIG)
@@ -280,11 +283,11 @@ static void setup_backend(struct run *r)
              r->dev.ordinal, trn_amp_names[c->amp], trn_tf32_names[c->tf32], c->cudnn_workspace_mb,
              c->deterministic ? ", deterministic" : "");
     if (c->amp != TRN_AMP_OFF)
-        log_warn("T2003",
-                 "--amp %s: the CUDA ops still compute and store activations in fp32 in this "
-                 "build (the casting kernels exist, the ops do not use them yet)%s",
-                 trn_amp_names[c->amp],
-                 c->amp == TRN_AMP_FP16 ? "; fp16's loss scaling (GradScaler) runs" : "");
+        log_info("T2400",
+                 "--amp %s: activations and convolution inputs %s (fp32 accumulation); master "
+                 "weights, gradients, BN statistics, fc and the loss fp32%s",
+                 trn_amp_names[c->amp], trn_amp_names[c->amp],
+                 c->amp == TRN_AMP_FP16 ? "; GradScaler's loss scaling" : "");
 #endif
 }
 

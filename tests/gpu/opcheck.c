@@ -13,7 +13,18 @@
  * With --deterministic only deterministic convolution algorithms are taken,
  * and a weight gradient computed twice must come out the same bits.
  *
- *   cuda-opcheck [--tf32] [--deterministic] [--json FILE] [--device N]
+ * With --amp bf16|fp16 the GPU's activations are bf16 or fp16 (as
+ * cddp-train --amp runs them): every input is rounded to that type on the
+ * host first, so both backends see the same values, the CPU computing in
+ * fp32 on them; an activation the GPU writes (rounded once on the store, or
+ * by cuDNN) is checked within 2e-2 (bf16) or 1e-2 (fp16), what it computes
+ * in fp32 from them (BN statistics and sums, the pooled features) within
+ * the fp32 tolerance. The conv weights are rounded too (the GPU casts its
+ * fp32 copy); the weight gradient arrives in the low type. The reorder must
+ * round exactly as the host does. fc, the loss, SGD and unscale are fp32
+ * under --amp too and are left to the fp32 run.
+ *
+ *   cuda-opcheck [--tf32] [--deterministic] [--amp bf16|fp16] [--json FILE] [--device N]
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,10 +32,14 @@
 #include <string.h>
 
 #include "common/strutil.h"
+#include "trainer/ops/cuda/ops_math.h"
 #include "trainer/ops/ops.h"
 
 static struct trn_backend cpu, gpu;
 static double tol = 1e-4;
+/* --amp: the GPU's activation dtype and the tolerance of what it stores in it */
+static enum trn_dtype act_dt = TRN_F32;
+static double amp_tol;
 static int failures, checks;
 static FILE *json;
 static bool deterministic;
@@ -58,6 +73,19 @@ static float *copy_of(const float *src, size_t n)
     return p;
 }
 
+/* Values as the GPU's activations hold them under --amp (unchanged in fp32). */
+static void round_host(float *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = trn_act_round((int)act_dt, p[i]);
+}
+
+/* The tolerance of an activation the GPU writes: limit in fp32, amp_tol under --amp. */
+static double at(double limit)
+{
+    return act_dt == TRN_F32 ? limit : amp_tol;
+}
+
 static void *dev(const void *host, size_t bytes)
 {
     void *d = gpu.ops->alloc(&gpu, bytes);
@@ -78,26 +106,36 @@ static float *host_of(const float *d, size_t n)
 }
 
 /* An activation given as NCHW host data: the CPU's tensor (its own copy,
- * NCHW) and the GPU's (NHWC). */
+ * NCHW fp32, of the values rounded to act_dt) and the GPU's (NHWC, act_dt),
+ * reordered from the same rounded values, or (rounded false: the reorder's
+ * own rounding check) from the values as given. */
 struct act {
     struct trn_tensor c, g;
 };
 
-static struct act act_of(const float *nchw, int n, int c, int h, int w)
+static struct act act_of_values(const float *nchw, int n, int c, int h, int w, bool rounded)
 {
     size_t numel = (size_t)n * c * h * w;
     struct act a;
     struct trn_tensor t = {copy_of(nchw, numel), n, c, h, w, TRN_F32, TRN_LAYOUT_NCHW,
                            TRN_DEVICE_CPU};
+    round_host(t.data, numel);
     a.c = t;
+    const float *from = rounded ? t.data : nchw;
     struct trn_tensor src = {
-        dev(nchw, numel * sizeof(float)), n, c, h, w, TRN_F32, TRN_LAYOUT_NCHW, TRN_DEVICE_CUDA};
+        dev(from, numel * sizeof(float)), n, c, h, w, TRN_F32, TRN_LAYOUT_NCHW, TRN_DEVICE_CUDA};
     a.g = src;
-    a.g.data = dev(NULL, numel * sizeof(float));
+    a.g.dtype = act_dt;
     a.g.layout = TRN_LAYOUT_NHWC;
+    a.g.data = dev(NULL, trn_tensor_bytes(&a.g));
     gpu.ops->reorder(&gpu, &src, &a.g);
     gpu.ops->free(&gpu, src.data);
     return a;
+}
+
+static struct act act_of(const float *nchw, int n, int c, int h, int w)
+{
+    return act_of_values(nchw, n, c, h, w, true);
 }
 
 static struct act act_zeros(int n, int c, int h, int w)
@@ -117,13 +155,14 @@ static struct act act_randn(int n, int c, int h, int w)
     return a;
 }
 
-/* The GPU tensor's values as NCHW host data. */
+/* The GPU tensor's values as NCHW fp32 host data. */
 static float *act_host(const struct trn_tensor *g)
 {
     size_t numel = trn_tensor_numel(g);
     struct trn_tensor dst = *g;
     dst.data = dev(NULL, numel * sizeof(float));
     dst.layout = TRN_LAYOUT_NCHW;
+    dst.dtype = TRN_F32;
     gpu.ops->reorder(&gpu, g, &dst);
     float *h = host_of(dst.data, numel);
     gpu.ops->free(&gpu, dst.data);
@@ -190,20 +229,21 @@ static void check_conv(int n, int cin, int cout, int hw, int k, int stride, int 
     struct act x = act_randn(n, cin, hw, hw), y = act_zeros(n, cout, oh, oh);
     struct act dy = act_randn(n, cout, oh, oh), dx = act_zeros(n, cin, hw, hw);
     float *w = randn(nw), *dw0 = randn(nw);
+    round_host(w, nw); /* the GPU casts its fp32 copy to act_dt: the same values */
     float *gw = dev(w, nw * sizeof(float));
     float *cdw = copy_of(dw0, nw), *gdw = dev(dw0, nw * sizeof(float));
 
     cpu.ops->conv_forward(&cpu, &cc, &x.c, w, &y.c);
     gpu.ops->conv_forward(&gpu, &gc, &x.g, gw, &y.g);
     snprintf(name, sizeof(name), "conv_forward %d->%d k%d s%d %dx%d", cin, cout, k, stride, hw, hw);
-    check_act(name, &y, limit);
+    check_act(name, &y, at(limit));
 
     for (int acc = 0; acc < 2; acc++) {
         cpu.ops->conv_backward_weights(&cpu, &cc, &x.c, &dy.c, cdw, acc);
         gpu.ops->conv_backward_weights(&gpu, &gc, &x.g, &dy.g, gdw, acc);
         snprintf(name, sizeof(name), "conv_backward_weights%s %d->%d k%d s%d", acc ? "+=" : "", cin,
                  cout, k, stride);
-        check_vec(name, gdw, cdw, nw, limit);
+        check_vec(name, gdw, cdw, nw, at(limit)); /* cuDNN's gradient is act_dt */
     }
     if (deterministic) {
         /* the same weight gradient twice: the same bits */
@@ -219,7 +259,7 @@ static void check_conv(int n, int cin, int cout, int hw, int k, int stride, int 
     cpu.ops->conv_backward_data(&cpu, &cc, w, &dy.c, &dx.c);
     gpu.ops->conv_backward_data(&gpu, &gc, gw, &dy.g, &dx.g);
     snprintf(name, sizeof(name), "conv_backward_data %d->%d k%d s%d", cin, cout, k, stride);
-    check_act(name, &dx, limit);
+    check_act(name, &dx, at(limit));
 
     cpu.ops->conv_release(&cpu, &cc);
     gpu.ops->conv_release(&gpu, &gc);
@@ -329,7 +369,7 @@ static void check_bn(int n, int c, int hw)
             gpu.ops->bn_apply(&gpu, &x.g, scale.d, shift.d, rg, kind == 2 ? rs.d : NULL,
                               kind == 2 ? rb.d : NULL, relu, &y.g);
             snprintf(name, sizeof(name), "bn_apply%s%s", res_names[kind], relu ? " relu" : "");
-            check_act(name, &y, tol);
+            check_act(name, &y, at(tol));
         }
     /* y now holds relu(bn(x) + bn(res)): the mask for backward */
     struct act dy = act_randn(n, c, hw, hw), dx = act_zeros(n, c, hw, hw);
@@ -349,7 +389,7 @@ static void check_bn(int n, int c, int hw)
         gpu.ops->bn_backward_input(&gpu, &x.g, &dy.g, mg, mean.d, invstd.d, weight.d, sdy.d, sdx.d,
                                    count, &dx.g);
         snprintf(name, sizeof(name), "bn_backward_input%s", masked ? " relu" : "");
-        check_act(name, &dx, tol);
+        check_act(name, &dx, at(tol));
     }
     struct vec dwt = vec_randn(c, 0, 1), dbs = vec_randn(c, 0, 1);
     for (int acc = 0; acc < 2; acc++) {
@@ -361,7 +401,7 @@ static void check_bn(int n, int c, int hw)
     for (int two = 0; two < 2; two++) {
         cpu.ops->relu_backward(&cpu, &dy.c, two ? &res.c : NULL, &y.c, &dx.c);
         gpu.ops->relu_backward(&gpu, &dy.g, two ? &res.g : NULL, &y.g, &dx.g);
-        check_act(two ? "relu_backward +dy2" : "relu_backward", &dx, tol);
+        check_act(two ? "relu_backward +dy2" : "relu_backward", &dx, at(tol));
     }
     struct act *acts[] = {&x, &res, &y, &dy, &dx};
     for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++)
@@ -380,13 +420,13 @@ static void check_pool(int n, int c, int hw)
     uint8_t *cam = malloc(ny), *gam = dev(NULL, ny);
     cpu.ops->maxpool_forward(&cpu, &x.c, &y.c, cam);
     gpu.ops->maxpool_forward(&gpu, &x.g, &y.g, gam);
-    check_act("maxpool_forward", &y, tol);
+    check_act("maxpool_forward", &y, at(tol));
     /* The argmax bytes are in each backend's layout; backward, which routes
      * the gradient by them, is what compares them. */
     struct act dy = act_randn(n, c, oh, oh), dx = act_zeros(n, c, hw, hw);
     cpu.ops->maxpool_backward(&cpu, &dy.c, cam, &dx.c);
     gpu.ops->maxpool_backward(&gpu, &dy.g, gam, &dx.g);
-    check_act("maxpool_backward", &dx, tol);
+    check_act("maxpool_backward", &dx, at(tol));
 
     float *cy = malloc((size_t)n * c * sizeof(float));
     float *gy = dev(NULL, (size_t)n * c * sizeof(float));
@@ -397,7 +437,7 @@ static void check_pool(int n, int c, int hw)
     float *gdyv = dev(dyv, (size_t)n * c * sizeof(float));
     cpu.ops->avgpool_backward(&cpu, dyv, &dx.c);
     gpu.ops->avgpool_backward(&gpu, gdyv, &dx.g);
-    check_act("avgpool_backward", &dx, tol);
+    check_act("avgpool_backward", &dx, at(tol));
 
     act_free(&x);
     act_free(&y);
@@ -519,11 +559,23 @@ static void check_reorder(void)
     struct act a = act_randn(2, 5, 3, 7); /* NCHW -> NHWC on the GPU, back in check_act */
     check_act("reorder NCHW<->NHWC", &a, 0);
     act_free(&a);
+    if (act_dt == TRN_F32)
+        return;
+    /* --amp: the reorder's cast (the network input's NCHW fp32 -> NHWC
+     * act_dt) rounds each value as the host does, to the bit */
+    size_t numel = (size_t)3 * 5 * 9 * 11;
+    float *v = randn(numel);
+    for (size_t i = 0; i < numel; i += 7)
+        v[i] *= 1e-6f; /* small ones too: fp16's subnormals */
+    struct act b = act_of_values(v, 3, 5, 9, 11, false);
+    check_act("reorder NCHW fp32 -> NHWC cast", &b, 0);
+    act_free(&b);
+    free(v);
 }
 
 int main(int argc, char **argv)
 {
-    struct trn_cuda_options opt = {0, 0, false, false, false};
+    struct trn_cuda_options opt = {0, 0, false, false, false, TRN_F32};
     const char *json_path = NULL;
     for (int i = 1; i < argc; i++) {
         long v;
@@ -531,6 +583,11 @@ int main(int argc, char **argv)
             opt.tf32_conv = opt.tf32_matmul = true;
         } else if (strcmp(argv[i], "--deterministic") == 0) {
             opt.deterministic = deterministic = true;
+        } else if (strcmp(argv[i], "--amp") == 0 && i + 1 < argc &&
+                   (strcmp(argv[i + 1], "bf16") == 0 || strcmp(argv[i + 1], "fp16") == 0)) {
+            bool bf16 = strcmp(argv[++i], "bf16") == 0;
+            opt.act_dtype = act_dt = bf16 ? TRN_BF16 : TRN_F16;
+            amp_tol = bf16 ? 2e-2 : 1e-2;
         } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
             json_path = argv[++i];
         } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc &&
@@ -538,8 +595,10 @@ int main(int argc, char **argv)
             opt.device = (int)v;
             i++;
         } else {
-            fprintf(stderr,
-                    "usage: cuda-opcheck [--tf32] [--deterministic] [--json FILE] [--device N]\n");
+            fprintf(
+                stderr,
+                "usage: cuda-opcheck [--tf32] [--deterministic] [--amp bf16|fp16] [--json FILE] "
+                "[--device N]\n");
             return 2;
         }
     }
@@ -558,11 +617,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "cuda-opcheck: cannot write %s\n", json_path);
         return 1;
     }
+    const char *amp = act_dt == TRN_BF16 ? "bf16" : act_dt == TRN_F16 ? "fp16" : "off";
     if (json)
-        fprintf(json, "{\"tf32\": %s, \"deterministic\": %s, \"checks\": [\n",
-                opt.tf32_conv ? "true" : "false", deterministic ? "true" : "false");
-    printf("cuda-opcheck: CUDA backend against the CPU backend (fp32, TF32 %s%s)\n",
-           opt.tf32_conv ? "on" : "off", deterministic ? ", deterministic" : "");
+        fprintf(json, "{\"tf32\": %s, \"deterministic\": %s, \"amp\": \"%s\", \"checks\": [\n",
+                opt.tf32_conv ? "true" : "false", deterministic ? "true" : "false", amp);
+    printf("cuda-opcheck: CUDA backend against the CPU backend (%s activations, TF32 %s%s)\n",
+           act_dt == TRN_F32 ? "fp32" : amp, opt.tf32_conv ? "on" : "off",
+           deterministic ? ", deterministic" : "");
     check_reorder();
     /* the stem, a bottleneck's 1x1 and 3x3, a strided 3x3 and a downsample */
     check_conv(4, 3, 64, 32, 7, 2, 3, mm_tol);
@@ -574,10 +635,15 @@ int main(int argc, char **argv)
     check_bn(3, 24, 5); /* odd sizes: partial blocks, channels not a multiple of 32 */
     check_pool(3, 16, 15);
     check_pool(2, 8, 16);
-    check_fc(8, 512, 100, mm_tol);
-    check_xent(8, 1000);
-    check_sgd(100003);
-    check_unscale(100003);
+    if (act_dt == TRN_F32) {
+        check_fc(8, 512, 100, mm_tol);
+        check_xent(8, 1000);
+        check_sgd(100003);
+        check_unscale(100003);
+    } else {
+        printf("  (fc, the loss, SGD and unscale are fp32 under --amp too: the fp32 run checks "
+               "them)\n");
+    }
     size_t peak = trn_backend_cuda_peak_bytes(&gpu);
     printf("cuda-opcheck: %d checks, %d failed; peak device memory %.1f MiB\n", checks, failures,
            (double)peak / (1 << 20));

@@ -91,7 +91,7 @@ def ours(a, mode):
     m = RSS.search(r.stderr)
     if m:
         out["peak_rss_mib"] = round(int(m.group(1)) / 1024, 1)
-    notes = [l.split(": ", 1)[-1] for l in r.stderr.splitlines() if "T2003" in l]
+    notes = [l.split(": ", 1)[-1] for l in r.stderr.splitlines() if "T2400" in l]
     if notes:
         out["note"] = notes[0]
     return out

@@ -74,7 +74,7 @@ def test_bad_arguments(args, needle):
 def test_help():
     r = check("--help")
     assert r.returncode == 0
-    for stage in ("environment", "build", "ops", "parity", "ddp", "throughput", "--pack"):
+    for stage in ("environment", "build", "ops", "parity", "amp", "ddp", "throughput", "--pack"):
         assert stage in r.stdout
 
 
@@ -83,6 +83,9 @@ def test_help():
     ("parity.py", [], "--train"),
     ("throughput.py", ["--train", "x", "--modes", "fp64"], "--modes"),
     ("throughput.py", ["--train", "x", "--batch", "1"], "--batch"),
+    ("amp.py", ["--train", "x", "--modes", "fp64"], "--modes"),
+    ("amp.py", ["--train", "x", "--device", "cpu", "--modes", "bf16"], "--modes off only"),
+    ("amp.py", ["--train", "x", "--samples", "8", "--batch", "8"], "8 steps at least"),
     ("ddp.py", ["--train", "x"], "--cddprun"),
     ("ddp.py", ["--train", "x", "--cddprun", "y", "--checks", "bogus"], "--checks"),
     ("ddp.py", ["--train", "x", "--cddprun", "y", "--device", "tpu"], "--device"),
@@ -107,6 +110,10 @@ def test_selftest_runs_every_stage_on_the_cpu(torch_python, tmp_path):
     assert status["environment"] == "ok" and status["build"] == "ok", status
     assert status["ops (fp32)"] == "skipped"  # the op checker's 77: no device
     assert status["parity (resnet18)"] == "ok", status
+    assert status["ops (bf16)"] == "skipped" and status["amp"] == "ok", status
+    amp = next(s for s in report["stages"] if s["stage"] == "amp")["result"]
+    assert [r["mode"] for r in amp["runs"]] == ["off"] and amp["runs"][0]["ok"], amp
+    assert amp["runs"][0]["last_loss"] < amp["runs"][0]["first_loss"], amp
     assert status["throughput (resnet152)"] == "ok", status
     assert status["ddp"] == "ok", status
     ddp = next(s for s in report["stages"] if s["stage"] == "ddp")["result"]
@@ -129,6 +136,7 @@ def test_selftest_runs_every_stage_on_the_cpu(torch_python, tmp_path):
     assert thr["modes"]["fp32"]["torch_eager"]["img_per_s"] > 0
     md = (out / "gpu-check.md").read_text()
     assert "## parity (resnet18)" in md and "| fp32 |" in md
+    assert "## amp: --amp learns" in md and "| off | ok |" in md
     assert "## ddp: two ranks on one GPU" in md and "| hang-restart | ok |" in md
     # every file the device tool is to bring back has a plain name
     for f in out.iterdir():

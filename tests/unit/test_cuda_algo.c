@@ -82,6 +82,32 @@ static void test_every_field_counts(void **state)
     assert_true(trn_algo_cache_get(&cache, &again, &got));
 }
 
+/* --amp: one shape in fp32, bf16 and fp16 is three entries, each with its
+ * own choice (conv.cu's key_of passes the plan's activation dtype). */
+static void test_dtypes_are_separate(void **state)
+{
+    (void)state;
+    trn_algo_cache_init(&cache);
+    static const enum trn_dtype dts[] = {TRN_F32, TRN_BF16, TRN_F16};
+    for (int d = 0; d < 3; d++) {
+        struct trn_conv_key k =
+            trn_conv_key_make(TRN_CONV_FWD, 64, 64, 56, 56, 64, 3, 1, 1, dts[d], TRN_LAYOUT_NHWC,
+                              TRN_LAYOUT_NHWC, true, false, 256u << 20);
+        struct trn_conv_choice c = {d + 1, d == 0 ? 0 : 1, 1024 * d, 0};
+        assert_int_equal(trn_algo_cache_put(&cache, &k, &c), 0);
+    }
+    assert_int_equal(cache.count, 3);
+    for (int d = 0; d < 3; d++) {
+        struct trn_conv_key k =
+            trn_conv_key_make(TRN_CONV_FWD, 64, 64, 56, 56, 64, 3, 1, 1, dts[d], TRN_LAYOUT_NHWC,
+                              TRN_LAYOUT_NHWC, true, false, 256u << 20);
+        struct trn_conv_choice got;
+        assert_true(trn_algo_cache_get(&cache, &k, &got));
+        assert_int_equal(got.algo, d + 1);
+        assert_int_equal(got.workspace, 1024 * d);
+    }
+}
+
 /* Filling the table: every entry stays reachable, the one past the end is refused. */
 static void test_full(void **state)
 {
@@ -116,6 +142,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_get_put),
         cmocka_unit_test(test_every_field_counts),
+        cmocka_unit_test(test_dtypes_are_separate),
         cmocka_unit_test(test_full),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

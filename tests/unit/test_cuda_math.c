@@ -48,27 +48,45 @@ static struct trn_tensor nchw(float *data, int n, int c, int h, int w)
     return t;
 }
 
-/* The NHWC copy of NCHW data, through the header's offsets. */
-static float *to_nhwc(const float *src, int n, int c, int hw)
+/* The dtypes activations are stored in (--amp: bf16, fp16): each kernel
+ * replay runs over each, on inputs rounded to it; the CPU backend computes
+ * in fp32 on those rounded values, and the kernel's stored result must be
+ * the CPU's result rounded once (fp32: the same bits). */
+static const int dts[] = {TRN_DT_F32, TRN_DT_BF16, TRN_DT_F16};
+#define N_DTS ((int)(sizeof(dts) / sizeof(dts[0])))
+
+/* The values as dt holds them, in place (nothing changes for fp32). */
+static void round_to(float *p, size_t n, int dt)
 {
-    float *dst = malloc((size_t)n * c * hw * sizeof(float) + 4);
+    for (size_t i = 0; i < n; i++)
+        p[i] = trn_act_round(dt, p[i]);
+}
+
+/* NHWC storage of dt (4 or 2 bytes an element) holding NCHW data, through
+ * the header's offsets and stores. */
+static void *to_store(const float *src, int n, int c, int hw, int dt)
+{
+    void *dst = malloc((size_t)n * c * hw * (dt == TRN_DT_F32 ? 4 : 2) + 4);
     for (int i = 0; i < n; i++)
         for (int ch = 0; ch < c; ch++)
             for (int p = 0; p < hw; p++)
-                dst[trn_nhwc_off(i, ch, p, c, hw)] = src[trn_nchw_off(i, ch, p, c, hw)];
+                trn_act_put(dst, dt, trn_nhwc_off(i, ch, p, c, hw),
+                            src[trn_nchw_off(i, ch, p, c, hw)]);
     return dst;
 }
 
-/* Equal to the bit (NaN equal to NaN). */
-static void assert_same(const float *got_nhwc, const float *want_nchw, int n, int c, int hw)
+/* What the kernel stored (NHWC, dt) is the CPU's NCHW fp32 result rounded
+ * once, to the bit (NaN equal to NaN). */
+static void assert_stored(const void *got, int dt, const float *want_nchw, int n, int c, int hw)
 {
     for (int i = 0; i < n; i++)
         for (int ch = 0; ch < c; ch++)
             for (int p = 0; p < hw; p++) {
-                float g = got_nhwc[trn_nhwc_off(i, ch, p, c, hw)];
-                float w = want_nchw[trn_nchw_off(i, ch, p, c, hw)];
-                if (memcmp(&g, &w, sizeof(float)) != 0) {
-                    print_error("n %d c %d p %d: got %.9g want %.9g\n", i, ch, p, g, w);
+                float g = trn_act_get(got, dt, trn_nhwc_off(i, ch, p, c, hw));
+                float w = trn_act_round(dt, want_nchw[trn_nchw_off(i, ch, p, c, hw)]);
+                if (memcmp(&g, &w, sizeof(float)) != 0 && !(g != g && w != w)) {
+                    print_error("dtype %d n %d c %d p %d: got %.9g want %.9g\n", dt, i, ch, p, g,
+                                w);
                     fail();
                 }
             }
@@ -127,12 +145,105 @@ static void test_offsets(void **state)
     free(seen);
 }
 
+/* ---- activation storage (--amp) ---- */
+
+static void test_act_storage(void **state)
+{
+    (void)state;
+    /* ops_math.h's dtype values are ops.h's */
+    assert_int_equal(TRN_DT_F32, TRN_F32);
+    assert_int_equal(TRN_DT_BF16, TRN_BF16);
+    assert_int_equal(TRN_DT_F16, TRN_F16);
+    float vals[64] = {0.0f,     -0.0f,     1.0f,        -1.5f,      65504.0f,
+                      65520.0f, 1e-7f,     -3e-8f,      1e-40f,     3.4e38f,
+                      INFINITY, -INFINITY, 1.00390625f, 1.0078125f, 0.333333343f};
+    for (int i = 15; i < 64; i++)
+        vals[i] = nrand() * (float)(1 << (i % 20)) * (i % 3 ? 1.0f : 1e-6f);
+    uint16_t h[1];
+    float f[1];
+    for (int i = 0; i < 64; i++) {
+        float v = vals[i];
+        /* fp32: stored and read back as is */
+        trn_act_put(f, TRN_DT_F32, 0, v);
+        assert_memory_equal(f, &v, 4);
+        float back = trn_act_get(f, TRN_DT_F32, 0), r32 = trn_act_round(TRN_DT_F32, v);
+        assert_memory_equal(&back, &v, 4);
+        assert_memory_equal(&r32, &v, 4);
+        /* bf16 and fp16: the casts' bits, widened exactly, rounding idempotent */
+        trn_act_put(h, TRN_DT_BF16, 0, v);
+        assert_int_equal(h[0], trn_f32_to_bf16(v));
+        back = trn_act_get(h, TRN_DT_BF16, 0);
+        float want = trn_bf16_to_f32(trn_f32_to_bf16(v)), rb = trn_act_round(TRN_DT_BF16, v);
+        assert_memory_equal(&back, &want, 4);
+        assert_memory_equal(&rb, &want, 4);
+        float rbb = trn_act_round(TRN_DT_BF16, rb);
+        assert_memory_equal(&rbb, &rb, 4);
+        trn_act_put(h, TRN_DT_F16, 0, v);
+        assert_int_equal(h[0], trn_f32_to_f16(v));
+        back = trn_act_get(h, TRN_DT_F16, 0);
+        want = trn_f16_to_f32(trn_f32_to_f16(v));
+        float rh = trn_act_round(TRN_DT_F16, v);
+        assert_memory_equal(&back, &want, 4);
+        assert_memory_equal(&rh, &want, 4);
+        float rhh = trn_act_round(TRN_DT_F16, rh);
+        assert_memory_equal(&rhh, &rh, 4);
+    }
+    /* two bytes an element: a store touches only its own */
+    uint16_t row[3] = {0x1111, 0x2222, 0x3333};
+    trn_act_put(row, TRN_DT_BF16, 1, 1.0f);
+    assert_int_equal(row[0], 0x1111);
+    assert_int_equal(row[1], 0x3f80);
+    assert_int_equal(row[2], 0x3333);
+    trn_act_put(row, TRN_DT_F16, 2, 1.0f);
+    assert_int_equal(row[1], 0x3f80);
+    assert_int_equal(row[2], 0x3c00);
+}
+
+/* backend.cu's reorder, one destination element at a time: the network
+ * input's NCHW fp32 -> NHWC bf16/fp16 (--amp) is each value rounded once in
+ * its NHWC place, and back to NCHW fp32 exact; fp32 to fp32 is a copy. */
+static void test_reorder_cast(void **state)
+{
+    (void)state;
+    const int N = 2, C = 5, H = 3, W = 4, HW = H * W;
+    size_t numel = (size_t)N * C * HW;
+    float *x = randn(numel, 0, 3);
+    for (size_t i = 0; i < numel; i += 5)
+        x[i] *= 1e-6f; /* fp16's subnormals */
+    x[7] = 1e5f;       /* past fp16's range: inf */
+    float *back = malloc(numel * 4);
+    void *st = malloc(numel * 4);
+    for (int d = 0; d < N_DTS; d++) {
+        int dt = dts[d];
+        for (size_t e = 0; e < numel; e++)
+            trn_reorder_one(x, 0, TRN_DT_F32, st, 1, dt, e, C, HW);
+        assert_stored(st, dt, x, N, C, HW);
+        for (size_t e = 0; e < numel; e++)
+            trn_reorder_one(st, 1, dt, back, 0, TRN_DT_F32, e, C, HW);
+        for (size_t e = 0; e < numel; e++) {
+            float want = trn_act_round(dt, x[e]);
+            assert_memory_equal(&back[e], &want, 4);
+        }
+        /* the same order, another dtype: an element-wise cast */
+        for (size_t e = 0; e < numel; e++)
+            trn_reorder_one(x, 0, TRN_DT_F32, st, 0, dt, e, C, HW);
+        for (size_t e = 0; e < numel; e++) {
+            float got = trn_act_get(st, dt, e), want = trn_act_round(dt, x[e]);
+            assert_memory_equal(&got, &want, 4);
+        }
+    }
+    free(x);
+    free(back);
+    free(st);
+}
+
 /* ---- batch norm ---- */
 
-/* bn.cu's reduction, replayed: for each channel, R groups of Y thread rows. */
+/* bn.cu's reduction, replayed: for each channel, R groups of Y thread rows,
+ * over NHWC storage of dtype dt. */
 enum red_mode { RED_SUM, RED_SQDEV, RED_BWD };
 
-static void replay_reduce(int mode, const float *x, const float *dy, const float *ry,
+static void replay_reduce(int mode, int dt, const void *x, const void *dy, const void *ry,
                           const float *mean, int N, int C, int HW, float *out_a, float *out_b)
 {
     size_t M = (size_t)N * HW;
@@ -146,14 +257,16 @@ static void replay_reduce(int mode, const float *x, const float *dy, const float
                 for (size_t r = (size_t)g * Y + ty; r < M; r += (size_t)R * Y) {
                     int n = (int)(r / HW), p = (int)(r % HW);
                     size_t o = trn_nhwc_off(n, c, p, C, HW);
+                    float xv = trn_act_get(x, dt, o);
                     if (mode == RED_SUM) {
-                        a += x[o];
+                        a += xv;
                     } else if (mode == RED_SQDEV) {
-                        a += trn_bn_sqdev(x[o], mean[c]);
+                        a += trn_bn_sqdev(xv, mean[c]);
                     } else {
-                        float gv = trn_relu_mask(dy[o], ry != NULL, ry ? ry[o] : 0.0f);
+                        float gv = trn_relu_mask(trn_act_get(dy, dt, o), ry != NULL,
+                                                 ry ? trn_act_get(ry, dt, o) : 0.0f);
                         a += gv;
-                        b += trn_bn_dy_xmu(gv, x[o], mean[c]);
+                        b += trn_bn_dy_xmu(gv, xv, mean[c]);
                     }
                 }
                 ta += a;
@@ -180,133 +293,154 @@ static const int bn_shapes[][3] = {{2, 5, 9}, {3, 40, 625}};
 static void test_bn_forward(void **state)
 {
     (void)state;
-    for (size_t s = 0; s < sizeof(bn_shapes) / sizeof(bn_shapes[0]); s++) {
-        int N = bn_shapes[s][0], C = bn_shapes[s][1], HW = bn_shapes[s][2];
-        size_t numel = (size_t)N * C * HW;
-        float *x = randn(numel, 3.0f, 2.0f), *xh = to_nhwc(x, N, C, HW);
-        struct trn_tensor xt = nchw(x, N, C, HW, 1);
-        float *mean = malloc(C * 4), *var = malloc(C * 4), *gm = malloc(C * 4), *gv = malloc(C * 4);
-        be.ops->bn_stats(&be, &xt, mean, var);
-        replay_reduce(RED_SUM, xh, NULL, NULL, NULL, N, C, HW, gm, NULL);
-        assert_close(gm, mean, C, 1e-6);
-        replay_reduce(RED_SQDEV, xh, NULL, NULL, mean, N, C, HW, gv, NULL);
-        assert_close(gv, var, C, 1e-6);
+    for (size_t s = 0; s < sizeof(bn_shapes) / sizeof(bn_shapes[0]); s++)
+        for (int d = 0; d < N_DTS; d++) {
+            int N = bn_shapes[s][0], C = bn_shapes[s][1], HW = bn_shapes[s][2], dt = dts[d];
+            size_t numel = (size_t)N * C * HW;
+            float *x = randn(numel, 3.0f, 2.0f);
+            round_to(x, numel, dt);
+            void *xs = to_store(x, N, C, HW, dt);
+            struct trn_tensor xt = nchw(x, N, C, HW, 1);
+            float *mean = malloc(C * 4), *var = malloc(C * 4), *gm = malloc(C * 4),
+                  *gv = malloc(C * 4);
+            be.ops->bn_stats(&be, &xt, mean, var);
+            replay_reduce(RED_SUM, dt, xs, NULL, NULL, NULL, N, C, HW, gm, NULL);
+            assert_close(gm, mean, C, 1e-6);
+            replay_reduce(RED_SQDEV, dt, xs, NULL, NULL, mean, N, C, HW, gv, NULL);
+            assert_close(gv, var, C, 1e-6);
 
-        /* prepare, training and eval: the same bits */
-        float *w = randn(C, 1, 0.3f), *b = randn(C, 0, 0.3f);
-        float *rm = randn(C, 0, 0.1f), *rv = randn(C, 1, 0.1f);
-        float *grm = malloc(C * 4), *grv = malloc(C * 4);
-        memcpy(grm, rm, C * 4);
-        memcpy(grv, rv, C * 4);
-        float *inv = malloc(C * 4), *sc = malloc(C * 4), *sh = malloc(C * 4);
-        float ginv, gsc, gsh;
-        double count = (double)N * HW;
-        be.ops->bn_prepare(&be, C, mean, var, count, 1e-5, 0.1, w, b, rm, rv, inv, sc, sh);
-        for (int c = 0; c < C; c++) {
-            trn_bn_prepare_one(mean[c], var[c], count, 1e-5, 0.1f, w[c], b[c], &grm[c], &grv[c],
-                               &ginv, &gsc, &gsh);
-            assert_memory_equal(&ginv, &inv[c], 4);
-            assert_memory_equal(&gsc, &sc[c], 4);
-            assert_memory_equal(&gsh, &sh[c], 4);
-        }
-        assert_memory_equal(grm, rm, C * 4);
-        assert_memory_equal(grv, rv, C * 4);
-        float *einv = malloc(C * 4), *esc = malloc(C * 4), *esh = malloc(C * 4);
-        be.ops->bn_prepare(&be, C, rm, rv, count, 1e-5, 0.1, w, b, NULL, NULL, einv, esc, esh);
-        for (int c = 0; c < C; c++) {
-            trn_bn_prepare_one(rm[c], rv[c], count, 1e-5, 0.1f, w[c], b[c], NULL, NULL, &ginv, &gsc,
-                               &gsh);
-            assert_memory_equal(&ginv, &einv[c], 4);
-            assert_memory_equal(&gsc, &esc[c], 4);
-            assert_memory_equal(&gsh, &esh[c], 4);
-        }
-
-        /* apply: every residual kind, with and without the ReLU */
-        float *r = randn(numel, 0, 1), *rh = to_nhwc(r, N, C, HW);
-        float *ra = randn(C, 1, 0.3f), *rb = randn(C, 0, 0.3f);
-        float *y = malloc(numel * 4), *gy = malloc(numel * 4);
-        struct trn_tensor rt = nchw(r, N, C, HW, 1), yt = nchw(y, N, C, HW, 1);
-        for (int kind = TRN_BN_RES_NONE; kind <= TRN_BN_RES_BN; kind++)
-            for (int relu = 0; relu < 2; relu++) {
-                be.ops->bn_apply(&be, &xt, sc, sh, kind ? &rt : NULL,
-                                 kind == TRN_BN_RES_BN ? ra : NULL,
-                                 kind == TRN_BN_RES_BN ? rb : NULL, relu, &yt);
-                for (size_t e = 0; e < numel; e++) {
-                    int c = trn_act_channel(1, e, C, HW);
-                    gy[e] = trn_bn_apply_one(xh[e], sc[c], sh[c], kind, rh[e], ra[c], rb[c],
-                                             relu ? 0.0f : -INFINITY);
-                }
-                assert_same(gy, y, N, C, HW);
+            /* prepare, training and eval: the same bits */
+            float *w = randn(C, 1, 0.3f), *b = randn(C, 0, 0.3f);
+            float *rm = randn(C, 0, 0.1f), *rv = randn(C, 1, 0.1f);
+            float *grm = malloc(C * 4), *grv = malloc(C * 4);
+            memcpy(grm, rm, C * 4);
+            memcpy(grv, rv, C * 4);
+            float *inv = malloc(C * 4), *sc = malloc(C * 4), *sh = malloc(C * 4);
+            float ginv, gsc, gsh;
+            double count = (double)N * HW;
+            be.ops->bn_prepare(&be, C, mean, var, count, 1e-5, 0.1, w, b, rm, rv, inv, sc, sh);
+            for (int c = 0; c < C; c++) {
+                trn_bn_prepare_one(mean[c], var[c], count, 1e-5, 0.1f, w[c], b[c], &grm[c], &grv[c],
+                                   &ginv, &gsc, &gsh);
+                assert_memory_equal(&ginv, &inv[c], 4);
+                assert_memory_equal(&gsc, &sc[c], 4);
+                assert_memory_equal(&gsh, &sh[c], 4);
             }
-        float *bufs[] = {x,   xh, mean, var,  gm,  gv,  w, b,  rm, rv, grm, grv,
-                         inv, sc, sh,   einv, esc, esh, r, rh, ra, rb, y,   gy};
-        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-            free(bufs[i]);
-    }
+            assert_memory_equal(grm, rm, C * 4);
+            assert_memory_equal(grv, rv, C * 4);
+            float *einv = malloc(C * 4), *esc = malloc(C * 4), *esh = malloc(C * 4);
+            be.ops->bn_prepare(&be, C, rm, rv, count, 1e-5, 0.1, w, b, NULL, NULL, einv, esc, esh);
+            for (int c = 0; c < C; c++) {
+                trn_bn_prepare_one(rm[c], rv[c], count, 1e-5, 0.1f, w[c], b[c], NULL, NULL, &ginv,
+                                   &gsc, &gsh);
+                assert_memory_equal(&ginv, &einv[c], 4);
+                assert_memory_equal(&gsc, &esc[c], 4);
+                assert_memory_equal(&gsh, &esh[c], 4);
+            }
+
+            /* apply: every residual kind, with and without the ReLU; over dt
+             * storage, the CPU's fp32 apply rounded once */
+            float *r = randn(numel, 0, 1);
+            round_to(r, numel, dt);
+            void *rs = to_store(r, N, C, HW, dt), *gy = malloc(numel * 4);
+            float *ra = randn(C, 1, 0.3f), *rb = randn(C, 0, 0.3f);
+            float *y = malloc(numel * 4);
+            struct trn_tensor rt = nchw(r, N, C, HW, 1), yt = nchw(y, N, C, HW, 1);
+            for (int kind = TRN_BN_RES_NONE; kind <= TRN_BN_RES_BN; kind++)
+                for (int relu = 0; relu < 2; relu++) {
+                    be.ops->bn_apply(&be, &xt, sc, sh, kind ? &rt : NULL,
+                                     kind == TRN_BN_RES_BN ? ra : NULL,
+                                     kind == TRN_BN_RES_BN ? rb : NULL, relu, &yt);
+                    for (size_t e = 0; e < numel; e++) {
+                        int c = trn_act_channel(1, e, C, HW);
+                        trn_act_put(gy, dt, e,
+                                    trn_bn_apply_one(trn_act_get(xs, dt, e), sc[c], sh[c], kind,
+                                                     trn_act_get(rs, dt, e), ra[c], rb[c],
+                                                     relu ? 0.0f : -INFINITY));
+                    }
+                    assert_stored(gy, dt, y, N, C, HW);
+                }
+            void *bufs[] = {x,   xs, mean, var,  gm,  gv,  w, b,  rm, rv, grm, grv,
+                            inv, sc, sh,   einv, esc, esh, r, rs, ra, rb, y,   gy};
+            for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+                free(bufs[i]);
+        }
 }
 
 static void test_bn_backward(void **state)
 {
     (void)state;
-    for (size_t s = 0; s < sizeof(bn_shapes) / sizeof(bn_shapes[0]); s++) {
-        int N = bn_shapes[s][0], C = bn_shapes[s][1], HW = bn_shapes[s][2];
-        size_t numel = (size_t)N * C * HW;
-        double count = (double)N * HW;
-        float *x = randn(numel, 1, 2), *xh = to_nhwc(x, N, C, HW);
-        float *dy = randn(numel, 0, 1), *dyh = to_nhwc(dy, N, C, HW);
-        float *ry = randn(numel, 0, 1);
-        for (size_t e = 0; e < numel; e++)
-            ry[e] = ry[e] < 0 ? 0 : ry[e];
-        float *ryh = to_nhwc(ry, N, C, HW);
-        float *mean = randn(C, 1, 0.1f), *inv = randn(C, 0.5f, 0.01f), *w = randn(C, 1, 0.3f);
-        struct trn_tensor xt = nchw(x, N, C, HW, 1), dyt = nchw(dy, N, C, HW, 1);
-        struct trn_tensor ryt = nchw(ry, N, C, HW, 1);
-        float *sdy = malloc(C * 4), *sdx = malloc(C * 4), *gs = malloc(C * 4), *gq = malloc(C * 4);
-        float *dx = malloc(numel * 4), *gdx = malloc(numel * 4);
-        struct trn_tensor dxt = nchw(dx, N, C, HW, 1);
-        for (int masked = 0; masked < 2; masked++) {
-            be.ops->bn_backward_reduce(&be, &xt, &dyt, masked ? &ryt : NULL, mean, sdy, sdx);
-            replay_reduce(RED_BWD, xh, dyh, masked ? ryh : NULL, mean, N, C, HW, gs, gq);
-            assert_close(gs, sdy, C, 1e-6);
-            assert_close(gq, sdx, C, 1e-6);
-            /* the input gradient from the same sums: the same bits */
-            be.ops->bn_backward_input(&be, &xt, &dyt, masked ? &ryt : NULL, mean, inv, w, sdy, sdx,
-                                      count, &dxt);
-            for (size_t e = 0; e < numel; e++) {
-                int c = trn_act_channel(1, e, C, HW);
-                float k1, a, b;
-                trn_bn_bwd_coef(inv[c], w[c], sdy[c], sdx[c], count, &k1, &a, &b);
-                float g = trn_relu_mask(dyh[e], masked, ryh[e]);
-                gdx[e] = trn_bn_bwd_input_one(g, xh[e], mean[c], k1, a, b);
-            }
-            assert_same(gdx, dx, N, C, HW);
-        }
-        /* parameter gradients, set and accumulated */
-        float *dw = randn(C, 0, 1), *db = randn(C, 0, 1), *gdw = malloc(C * 4),
-              *gdb = malloc(C * 4);
-        memcpy(gdw, dw, C * 4);
-        memcpy(gdb, db, C * 4);
-        for (int acc = 0; acc < 2; acc++) {
-            be.ops->bn_param_grads(&be, C, inv, sdy, sdx, dw, db, acc);
-            for (int c = 0; c < C; c++)
-                trn_bn_param_grad_one(inv[c], sdy[c], sdx[c], acc, &gdw[c], &gdb[c]);
-            assert_memory_equal(gdw, dw, C * 4);
-            assert_memory_equal(gdb, db, C * 4);
-        }
-        /* ReLU backward, with and without the shortcut's gradient */
-        float *dy2 = randn(numel, 0, 1), *dy2h = to_nhwc(dy2, N, C, HW);
-        struct trn_tensor dy2t = nchw(dy2, N, C, HW, 1);
-        for (int two = 0; two < 2; two++) {
-            be.ops->relu_backward(&be, &dyt, two ? &dy2t : NULL, &ryt, &dxt);
+    for (size_t s = 0; s < sizeof(bn_shapes) / sizeof(bn_shapes[0]); s++)
+        for (int d = 0; d < N_DTS; d++) {
+            int N = bn_shapes[s][0], C = bn_shapes[s][1], HW = bn_shapes[s][2], dt = dts[d];
+            size_t numel = (size_t)N * C * HW;
+            double count = (double)N * HW;
+            float *x = randn(numel, 1, 2), *dy = randn(numel, 0, 1), *ry = randn(numel, 0, 1);
             for (size_t e = 0; e < numel; e++)
-                gdx[e] = trn_relu_bwd_one(dyh[e], two, dy2h[e], ryh[e]);
-            assert_same(gdx, dx, N, C, HW);
+                ry[e] = ry[e] < 0 ? 0 : ry[e];
+            round_to(x, numel, dt);
+            round_to(dy, numel, dt);
+            round_to(ry, numel, dt);
+            void *xs = to_store(x, N, C, HW, dt), *dys = to_store(dy, N, C, HW, dt);
+            void *rys = to_store(ry, N, C, HW, dt);
+            float *mean = randn(C, 1, 0.1f), *inv = randn(C, 0.5f, 0.01f), *w = randn(C, 1, 0.3f);
+            struct trn_tensor xt = nchw(x, N, C, HW, 1), dyt = nchw(dy, N, C, HW, 1);
+            struct trn_tensor ryt = nchw(ry, N, C, HW, 1);
+            float *sdy = malloc(C * 4), *sdx = malloc(C * 4), *gs = malloc(C * 4),
+                  *gq = malloc(C * 4);
+            float *dx = malloc(numel * 4);
+            void *gdx = malloc(numel * 4);
+            struct trn_tensor dxt = nchw(dx, N, C, HW, 1);
+            for (int masked = 0; masked < 2; masked++) {
+                be.ops->bn_backward_reduce(&be, &xt, &dyt, masked ? &ryt : NULL, mean, sdy, sdx);
+                replay_reduce(RED_BWD, dt, xs, dys, masked ? rys : NULL, mean, N, C, HW, gs, gq);
+                assert_close(gs, sdy, C, 1e-6);
+                assert_close(gq, sdx, C, 1e-6);
+                /* the input gradient from the same sums: the CPU's rounded once */
+                be.ops->bn_backward_input(&be, &xt, &dyt, masked ? &ryt : NULL, mean, inv, w, sdy,
+                                          sdx, count, &dxt);
+                for (size_t e = 0; e < numel; e++) {
+                    int c = trn_act_channel(1, e, C, HW);
+                    float k1, a, b;
+                    trn_bn_bwd_coef(inv[c], w[c], sdy[c], sdx[c], count, &k1, &a, &b);
+                    float g =
+                        trn_relu_mask(trn_act_get(dys, dt, e), masked, trn_act_get(rys, dt, e));
+                    trn_act_put(gdx, dt, e,
+                                trn_bn_bwd_input_one(g, trn_act_get(xs, dt, e), mean[c], k1, a, b));
+                }
+                assert_stored(gdx, dt, dx, N, C, HW);
+            }
+            /* parameter gradients, set and accumulated */
+            float *dw = randn(C, 0, 1), *db = randn(C, 0, 1), *gdw = malloc(C * 4),
+                  *gdb = malloc(C * 4);
+            memcpy(gdw, dw, C * 4);
+            memcpy(gdb, db, C * 4);
+            for (int acc = 0; acc < 2; acc++) {
+                be.ops->bn_param_grads(&be, C, inv, sdy, sdx, dw, db, acc);
+                for (int c = 0; c < C; c++)
+                    trn_bn_param_grad_one(inv[c], sdy[c], sdx[c], acc, &gdw[c], &gdb[c]);
+                assert_memory_equal(gdw, dw, C * 4);
+                assert_memory_equal(gdb, db, C * 4);
+            }
+            /* ReLU backward, with and without the shortcut's gradient */
+            float *dy2 = randn(numel, 0, 1);
+            round_to(dy2, numel, dt);
+            void *dy2s = to_store(dy2, N, C, HW, dt);
+            struct trn_tensor dy2t = nchw(dy2, N, C, HW, 1);
+            for (int two = 0; two < 2; two++) {
+                be.ops->relu_backward(&be, &dyt, two ? &dy2t : NULL, &ryt, &dxt);
+                for (size_t e = 0; e < numel; e++)
+                    trn_act_put(gdx, dt, e,
+                                trn_relu_bwd_one(trn_act_get(dys, dt, e), two,
+                                                 trn_act_get(dy2s, dt, e),
+                                                 trn_act_get(rys, dt, e)));
+                assert_stored(gdx, dt, dx, N, C, HW);
+            }
+            void *bufs[] = {x,  xs, dy, dys, ry, rys, mean, inv, w,   sdy, sdx,
+                            gs, gq, dx, gdx, dw, db,  gdw,  gdb, dy2, dy2s};
+            for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+                free(bufs[i]);
         }
-        float *bufs[] = {x,  xh, dy, dyh, ry, ryh, mean, inv, w,   sdy, sdx,
-                         gs, gq, dx, gdx, dw, db,  gdw,  gdb, dy2, dy2h};
-        for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-            free(bufs[i]);
-    }
 }
 
 /* ---- pooling ---- */
@@ -333,17 +467,22 @@ static void test_maxpool_outs(void **state)
     }
 }
 
-static void test_pool(void **state)
+/* pool.cu's kernels replayed over storage of dtype dt, against the CPU on
+ * the rounded inputs: max-pool's output exact (one of its inputs), the
+ * backward sums the CPU's rounded once, the pooled features fp32 the CPU's
+ * bits. */
+static void pool_check(int dt)
 {
-    (void)state;
     const int N = 2, C = 3, H = 9, W = 9, OH = 5, OW = 5, HW = H * W, OHW = OH * OW;
     size_t numel = (size_t)N * C * HW, onumel = (size_t)N * C * OHW;
     float *x = randn(numel, 0, 1);
     x[4] = x[5] = 7.0f; /* a tie */
     x[40] = NAN;        /* NaN wins */
     x[41] = NAN;
-    float *xh = to_nhwc(x, N, C, HW);
-    float *y = malloc(onumel * 4), *gy = malloc(onumel * 4);
+    round_to(x, numel, dt);
+    void *xs = to_store(x, N, C, HW, dt);
+    float *y = malloc(onumel * 4);
+    void *gy = malloc(onumel * 4);
     uint8_t *am = malloc(onumel), *gam = malloc(onumel);
     struct trn_tensor xt = nchw(x, N, C, H, W), yt = nchw(y, N, C, OH, OW);
     be.ops->maxpool_forward(&be, &xt, &yt, am);
@@ -358,24 +497,26 @@ static void test_pool(void **state)
                 int iy = trn_maxpool_in(oy, ky), ix = trn_maxpool_in(ox, kx);
                 if (iy < 0 || iy >= H || ix < 0 || ix >= W)
                     continue;
-                float v = xh[trn_nhwc_off(n, c, iy * W + ix, C, HW)];
+                float v = trn_act_get(xs, dt, trn_nhwc_off(n, c, iy * W + ix, C, HW));
                 if (trn_maxpool_takes(v, best)) {
                     best = v;
                     arg = ky * TRN_POOL_K + kx;
                 }
             }
-        gy[e] = best;
+        trn_act_put(gy, dt, e, best);
         gam[e] = (uint8_t)arg;
     }
-    assert_same(gy, y, N, C, OHW);
+    assert_stored(gy, dt, y, N, C, OHW);
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++)
             for (int p = 0; p < OHW; p++)
                 assert_int_equal(gam[trn_nhwc_off(n, c, p, C, OHW)],
                                  am[trn_nchw_off(n, c, p, C, OHW)]);
     /* backward: pool.cu gathers per input, the CPU scatters per output */
-    float *dy = randn(onumel, 0, 1), *dyh = to_nhwc(dy, N, C, OHW);
-    float *dx = malloc(numel * 4), *gdx = malloc(numel * 4);
+    float *dy = randn(onumel, 0, 1);
+    round_to(dy, onumel, dt);
+    void *dys = to_store(dy, N, C, OHW, dt), *gdx = malloc(numel * 4);
+    float *dx = malloc(numel * 4);
     struct trn_tensor dyt = nchw(dy, N, C, OH, OW), dxt = nchw(dx, N, C, H, W);
     be.ops->maxpool_backward(&be, &dyt, am, &dxt);
     for (size_t e = 0; e < numel; e++) {
@@ -384,45 +525,50 @@ static void test_pool(void **state)
         int iy = p / W, ix = p % W, y0, y1, x0, x1;
         trn_maxpool_outs(iy, OH, &y0, &y1);
         trn_maxpool_outs(ix, OW, &x0, &x1);
-        float s = 0.0f;
+        float sum = 0.0f;
         for (int oy = y0; oy <= y1; oy++)
             for (int ox = x0; ox <= x1; ox++) {
                 size_t o = trn_nhwc_off(n, c, oy * OW + ox, C, OHW);
                 if (trn_maxpool_in(oy, gam[o] / TRN_POOL_K) == iy &&
                     trn_maxpool_in(ox, gam[o] % TRN_POOL_K) == ix)
-                    s += dyh[o];
+                    sum += trn_act_get(dys, dt, o);
             }
-        gdx[e] = s;
+        trn_act_put(gdx, dt, e, sum);
     }
-    assert_same(gdx, dx, N, C, HW);
-    /* average pool: the same double sums in the same order */
+    assert_stored(gdx, dt, dx, N, C, HW);
+    /* average pool: the same double sums in the same order, fp32 out */
     float *ay = malloc((size_t)N * C * 4), *gay = malloc((size_t)N * C * 4);
     for (size_t e = 0; e < numel; e++)
         if (isnan(x[e]))
             x[e] = 1.0f;
-    free(xh);
-    xh = to_nhwc(x, N, C, HW);
+    free(xs);
+    xs = to_store(x, N, C, HW, dt);
     be.ops->avgpool_forward(&be, &xt, ay);
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++) {
-            double s = 0;
+            double sum = 0;
             for (int p = 0; p < HW; p++)
-                s += xh[trn_nhwc_off(n, c, p, C, HW)];
-            gay[n * C + c] = trn_avgpool_mean(s, HW);
+                sum += trn_act_get(xs, dt, trn_nhwc_off(n, c, p, C, HW));
+            gay[n * C + c] = trn_avgpool_mean(sum, HW);
         }
     assert_memory_equal(gay, ay, (size_t)N * C * 4);
     be.ops->avgpool_backward(&be, ay, &dxt);
     for (size_t e = 0; e < numel; e++) {
         int n, c, p;
         trn_act_coords(1, e, C, HW, &n, &c, &p);
-        gdx[e] = trn_avgpool_grad(ay[n * C + c], HW);
+        trn_act_put(gdx, dt, e, trn_avgpool_grad(ay[n * C + c], HW));
     }
-    assert_same(gdx, dx, N, C, HW);
-    float *bufs[] = {x, xh, y, gy, dy, dyh, dx, gdx, ay, gay};
+    assert_stored(gdx, dt, dx, N, C, HW);
+    void *bufs[] = {x, xs, y, gy, dy, dys, dx, gdx, ay, gay, am, gam};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
-    free(am);
-    free(gam);
+}
+
+static void test_pool(void **state)
+{
+    (void)state;
+    for (int d = 0; d < N_DTS; d++)
+        pool_check(dts[d]);
 }
 
 /* ---- loss, SGD ---- */
@@ -495,9 +641,10 @@ static void test_sgd(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_offsets),     cmocka_unit_test(test_bn_forward),
-        cmocka_unit_test(test_bn_backward), cmocka_unit_test(test_maxpool_outs),
-        cmocka_unit_test(test_pool),        cmocka_unit_test(test_xent),
+        cmocka_unit_test(test_offsets),      cmocka_unit_test(test_act_storage),
+        cmocka_unit_test(test_reorder_cast), cmocka_unit_test(test_bn_forward),
+        cmocka_unit_test(test_bn_backward),  cmocka_unit_test(test_maxpool_outs),
+        cmocka_unit_test(test_pool),         cmocka_unit_test(test_xent),
         cmocka_unit_test(test_sgd),
     };
     return cmocka_run_group_tests(tests, cpu_backend_setup, cpu_backend_teardown);

@@ -48,7 +48,12 @@ enum trn_layout {
     TRN_LAYOUT_NHWC,    /* (N, H, W, C): cuDNN's fast layout */
 };
 
-/* A 4-d activation (N, C, H, W) in some layout. Does not own data. */
+/*
+ * A 4-d activation (N, C, H, W) in some layout. Does not own data. data is
+ * raw storage of dtype's elements: fp32, or (on the CUDA backend under
+ * --amp, be->act_dtype) bf16/fp16 bits, two bytes each, read through
+ * trn_tensor_bytes and the backend's kernels, never as floats.
+ */
 struct trn_tensor {
     float *data;
     int n, c, h, w;
@@ -60,6 +65,17 @@ struct trn_tensor {
 static inline size_t trn_tensor_numel(const struct trn_tensor *t)
 {
     return (size_t)t->n * (size_t)t->c * (size_t)t->h * (size_t)t->w;
+}
+
+/* Bytes per element of a dtype. */
+static inline size_t trn_dtype_size(enum trn_dtype d)
+{
+    return d == TRN_BF16 || d == TRN_F16 ? 2 : d == TRN_I64 ? 8 : 4;
+}
+
+static inline size_t trn_tensor_bytes(const struct trn_tensor *t)
+{
+    return trn_tensor_numel(t) * trn_dtype_size(t->dtype);
 }
 
 /* Channel block of a layout: 8 or 16 for the blocked ones, 1 otherwise. */
@@ -94,7 +110,8 @@ struct trn_ops {
     /* Waits until all queued work is done (no-op on the CPU). */
     void (*synchronize)(struct trn_backend *be);
 
-    /* dst = src converted to dst's layout (same shape). */
+    /* dst = src converted to dst's layout and dtype (same shape; the CPU's
+     * tensors are all fp32; on CUDA fp32 <-> bf16/fp16, round to nearest even). */
     void (*reorder)(struct trn_backend *be, const struct trn_tensor *src, struct trn_tensor *dst);
 
     /* conv.c: y = conv(x, w); w is (cout, cin, k, k) OIHW. */
@@ -163,7 +180,8 @@ struct trn_ops {
                             struct trn_tensor *y, uint8_t *argmax);
     void (*maxpool_backward)(struct trn_backend *be, const struct trn_tensor *dy,
                              const uint8_t *argmax, struct trn_tensor *dx);
-    /* Adaptive average pool to 1x1: x (N, C, H, W) -> y (N, C) row-major. */
+    /* Adaptive average pool to 1x1: x (N, C, H, W) -> y (N, C) row-major,
+     * y fp32 whatever x's dtype (fc and the loss are fp32), and back. */
     void (*avgpool_forward)(struct trn_backend *be, const struct trn_tensor *x, float *y);
     void (*avgpool_backward)(struct trn_backend *be, const float *dy, struct trn_tensor *dx);
 
@@ -207,6 +225,7 @@ struct trn_backend {
     const struct trn_ops *ops;
     enum trn_device device;
     enum trn_layout act_layout; /* layout of activations between ops */
+    enum trn_dtype act_dtype;   /* their dtype: TRN_F32, or bf16/fp16 on CUDA under --amp */
     int threads;
     void *impl;
 };
@@ -227,6 +246,12 @@ struct trn_cuda_options {
     bool deterministic;     /* deterministic convolution algorithms only */
     bool tf32_conv;         /* TF32 in convolutions (PyTorch's default: on) */
     bool tf32_matmul;       /* TF32 in fc (PyTorch's default: off) */
+    /* Activations (and their gradients) between ops: TRN_F32 (0, the
+     * default), or TRN_BF16 / TRN_F16 for --amp: stored in that dtype,
+     * convolutions on tensor cores with fp32 accumulation, the rest of the
+     * arithmetic in fp32; weights, gradients, BN statistics, the pooled
+     * features, fc, the logits and the loss stay fp32 (docs/trainer.md). */
+    enum trn_dtype act_dtype;
 };
 
 /* Visible CUDA devices; 0 when there is no driver or no device (never fails). */

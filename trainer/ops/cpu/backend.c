@@ -158,6 +158,7 @@ int trn_backend_cpu_init(struct trn_backend *be, int threads, char *err, size_t 
      * is what the reference kernels handle on anything older). */
     be->act_layout = dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx512_core ? TRN_LAYOUT_NCHW16C
                                                                               : TRN_LAYOUT_NCHW8C;
+    be->act_dtype = TRN_F32; /* --amp is CUDA only (train.c refuses it here) */
     if (dnnl_engine_create(&cb->engine, dnnl_cpu, 0) != dnnl_success ||
         dnnl_stream_create(&cb->stream, cb->engine, dnnl_stream_default_flags) != dnnl_success) {
         snprintf(err, errlen, "oneDNN: cannot create a CPU engine");

@@ -5,8 +5,10 @@
  *
  * Activations are NHWC (channels-last), the layout cuDNN's fastest
  * convolutions read and write, kept end to end; the network input may be
- * plain NCHW. Parameters stay in torchvision's layout in one flat buffer
- * (conv.cu converts weights for cuDNN).
+ * plain NCHW. Their dtype is opt.act_dtype (be->act_dtype): fp32, or bf16 /
+ * fp16 under --amp; the reorder casts between dtypes too. Parameters stay
+ * in torchvision's layout in one flat buffer (conv.cu converts weights for
+ * cuDNN).
  *
  * Memory: alloc is cudaMalloc, counted so the peak can be reported (the
  * CPU's peak RSS counterpart). The backend's own scratch (cuDNN workspace,
@@ -145,17 +147,21 @@ static void cuda_copy(struct trn_backend *be, void *dst, const void *src, size_t
 
 /* ---- layout conversion ---- */
 
-/* One thread per destination element. */
-__global__ void reorder_kernel(const float *src, float *dst, int src_nhwc, int dst_nhwc, int N,
-                               int C, int HW)
+static_assert(TRN_DT_F32 == (int)TRN_F32 && TRN_DT_BF16 == (int)TRN_BF16 &&
+                  TRN_DT_F16 == (int)TRN_F16,
+              "ops_math.h's dtype values are ops.h's");
+
+/* One thread per destination element; layout and dtype at once (the
+ * network input: NCHW fp32 -> NHWC bf16/fp16 under --amp in one pass). */
+template <int SDT, int DDT>
+__global__ void reorder_kernel(const void *src, void *dst, int src_nhwc, int dst_nhwc, int N, int C,
+                               int HW)
 {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t total = (size_t)N * C * HW;
     if (e >= total)
         return;
-    int n, c, p;
-    trn_act_coords(dst_nhwc, e, C, HW, &n, &c, &p);
-    dst[e] = src[trn_act_off(src_nhwc, n, c, p, C, HW)];
+    trn_reorder_one(src, src_nhwc, SDT, dst, dst_nhwc, DDT, e, C, HW);
 }
 
 void cuda_reorder(struct trn_backend *be, const struct trn_tensor *src, struct trn_tensor *dst)
@@ -165,13 +171,21 @@ void cuda_reorder(struct trn_backend *be, const struct trn_tensor *src, struct t
     size_t total = trn_tensor_numel(src);
     if (!total)
         return;
-    if (sn == dn || src->c == 1 || src->h * src->w == 1) {
-        cudaCheck(cudaMemcpyAsync(dst->data, src->data, total * sizeof(float),
+    bool same_order = sn == dn || src->c == 1 || src->h * src->w == 1;
+    if (same_order && src->dtype == dst->dtype) {
+        cudaCheck(cudaMemcpyAsync(dst->data, src->data, trn_tensor_bytes(src),
                                   cudaMemcpyDeviceToDevice, cb->stream));
         return;
     }
-    reorder_kernel<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
-        src->data, dst->data, sn, dn, src->n, src->c, src->h * src->w);
+    if (same_order)
+        sn = dn; /* only the dtype changes: element order kept */
+    cuda_act_dispatch(src->dtype, [&](auto sdt) {
+        cuda_act_dispatch(dst->dtype, [&](auto ddt) {
+            reorder_kernel<decltype(sdt)::value, decltype(ddt)::value>
+                <<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(src->data, dst->data, sn, dn,
+                                                                  src->n, src->c, src->h * src->w);
+        });
+    });
     cudaLaunchCheck();
 }
 
@@ -234,6 +248,10 @@ extern "C" int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cu
         snprintf(err, errlen, "CUDA device %d requested, %d visible", opt->device, count);
         return CDDP_ECONFIG;
     }
+    if (opt->act_dtype != TRN_F32 && opt->act_dtype != TRN_BF16 && opt->act_dtype != TRN_F16) {
+        snprintf(err, errlen, "activation dtype %d is not fp32, bf16 or fp16", (int)opt->act_dtype);
+        return CDDP_ECONFIG;
+    }
     struct cuda_backend *cb = (struct cuda_backend *)calloc(1, sizeof(*cb));
     if (!cb) {
         snprintf(err, errlen, "out of memory");
@@ -258,6 +276,7 @@ extern "C" int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cu
     be->ops = &cuda_ops;
     be->device = TRN_DEVICE_CUDA;
     be->act_layout = TRN_LAYOUT_NHWC;
+    be->act_dtype = opt->act_dtype;
     be->threads = 1;
     be->impl = cb;
     return 0;

@@ -19,6 +19,13 @@
  * The arithmetic per element and per channel is ops_math.h's, which the
  * CPU tests check against ops/cpu/bn.c; the summation order differs from
  * the CPU's (in double, which rarely shows in the float result).
+ *
+ * Under --amp the activations (x, the residual, y, dy, the ReLU mask, dx)
+ * are bf16 or fp16 in memory: the kernels are templates on that dtype, read
+ * each value widened to fp32 and round each result once on the store
+ * (trn_act_get/put). Statistics, the per-channel vectors and the backward
+ * sums stay fp32 (sums in double), as PyTorch's own bf16 batch norm: SyncBN
+ * exchanges and DDP see the same fp32 vectors as without --amp.
  */
 #include "trainer/ops/cuda/cuda.h"
 #include "trainer/ops/cuda/ops_math.h"
@@ -33,8 +40,8 @@ enum red_mode {
 
 /* ---- kernels ---- */
 
-template <int MODE>
-__global__ void reduce_partial_kernel(const float *x, const float *dy, const float *ry,
+template <int MODE, int DT>
+__global__ void reduce_partial_kernel(const void *x, const void *dy, const void *ry,
                                       const float *mean, int nhwc, int N, int C, int HW,
                                       double *part_a, double *part_b)
 {
@@ -48,14 +55,16 @@ __global__ void reduce_partial_kernel(const float *x, const float *dy, const flo
              r += (size_t)gridDim.y * RED_Y) {
             int n = (int)(r / HW), p = (int)(r % HW);
             size_t o = trn_act_off(nhwc, n, c, p, C, HW);
+            float xv = trn_act_get(x, DT, o);
             if (MODE == RED_SUM) {
-                a += x[o];
+                a += xv;
             } else if (MODE == RED_SQDEV) {
-                a += trn_bn_sqdev(x[o], m);
+                a += trn_bn_sqdev(xv, m);
             } else {
-                float g = trn_relu_mask(dy[o], ry != NULL, ry ? ry[o] : 0.0f);
+                float g = trn_relu_mask(trn_act_get(dy, DT, o), ry != NULL,
+                                        ry ? trn_act_get(ry, DT, o) : 0.0f);
                 a += g;
-                b += trn_bn_dy_xmu(g, x[o], m);
+                b += trn_bn_dy_xmu(g, xv, m);
             }
         }
     }
@@ -111,19 +120,21 @@ __global__ void prepare_kernel(int C, const float *mean, const float *var, doubl
                        invstd + c, scale + c, shift + c);
 }
 
-__global__ void apply_kernel(const float *x, const float *scale, const float *shift,
-                             const float *res, const float *res_scale, const float *res_shift,
-                             int res_kind, float lo, int nhwc, int C, int HW, size_t total,
-                             float *y)
+template <int DT>
+__global__ void apply_kernel(const void *x, const float *scale, const float *shift, const void *res,
+                             const float *res_scale, const float *res_shift, int res_kind, float lo,
+                             int nhwc, int C, int HW, size_t total, void *y)
 {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= total)
         return;
     int c = trn_act_channel(nhwc, e, C, HW);
-    float r = res_kind != TRN_BN_RES_NONE ? res[e] : 0.0f;
+    float r = res_kind != TRN_BN_RES_NONE ? trn_act_get(res, DT, e) : 0.0f;
     float ra = res_kind == TRN_BN_RES_BN ? res_scale[c] : 1.0f;
     float rb = res_kind == TRN_BN_RES_BN ? res_shift[c] : 0.0f;
-    y[e] = trn_bn_apply_one(x[e], scale[c], shift[c], res_kind, r, ra, rb, lo);
+    trn_act_put(
+        y, DT, e,
+        trn_bn_apply_one(trn_act_get(x, DT, e), scale[c], shift[c], res_kind, r, ra, rb, lo));
 }
 
 __global__ void param_grads_kernel(int C, const float *invstd, const float *sum_dy,
@@ -146,25 +157,30 @@ __global__ void bwd_coef_kernel(int C, const float *invstd, const float *weight,
     trn_bn_bwd_coef(invstd[c], weight[c], sum_dy[c], sum_dy_xmu[c], count, k1 + c, a + c, b + c);
 }
 
-__global__ void bwd_input_kernel(const float *x, const float *dy, const float *ry,
-                                 const float *mean, const float *k1, const float *a, const float *b,
-                                 int nhwc, int C, int HW, size_t total, float *dx)
+template <int DT>
+__global__ void bwd_input_kernel(const void *x, const void *dy, const void *ry, const float *mean,
+                                 const float *k1, const float *a, const float *b, int nhwc, int C,
+                                 int HW, size_t total, void *dx)
 {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= total)
         return;
     int c = trn_act_channel(nhwc, e, C, HW);
-    float g = trn_relu_mask(dy[e], ry != NULL, ry ? ry[e] : 0.0f);
-    dx[e] = trn_bn_bwd_input_one(g, x[e], mean[c], k1[c], a[c], b[c]);
+    float g = trn_relu_mask(trn_act_get(dy, DT, e), ry != NULL, ry ? trn_act_get(ry, DT, e) : 0.0f);
+    trn_act_put(dx, DT, e,
+                trn_bn_bwd_input_one(g, trn_act_get(x, DT, e), mean[c], k1[c], a[c], b[c]));
 }
 
-__global__ void relu_bwd_kernel(const float *dy, const float *dy2, const float *y, size_t total,
-                                float *dx)
+template <int DT>
+__global__ void relu_bwd_kernel(const void *dy, const void *dy2, const void *y, size_t total,
+                                void *dx)
 {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= total)
         return;
-    dx[e] = trn_relu_bwd_one(dy[e], dy2 != NULL, dy2 ? dy2[e] : 0.0f, y[e]);
+    trn_act_put(dx, DT, e,
+                trn_relu_bwd_one(trn_act_get(dy, DT, e), dy2 != NULL,
+                                 dy2 ? trn_act_get(dy2, DT, e) : 0.0f, trn_act_get(y, DT, e)));
 }
 
 /* ---- launchers ---- */
@@ -178,8 +194,8 @@ static double *partials(struct trn_backend *be, int R, int C)
 }
 
 template <int MODE>
-static void reduce(struct trn_backend *be, const struct trn_tensor *x, const float *dy,
-                   const float *ry, const float *mean, float *out_a, float *out_b)
+static void reduce(struct trn_backend *be, const struct trn_tensor *x, const void *dy,
+                   const void *ry, const float *mean, float *out_a, float *out_b)
 {
     struct cuda_backend *cb = cuda_of(be);
     int C = x->c, HW = x->h * x->w;
@@ -187,8 +203,11 @@ static void reduce(struct trn_backend *be, const struct trn_tensor *x, const flo
     int R = trn_bn_row_groups(M);
     double *pa = partials(be, R, C), *pb = pa + (size_t)R * C;
     dim3 grid((unsigned)((C + RED_X - 1) / RED_X), (unsigned)R), block(RED_X, RED_Y);
-    reduce_partial_kernel<MODE>
-        <<<grid, block, 0, cb->stream>>>(x->data, dy, ry, mean, cuda_nhwc(x), x->n, C, HW, pa, pb);
+    int nhwc = cuda_nhwc(x);
+    cuda_act_dispatch(x->dtype, [&](auto dt) {
+        reduce_partial_kernel<MODE, decltype(dt)::value>
+            <<<grid, block, 0, cb->stream>>>(x->data, dy, ry, mean, nhwc, x->n, C, HW, pa, pb);
+    });
     cudaLaunchCheck();
     reduce_final_kernel<MODE><<<cuda_blocks((size_t)C, 128), 128, 0, cb->stream>>>(
         pa, pb, R, C, (double)M, out_a, out_b);
@@ -222,9 +241,14 @@ void cuda_bn_apply(struct trn_backend *be, const struct trn_tensor *x, const flo
     int kind = !res ? TRN_BN_RES_NONE : !res_scale ? TRN_BN_RES_ADD : TRN_BN_RES_BN;
     if (res)
         TRN_CHECK(cuda_nhwc(res) == cuda_nhwc(x), "bn_apply: residual layout differs");
-    apply_kernel<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
-        x->data, scale, shift, res ? res->data : NULL, res_scale, res_shift, kind,
-        relu ? 0.0f : -INFINITY, cuda_nhwc(x), x->c, x->h * x->w, total, y->data);
+    cuda_same_dtype(x, res, "bn_apply");
+    cuda_same_dtype(x, y, "bn_apply");
+    int nhwc = cuda_nhwc(x);
+    cuda_act_dispatch(x->dtype, [&](auto dt) {
+        apply_kernel<decltype(dt)::value><<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
+            x->data, scale, shift, res ? res->data : NULL, res_scale, res_shift, kind,
+            relu ? 0.0f : -INFINITY, nhwc, x->c, x->h * x->w, total, y->data);
+    });
     cudaLaunchCheck();
 }
 
@@ -232,6 +256,8 @@ void cuda_bn_backward_reduce(struct trn_backend *be, const struct trn_tensor *x,
                              const struct trn_tensor *dy, const struct trn_tensor *relu_y,
                              const float *mean, float *sum_dy, float *sum_dy_xmu)
 {
+    cuda_same_dtype(x, dy, "bn_backward_reduce");
+    cuda_same_dtype(x, relu_y, "bn_backward_reduce");
     reduce<RED_BWD>(be, x, dy->data, relu_y ? relu_y->data : NULL, mean, sum_dy, sum_dy_xmu);
 }
 
@@ -258,9 +284,15 @@ void cuda_bn_backward_input(struct trn_backend *be, const struct trn_tensor *x,
         C, invstd, weight, sum_dy, sum_dy_xmu, count, k1, a, b);
     cudaLaunchCheck();
     size_t total = trn_tensor_numel(x);
-    bwd_input_kernel<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
-        x->data, dy->data, relu_y ? relu_y->data : NULL, mean, k1, a, b, cuda_nhwc(x), C,
-        x->h * x->w, total, dx->data);
+    cuda_same_dtype(x, dy, "bn_backward_input");
+    cuda_same_dtype(x, relu_y, "bn_backward_input");
+    cuda_same_dtype(x, dx, "bn_backward_input");
+    int nhwc = cuda_nhwc(x);
+    cuda_act_dispatch(x->dtype, [&](auto dt) {
+        bwd_input_kernel<decltype(dt)::value><<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
+            x->data, dy->data, relu_y ? relu_y->data : NULL, mean, k1, a, b, nhwc, C, x->h * x->w,
+            total, dx->data);
+    });
     cudaLaunchCheck();
 }
 
@@ -270,7 +302,12 @@ void cuda_relu_backward(struct trn_backend *be, const struct trn_tensor *dy,
 {
     struct cuda_backend *cb = cuda_of(be);
     size_t total = trn_tensor_numel(dy);
-    relu_bwd_kernel<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
-        dy->data, dy2 ? dy2->data : NULL, y->data, total, dx->data);
+    cuda_same_dtype(dy, dy2, "relu_backward");
+    cuda_same_dtype(dy, y, "relu_backward");
+    cuda_same_dtype(dy, dx, "relu_backward");
+    cuda_act_dispatch(dy->dtype, [&](auto dt) {
+        relu_bwd_kernel<decltype(dt)::value><<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
+            dy->data, dy2 ? dy2->data : NULL, y->data, total, dx->data);
+    });
     cudaLaunchCheck();
 }

@@ -19,6 +19,8 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <type_traits>
+
 extern "C" {
 #include "trainer/fatal.h"
 #include "trainer/ops/cuda/algo_cache.h"
@@ -81,6 +83,34 @@ int cuda_nhwc(const struct trn_tensor *t);
 static inline unsigned cuda_blocks(size_t n, unsigned threads)
 {
     return (unsigned)((n + threads - 1) / threads);
+}
+
+/*
+ * --amp: activations are stored as fp32, bf16 or fp16 (be->act_dtype), and
+ * the kernels that touch them are templates on that dtype (ops_math.h's
+ * trn_act_get/put). cuda_act_dispatch(dt, f) calls f with
+ * std::integral_constant<int, dt>, for a launcher to instantiate its kernel:
+ *     cuda_act_dispatch(x->dtype, [&](auto dt) { k<decltype(dt)::value><<<...>>>(...); });
+ * Any other dtype is fatal. cuda_same_dtype checks that two tensors agree.
+ */
+template <typename F> static inline void cuda_act_dispatch(enum trn_dtype dt, F &&f)
+{
+    if (dt == TRN_F32)
+        f(std::integral_constant<int, (int)TRN_F32>());
+    else if (dt == TRN_BF16)
+        f(std::integral_constant<int, (int)TRN_BF16>());
+    else if (dt == TRN_F16)
+        f(std::integral_constant<int, (int)TRN_F16>());
+    else
+        trn_fatal("CUDA backend: activation dtype %d is not fp32, bf16 or fp16", (int)dt);
+}
+
+static inline void cuda_same_dtype(const struct trn_tensor *a, const struct trn_tensor *b,
+                                   const char *what)
+{
+    if (b && a->dtype != b->dtype)
+        trn_fatal("CUDA backend: %s: tensors of dtypes %d and %d", what, (int)a->dtype,
+                  (int)b->dtype);
 }
 
 /* backend.cu */

@@ -15,6 +15,10 @@
  * Layouts: activations are NHWC on the GPU (cuDNN's fast layout); plain NCHW
  * is accepted too (the network input). Weights are OIHW in the flat
  * parameter buffer and OHWI (cuDNN's KRSC) for cuDNN with NHWC activations.
+ *
+ * Storage: activations are fp32, or bf16/fp16 under --amp; the kernels read
+ * and write them through trn_act_get/put (the end of this file), so the
+ * arithmetic between a load and a store is the fp32 arithmetic above.
  */
 #ifndef CDDP_TRAINER_OPS_CUDA_OPS_MATH_H
 #define CDDP_TRAINER_OPS_CUDA_OPS_MATH_H
@@ -352,6 +356,58 @@ TRN_HD static inline float trn_f16_to_f32(uint16_t h)
     float f;
     memcpy(&f, &u, sizeof(f));
     return f;
+}
+
+/* ---- activation storage (--amp: bf16/fp16 activations, fp32 arithmetic) ---- */
+
+/* enum trn_dtype's values (ops.h, which this header does not include; the
+ * unit test and backend.cu check that they agree). */
+enum { TRN_DT_F32 = 0, TRN_DT_BF16 = 1, TRN_DT_F16 = 2 };
+
+/*
+ * Element i of an activation stored as dtype, widened to fp32 (exact), and
+ * a value stored into one (rounded to nearest even once: the only rounding
+ * a kernel adds under --amp; its arithmetic stays the fp32 functions above).
+ * The kernels are templates on dtype, so the test folds at compile time.
+ */
+TRN_HD static inline float trn_act_get(const void *base, int dtype, size_t i)
+{
+    if (dtype == TRN_DT_BF16)
+        return trn_bf16_to_f32(((const uint16_t *)base)[i]);
+    if (dtype == TRN_DT_F16)
+        return trn_f16_to_f32(((const uint16_t *)base)[i]);
+    return ((const float *)base)[i];
+}
+
+TRN_HD static inline void trn_act_put(void *base, int dtype, size_t i, float v)
+{
+    if (dtype == TRN_DT_BF16)
+        ((uint16_t *)base)[i] = trn_f32_to_bf16(v);
+    else if (dtype == TRN_DT_F16)
+        ((uint16_t *)base)[i] = trn_f32_to_f16(v);
+    else
+        ((float *)base)[i] = v;
+}
+
+/* v as a store into dtype leaves it, read back. */
+TRN_HD static inline float trn_act_round(int dtype, float v)
+{
+    if (dtype == TRN_DT_BF16)
+        return trn_bf16_to_f32(trn_f32_to_bf16(v));
+    if (dtype == TRN_DT_F16)
+        return trn_f16_to_f32(trn_f32_to_f16(v));
+    return v;
+}
+
+/* The reorder (backend.cu), destination element e of an (N, C, HW)
+ * activation: from src (layout snhwc, dtype sdt) into dst (dnhwc, ddt);
+ * the network input's NCHW fp32 -> NHWC bf16/fp16 is one such pass. */
+TRN_HD static inline void trn_reorder_one(const void *src, int snhwc, int sdt, void *dst, int dnhwc,
+                                          int ddt, size_t e, int C, int HW)
+{
+    int n, c, p;
+    trn_act_coords(dnhwc, e, C, HW, &n, &c, &p);
+    trn_act_put(dst, ddt, e, trn_act_get(src, sdt, trn_act_off(snhwc, n, c, p, C, HW)));
 }
 
 #endif

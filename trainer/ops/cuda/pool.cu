@@ -11,14 +11,20 @@
  * Adaptive average pool to 1x1: one thread per (image, channel) sums its
  * H*W values in double (adjacent threads read adjacent channels in NHWC);
  * the result is a plain (N, C) matrix for the fully connected layer.
+ *
+ * Under --amp the activations are bf16 or fp16 in memory (the kernels are
+ * templates on the dtype, trn_act_get/put): compared and summed in fp32
+ * (max-pool's output is one of its inputs, exact), the backward sums
+ * rounded once on the store; the pooled features stay fp32 for fc.
  */
 #include "trainer/ops/cuda/cuda.h"
 #include "trainer/ops/cuda/ops_math.h"
 
 /* ---- kernels ---- */
 
-__global__ void maxpool_fwd_kernel(const float *x, float *y, uint8_t *argmax, int nhwc, int N,
-                                   int C, int H, int W, int OH, int OW)
+template <int DT>
+__global__ void maxpool_fwd_kernel(const void *x, void *y, uint8_t *argmax, int nhwc, int N, int C,
+                                   int H, int W, int OH, int OW)
 {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t total = (size_t)N * C * OH * OW;
@@ -37,19 +43,20 @@ __global__ void maxpool_fwd_kernel(const float *x, float *y, uint8_t *argmax, in
             int ix = trn_maxpool_in(ox, kx);
             if (ix < 0 || ix >= W)
                 continue;
-            float v = x[trn_act_off(nhwc, n, c, iy * W + ix, C, H * W)];
+            float v = trn_act_get(x, DT, trn_act_off(nhwc, n, c, iy * W + ix, C, H * W));
             if (trn_maxpool_takes(v, best)) {
                 best = v;
                 arg = ky * TRN_POOL_K + kx;
             }
         }
     }
-    y[e] = best;
+    trn_act_put(y, DT, e, best); /* exact: one of the inputs */
     argmax[e] = (uint8_t)arg;
 }
 
-__global__ void maxpool_bwd_kernel(const float *dy, const uint8_t *argmax, float *dx, int nhwc,
-                                   int N, int C, int H, int W, int OH, int OW)
+template <int DT>
+__global__ void maxpool_bwd_kernel(const void *dy, const uint8_t *argmax, void *dx, int nhwc, int N,
+                                   int C, int H, int W, int OH, int OW)
 {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t total = (size_t)N * C * H * W;
@@ -68,12 +75,13 @@ __global__ void maxpool_bwd_kernel(const float *dy, const uint8_t *argmax, float
             int a = argmax[o];
             if (trn_maxpool_in(oy, a / TRN_POOL_K) == iy &&
                 trn_maxpool_in(ox, a % TRN_POOL_K) == ix)
-                s += dy[o];
+                s += trn_act_get(dy, DT, o);
         }
-    dx[e] = s;
+    trn_act_put(dx, DT, e, s);
 }
 
-__global__ void avgpool_fwd_kernel(const float *x, float *y, int nhwc, int N, int C, int HW)
+template <int DT>
+__global__ void avgpool_fwd_kernel(const void *x, float *y, int nhwc, int N, int C, int HW)
 {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; /* = n * C + c */
     if (e >= (size_t)N * C)
@@ -81,18 +89,19 @@ __global__ void avgpool_fwd_kernel(const float *x, float *y, int nhwc, int N, in
     int n = (int)(e / C), c = (int)(e % C);
     double s = 0;
     for (int p = 0; p < HW; p++)
-        s += x[trn_act_off(nhwc, n, c, p, C, HW)];
+        s += trn_act_get(x, DT, trn_act_off(nhwc, n, c, p, C, HW));
     y[e] = trn_avgpool_mean(s, HW);
 }
 
-__global__ void avgpool_bwd_kernel(const float *dy, float *dx, int nhwc, int N, int C, int HW)
+template <int DT>
+__global__ void avgpool_bwd_kernel(const float *dy, void *dx, int nhwc, int N, int C, int HW)
 {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= (size_t)N * C * HW)
         return;
     int c = trn_act_channel(nhwc, e, C, HW);
     int n = (int)(e / ((size_t)C * HW));
-    dx[e] = trn_avgpool_grad(dy[(size_t)n * C + c], HW);
+    trn_act_put(dx, DT, e, trn_avgpool_grad(dy[(size_t)n * C + c], HW));
 }
 
 /* ---- launchers ---- */
@@ -103,8 +112,12 @@ void cuda_maxpool_forward(struct trn_backend *be, const struct trn_tensor *x, st
     struct cuda_backend *cb = cuda_of(be);
     size_t total = trn_tensor_numel(y);
     TRN_CHECK(cuda_nhwc(x) == cuda_nhwc(y), "maxpool: x and y layouts differ");
-    maxpool_fwd_kernel<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
-        x->data, y->data, argmax, cuda_nhwc(x), x->n, x->c, x->h, x->w, y->h, y->w);
+    cuda_same_dtype(x, y, "maxpool_forward");
+    int nhwc = cuda_nhwc(x);
+    cuda_act_dispatch(x->dtype, [&](auto dt) {
+        maxpool_fwd_kernel<decltype(dt)::value><<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
+            x->data, y->data, argmax, nhwc, x->n, x->c, x->h, x->w, y->h, y->w);
+    });
     cudaLaunchCheck();
 }
 
@@ -114,8 +127,12 @@ void cuda_maxpool_backward(struct trn_backend *be, const struct trn_tensor *dy,
     struct cuda_backend *cb = cuda_of(be);
     size_t total = trn_tensor_numel(dx);
     TRN_CHECK(cuda_nhwc(dx) == cuda_nhwc(dy), "maxpool: dx and dy layouts differ");
-    maxpool_bwd_kernel<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
-        dy->data, argmax, dx->data, cuda_nhwc(dx), dx->n, dx->c, dx->h, dx->w, dy->h, dy->w);
+    cuda_same_dtype(dx, dy, "maxpool_backward");
+    int nhwc = cuda_nhwc(dx);
+    cuda_act_dispatch(dx->dtype, [&](auto dt) {
+        maxpool_bwd_kernel<decltype(dt)::value><<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
+            dy->data, argmax, dx->data, nhwc, dx->n, dx->c, dx->h, dx->w, dy->h, dy->w);
+    });
     cudaLaunchCheck();
 }
 
@@ -123,8 +140,11 @@ void cuda_avgpool_forward(struct trn_backend *be, const struct trn_tensor *x, fl
 {
     struct cuda_backend *cb = cuda_of(be);
     size_t total = (size_t)x->n * x->c;
-    avgpool_fwd_kernel<<<cuda_blocks(total, 128), 128, 0, cb->stream>>>(x->data, y, cuda_nhwc(x),
-                                                                        x->n, x->c, x->h * x->w);
+    int nhwc = cuda_nhwc(x);
+    cuda_act_dispatch(x->dtype, [&](auto dt) {
+        avgpool_fwd_kernel<decltype(dt)::value><<<cuda_blocks(total, 128), 128, 0, cb->stream>>>(
+            x->data, y, nhwc, x->n, x->c, x->h * x->w);
+    });
     cudaLaunchCheck();
 }
 
@@ -132,7 +152,10 @@ void cuda_avgpool_backward(struct trn_backend *be, const float *dy, struct trn_t
 {
     struct cuda_backend *cb = cuda_of(be);
     size_t total = trn_tensor_numel(dx);
-    avgpool_bwd_kernel<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
-        dy, dx->data, cuda_nhwc(dx), dx->n, dx->c, dx->h * dx->w);
+    int nhwc = cuda_nhwc(dx);
+    cuda_act_dispatch(dx->dtype, [&](auto dt) {
+        avgpool_bwd_kernel<decltype(dt)::value><<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
+            dy, dx->data, nhwc, dx->n, dx->c, dx->h * dx->w);
+    });
     cudaLaunchCheck();
 }
