@@ -277,7 +277,8 @@ extern "C" int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cu
 extern "C" size_t trn_backend_cuda_peak_bytes(struct trn_backend *be)
 {
     struct cuda_backend *cb = cuda_of(be);
-    return cb->peak_bytes + cb->workspace_size + cb->wbuf_size + cb->scratch_size;
+    return cb->peak_bytes + cb->workspace_size + cb->wbuf_size + cb->scratch_size +
+           (cb->cublas_ws ? CUDA_GRAPH_CUBLAS_WORKSPACE : 0);
 }
 
 extern "C" void *trn_backend_cuda_stream(struct trn_backend *be)

@@ -168,7 +168,9 @@ void cuda_sgd_step_dev(struct trn_backend *be, float *param, const float *grad, 
                        size_t n, const float *lr, float momentum, float weight_decay,
                        bool first_step, const int32_t *skip);
 
-/* graph.cu: capture, instantiate, launch, destroy (ops.h: graph_*). */
+/* graph.cu: capture, instantiate, launch, destroy (ops.h: graph_*); the
+ * size of cuBLAS's workspace that graph_setup preallocates. */
+#define CUDA_GRAPH_CUBLAS_WORKSPACE ((size_t)32 << 20)
 void cuda_graph_setup(struct trn_backend *be);
 void cuda_graph_begin(struct trn_backend *be);
 void *cuda_graph_end(struct trn_backend *be);

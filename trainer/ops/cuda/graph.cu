@@ -21,15 +21,13 @@
  */
 #include "trainer/ops/cuda/cuda.h"
 
-#define CUBLAS_GRAPH_WORKSPACE ((size_t)32 << 20)
-
 void cuda_graph_setup(struct trn_backend *be)
 {
     struct cuda_backend *cb = cuda_of(be);
     if (cb->cublas_ws)
         return;
-    cudaCheck(cudaMalloc(&cb->cublas_ws, CUBLAS_GRAPH_WORKSPACE));
-    cublasCheck(cublasSetWorkspace(cb->cublas, cb->cublas_ws, CUBLAS_GRAPH_WORKSPACE));
+    cudaCheck(cudaMalloc(&cb->cublas_ws, CUDA_GRAPH_CUBLAS_WORKSPACE));
+    cublasCheck(cublasSetWorkspace(cb->cublas, cb->cublas_ws, CUDA_GRAPH_CUBLAS_WORKSPACE));
 }
 
 void cuda_graph_begin(struct trn_backend *be)
