@@ -162,26 +162,31 @@ static void test_full_table_runs_uncaptured(void **state)
 static void test_host_advance(void **state)
 {
     (void)state;
-    struct trn_graph_host_step s;
-    /* a replayed forward counts once in every BN's num_batches_tracked */
-    s = trn_graph_host_advance(TRN_GRAPH_MICRO, TRN_GRAPH_REPLAY, true);
-    assert_int_equal(s.bn_forwards, 1);
-    assert_int_equal(s.optimizer_steps, 0);
-    /* a capture ran the host code (it counted); an uncaptured run counts itself */
-    s = trn_graph_host_advance(TRN_GRAPH_MICRO, TRN_GRAPH_CAPTURE, true);
-    assert_int_equal(s.bn_forwards, 0);
-    s = trn_graph_host_advance(TRN_GRAPH_MICRO, TRN_GRAPH_RUN, true);
-    assert_int_equal(s.bn_forwards, 0);
-    /* OPT by a graph: the step counts when it was taken (no inf/NaN) */
-    s = trn_graph_host_advance(TRN_GRAPH_OPT, TRN_GRAPH_REPLAY, true);
-    assert_int_equal(s.optimizer_steps, 1);
-    assert_int_equal(s.bn_forwards, 0);
-    s = trn_graph_host_advance(TRN_GRAPH_OPT, TRN_GRAPH_CAPTURE, true);
-    assert_int_equal(s.optimizer_steps, 1);
-    s = trn_graph_host_advance(TRN_GRAPH_OPT, TRN_GRAPH_REPLAY, false);
-    assert_int_equal(s.optimizer_steps, 0);
-    s = trn_graph_host_advance(TRN_GRAPH_OPT, TRN_GRAPH_RUN, true);
-    assert_int_equal(s.optimizer_steps, 0);
+    /* kind, action, step taken -> BN forwards, optimizer steps */
+    static const struct {
+        enum trn_graph_kind kind;
+        enum trn_graph_action action;
+        bool taken;
+        int bn_forwards, optimizer_steps;
+    } cases[] = {
+        /* a replayed forward counts once in every BN's num_batches_tracked */
+        {TRN_GRAPH_MICRO, TRN_GRAPH_REPLAY, true, 1, 0},
+        /* a capture ran the host code (it counted); an uncaptured run counts itself */
+        {TRN_GRAPH_MICRO, TRN_GRAPH_CAPTURE, true, 0, 0},
+        {TRN_GRAPH_MICRO, TRN_GRAPH_RUN, true, 0, 0},
+        /* OPT by a graph: the step counts when it was taken (no inf/NaN) */
+        {TRN_GRAPH_OPT, TRN_GRAPH_REPLAY, true, 0, 1},
+        {TRN_GRAPH_OPT, TRN_GRAPH_CAPTURE, true, 0, 1},
+        {TRN_GRAPH_OPT, TRN_GRAPH_REPLAY, false, 0, 0},
+        {TRN_GRAPH_OPT, TRN_GRAPH_CAPTURE, false, 0, 0},
+        {TRN_GRAPH_OPT, TRN_GRAPH_RUN, true, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct trn_graph_host_step s =
+            trn_graph_host_advance(cases[i].kind, cases[i].action, cases[i].taken);
+        assert_int_equal(s.bn_forwards, cases[i].bn_forwards);
+        assert_int_equal(s.optimizer_steps, cases[i].optimizer_steps);
+    }
 }
 
 static void test_warmup_is_at_least_one(void **state)
