@@ -665,11 +665,11 @@ struct epoch_tally {
     long images, batches;
 };
 
+static bool amp_update(struct run *r, bool found_inf);
+
 /* --amp fp16 (GradScaler): unscale the gradients, and whether the step is
  * to be taken (no inf or NaN among them); the scale backs off or grows.
  * Always true without loss scaling. */
-static bool amp_update(struct run *r, bool found_inf);
-
 static bool amp_step_ok(struct run *r)
 {
     struct trn_resnet *m = &r->model;
