@@ -960,7 +960,9 @@ static void setup_graphs(struct run *r)
     if (!c->cuda_graphs)
         return;
     const struct trn_ops *ops = r->be.ops;
-    TRN_CHECK(ops->graph_setup && ops->xent_forward_dev && ops->unscale_dev && ops->sgd_step_dev,
+    TRN_CHECK(ops->graph_setup && ops->graph_begin && ops->graph_end && ops->graph_launch &&
+                  ops->graph_destroy && ops->graph_gen && ops->xent_forward_dev &&
+                  ops->xent_backward_dev && ops->unscale_dev && ops->sgd_step_dev && ops->copy,
               "--cuda-graphs: the %s backend has no graph ops", ops->name);
     trn_graph_plan_init(&r->gplan, TRN_GRAPH_WARMUP);
     ops->graph_setup(&r->be);
