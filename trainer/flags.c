@@ -158,6 +158,9 @@ static const struct trn_flag table[] = {
      .group = DEVICE, .help = "bound on cuDNN's convolution workspace, MiB"},
     {"deterministic", NULL, TRN_FLAG_ON, AT(deterministic), .agree = TRN_AGREE_VALUE,
      .group = DEVICE, .help = "deterministic cuDNN convolution algorithms only"},
+    {"cuda-graphs", NULL, TRN_FLAG_ON, AT(cuda_graphs), .agree = TRN_AGREE_VALUE, .group = DEVICE,
+     .help = "capture the training step into a CUDA graph after warm-up,\n"
+             "once per batch shape, and replay it (one rank, no --sync-bn)"},
 };
 
 #define N_FLAGS (sizeof(table) / sizeof(table[0]))

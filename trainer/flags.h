@@ -68,6 +68,7 @@ struct trn_config {
     int tf32;                /* enum trn_tf32 */
     long cudnn_workspace_mb; /* cuDNN workspace bound */
     bool deterministic;      /* deterministic convolution algorithms */
+    bool cuda_graphs;        /* capture the step once per shape and replay it (CUDA) */
 };
 
 /* --amp: mixed precision (CUDA only). */

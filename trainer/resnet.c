@@ -592,12 +592,11 @@ static void block_forward(struct trn_resnet *m, struct trn_block *b, bool traini
     }
 }
 
-float trn_resnet_forward(struct trn_resnet *m, const float *x, const int32_t *labels, int n, int h,
-                         int w, bool training)
+/* The network up to the logits (m->logits); the shape already set. */
+static void forward_logits(struct trn_resnet *m, const float *x, int n, int h, int w, bool training)
 {
     struct trn_backend *be = m->be;
     const struct trn_ops *ops = be->ops;
-    set_shape(m, n, h, w);
     struct trn_tensor in = {(float *)x, n, 3, h, w, TRN_F32, TRN_LAYOUT_NCHW, be->device};
     m->x = in;
     if (input_to_nhwc(m)) {
@@ -614,7 +613,15 @@ float trn_resnet_forward(struct trn_resnet *m, const float *x, const int32_t *la
         block_forward(m, &m->blocks[i], training);
     ops->avgpool_forward(be, &m->blocks[m->n_blocks - 1].out, m->pooled);
     ops->fc_forward(be, n, m->feat, m->num_classes, m->pooled, m->fc_w, m->fc_b, m->logits);
+}
 
+float trn_resnet_forward(struct trn_resnet *m, const float *x, const int32_t *labels, int n, int h,
+                         int w, bool training)
+{
+    struct trn_backend *be = m->be;
+    const struct trn_ops *ops = be->ops;
+    set_shape(m, n, h, w);
+    forward_logits(m, x, n, h, w, training);
     m->have_labels = labels != NULL;
     if (!labels)
         return 0.0f;
@@ -748,15 +755,26 @@ static void block_backward(struct trn_resnet *m, struct pool *p, struct trn_bloc
     *main = dy;
 }
 
+static void backward_from_logits(struct trn_resnet *m, bool accumulate);
+
 void trn_resnet_backward(struct trn_resnet *m, float loss_scale, bool accumulate)
 {
     struct trn_backend *be = m->be;
     const struct trn_ops *ops = be->ops;
     TRN_CHECK(m->have_labels, "backward without a training forward with labels");
     int n = m->n;
-    struct pool p = {m, {false, false, false, false}};
 
     ops->xent_backward(be, n, m->num_classes, m->probs, m->labels, loss_scale, m->dlogits);
+    backward_from_logits(m, accumulate);
+}
+
+/* Backward from m->dlogits down to conv1's weight gradient. */
+static void backward_from_logits(struct trn_resnet *m, bool accumulate)
+{
+    struct trn_backend *be = m->be;
+    const struct trn_ops *ops = be->ops;
+    int n = m->n;
+    struct pool p = {m, {false, false, false, false}};
     ops->fc_backward(be, n, m->feat, m->num_classes, m->pooled, m->fc_w, m->dlogits, m->dpooled,
                      m->fc_dw, m->fc_db, accumulate);
     ready(m, m->fc_off, (size_t)m->num_classes * m->feat + (size_t)m->num_classes);
@@ -792,4 +810,48 @@ void trn_resnet_sgd_step(struct trn_resnet *m, float lr, float momentum, float w
     m->be->ops->sgd_step(m->be, m->params, m->grads, m->momentum, m->num_params, lr, momentum,
                          weight_decay, m->optimizer_steps == 0);
     m->optimizer_steps++;
+}
+
+/* ------------------------------------------------------------------------ */
+/* CUDA graphs (train.c's graph step): the same step with no host value in it */
+
+void trn_resnet_upload_labels(struct trn_resnet *m, const int32_t *labels, int n, int h, int w)
+{
+    set_shape(m, n, h, w);
+    m->be->ops->to_device(m->be, m->labels, labels, (size_t)n * sizeof(int32_t));
+}
+
+void trn_resnet_forward_dev(struct trn_resnet *m, const float *x, int n, int h, int w, float *loss)
+{
+    const struct trn_ops *ops = m->be->ops;
+    TRN_CHECK(ops->xent_forward_dev, "the %s backend has no device-side loss", ops->name);
+    TRN_CHECK(m->n == n && m->h == h && m->w == w,
+              "forward_dev: labels uploaded for another shape (%dx%dx%d, not %dx%dx%d)", m->n, m->h,
+              m->w, n, h, w);
+    forward_logits(m, x, n, h, w, true);
+    m->have_labels = true;
+    ops->xent_forward_dev(m->be, n, m->num_classes, m->logits, m->labels, m->probs, loss);
+}
+
+void trn_resnet_backward_dev(struct trn_resnet *m, const float *loss_scale, bool accumulate)
+{
+    const struct trn_ops *ops = m->be->ops;
+    TRN_CHECK(m->have_labels, "backward without a training forward with labels");
+    ops->xent_backward_dev(m->be, m->n, m->num_classes, m->probs, m->labels, loss_scale,
+                           m->dlogits);
+    backward_from_logits(m, accumulate);
+}
+
+void trn_resnet_sgd_step_dev(struct trn_resnet *m, const float *lr, const int32_t *skip,
+                             float momentum, float weight_decay)
+{
+    TRN_CHECK(m->optimizer_steps > 0, "sgd_step_dev before the first SGD step fills the momentum");
+    m->be->ops->sgd_step_dev(m->be, m->params, m->grads, m->momentum, m->num_params, lr, momentum,
+                             weight_decay, false, skip);
+}
+
+void trn_resnet_count_forward(struct trn_resnet *m)
+{
+    for (int i = 0; i < m->num_bn; i++)
+        m->num_batches_tracked[i]++;
 }

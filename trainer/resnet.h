@@ -215,6 +215,28 @@ void trn_resnet_backward(struct trn_resnet *m, float loss_scale, bool accumulate
 /* One torch.optim.SGD step over every parameter (see ops/cpu/sgd.c). */
 void trn_resnet_sgd_step(struct trn_resnet *m, float lr, float momentum, float weight_decay);
 
+/*
+ * CUDA graphs (--cuda-graphs; train.c): a training step whose device work
+ * holds no host value, so it can be captured once and replayed.
+ * upload_labels sets the batch shape and copies labels (n, host) to the
+ * device, before a capture or replay; forward_dev is a training forward
+ * on those labels that writes the mean loss to *loss (device memory)
+ * instead of returning it; backward_dev is backward with the loss scale
+ * read from *loss_scale (device); sgd_step_dev is the SGD step with lr
+ * read from *lr and skipped when *skip (device, GradScaler's found_inf;
+ * NULL: never) is not 0, for a model past its first step (the momentum
+ * filled), and it leaves optimizer_steps to the caller, who knows after
+ * the step whether it was taken. count_forward adds one to every batch
+ * norm's num_batches_tracked (host), what a replayed training forward does
+ * not do by itself.
+ */
+void trn_resnet_upload_labels(struct trn_resnet *m, const int32_t *labels, int n, int h, int w);
+void trn_resnet_forward_dev(struct trn_resnet *m, const float *x, int n, int h, int w, float *loss);
+void trn_resnet_backward_dev(struct trn_resnet *m, const float *loss_scale, bool accumulate);
+void trn_resnet_sgd_step_dev(struct trn_resnet *m, const float *lr, const int32_t *skip,
+                             float momentum, float weight_decay);
+void trn_resnet_count_forward(struct trn_resnet *m);
+
 /* The smallest number of values a training batch norm averages over for a
  * batch of n images of h x w (the last stage's n * h' * w'); PyTorch refuses
  * to train when it is 1. */

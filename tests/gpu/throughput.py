@@ -8,6 +8,11 @@ The issue's benchmark: ResNet-152, batch 64, 224x224, SGD (lr 0.01, momentum
   fp32  ours: --amp off (TF32 in convolutions, PyTorch's default);
         torch: channels_last, no autocast, its default TF32 flags
 
+The first mode is also run with --cuda-graphs (ours: the step captured
+after its warm-up and replayed; the default 5 warm-up steps cover the
+capture), reported as cddp_graphs beside cddp; --no-graphs leaves it out,
+and --device cpu (which refuses --cuda-graphs) never runs it.
+
 img/s over --steps steps after --warmup steps, and the peak device memory
 (ours: T2002; torch: torch.cuda.max_memory_allocated). Ours is end to end:
 each step's time (T0002) includes making the synthetic batch on the CPU and
@@ -44,6 +49,7 @@ def parse(argv):
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--modes", default="bf16,fp32", help="comma-separated: bf16, fp32")
     p.add_argument("--timeout", type=float, default=150, help="bound on each run (s)")
+    p.add_argument("--no-graphs", action="store_true", help="no --cuda-graphs run")
     p.add_argument("--json", help="write the result here")
     a = p.parse_args(argv)
     a.modes = [m for m in a.modes.split(",") if m]
@@ -60,7 +66,7 @@ PEAK = re.compile(r"T2002: peak device memory (\S+) MiB")
 RSS = re.compile(r"T0004: peak_rss_kb (\d+)")
 
 
-def ours(a, mode):
+def ours(a, mode, graphs=False):
     total = a.warmup + a.steps
     cmd = [a.train, "--device", a.device, "--arch", a.arch, "--data", "synthetic",
            "--batch-size", str(a.batch), "--image-size", str(a.image_size),
@@ -68,6 +74,8 @@ def ours(a, mode):
            "--log-every", "1000000", "--num-classes", "1000"]
     if mode == "bf16":
         cmd += ["--amp", "bf16"]
+    if graphs:
+        cmd += ["--cuda-graphs"]
     env = dict(os.environ, LOGLEVEL="DEBUG")
     t0 = time.time()
     try:
@@ -157,6 +165,16 @@ def main(argv):
             entry["speedup"] = round(o["img_per_s"] / t["img_per_s"], 3)
         if "error" in o or "error" in t:
             rc = 1
+        if mode == a.modes[0] and not a.no_graphs and a.device == "cuda":
+            g = ours(a, mode, graphs=True)
+            entry["cddp_graphs"] = g
+            if "img_per_s" in g and "img_per_s" in t:
+                entry["speedup_graphs"] = round(g["img_per_s"] / t["img_per_s"], 3)
+            if "error" in g:
+                rc = 1
+            print(f"throughput {a.arch} batch {a.batch} {mode} --cuda-graphs: cddp "
+                  f"{g.get('img_per_s', g.get('error'))} img/s (peak {g.get('peak_mib', '?')} MiB)",
+                  flush=True)
         result["modes"][mode] = entry
         print(f"throughput {a.arch} batch {a.batch} {mode}: cddp "
               f"{o.get('img_per_s', o.get('error'))} img/s (peak {o.get('peak_mib', '?')} MiB), "

@@ -212,3 +212,37 @@ def test_help_lists_the_ddp_device_flags():
     assert r.returncode == 0
     for flag in ("--backend B", "--grad-reduce-dtype T"):
         assert flag in r.stdout, flag
+
+
+# --cuda-graphs (docs/gpu.md, "CUDA graphs"): refused with one line, exit 2,
+# wherever it cannot run; off the GPU that is always (the CUDA device is
+# checked first). The GPU side is tools/gpu-check's graphs stage.
+CPU_GRAPHS = "--cuda-graphs: CUDA graphs need --device cuda, and this rank computes on the CPU"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_cuda_graphs_on_the_cpu_refused(world):
+    env = two_rank_env() if world == 2 else {}
+    line = refused(train(*TINY, "--device", "cpu", "--cuda-graphs", env_extra=env), CPU_GRAPHS)
+    assert line.endswith("(--device cpu)"), line
+    # gloo between CPU ranks: the same refusal, before anything connects
+    refused(train(*TINY, "--device", "cpu", "--backend", "gloo", "--cuda-graphs",
+                  env_extra=two_rank_env()), CPU_GRAPHS)
+
+
+@no_gpu
+@pytest.mark.parametrize("extra", [[], ["--sync-bn"], ["--accum-steps", "2"]])
+def test_cuda_graphs_with_auto_on_a_machine_without_a_gpu_refused(extra):
+    why = "no CUDA device is visible" if has_cuda_build() else "built without CUDA"
+    line = refused(train(*TINY, "--cuda-graphs", *extra), CPU_GRAPHS)
+    assert f"({why})" in line, line
+    # several ranks: auto falls back to the CPU (gloo) and says why in the one line
+    line = refused(train(*TINY, "--cuda-graphs", *extra, env_extra=two_rank_env()), CPU_GRAPHS)
+    assert "T2001" not in line
+
+
+def test_cuda_graphs_takes_no_value_and_is_in_help():
+    r = train(*TINY, "--device", "cpu", "--cuda-graphs=yes")
+    assert r.returncode == 2 and "--cuda-graphs" in r.stderr, r.stderr
+    r = run([binary("cddp-train"), "--help"])
+    assert r.returncode == 0 and "--cuda-graphs" in r.stdout

@@ -74,7 +74,8 @@ def test_bad_arguments(args, needle):
 def test_help():
     r = check("--help")
     assert r.returncode == 0
-    for stage in ("environment", "build", "ops", "parity", "amp", "ddp", "throughput", "--pack"):
+    for stage in ("environment", "build", "ops", "parity", "amp", "ddp", "graphs", "throughput",
+                  "--pack"):
         assert stage in r.stdout
 
 
@@ -89,6 +90,8 @@ def test_help():
     ("ddp.py", ["--train", "x"], "--cddprun"),
     ("ddp.py", ["--train", "x", "--cddprun", "y", "--checks", "bogus"], "--checks"),
     ("ddp.py", ["--train", "x", "--cddprun", "y", "--device", "tpu"], "--device"),
+    ("graphs.py", ["--train", "x", "--batch", "1"], "--batch"),
+    ("graphs.py", [], "--train"),
 ])
 def test_stage_scripts_refuse_bad_arguments(script, args, needle):
     r = run([TORCH_PY, ROOT / "tests" / "gpu" / script, *args], timeout=60)
@@ -116,6 +119,7 @@ def test_selftest_runs_every_stage_on_the_cpu(torch_python, tmp_path):
     assert amp["runs"][0]["last_loss"] < amp["runs"][0]["first_loss"], amp
     assert status["throughput (resnet152)"] == "ok", status
     assert status["ddp"] == "ok", status
+    assert status["graphs"] == "ok", status  # on the CPU: the refusal, and the comparison code
     ddp = next(s for s in report["stages"] if s["stage"] == "ddp")["result"]
     checks = {c["check"]: c for c in ddp["checks"]}
     assert {k: c["status"] for k, c in checks.items()} == {

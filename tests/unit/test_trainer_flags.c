@@ -276,6 +276,24 @@ static void test_output_paths(void **state)
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* --cuda-graphs: off by default, on with the flag (no value), and every
+ * rank must agree on it. */
+static void test_cuda_graphs_flag(void **state)
+{
+    (void)state;
+    struct trn_config c;
+    assert_int_equal(parse(&c, NULL), TRN_FLAGS_RUN);
+    assert_false(c.cuda_graphs);
+    assert_int_equal(parse(&c, "--cuda-graphs", NULL), TRN_FLAGS_RUN);
+    assert_true(c.cuda_graphs);
+    assert_int_equal(parse(&c, "--cuda-graphs=1", NULL), TRN_FLAGS_BAD);
+    char base[1024], with[1024];
+    digest(base, sizeof(base), NULL);
+    digest(with, sizeof(with), "--cuda-graphs", NULL);
+    assert_null(strstr(base, "--cuda-graphs"));
+    assert_non_null(strstr(with, " --cuda-graphs"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -287,6 +305,7 @@ int main(void)
         cmocka_unit_test(test_usage_lists_every_flag),
         cmocka_unit_test(test_digest_holds_what_ranks_must_agree_on),
         cmocka_unit_test(test_output_paths),
+        cmocka_unit_test(test_cuda_graphs_flag),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -217,6 +217,44 @@ struct trn_ops {
     void (*copy)(struct trn_backend *be, void *dst, const void *src, size_t bytes);
     void (*cast_f32_to_bf16)(struct trn_backend *be, const float *src, uint16_t *dst, size_t n);
     void (*cast_bf16_to_f32)(struct trn_backend *be, const uint16_t *src, float *dst, size_t n);
+
+    /*
+     * Optional (NULL on the CPU): CUDA graphs (--cuda-graphs; train.c's
+     * graph step, trainer/graph_plan.h, ops/cuda/graph.cu). graph_setup,
+     * once before the first step: what capture needs (cuBLAS's workspace
+     * preallocated). graph_begin starts capturing the backend's stream
+     * (this thread only); graph_end stops and instantiates it, returning
+     * the executable graph; graph_launch queues it on the stream;
+     * graph_destroy frees it. graph_gen counts the growths of the
+     * backend's own scratch memory (a graph pointing into the old buffers
+     * is stale).
+     */
+    void (*graph_setup)(struct trn_backend *be);
+    void (*graph_begin)(struct trn_backend *be);
+    void *(*graph_end)(struct trn_backend *be);
+    void (*graph_launch)(struct trn_backend *be, void *graph);
+    void (*graph_destroy)(struct trn_backend *be, void *graph);
+    uint64_t (*graph_gen)(struct trn_backend *be);
+    /*
+     * The step's ops without a host value in them, for capture: the
+     * per-step numbers are read from device memory when the kernel runs.
+     * xent_forward_dev writes the mean loss (fp32) to *loss and does not
+     * wait; xent_backward_dev is xent_backward with scale read from
+     * *scale; unscale_dev zeroes *found_inf, then is unscale with
+     * inv_scale read from *inv_scale, setting *found_inf to 1 on an inf
+     * or NaN; sgd_step_dev is sgd_step with lr read from *lr, and does
+     * nothing when skip is not NULL and *skip is not 0 (GradScaler's
+     * skipped step).
+     */
+    void (*xent_forward_dev)(struct trn_backend *be, int n, int k, const float *logits,
+                             const int32_t *labels, float *probs, float *loss);
+    void (*xent_backward_dev)(struct trn_backend *be, int n, int k, const float *probs,
+                              const int32_t *labels, const float *scale, float *dlogits);
+    void (*unscale_dev)(struct trn_backend *be, float *grad, size_t n, const float *inv_scale,
+                        int32_t *found_inf);
+    void (*sgd_step_dev)(struct trn_backend *be, float *param, const float *grad,
+                         float *momentum_buf, size_t n, const float *lr, float momentum,
+                         float weight_decay, bool first_step, const int32_t *skip);
 };
 
 /* A backend instance: the table plus its state (oneDNN engine and stream,

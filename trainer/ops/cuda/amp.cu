@@ -14,11 +14,15 @@
 #include "trainer/ops/cuda/cuda.h"
 #include "trainer/ops/cuda/ops_math.h"
 
-__global__ void unscale_kernel(float *grad, size_t n, float inv_scale, int *found_inf)
+/* inv_dev: unscale_dev's inverse scale in device memory (NULL: inv_scale). */
+__global__ void unscale_kernel(float *grad, size_t n, float inv_scale, const float *inv_dev,
+                               int *found_inf)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
+    if (inv_dev)
+        inv_scale = *inv_dev;
     int found = 0;
     grad[i] = trn_unscale_one(grad[i], inv_scale, &found);
     if (found)
@@ -33,12 +37,26 @@ bool cuda_unscale(struct trn_backend *be, float *grad, size_t n, float inv_scale
     cuda_reserve(be, &cb->scratch, &cb->scratch_size, sizeof(int));
     int *flag = (int *)cb->scratch;
     cudaCheck(cudaMemsetAsync(flag, 0, sizeof(int), cb->stream));
-    unscale_kernel<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(grad, n, inv_scale, flag);
+    unscale_kernel<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(grad, n, inv_scale, NULL, flag);
     cudaLaunchCheck();
     int host = 0;
     cudaCheck(cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, cb->stream));
     cudaCheck(cudaStreamSynchronize(cb->stream));
     return host != 0;
+}
+
+/* Under CUDA graphs: the flag is the caller's device word, read after the
+ * step (train.c), and nothing here waits. */
+void cuda_unscale_dev(struct trn_backend *be, float *grad, size_t n, const float *inv_scale,
+                      int32_t *found_inf)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    cudaCheck(cudaMemsetAsync(found_inf, 0, sizeof(int32_t), cb->stream));
+    if (!n)
+        return;
+    unscale_kernel<<<cuda_blocks(n, 256), 256, 0, cb->stream>>>(grad, n, 0.0f, inv_scale,
+                                                                (int *)found_inf);
+    cudaLaunchCheck();
 }
 
 /* One kernel for the four casts: Kind picks the conversion at compile time. */

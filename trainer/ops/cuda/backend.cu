@@ -70,6 +70,7 @@ void cuda_reserve(struct trn_backend *be, void **buf, size_t *have, size_t size)
     *buf = NULL;
     cudaCheck(cudaMalloc(buf, size));
     *have = size;
+    cb->reserve_gen++; /* a CUDA graph pointing into the old buffer is stale */
 }
 
 /* ---- memory ---- */
@@ -223,6 +224,16 @@ static const struct trn_ops cuda_ops = {
     .copy = cuda_copy,
     .cast_f32_to_bf16 = cuda_cast_f32_to_bf16,
     .cast_bf16_to_f32 = cuda_cast_bf16_to_f32,
+    .graph_setup = cuda_graph_setup,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
+    .graph_gen = cuda_graph_gen,
+    .xent_forward_dev = cuda_xent_forward_dev,
+    .xent_backward_dev = cuda_xent_backward_dev,
+    .unscale_dev = cuda_unscale_dev,
+    .sgd_step_dev = cuda_sgd_step_dev,
 };
 
 extern "C" int trn_cuda_device_count(void)
@@ -285,7 +296,8 @@ extern "C" int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cu
 extern "C" size_t trn_backend_cuda_peak_bytes(struct trn_backend *be)
 {
     struct cuda_backend *cb = cuda_of(be);
-    return cb->peak_bytes + cb->workspace_size + cb->wbuf_size + cb->scratch_size;
+    return cb->peak_bytes + cb->workspace_size + cb->wbuf_size + cb->scratch_size +
+           (cb->cublas_ws ? CUDA_GRAPH_CUBLAS_WORKSPACE : 0);
 }
 
 extern "C" void *trn_backend_cuda_stream(struct trn_backend *be)
@@ -307,6 +319,7 @@ extern "C" void trn_backend_cuda_free(struct trn_backend *be)
         cudaCheck(cudaFree(cb->scratch));
     cudaCheck(cudaFreeHost(cb->host_loss));
     cublasCheck(cublasDestroy(cb->cublas));
+    cuda_graph_free(be); /* cuBLAS's workspace, once the handle is gone */
     cudnnCheck(cudnnDestroy(cb->cudnn));
     cudaCheck(cudaStreamDestroy(cb->stream));
     free(cb->allocs);

@@ -57,6 +57,10 @@ struct cuda_backend {
     struct cuda_alloc_rec *allocs;
     size_t n_allocs, cap_allocs;
     size_t peak_bytes, live_bytes;
+    /* CUDA graphs (graph.cu): growths of workspace, wbuf and scratch so far
+     * (cuda_reserve), and cuBLAS's preallocated workspace. */
+    uint64_t reserve_gen;
+    void *cublas_ws;
 };
 
 static inline struct cuda_backend *cuda_of(struct trn_backend *be)
@@ -181,5 +185,29 @@ void cuda_cast_f32_to_bf16(struct trn_backend *be, const float *src, uint16_t *d
 void cuda_cast_f32_to_f16(struct trn_backend *be, const float *src, uint16_t *dst, size_t n);
 void cuda_cast_bf16_to_f32(struct trn_backend *be, const uint16_t *src, float *dst, size_t n);
 void cuda_cast_f16_to_f32(struct trn_backend *be, const uint16_t *src, float *dst, size_t n);
+
+/* The step's ops with their per-step numbers in device memory (ops.h:
+ * xent_forward_dev, ...), for CUDA graphs: loss.cu, amp.cu, sgd.cu. */
+void cuda_xent_forward_dev(struct trn_backend *be, int n, int k, const float *logits,
+                           const int32_t *labels, float *probs, float *loss);
+void cuda_xent_backward_dev(struct trn_backend *be, int n, int k, const float *probs,
+                            const int32_t *labels, const float *scale, float *dlogits);
+void cuda_unscale_dev(struct trn_backend *be, float *grad, size_t n, const float *inv_scale,
+                      int32_t *found_inf);
+void cuda_sgd_step_dev(struct trn_backend *be, float *param, const float *grad, float *momentum_buf,
+                       size_t n, const float *lr, float momentum, float weight_decay,
+                       bool first_step, const int32_t *skip);
+
+/* graph.cu: capture, instantiate, launch, destroy (ops.h: graph_*); the
+ * size of cuBLAS's workspace that graph_setup preallocates. */
+#define CUDA_GRAPH_CUBLAS_WORKSPACE ((size_t)32 << 20)
+void cuda_graph_setup(struct trn_backend *be);
+void cuda_graph_begin(struct trn_backend *be);
+void *cuda_graph_end(struct trn_backend *be);
+void cuda_graph_launch(struct trn_backend *be, void *graph);
+void cuda_graph_destroy(struct trn_backend *be, void *graph);
+uint64_t cuda_graph_gen(struct trn_backend *be);
+/* At backend teardown: what graph_setup allocated. */
+void cuda_graph_free(struct trn_backend *be);
 
 #endif

@@ -6,7 +6,9 @@
  * (tree-reduced in shared memory), the softmax kept for backward, and the
  * row's loss lse - logit[label]. One more block adds the rows' losses in
  * order; the mean is copied to pinned host memory, which is the one place
- * an op waits for the GPU (the caller wants the number).
+ * an op waits for the GPU (the caller wants the number). Under CUDA graphs
+ * (xent_forward_dev) the sum's block writes the mean to device memory
+ * instead and nothing waits; xent_backward_dev reads its scale there.
  */
 #include "trainer/ops/cuda/cuda.h"
 #include "trainer/ops/cuda/ops_math.h"
@@ -50,28 +52,35 @@ __global__ void xent_row_kernel(const float *logits, const int32_t *labels, int 
         row_loss[i] = lse - l[labels[i]];
 }
 
-__global__ void xent_total_kernel(const double *row_loss, int n, double *total)
+/* With mean not NULL (xent_forward_dev) also the mean, as the host makes it. */
+__global__ void xent_total_kernel(const double *row_loss, int n, double *total, float *mean)
 {
     double s = 0;
     for (int i = 0; i < n; i++)
         s += row_loss[i];
     *total = s;
+    if (mean)
+        *mean = (float)(s / n);
 }
 
+/* f, or with scale not NULL (xent_backward_dev) *scale / n as the host makes f. */
 __global__ void xent_grad_kernel(const float *probs, const int32_t *labels, int n, int k, float f,
-                                 float *dlogits)
+                                 const float *scale, float *dlogits)
 {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= (size_t)n * k)
         return;
+    if (scale)
+        f = *scale / (float)n;
     int i = (int)(e / k), j = (int)(e % k);
     dlogits[e] = trn_xent_grad(probs[e], j == labels[i], f);
 }
 
 /* ---- launchers ---- */
 
-float cuda_xent_forward(struct trn_backend *be, int n, int k, const float *logits,
-                        const int32_t *labels, float *probs)
+/* The rows and their sum into the scratch (the total at [n]); *mean too unless NULL. */
+static double *xent_queue(struct trn_backend *be, int n, int k, const float *logits,
+                          const int32_t *labels, float *probs, float *mean)
 {
     struct cuda_backend *cb = cuda_of(be);
     cuda_reserve(be, &cb->scratch, &cb->scratch_size, ((size_t)n + 1) * sizeof(double));
@@ -79,8 +88,16 @@ float cuda_xent_forward(struct trn_backend *be, int n, int k, const float *logit
     xent_row_kernel<<<(unsigned)n, XENT_THREADS, 0, cb->stream>>>(logits, labels, k, probs,
                                                                   row_loss);
     cudaLaunchCheck();
-    xent_total_kernel<<<1, 1, 0, cb->stream>>>(row_loss, n, total);
+    xent_total_kernel<<<1, 1, 0, cb->stream>>>(row_loss, n, total, mean);
     cudaLaunchCheck();
+    return total;
+}
+
+float cuda_xent_forward(struct trn_backend *be, int n, int k, const float *logits,
+                        const int32_t *labels, float *probs)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    double *total = xent_queue(be, n, k, logits, labels, probs, NULL);
     cudaCheck(
         cudaMemcpyAsync(cb->host_loss, total, sizeof(double), cudaMemcpyDeviceToHost, cb->stream));
     cudaCheck(cudaStreamSynchronize(cb->stream));
@@ -92,7 +109,23 @@ void cuda_xent_backward(struct trn_backend *be, int n, int k, const float *probs
 {
     struct cuda_backend *cb = cuda_of(be);
     size_t total = (size_t)n * k;
-    xent_grad_kernel<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(probs, labels, n, k,
-                                                                      scale / (float)n, dlogits);
+    xent_grad_kernel<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
+        probs, labels, n, k, scale / (float)n, NULL, dlogits);
+    cudaLaunchCheck();
+}
+
+void cuda_xent_forward_dev(struct trn_backend *be, int n, int k, const float *logits,
+                           const int32_t *labels, float *probs, float *loss)
+{
+    (void)xent_queue(be, n, k, logits, labels, probs, loss);
+}
+
+void cuda_xent_backward_dev(struct trn_backend *be, int n, int k, const float *probs,
+                            const int32_t *labels, const float *scale, float *dlogits)
+{
+    struct cuda_backend *cb = cuda_of(be);
+    size_t total = (size_t)n * k;
+    xent_grad_kernel<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(probs, labels, n, k, 0.0f,
+                                                                      scale, dlogits);
     cudaLaunchCheck();
 }
