@@ -106,7 +106,7 @@ def test_selftest_runs_every_stage_on_the_cpu(torch_python, tmp_path):
     binary("cddp-train")
     out = tmp_path / "out"
     out.mkdir()
-    r = check(env_extra={"CDDP_GPU_CHECK_SELFTEST": "1", "OUT": str(out)}, timeout=600)
+    r = check(env_extra={"CDDP_GPU_CHECK_SELFTEST": "1", "OUT": str(out)}, timeout=1500)
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads((out / "gpu-check.json").read_text())
     status = {s["stage"]: s["status"] for s in report["stages"]}
