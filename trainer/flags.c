@@ -82,6 +82,9 @@ static const struct trn_flag table[] = {
      .group = DATA, .help = "use only the first N training images", .shown = ""},
     {"no-shuffle", NULL, TRN_FLAG_OFF, AT(shuffle), .agree = TRN_AGREE_VALUE, .group = DATA,
      .help = "keep the dataset's order"},
+    {"prefetch", "N", TRN_FLAG_LONG, AT(prefetch), 0, 64, .def.l = 2, .group = DATA,
+     .help = "batches a loader thread reads ahead of the step (pinned,\n"
+             "uploaded on a copy stream on cuda); 0: read each in the step"},
 
     {"batch-size", "N", TRN_FLAG_LONG, AT(batch_size), 1, 65536, .def.l = 64,
      .agree = TRN_AGREE_VALUE, .group = TRAINING, .help = "images per step"},

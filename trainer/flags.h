@@ -68,6 +68,7 @@ struct trn_config {
     int tf32;                /* enum trn_tf32 */
     long cudnn_workspace_mb; /* cuDNN workspace bound */
     bool deterministic;      /* deterministic convolution algorithms */
+    long prefetch;           /* batches a loader thread reads ahead; 0: none (prefetch.h) */
 };
 
 /* --amp: mixed precision (CUDA only). */

@@ -199,6 +199,23 @@ struct trn_ops {
     void (*copy)(struct trn_backend *be, void *dst, const void *src, size_t bytes);
     void (*cast_f32_to_bf16)(struct trn_backend *be, const float *src, uint16_t *dst, size_t n);
     void (*cast_bf16_to_f32)(struct trn_backend *be, const uint16_t *src, float *dst, size_t n);
+
+    /* Optional (NULL on the CPU): --prefetch's input path (train.c,
+     * prefetch.h). host_alloc: page-locked host memory, so copies from it
+     * are asynchronous (NULL when out of memory); host_free waits for the
+     * copies reading it first. Two device input buffers (slots 0 and 1):
+     * upload queues bytes from host src to device dst on a copy stream,
+     * after the compute stream's last input_done(slot), and marks slot's
+     * copy; input_wait makes the compute stream wait for slot's copy
+     * (before the forward that reads it); input_done marks the compute
+     * stream's last use of slot's buffer (after the backward that reads
+     * it) and waits, on the host, until slot's copy is done (its host
+     * source may then be reloaded). */
+    void *(*host_alloc)(struct trn_backend *be, size_t bytes);
+    void (*host_free)(struct trn_backend *be, void *p);
+    void (*upload)(struct trn_backend *be, int slot, void *dst, const void *src, size_t bytes);
+    void (*input_wait)(struct trn_backend *be, int slot);
+    void (*input_done)(struct trn_backend *be, int slot);
 };
 
 /* A backend instance: the table plus its state (oneDNN engine and stream,

@@ -112,8 +112,10 @@ static void cuda_free_mem(struct trn_backend *be, void *p)
             cb->allocs[i] = cb->allocs[--cb->n_allocs];
             break;
         }
-    /* queued work may still use it */
+    /* queued work may still use it (an upload into it too) */
     cudaCheck(cudaStreamSynchronize(cb->stream));
+    if (cb->copy_stream)
+        cudaCheck(cudaStreamSynchronize(cb->copy_stream));
     cudaCheck(cudaFree(p));
 }
 
@@ -209,6 +211,11 @@ static const struct trn_ops cuda_ops = {
     .copy = cuda_copy,
     .cast_f32_to_bf16 = cuda_cast_f32_to_bf16,
     .cast_bf16_to_f32 = cuda_cast_bf16_to_f32,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .upload = cuda_upload,
+    .input_wait = cuda_input_wait,
+    .input_done = cuda_input_done,
 };
 
 extern "C" int trn_cuda_device_count(void)
@@ -280,6 +287,7 @@ extern "C" void trn_backend_cuda_free(struct trn_backend *be)
     if (!cb)
         return;
     cudaCheck(cudaStreamSynchronize(cb->stream));
+    cuda_input_release(cb);
     if (cb->workspace)
         cudaCheck(cudaFree(cb->workspace));
     if (cb->wbuf)
