@@ -12,7 +12,9 @@ img/s over --steps steps after --warmup steps, and the peak device memory
 (ours: T2002; torch: torch.cuda.max_memory_allocated). Ours is end to end:
 each step's time (T0002) includes making the synthetic batch on the CPU and
 copying it over; torch's reuses one batch already on the GPU (the eager
-baseline at its best). --device cpu runs the same code on the CPU with
+baseline at its best). Beside ours, the time its step loop waited for input
+batches (T2600, per step, at the default --prefetch): the "GPU never waits"
+figure of issue 11, ~0 when the loader thread keeps up. --device cpu runs the same code on the CPU with
 small settings (the integration test does, so this script is exercised
 without a GPU); figures from it mean nothing.
 
@@ -58,6 +60,8 @@ def parse(argv):
 STEP = re.compile(r"T0002: step (\d+) loss \S+ time (\S+) s")
 PEAK = re.compile(r"T2002: peak device memory (\S+) MiB")
 RSS = re.compile(r"T0004: peak_rss_kb (\d+)")
+WAIT = re.compile(r"T2600: input: (\S+) s waiting for batches over \d+ steps \((\S+) ms/step\), "
+                  r"--prefetch (\d+)")
 
 
 def ours(a, mode):
@@ -91,6 +95,11 @@ def ours(a, mode):
     m = RSS.search(r.stderr)
     if m:
         out["peak_rss_mib"] = round(int(m.group(1)) / 1024, 1)
+    m = WAIT.search(r.stderr)
+    if m:
+        out["input_wait_s"] = float(m.group(1))
+        out["input_wait_ms_per_step"] = float(m.group(2))
+        out["prefetch"] = int(m.group(3))
     notes = [l.split(": ", 1)[-1] for l in r.stderr.splitlines() if "T2003" in l]
     if notes:
         out["note"] = notes[0]
@@ -159,7 +168,8 @@ def main(argv):
             rc = 1
         result["modes"][mode] = entry
         print(f"throughput {a.arch} batch {a.batch} {mode}: cddp "
-              f"{o.get('img_per_s', o.get('error'))} img/s (peak {o.get('peak_mib', '?')} MiB), "
+              f"{o.get('img_per_s', o.get('error'))} img/s (peak {o.get('peak_mib', '?')} MiB, "
+              f"waited for input {o.get('input_wait_ms_per_step', '?')} ms/step), "
               f"torch eager {t.get('img_per_s', t.get('error'))} img/s "
               f"(peak {t.get('peak_mib', '?')} MiB)", flush=True)
     return gpu_common.finish(a.json, result, rc)
