@@ -17,7 +17,8 @@ on all cores).
 
     /usr/bin/python3 tests/bench/bench_prefetch.py [--repeat 2] [--steps 8]
         [--warmup 2] [--image-size 224] [--batch-size 16] [--images 96]
-        [--target 2850] [--build build] [--json]
+        [--prefetch 0,default] [--data synthetic,folder] [--target 2850]
+        [--build build] [--json]
 
 A benchmark: it prints figures, it never passes or fails.
 """
@@ -86,8 +87,11 @@ def main():
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--build", default=str(ROOT / "build"))
     ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--prefetch", default="0,default", help="values to compare")
+    ap.add_argument("--data", default="synthetic,folder")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    values = [None if v == "default" else int(v) for v in args.prefetch.split(",")]
     if args.warmup >= args.steps:
         ap.error("--warmup must be below --steps")
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,8 +104,10 @@ def main():
         decode = json.loads(dec.stdout)
         best = {}
         for _ in range(args.repeat):
-            for data in ("synthetic", f"folder:{folder}"):
-                for prefetch in (0, None):
+            for data in args.data.split(","):
+                if data == "folder":
+                    data = f"folder:{folder}"
+                for prefetch in values:
                     row = one_run(args, data, prefetch)
                     key = (row["data"], row["prefetch"])
                     if key not in best or row["step_ms"] < best[key]["step_ms"]:
