@@ -91,11 +91,12 @@ struct run {
     struct trn_prefetch *pf;
     struct trn_train_batches pf_train; /* the loader's order for training */
     struct trn_batch *cur, *ahead;
-    bool have_ahead;     /* ahead was fetched (NULL: the source's end) */
-    int slot;            /* cur's input buffer */
-    float *x_in[2];      /* x_dev, and a second with upload */
-    double input_wait_s; /* the step loop's wait for batches (training) */
-    long input_steps;    /* steps those were waited in */
+    bool have_ahead;      /* ahead was fetched (NULL: the source's end) */
+    int slot;             /* cur's input buffer */
+    float *x_in[2];       /* x_dev, and a second with upload */
+    double input_wait_s;  /* the step loop's wait for batches (training) */
+    double input_first_s; /* of it, in the run's first step (the loader's start) */
+    long input_steps;     /* steps those were waited in */
 
     bool resuming; /* a checkpoint was there to resume when setup skipped --init for it */
     struct trn_resume ckpt;
@@ -262,6 +263,12 @@ static void setup_device(struct run *r)
                    "fp32)",
                    trn_amp_names[c->amp]);
     trn_scaler_init(&r->scaler, c->amp == TRN_AMP_FP16);
+    /* --prefetch's default, measured (docs/trainer.md, "Input pipeline"): a
+     * GPU step leaves the CPU cores idle for the loader; a CPU step uses
+     * them all, and a loader beside it only slows it (oversubscribed
+     * OpenMP barriers). */
+    if (r->cfg.prefetch == TRN_PREFETCH_AUTO)
+        r->cfg.prefetch = r->dev.device == TRN_DEVICE_CUDA ? 2 : 0;
 }
 
 /* The backend --device chose: oneDNN and our kernels on --threads OpenMP
@@ -825,7 +832,8 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
     if (amp_step_ok(r))
         trn_resnet_sgd_step(&r->model, (float)lr, (float)c->momentum, (float)c->weight_decay);
     r->step++;
-    r->input_steps++;
+    if (r->input_steps++ == 0)
+        r->input_first_s = r->input_wait_s;
     double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
     log_debug("T0002", "step %ld loss %.9g time %.6f s", r->step, (double)step_loss, secs);
     progress_report(r, epoch, step_loss, (double)step_images / secs);
@@ -873,10 +881,13 @@ static void finish_training(struct run *r)
     r->in_step = -1;
     prefetch_stop(r);
     trn_train_batches_free(&r->pf_train);
-    log_info(
-        "T2600", "input: %.3f s waiting for batches over %ld steps (%.2f ms/step), --prefetch %ld",
-        r->input_wait_s, r->input_steps,
-        r->input_steps ? r->input_wait_s * 1e3 / (double)r->input_steps : 0.0, r->cfg.prefetch);
+    long later = r->input_steps - 1;
+    log_info("T2600",
+             "input: %.3f s waiting for batches in %ld steps, %.3f s of it in the first, %.2f "
+             "ms/step after it (--prefetch %ld)",
+             r->input_wait_s, r->input_steps, r->input_first_s,
+             later > 0 ? (r->input_wait_s - r->input_first_s) * 1e3 / (double)later : 0.0,
+             r->cfg.prefetch);
     trn_ddp_sync_buffers(&r->ddp);
     trn_resnet_pull(&r->model); /* the checksum and --save read the host copies */
     if (cddp_log_enabled(CDDP_LOG_INFO))

@@ -6,6 +6,7 @@
  *
  *     jpeg_rate folder:DIR [IMAGE_SIZE [THREADS [SECONDS]]]
  *
+ * Any --data spec works (synthetic: the rate of its generated pixels).
  * Prints one JSON line: images, image side, per-core and T-thread
  * images/s. tests/bench/bench_prefetch.py runs it.
  */
