@@ -13,15 +13,24 @@ On tiny CPU runs (ResNet-18, 32x32):
     line, the same exit code and after the same steps as without the
     loader: when the step loop reaches its batch, not when the loader
     reads it (it reads it earlier);
+  - SIGTERM with --checkpoint while the loader runs: the stop handler
+    (main thread; the loader blocks the signal) saves the step and the
+    process dies by SIGTERM; the resumed run ends with the same weights;
   - the end of training reports the wait for input (T2600).
+On a GPU (skipped without one): the same losses with the pinned uploads
+on the copy stream as with --prefetch 0, and the default there is 2.
 Small enough to run under ASan too (a leak or a race report fails).
 """
 import os
+import pathlib
 import re
+import shutil
+import signal
+import subprocess
 
 import pytest
 
-from conftest import binary, run
+from conftest import BUILD, binary, run, wait_for
 
 TINY = ["--arch", "resnet18", "--image-size", "32", "--batch-size", "4", "--num-classes", "10",
         "--threads", "2", "--seed", "5", "--log-every", "1"]
@@ -109,3 +118,41 @@ def test_corrupt_jpeg_fails_at_its_batch_as_without_the_loader(tmp_path):
         assert [s for s, _ in losses(r)] == ["1", "2"], r.stderr
     assert len({r.stderr.strip().splitlines()[-1] for r in runs}) == 1
     assert runs[1].stdout == runs[0].stdout == runs[2].stdout
+
+
+def test_sigterm_with_the_loader_saves_the_step(tmp_path, background):
+    base = ["--data", "synthetic", "--num-samples", "22", "--epochs", "2"]
+    ref = train(*base, "--prefetch", "0", "--save", tmp_path / "ref.safetensors")
+    assert ref.returncode == 0, ref.stderr
+    ck, out, log = tmp_path / "ck.safetensors", tmp_path / "out.safetensors", tmp_path / "log"
+    with open(log, "w") as fh:
+        p = background([binary("cddp-train")] + TINY + base +
+                       ["--prefetch", "2", "--checkpoint", ck, "--fault", "slow@step=3,ms=1500"],
+                       env=DEBUG, stdout=subprocess.DEVNULL, stderr=fh)
+    wait_for(lambda: "T6103: fault injection: sleeping" in log.read_text(), timeout=120,
+             what="step 4's sleep")
+    p.signal(signal.SIGTERM)
+    assert p.wait(60) == -signal.SIGTERM, log.read_text()
+    assert re.search(r"WARNING T2011: Terminated: checkpoint at step 4 written", log.read_text())
+    r = train(*base, "--prefetch", "2", "--checkpoint", ck, "--save", out)
+    assert r.returncode == 0, r.stderr
+    assert "step 4)" in r.stdout.splitlines()[0], r.stdout
+    assert out.read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+
+def test_cuda_uploads_give_the_same_losses():
+    cfg = BUILD / "config.h"
+    if not (cfg.exists() and "#define CDDP_HAVE_CUDA 1" in cfg.read_text()):
+        pytest.skip("built without CUDA")
+    if not (any(pathlib.Path("/dev").glob("nvidia[0-9]*")) and shutil.which("nvidia-smi")):
+        pytest.skip("no CUDA device is visible")
+    base = ["--device", "cuda", "--deterministic", "--data", "synthetic", "--num-samples", "22",
+            "--epochs", "2", "--eval", "--eval-limit", "10"]
+    a, a2 = train(*base, "--prefetch", "0"), train(*base, "--prefetch", "0")
+    b = train(*base)  # the default on cuda: 2
+    for r in (a, a2, b):
+        assert r.returncode == 0, r.stderr
+    if losses(a) != losses(a2):
+        pytest.skip("two --prefetch 0 runs on this device already differ")
+    assert losses(b) == losses(a) and len(losses(a)) == 12
+    assert checksum(b) == checksum(a)
+    assert "(--prefetch 2)" in re.search(r"T2600: .*", b.stderr).group(0)
