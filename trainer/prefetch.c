@@ -137,6 +137,8 @@ static void *loader(void *arg)
     struct trn_prefetch *p = arg;
     if (p->o.threads > 0)
         omp_set_num_threads(p->o.threads);
+    else if (p->o.threads < 0) /* the step loop's thread keeps a core */
+        omp_set_num_threads(omp_get_num_procs() > 1 ? omp_get_num_procs() - 1 : 1);
     for (;;) {
         pthread_mutex_lock(&p->mu);
         while (!atomic_load(&p->stop) && p->filled - p->released >= p->size)

@@ -92,7 +92,7 @@ struct trn_prefetch_opts {
     const struct trn_dataset *data; /* read-only while the loader runs */
     int batch;                      /* the most samples a batch has */
     int ahead;                      /* batches loaded ahead of the consumer, >= 1 */
-    int threads;                    /* OpenMP threads decoding (0: OpenMP's default) */
+    int threads; /* OpenMP threads decoding (0: OpenMP's default; -1: all cores but one) */
     trn_batch_next_fn next;
     void *next_arg; /* used on the loader thread until trn_prefetch_free */
     struct trn_host_alloc host;

@@ -555,6 +555,8 @@ static void prefetch_start(struct run *r, const struct trn_dataset *d, trn_batch
                                   .threads = (int)r->cfg.threads,
                                   .next = next,
                                   .next_arg = arg};
+    if (!o.threads && be->device == TRN_DEVICE_CUDA)
+        o.threads = -1; /* every core but the one the step loop launches from */
     if (be->ops->host_alloc)
         o.host = (struct trn_host_alloc){pinned_alloc, pinned_free, be};
     char err[512];

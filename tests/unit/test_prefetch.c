@@ -180,8 +180,12 @@ static void test_failed_batch(void **state)
     for (int i = 0; i < 40; i++)
         list[i] = (uint32_t)i;
     struct trn_list_batches l = {.idx = list, .len = 40, .batch = 8};
-    struct trn_prefetch_opts o = {
-        .data = &f.d, .batch = 8, .ahead = 3, .next = trn_list_batches_next, .next_arg = &l};
+    struct trn_prefetch_opts o = {.data = &f.d,
+                                  .batch = 8,
+                                  .ahead = 3,
+                                  .threads = -1, /* all cores but one */
+                                  .next = trn_list_batches_next,
+                                  .next_arg = &l};
     struct trn_prefetch *p;
     char err[256];
     assert_int_equal(trn_prefetch_start(&p, &o, err, sizeof(err)), 0);
