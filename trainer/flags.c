@@ -82,6 +82,12 @@ static const struct trn_flag table[] = {
      .group = DATA, .help = "use only the first N training images", .shown = ""},
     {"no-shuffle", NULL, TRN_FLAG_OFF, AT(shuffle), .agree = TRN_AGREE_VALUE, .group = DATA,
      .help = "keep the dataset's order"},
+    {"prefetch", "N", TRN_FLAG_LONG, AT(prefetch), -1, 64, .def.l = TRN_PREFETCH_AUTO,
+     .group = DATA,
+     .help = "batches a loader thread reads ahead of the step (pinned,\n"
+             "uploaded on a copy stream on cuda); 0: read each in the\n"
+             "step; -1: 2 on cuda, 0 on cpu",
+     .shown = "-1"},
 
     {"batch-size", "N", TRN_FLAG_LONG, AT(batch_size), 1, 65536, .def.l = 64,
      .agree = TRN_AGREE_VALUE, .group = TRAINING, .help = "images per step"},

@@ -69,7 +69,11 @@ struct trn_config {
     long cudnn_workspace_mb; /* cuDNN workspace bound */
     bool deterministic;      /* deterministic convolution algorithms */
     bool cuda_graphs;        /* capture the step once per shape and replay it (CUDA) */
+    long prefetch;           /* batches a loader thread reads ahead; 0: none; -1
+                                (TRN_PREFETCH_AUTO, the default): 2 on cuda, 0 on the cpu */
 };
+
+#define TRN_PREFETCH_AUTO (-1L)
 
 /* --amp: mixed precision (CUDA only). */
 enum trn_amp { TRN_AMP_OFF, TRN_AMP_BF16, TRN_AMP_FP16 };

@@ -52,6 +52,7 @@
 #include "trainer/flags.h"          /* struct trn_config, trn_flags_parse */
 #include "trainer/graph_plan.h"     /* --cuda-graphs: when to capture and replay */
 #include "trainer/ops/ops.h"        /* trn_backend */
+#include "trainer/prefetch.h"       /* --prefetch: the loader thread */
 #include "trainer/resnet.h"         /* trn_resnet */
 #include "trainer/resume.h"         /* trn_resume: --checkpoint */
 #include "trainer/scaler.h"         /* --amp fp16: GradScaler */
@@ -85,6 +86,18 @@ struct run {
     struct trn_lr_schedule schedule;
     float *x_host, *x_dev; /* (batch, 3, height, width) */
     int32_t *labels;       /* (batch) */
+    /* --prefetch (prefetch.h): the loader, the batch computing and, with a
+     * device's upload, the next one (ahead, uploading into the other of the
+     * two input buffers, x_in[1 - slot]); NULL loader: load_batch. */
+    struct trn_prefetch *pf;
+    struct trn_train_batches pf_train; /* the loader's order for training */
+    struct trn_batch *cur, *ahead;
+    bool have_ahead;      /* ahead was fetched (NULL: the source's end) */
+    int slot;             /* cur's input buffer */
+    float *x_in[2];       /* x_dev, and a second with upload */
+    double input_wait_s;  /* the step loop's wait for batches (training) */
+    double input_first_s; /* of it, in the run's first step (the loader's start) */
+    long input_steps;     /* steps those were waited in */
 
     bool resuming; /* a checkpoint was there to resume when setup skipped --init for it */
     struct trn_resume ckpt;
@@ -295,6 +308,12 @@ static void setup_device(struct run *r)
                    "fp32)",
                    trn_amp_names[c->amp]);
     trn_scaler_init(&r->scaler, c->amp == TRN_AMP_FP16);
+    /* --prefetch's default, measured (docs/trainer.md, "Input pipeline"): a
+     * GPU step leaves the CPU cores idle for the loader; a CPU step uses
+     * them all, and a loader beside it only slows it (oversubscribed
+     * OpenMP barriers). */
+    if (r->cfg.prefetch == TRN_PREFETCH_AUTO)
+        r->cfg.prefetch = r->dev.device == TRN_DEVICE_CUDA ? 2 : 0;
 }
 
 /* The backend --device chose: oneDNN and our kernels on --threads OpenMP
@@ -423,6 +442,11 @@ static void setup_batches(struct run *r)
     r->x_host = trn_malloc(xbytes);
     r->x_dev = r->be.ops->alloc(&r->be, xbytes);
     TRN_CHECK(r->x_dev, "out of memory for the input batch (%zu bytes)", xbytes);
+    r->x_in[0] = r->x_dev;
+    if (c->prefetch && r->be.ops->upload) {
+        r->x_in[1] = r->be.ops->alloc(&r->be, xbytes);
+        TRN_CHECK(r->x_in[1], "out of memory for the second input batch (%zu bytes)", xbytes);
+    }
     r->labels = trn_malloc((size_t)r->batch * sizeof(int32_t));
 }
 
@@ -540,22 +564,149 @@ static void connect_ranks(struct run *r)
 static void load_batch(struct run *r, const struct trn_dataset *d, const uint32_t *idx, int n)
 {
     size_t per = trn_dataset_sample_size(d);
-    float *x = r->x_host;
-    int32_t *labels = r->labels;
-    int failed = 0;
-    char first_err[512] = "";
-#pragma omp parallel for schedule(dynamic)
-    for (int i = 0; i < n; i++) {
-        char err[512];
-        if (trn_dataset_get(d, idx[i], x + (size_t)i * per, &labels[i], err, sizeof(err)) != 0) {
-#pragma omp critical
-            if (!failed++)
-                cddp_strlcpy(first_err, err, sizeof(first_err));
-        }
+    char err[512];
+    if (trn_batch_load(d, idx, n, r->x_host, r->labels, NULL, err, sizeof(err)) != 0)
+        trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
+    r->be.ops->to_device(&r->be, r->x_dev, r->x_host, (size_t)n * per * sizeof(float));
+}
+
+/* ---- --prefetch: batches from the loader thread (prefetch.h) ----
+ *
+ * On the CPU the step reads the loader's buffer itself. On a device with
+ * upload (CUDA), the batch after the current one is taken as soon as the
+ * current one's backward is queued, and its upload queued on the copy
+ * stream into the other input buffer, so it overlaps the rest of the
+ * step; the forward waits for it on the device (ops.h: upload). */
+
+static void *pinned_alloc(void *arg, size_t bytes)
+{
+    struct trn_backend *be = arg;
+    return be->ops->host_alloc(be, bytes);
+}
+
+static void pinned_free(void *arg, void *p)
+{
+    struct trn_backend *be = arg;
+    be->ops->host_free(be, p);
+}
+
+/* Starts the loader on d in next's order. */
+static void prefetch_start(struct run *r, const struct trn_dataset *d, trn_batch_next_fn next,
+                           void *arg)
+{
+    struct trn_backend *be = &r->be;
+    TRN_CHECK(be->device == TRN_DEVICE_CPU || be->ops->upload,
+              "--prefetch: the %s backend has no upload", be->ops->name);
+    struct trn_prefetch_opts o = {.data = d,
+                                  .batch = r->batch,
+                                  .ahead = (int)r->cfg.prefetch,
+                                  .threads = (int)r->cfg.threads,
+                                  .next = next,
+                                  .next_arg = arg};
+    if (!o.threads && be->device == TRN_DEVICE_CUDA)
+        o.threads = -1; /* every core but the one the step loop launches from */
+    if (be->ops->host_alloc)
+        o.host = (struct trn_host_alloc){pinned_alloc, pinned_free, be};
+    char err[512];
+    if (trn_prefetch_start(&r->pf, &o, err, sizeof(err)) != 0)
+        trn_fatal("%s", err);
+    r->cur = r->ahead = NULL;
+    r->have_ahead = false;
+    r->slot = 0;
+}
+
+/* Stops and frees the loader (its batches held included). */
+static void prefetch_stop(struct run *r)
+{
+    trn_prefetch_free(r->pf);
+    r->pf = NULL;
+    r->cur = r->ahead = NULL;
+    r->have_ahead = false;
+}
+
+/* The loader's next batch; the step loop's wait for it is counted. */
+static struct trn_batch *prefetch_take(struct run *r)
+{
+    double w = trn_prefetch_wait_s(r->pf);
+    struct trn_batch *e = trn_prefetch_next(r->pf);
+    r->input_wait_s += trn_prefetch_wait_s(r->pf) - w;
+    return e;
+}
+
+static void upload(struct run *r, int slot, const struct trn_batch *e, const struct trn_dataset *d)
+{
+    size_t bytes = (size_t)e->n * trn_dataset_sample_size(d) * sizeof(float);
+    r->be.ops->upload(&r->be, slot, r->x_in[slot], e->x, bytes);
+}
+
+/* Samples idx[0..n) of d as the model's input (device memory), their
+ * labels in r->labels: loaded now (no loader), or the loader's next batch,
+ * which must be that one. A sample that could not be read stops the
+ * worker here with the dataset's message, as load_batch would. */
+static const float *input_next(struct run *r, const struct trn_dataset *d, const uint32_t *idx,
+                               int n)
+{
+    if (!r->pf) {
+        uint64_t t0 = cddp_mono_ns();
+        load_batch(r, d, idx, n);
+        r->input_wait_s += (double)(cddp_mono_ns() - t0) * 1e-9;
+        return r->x_dev;
     }
-    if (failed)
-        trn_refuse(CDDP_EXIT_FAILURE, "%s", first_err);
-    r->be.ops->to_device(&r->be, r->x_dev, x, (size_t)n * per * sizeof(float));
+    bool uploaded = r->have_ahead;
+    struct trn_batch *e = r->have_ahead ? r->ahead : prefetch_take(r);
+    int slot = r->have_ahead ? 1 - r->slot : r->slot;
+    r->have_ahead = false;
+    r->ahead = NULL;
+    TRN_CHECK(e, "--prefetch: the loader ended before the step loop");
+    if (e->rc) {
+        char err[sizeof(e->err)];
+        cddp_strlcpy(err, e->err, sizeof(err));
+        prefetch_stop(r);
+        trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
+    }
+    TRN_CHECK(e->n == n && memcmp(e->idx, idx, (size_t)n * sizeof(uint32_t)) == 0,
+              "--prefetch: the loader's batch is not the step loop's");
+    memcpy(r->labels, e->labels, (size_t)n * sizeof(int32_t));
+    r->cur = e;
+    r->slot = slot;
+    if (!r->be.ops->upload)
+        return e->x; /* the CPU reads the loader's buffer */
+    if (!uploaded)
+        upload(r, slot, e, d);
+    r->be.ops->input_wait(&r->be, slot);
+    return r->x_in[slot];
+}
+
+/* The current batch's last use is queued (after its backward): its buffer
+ * goes back to the loader; with upload and `more` (the step loop goes on),
+ * the next batch is taken and its upload queued. */
+static void input_done(struct run *r, const struct trn_dataset *d, bool more)
+{
+    if (!r->pf)
+        return;
+    if (r->be.ops->upload)
+        r->be.ops->input_done(&r->be, r->slot);
+    trn_prefetch_release(r->pf, r->cur);
+    r->cur = NULL;
+    if (!r->be.ops->upload || !more)
+        return;
+    r->ahead = prefetch_take(r);
+    r->have_ahead = true;
+    if (r->ahead && !r->ahead->rc)
+        upload(r, 1 - r->slot, r->ahead, d);
+}
+
+/* --prefetch: the loader for training, from where the run starts (a
+ * resumed epoch's first batch) through the last epoch, in its own copy of
+ * the sampler's order. */
+static void train_input_start(struct run *r)
+{
+    if (!r->cfg.prefetch)
+        return;
+    if (trn_train_batches_init(&r->pf_train, &r->sampler, r->batch, r->start.epoch,
+                               r->start.first_batch, (int)r->cfg.epochs) != 0)
+        trn_fatal("--prefetch: out of memory for the loader's sampler");
+    prefetch_start(r, r->train, trn_train_batches_next, &r->pf_train);
 }
 
 /* ---- SIGTERM / SIGINT with --checkpoint: stop at the step's end ----
@@ -694,12 +845,12 @@ static bool amp_update(struct run *r, bool found_inf)
     return false;
 }
 
-/* One micro-batch (i of the step's k, in the batch already loaded):
+/* One micro-batch (i of the step's k, the batch x already loaded):
  * forward and backward as the host drives them, the loss to
  * step_losses[i]; sync: the step's last, whose gradients DDP reduces. */
-static void micro_step(struct run *r, int n, long i, float k, bool sync)
+static void micro_step(struct run *r, const float *x, int n, long i, float k, bool sync)
 {
-    float loss = trn_resnet_forward(&r->model, r->x_dev, r->labels, n, r->height, r->width, true);
+    float loss = trn_resnet_forward(&r->model, x, r->labels, n, r->height, r->width, true);
     trn_ddp_begin_backward(&r->ddp, sync);
     /* (times the loss scale under --amp fp16: unscaled before the step) */
     trn_resnet_backward(&r->model, trn_scaler_loss_scale(&r->scaler) / k, i > 0);
@@ -716,7 +867,7 @@ static void opt_step(struct run *r, double lr)
 }
 
 static void graph_step_begin(struct run *r, double lr, float k);
-static void graph_micro(struct run *r, int n, long i, float k, bool sync);
+static void graph_micro(struct run *r, const float *x, int n, long i, float k, bool sync);
 static void graph_opt(struct run *r, double lr);
 static void graph_step_end(struct run *r, long micro_batches);
 
@@ -739,14 +890,16 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
     for (long b = b0; b < b1; b++) {
         int n = b == r->batches - 1 ? r->last_batch : r->batch;
         const uint32_t *idx = r->sampler.indices + (size_t)b * (size_t)r->batch;
-        load_batch(r, r->train, idx, n);
+        const float *x = input_next(r, r->train, idx, n);
         for (int i = 0; i < n; i++)
             if (r->labels[i] < 0 || r->labels[i] >= r->num_classes)
                 trn_fatal("label %d of sample %u is outside [0, %d)", r->labels[i], idx[i],
                           r->num_classes);
 
         trn_ddp_sync_buffers(&r->ddp);
-        (c->cuda_graphs ? graph_micro : micro_step)(r, n, b - b0, k, b == b1 - 1);
+        (c->cuda_graphs ? graph_micro : micro_step)(r, x, n, b - b0, k, b == b1 - 1);
+        /* (no batch ahead after the last step --steps allows) */
+        input_done(r, r->train, b < b1 - 1 || !c->steps || r->step + 1 < c->steps);
         t->batches++;
         t->images += n;
         step_images += n;
@@ -767,6 +920,8 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
             printf("Epoch %d [%ld/%ld] Loss: %.4f\n", epoch, b, r->batches, (double)loss);
     }
     r->step++;
+    if (r->input_steps++ == 0)
+        r->input_first_s = r->input_wait_s;
     double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
     log_debug("T0002", "step %ld loss %.9g time %.6f s", r->step, (double)step_loss, secs);
     progress_report(r, epoch, step_loss, (double)step_images / secs);
@@ -781,7 +936,7 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
  * decides per launch whether it warms up (runs as micro_step and opt_step
  * do), is captured, or replays. What a graph reads that changes per step
  * lives in device memory the host writes first: the input batch (already
- * uploaded by load_batch), the labels (trn_resnet_upload_labels), and the
+ * uploaded by input_next), the labels (trn_resnet_upload_labels), and the
  * scalars below (graph_step_begin). What it writes that the host wants is
  * read back once, after the step (graph_step_end): each micro-batch's loss
  * and found_inf, which then drives the loss scaler as amp_step_ok does.
@@ -863,24 +1018,24 @@ static void graph_step_begin(struct run *r, double lr, float k)
 }
 
 /* micro_step, by a graph when the plan says so. */
-static void graph_micro(struct run *r, int n, long i, float k, bool sync)
+static void graph_micro(struct run *r, const float *x, int n, long i, float k, bool sync)
 {
     struct trn_resnet *m = &r->model;
     const struct trn_ops *ops = r->be.ops;
     struct trn_graph_key key = {TRN_GRAPH_MICRO, n,     r->height,
-                                r->width,        i > 0, (uint64_t)(uintptr_t)r->x_dev};
+                                r->width,        i > 0, (uint64_t)(uintptr_t)x};
     int slot;
     enum trn_graph_action a = graph_decide(r, &key, n == r->batch, &slot);
     if (a == TRN_GRAPH_RUN) {
         struct trn_graph_env before = graph_env(r);
-        micro_step(r, n, i, k, sync);
+        micro_step(r, x, n, i, k, sync);
         graph_ran(r, &key, &before);
         return;
     }
     trn_resnet_upload_labels(m, r->labels, n, r->height, r->width);
     if (a == TRN_GRAPH_CAPTURE) {
         ops->graph_begin(&r->be);
-        trn_resnet_forward_dev(m, r->x_dev, n, r->height, r->width, r->gdev + GS_LOSS);
+        trn_resnet_forward_dev(m, x, n, r->height, r->width, r->gdev + GS_LOSS);
         trn_ddp_begin_backward(&r->ddp, sync);
         trn_resnet_backward_dev(m, r->gdev + GS_LOSS_SCALE, i > 0);
         graph_captured(r, slot,
@@ -1031,6 +1186,15 @@ static bool train_epoch(struct run *r, int epoch)
 static void finish_training(struct run *r)
 {
     r->in_step = -1;
+    prefetch_stop(r);
+    trn_train_batches_free(&r->pf_train);
+    long later = r->input_steps - 1;
+    log_info("T2600",
+             "input: %.3f s waiting for batches in %ld steps, %.3f s of it in the first, %.2f "
+             "ms/step after it (--prefetch %ld)",
+             r->input_wait_s, r->input_steps, r->input_first_s,
+             later > 0 ? (r->input_wait_s - r->input_first_s) * 1e3 / (double)later : 0.0,
+             r->cfg.prefetch);
     trn_ddp_sync_buffers(&r->ddp);
     trn_resnet_pull(&r->model); /* the checksum and --save read the host copies */
     if (cddp_log_enabled(CDDP_LOG_INFO))
@@ -1066,13 +1230,21 @@ static double accuracy(struct run *r, float *all_logits)
     float *logits = trn_malloc((size_t)r->batch * K * sizeof(float));
     uint32_t *idx = trn_malloc((size_t)r->batch * sizeof(uint32_t));
     size_t stride = (size_t)r->world;
+    /* --prefetch: the loader reads this rank's samples in the same order */
+    uint32_t *mine = trn_malloc((ds->len / stride + 1) * sizeof(uint32_t));
+    struct trn_list_batches list = {.idx = mine, .batch = r->batch};
+    for (size_t j = (size_t)r->rank; j < ds->len; j += stride)
+        mine[list.len++] = (uint32_t)j;
+    if (r->cfg.prefetch)
+        prefetch_start(r, ds, trn_list_batches_next, &list);
     for (size_t start = (size_t)r->rank; start < ds->len; start += (size_t)r->batch * stride) {
         int n = 0;
         for (size_t j = start; j < ds->len && n < r->batch; j += stride)
             idx[n++] = (uint32_t)j;
-        load_batch(r, ds, idx, n);
-        trn_resnet_forward(&r->model, r->x_dev, NULL, n, ds->height, ds->width, false);
+        const float *x = input_next(r, ds, idx, n);
+        trn_resnet_forward(&r->model, x, NULL, n, ds->height, ds->width, false);
         be->ops->to_host(be, logits, r->model.logits, (size_t)n * K * sizeof(float));
+        input_done(r, ds, true);
         for (int i = 0; i < n; i++) {
             const float *l = logits + (size_t)i * K;
             if (all_logits)
@@ -1085,6 +1257,8 @@ static double accuracy(struct run *r, float *all_logits)
             counts[1]++;
         }
     }
+    prefetch_stop(r);
+    free(mine);
     free(idx);
     free(logits);
     struct trn_comm *comm = r->dist.comm;
@@ -1143,7 +1317,10 @@ static void save(struct run *r)
 static void release(struct run *r)
 {
     release_graphs(r);
+    prefetch_stop(r);
+    trn_train_batches_free(&r->pf_train);
     r->be.ops->free(&r->be, r->x_dev);
+    r->be.ops->free(&r->be, r->x_in[1]);
     free(r->x_host);
     free(r->labels);
     trn_ddp_free(&r->ddp);
@@ -1170,6 +1347,7 @@ int main(int argc, char **argv)
     resume(&r);
     connect_ranks(&r);
     install_stop_handlers(&r);
+    train_input_start(&r);
     for (int epoch = r.start.epoch; epoch < r.cfg.epochs; epoch++)
         if (!train_epoch(&r, epoch))
             break;

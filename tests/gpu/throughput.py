@@ -17,7 +17,9 @@ img/s over --steps steps after --warmup steps, and the peak device memory
 (ours: T2002; torch: torch.cuda.max_memory_allocated). Ours is end to end:
 each step's time (T0002) includes making the synthetic batch on the CPU and
 copying it over; torch's reuses one batch already on the GPU (the eager
-baseline at its best). --device cpu runs the same code on the CPU with
+baseline at its best). Beside ours, the time its step loop waited for input
+batches (T2600, per step after the first, at the default --prefetch): the
+"GPU never waits" figure of issue 11, ~0 when the loader thread keeps up. --device cpu runs the same code on the CPU with
 small settings (the integration test does, so this script is exercised
 without a GPU); figures from it mean nothing.
 
@@ -64,6 +66,8 @@ def parse(argv):
 STEP = re.compile(r"T0002: step (\d+) loss \S+ time (\S+) s")
 PEAK = re.compile(r"T2002: peak device memory (\S+) MiB")
 RSS = re.compile(r"T0004: peak_rss_kb (\d+)")
+WAIT = re.compile(r"T2600: input: (\S+) s waiting for batches in \d+ steps, (\S+) s of it in the "
+                  r"first, (\S+) ms/step after it \(--prefetch (\d+)\)")
 
 
 def ours(a, mode, graphs=False):
@@ -99,6 +103,12 @@ def ours(a, mode, graphs=False):
     m = RSS.search(r.stderr)
     if m:
         out["peak_rss_mib"] = round(int(m.group(1)) / 1024, 1)
+    m = WAIT.search(r.stderr)
+    if m:
+        out["input_wait_s"] = float(m.group(1))
+        out["input_wait_first_step_s"] = float(m.group(2))
+        out["input_wait_ms_per_step"] = float(m.group(3))  # after the first step
+        out["prefetch"] = int(m.group(4))
     notes = [l.split(": ", 1)[-1] for l in r.stderr.splitlines() if "T2400" in l]
     if notes:
         out["note"] = notes[0]
@@ -177,7 +187,8 @@ def main(argv):
                   flush=True)
         result["modes"][mode] = entry
         print(f"throughput {a.arch} batch {a.batch} {mode}: cddp "
-              f"{o.get('img_per_s', o.get('error'))} img/s (peak {o.get('peak_mib', '?')} MiB), "
+              f"{o.get('img_per_s', o.get('error'))} img/s (peak {o.get('peak_mib', '?')} MiB, "
+              f"waited for input {o.get('input_wait_ms_per_step', '?')} ms/step), "
               f"torch eager {t.get('img_per_s', t.get('error'))} img/s "
               f"(peak {t.get('peak_mib', '?')} MiB)", flush=True)
     return gpu_common.finish(a.json, result, rc)

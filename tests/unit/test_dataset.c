@@ -479,6 +479,10 @@ static void test_folder(void **state)
     assert_int_equal(trn_dataset_get(d, 1, x, &l, err, sizeof(err)), CDDP_ECORRUPT);
     if (!strstr(err, "f/mid/q.jpg: corrupt"))
         fail_msg("%s", err);
+    /* (a header without a frame: libjpeg-turbo sets no size; the message is
+     * the same every time, not one read from uninitialised memory) */
+    if (!strstr(err, "no image size in its header"))
+        fail_msg("%s", err);
     assert_int_equal(trn_dataset_get(d, 0, x, &l, err, sizeof(err)), 0);
     /* A truncated one too (libjpeg-turbo only warns: we stop, as PIL raises). */
     uint8_t buf[8192];

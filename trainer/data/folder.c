@@ -356,7 +356,11 @@ static int decode_jpeg(const char *path, uint8_t **rgb, int *w, int *h, char *er
         snprintf(err, errlen, "folder: %s: cannot start the JPEG decoder", path);
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     }
-    int subsamp, colorspace;
+    /* libjpeg-turbo 2.1 leaves them unset for a header without a frame
+     * (tables only): 0, not whatever was on the stack, so that JPEG is
+     * reported as having no size, every time. */
+    int subsamp = 0, colorspace = 0;
+    *w = *h = 0;
     if (tjDecompressHeader3(tj, jpg, (unsigned long)len, w, h, &subsamp, &colorspace) != 0) {
         snprintf(err, errlen, "folder: %s: corrupt or not a JPEG (%s)", path, tjGetErrorStr2(tj));
         rc = CDDP_ECORRUPT;

@@ -255,6 +255,22 @@ struct trn_ops {
     void (*sgd_step_dev)(struct trn_backend *be, float *param, const float *grad,
                          float *momentum_buf, size_t n, const float *lr, float momentum,
                          float weight_decay, bool first_step, const int32_t *skip);
+    /* Optional (NULL on the CPU): --prefetch's input path (train.c,
+     * prefetch.h). host_alloc: page-locked host memory, so copies from it
+     * are asynchronous (NULL when out of memory); host_free waits for the
+     * copies reading it first. Two device input buffers (slots 0 and 1):
+     * upload queues bytes from host src to device dst on a copy stream,
+     * after the compute stream's last input_done(slot), and marks slot's
+     * copy; input_wait makes the compute stream wait for slot's copy
+     * (before the forward that reads it); input_done marks the compute
+     * stream's last use of slot's buffer (after the backward that reads
+     * it) and waits, on the host, until slot's copy is done (its host
+     * source may then be reloaded). */
+    void *(*host_alloc)(struct trn_backend *be, size_t bytes);
+    void (*host_free)(struct trn_backend *be, void *p);
+    void (*upload)(struct trn_backend *be, int slot, void *dst, const void *src, size_t bytes);
+    void (*input_wait)(struct trn_backend *be, int slot);
+    void (*input_done)(struct trn_backend *be, int slot);
 };
 
 /* A backend instance: the table plus its state (oneDNN engine and stream,

@@ -115,8 +115,10 @@ static void cuda_free_mem(struct trn_backend *be, void *p)
             cb->allocs[i] = cb->allocs[--cb->n_allocs];
             break;
         }
-    /* queued work may still use it */
+    /* queued work may still use it (an upload into it too) */
     cudaCheck(cudaStreamSynchronize(cb->stream));
+    if (cb->copy_stream)
+        cudaCheck(cudaStreamSynchronize(cb->copy_stream));
     cudaCheck(cudaFree(p));
 }
 
@@ -234,6 +236,11 @@ static const struct trn_ops cuda_ops = {
     .xent_backward_dev = cuda_xent_backward_dev,
     .unscale_dev = cuda_unscale_dev,
     .sgd_step_dev = cuda_sgd_step_dev,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .upload = cuda_upload,
+    .input_wait = cuda_input_wait,
+    .input_done = cuda_input_done,
 };
 
 extern "C" int trn_cuda_device_count(void)
@@ -311,6 +318,7 @@ extern "C" void trn_backend_cuda_free(struct trn_backend *be)
     if (!cb)
         return;
     cudaCheck(cudaStreamSynchronize(cb->stream));
+    cuda_input_release(cb);
     if (cb->workspace)
         cudaCheck(cudaFree(cb->workspace));
     if (cb->wbuf)

@@ -61,6 +61,11 @@ struct cuda_backend {
      * (cuda_reserve), and cuBLAS's preallocated workspace. */
     uint64_t reserve_gen;
     void *cublas_ws;
+    /* --prefetch's uploads (input.cu), made on first use: the copy
+     * stream, and per input slot its copy's event and the compute
+     * stream's last use of it. */
+    cudaStream_t copy_stream;
+    cudaEvent_t input_copied[2], input_used[2];
 };
 
 static inline struct cuda_backend *cuda_of(struct trn_backend *be)
@@ -177,6 +182,15 @@ void cuda_xent_backward(struct trn_backend *be, int n, int k, const float *probs
 /* sgd.cu */
 void cuda_sgd_step(struct trn_backend *be, float *param, const float *grad, float *momentum_buf,
                    size_t n, float lr, float momentum, float weight_decay, bool first_step);
+
+/* input.cu: --prefetch (ops.h: host_alloc ... input_done) */
+void *cuda_host_alloc(struct trn_backend *be, size_t bytes);
+void cuda_host_free(struct trn_backend *be, void *p);
+void cuda_upload(struct trn_backend *be, int slot, void *dst, const void *src, size_t bytes);
+void cuda_input_wait(struct trn_backend *be, int slot);
+void cuda_input_done(struct trn_backend *be, int slot);
+/* Waits for the copy stream and destroys it (trn_backend_cuda_free). */
+void cuda_input_release(struct cuda_backend *cb);
 
 /* amp.cu */
 bool cuda_unscale(struct trn_backend *be, float *grad, size_t n, float inv_scale);
