@@ -2,6 +2,7 @@
 #include "trainer/comm/failure.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,14 @@ int trn_error_file_write(const char *path, const char *type, const char *message
 
 void trn_comm_fail(const struct trn_comm_error *e, long step, int rank, const char *error_file)
 {
+    /* Once per process: the NCCL watchdog's thread and the training thread
+     * (a collective's own error) may both get here for one failure; the
+     * second waits for the first's _exit rather than write the same error
+     * file's temporary name at the same time. */
+    static atomic_flag reported = ATOMIC_FLAG_INIT;
+    if (atomic_flag_test_and_set(&reported))
+        for (;;)
+            pause();
     char msg[1024];
     trn_comm_failure_message(e, step, rank, msg, sizeof(msg));
     log_error("T6010", "%s", msg);

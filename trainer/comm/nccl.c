@@ -24,10 +24,18 @@
  * Watchdog: a thread polls the completion events of the collectives in
  * flight (in order: one stream) and ncclCommGetAsyncError every
  * TRN_NCCL_POLL_MS and feeds watchdog_core.h. On a timeout or an
- * asynchronous error it aborts the communicator and calls the exit
- * function (trn_comm_set_watchdog_exit; default trn_comm_fail: error file,
- * exit 75). It never returns to the training thread, which may be blocked
- * inside the CUDA runtime behind the stuck collective by then.
+ * asynchronous error it calls the exit function (trn_comm_set_watchdog_exit;
+ * default trn_comm_fail: error file, exit 75), which ends the process. It
+ * never returns to the training thread, which may be blocked inside the
+ * CUDA runtime behind the stuck collective by then, and it does not abort
+ * the communicator first: an abort makes the stuck kernels return, and the
+ * training thread would wake and run on (an optimizer step over partly
+ * reduced gradients, a checkpoint of it) in the time the abort and the
+ * report take. The process's exit tears the context down, stuck kernels
+ * included; the peers see its sockets close (docs/gpu.md, "Watchdog").
+ * The training thread makes no CUDA call while holding b->mu, which the
+ * watchdog needs for every poll: a launch that blocks behind a hung kernel
+ * (a full queue) blocks only that thread.
  *
  * Checked calls: every CUDA and NCCL call goes through cu_check/nc_check,
  * which write "nccl.c:LINE: call: library message" into the caller's
@@ -79,7 +87,8 @@ struct nccl_backend {
     pthread_t thread;
     bool thread_started;
     bool stopping;
-    bool failed; /* an NCCL or CUDA call failed: abort, not destroy */
+    bool failed;           /* an NCCL or CUDA call failed: abort, not destroy */
+    double coll_timeout_s; /* --collective-timeout: bounds the finalize at exit too */
     struct trn_wd_core wd;
     cudaEvent_t done[TRN_NCCL_INFLIGHT]; /* seq s: done[s % TRN_NCCL_INFLIGHT] */
     bool recorded[TRN_NCCL_INFLIGHT];
@@ -201,21 +210,13 @@ static void retire(struct nccl_backend *b)
     }
 }
 
-/* Called without b->mu; err, fn and arg were read under it. */
+/* Called without b->mu; err, fn and arg were read under it. The report
+ * and the exit come first, with the stuck collective left as it is (see the
+ * preamble: no abort to wake the training thread). */
 static _Noreturn void give_up(struct nccl_backend *b, const struct trn_comm_error *err,
                               trn_comm_exit_fn fn, void *arg)
 {
-    log_error("T2103", "NCCL watchdog: %s; aborting the communicator", err->detail);
-    /* The training thread holds nccl_mu only for the moment of a call; if
-     * it is stuck inside one (a full launch queue behind the hung kernel),
-     * abort anyway after 2 s: the process ends right after. */
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += 2;
-    pthread_mutex_timedlock(&b->nccl_mu, &ts);
-    /* Non-blocking communicator: the abort does not wait for the stuck
-     * kernels, it tells them to stop. */
-    ncclCommAbort(b->comm);
+    log_error("T2103", "NCCL watchdog: %s; ending the rank", err->detail);
     if (fn != NULL)
         fn(arg, err);
     /* Unset (or an fn that returned, which it must not): the contract's default. */
@@ -321,11 +322,15 @@ static int enqueue(struct nccl_backend *b, struct trn_comm_work *w, void *buf, c
 
 /* A non-blocking communicator may answer a call with ncclInProgress: the
  * next call must wait until it is ready (bounded: the watchdog is on). */
-static int settle(struct nccl_backend *b, char *err, size_t errlen)
+static int settle_by(struct nccl_backend *b, uint64_t deadline_ns, char *err, size_t errlen)
 {
     ncclResult_t st = ncclInProgress;
     long ms = 0;
     for (;;) {
+        if (deadline_ns != 0 && cddp_mono_ns() > deadline_ns) {
+            snprintf(err, errlen, "still in progress at the deadline");
+            return CDDP_ETIMEOUT;
+        }
         pthread_mutex_lock(&b->nccl_mu);
         ncclResult_t qr = ncclCommGetAsyncError(b->comm, &st);
         pthread_mutex_unlock(&b->nccl_mu);
@@ -336,6 +341,13 @@ static int settle(struct nccl_backend *b, char *err, size_t errlen)
         nap_ms(ms < 10 ? ++ms : 10);
     }
     return NC(st, b->comm, err, errlen);
+}
+
+/* Until the communicator's last call is done (non-blocking: ncclInProgress
+ * until then); its errors as nc_check reports them. */
+static int settle(struct nccl_backend *b, char *err, size_t errlen)
+{
+    return settle_by(b, 0, err, errlen);
 }
 
 static int nccl_start(void *impl, struct trn_comm_work *w)
@@ -421,8 +433,8 @@ static int nccl_start(void *impl, struct trn_comm_work *w)
         b->staged_bytes = 0;
         b->staged_seq = seq;
     }
+    rc = CU(cudaEventRecord(b->done[slot], b->stream), err, errlen); /* not under b->mu */
     pthread_mutex_lock(&b->mu);
-    rc = CU(cudaEventRecord(b->done[slot], b->stream), err, errlen);
     b->recorded[slot] = rc == 0;
     pthread_mutex_unlock(&b->mu);
     if (rc < 0)
@@ -462,10 +474,13 @@ static int nccl_wait(void *impl, struct trn_comm_work *w)
     }
     int rc = 0;
     pthread_mutex_lock(&b->mu);
-    if (trn_wd_in_flight(&b->wd, w->seq))
+    bool busy = trn_wd_in_flight(&b->wd, w->seq);
+    pthread_mutex_unlock(&b->mu);
+    /* Not under b->mu. The slot is not reused before this thread starts
+     * another collective, and waiting on a completed event costs nothing. */
+    if (busy)
         rc = CU(cudaStreamWaitEvent(b->compute, b->done[w->seq % TRN_NCCL_INFLIGHT], 0), w->detail,
                 sizeof(w->detail));
-    pthread_mutex_unlock(&b->mu);
     if (rc < 0)
         b->failed = true;
     return rc;
@@ -543,8 +558,12 @@ static void nccl_destroy(void *impl)
             NC(ncclCommAbort(b->comm), NULL, NULL, 0);
         } else {
             char why[384];
+            /* Finalize completes once every rank's is quiescent: bounded
+             * (the watchdog has stopped) by --collective-timeout, for a
+             * peer that died after the last collective. */
+            uint64_t deadline = cddp_mono_ns() + (uint64_t)(b->coll_timeout_s * 1e9);
             if (NC(ncclCommFinalize(b->comm), b->comm, why, sizeof(why)) < 0 ||
-                settle(b, why, sizeof(why)) < 0) {
+                settle_by(b, deadline, why, sizeof(why)) < 0) {
                 log_warn("T2104", "finalizing the NCCL communicator: %s; aborting it", why);
                 NC(ncclCommAbort(b->comm), NULL, NULL, 0);
             } else {
@@ -648,6 +667,7 @@ int trn_nccl_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&b->cv, &ca);
     pthread_condattr_destroy(&ca);
+    b->coll_timeout_s = timeout_s > 0 ? timeout_s : 600.0;
     int rc = trn_wd_init(&b->wd, timeout_s, 0.0, TRN_NCCL_INFLIGHT);
     if (rc < 0) {
         snprintf(err, errlen, "out of memory");
@@ -657,7 +677,7 @@ int trn_nccl_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
         (rc = CU(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking), err, errlen)) < 0 ||
         (rc = CU(cudaEventCreateWithFlags(&b->ready, cudaEventDisableTiming), err, errlen)) < 0 ||
         (rc = CU(cudaMalloc((void **)&b->dscratch, sizeof(float)), err, errlen)) < 0 ||
-        (rc = CU(cudaMemset(b->dscratch, 0, sizeof(float)), err, errlen)) < 0)
+        (rc = CU(cudaMemsetAsync(b->dscratch, 0, sizeof(float), b->stream), err, errlen)) < 0)
         goto fail;
     for (int i = 0; i < TRN_NCCL_INFLIGHT; i++)
         if ((rc = CU(cudaEventCreateWithFlags(&b->done[i], cudaEventDisableTiming), err, errlen)) <
