@@ -64,6 +64,13 @@ void cuda_reserve(struct trn_backend *be, void **buf, size_t *have, size_t size)
     if (size <= *have)
         return;
     struct cuda_backend *cb = cuda_of(be);
+    /* A growth synchronises and reallocates: never inside a CUDA graph's
+     * capture (graph_plan.c warms a shape up until nothing grows first). */
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    cudaCheck(cudaStreamIsCapturing(cb->stream, &capturing));
+    TRN_CHECK(capturing == cudaStreamCaptureStatusNone,
+              "CUDA backend: scratch memory would grow to %zu bytes during a CUDA graph capture",
+              size);
     cudaCheck(cudaStreamSynchronize(cb->stream));
     if (*buf)
         cudaCheck(cudaFree(*buf));

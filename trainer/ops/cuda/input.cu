@@ -10,11 +10,15 @@
  *     compute stream:  ... backward(b-1 on s) record input_used[s] ... wait input_copied[s]
  *                      forward(b+1 on s) ...
  *
- * so the copy never overwrites a buffer the compute stream may still read
- * (batch b - 1's backward reads its input for the first convolution's
- * weight gradient), and the forward never reads a buffer before its copy
- * is done. Waiting on an event never recorded returns at once (the first
- * use of each slot).
+ * so the copy never overwrites a buffer the compute stream may still read,
+ * and the forward never reads a buffer before its copy is done. On this
+ * backend only the forward's reorder to NHWC reads the buffer (the first
+ * convolution's weight gradient reads the NHWC copy), so recording its
+ * last use after the backward is conservative: one batch of slack given
+ * up, which two slots and a copy far shorter than a step do not miss. The
+ * first use of each slot waits on an event never recorded, which returns
+ * at once; input_streams orders the copy stream after the compute
+ * stream's work once, when it is made.
  */
 #include "trainer/ops/cuda/cuda.h"
 
@@ -27,6 +31,11 @@ static void input_streams(struct cuda_backend *cb)
         cudaCheck(cudaEventCreateWithFlags(&cb->input_copied[s], cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&cb->input_used[s], cudaEventDisableTiming));
     }
+    /* The first copy into a slot waits on an event never recorded, i.e. on
+     * nothing: order it once after everything queued on the compute stream
+     * so far, the zeroing of the input buffers by alloc included. */
+    cudaCheck(cudaEventRecord(cb->input_used[0], cb->stream));
+    cudaCheck(cudaStreamWaitEvent(cb->copy_stream, cb->input_used[0], 0));
 }
 
 static int slot_of(int slot)
