@@ -235,7 +235,7 @@ def test_cuda_graphs_on_the_cpu_refused(world):
 def test_cuda_graphs_with_auto_on_a_machine_without_a_gpu_refused(extra):
     why = "no CUDA device is visible" if has_cuda_build() else "built without CUDA"
     line = refused(train(*TINY, "--cuda-graphs", *extra), CPU_GRAPHS)
-    assert f"({why})" in line, line
+    assert why in line, line
     # several ranks: auto falls back to the CPU (gloo) and says why in the one line
     line = refused(train(*TINY, "--cuda-graphs", *extra, env_extra=two_rank_env()), CPU_GRAPHS)
     assert "T2001" not in line
