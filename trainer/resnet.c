@@ -34,7 +34,9 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/log.h"
 #include "trainer/fatal.h"
+#include "trainer/mem_plan.h"
 
 static const struct trn_arch archs[] = {
     {"resnet18", false, {2, 2, 2, 2}},  {"resnet34", false, {3, 4, 6, 3}},
@@ -263,6 +265,7 @@ void trn_resnet_free(struct trn_resnet *m)
     be->ops->free(be, m->buffers);
     be->ops->free(be, m->bn_scratch);
     be->ops->free(be, m->arena);
+    free(m->takes);
     free(m->num_batches_tracked);
     free(m->host_params);
     free(m->host_momentum);
@@ -413,28 +416,60 @@ void trn_resnet_init(struct trn_resnet *m, uint64_t seed, bool zero_init_residua
 /* ------------------------------------------------------------------------ */
 /* Activation memory                                                         */
 
+/*
+ * The arena is planned in two passes over layout(): the first records each
+ * buffer as a request (its size, and whose backward it lives to: `owner`, a
+ * block index, or WHOLE_STEP), the second hands out base + the planned
+ * offsets in the same order. Between them set_shape runs the backward dry
+ * (struct pool, below) to learn when each block's backward ends and when
+ * each scratch buffer is taken and given back.
+ */
+#define WHOLE_STEP (-1)
+#define ARENA_ALIGN 256 /* cuDNN's and the CPU's vector loads alike */
+
 struct arena {
-    char *base; /* NULL while only measuring */
-    size_t used;
+    char *base;            /* NULL while recording */
+    struct trn_mem_req *r; /* the requests, in carve order */
+    int *owner;            /* (n) block index or WHOLE_STEP */
+    int n, cap;
 };
+
+/* realloc, or the worker stops (fatal.h's habit) */
+static void *grow(void *p, size_t bytes)
+{
+    void *q = realloc(p, bytes);
+    TRN_CHECK(q, "out of memory for %zu bytes", bytes);
+    return q;
+}
+
+static void *carve_for(struct arena *a, size_t bytes, int owner)
+{
+    if (a->base) {
+        TRN_CHECK(a->n < a->cap && a->r[a->n].bytes == bytes, "resnet: arena layout changed");
+        return a->base + a->r[a->n++].offset;
+    }
+    if (a->n == a->cap) {
+        a->cap = a->cap ? 2 * a->cap : 256;
+        a->r = grow(a->r, (size_t)a->cap * sizeof(*a->r));
+        a->owner = grow(a->owner, (size_t)a->cap * sizeof(*a->owner));
+    }
+    a->r[a->n] = (struct trn_mem_req){bytes, 0, 0, 0};
+    a->owner[a->n++] = owner;
+    return NULL;
+}
 
 static void *carve(struct arena *a, size_t bytes)
 {
-    size_t at = a->used;
-    a->used += (bytes + 63) / 64 * 64;
-    return a->base ? a->base + at : NULL;
+    return carve_for(a, bytes, WHOLE_STEP);
 }
 
 /* An activation in the backend's layout and dtype (bf16/fp16 under --amp:
  * half the bytes of fp32). */
 static struct trn_tensor carve_activation(struct trn_resnet *m, struct arena *a, int c, int h,
-                                          int w, size_t *max_numel)
+                                          int w, int owner)
 {
     struct trn_tensor t = {NULL, m->n, c, h, w, m->be->act_dtype, m->be->act_layout, m->be->device};
-    size_t numel = trn_tensor_numel(&t);
-    t.data = carve(a, trn_tensor_bytes(&t));
-    if (numel > *max_numel)
-        *max_numel = numel;
+    t.data = carve_for(a, trn_tensor_bytes(&t), owner);
     return t;
 }
 
@@ -452,32 +487,32 @@ static int conv_out(const struct trn_conv *c, int in)
 /* Lays out every activation for m->n, h, w in a (measure only when a->base is NULL). */
 static void layout(struct trn_resnet *m, struct arena *a)
 {
-    size_t mx = 0, act_size = trn_dtype_size(m->be->act_dtype);
+    size_t act_size = trn_dtype_size(m->be->act_dtype);
     m->x_nhwc = input_to_nhwc(m) ? carve(a, (size_t)m->n * 3 * m->h * m->w * act_size) : NULL;
     int h = conv_out(&m->conv1.op, m->h), w = conv_out(&m->conv1.op, m->w);
-    m->stem_c = carve_activation(m, a, 64, h, w, &mx);
-    m->stem_a = carve_activation(m, a, 64, h, w, &mx);
+    m->stem_c = carve_activation(m, a, 64, h, w, WHOLE_STEP);
+    m->stem_a = carve_activation(m, a, 64, h, w, WHOLE_STEP);
     h = (h - 1) / 2 + 1; /* max-pool 3x3/2 pad 1 */
     w = (w - 1) / 2 + 1;
-    m->stem_p = carve_activation(m, a, 64, h, w, &mx);
+    m->stem_p = carve_activation(m, a, 64, h, w, WHOLE_STEP);
     m->pool_argmax = carve(a, trn_tensor_numel(&m->stem_p));
     struct trn_tensor in = m->stem_p;
     for (int i = 0; i < m->n_blocks; i++) {
         struct trn_block *b = &m->blocks[i];
         b->in = in;
         int h1 = conv_out(&b->conv1.op, in.h), w1 = conv_out(&b->conv1.op, in.w);
-        b->c1 = carve_activation(m, a, b->conv1.op.cout, h1, w1, &mx);
-        b->a1 = carve_activation(m, a, b->conv1.op.cout, h1, w1, &mx);
+        b->c1 = carve_activation(m, a, b->conv1.op.cout, h1, w1, i);
+        b->a1 = carve_activation(m, a, b->conv1.op.cout, h1, w1, i);
         int h2 = conv_out(&b->conv2.op, h1), w2 = conv_out(&b->conv2.op, w1);
-        b->c2 = carve_activation(m, a, b->conv2.op.cout, h2, w2, &mx);
+        b->c2 = carve_activation(m, a, b->conv2.op.cout, h2, w2, i);
         if (b->bottleneck) {
-            b->a2 = carve_activation(m, a, b->conv2.op.cout, h2, w2, &mx);
-            b->c3 = carve_activation(m, a, b->conv3.op.cout, h2, w2, &mx);
+            b->a2 = carve_activation(m, a, b->conv2.op.cout, h2, w2, i);
+            b->c3 = carve_activation(m, a, b->conv3.op.cout, h2, w2, i);
         }
         if (b->downsample)
-            b->cd = carve_activation(m, a, b->ds_conv.op.cout, h2, w2, &mx);
+            b->cd = carve_activation(m, a, b->ds_conv.op.cout, h2, w2, i);
         int cout = b->bottleneck ? b->conv3.op.cout : b->conv2.op.cout;
-        b->out = carve_activation(m, a, cout, h2, w2, &mx);
+        b->out = carve_activation(m, a, cout, h2, w2, i);
         in = b->out;
     }
     size_t nf = (size_t)m->n * m->feat, nk = (size_t)m->n * m->num_classes;
@@ -487,12 +522,110 @@ static void layout(struct trn_resnet *m, struct arena *a)
     m->probs = carve(a, nk * sizeof(float));
     m->dlogits = carve(a, nk * sizeof(float));
     m->labels = carve(a, (size_t)m->n * sizeof(int32_t));
-    m->gbuf_numel = mx;
-    for (int i = 0; i < 4; i++)
-        m->gbuf[i] = carve(a, mx * act_size);
 }
 
-/* Makes the activations fit a batch of n x 3 x h x w (grows, never shrinks). */
+/*
+ * The backward's scratch gradient buffers: take one shaped like t, give it
+ * back. The takes come in the same order in every backward of a shape, so
+ * take k is the plan's k-th buffer (set_shape). Dry (set_shape's planning
+ * run, m->planning: no op runs), each take and give is a position in time
+ * and a take's pointer is a tag, never dereferenced.
+ */
+#define POOL_LIVE_MAX 8
+
+struct pool {
+    struct trn_resnet *m;
+    int next;                /* takes so far */
+    int live[POOL_LIVE_MAX]; /* takes not given back yet */
+    int n_live;
+    /* dry */
+    bool dry;
+    int pos;
+    struct trn_mem_req *rec; /* (next) each take's size and lifetime */
+    int cap;
+    int *block_end; /* (n_blocks) the position where each block's backward ended */
+};
+
+static void pool_dry(struct pool *p, struct trn_resnet *m)
+{
+    memset(p, 0, sizeof(*p));
+    p->m = m;
+    p->dry = true;
+    p->block_end = trn_calloc((size_t)m->n_blocks, sizeof(int));
+    m->planning = true;
+}
+
+static int pool_dry_takes(const struct pool *p, const struct trn_mem_req **takes, int *end_pos,
+                          const int **block_end)
+{
+    p->m->planning = false;
+    *takes = p->rec;
+    *end_pos = p->pos + 1;
+    *block_end = p->block_end;
+    return p->next;
+}
+
+static void pool_dry_free(struct pool *p)
+{
+    free(p->rec);
+    free(p->block_end);
+}
+
+static struct trn_tensor take(struct pool *p, const struct trn_tensor *like)
+{
+    struct trn_tensor t = *like;
+    size_t bytes = trn_tensor_bytes(like);
+    int k = p->next++;
+    TRN_CHECK(p->n_live < POOL_LIVE_MAX, "resnet backward: more than %d scratch buffers live",
+              POOL_LIVE_MAX);
+    p->live[p->n_live++] = k;
+    if (p->dry) {
+        if (k == p->cap) {
+            p->cap = p->cap ? 2 * p->cap : 64;
+            p->rec = grow(p->rec, (size_t)p->cap * sizeof(*p->rec));
+        }
+        p->rec[k] = (struct trn_mem_req){bytes, ++p->pos, -1, 0};
+        t.data = (float *)(uintptr_t)(((uintptr_t)k + 1) * ARENA_ALIGN);
+        return t;
+    }
+    struct trn_resnet *m = p->m;
+    TRN_CHECK(k < m->n_takes && bytes <= m->takes[k].bytes,
+              "resnet backward: scratch take %d (%zu bytes) is not the planned one", k, bytes);
+    t.data = (float *)((char *)m->arena + m->takes[k].offset);
+    return t;
+}
+
+static void give(struct pool *p, const struct trn_tensor *t)
+{
+    for (int i = 0; i < p->n_live; i++) {
+        int k = p->live[i];
+        bool match = p->dry ? (uintptr_t)t->data == ((uintptr_t)k + 1) * ARENA_ALIGN
+                            : (char *)t->data == (char *)p->m->arena + p->m->takes[k].offset;
+        if (match) {
+            p->live[i] = p->live[--p->n_live];
+            if (p->dry)
+                p->rec[k].last = ++p->pos;
+            return;
+        }
+    }
+    trn_fatal("resnet backward: returned a buffer that is not scratch");
+}
+
+/* After block i's backward (dry: where its activations die). */
+static void block_done(struct pool *p, int i)
+{
+    if (p->dry)
+        p->block_end[i] = ++p->pos;
+}
+
+static void backward_from_logits(struct trn_resnet *m, struct pool *p, bool accumulate);
+
+/*
+ * Makes the activations fit a batch of n x 3 x h x w: records the layout,
+ * runs the backward dry for the lifetimes, plans the arena (mem_plan.h),
+ * grows it if the plan is larger (it never shrinks), and lays the tensors
+ * out at the planned offsets.
+ */
 static void set_shape(struct trn_resnet *m, int n, int h, int w)
 {
     if (m->n == n && m->h == h && m->w == w)
@@ -500,18 +633,60 @@ static void set_shape(struct trn_resnet *m, int n, int h, int w)
     m->n = n;
     m->h = h;
     m->w = w;
-    struct arena a = {NULL, 0};
+    struct arena a = {0};
     layout(m, &a);
-    if (a.used > m->arena_bytes) {
-        m->be->ops->free(m->be, m->arena);
-        m->arena = m->be->ops->alloc(m->be, a.used);
-        TRN_CHECK(m->arena, "out of memory for %zu bytes of activations (batch %d, %dx%d)", a.used,
-                  n, h, w);
-        m->arena_bytes = a.used;
+    struct pool p;
+    pool_dry(&p, m);
+    backward_from_logits(m, &p, false);
+    const struct trn_mem_req *takes;
+    const int *block_end;
+    int end_pos, nt = pool_dry_takes(&p, &takes, &end_pos, &block_end);
+    int total = a.n + nt;
+    struct trn_mem_req *reqs = trn_calloc((size_t)total, sizeof(*reqs));
+    size_t kept = 0; /* the activations alone: all live at the forward's end */
+    for (int i = 0; i < total; i++) {
+        if (i < a.n) {
+            reqs[i] = a.r[i];
+            reqs[i].first = 0; /* every activation is written in the forward */
+            reqs[i].last = a.owner[i] == WHOLE_STEP ? end_pos : block_end[a.owner[i]];
+        } else {
+            reqs[i] = takes[i - a.n];
+        }
+        if (i < a.n)
+            kept += (reqs[i].bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     }
+    size_t bytes = trn_mem_plan(reqs, total, ARENA_ALIGN);
+    TRN_CHECK(bytes != (size_t)-1, "resnet: no memory plan for batch %d, %dx%d", n, h, w);
+    if (nt > m->cap_takes) {
+        m->takes = grow(m->takes, (size_t)nt * sizeof(*m->takes));
+        m->cap_takes = nt;
+    }
+    m->n_takes = nt;
+    for (int k = 0; k < nt; k++)
+        m->takes[k] = (struct trn_scratch_take){reqs[a.n + k].offset, reqs[a.n + k].bytes};
+    for (int i = 0; i < a.n; i++)
+        a.r[i].offset = reqs[i].offset;
+    pool_dry_free(&p);
+    free(reqs);
+    if (bytes > m->arena_bytes) {
+        m->be->ops->free(m->be, m->arena);
+        m->arena = m->be->ops->alloc(m->be, bytes);
+        TRN_CHECK(m->arena, "out of memory for %zu bytes of activations (batch %d, %dx%d)", bytes,
+                  n, h, w);
+        m->arena_bytes = bytes;
+    }
+    m->plan_bytes = bytes;
+    m->kept_bytes = kept;
     a.base = m->arena;
-    a.used = 0;
+    a.cap = a.n;
+    a.n = 0;
     layout(m, &a);
+    free(a.r);
+    free(a.owner);
+    log_debug("T2410",
+              "activations for batch %d, %dx%d: %.1f MiB planned, of which the activations kept "
+              "for backward %.1f MiB (the backward's scratch reuses what it has consumed)",
+              n, h, w, (double)bytes / (1 << 20), (double)kept / (1 << 20));
 }
 
 long trn_resnet_min_bn_count(const struct trn_resnet *m, int n, int h, int w)
@@ -632,37 +807,9 @@ float trn_resnet_forward(struct trn_resnet *m, const float *x, const int32_t *la
 /* ------------------------------------------------------------------------ */
 /* Backward                                                                  */
 
-/* The scratch gradient buffers: take one shaped like t, give it back. */
-struct pool {
-    struct trn_resnet *m;
-    bool used[4];
-};
-
-static struct trn_tensor take(struct pool *p, const struct trn_tensor *like)
-{
-    for (int i = 0; i < 4; i++)
-        if (!p->used[i]) {
-            p->used[i] = true;
-            struct trn_tensor t = *like;
-            t.data = p->m->gbuf[i];
-            return t;
-        }
-    trn_fatal("resnet backward: out of scratch gradient buffers");
-}
-
-static void give(struct pool *p, const struct trn_tensor *t)
-{
-    for (int i = 0; i < 4; i++)
-        if (p->m->gbuf[i] == t->data) {
-            p->used[i] = false;
-            return;
-        }
-    trn_fatal("resnet backward: returned a buffer that is not scratch");
-}
-
 static void ready(struct trn_resnet *m, size_t off, size_t numel)
 {
-    if (m->hooks.grad_ready)
+    if (m->hooks.grad_ready && !m->planning)
         m->hooks.grad_ready(m->hooks.arg, off, numel);
 }
 
@@ -675,6 +822,8 @@ static void bn_backward(struct trn_resnet *m, struct trn_bn_layer *bn, const str
                         struct trn_tensor *dx, bool accumulate)
 {
     struct trn_backend *be = m->be;
+    if (m->planning)
+        return;
     be->ops->bn_backward_reduce(be, x, dy, relu_y, bn->mean, bn->sum_dy, bn->sum_dy_xmu);
     /* The parameter gradients use this rank's sums (DDP averages them like any
      * other), the input gradient all ranks' (SyncBatchNorm's backward). */
@@ -694,6 +843,8 @@ static void conv_backward(struct trn_resnet *m, struct trn_conv_layer *l,
                           const struct trn_tensor *x, const struct trn_tensor *dy,
                           struct trn_tensor *dx, bool accumulate)
 {
+    if (m->planning)
+        return;
     m->be->ops->conv_backward_weights(m->be, &l->op, x, dy, l->dw, accumulate);
     ready(m, l->off, (size_t)l->op.cout * l->op.cin * l->op.k * l->op.k);
     if (dx)
@@ -712,7 +863,8 @@ static void block_backward(struct trn_resnet *m, struct pool *p, struct trn_bloc
 {
     const struct trn_ops *ops = m->be->ops;
     struct trn_tensor g = *d1;
-    ops->relu_backward(m->be, d1, d2, &b->out, &g);
+    if (!m->planning)
+        ops->relu_backward(m->be, d1, d2, &b->out, &g);
     if (d2)
         give(p, d2);
 
@@ -755,8 +907,6 @@ static void block_backward(struct trn_resnet *m, struct pool *p, struct trn_bloc
     *main = dy;
 }
 
-static void backward_from_logits(struct trn_resnet *m, bool accumulate);
-
 void trn_resnet_backward(struct trn_resnet *m, float loss_scale, bool accumulate)
 {
     struct trn_backend *be = m->be;
@@ -765,25 +915,30 @@ void trn_resnet_backward(struct trn_resnet *m, float loss_scale, bool accumulate
     int n = m->n;
 
     ops->xent_backward(be, n, m->num_classes, m->probs, m->labels, loss_scale, m->dlogits);
-    backward_from_logits(m, accumulate);
+    struct pool p = {.m = m};
+    backward_from_logits(m, &p, accumulate);
 }
 
-/* Backward from m->dlogits down to conv1's weight gradient. */
-static void backward_from_logits(struct trn_resnet *m, bool accumulate)
+/* Backward from m->dlogits down to conv1's weight gradient, its scratch
+ * from p (dry when m->planning: the same takes and gives, no op). */
+static void backward_from_logits(struct trn_resnet *m, struct pool *p, bool accumulate)
 {
     struct trn_backend *be = m->be;
     const struct trn_ops *ops = be->ops;
+    bool run = !m->planning;
     int n = m->n;
-    struct pool p = {m, {false, false, false, false}};
-    ops->fc_backward(be, n, m->feat, m->num_classes, m->pooled, m->fc_w, m->dlogits, m->dpooled,
-                     m->fc_dw, m->fc_db, accumulate);
+    if (run)
+        ops->fc_backward(be, n, m->feat, m->num_classes, m->pooled, m->fc_w, m->dlogits, m->dpooled,
+                         m->fc_dw, m->fc_db, accumulate);
     ready(m, m->fc_off, (size_t)m->num_classes * m->feat + (size_t)m->num_classes);
 
-    struct trn_tensor d1 = take(&p, &m->blocks[m->n_blocks - 1].out), d2, *pd2 = NULL;
-    ops->avgpool_backward(be, m->dpooled, &d1);
+    struct trn_tensor d1 = take(p, &m->blocks[m->n_blocks - 1].out), d2, *pd2 = NULL;
+    if (run)
+        ops->avgpool_backward(be, m->dpooled, &d1);
     for (int i = m->n_blocks - 1; i >= 0; i--) {
         struct trn_tensor main, shortcut;
-        block_backward(m, &p, &m->blocks[i], &d1, pd2, &main, &shortcut, accumulate);
+        block_backward(m, p, &m->blocks[i], &d1, pd2, &main, &shortcut, accumulate);
+        block_done(p, i);
         d1 = main;
         d2 = shortcut;
         pd2 = &d2;
@@ -795,14 +950,16 @@ static void backward_from_logits(struct trn_resnet *m, bool accumulate)
      * nothing: an output of 0 came from an input of 0 after the stem's ReLU,
      * whose gradient that ReLU zeroes anyway.
      */
-    ops->relu_backward(be, &d1, &d2, &m->stem_p, &d1);
-    give(&p, &d2);
-    struct trn_tensor da = take(&p, &m->stem_a);
-    ops->maxpool_backward(be, &d1, m->pool_argmax, &da);
-    give(&p, &d1);
+    if (run)
+        ops->relu_backward(be, &d1, &d2, &m->stem_p, &d1);
+    give(p, &d2);
+    struct trn_tensor da = take(p, &m->stem_a);
+    if (run)
+        ops->maxpool_backward(be, &d1, m->pool_argmax, &da);
+    give(p, &d1);
     bn_backward(m, &m->bn1, &m->stem_c, &da, &m->stem_a, &da, accumulate);
     conv_backward(m, &m->conv1, &m->x, &da, NULL, accumulate);
-    give(&p, &da);
+    give(p, &da);
 }
 
 void trn_resnet_sgd_step(struct trn_resnet *m, float lr, float momentum, float weight_decay)
@@ -839,7 +996,8 @@ void trn_resnet_backward_dev(struct trn_resnet *m, const float *loss_scale, bool
     TRN_CHECK(m->have_labels, "backward without a training forward with labels");
     ops->xent_backward_dev(m->be, m->n, m->num_classes, m->probs, m->labels, loss_scale,
                            m->dlogits);
-    backward_from_logits(m, accumulate);
+    struct pool p = {.m = m};
+    backward_from_logits(m, &p, accumulate);
 }
 
 void trn_resnet_sgd_step_dev(struct trn_resnet *m, const float *lr, const int32_t *skip,

@@ -143,22 +143,32 @@ struct trn_resnet {
     int n_convs;
     struct trn_bn_layer **bns; /* (num_bn) */
 
-    /* activations for the current batch shape, in one arena */
+    /* activations for the current batch shape, in one arena laid out by
+     * lifetime (mem_plan.h): every activation lives from the forward to the
+     * end of its block's backward, each backward scratch buffer from its
+     * take to its give, so the scratch reuses blocks already backpropagated.
+     * arena_bytes is the allocation (the largest plan so far); plan_bytes
+     * this shape's plan; kept_bytes the activations alone (the plan's
+     * lower bound: all of them are live when the forward ends). */
     int n, h, w;
     void *arena;
-    size_t arena_bytes;
+    size_t arena_bytes, plan_bytes, kept_bytes;
+    /* the backward's scratch takes in order, each's offset and size */
+    struct trn_scratch_take {
+        size_t offset, bytes;
+    } * takes;
+    int n_takes, cap_takes;
+    bool planning; /* set_shape's dry backward: no op runs */
     /* x: the network input as conv1 reads it: the caller's NCHW batch, or
      * on an NHWC backend (CUDA: cuDNN wants x and y of a convolution in one
      * layout) its channels-last copy in x_nhwc, reordered at each forward
      * (and cast to be->act_dtype: bf16/fp16 under --amp). Every activation
-     * and gbuf holds be->act_dtype elements; pooled onwards are fp32. */
+     * and scratch buffer holds be->act_dtype elements; pooled onwards are fp32. */
     struct trn_tensor x, stem_c, stem_a, stem_p;
     float *x_nhwc;
     uint8_t *pool_argmax;
     float *pooled, *logits, *probs, *dlogits, *dpooled; /* (n, feat) / (n, K) */
-    float *gbuf[4]; /* backward scratch, each the largest activation (gbuf_numel elements) */
-    size_t gbuf_numel;
-    int32_t *labels; /* (n) device copy of this batch's labels */
+    int32_t *labels;                                    /* (n) device copy of this batch's labels */
     bool have_labels;
     float *bn_scratch; /* per-BN per-step vectors, 7 x sum of channels */
 };

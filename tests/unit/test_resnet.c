@@ -1,8 +1,9 @@
 /*
  * Unit tests for trainer/resnet.c: torchvision's state_dict (names, shapes,
  * order, counts), the initialisation, the flat buffers and the grad_ready
- * hook's order, gradient accumulation and loss scaling, and the whole
- * network's backward against finite differences of its loss.
+ * hook's order, gradient accumulation and loss scaling, the activation
+ * arena's plan by lifetime, and the whole network's backward against finite
+ * differences of its loss (through the planned arena).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -304,6 +305,40 @@ static void check_model_gradients(const char *arch, const char *const *names, si
     trn_resnet_free(&m);
 }
 
+/* The arena is planned by lifetime: the backward's scratch lands in blocks
+ * already backpropagated, so the plan is barely more than the activations
+ * kept for backward (the old layout added four buffers of the largest
+ * activation); a smaller shape plans less in the same allocation; and the
+ * planned scratch gives the same gradients, bit for bit, step after step. */
+static void test_arena_plan(void **state)
+{
+    (void)state;
+    struct trn_resnet m;
+    make(&m, "resnet50", 10);
+    struct batch b;
+    make_batch(&b, 4, 64, 64, 10);
+    trn_resnet_forward(&m, b.x, b.labels, b.n, b.h, b.w, true);
+    trn_resnet_backward(&m, 1.0f, false);
+    size_t planned = m.plan_bytes, kept = m.kept_bytes, arena = m.arena_bytes;
+    assert_true(kept > 0 && planned >= kept && planned < kept + kept / 20);
+    assert_int_equal(arena, planned);
+    float *g1 = malloc(m.num_params * sizeof(float));
+    memcpy(g1, m.grads, m.num_params * sizeof(float));
+
+    trn_resnet_forward(&m, b.x, b.labels, 2, b.h, b.w, true); /* the first two images */
+    trn_resnet_backward(&m, 1.0f, false);
+    assert_true(m.plan_bytes < planned);
+    assert_int_equal(m.arena_bytes, arena); /* never shrinks */
+
+    trn_resnet_forward(&m, b.x, b.labels, b.n, b.h, b.w, true);
+    trn_resnet_backward(&m, 1.0f, false);
+    assert_int_equal(m.plan_bytes, planned);
+    assert_memory_equal(m.grads, g1, m.num_params * sizeof(float));
+    free(g1);
+    free(b.x);
+    trn_resnet_free(&m);
+}
+
 static void test_model_gradients_basic(void **state)
 {
     (void)state;
@@ -335,6 +370,7 @@ int main(void)
         cmocka_unit_test(test_init),
         cmocka_unit_test(test_grad_ready_in_reverse_order),
         cmocka_unit_test(test_accumulate_and_scale),
+        cmocka_unit_test(test_arena_plan),
         cmocka_unit_test(test_model_gradients_basic),
         cmocka_unit_test(test_model_gradients_bottleneck),
     };

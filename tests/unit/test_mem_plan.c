@@ -1,5 +1,5 @@
 /*
- * Unit tests for trainer/ops/cuda/mem_plan.c: one arena for a step's
+ * Unit tests for trainer/mem_plan.c: one arena for a step's
  * buffers (pure C; runs without CUDA).
  */
 #include <setjmp.h>
@@ -10,7 +10,7 @@
 
 #include <stdlib.h>
 
-#include "trainer/ops/cuda/mem_plan.h"
+#include "trainer/mem_plan.h"
 
 /* Every pair live at once is disjoint in memory, and everything is aligned and inside. */
 static void assert_valid(const struct trn_mem_req *r, int n, size_t align, size_t arena)

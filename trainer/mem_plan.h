@@ -1,7 +1,8 @@
 /*
  * mem_plan.h: placing a step's buffers in one arena, for a shape known in
- * advance (the CUDA backend allocates once per shape and never inside a
- * step; cudaMalloc synchronises the device).
+ * advance (resnet.c's activations and backward scratch, on either backend:
+ * allocated once per shape, never inside a step; on CUDA, cudaMalloc
+ * synchronises the device).
  *
  * Each request is a size and a lifetime: the first and last position (in
  * the order the step runs its ops) at which the buffer is live, inclusive.
@@ -11,13 +12,11 @@
  * in time), which is what TensorFlow's and PyTorch's static planners do
  * too; it is not optimal, and it is deterministic.
  *
- * Pure C, no CUDA: unit-tested on the CPU (tests/unit/test_cuda_plan.c).
+ * Pure C: unit-tested on the CPU (tests/unit/test_mem_plan.c).
  * Not thread-safe (the sort's comparator reads a static).
- * Not yet used by the trainer: the model's memory plan comes with the
- * wiring of the CUDA backend into training.
  */
-#ifndef CDDP_TRAINER_OPS_CUDA_MEM_PLAN_H
-#define CDDP_TRAINER_OPS_CUDA_MEM_PLAN_H
+#ifndef CDDP_TRAINER_MEM_PLAN_H
+#define CDDP_TRAINER_MEM_PLAN_H
 
 #include <stddef.h>
 

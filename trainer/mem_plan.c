@@ -1,5 +1,5 @@
 /* mem_plan.c: see mem_plan.h. */
-#include "trainer/ops/cuda/mem_plan.h"
+#include "trainer/mem_plan.h"
 
 #include <stdint.h>
 #include <stdlib.h>
