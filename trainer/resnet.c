@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/array.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "trainer/fatal.h"
@@ -427,34 +428,31 @@ void trn_resnet_init(struct trn_resnet *m, uint64_t seed, bool zero_init_residua
 #define WHOLE_STEP (-1)
 #define ARENA_ALIGN 256 /* cuDNN's and the CPU's vector loads alike */
 
-struct arena {
-    char *base;            /* NULL while recording */
-    struct trn_mem_req *r; /* the requests, in carve order */
-    int *owner;            /* (n) block index or WHOLE_STEP */
-    int n, cap;
+#define PLAN_MAX_BUFFERS 100000 /* far above ResNet-152's ~1,000 */
+
+/* One buffer of the plan: its request, and whose backward it lives to. */
+struct arena_buf {
+    struct trn_mem_req r;
+    int owner; /* block index or WHOLE_STEP */
 };
 
-/* realloc, or the worker stops (fatal.h's habit) */
-static void *grow(void *p, size_t bytes)
-{
-    void *q = realloc(p, bytes);
-    TRN_CHECK(q, "out of memory for %zu bytes", bytes);
-    return q;
-}
+struct arena {
+    char *base;                        /* NULL while recording */
+    CDDP_ARRAY(struct arena_buf) bufs; /* in carve order */
+    size_t next;                       /* placing: the next buffer */
+};
 
 static void *carve_for(struct arena *a, size_t bytes, int owner)
 {
     if (a->base) {
-        TRN_CHECK(a->n < a->cap && a->r[a->n].bytes == bytes, "resnet: arena layout changed");
-        return a->base + a->r[a->n++].offset;
+        TRN_CHECK(a->next < a->bufs.len && a->bufs.items[a->next].r.bytes == bytes,
+                  "resnet: arena layout changed");
+        return a->base + a->bufs.items[a->next++].r.offset;
     }
-    if (a->n == a->cap) {
-        a->cap = a->cap ? 2 * a->cap : 256;
-        a->r = grow(a->r, (size_t)a->cap * sizeof(*a->r));
-        a->owner = grow(a->owner, (size_t)a->cap * sizeof(*a->owner));
-    }
-    a->r[a->n] = (struct trn_mem_req){bytes, 0, 0, 0};
-    a->owner[a->n++] = owner;
+    int rc;
+    struct arena_buf *b = cddp_array_push(&a->bufs, &rc);
+    TRN_CHECK(b, "resnet: cannot record the arena's buffers: %s", cddp_strerror(rc));
+    *b = (struct arena_buf){{bytes, 0, 0, 0}, owner};
     return NULL;
 }
 
@@ -538,11 +536,9 @@ struct pool {
     int next;                /* takes so far */
     int live[POOL_LIVE_MAX]; /* takes not given back yet */
     int n_live;
-    /* dry */
-    bool dry;
+    /* dry (m->planning) */
     int pos;
-    struct trn_mem_req *rec; /* (next) each take's size and lifetime */
-    int cap;
+    CDDP_ARRAY(struct trn_mem_req) rec; /* each take's size and lifetime */
     int *block_end; /* (n_blocks) the position where each block's backward ended */
 };
 
@@ -550,7 +546,7 @@ static void pool_dry(struct pool *p, struct trn_resnet *m)
 {
     memset(p, 0, sizeof(*p));
     p->m = m;
-    p->dry = true;
+    cddp_array_init(&p->rec, PLAN_MAX_BUFFERS);
     p->block_end = trn_calloc((size_t)m->n_blocks, sizeof(int));
     m->planning = true;
 }
@@ -559,7 +555,7 @@ static int pool_dry_takes(const struct pool *p, const struct trn_mem_req **takes
                           const int **block_end)
 {
     p->m->planning = false;
-    *takes = p->rec;
+    *takes = p->rec.items;
     *end_pos = p->pos + 1;
     *block_end = p->block_end;
     return p->next;
@@ -567,7 +563,7 @@ static int pool_dry_takes(const struct pool *p, const struct trn_mem_req **takes
 
 static void pool_dry_free(struct pool *p)
 {
-    free(p->rec);
+    cddp_array_free(&p->rec);
     free(p->block_end);
 }
 
@@ -579,12 +575,11 @@ static struct trn_tensor take(struct pool *p, const struct trn_tensor *like)
     TRN_CHECK(p->n_live < POOL_LIVE_MAX, "resnet backward: more than %d scratch buffers live",
               POOL_LIVE_MAX);
     p->live[p->n_live++] = k;
-    if (p->dry) {
-        if (k == p->cap) {
-            p->cap = p->cap ? 2 * p->cap : 64;
-            p->rec = grow(p->rec, (size_t)p->cap * sizeof(*p->rec));
-        }
-        p->rec[k] = (struct trn_mem_req){bytes, ++p->pos, -1, 0};
+    if (p->m->planning) {
+        int rc;
+        struct trn_mem_req *rec = cddp_array_push(&p->rec, &rc);
+        TRN_CHECK(rec, "resnet: cannot record the backward's scratch: %s", cddp_strerror(rc));
+        *rec = (struct trn_mem_req){bytes, ++p->pos, -1, 0};
         t.data = (float *)(uintptr_t)(((uintptr_t)k + 1) * ARENA_ALIGN);
         return t;
     }
@@ -599,12 +594,13 @@ static void give(struct pool *p, const struct trn_tensor *t)
 {
     for (int i = 0; i < p->n_live; i++) {
         int k = p->live[i];
-        bool match = p->dry ? (uintptr_t)t->data == ((uintptr_t)k + 1) * ARENA_ALIGN
-                            : (char *)t->data == (char *)p->m->arena + p->m->takes[k].offset;
+        bool match = p->m->planning
+                         ? (uintptr_t)t->data == ((uintptr_t)k + 1) * ARENA_ALIGN
+                         : (char *)t->data == (char *)p->m->arena + p->m->takes[k].offset;
         if (match) {
             p->live[i] = p->live[--p->n_live];
-            if (p->dry)
-                p->rec[k].last = ++p->pos;
+            if (p->m->planning)
+                p->rec.items[k].last = ++p->pos;
             return;
         }
     }
@@ -614,7 +610,7 @@ static void give(struct pool *p, const struct trn_tensor *t)
 /* After block i's backward (dry: where its activations die). */
 static void block_done(struct pool *p, int i)
 {
-    if (p->dry)
+    if (p->m->planning)
         p->block_end[i] = ++p->pos;
 }
 
@@ -634,6 +630,7 @@ static void set_shape(struct trn_resnet *m, int n, int h, int w)
     m->h = h;
     m->w = w;
     struct arena a = {0};
+    cddp_array_init(&a.bufs, PLAN_MAX_BUFFERS);
     layout(m, &a);
     struct pool p;
     pool_dry(&p, m);
@@ -641,31 +638,30 @@ static void set_shape(struct trn_resnet *m, int n, int h, int w)
     const struct trn_mem_req *takes;
     const int *block_end;
     int end_pos, nt = pool_dry_takes(&p, &takes, &end_pos, &block_end);
-    int total = a.n + nt;
+    int na = (int)a.bufs.len, total = na + nt;
     struct trn_mem_req *reqs = trn_calloc((size_t)total, sizeof(*reqs));
     size_t kept = 0; /* the activations alone: all live at the forward's end */
     for (int i = 0; i < total; i++) {
-        if (i < a.n) {
-            reqs[i] = a.r[i];
+        if (i < na) {
+            const struct arena_buf *ab = &a.bufs.items[i];
+            reqs[i] = ab->r;
             reqs[i].first = 0; /* every activation is written in the forward */
-            reqs[i].last = a.owner[i] == WHOLE_STEP ? end_pos : block_end[a.owner[i]];
+            reqs[i].last = ab->owner == WHOLE_STEP ? end_pos : block_end[ab->owner];
         } else {
-            reqs[i] = takes[i - a.n];
+            reqs[i] = takes[i - na];
         }
-        if (i < a.n)
+        if (i < na)
             kept += (reqs[i].bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     }
     size_t bytes = trn_mem_plan(reqs, total, ARENA_ALIGN);
     TRN_CHECK(bytes != (size_t)-1, "resnet: no memory plan for batch %d, %dx%d", n, h, w);
-    if (nt > m->cap_takes) {
-        m->takes = grow(m->takes, (size_t)nt * sizeof(*m->takes));
-        m->cap_takes = nt;
-    }
+    free(m->takes);
+    m->takes = trn_calloc(nt ? (size_t)nt : 1, sizeof(*m->takes));
     m->n_takes = nt;
     for (int k = 0; k < nt; k++)
-        m->takes[k] = (struct trn_scratch_take){reqs[a.n + k].offset, reqs[a.n + k].bytes};
-    for (int i = 0; i < a.n; i++)
-        a.r[i].offset = reqs[i].offset;
+        m->takes[k] = (struct trn_scratch_take){reqs[na + k].offset, reqs[na + k].bytes};
+    for (int i = 0; i < na; i++)
+        a.bufs.items[i].r.offset = reqs[i].offset;
     pool_dry_free(&p);
     free(reqs);
     if (bytes > m->arena_bytes) {
@@ -678,11 +674,8 @@ static void set_shape(struct trn_resnet *m, int n, int h, int w)
     m->plan_bytes = bytes;
     m->kept_bytes = kept;
     a.base = m->arena;
-    a.cap = a.n;
-    a.n = 0;
     layout(m, &a);
-    free(a.r);
-    free(a.owner);
+    cddp_array_free(&a.bufs);
     log_debug("T2410",
               "activations for batch %d, %dx%d: %.1f MiB planned, of which the activations kept "
               "for backward %.1f MiB (the backward's scratch reuses what it has consumed)",

@@ -157,7 +157,7 @@ struct trn_resnet {
     struct trn_scratch_take {
         size_t offset, bytes;
     } * takes;
-    int n_takes, cap_takes;
+    int n_takes;
     bool planning; /* set_shape's dry backward: no op runs */
     /* x: the network input as conv1 reads it: the caller's NCHW batch, or
      * on an NHWC backend (CUDA: cuDNN wants x and y of a convolution in one
