@@ -15,7 +15,7 @@ static bool same_key(const struct trn_graph_key *a, const struct trn_graph_key *
            a->accumulate == b->accumulate && a->input == b->input;
 }
 
-static bool same_env(const struct trn_graph_env *a, const struct trn_graph_env *b)
+bool trn_graph_env_same(const struct trn_graph_env *a, const struct trn_graph_env *b)
 {
     return a->backend_gen == b->backend_gen && a->arena == b->arena &&
            a->arena_bytes == b->arena_bytes;
@@ -35,7 +35,7 @@ unsigned trn_graph_check_env(struct trn_graph_plan *p, const struct trn_graph_en
     for (int i = 0; i < TRN_GRAPH_MAX; i++)
         if (p->e[i].captured)
             stale |= 1u << i;
-    if (!stale || same_env(&p->env, env))
+    if (!stale || trn_graph_env_same(&p->env, env))
         return 0;
     for (int i = 0; i < TRN_GRAPH_MAX; i++) {
         p->e[i].captured = false;

@@ -76,6 +76,10 @@ struct trn_graph_plan {
     long captures, replays, uncaptured, invalidations;
 };
 
+/* Whether two envs are the same memory (a graph captured against one is
+ * valid against the other). */
+bool trn_graph_env_same(const struct trn_graph_env *a, const struct trn_graph_env *b);
+
 /* An empty plan; warmup < 1 is taken as 1. */
 void trn_graph_plan_init(struct trn_graph_plan *p, int warmup);
 

@@ -963,12 +963,6 @@ static struct trn_graph_env graph_env(struct run *r)
     return e;
 }
 
-static bool same_env(const struct trn_graph_env *a, const struct trn_graph_env *b)
-{
-    return a->backend_gen == b->backend_gen && a->arena == b->arena &&
-           a->arena_bytes == b->arena_bytes;
-}
-
 /* graph_plan's decision, after dropping the graphs the memory outgrew. */
 static enum trn_graph_action graph_decide(struct run *r, const struct trn_graph_key *key,
                                           bool eligible, int *slot)
@@ -992,7 +986,7 @@ static void graph_ran(struct run *r, const struct trn_graph_key *key,
                       const struct trn_graph_env *before)
 {
     struct trn_graph_env after = graph_env(r);
-    trn_graph_ran(&r->gplan, key, same_env(before, &after));
+    trn_graph_ran(&r->gplan, key, trn_graph_env_same(before, &after));
 }
 
 /* End of a capture into slot: instantiate, note it, launch follows. */
