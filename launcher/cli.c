@@ -26,7 +26,6 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,6 +35,7 @@
 #include "common/hostport.h"
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "common/uuid.h"
 #include "launcher/slurm.h"
 #include "rendezvous/conf.h"
 
@@ -639,24 +639,8 @@ static const struct cddp_flags launch_flags = {
     .env_prefix = "PET_",
 };
 
-/* A version 4 UUID, as torchrun's uuid4() for --standalone run ids. */
-static void make_uuid4(char out[37])
-{
-    unsigned char b[16];
-    if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b)) {
-        /* getrandom cannot fail for 16 bytes once the pool is ready; be safe anyway. */
-        uint64_t t = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull;
-        for (size_t i = 0; i < sizeof(b); i++)
-            b[i] = (unsigned char)(t >> ((i % 8) * 8)) ^ (unsigned char)i;
-    }
-    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
-    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-    snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-             b[14], b[15]);
-}
-
-static char standalone_run_id[37];
+/* torchrun's uuid4() for --standalone run ids; cfg->rdzv_id points here. */
+static char standalone_run_id[CDDP_UUID_STR_SIZE];
 
 /* A duration in seconds from the environment variable var, into *ms (which
  * keeps its default when var is unset or empty). */
@@ -769,7 +753,7 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
 
     if (cfg->standalone) {
         /* run.py: --standalone overrides the backend, endpoint and id. */
-        make_uuid4(standalone_run_id);
+        cddp_uuid4_str(standalone_run_id);
         cfg->rdzv_backend = "c10d";
         cfg->rdzv_endpoint = "localhost:0";
         cfg->rdzv_id = standalone_run_id;
