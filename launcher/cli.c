@@ -791,59 +791,23 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     return 0;
 }
 
-int launch_parse_endpoint(const char *endpoint, int default_port, char *host, size_t hostlen,
-                          int *port, char *err, size_t errlen)
+/* torch's parse_rendezvous_endpoint (common/hostport.h) into a config's
+ * host field (256 bytes, as struct cddp_hostport's) and port. */
+_Static_assert(sizeof(((struct launch_config *)0)->rdzv_host) ==
+                       sizeof(((struct cddp_hostport *)0)->host) &&
+                   sizeof(((struct launch_config *)0)->static_addr) ==
+                       sizeof(((struct cddp_hostport *)0)->host),
+               "the config's host fields are struct cddp_hostport's size");
+static int endpoint(const char *text, int default_port, char host[256], int *port, char *err,
+                    size_t errlen)
 {
-    char buf[512];
-    if (cddp_strlcpy(buf, endpoint, sizeof(buf)) >= sizeof(buf))
-        return cddp_fail(err, errlen, CDDP_ETOOBIG, "endpoint '%s' is too long", endpoint);
-    char *e = cddp_strip(buf);
-    if (*e == '\0') {
-        cddp_strlcpy(host, "localhost", hostlen);
-        *port = default_port;
-        return 0;
+    struct cddp_hostport hp;
+    int rc = cddp_hostport_parse_torchrun(text, default_port, &hp, err, errlen);
+    if (rc == 0) {
+        memcpy(host, hp.host, sizeof(hp.host));
+        *port = hp.port;
     }
-    size_t n = strlen(e);
-    char *h = e, *p = NULL;
-    if (!(e[0] == '[' && e[n - 1] == ']')) {
-        char *colon = strrchr(e, ':');
-        if (colon) {
-            *colon = '\0';
-            p = colon + 1;
-        }
-    }
-    size_t hl = strlen(h);
-    if (hl > 1 && h[0] == '[' && h[hl - 1] == ']') {
-        h[hl - 1] = '\0';
-        h++;
-    }
-    if (p) {
-        long v;
-        size_t pl = strlen(p);
-        bool digits = pl >= 1 && pl <= 5;
-        for (size_t i = 0; i < pl; i++)
-            digits &= isdigit((unsigned char)p[i]) != 0;
-        if (!digits || cddp_parse_long(p, 0, 65535, &v) != 0)
-            return cddp_fail(err, errlen, CDDP_EPARSE,
-                             "the port of endpoint '%s' must be an integer between 0 and 65536",
-                             endpoint);
-        *port = (int)v;
-    } else {
-        *port = default_port;
-    }
-    bool ok = *h != '\0';
-    for (const char *c = h; *c; c++)
-        ok &= isalnum((unsigned char)*c) || *c == '_' || *c == '.' || *c == ':' || *c == '-';
-    if (!ok)
-        return cddp_fail(
-            err, errlen, CDDP_EPARSE,
-            "the host of endpoint '%s' must be a host name, an IPv4 address or an IPv6 "
-            "address",
-            endpoint);
-    if (cddp_strlcpy(host, h, hostlen) >= hostlen)
-        return cddp_fail(err, errlen, CDDP_ETOOBIG, "the host of endpoint '%s' is too long",
-                         endpoint);
-    return 0;
+    return rc;
 }
 
 int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
@@ -906,8 +870,7 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
                 item += 8;
             char why[256];
             if (*item == '\0' ||
-                launch_parse_endpoint(item, 2379, cfg->rdzv_host, sizeof(cfg->rdzv_host),
-                                      &cfg->rdzv_port, why, sizeof(why)) != 0)
+                endpoint(item, 2379, cfg->rdzv_host, &cfg->rdzv_port, why, sizeof(why)) != 0)
                 return cddp_fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: etcd member '%s': %s",
                                  item, *item ? why : "empty");
             if (comma == NULL)
@@ -920,8 +883,8 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
         /* torch's parse_rendezvous_endpoint with its default port 29400;
          * an empty endpoint is localhost:29400. */
         char why[256];
-        if (launch_parse_endpoint(cfg->rdzv_endpoint, 29400, cfg->rdzv_host, sizeof(cfg->rdzv_host),
-                                  &cfg->rdzv_port, why, sizeof(why)) != 0)
+        if (endpoint(cfg->rdzv_endpoint, 29400, cfg->rdzv_host, &cfg->rdzv_port, why,
+                     sizeof(why)) != 0)
             return cddp_fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: %s", why);
         return 0;
     }
@@ -949,8 +912,7 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
         }
         char why[256];
         int port;
-        if (launch_parse_endpoint(ep, -1, cfg->static_addr, sizeof(cfg->static_addr), &port, why,
-                                  sizeof(why)) != 0)
+        if (endpoint(ep, -1, cfg->static_addr, &port, why, sizeof(why)) != 0)
             return cddp_fail(err, errlen, CDDP_EPARSE, "%s: %s", what, why);
         if (port <= 0)
             return cddp_fail(

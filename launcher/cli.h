@@ -56,12 +56,6 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
  * master address and port. 0 or a negative code with err. */
 int launch_validate(struct launch_config *cfg, char *err, size_t errlen);
 
-/* torch's parse_rendezvous_endpoint: "host[:port]", "[v6]:port", "[v6]";
- * the last colon splits (so "::1:29500" is ::1 port 29500); a missing port
- * gives default_port. 0 or CDDP_EPARSE with err. */
-int launch_parse_endpoint(const char *endpoint, int default_port, char *host, size_t hostlen,
-                          int *port, char *err, size_t errlen);
-
 void launch_print_help(FILE *out);
 
 #endif

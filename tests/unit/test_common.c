@@ -97,6 +97,77 @@ static void test_hostport(void **state)
     assert_string_equal(buf, "[::1]:80");
 }
 
+/* hostport.h's table, row by row: what each dialect makes of the same text
+ * (default port 29400). NULL host: an error. */
+static void test_hostport_dialects(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        const char *cddp_host;
+        int cddp_port;
+        const char *torch_host;
+        int torch_port;
+    } rows[] = {
+        {"host", "host", 29400, "host", 29400},
+        {"host:7", "host", 7, "host", 7},
+        {"[::1]:29401", "::1", 29401, "::1", 29401},
+        {"[::1]", "::1", 29400, "::1", 29400},
+        {"::1", "::1", 29400, ":", 1},
+        {"::1:29401", "::1:29401", 29400, "::1", 29401},
+        {"", NULL, 0, "localhost", 29400},
+        {" h:1 ", NULL, 0, "h", 1},
+        {"bad_host!:1", "bad_host!", 1, NULL, 0},
+        {"h:+1", "h", 1, NULL, 0},
+        {"h:99999", NULL, 0, NULL, 0},
+        {"h:x", NULL, 0, NULL, 0},
+        {"h:", NULL, 0, NULL, 0},
+    };
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+        struct cddp_hostport hp;
+        char err[256] = "";
+        int rc = cddp_hostport_parse(rows[i].text, 29400, &hp, err, sizeof(err));
+        if (rows[i].cddp_host == NULL) {
+            assert_true(rc < 0);
+            assert_true(err[0] != '\0');
+        } else {
+            assert_int_equal(rc, 0);
+            assert_string_equal(hp.host, rows[i].cddp_host);
+            assert_int_equal(hp.port, rows[i].cddp_port);
+        }
+        err[0] = '\0';
+        rc = cddp_hostport_parse_torchrun(rows[i].text, 29400, &hp, err, sizeof(err));
+        if (rows[i].torch_host == NULL) {
+            assert_true(rc < 0);
+            assert_non_null(strstr(err, "endpoint '"));
+        } else {
+            assert_int_equal(rc, 0);
+            assert_string_equal(hp.host, rows[i].torch_host);
+            assert_int_equal(hp.port, rows[i].torch_port);
+            assert_int_equal(hp.has_port, rows[i].torch_port != 29400);
+        }
+    }
+    /* torch's messages, which cddprun prefixes with the flag. */
+    struct cddp_hostport hp;
+    char err[1024];
+    assert_int_equal(cddp_hostport_parse_torchrun("h:x", 1, &hp, err, sizeof(err)), CDDP_EPARSE);
+    assert_string_equal(err, "the port of endpoint 'h:x' must be an integer between 0 and 65536");
+    assert_int_equal(cddp_hostport_parse_torchrun("a b:1", 1, &hp, err, sizeof(err)), CDDP_EPARSE);
+    assert_string_equal(err, "the host of endpoint 'a b:1' must be a host name, an IPv4 address or "
+                             "an IPv6 address");
+    char big[600];
+    memset(big, 'h', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    assert_int_equal(cddp_hostport_parse_torchrun(big, 1, &hp, err, sizeof(err)), CDDP_ETOOBIG);
+    big[300] = '\0'; /* fits the text, not the host */
+    assert_int_equal(cddp_hostport_parse_torchrun(big, 1, &hp, err, sizeof(err)), CDDP_ETOOBIG);
+    assert_non_null(strstr(err, "is too long"));
+    /* A missing port with no default (the static backend's -1). */
+    assert_int_equal(cddp_hostport_parse_torchrun("[fe80::1]", -1, &hp, err, sizeof(err)), 0);
+    assert_int_equal(hp.port, -1);
+    assert_false(hp.has_port);
+}
+
 /* The status port's value, as cddprun and cddp-rdzv take it (moved here
  * with the parser from the status server's status_parse_port). */
 static void test_status_port(void **state)
@@ -301,12 +372,12 @@ static void test_uuid(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_long),  cmocka_unit_test(test_parse_double_bool),
-        cmocka_unit_test(test_buf_limit),   cmocka_unit_test(test_hostport),
-        cmocka_unit_test(test_status_port), cmocka_unit_test(test_signames),
-        cmocka_unit_test(test_errors),      cmocka_unit_test(test_host_is_local),
-        cmocka_unit_test(test_utf8),        cmocka_unit_test(test_backoff),
-        cmocka_unit_test(test_uuid),
+        cmocka_unit_test(test_parse_long),        cmocka_unit_test(test_parse_double_bool),
+        cmocka_unit_test(test_buf_limit),         cmocka_unit_test(test_hostport),
+        cmocka_unit_test(test_hostport_dialects), cmocka_unit_test(test_status_port),
+        cmocka_unit_test(test_signames),          cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_host_is_local),     cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_backoff),           cmocka_unit_test(test_uuid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
