@@ -9,9 +9,10 @@
  * prefixes, -r3 / -r 3 / -r=3, -m combined with other short flags) and
  * records the raw text of each flag and where it came from; then the
  * environment and the defaults fill in the rest and the converters run in
- * table order, so an error names exactly what the user wrote. Adding a
- * flag is one row (and a converter when it is more than an int, a double,
- * a string or a choice).
+ * table order, so an error names exactly what the user wrote. --help is
+ * written from the same rows (cddp_flags_help), so a flag cannot be left
+ * out of it. Adding a flag is one row with its help text (and a converter
+ * when it is more than an int, a double, a string or a choice).
  */
 #include "launcher/cli.h"
 
@@ -42,6 +43,8 @@
 /* Row indexes of the flags table, for what launch_parse reads after the
  * conversion (whether a flag was given, where it came from). */
 enum flag_id {
+    F_HELP,
+    F_VERSION,
     F_NNODES,
     F_NPROC_PER_NODE,
     F_RDZV_BACKEND,
@@ -68,6 +71,10 @@ enum flag_id {
     F_LOGS_SPECS,
     F_NUMA_BINDING,
     F_SIGNALS_TO_HANDLE,
+    F_DUP_STDOUT_FILTERS,
+    F_DUP_STDERR_FILTERS,
+    F_SHUTDOWN_TIMEOUT,
+    F_VIRTUAL_LOCAL_RANK,
     F_STATUS_PORT,
     F_STATUS_ADDR,
     F_STATUS_LINGER,
@@ -80,12 +87,6 @@ enum flag_id {
     F_MAX_NO_PROGRESS_RESTARTS,
     F_NO_IFNAME,
     F_NO_SLURM,
-    F_DUP_STDOUT_FILTERS,
-    F_DUP_STDERR_FILTERS,
-    F_SHUTDOWN_TIMEOUT,
-    F_VIRTUAL_LOCAL_RANK,
-    F_HELP,
-    F_VERSION,
     F_COUNT,
 };
 
@@ -530,103 +531,195 @@ static const char *const numa_modes[] = {"node", "socket", "exclusive", "core-co
 #define AT(field) offsetof(struct launch_config, field)
 #define CUSTOM(fn) .kind = CDDP_FLAG_CUSTOM, .convert = fn
 #define PET .prefixed_env = true
+#define STATUS "status port (cddp's own; docs/status.md):"
+#define STORE "the workers' store (cddp's own; docs/torchrun-compat.md):"
+#define WATCHDOG "progress watchdog (cddp's own; docs/cli.md):"
+#define IFNAME "network interface (cddp's own; docs/multi-node.md, \"Network interfaces\"):"
+#define SLURM                                                                                      \
+    "Slurm (cddp's own; docs/slurm.md): inside an srun step, flags left unset come from\n"         \
+    "SLURM_*: --nnodes, --node-rank, --rdzv-backend=c10d, --rdzv-endpoint (the first\n"            \
+    "host, port 29400 + (job + step) % 1000), --rdzv-id JOB.STEP, --nproc-per-node\n"              \
+    "(GPUs, else tasks per node) and SIGUSR1,SIGUSR2 among the signals"
 
-/* torchrun's flags, in its --help order; the name is the underscore
- * spelling (what errors and PET_<NAME> use), the alias torch 2.x's dashed
- * one. Every flag except --logs_specs and --numa_binding takes PET_<NAME>
- * as a default (torchrun's action=env/check_env); cddp's own status flags
- * read CDDP_STATUS_* before that (the specific name wins over the generic
- * one). The converters run in this order. */
+/* torchrun's flags, in its --help order, then cddp's own; --help lists
+ * them in this order (cddp_flags_help), so every flag is in it. The name
+ * is the underscore spelling (what errors and PET_<NAME> use), the alias
+ * torch 2.x's dashed one, which --help shows. Every flag except
+ * --logs_specs and --numa_binding takes PET_<NAME> as a default
+ * (torchrun's action=env/check_env); cddp's own read CDDP_* before that
+ * (the specific name wins over the generic one). The converters run in
+ * this order. */
 static const struct cddp_flag flag_rows[F_COUNT] = {
-    [F_NNODES] = {"--nnodes", NULL, 0, CUSTOM(conv_nnodes), PET, .defval = "1:1"},
+    [F_HELP] = {"--help", NULL, 'h', CDDP_FLAG_ACTION, .help = "show this help and exit"},
+    [F_VERSION] = {"--version", NULL, 0, CDDP_FLAG_ACTION, .help = "print the version and exit"},
+    [F_NNODES] = {"--nnodes", NULL, 0, CUSTOM(conv_nnodes), PET, .defval = "1:1",
+                  .help = "N or MIN:MAX nodes (default 1:1; MIN:MAX needs c10d)"},
     [F_NPROC_PER_NODE] = {"--nproc_per_node", "--nproc-per-node", 0, CUSTOM(conv_nproc), PET,
-                          .defval = "1"},
+                          .defval = "1", .metavar = "N",
+                          .help = "workers per node: an integer, cpu, gpu or auto (default 1)"},
     [F_RDZV_BACKEND] = {"--rdzv_backend", "--rdzv-backend", 0, CDDP_FLAG_CHOICE, AT(rdzv_backend),
-                        PET, .defval = "static", .choices = backends},
+                        PET, .defval = "static", .choices = backends, .metavar = "NAME",
+                        .help = "static (default: fixed node ranks), c10d (elastic, cddp's\n"
+                                "rendezvous) or etcd-v3 (etcd and etcd-v2 name it). Unset,\n"
+                                "several nodes without --node-rank, or MIN:MAX, are c10d"},
     [F_RDZV_ENDPOINT] = {"--rdzv_endpoint", "--rdzv-endpoint", 0, CDDP_FLAG_STRING,
-                         AT(rdzv_endpoint), PET, .defval = ""},
+                         AT(rdzv_endpoint), PET, .defval = "", .metavar = "H:P",
+                         .help = "c10d: the rendezvous server (default port 29400; the agent\n"
+                                 "on that host serves it unless cddp-rdzv does); static:\n"
+                                 "the master address"},
     [F_RDZV_ID] = {"--rdzv_id", "--rdzv-id", 0, CDDP_FLAG_STRING, AT(rdzv_id), PET,
-                   .defval = "none"},
-    [F_RDZV_CONF] = {"--rdzv_conf", "--rdzv-conf", 0, CUSTOM(conv_rdzv_conf), PET, .defval = ""},
-    [F_STANDALONE] = {"--standalone", NULL, 0, CDDP_FLAG_BOOL, AT(standalone), PET},
+                   .defval = "none", .metavar = "ID",
+                   .help = "run id, TORCHELASTIC_RUN_ID (default none)"},
+    [F_RDZV_CONF] = {"--rdzv_conf", "--rdzv-conf", 0, CUSTOM(conv_rdzv_conf), PET, .defval = "",
+                     .metavar = "K=V,...",
+                     .help = "rendezvous options (join_timeout, last_call_timeout,\n"
+                             "keep_alive_interval, is_host, timeout, token, ...)"},
+    [F_STANDALONE] = {"--standalone", NULL, 0, CDDP_FLAG_BOOL, AT(standalone), PET,
+                      .help = "single node: an in-process rendezvous on 127.0.0.1, a free\n"
+                              "MASTER_PORT and a random run id"},
     [F_MAX_RESTARTS] = {"--max_restarts", "--max-restarts", 0, CDDP_FLAG_INT, AT(max_restarts), PET,
-                        .defval = "0", .min = 0, .max = 1000000000, .what = "an integer >= 0"},
+                        .defval = "0", .min = 0, .max = 1000000000, .what = "an integer >= 0",
+                        .metavar = "N", .help = "worker group restarts after failures (default 0)"},
     [F_MONITOR_INTERVAL] = {"--monitor_interval", "--monitor-interval", 0, CDDP_FLAG_DOUBLE,
                             AT(monitor_interval), PET, .defval = "0.1", .min = 0, .max = 86400,
-                            .what = "a number of seconds >= 0"},
+                            .what = "a number of seconds >= 0", .metavar = "S",
+                            .help = "accepted for compatibility; exits are seen as they happen"},
     [F_START_METHOD] = {"--start_method", "--start-method", 0, CDDP_FLAG_CHOICE, AT(start_method),
-                        PET, .defval = "spawn", .choices = methods},
+                        PET, .defval = "spawn", .choices = methods,
+                        .help = "accepted; torchrun uses it for --run-path only"},
     [F_EVENT_LOG_HANDLER] = {"--event_log_handler", "--event-log-handler", 0,
-                             CUSTOM(conv_event_log_handler), PET, .defval = "null"},
-    [F_ROLE] = {"--role", NULL, 0, CDDP_FLAG_STRING, AT(role), PET, .defval = "default"},
-    [F_MODULE] = {"--module", NULL, 'm', CDDP_FLAG_BOOL, AT(module), PET},
-    [F_NO_PYTHON] = {"--no_python", "--no-python", 0, CDDP_FLAG_BOOL, AT(no_python), PET},
-    [F_RUN_PATH] = {"--run_path", "--run-path", 0, CDDP_FLAG_BOOL, AT(run_path), PET},
-    [F_LOG_DIR] = {"--log_dir", "--log-dir", 0, CUSTOM(conv_log_dir), PET},
+                             CUSTOM(conv_event_log_handler), PET, .defval = "null", .metavar = "H",
+                             .help = "null (default) or dynamic_rendezvous"},
+    [F_ROLE] = {"--role", NULL, 0, CDDP_FLAG_STRING, AT(role), PET, .defval = "default",
+                .help = "ROLE_NAME and the log prefix (default 'default')"},
+    [F_MODULE] = {"--module", NULL, 'm', CDDP_FLAG_BOOL, AT(module), PET,
+                  .help = "run training_script as a module: python3 -u -m"},
+    [F_NO_PYTHON] = {"--no_python", "--no-python", 0, CDDP_FLAG_BOOL, AT(no_python), PET,
+                     .help = "run training_script directly, not through python3"},
+    [F_RUN_PATH] = {"--run_path", "--run-path", 0, CDDP_FLAG_BOOL, AT(run_path), PET,
+                    .help = "run training_script with runpy.run_path, recording errors"},
+    [F_LOG_DIR] = {"--log_dir", "--log-dir", 0, CUSTOM(conv_log_dir), PET, .metavar = "DIR",
+                   .help = "base log directory (default: a new torchelastic_* temp dir)"},
     [F_REDIRECTS] = {"--redirects", NULL, 'r', CUSTOM(conv_std), .offset = AT(redirects), PET,
-                     .defval = "0"},
-    [F_TEE] = {"--tee", NULL, 't', CUSTOM(conv_std), .offset = AT(tee), PET, .defval = "0"},
+                     .defval = "0", .metavar = "STD",
+                     .help = "streams to files: 0 none, 1 out, 2 err, 3 both, or 0:1,1:2"},
+    [F_TEE] = {"--tee", NULL, 't', CUSTOM(conv_std), .offset = AT(tee), PET, .defval = "0",
+               .metavar = "STD", .help = "as --redirects, and also to the console with [role<n>]:"},
     [F_LOCAL_RANKS_FILTER] = {"--local_ranks_filter", "--local-ranks-filter", 0,
-                              CUSTOM(conv_ranks_filter), PET, .defval = ""},
+                              CUSTOM(conv_ranks_filter), PET, .defval = "", .metavar = "L",
+                              .help = "show only these local ranks on the console (0,1,...)"},
     [F_NODE_RANK] = {"--node_rank", "--node-rank", 0, CDDP_FLAG_INT, AT(node_rank), PET,
-                     .defval = "0", .min = 0, .max = 1000000, .what = "an integer >= 0"},
+                     .defval = "0", .min = 0, .max = 1000000, .what = "an integer >= 0",
+                     .metavar = "N", .help = "this node's rank (static backend; default 0)"},
     [F_MASTER_ADDR] = {"--master_addr", "--master-addr", 0, CUSTOM(conv_master_addr), PET,
-                       .defval = "127.0.0.1"},
+                       .defval = "127.0.0.1", .metavar = "ADDR",
+                       .help = "MASTER_ADDR (static backend; default 127.0.0.1)"},
     [F_MASTER_PORT] = {"--master_port", "--master-port", 0, CDDP_FLAG_INT, AT(master_port), PET,
-                       .defval = "29500", .min = 1, .max = 65535, .what = "a port (1-65535)"},
-    [F_LOCAL_ADDR] = {"--local_addr", "--local-addr", 0, CDDP_FLAG_STRING, AT(local_addr), PET},
-    [F_LOGS_SPECS] = {"--logs_specs", "--logs-specs", 0, CDDP_FLAG_STRING, AT(logs_specs)},
+                       .defval = "29500", .min = 1, .max = 65535, .what = "a port (1-65535)",
+                       .metavar = "PORT", .help = "MASTER_PORT (static backend; default 29500)"},
+    [F_LOCAL_ADDR] = {"--local_addr", "--local-addr", 0, CDDP_FLAG_STRING, AT(local_addr), PET,
+                      .metavar = "ADDR",
+                      .help = "this node's address as the others reach it (MASTER_ADDR\n"
+                              "when this node is node 0)"},
+    [F_LOGS_SPECS] = {"--logs_specs", "--logs-specs", 0, CDDP_FLAG_STRING, AT(logs_specs),
+                      .metavar = "NAME",
+                      .help = "torchrun plugin; refused (cddprun has no Python plugins)"},
     [F_NUMA_BINDING] = {"--numa_binding", "--numa-binding", 0, CDDP_FLAG_CHOICE, AT(numa_binding),
-                        .choices = numa_modes},
+                        .choices = numa_modes, .metavar = "MODE",
+                        .help = "node, socket, exclusive or core-complex: bind each worker's\n"
+                                "CPUs and memory near its GPU (sysfs; one NUMA node: none)"},
     [F_SIGNALS_TO_HANDLE] = {"--signals_to_handle", "--signals-to-handle", 0, CUSTOM(conv_signals),
-                             PET, .defval = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
-    /* cddp's own: the status port (docs/status.md). */
+                             PET, .defval = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", .metavar = "L",
+                             .help = "signals forwarded to the workers\n"
+                                     "(default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"},
+    /* torchrun's newest flags (run.py on main). */
+    [F_DUP_STDOUT_FILTERS] = {"--duplicate_stdout_filters", "--duplicate-stdout-filters", 0,
+                              CUSTOM(conv_dup_filters), .offset = 0, PET, .defval = "",
+                              .metavar = "L",
+                              .help = "copy teed lines holding any of these (,,: a comma) to\n"
+                                      "attempt_N/filtered_stdout.log"},
+    [F_DUP_STDERR_FILTERS] = {"--duplicate_stderr_filters", "--duplicate-stderr-filters", 0,
+                              CUSTOM(conv_dup_filters), .offset = 1, PET, .defval = "",
+                              .metavar = "L",
+                              .help = "the same for stderr, to attempt_N/filtered_stderr.log"},
+    [F_SHUTDOWN_TIMEOUT] = {"--shutdown_timeout", "--shutdown-timeout", 0,
+                            CUSTOM(conv_shutdown_timeout), PET, .metavar = "S",
+                            .help = "seconds from SIGTERM to SIGKILL (beats\n"
+                                    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT; default 30)"},
+    [F_VIRTUAL_LOCAL_RANK] = {"--virtual_local_rank", "--virtual-local-rank", 0, CDDP_FLAG_BOOL,
+                              AT(virtual_local_rank), PET,
+                              .help = "LOCAL_RANK=0 and one CUDA_VISIBLE_DEVICES entry per\n"
+                                      "worker"},
     [F_STATUS_PORT] = {"--status_port", "--status-port", 0, CUSTOM(conv_status_port),
-                       .env = "CDDP_STATUS_PORT", PET},
+                       .env = "CDDP_STATUS_PORT", PET, .metavar = "PORT", .group = STATUS,
+                       .help = "serve /livez /readyz /status /metrics over HTTP on PORT\n"
+                               "(env CDDP_STATUS_PORT; 0 picks a free port and logs it;\n"
+                               "default off)"},
     [F_STATUS_ADDR] = {"--status_addr", "--status-addr", 0, CUSTOM(conv_status_addr),
-                       .env = "CDDP_STATUS_ADDR", PET, .defval = "127.0.0.1"},
+                       .env = "CDDP_STATUS_ADDR", PET, .defval = "127.0.0.1", .metavar = "ADDR",
+                       .group = STATUS,
+                       .help = "listen address (env CDDP_STATUS_ADDR; default 127.0.0.1;\n"
+                               "0.0.0.0 for Kubernetes probes and Prometheus)"},
     [F_STATUS_LINGER] = {"--status_linger", "--status-linger", 0, CDDP_FLAG_DOUBLE,
                          AT(status_linger_s), .env = "CDDP_STATUS_LINGER", PET, .defval = "0",
-                         .min = 0, .max = 86400, .what = "a number of seconds (0-86400)"},
-    /* cddp's own: whether node 0's agent hosts the workers' TCPStore. */
+                         .min = 0, .max = 86400, .what = "a number of seconds (0-86400)",
+                         .metavar = "S", .group = STATUS,
+                         .help = "after the run, keep serving its final status up to S\n"
+                                 "seconds (env CDDP_STATUS_LINGER; default 0)"},
     [F_AGENT_STORE] = {"--agent_store", "--agent-store", 0, CUSTOM(conv_agent_store),
-                       .env = "CDDP_AGENT_STORE", PET, .defval = "true"},
-    /* cddp's own: the progress watchdog (docs/cli.md). */
+                       .env = "CDDP_AGENT_STORE", PET, .defval = "true", .metavar = "B",
+                       .group = STORE,
+                       .help = "true (default): node 0's agent serves a TCPStore on\n"
+                               "MASTER_ADDR:MASTER_PORT, a fresh one each round, and the\n"
+                               "workers get TORCHELASTIC_USE_AGENT_STORE=True (torchrun 2.x);\n"
+                               "false: the workers' rank 0 serves it (False)\n"
+                               "(env CDDP_AGENT_STORE, PET_AGENT_STORE)"},
     [F_WATCHDOG_TIMEOUT] = {"--watchdog_timeout", "--watchdog-timeout", 0,
                             CUSTOM(conv_watchdog_timeout), .env = "CDDP_WATCHDOG_TIMEOUT", PET,
-                            .defval = "off"},
+                            .defval = "off", .metavar = "T", .group = WATCHDOG,
+                            .help = "off (default), SECONDS, or auto: a worker that wrote a\n"
+                                    "progress line and then none for T is hung; the group\n"
+                                    "restarts (counts against --max-restarts)"},
     [F_WATCHDOG_INITIAL] = {"--watchdog_initial", "--watchdog-initial", 0,
                             CUSTOM(conv_watchdog_initial), .env = "CDDP_WATCHDOG_INITIAL", PET,
-                            .defval = "off"},
+                            .defval = "off", .metavar = "S", .group = WATCHDOG,
+                            .help = "also before a worker's first line, from its start\n"
+                                    "(default off)"},
     [F_WATCHDOG_WARMUP] = {"--watchdog_warmup", "--watchdog-warmup", 0, CDDP_FLAG_INT,
                            AT(watchdog_warmup), .env = "CDDP_WATCHDOG_WARMUP", PET, .defval = "5",
-                           .min = 1, .max = 1000000, .what = "an integer >= 1"},
+                           .min = 1, .max = 1000000, .what = "an integer >= 1", .metavar = "N",
+                           .group = WATCHDOG,
+                           .help = "auto: lines before the timeout is learned (default 5)"},
     [F_WATCHDOG_SAFETY] = {"--watchdog_safety", "--watchdog-safety", 0, CDDP_FLAG_DOUBLE,
                            AT(watchdog_safety), .env = "CDDP_WATCHDOG_SAFETY", PET, .defval = "5",
-                           .min = 1, .max = 1000, .what = "a number in [1, 1000]"},
+                           .min = 1, .max = 1000, .what = "a number in [1, 1000]", .metavar = "X",
+                           .group = WATCHDOG,
+                           .help = "auto: timeout = longest interval x X (default 5), within\n"
+                                   "the floor .. 3600 s"},
     [F_WATCHDOG_FLOOR] = {"--watchdog_floor", "--watchdog-floor", 0, CDDP_FLAG_DOUBLE,
                           AT(watchdog_floor), .env = "CDDP_WATCHDOG_FLOOR", PET, .defval = "60",
-                          .min = 1, .max = 3600, .what = "a number of seconds in [1, 3600]"},
+                          .min = 1, .max = 3600, .what = "a number of seconds in [1, 3600]",
+                          .metavar = "S", .group = WATCHDOG,
+                          .help = "auto: the least learned timeout (default 60 s, at\n"
+                                  "least 1 s), so a pause between steps (an evaluation,\n"
+                                  "a checkpoint) is not taken for a hang"},
     [F_MAX_NO_PROGRESS_RESTARTS] = {"--max_no_progress_restarts", "--max-no-progress-restarts", 0,
                                     CDDP_FLAG_INT, AT(max_no_progress_restarts),
                                     .env = "CDDP_MAX_NO_PROGRESS_RESTARTS", PET, .defval = "0",
-                                    .min = 0, .max = 1000000000, .what = "an integer >= 0"},
-    /* cddp's own: the workers' network interface (agent/ifname.h). */
+                                    .min = 0, .max = 1000000000, .what = "an integer >= 0",
+                                    .metavar = "N", .group = WATCHDOG,
+                                    .help = "stop the job (exit 1) when N restarts in a row\n"
+                                            "fail before any worker reports a step beyond the\n"
+                                            "best seen before them (default 0: off)"},
+    /* agent/ifname.h */
     [F_NO_IFNAME] = {"--no_ifname", "--no-ifname", 0, CDDP_FLAG_BOOL, AT(no_ifname),
-                     .env = "CDDP_NO_IFNAME", PET},
-    /* cddp's own: do not read Slurm's environment (launcher/slurm.h, docs/slurm.md). */
-    [F_NO_SLURM] = {"--no_slurm", "--no-slurm", 0, CDDP_FLAG_ACTION, .env = "CDDP_NO_SLURM", PET},
-    /* torchrun's newest flags (run.py on main). */
-    [F_DUP_STDOUT_FILTERS] = {"--duplicate_stdout_filters", "--duplicate-stdout-filters", 0,
-                              CUSTOM(conv_dup_filters), .offset = 0, PET, .defval = ""},
-    [F_DUP_STDERR_FILTERS] = {"--duplicate_stderr_filters", "--duplicate-stderr-filters", 0,
-                              CUSTOM(conv_dup_filters), .offset = 1, PET, .defval = ""},
-    [F_SHUTDOWN_TIMEOUT] = {"--shutdown_timeout", "--shutdown-timeout", 0,
-                            CUSTOM(conv_shutdown_timeout), PET},
-    [F_VIRTUAL_LOCAL_RANK] = {"--virtual_local_rank", "--virtual-local-rank", 0, CDDP_FLAG_BOOL,
-                              AT(virtual_local_rank), PET},
-    [F_HELP] = {"--help", NULL, 'h', CDDP_FLAG_ACTION},
-    [F_VERSION] = {"--version", NULL, 0, CDDP_FLAG_ACTION},
+                     .env = "CDDP_NO_IFNAME", PET, .group = IFNAME,
+                     .help = "do not set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for the\n"
+                             "workers, nor publish the chosen interface's address as\n"
+                             "MASTER_ADDR (env CDDP_NO_IFNAME; torchrun's behaviour)"},
+    /* launcher/slurm.h */
+    [F_NO_SLURM] = {"--no_slurm", "--no-slurm", 0, CDDP_FLAG_ACTION, .env = "CDDP_NO_SLURM", PET,
+                    .group = SLURM, .help = "do not read SLURM_* (env CDDP_NO_SLURM=1)"},
 };
 
 static const struct cddp_flags launch_flags = {
@@ -637,7 +730,42 @@ static const struct cddp_flags launch_flags = {
     .positionals = true,
     .name_as_typed = true,
     .env_prefix = "PET_",
+    .usage_args = "training_script ...",
 };
+
+const struct cddp_flags *launch_flags_table(void)
+{
+    return &launch_flags;
+}
+
+/* --help around the table's rows (cddp_flags_help). */
+static const char help_about[] =
+    "cddprun: torchrun's launcher and elastic agent, in C. Starts NPROC_PER_NODE copies\n"
+    "of training_script with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
+    "MASTER_ADDR, MASTER_PORT, ...), restarts the whole group when a worker fails\n"
+    "(up to --max-restarts), and never leaves a worker behind.\n"
+    "\n"
+    "Every flag takes both spellings (--nproc-per-node, --nproc_per_node) and, except\n"
+    "--logs-specs and --numa-binding, a default from PET_<NAME> (PET_NPROC_PER_NODE).\n"
+    "\n"
+    "positional arguments:\n"
+    "  training_script       a .py file (run as python3 -u, PYTHON_EXEC overrides),\n"
+    "                        a module with -m, or an executable; then its arguments\n";
+
+static const char help_epilogue[] =
+    "Environment: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
+    "(seconds between SIGTERM and SIGKILL, default 30), PYTHON_EXEC, OMP_NUM_THREADS,\n"
+    "TORCHELASTIC_ERROR_FILE, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, CDDP_RDZV_TOKEN\n"
+    "(the rendezvous's join token, when --rdzv_conf has no token=),\n"
+    "CDDP_EXIT_BARRIER_TIMEOUT (seconds, default 300).\n"
+    "Workers also get CDDP_PROGRESS_FD, a pipe for progress lines (docs/status.md).\n"
+    "Exit status: 0 success, 1 the workers failed, 2 bad usage, 128+N stopped by signal N.\n"
+    "See docs/cli.md, docs/multi-node.md and docs/torchrun-compat.md.\n";
+
+void launch_print_help(FILE *out)
+{
+    cddp_flags_help(&launch_flags, help_about, help_epilogue, out);
+}
 
 /* torchrun's uuid4() for --standalone run ids; cfg->rdzv_id points here. */
 static char standalone_run_id[CDDP_UUID_STR_SIZE];
@@ -1170,136 +1298,3 @@ static long system_gpu_count(void)
 }
 
 const struct launch_probe launch_system_probe = {system_cpu_count, system_gpu_count};
-
-void launch_print_help(FILE *out)
-{
-    /* In parts: C11 compilers need only support string literals of 4095 bytes. */
-    fprintf(out,
-            "usage: cddprun [-h] [--version] [--nnodes NNODES] [--nproc-per-node NPROC_PER_NODE]\n"
-            "               [--rdzv-backend RDZV_BACKEND] [--rdzv-endpoint RDZV_ENDPOINT]\n"
-            "               [--rdzv-id RDZV_ID] [--rdzv-conf RDZV_CONF] [--standalone]\n"
-            "               [--max-restarts MAX_RESTARTS] [--monitor-interval MONITOR_INTERVAL]\n"
-            "               [--start-method {spawn,fork,forkserver}]\n"
-            "               [--event-log-handler EVENT_LOG_HANDLER] [--role ROLE] [-m]\n"
-            "               [--no-python] [--run-path] [--log-dir LOG_DIR] [-r REDIRECTS]\n"
-            "               [-t TEE] [--local-ranks-filter LOCAL_RANKS_FILTER]\n"
-            "               [--node-rank NODE_RANK] [--master-addr MASTER_ADDR]\n"
-            "               [--master-port MASTER_PORT] [--local-addr LOCAL_ADDR]\n"
-            "               [--logs-specs LOGS_SPECS] [--numa-binding NUMA_BINDING]\n"
-            "               [--signals-to-handle SIGNALS_TO_HANDLE]\n"
-            "               [--status-port STATUS_PORT] [--status-addr STATUS_ADDR]\n"
-            "               [--status-linger STATUS_LINGER]\n"
-            "               [--watchdog-timeout {off,auto,SECONDS}]\n"
-            "               [--watchdog-initial SECONDS] [--watchdog-warmup N]\n"
-            "               [--watchdog-safety X] [--watchdog-floor S]\n"
-            "               [--max-no-progress-restarts N]\n"
-            "               [--duplicate-stdout-filters L] [--duplicate-stderr-filters L]\n"
-            "               [--shutdown-timeout S] [--virtual-local-rank]\n"
-            "               training_script ...\n"
-            "\n"
-            "cddprun: torchrun's launcher and elastic agent, in C. Starts NPROC_PER_NODE copies\n"
-            "of training_script with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
-            "MASTER_ADDR, MASTER_PORT, ...), restarts the whole group when a worker fails\n"
-            "(up to --max-restarts), and never leaves a worker behind.\n"
-            "\n"
-            "Every flag takes both spellings (--nproc-per-node, --nproc_per_node) and, except\n"
-            "--logs-specs and --numa-binding, a default from PET_<NAME> (PET_NPROC_PER_NODE).\n"
-            "\n"
-            "positional arguments:\n"
-            "  training_script       a .py file (run as python3 -u, PYTHON_EXEC overrides),\n"
-            "                        a module with -m, or an executable; then its arguments\n"
-            "\n"
-            "options:\n"
-            "  -h, --help            show this help and exit\n"
-            "  --version             print the version and exit\n"
-            "  --nnodes NNODES       N or MIN:MAX nodes (default 1:1; MIN:MAX needs c10d)\n"
-            "  --nproc-per-node N    workers per node: an integer, cpu, gpu or auto (default 1)\n"
-            "  --rdzv-backend NAME   static (default: fixed node ranks), c10d (elastic, cddp's\n"
-            "                        rendezvous) or etcd-v3 (etcd and etcd-v2 name it). Unset,\n"
-            "                        several nodes without --node-rank, or MIN:MAX, are c10d\n"
-            "  --rdzv-endpoint H:P   c10d: the rendezvous server (default port 29400; the agent\n"
-            "                        on that host serves it unless cddp-rdzv does); static:\n"
-            "                        the master address\n"
-            "  --rdzv-id ID          run id, TORCHELASTIC_RUN_ID (default none)\n"
-            "  --rdzv-conf K=V,...   rendezvous options (join_timeout, last_call_timeout,\n"
-            "                        keep_alive_interval, is_host, timeout, token, ...)\n"
-            "  --standalone          single node: an in-process rendezvous on 127.0.0.1, a free\n"
-            "                        MASTER_PORT and a random run id\n");
-    fprintf(out,
-            "  --max-restarts N      worker group restarts after failures (default 0)\n"
-            "  --monitor-interval S  accepted for compatibility; exits are seen as they happen\n"
-            "  --start-method M      spawn, fork or forkserver (accepted; used by --run-path only\n"
-            "                        in torchrun)\n"
-            "  --event-log-handler H null (default) or dynamic_rendezvous\n"
-            "  --role ROLE           ROLE_NAME and the log prefix (default 'default')\n"
-            "  -m, --module          run training_script as a module: python3 -u -m\n"
-            "  --no-python           run training_script directly, not through python3\n"
-            "  --run-path            run training_script with runpy.run_path, recording errors\n"
-            "  --log-dir DIR         base log directory (default: a new torchelastic_* temp dir)\n"
-            "  -r, --redirects STD   streams to files: 0 none, 1 out, 2 err, 3 both, or 0:1,1:2\n"
-            "  -t, --tee STD         as --redirects, and also to the console with [role<n>]:\n"
-            "  --local-ranks-filter L  show only these local ranks on the console (0,1,...)\n"
-            "  --node-rank N         this node's rank (static backend; default 0)\n"
-            "  --master-addr ADDR    MASTER_ADDR (static backend; default 127.0.0.1)\n"
-            "  --master-port PORT    MASTER_PORT (static backend; default 29500)\n"
-            "  --local-addr ADDR     this node's address as the others reach it (MASTER_ADDR\n"
-            "                        when this node is node 0)\n"
-            "  --logs-specs NAME     torchrun plugin; refused (cddprun has no Python plugins)\n"
-            "  --numa-binding MODE   node, socket, exclusive or core-complex: bind each worker's\n"
-            "                        CPUs and memory near its GPU (sysfs; one NUMA node: none)\n"
-            "  --signals-to-handle L signals forwarded to the workers\n"
-            "                        (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)\n"
-            "  --duplicate-stdout-filters L, --duplicate-stderr-filters L\n"
-            "                        copy teed lines holding any of these (,,: a comma) to\n"
-            "                        attempt_N/filtered_stdout.log / filtered_stderr.log\n"
-            "  --shutdown-timeout S  seconds from SIGTERM to SIGKILL (beats\n"
-            "                        TORCH_ELASTIC_SHUTDOWN_TIMEOUT; default 30)\n"
-            "  --virtual-local-rank  LOCAL_RANK=0 and one CUDA_VISIBLE_DEVICES entry per worker\n");
-    fprintf(
-        out,
-        "\n"
-        "status port (cddp's own; docs/status.md):\n"
-        "  --status-port PORT    serve /livez /readyz /status /metrics over HTTP on PORT\n"
-        "                        (env CDDP_STATUS_PORT; 0 picks a free port and logs it;\n"
-        "                        default off)\n"
-        "  --status-addr ADDR    listen address (env CDDP_STATUS_ADDR; default 127.0.0.1;\n"
-        "                        0.0.0.0 for Kubernetes probes and Prometheus)\n"
-        "  --status-linger S     after the run, keep serving its final status up to S\n"
-        "                        seconds (env CDDP_STATUS_LINGER; default 0)\n"
-        "\n"
-        "the workers' store (cddp's own; docs/torchrun-compat.md):\n"
-        "  --agent-store B       true (default): node 0's agent serves a TCPStore on\n"
-        "                        MASTER_ADDR:MASTER_PORT, a fresh one each round, and the\n"
-        "                        workers get TORCHELASTIC_USE_AGENT_STORE=True (torchrun 2.x);\n"
-        "                        false: the workers' rank 0 serves it (False)\n"
-        "                        (env CDDP_AGENT_STORE, PET_AGENT_STORE)\n"
-        "progress watchdog (cddp's own; docs/cli.md):\n"
-        "  --watchdog-timeout T  off (default), SECONDS, or auto: a worker that wrote a\n"
-        "                        progress line and then none for T is hung; the group\n"
-        "                        restarts (counts against --max-restarts)\n"
-        "  --watchdog-initial S  also before a worker's first line, from its start\n"
-        "                        (default off)\n"
-        "  --watchdog-warmup N   auto: lines before the timeout is learned (default 5)\n"
-        "  --watchdog-safety X   auto: timeout = longest interval x X (default 5), within\n"
-        "                        the floor .. 3600 s\n"
-        "  --watchdog-floor S    auto: the least learned timeout (default 60 s, at\n"
-        "                        least 1 s), so a pause between steps (an evaluation,\n"
-        "                        a checkpoint) is not taken for a hang\n"
-        "  --max-no-progress-restarts N  stop the job (exit 1) when N restarts in a row\n"
-        "                        fail before any worker reports a step beyond the best\n"
-        "                        seen before them (default 0: off)\n"
-        "Slurm (cddp's own; docs/slurm.md): inside an srun step, flags left unset come from\n"
-        "SLURM_*: --nnodes, --node-rank, --rdzv-backend=c10d, --rdzv-endpoint (the first\n"
-        "host, port 29400 + (job + step) %% 1000), --rdzv-id JOB.STEP, --nproc-per-node\n"
-        "(GPUs, else tasks per node) and SIGUSR1,SIGUSR2 among the signals\n"
-        "  --no-slurm            do not read SLURM_* (env CDDP_NO_SLURM=1)\n"
-        "\n"
-        "Environment: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
-        "(seconds between SIGTERM and SIGKILL, default 30), PYTHON_EXEC, OMP_NUM_THREADS,\n"
-        "TORCHELASTIC_ERROR_FILE, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, CDDP_RDZV_TOKEN\n"
-        "(the rendezvous's join token, when --rdzv_conf has no token=),\n"
-        "CDDP_EXIT_BARRIER_TIMEOUT (seconds, default 300).\n"
-        "Workers also get CDDP_PROGRESS_FD, a pipe for progress lines (docs/status.md).\n"
-        "Exit status: 0 success, 1 the workers failed, 2 bad usage, 128+N stopped by signal N.\n"
-        "See docs/cli.md, docs/multi-node.md and docs/torchrun-compat.md.\n");
-}

@@ -14,6 +14,7 @@
 #include <stdio.h>
 
 #include "agent/config.h"
+#include "common/flags.h"
 
 /* launch_parse() returns these (positive) when there is nothing to run. */
 enum {
@@ -56,6 +57,10 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
  * master address and port. 0 or a negative code with err. */
 int launch_validate(struct launch_config *cfg, char *err, size_t errlen);
 
+/* cddprun --help, written from the flags table: every flag is in it. */
 void launch_print_help(FILE *out);
+
+/* The flags table (common/flags.h), for the tests. */
+const struct cddp_flags *launch_flags_table(void);
 
 #endif
