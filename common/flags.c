@@ -187,32 +187,74 @@ static int scan_short(const struct cddp_flags *spec, int argc, char **argv, int 
     return 0;
 }
 
+static bool is_positional(const char *a)
+{
+    return a[0] != '-' || a[1] == '\0' || looks_negative_number(a);
+}
+
+/* Options from argv[*i] up to the next positional or `--` (or the end). */
+static int scan_options(const struct cddp_flags *spec, int argc, char **argv, int *i,
+                        struct cddp_flag_seen *seen, struct cddp_flags_problem *problem, char *err,
+                        size_t errlen)
+{
+    while (*i < argc && !is_positional(argv[*i]) && strcmp(argv[*i], "--") != 0) {
+        int rc = argv[*i][1] == '-' ? scan_long(spec, argc, argv, i, seen, problem, err, errlen)
+                                    : scan_short(spec, argc, argv, i, seen, problem, err, errlen);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 int cddp_flags_scan(const struct cddp_flags *spec, int argc, char **argv,
                     struct cddp_flag_seen *seen, int *first_positional,
                     struct cddp_flags_problem *problem, char *err, size_t errlen)
 {
     memset(seen, 0, spec->n * sizeof(*seen));
     int i = 1;
-    while (i < argc) {
-        const char *a = argv[i];
-        bool positional = a[0] != '-' || a[1] == '\0' || looks_negative_number(a);
-        if (!spec->positionals && (positional || strcmp(a, "--") == 0)) {
-            cddp_fail(err, errlen, CDDP_EPARSE, "unrecognized argument: %s (see %s --help)", a,
-                      spec->program);
-            return refuse(problem, CDDP_FLAGS_UNKNOWN, a);
-        }
-        if (strcmp(a, "--") == 0) {
-            i++;
-            break;
-        }
-        if (positional)
-            break; /* the entrypoint: everything from here on is the program's */
-        int rc = a[1] == '-' ? scan_long(spec, argc, argv, &i, seen, problem, err, errlen)
-                             : scan_short(spec, argc, argv, &i, seen, problem, err, errlen);
-        if (rc)
-            return rc;
+    int rc = scan_options(spec, argc, argv, &i, seen, problem, err, errlen);
+    if (rc)
+        return rc;
+    if (i < argc && !spec->positionals) {
+        cddp_fail(err, errlen, CDDP_EPARSE, "unrecognized argument: %s (see %s --help)", argv[i],
+                  spec->program);
+        return refuse(problem, CDDP_FLAGS_UNKNOWN, argv[i]);
     }
+    /* A positional is the entrypoint: everything from there on is the
+     * program's; `--` goes before it. */
+    if (i < argc && strcmp(argv[i], "--") == 0)
+        i++;
     *first_positional = i;
+    return 0;
+}
+
+int cddp_flags_scan_mixed(const struct cddp_flags *spec, int argc, char **argv,
+                          struct cddp_flag_seen *seen, const char **pos, int maxpos, int *npos,
+                          struct cddp_flags_problem *problem, char *err, size_t errlen)
+{
+    memset(seen, 0, spec->n * sizeof(*seen));
+    *npos = 0;
+    bool options = true;
+    for (int i = 1; i < argc;) {
+        if (options) {
+            int rc = scan_options(spec, argc, argv, &i, seen, problem, err, errlen);
+            if (rc)
+                return rc;
+            if (i >= argc)
+                break;
+            if (strcmp(argv[i], "--") == 0) {
+                options = false;
+                i++;
+                continue;
+            }
+        }
+        if (*npos == maxpos) {
+            cddp_fail(err, errlen, CDDP_EPARSE, "unexpected argument: %s (see %s --help)", argv[i],
+                      spec->program);
+            return refuse(problem, CDDP_FLAGS_EXTRA, argv[i]);
+        }
+        pos[(*npos)++] = argv[i++];
+    }
     return 0;
 }
 

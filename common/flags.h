@@ -105,6 +105,7 @@ enum cddp_flags_problem_kind {
     CDDP_FLAGS_AMBIGUOUS,      /* a prefix of several */
     CDDP_FLAGS_NEEDS_VALUE,    /* the value is missing */
     CDDP_FLAGS_TAKES_NO_VALUE, /* --bool=x */
+    CDDP_FLAGS_EXTRA,          /* cddp_flags_scan_mixed: more positionals than it takes */
 };
 struct cddp_flags_problem {
     enum cddp_flags_problem_kind kind;
@@ -121,6 +122,18 @@ struct cddp_flags_problem {
 int cddp_flags_scan(const struct cddp_flags *spec, int argc, char **argv,
                     struct cddp_flag_seen *seen, int *first_positional,
                     struct cddp_flags_problem *problem, char *err, size_t errlen);
+
+/*
+ * As cddp_flags_scan, for a command line whose positionals may stand
+ * between the options, as argparse's default parser allows (cddpctl status
+ * HOST:PORT --json): every positional, and everything after `--`, goes to
+ * pos[] in order (*npos of them). One more than maxpos is CDDP_EPARSE
+ * ("unexpected argument: X (see PROGRAM --help)", CDDP_FLAGS_EXTRA). The
+ * table's positionals setting is not read.
+ */
+int cddp_flags_scan_mixed(const struct cddp_flags *spec, int argc, char **argv,
+                          struct cddp_flag_seen *seen, const char **pos, int maxpos, int *npos,
+                          struct cddp_flags_problem *problem, char *err, size_t errlen);
 
 /* Fills what the command line left unset: the row's own variable, then the
  * prefixed one, then the default text. A boolean's variable must be an

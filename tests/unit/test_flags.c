@@ -319,6 +319,48 @@ static void test_help(void **state)
     free(text);
 }
 
+/* Positionals between the options (cddpctl's command line). */
+static void test_scan_mixed(void **state)
+{
+    (void)state;
+    char *argv[] = {"prog", "status", "-v", "h:1", "--num-jobs", "3", "x", "--", "-j", NULL};
+    const char *pos[4];
+    int npos = -1;
+    assert_int_equal(
+        cddp_flags_scan_mixed(&spec, 9, argv, seen, pos, 4, &npos, &problem, err, sizeof(err)), 0);
+    assert_int_equal(npos, 4);
+    assert_string_equal(pos[0], "status");
+    assert_string_equal(pos[1], "h:1");
+    assert_string_equal(pos[2], "x");
+    assert_string_equal(pos[3], "-j"); /* after --: a positional */
+    assert_string_equal(seen[O_JOBS].text, "3");
+    assert_non_null(seen[O_VERBOSE].text);
+    /* One too many. */
+    assert_int_equal(
+        cddp_flags_scan_mixed(&spec, 9, argv, seen, pos, 3, &npos, &problem, err, sizeof(err)),
+        CDDP_EPARSE);
+    assert_int_equal(problem.kind, CDDP_FLAGS_EXTRA);
+    assert_string_equal(problem.arg, "-j");
+    assert_string_equal(err, "unexpected argument: -j (see prog --help)");
+    /* Option errors as cddp_flags_scan's. */
+    char *bad[] = {"prog", "a", "--bogus", NULL};
+    assert_int_equal(
+        cddp_flags_scan_mixed(&spec, 3, bad, seen, pos, 4, &npos, &problem, err, sizeof(err)),
+        CDDP_EPARSE);
+    assert_int_equal(problem.kind, CDDP_FLAGS_UNKNOWN);
+    assert_string_equal(problem.arg, "--bogus");
+    char *novalue[] = {"prog", "a", "--name", NULL};
+    assert_int_equal(
+        cddp_flags_scan_mixed(&spec, 3, novalue, seen, pos, 4, &npos, &problem, err, sizeof(err)),
+        CDDP_EPARSE);
+    assert_int_equal(problem.kind, CDDP_FLAGS_NEEDS_VALUE);
+    /* "-" and "-5" are positionals. */
+    char *dash[] = {"prog", "-", "-5", NULL};
+    assert_int_equal(
+        cddp_flags_scan_mixed(&spec, 3, dash, seen, pos, 4, &npos, &problem, err, sizeof(err)), 0);
+    assert_int_equal(npos, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -326,6 +368,7 @@ int main(void)
         cmocka_unit_test(test_short_options),        cmocka_unit_test(test_prefixes),
         cmocka_unit_test(test_scan_errors),          cmocka_unit_test(test_names_in_errors),
         cmocka_unit_test(test_environment),          cmocka_unit_test(test_custom_converter),
+        cmocka_unit_test(test_scan_mixed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
