@@ -787,6 +787,31 @@ static int env_seconds(char **envp, const char *var, double max, const char *wha
     return 0;
 }
 
+/* What torchrun reads from its environment besides PET_*:
+ * TORCH_ELASTIC_SHUTDOWN_TIMEOUT (seconds from the stop signal to SIGKILL,
+ * unless --shutdown_timeout), CDDP_EXIT_BARRIER_TIMEOUT (torch's
+ * exit_barrier_timeout, 300 s, which torchrun hard-codes), the log line
+ * prefix template and the error file. */
+static int read_environment(struct launch_config *cfg, char **envp, char *err, size_t errlen)
+{
+    int rc;
+    if (!cfg->shutdown_timeout_set)
+        cfg->shutdown_timeout_ms = 30000;
+    cfg->exit_barrier_timeout_ms = 300000;
+    if ((!cfg->shutdown_timeout_set &&
+         (rc = env_seconds(envp, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 86400.0 * 365,
+                           "a number of seconds >= 0", &cfg->shutdown_timeout_ms, err, errlen))) ||
+        (rc = env_seconds(envp, "CDDP_EXIT_BARRIER_TIMEOUT", 86400.0 * 7,
+                          "a number of seconds in [0, 604800]", &cfg->exit_barrier_timeout_ms, err,
+                          errlen)))
+        return rc;
+    cfg->prefix_template = cddp_flags_getenv(envp, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+    cfg->error_file = cddp_flags_getenv(envp, "TORCHELASTIC_ERROR_FILE");
+    if (cfg->error_file && cfg->error_file[0] == '\0')
+        cfg->error_file = NULL;
+    return 0;
+}
+
 int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *probe,
                  struct launch_config *cfg, char *err, size_t errlen)
 {
@@ -863,23 +888,8 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     cfg->watchdog.safety = cfg->watchdog_safety;
     cfg->watchdog.floor_ms = (uint64_t)(cfg->watchdog_floor * 1000.0 + 0.5);
 
-    /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT: seconds from the stop signal to SIGKILL;
-     * CDDP_EXIT_BARRIER_TIMEOUT: torch's exit_barrier_timeout (300 s), which
-     * torchrun hard-codes. */
-    if (!cfg->shutdown_timeout_set)
-        cfg->shutdown_timeout_ms = 30000;
-    cfg->exit_barrier_timeout_ms = 300000;
-    if ((!cfg->shutdown_timeout_set &&
-         (rc = env_seconds(envp, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 86400.0 * 365,
-                           "a number of seconds >= 0", &cfg->shutdown_timeout_ms, err, errlen))) ||
-        (rc = env_seconds(envp, "CDDP_EXIT_BARRIER_TIMEOUT", 86400.0 * 7,
-                          "a number of seconds in [0, 604800]", &cfg->exit_barrier_timeout_ms, err,
-                          errlen)))
+    if ((rc = read_environment(cfg, envp, err, errlen)) != 0)
         return rc;
-    cfg->prefix_template = cddp_flags_getenv(envp, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
-    cfg->error_file = cddp_flags_getenv(envp, "TORCHELASTIC_ERROR_FILE");
-    if (cfg->error_file && cfg->error_file[0] == '\0')
-        cfg->error_file = NULL;
 
     if (cfg->standalone) {
         /* run.py: --standalone overrides the backend, endpoint and id. */
