@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +32,7 @@
 #include "common/log.h"
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "common/uuid.h"
 #include "rendezvous/etcd.h"
 #include "store/tcpstore.h"
 
@@ -1408,24 +1408,7 @@ static void agent_shutdown(struct agent *a)
 /* str(uuid.uuid4().int): what torchrun uses for an empty --rdzv_id. */
 static void random_run_id(char *out, size_t len)
 {
-    unsigned char b[16] = {0};
-    if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b))
-        memset(b, 0x5a, sizeof(b));
-    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
-    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-    __extension__ unsigned __int128 v = 0;
-    for (int i = 0; i < 16; i++)
-        v = (v << 8) | b[i];
-    char digits[48];
-    int n = 0;
-    do {
-        digits[n++] = (char)('0' + (int)(v % 10));
-        v /= 10;
-    } while (v > 0);
-    size_t k = 0;
-    while (n > 0 && k + 1 < len)
-        out[k++] = digits[--n];
-    out[k] = '\0';
+    cddp_uuid4_int(out, len);
 }
 
 static int make_round(struct agent *a, struct agent_round *r, char *err, size_t errlen)
@@ -1592,23 +1575,6 @@ static void filetimer_killed(void *arg, int i, const struct filetimer_kill *k, i
     }
 }
 
-/* torchrun's name for a pipe nobody named: /tmp/watchdog_timer_<uuid4>. */
-static void filetimer_default_path(char *out, size_t len)
-{
-    unsigned char b[16] = {0};
-    if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b)) {
-        uint64_t t = cddp_mono_ms() ^ (uint64_t)getpid() << 32;
-        memcpy(b, &t, sizeof(t));
-    }
-    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
-    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-    char hex[33];
-    for (int i = 0; i < 16; i++)
-        snprintf(hex + 2 * i, 3, "%02x", b[i]);
-    snprintf(out, len, "/tmp/watchdog_timer_%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12,
-             hex + 16, hex + 20);
-}
-
 /* TORCHELASTIC_ENABLE_FILE_TIMER=1: serve the pipe at TORCHELASTIC_TIMER_FILE
  * (or a fresh one the workers are told of), as torchrun's agent does. */
 static int filetimer_open(struct agent *a, char *why, size_t whylen)
@@ -1620,7 +1586,7 @@ static int filetimer_open(struct agent *a, char *why, size_t whylen)
     if (path && path[0])
         cddp_strlcpy(a->filetimer_path, path, sizeof(a->filetimer_path));
     else
-        filetimer_default_path(a->filetimer_path, sizeof(a->filetimer_path));
+        agent_filetimer_default_path(a->filetimer_path, sizeof(a->filetimer_path));
     struct agent_filetimer_hooks h = {
         .arg = a, .owner = filetimer_owner, .killed = filetimer_killed};
     int rc = agent_filetimer_open(&a->loop, a->filetimer_path, &h, &a->filetimer, why, whylen);

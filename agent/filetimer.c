@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "common/uuid.h"
 
 /* Timers armed at once, all workers together; torch has no bound. */
 #define FILETIMER_MAX_TIMERS 65536
@@ -239,4 +240,11 @@ void agent_filetimer_close(struct agent_filetimer *ft)
     ft->writer_fd = -1;
     uv_close((uv_handle_t *)&ft->pipe, on_closed);
     uv_close((uv_handle_t *)&ft->timer, on_closed);
+}
+
+void agent_filetimer_default_path(char *out, size_t len)
+{
+    char id[CDDP_UUID_STR_SIZE];
+    cddp_uuid4_str(id);
+    snprintf(out, len, "/tmp/watchdog_timer_%s", id);
 }

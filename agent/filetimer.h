@@ -49,6 +49,10 @@ void agent_filetimer_reset(struct agent_filetimer *ft);
 /* Requests read so far (for tests and logs). */
 unsigned long long agent_filetimer_requests(const struct agent_filetimer *ft);
 
+/* torchrun's name for a pipe nobody named (TORCHELASTIC_TIMER_FILE unset):
+ * /tmp/watchdog_timer_<uuid4>, cut to len - 1 characters. */
+void agent_filetimer_default_path(char *out, size_t len);
+
 /* Stops, removes the pipe; ft is freed once its handles close. NULL: no-op. */
 void agent_filetimer_close(struct agent_filetimer *ft);
 

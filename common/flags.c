@@ -187,32 +187,74 @@ static int scan_short(const struct cddp_flags *spec, int argc, char **argv, int 
     return 0;
 }
 
+static bool is_positional(const char *a)
+{
+    return a[0] != '-' || a[1] == '\0' || looks_negative_number(a);
+}
+
+/* Options from argv[*i] up to the next positional or `--` (or the end). */
+static int scan_options(const struct cddp_flags *spec, int argc, char **argv, int *i,
+                        struct cddp_flag_seen *seen, struct cddp_flags_problem *problem, char *err,
+                        size_t errlen)
+{
+    while (*i < argc && !is_positional(argv[*i]) && strcmp(argv[*i], "--") != 0) {
+        int rc = argv[*i][1] == '-' ? scan_long(spec, argc, argv, i, seen, problem, err, errlen)
+                                    : scan_short(spec, argc, argv, i, seen, problem, err, errlen);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 int cddp_flags_scan(const struct cddp_flags *spec, int argc, char **argv,
                     struct cddp_flag_seen *seen, int *first_positional,
                     struct cddp_flags_problem *problem, char *err, size_t errlen)
 {
     memset(seen, 0, spec->n * sizeof(*seen));
     int i = 1;
-    while (i < argc) {
-        const char *a = argv[i];
-        bool positional = a[0] != '-' || a[1] == '\0' || looks_negative_number(a);
-        if (!spec->positionals && (positional || strcmp(a, "--") == 0)) {
-            cddp_fail(err, errlen, CDDP_EPARSE, "unrecognized argument: %s (see %s --help)", a,
-                      spec->program);
-            return refuse(problem, CDDP_FLAGS_UNKNOWN, a);
-        }
-        if (strcmp(a, "--") == 0) {
-            i++;
-            break;
-        }
-        if (positional)
-            break; /* the entrypoint: everything from here on is the program's */
-        int rc = a[1] == '-' ? scan_long(spec, argc, argv, &i, seen, problem, err, errlen)
-                             : scan_short(spec, argc, argv, &i, seen, problem, err, errlen);
-        if (rc)
-            return rc;
+    int rc = scan_options(spec, argc, argv, &i, seen, problem, err, errlen);
+    if (rc)
+        return rc;
+    if (i < argc && !spec->positionals) {
+        cddp_fail(err, errlen, CDDP_EPARSE, "unrecognized argument: %s (see %s --help)", argv[i],
+                  spec->program);
+        return refuse(problem, CDDP_FLAGS_UNKNOWN, argv[i]);
     }
+    /* A positional is the entrypoint: everything from there on is the
+     * program's; `--` goes before it. */
+    if (i < argc && strcmp(argv[i], "--") == 0)
+        i++;
     *first_positional = i;
+    return 0;
+}
+
+int cddp_flags_scan_mixed(const struct cddp_flags *spec, int argc, char **argv,
+                          struct cddp_flag_seen *seen, const char **pos, int maxpos, int *npos,
+                          struct cddp_flags_problem *problem, char *err, size_t errlen)
+{
+    memset(seen, 0, spec->n * sizeof(*seen));
+    *npos = 0;
+    bool options = true;
+    for (int i = 1; i < argc;) {
+        if (options) {
+            int rc = scan_options(spec, argc, argv, &i, seen, problem, err, errlen);
+            if (rc)
+                return rc;
+            if (i >= argc)
+                break;
+            if (strcmp(argv[i], "--") == 0) {
+                options = false;
+                i++;
+                continue;
+            }
+        }
+        if (*npos == maxpos) {
+            cddp_fail(err, errlen, CDDP_EPARSE, "unexpected argument: %s (see %s --help)", argv[i],
+                      spec->program);
+            return refuse(problem, CDDP_FLAGS_EXTRA, argv[i]);
+        }
+        pos[(*npos)++] = argv[i++];
+    }
     return 0;
 }
 
@@ -334,4 +376,123 @@ int cddp_flags_convert(const struct cddp_flags *spec, const struct cddp_flag_see
             return rc;
     }
     return 0;
+}
+
+/* ---- --help ------------------------------------------------------------- */
+
+/* argparse's HelpFormatter: help starts at this column; a row's spellings
+ * longer than it leaves room for put the help on the next line. */
+#define HELP_COLUMN 24
+#define USAGE_WIDTH 80
+
+const char *cddp_flag_shown_name(const struct cddp_flag *f)
+{
+    if (f->alias && strchr(f->name, '_') && !strchr(f->alias, '_'))
+        return f->alias;
+    return f->name;
+}
+
+/* " METAVAR" (with its space) of a row that takes a value, else "". */
+static void metavar_of(const struct cddp_flag *f, char *out, size_t len)
+{
+    out[0] = '\0';
+    if (takes_no_value(f))
+        return;
+    if (f->metavar) {
+        snprintf(out, len, " %s", f->metavar);
+    } else if (f->kind == CDDP_FLAG_CHOICE && f->choices) {
+        size_t n = (size_t)snprintf(out, len, " {");
+        for (const char *const *c = f->choices; *c && n < len; c++)
+            n += (size_t)snprintf(out + n, len - n, "%s%s", c == f->choices ? "" : ",", *c);
+        if (n < len)
+            snprintf(out + n, len - n, "}");
+    } else {
+        prefixed_name(" ", f->name, out, len);
+    }
+}
+
+/* The usage line: one item per row ("[-r STD]", "[--nnodes NNODES]"),
+ * wrapped under the first item. */
+static void print_usage(const struct cddp_flags *spec, FILE *out)
+{
+    char head[64];
+    int indent = snprintf(head, sizeof(head), "usage: %s ", spec->program);
+    fputs(head, out);
+    int col = indent;
+    bool first = true;
+    for (size_t i = 0; i <= spec->n; i++) {
+        char item[256], mv[200];
+        if (i == spec->n) {
+            if (spec->usage_args == NULL)
+                break;
+            snprintf(item, sizeof(item), "%s", spec->usage_args);
+        } else {
+            const struct cddp_flag *f = &spec->rows[i];
+            metavar_of(f, mv, sizeof(mv));
+            if (f->short_name)
+                snprintf(item, sizeof(item), "[-%c%s]", f->short_name, mv);
+            else
+                snprintf(item, sizeof(item), "[%s%s]", cddp_flag_shown_name(f), mv);
+        }
+        int w = (int)strlen(item);
+        if (!first && col + 1 + w > USAGE_WIDTH) {
+            fprintf(out, "\n%*s", indent, "");
+            col = indent;
+        } else if (!first) {
+            fputc(' ', out);
+            col++;
+        }
+        fputs(item, out);
+        col += w;
+        first = false;
+    }
+    fputc('\n', out);
+}
+
+/* "  -r, --redirects STD   help", continuation lines at HELP_COLUMN. */
+static void print_row(const struct cddp_flag *f, FILE *out)
+{
+    char inv[256], mv[200];
+    metavar_of(f, mv, sizeof(mv));
+    if (f->short_name)
+        snprintf(inv, sizeof(inv), "-%c, %s%s", f->short_name, cddp_flag_shown_name(f), mv);
+    else
+        snprintf(inv, sizeof(inv), "%s%s", cddp_flag_shown_name(f), mv);
+    int w = 2 + (int)strlen(inv);
+    fprintf(out, "  %s", inv);
+    const char *h = f->help ? f->help : "";
+    if (*h == '\0') {
+        fputc('\n', out);
+        return;
+    }
+    if (w > HELP_COLUMN - 2)
+        fprintf(out, "\n%*s", HELP_COLUMN, "");
+    else
+        fprintf(out, "%*s", HELP_COLUMN - w, "");
+    for (; *h; h++) {
+        fputc(*h, out);
+        if (*h == '\n' && h[1])
+            fprintf(out, "%*s", HELP_COLUMN, "");
+    }
+    fputc('\n', out);
+}
+
+void cddp_flags_help(const struct cddp_flags *spec, const char *about, const char *epilogue,
+                     FILE *out)
+{
+    print_usage(spec, out);
+    if (about)
+        fprintf(out, "\n%s", about);
+    const char *group = NULL;
+    for (size_t i = 0; i < spec->n; i++) {
+        const struct cddp_flag *f = &spec->rows[i];
+        const char *g = f->group ? f->group : "options:";
+        if (group == NULL || strcmp(g, group) != 0) {
+            fprintf(out, "\n%s\n", g);
+            group = g;
+        }
+        print_row(f, out);
+    }
+    if (epilogue)
+        fprintf(out, "\n%s", epilogue);
 }

@@ -30,6 +30,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 enum cddp_flag_kind {
     CDDP_FLAG_BOOL,   /* takes no value; bool at offset: given or not */
@@ -70,6 +71,12 @@ struct cddp_flag {
     const char *what;   /* INT and DOUBLE: "an integer >= 0", for "NAME: 'TEXT' is not WHAT" */
     const char *const *choices;   /* CHOICE: NULL-terminated */
     cddp_flag_convert_fn convert; /* CUSTOM */
+    /* --help (cddp_flags_help): */
+    const char *metavar; /* the value's name ("N"); NULL: {a,b,c} for a CHOICE, else
+                          * the name upper-cased ("NPROC_PER_NODE") */
+    const char *group;   /* the section it is listed under, as its heading (more lines
+                          * after the first are a paragraph under it); NULL: "options:" */
+    const char *help;    /* '\n' continues on the next line, indented */
 };
 
 struct cddp_flags {
@@ -80,6 +87,7 @@ struct cddp_flags {
     bool positionals;       /* a positional ends the options; else it is unknown */
     bool name_as_typed;     /* errors name the spelling typed; else always the name */
     const char *env_prefix; /* "PET_" for rows with prefixed_env */
+    const char *usage_args; /* --help: after the options in the usage line ("SCRIPT ...") */
 };
 
 /* The raw result of a scan, one per row (the caller's array of spec->n). */
@@ -97,6 +105,7 @@ enum cddp_flags_problem_kind {
     CDDP_FLAGS_AMBIGUOUS,      /* a prefix of several */
     CDDP_FLAGS_NEEDS_VALUE,    /* the value is missing */
     CDDP_FLAGS_TAKES_NO_VALUE, /* --bool=x */
+    CDDP_FLAGS_EXTRA,          /* cddp_flags_scan_mixed: more positionals than it takes */
 };
 struct cddp_flags_problem {
     enum cddp_flags_problem_kind kind;
@@ -113,6 +122,18 @@ struct cddp_flags_problem {
 int cddp_flags_scan(const struct cddp_flags *spec, int argc, char **argv,
                     struct cddp_flag_seen *seen, int *first_positional,
                     struct cddp_flags_problem *problem, char *err, size_t errlen);
+
+/*
+ * As cddp_flags_scan, for a command line whose positionals may stand
+ * between the options, as argparse's default parser allows (cddpctl status
+ * HOST:PORT --json): every positional, and everything after `--`, goes to
+ * pos[] in order (*npos of them). One more than maxpos is CDDP_EPARSE
+ * ("unexpected argument: X (see PROGRAM --help)", CDDP_FLAGS_EXTRA). The
+ * table's positionals setting is not read.
+ */
+int cddp_flags_scan_mixed(const struct cddp_flags *spec, int argc, char **argv,
+                          struct cddp_flag_seen *seen, const char **pos, int maxpos, int *npos,
+                          struct cddp_flags_problem *problem, char *err, size_t errlen);
 
 /* Fills what the command line left unset: the row's own variable, then the
  * prefixed one, then the default text. A boolean's variable must be an
@@ -133,6 +154,34 @@ struct cddp_flag_arg cddp_flags_arg(const struct cddp_flags *spec,
  * "NAME: invalid choice 'TEXT' (choose from A, B, C)". */
 int cddp_flag_choose(const struct cddp_flag_arg *a, const char *const *choices, char *err,
                      size_t errlen);
+
+/*
+ * Writes --help to out, every row of the table in it:
+ *
+ *     usage: PROGRAM [-h] [--version] [--flag METAVAR] ... USAGE_ARGS
+ *     <about>
+ *     options:
+ *       -h, --help            help
+ *       --flag METAVAR        help, at column 24 (on the next line when the
+ *                             spellings are longer)
+ *
+ *     <group>
+ *       ...
+ *     <epilogue>
+ *
+ * The usage line is wrapped at 80 columns, as argparse does; a row shows
+ * its short letter and one long spelling (of two, the one with dashes,
+ * torch 2.x's: --nproc-per-node). Rows are listed in table order, and a
+ * heading is written where the group changes, so a group's rows must be
+ * neighbours. A blank line comes before about, before each heading and
+ * before the epilogue; about and epilogue (NULL: none) are written as
+ * they are and should end with a newline.
+ */
+void cddp_flags_help(const struct cddp_flags *spec, const char *about, const char *epilogue,
+                     FILE *out);
+
+/* The long spelling --help shows for row f (see cddp_flags_help). */
+const char *cddp_flag_shown_name(const struct cddp_flag *f);
 
 /* The value of name in envp ("NAME=value"), or NULL. */
 const char *cddp_flags_getenv(char **envp, const char *name);

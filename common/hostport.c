@@ -1,6 +1,7 @@
 /* hostport.c: see hostport.h. */
 #include "common/hostport.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -63,6 +64,60 @@ int cddp_hostport_parse(const char *s, int default_port, struct cddp_hostport *o
     } else {
         out->port = default_port;
     }
+    return 0;
+}
+
+int cddp_hostport_parse_torchrun(const char *s, int default_port, struct cddp_hostport *out,
+                                 char *err, size_t errlen)
+{
+    char buf[512];
+    memset(out, 0, sizeof(*out));
+    if (cddp_strlcpy(buf, s, sizeof(buf)) >= sizeof(buf))
+        return cddp_fail(err, errlen, CDDP_ETOOBIG, "endpoint '%s' is too long", s);
+    char *e = cddp_strip(buf);
+    if (*e == '\0') {
+        cddp_strlcpy(out->host, "localhost", sizeof(out->host));
+        out->port = default_port;
+        return 0;
+    }
+    size_t n = strlen(e);
+    char *h = e, *p = NULL;
+    if (!(e[0] == '[' && e[n - 1] == ']')) {
+        char *colon = strrchr(e, ':');
+        if (colon) {
+            *colon = '\0';
+            p = colon + 1;
+        }
+    }
+    size_t hl = strlen(h);
+    if (hl > 1 && h[0] == '[' && h[hl - 1] == ']') {
+        h[hl - 1] = '\0';
+        h++;
+    }
+    out->port = default_port;
+    if (p) {
+        long v;
+        size_t pl = strlen(p);
+        bool digits = pl >= 1 && pl <= 5;
+        for (size_t i = 0; i < pl; i++)
+            digits &= isdigit((unsigned char)p[i]) != 0;
+        if (!digits || cddp_parse_long(p, 0, 65535, &v) != 0)
+            return cddp_fail(err, errlen, CDDP_EPARSE,
+                             "the port of endpoint '%s' must be an integer between 0 and 65536", s);
+        out->port = (int)v;
+        out->has_port = true;
+    }
+    /* torch's re.match(r"^[\w\.:-]+$", host), for ASCII. */
+    bool ok = *h != '\0';
+    for (const char *c = h; *c; c++)
+        ok &= isalnum((unsigned char)*c) || *c == '_' || *c == '.' || *c == ':' || *c == '-';
+    if (!ok)
+        return cddp_fail(err, errlen, CDDP_EPARSE,
+                         "the host of endpoint '%s' must be a host name, an IPv4 address or an "
+                         "IPv6 address",
+                         s);
+    if (cddp_strlcpy(out->host, h, sizeof(out->host)) >= sizeof(out->host))
+        return cddp_fail(err, errlen, CDDP_ETOOBIG, "the host of endpoint '%s' is too long", s);
     return 0;
 }
 

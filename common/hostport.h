@@ -1,7 +1,32 @@
 /*
- * hostport.h: "host[:port]" as torchrun's --rdzv_endpoint and --master_addr
- * take them: host names, IPv4, and IPv6 in brackets ("[::1]:29400"). A bare
- * IPv6 address without brackets is taken as a host with no port.
+ * hostport.h: "host[:port]" texts, in two dialects.
+ *
+ * cddp_hostport_parse is cddp's own (cddpctl's HOST:PORT, cddp-rdzv's
+ * --endpoint, etcd members): a bare IPv6 address is a host with no port.
+ * cddp_hostport_parse_torchrun copies torch's parse_rendezvous_endpoint
+ * (torch/distributed/elastic/rendezvous/utils.py), which cddprun uses for
+ * --rdzv_endpoint and --master_addr:--master_port so that every endpoint
+ * torchrun takes means the same here: it splits at the LAST colon
+ * (Python's rsplit(":", 1)) unless the whole text is in brackets.
+ *
+ * How they differ, with default_port D:
+ *
+ *     text              cddp_hostport_parse       cddp_hostport_parse_torchrun
+ *     host              host, D                   host, D
+ *     host:port         host, port                host, port
+ *     [::1]:29400       ::1, 29400                ::1, 29400
+ *     [::1]             ::1, D                    ::1, D
+ *     ::1               ::1, D (two colons or     ":", 1 (the last colon splits:
+ *                       more: all of it a host)   host ":" and port 1)
+ *     ::1:29400         "::1:29400", D            ::1, 29400
+ *     "" or " h:1 "     an error (empty host;     localhost, D; h, 1 (torch strips
+ *                       spaces are not removed)   whitespace first)
+ *     bad_host!:1       host "bad_host!", 1       an error: a host is letters,
+ *                                                 digits and _ . : - only
+ *     h:+1              h, 1 (strtol)             an error: 1-5 digits only
+ *
+ * What a bare "::1" endpoint should mean to cddprun is not settled; both
+ * keep the behaviour of the code they came from.
  */
 #ifndef CDDP_COMMON_HOSTPORT_H
 #define CDDP_COMMON_HOSTPORT_H
@@ -19,6 +44,16 @@ struct cddp_hostport {
  * or CDDP_ERANGE_ARG and writes a one-line reason into err. */
 int cddp_hostport_parse(const char *s, int default_port, struct cddp_hostport *out, char *err,
                         size_t errlen);
+
+/* torch's parse_rendezvous_endpoint (the table above): whitespace is
+ * stripped; empty is "localhost" and default_port; "[v6]" or "[v6]:port"
+ * in brackets; otherwise the last colon splits host and port. The port is
+ * 1-5 digits in 0..65535; a missing port is default_port (has_port false).
+ * On error returns CDDP_EPARSE or CDDP_ETOOBIG with one line in err that
+ * names the endpoint ("the port of endpoint 'h:x' must be ..."); callers
+ * prefix the flag. */
+int cddp_hostport_parse_torchrun(const char *s, int default_port, struct cddp_hostport *out,
+                                 char *err, size_t errlen);
 
 /* The status port's value (--status-port, CDDP_STATUS_PORT; cddprun and
  * cddp-rdzv): a port number, 0 for any free one. NULL or "" (an empty

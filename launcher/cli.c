@@ -9,9 +9,14 @@
  * prefixes, -r3 / -r 3 / -r=3, -m combined with other short flags) and
  * records the raw text of each flag and where it came from; then the
  * environment and the defaults fill in the rest and the converters run in
- * table order, so an error names exactly what the user wrote. Adding a
- * flag is one row (and a converter when it is more than an int, a double,
- * a string or a choice).
+ * table order, so an error names exactly what the user wrote. --help is
+ * written from the same rows (cddp_flags_help), so a flag cannot be left
+ * out of it. Adding a flag is one row with its help text (and a converter
+ * when it is more than an int, a double, a string or a choice).
+ *
+ * Beside it: validate.c (launch_validate: what this build can honour, and
+ * where the rendezvous is), resolve.c (launch_resolve: the worker command)
+ * and slurm.c (flag texts from a Slurm allocation).
  */
 #include "launcher/cli.h"
 
@@ -21,27 +26,27 @@
 #include <stdio.h>
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
 #include "common/errors.h"
 #include "common/flags.h"
-#include "common/hostport.h"
+#include "common/hostport.h" /* cddp_status_port_parse */
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "common/uuid.h"
 #include "launcher/slurm.h"
 #include "rendezvous/conf.h"
 
 /* Row indexes of the flags table, for what launch_parse reads after the
  * conversion (whether a flag was given, where it came from). */
 enum flag_id {
+    F_HELP,
+    F_VERSION,
     F_NNODES,
     F_NPROC_PER_NODE,
     F_RDZV_BACKEND,
@@ -68,6 +73,10 @@ enum flag_id {
     F_LOGS_SPECS,
     F_NUMA_BINDING,
     F_SIGNALS_TO_HANDLE,
+    F_DUP_STDOUT_FILTERS,
+    F_DUP_STDERR_FILTERS,
+    F_SHUTDOWN_TIMEOUT,
+    F_VIRTUAL_LOCAL_RANK,
     F_STATUS_PORT,
     F_STATUS_ADDR,
     F_STATUS_LINGER,
@@ -80,12 +89,6 @@ enum flag_id {
     F_MAX_NO_PROGRESS_RESTARTS,
     F_NO_IFNAME,
     F_NO_SLURM,
-    F_DUP_STDOUT_FILTERS,
-    F_DUP_STDERR_FILTERS,
-    F_SHUTDOWN_TIMEOUT,
-    F_VIRTUAL_LOCAL_RANK,
-    F_HELP,
-    F_VERSION,
     F_COUNT,
 };
 
@@ -530,103 +533,195 @@ static const char *const numa_modes[] = {"node", "socket", "exclusive", "core-co
 #define AT(field) offsetof(struct launch_config, field)
 #define CUSTOM(fn) .kind = CDDP_FLAG_CUSTOM, .convert = fn
 #define PET .prefixed_env = true
+#define STATUS "status port (cddp's own; docs/status.md):"
+#define STORE "the workers' store (cddp's own; docs/torchrun-compat.md):"
+#define WATCHDOG "progress watchdog (cddp's own; docs/cli.md):"
+#define IFNAME "network interface (cddp's own; docs/multi-node.md, \"Network interfaces\"):"
+#define SLURM                                                                                      \
+    "Slurm (cddp's own; docs/slurm.md): inside an srun step, flags left unset come from\n"         \
+    "SLURM_*: --nnodes, --node-rank, --rdzv-backend=c10d, --rdzv-endpoint (the first\n"            \
+    "host, port 29400 + (job + step) % 1000), --rdzv-id JOB.STEP, --nproc-per-node\n"              \
+    "(GPUs, else tasks per node) and SIGUSR1,SIGUSR2 among the signals"
 
-/* torchrun's flags, in its --help order; the name is the underscore
- * spelling (what errors and PET_<NAME> use), the alias torch 2.x's dashed
- * one. Every flag except --logs_specs and --numa_binding takes PET_<NAME>
- * as a default (torchrun's action=env/check_env); cddp's own status flags
- * read CDDP_STATUS_* before that (the specific name wins over the generic
- * one). The converters run in this order. */
+/* torchrun's flags, in its --help order, then cddp's own; --help lists
+ * them in this order (cddp_flags_help), so every flag is in it. The name
+ * is the underscore spelling (what errors and PET_<NAME> use), the alias
+ * torch 2.x's dashed one, which --help shows. Every flag except
+ * --logs_specs and --numa_binding takes PET_<NAME> as a default
+ * (torchrun's action=env/check_env); cddp's own read CDDP_* before that
+ * (the specific name wins over the generic one). The converters run in
+ * this order. */
 static const struct cddp_flag flag_rows[F_COUNT] = {
-    [F_NNODES] = {"--nnodes", NULL, 0, CUSTOM(conv_nnodes), PET, .defval = "1:1"},
+    [F_HELP] = {"--help", NULL, 'h', CDDP_FLAG_ACTION, .help = "show this help and exit"},
+    [F_VERSION] = {"--version", NULL, 0, CDDP_FLAG_ACTION, .help = "print the version and exit"},
+    [F_NNODES] = {"--nnodes", NULL, 0, CUSTOM(conv_nnodes), PET, .defval = "1:1",
+                  .help = "N or MIN:MAX nodes (default 1:1; MIN:MAX needs c10d)"},
     [F_NPROC_PER_NODE] = {"--nproc_per_node", "--nproc-per-node", 0, CUSTOM(conv_nproc), PET,
-                          .defval = "1"},
+                          .defval = "1", .metavar = "N",
+                          .help = "workers per node: an integer, cpu, gpu or auto (default 1)"},
     [F_RDZV_BACKEND] = {"--rdzv_backend", "--rdzv-backend", 0, CDDP_FLAG_CHOICE, AT(rdzv_backend),
-                        PET, .defval = "static", .choices = backends},
+                        PET, .defval = "static", .choices = backends, .metavar = "NAME",
+                        .help = "static (default: fixed node ranks), c10d (elastic, cddp's\n"
+                                "rendezvous) or etcd-v3 (etcd and etcd-v2 name it). Unset,\n"
+                                "several nodes without --node-rank, or MIN:MAX, are c10d"},
     [F_RDZV_ENDPOINT] = {"--rdzv_endpoint", "--rdzv-endpoint", 0, CDDP_FLAG_STRING,
-                         AT(rdzv_endpoint), PET, .defval = ""},
+                         AT(rdzv_endpoint), PET, .defval = "", .metavar = "H:P",
+                         .help = "c10d: the rendezvous server (default port 29400; the agent\n"
+                                 "on that host serves it unless cddp-rdzv does); static:\n"
+                                 "the master address"},
     [F_RDZV_ID] = {"--rdzv_id", "--rdzv-id", 0, CDDP_FLAG_STRING, AT(rdzv_id), PET,
-                   .defval = "none"},
-    [F_RDZV_CONF] = {"--rdzv_conf", "--rdzv-conf", 0, CUSTOM(conv_rdzv_conf), PET, .defval = ""},
-    [F_STANDALONE] = {"--standalone", NULL, 0, CDDP_FLAG_BOOL, AT(standalone), PET},
+                   .defval = "none", .metavar = "ID",
+                   .help = "run id, TORCHELASTIC_RUN_ID (default none)"},
+    [F_RDZV_CONF] = {"--rdzv_conf", "--rdzv-conf", 0, CUSTOM(conv_rdzv_conf), PET, .defval = "",
+                     .metavar = "K=V,...",
+                     .help = "rendezvous options (join_timeout, last_call_timeout,\n"
+                             "keep_alive_interval, is_host, timeout, token, ...)"},
+    [F_STANDALONE] = {"--standalone", NULL, 0, CDDP_FLAG_BOOL, AT(standalone), PET,
+                      .help = "single node: an in-process rendezvous on 127.0.0.1, a free\n"
+                              "MASTER_PORT and a random run id"},
     [F_MAX_RESTARTS] = {"--max_restarts", "--max-restarts", 0, CDDP_FLAG_INT, AT(max_restarts), PET,
-                        .defval = "0", .min = 0, .max = 1000000000, .what = "an integer >= 0"},
+                        .defval = "0", .min = 0, .max = 1000000000, .what = "an integer >= 0",
+                        .metavar = "N", .help = "worker group restarts after failures (default 0)"},
     [F_MONITOR_INTERVAL] = {"--monitor_interval", "--monitor-interval", 0, CDDP_FLAG_DOUBLE,
                             AT(monitor_interval), PET, .defval = "0.1", .min = 0, .max = 86400,
-                            .what = "a number of seconds >= 0"},
+                            .what = "a number of seconds >= 0", .metavar = "S",
+                            .help = "accepted for compatibility; exits are seen as they happen"},
     [F_START_METHOD] = {"--start_method", "--start-method", 0, CDDP_FLAG_CHOICE, AT(start_method),
-                        PET, .defval = "spawn", .choices = methods},
+                        PET, .defval = "spawn", .choices = methods,
+                        .help = "accepted; torchrun uses it for --run-path only"},
     [F_EVENT_LOG_HANDLER] = {"--event_log_handler", "--event-log-handler", 0,
-                             CUSTOM(conv_event_log_handler), PET, .defval = "null"},
-    [F_ROLE] = {"--role", NULL, 0, CDDP_FLAG_STRING, AT(role), PET, .defval = "default"},
-    [F_MODULE] = {"--module", NULL, 'm', CDDP_FLAG_BOOL, AT(module), PET},
-    [F_NO_PYTHON] = {"--no_python", "--no-python", 0, CDDP_FLAG_BOOL, AT(no_python), PET},
-    [F_RUN_PATH] = {"--run_path", "--run-path", 0, CDDP_FLAG_BOOL, AT(run_path), PET},
-    [F_LOG_DIR] = {"--log_dir", "--log-dir", 0, CUSTOM(conv_log_dir), PET},
+                             CUSTOM(conv_event_log_handler), PET, .defval = "null", .metavar = "H",
+                             .help = "null (default) or dynamic_rendezvous"},
+    [F_ROLE] = {"--role", NULL, 0, CDDP_FLAG_STRING, AT(role), PET, .defval = "default",
+                .help = "ROLE_NAME and the log prefix (default 'default')"},
+    [F_MODULE] = {"--module", NULL, 'm', CDDP_FLAG_BOOL, AT(module), PET,
+                  .help = "run training_script as a module: python3 -u -m"},
+    [F_NO_PYTHON] = {"--no_python", "--no-python", 0, CDDP_FLAG_BOOL, AT(no_python), PET,
+                     .help = "run training_script directly, not through python3"},
+    [F_RUN_PATH] = {"--run_path", "--run-path", 0, CDDP_FLAG_BOOL, AT(run_path), PET,
+                    .help = "run training_script with runpy.run_path, recording errors"},
+    [F_LOG_DIR] = {"--log_dir", "--log-dir", 0, CUSTOM(conv_log_dir), PET, .metavar = "DIR",
+                   .help = "base log directory (default: a new torchelastic_* temp dir)"},
     [F_REDIRECTS] = {"--redirects", NULL, 'r', CUSTOM(conv_std), .offset = AT(redirects), PET,
-                     .defval = "0"},
-    [F_TEE] = {"--tee", NULL, 't', CUSTOM(conv_std), .offset = AT(tee), PET, .defval = "0"},
+                     .defval = "0", .metavar = "STD",
+                     .help = "streams to files: 0 none, 1 out, 2 err, 3 both, or 0:1,1:2"},
+    [F_TEE] = {"--tee", NULL, 't', CUSTOM(conv_std), .offset = AT(tee), PET, .defval = "0",
+               .metavar = "STD", .help = "as --redirects, and also to the console with [role<n>]:"},
     [F_LOCAL_RANKS_FILTER] = {"--local_ranks_filter", "--local-ranks-filter", 0,
-                              CUSTOM(conv_ranks_filter), PET, .defval = ""},
+                              CUSTOM(conv_ranks_filter), PET, .defval = "", .metavar = "L",
+                              .help = "show only these local ranks on the console (0,1,...)"},
     [F_NODE_RANK] = {"--node_rank", "--node-rank", 0, CDDP_FLAG_INT, AT(node_rank), PET,
-                     .defval = "0", .min = 0, .max = 1000000, .what = "an integer >= 0"},
+                     .defval = "0", .min = 0, .max = 1000000, .what = "an integer >= 0",
+                     .metavar = "N", .help = "this node's rank (static backend; default 0)"},
     [F_MASTER_ADDR] = {"--master_addr", "--master-addr", 0, CUSTOM(conv_master_addr), PET,
-                       .defval = "127.0.0.1"},
+                       .defval = "127.0.0.1", .metavar = "ADDR",
+                       .help = "MASTER_ADDR (static backend; default 127.0.0.1)"},
     [F_MASTER_PORT] = {"--master_port", "--master-port", 0, CDDP_FLAG_INT, AT(master_port), PET,
-                       .defval = "29500", .min = 1, .max = 65535, .what = "a port (1-65535)"},
-    [F_LOCAL_ADDR] = {"--local_addr", "--local-addr", 0, CDDP_FLAG_STRING, AT(local_addr), PET},
-    [F_LOGS_SPECS] = {"--logs_specs", "--logs-specs", 0, CDDP_FLAG_STRING, AT(logs_specs)},
+                       .defval = "29500", .min = 1, .max = 65535, .what = "a port (1-65535)",
+                       .metavar = "PORT", .help = "MASTER_PORT (static backend; default 29500)"},
+    [F_LOCAL_ADDR] = {"--local_addr", "--local-addr", 0, CDDP_FLAG_STRING, AT(local_addr), PET,
+                      .metavar = "ADDR",
+                      .help = "this node's address as the others reach it (MASTER_ADDR\n"
+                              "when this node is node 0)"},
+    [F_LOGS_SPECS] = {"--logs_specs", "--logs-specs", 0, CDDP_FLAG_STRING, AT(logs_specs),
+                      .metavar = "NAME",
+                      .help = "torchrun plugin; refused (cddprun has no Python plugins)"},
     [F_NUMA_BINDING] = {"--numa_binding", "--numa-binding", 0, CDDP_FLAG_CHOICE, AT(numa_binding),
-                        .choices = numa_modes},
+                        .choices = numa_modes, .metavar = "MODE",
+                        .help = "node, socket, exclusive or core-complex: bind each worker's\n"
+                                "CPUs and memory near its GPU (sysfs; one NUMA node: none)"},
     [F_SIGNALS_TO_HANDLE] = {"--signals_to_handle", "--signals-to-handle", 0, CUSTOM(conv_signals),
-                             PET, .defval = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
-    /* cddp's own: the status port (docs/status.md). */
+                             PET, .defval = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", .metavar = "L",
+                             .help = "signals forwarded to the workers\n"
+                                     "(default SIGTERM,SIGINT,SIGHUP,SIGQUIT)"},
+    /* torchrun's newest flags (run.py on main). */
+    [F_DUP_STDOUT_FILTERS] = {"--duplicate_stdout_filters", "--duplicate-stdout-filters", 0,
+                              CUSTOM(conv_dup_filters), .offset = 0, PET, .defval = "",
+                              .metavar = "L",
+                              .help = "copy teed lines holding any of these (,,: a comma) to\n"
+                                      "attempt_N/filtered_stdout.log"},
+    [F_DUP_STDERR_FILTERS] = {"--duplicate_stderr_filters", "--duplicate-stderr-filters", 0,
+                              CUSTOM(conv_dup_filters), .offset = 1, PET, .defval = "",
+                              .metavar = "L",
+                              .help = "the same for stderr, to attempt_N/filtered_stderr.log"},
+    [F_SHUTDOWN_TIMEOUT] = {"--shutdown_timeout", "--shutdown-timeout", 0,
+                            CUSTOM(conv_shutdown_timeout), PET, .metavar = "S",
+                            .help = "seconds from SIGTERM to SIGKILL (beats\n"
+                                    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT; default 30)"},
+    [F_VIRTUAL_LOCAL_RANK] = {"--virtual_local_rank", "--virtual-local-rank", 0, CDDP_FLAG_BOOL,
+                              AT(virtual_local_rank), PET,
+                              .help = "LOCAL_RANK=0 and one CUDA_VISIBLE_DEVICES entry per\n"
+                                      "worker"},
     [F_STATUS_PORT] = {"--status_port", "--status-port", 0, CUSTOM(conv_status_port),
-                       .env = "CDDP_STATUS_PORT", PET},
+                       .env = "CDDP_STATUS_PORT", PET, .metavar = "PORT", .group = STATUS,
+                       .help = "serve /livez /readyz /status /metrics over HTTP on PORT\n"
+                               "(env CDDP_STATUS_PORT; 0 picks a free port and logs it;\n"
+                               "default off)"},
     [F_STATUS_ADDR] = {"--status_addr", "--status-addr", 0, CUSTOM(conv_status_addr),
-                       .env = "CDDP_STATUS_ADDR", PET, .defval = "127.0.0.1"},
+                       .env = "CDDP_STATUS_ADDR", PET, .defval = "127.0.0.1", .metavar = "ADDR",
+                       .group = STATUS,
+                       .help = "listen address (env CDDP_STATUS_ADDR; default 127.0.0.1;\n"
+                               "0.0.0.0 for Kubernetes probes and Prometheus)"},
     [F_STATUS_LINGER] = {"--status_linger", "--status-linger", 0, CDDP_FLAG_DOUBLE,
                          AT(status_linger_s), .env = "CDDP_STATUS_LINGER", PET, .defval = "0",
-                         .min = 0, .max = 86400, .what = "a number of seconds (0-86400)"},
-    /* cddp's own: whether node 0's agent hosts the workers' TCPStore. */
+                         .min = 0, .max = 86400, .what = "a number of seconds (0-86400)",
+                         .metavar = "S", .group = STATUS,
+                         .help = "after the run, keep serving its final status up to S\n"
+                                 "seconds (env CDDP_STATUS_LINGER; default 0)"},
     [F_AGENT_STORE] = {"--agent_store", "--agent-store", 0, CUSTOM(conv_agent_store),
-                       .env = "CDDP_AGENT_STORE", PET, .defval = "true"},
-    /* cddp's own: the progress watchdog (docs/cli.md). */
+                       .env = "CDDP_AGENT_STORE", PET, .defval = "true", .metavar = "B",
+                       .group = STORE,
+                       .help = "true (default): node 0's agent serves a TCPStore on\n"
+                               "MASTER_ADDR:MASTER_PORT, a fresh one each round, and the\n"
+                               "workers get TORCHELASTIC_USE_AGENT_STORE=True (torchrun 2.x);\n"
+                               "false: the workers' rank 0 serves it (False)\n"
+                               "(env CDDP_AGENT_STORE, PET_AGENT_STORE)"},
     [F_WATCHDOG_TIMEOUT] = {"--watchdog_timeout", "--watchdog-timeout", 0,
                             CUSTOM(conv_watchdog_timeout), .env = "CDDP_WATCHDOG_TIMEOUT", PET,
-                            .defval = "off"},
+                            .defval = "off", .metavar = "T", .group = WATCHDOG,
+                            .help = "off (default), SECONDS, or auto: a worker that wrote a\n"
+                                    "progress line and then none for T is hung; the group\n"
+                                    "restarts (counts against --max-restarts)"},
     [F_WATCHDOG_INITIAL] = {"--watchdog_initial", "--watchdog-initial", 0,
                             CUSTOM(conv_watchdog_initial), .env = "CDDP_WATCHDOG_INITIAL", PET,
-                            .defval = "off"},
+                            .defval = "off", .metavar = "S", .group = WATCHDOG,
+                            .help = "also before a worker's first line, from its start\n"
+                                    "(default off)"},
     [F_WATCHDOG_WARMUP] = {"--watchdog_warmup", "--watchdog-warmup", 0, CDDP_FLAG_INT,
                            AT(watchdog_warmup), .env = "CDDP_WATCHDOG_WARMUP", PET, .defval = "5",
-                           .min = 1, .max = 1000000, .what = "an integer >= 1"},
+                           .min = 1, .max = 1000000, .what = "an integer >= 1", .metavar = "N",
+                           .group = WATCHDOG,
+                           .help = "auto: lines before the timeout is learned (default 5)"},
     [F_WATCHDOG_SAFETY] = {"--watchdog_safety", "--watchdog-safety", 0, CDDP_FLAG_DOUBLE,
                            AT(watchdog_safety), .env = "CDDP_WATCHDOG_SAFETY", PET, .defval = "5",
-                           .min = 1, .max = 1000, .what = "a number in [1, 1000]"},
+                           .min = 1, .max = 1000, .what = "a number in [1, 1000]", .metavar = "X",
+                           .group = WATCHDOG,
+                           .help = "auto: timeout = longest interval x X (default 5), within\n"
+                                   "the floor .. 3600 s"},
     [F_WATCHDOG_FLOOR] = {"--watchdog_floor", "--watchdog-floor", 0, CDDP_FLAG_DOUBLE,
                           AT(watchdog_floor), .env = "CDDP_WATCHDOG_FLOOR", PET, .defval = "60",
-                          .min = 1, .max = 3600, .what = "a number of seconds in [1, 3600]"},
+                          .min = 1, .max = 3600, .what = "a number of seconds in [1, 3600]",
+                          .metavar = "S", .group = WATCHDOG,
+                          .help = "auto: the least learned timeout (default 60 s, at\n"
+                                  "least 1 s), so a pause between steps (an evaluation,\n"
+                                  "a checkpoint) is not taken for a hang"},
     [F_MAX_NO_PROGRESS_RESTARTS] = {"--max_no_progress_restarts", "--max-no-progress-restarts", 0,
                                     CDDP_FLAG_INT, AT(max_no_progress_restarts),
                                     .env = "CDDP_MAX_NO_PROGRESS_RESTARTS", PET, .defval = "0",
-                                    .min = 0, .max = 1000000000, .what = "an integer >= 0"},
-    /* cddp's own: the workers' network interface (agent/ifname.h). */
+                                    .min = 0, .max = 1000000000, .what = "an integer >= 0",
+                                    .metavar = "N", .group = WATCHDOG,
+                                    .help = "stop the job (exit 1) when N restarts in a row\n"
+                                            "fail before any worker reports a step beyond the\n"
+                                            "best seen before them (default 0: off)"},
+    /* agent/ifname.h */
     [F_NO_IFNAME] = {"--no_ifname", "--no-ifname", 0, CDDP_FLAG_BOOL, AT(no_ifname),
-                     .env = "CDDP_NO_IFNAME", PET},
-    /* cddp's own: do not read Slurm's environment (launcher/slurm.h, docs/slurm.md). */
-    [F_NO_SLURM] = {"--no_slurm", "--no-slurm", 0, CDDP_FLAG_ACTION, .env = "CDDP_NO_SLURM", PET},
-    /* torchrun's newest flags (run.py on main). */
-    [F_DUP_STDOUT_FILTERS] = {"--duplicate_stdout_filters", "--duplicate-stdout-filters", 0,
-                              CUSTOM(conv_dup_filters), .offset = 0, PET, .defval = ""},
-    [F_DUP_STDERR_FILTERS] = {"--duplicate_stderr_filters", "--duplicate-stderr-filters", 0,
-                              CUSTOM(conv_dup_filters), .offset = 1, PET, .defval = ""},
-    [F_SHUTDOWN_TIMEOUT] = {"--shutdown_timeout", "--shutdown-timeout", 0,
-                            CUSTOM(conv_shutdown_timeout), PET},
-    [F_VIRTUAL_LOCAL_RANK] = {"--virtual_local_rank", "--virtual-local-rank", 0, CDDP_FLAG_BOOL,
-                              AT(virtual_local_rank), PET},
-    [F_HELP] = {"--help", NULL, 'h', CDDP_FLAG_ACTION},
-    [F_VERSION] = {"--version", NULL, 0, CDDP_FLAG_ACTION},
+                     .env = "CDDP_NO_IFNAME", PET, .group = IFNAME,
+                     .help = "do not set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for the\n"
+                             "workers, nor publish the chosen interface's address as\n"
+                             "MASTER_ADDR (env CDDP_NO_IFNAME; torchrun's behaviour)"},
+    /* launcher/slurm.h */
+    [F_NO_SLURM] = {"--no_slurm", "--no-slurm", 0, CDDP_FLAG_ACTION, .env = "CDDP_NO_SLURM", PET,
+                    .group = SLURM, .help = "do not read SLURM_* (env CDDP_NO_SLURM=1)"},
 };
 
 static const struct cddp_flags launch_flags = {
@@ -637,26 +732,45 @@ static const struct cddp_flags launch_flags = {
     .positionals = true,
     .name_as_typed = true,
     .env_prefix = "PET_",
+    .usage_args = "training_script ...",
 };
 
-/* A version 4 UUID, as torchrun's uuid4() for --standalone run ids. */
-static void make_uuid4(char out[37])
+const struct cddp_flags *launch_flags_table(void)
 {
-    unsigned char b[16];
-    if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b)) {
-        /* getrandom cannot fail for 16 bytes once the pool is ready; be safe anyway. */
-        uint64_t t = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull;
-        for (size_t i = 0; i < sizeof(b); i++)
-            b[i] = (unsigned char)(t >> ((i % 8) * 8)) ^ (unsigned char)i;
-    }
-    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
-    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
-    snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-             b[14], b[15]);
+    return &launch_flags;
 }
 
-static char standalone_run_id[37];
+/* --help around the table's rows (cddp_flags_help). */
+static const char help_about[] =
+    "cddprun: torchrun's launcher and elastic agent, in C. Starts NPROC_PER_NODE copies\n"
+    "of training_script with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
+    "MASTER_ADDR, MASTER_PORT, ...), restarts the whole group when a worker fails\n"
+    "(up to --max-restarts), and never leaves a worker behind.\n"
+    "\n"
+    "Every flag takes both spellings (--nproc-per-node, --nproc_per_node) and, except\n"
+    "--logs-specs and --numa-binding, a default from PET_<NAME> (PET_NPROC_PER_NODE).\n"
+    "\n"
+    "positional arguments:\n"
+    "  training_script       a .py file (run as python3 -u, PYTHON_EXEC overrides),\n"
+    "                        a module with -m, or an executable; then its arguments\n";
+
+static const char help_epilogue[] =
+    "Environment: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
+    "(seconds between SIGTERM and SIGKILL, default 30), PYTHON_EXEC, OMP_NUM_THREADS,\n"
+    "TORCHELASTIC_ERROR_FILE, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, CDDP_RDZV_TOKEN\n"
+    "(the rendezvous's join token, when --rdzv_conf has no token=),\n"
+    "CDDP_EXIT_BARRIER_TIMEOUT (seconds, default 300).\n"
+    "Workers also get CDDP_PROGRESS_FD, a pipe for progress lines (docs/status.md).\n"
+    "Exit status: 0 success, 1 the workers failed, 2 bad usage, 128+N stopped by signal N.\n"
+    "See docs/cli.md, docs/multi-node.md and docs/torchrun-compat.md.\n";
+
+void launch_print_help(FILE *out)
+{
+    cddp_flags_help(&launch_flags, help_about, help_epilogue, out);
+}
+
+/* torchrun's uuid4() for --standalone run ids; cfg->rdzv_id points here. */
+static char standalone_run_id[CDDP_UUID_STR_SIZE];
 
 /* A duration in seconds from the environment variable var, into *ms (which
  * keeps its default when var is unset or empty). */
@@ -670,6 +784,31 @@ static int env_seconds(char **envp, const char *var, double max, const char *wha
     if (cddp_parse_double(v, 0, max, &secs) != 0)
         return cddp_fail(err, errlen, CDDP_EPARSE, "%s='%s' is not %s", var, v, what);
     *ms = (uint64_t)(secs * 1000.0 + 0.5);
+    return 0;
+}
+
+/* What torchrun reads from its environment besides PET_*:
+ * TORCH_ELASTIC_SHUTDOWN_TIMEOUT (seconds from the stop signal to SIGKILL,
+ * unless --shutdown_timeout), CDDP_EXIT_BARRIER_TIMEOUT (torch's
+ * exit_barrier_timeout, 300 s, which torchrun hard-codes), the log line
+ * prefix template and the error file. */
+static int read_environment(struct launch_config *cfg, char **envp, char *err, size_t errlen)
+{
+    int rc;
+    if (!cfg->shutdown_timeout_set)
+        cfg->shutdown_timeout_ms = 30000;
+    cfg->exit_barrier_timeout_ms = 300000;
+    if ((!cfg->shutdown_timeout_set &&
+         (rc = env_seconds(envp, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 86400.0 * 365,
+                           "a number of seconds >= 0", &cfg->shutdown_timeout_ms, err, errlen))) ||
+        (rc = env_seconds(envp, "CDDP_EXIT_BARRIER_TIMEOUT", 86400.0 * 7,
+                          "a number of seconds in [0, 604800]", &cfg->exit_barrier_timeout_ms, err,
+                          errlen)))
+        return rc;
+    cfg->prefix_template = cddp_flags_getenv(envp, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+    cfg->error_file = cddp_flags_getenv(envp, "TORCHELASTIC_ERROR_FILE");
+    if (cfg->error_file && cfg->error_file[0] == '\0')
+        cfg->error_file = NULL;
     return 0;
 }
 
@@ -749,27 +888,12 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
     cfg->watchdog.safety = cfg->watchdog_safety;
     cfg->watchdog.floor_ms = (uint64_t)(cfg->watchdog_floor * 1000.0 + 0.5);
 
-    /* TORCH_ELASTIC_SHUTDOWN_TIMEOUT: seconds from the stop signal to SIGKILL;
-     * CDDP_EXIT_BARRIER_TIMEOUT: torch's exit_barrier_timeout (300 s), which
-     * torchrun hard-codes. */
-    if (!cfg->shutdown_timeout_set)
-        cfg->shutdown_timeout_ms = 30000;
-    cfg->exit_barrier_timeout_ms = 300000;
-    if ((!cfg->shutdown_timeout_set &&
-         (rc = env_seconds(envp, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 86400.0 * 365,
-                           "a number of seconds >= 0", &cfg->shutdown_timeout_ms, err, errlen))) ||
-        (rc = env_seconds(envp, "CDDP_EXIT_BARRIER_TIMEOUT", 86400.0 * 7,
-                          "a number of seconds in [0, 604800]", &cfg->exit_barrier_timeout_ms, err,
-                          errlen)))
+    if ((rc = read_environment(cfg, envp, err, errlen)) != 0)
         return rc;
-    cfg->prefix_template = cddp_flags_getenv(envp, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
-    cfg->error_file = cddp_flags_getenv(envp, "TORCHELASTIC_ERROR_FILE");
-    if (cfg->error_file && cfg->error_file[0] == '\0')
-        cfg->error_file = NULL;
 
     if (cfg->standalone) {
         /* run.py: --standalone overrides the backend, endpoint and id. */
-        make_uuid4(standalone_run_id);
+        cddp_uuid4_str(standalone_run_id);
         cfg->rdzv_backend = "c10d";
         cfg->rdzv_endpoint = "localhost:0";
         cfg->rdzv_id = standalone_run_id;
@@ -804,383 +928,6 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
                 "lists %d device%s (each worker needs its own)",
                 cfg->nproc_per_node, cvd, entries, entries == 1 ? "" : "s");
     }
-    return 0;
-}
-
-int launch_parse_endpoint(const char *endpoint, int default_port, char *host, size_t hostlen,
-                          int *port, char *err, size_t errlen)
-{
-    char buf[512];
-    if (cddp_strlcpy(buf, endpoint, sizeof(buf)) >= sizeof(buf))
-        return cddp_fail(err, errlen, CDDP_ETOOBIG, "endpoint '%s' is too long", endpoint);
-    char *e = cddp_strip(buf);
-    if (*e == '\0') {
-        cddp_strlcpy(host, "localhost", hostlen);
-        *port = default_port;
-        return 0;
-    }
-    size_t n = strlen(e);
-    char *h = e, *p = NULL;
-    if (!(e[0] == '[' && e[n - 1] == ']')) {
-        char *colon = strrchr(e, ':');
-        if (colon) {
-            *colon = '\0';
-            p = colon + 1;
-        }
-    }
-    size_t hl = strlen(h);
-    if (hl > 1 && h[0] == '[' && h[hl - 1] == ']') {
-        h[hl - 1] = '\0';
-        h++;
-    }
-    if (p) {
-        long v;
-        size_t pl = strlen(p);
-        bool digits = pl >= 1 && pl <= 5;
-        for (size_t i = 0; i < pl; i++)
-            digits &= isdigit((unsigned char)p[i]) != 0;
-        if (!digits || cddp_parse_long(p, 0, 65535, &v) != 0)
-            return cddp_fail(err, errlen, CDDP_EPARSE,
-                             "the port of endpoint '%s' must be an integer between 0 and 65536",
-                             endpoint);
-        *port = (int)v;
-    } else {
-        *port = default_port;
-    }
-    bool ok = *h != '\0';
-    for (const char *c = h; *c; c++)
-        ok &= isalnum((unsigned char)*c) || *c == '_' || *c == '.' || *c == ':' || *c == '-';
-    if (!ok)
-        return cddp_fail(
-            err, errlen, CDDP_EPARSE,
-            "the host of endpoint '%s' must be a host name, an IPv4 address or an IPv6 "
-            "address",
-            endpoint);
-    if (cddp_strlcpy(host, h, hostlen) >= hostlen)
-        return cddp_fail(err, errlen, CDDP_ETOOBIG, "the host of endpoint '%s' is too long",
-                         endpoint);
-    return 0;
-}
-
-int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
-{
-    /* --status_linger keeps the status port serving after the run: without a
-     * port it can do nothing. Typed on the command line that is a mistake;
-     * from a variable (an environment shared by runs, some with the port
-     * off) it is dropped, and cddprun warns once. */
-    if (cfg->status_linger_s > 0 && cfg->status_port < 0) {
-        const char *src = cfg->status_linger_src ? cfg->status_linger_src : "--status_linger";
-        if (src[0] == '-')
-            return cddp_fail(err, errlen, CDDP_ECONFIG,
-                             "%s=%s needs --status_port: without a status port there is no status "
-                             "to keep serving",
-                             src, cfg->status_linger_arg);
-        cfg->status_linger_s = 0;
-        cfg->status_linger_ignored = true;
-    }
-    if (cfg->logs_specs)
-        return cddp_fail(err, errlen, CDDP_ECONFIG,
-                         "--logs_specs=%s: logs_specs plugins are Python entry points; cddprun has "
-                         "none (its logs follow torchrun's default layout)",
-                         cfg->logs_specs);
-    if (cfg->standalone) {
-        if (cfg->nnodes_max > 1)
-            return cddp_fail(err, errlen, CDDP_ECONFIG,
-                             "--standalone runs one node, but --nnodes=%s: give the nodes a "
-                             "rendezvous with --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT",
-                             cfg->nnodes_arg);
-        cddp_strlcpy(cfg->rdzv_host, "127.0.0.1", sizeof(cfg->rdzv_host));
-        cfg->rdzv_port = 0;
-        return 0;
-    }
-    /* torchrun's default backend is static, which makes every node rank 0
-     * when no --node_rank is given and ignores MIN of MIN:MAX: nobody asks
-     * for that. Without --rdzv_backend such a run is elastic: c10d. */
-    if (!cfg->rdzv_backend_set &&
-        (cfg->nnodes_min != cfg->nnodes_max || (cfg->nnodes_max > 1 && !cfg->node_rank_set)))
-        cfg->rdzv_backend = "c10d";
-    if (strncmp(cfg->rdzv_backend, "etcd", 4) == 0) {
-        /* etcd-v3 (etcd and etcd-v2 name it, with a notice from the agent):
-         * one or more members, "h1:2379,h2:2379" (docs/etcd.md). */
-        if (cfg->rdzv_endpoint[0] == '\0')
-            return cddp_fail(err, errlen, CDDP_ECONFIG,
-                             "--rdzv_backend=%s needs --rdzv_endpoint=HOST:PORT[,HOST:PORT...] "
-                             "(the etcd members)",
-                             cfg->rdzv_backend);
-        char copy[1024];
-        if (strlen(cfg->rdzv_endpoint) >= sizeof(copy))
-            return cddp_fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: too long");
-        cddp_strlcpy(copy, cfg->rdzv_endpoint, sizeof(copy));
-        for (char *p = copy;;) {
-            char *comma = strchr(p, ',');
-            if (comma)
-                *comma = '\0';
-            char *item = cddp_strip(p);
-            if (strncmp(item, "http://", 7) == 0)
-                item += 7;
-            else if (strncmp(item, "https://", 8) == 0)
-                item += 8;
-            char why[256];
-            if (*item == '\0' ||
-                launch_parse_endpoint(item, 2379, cfg->rdzv_host, sizeof(cfg->rdzv_host),
-                                      &cfg->rdzv_port, why, sizeof(why)) != 0)
-                return cddp_fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: etcd member '%s': %s",
-                                 item, *item ? why : "empty");
-            if (comma == NULL)
-                break;
-            p = comma + 1;
-        }
-        return 0;
-    }
-    if (strcmp(cfg->rdzv_backend, "c10d") == 0) {
-        /* torch's parse_rendezvous_endpoint with its default port 29400;
-         * an empty endpoint is localhost:29400. */
-        char why[256];
-        if (launch_parse_endpoint(cfg->rdzv_endpoint, 29400, cfg->rdzv_host, sizeof(cfg->rdzv_host),
-                                  &cfg->rdzv_port, why, sizeof(why)) != 0)
-            return cddp_fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: %s", why);
-        return 0;
-    }
-    /* static */
-    if (cfg->node_rank >= cfg->nnodes_max)
-        return cddp_fail(err, errlen, CDDP_ERANGE_ARG,
-                         "--node_rank=%d: must be less than --nnodes (%d)", cfg->node_rank,
-                         cfg->nnodes_max);
-    if (cfg->nnodes_min != cfg->nnodes_max)
-        return cddp_fail(
-            err, errlen, CDDP_ECONFIG,
-            "--nnodes=%s: the static backend runs a fixed number of nodes (--nnodes=N); "
-            "for MIN:MAX use --rdzv_backend=c10d",
-            cfg->nnodes_arg);
-    {
-        /* static (launcher/api.py _get_addr_and_port): the endpoint, or
-         * master_addr:master_port, names the master; its port is required. */
-        char ep[512];
-        const char *what = "--rdzv_endpoint";
-        if (cfg->rdzv_endpoint[0]) {
-            cddp_strlcpy(ep, cfg->rdzv_endpoint, sizeof(ep));
-        } else {
-            snprintf(ep, sizeof(ep), "%s:%d", cfg->master_addr, cfg->master_port);
-            what = "--master_addr";
-        }
-        char why[256];
-        int port;
-        if (launch_parse_endpoint(ep, -1, cfg->static_addr, sizeof(cfg->static_addr), &port, why,
-                                  sizeof(why)) != 0)
-            return cddp_fail(err, errlen, CDDP_EPARSE, "%s: %s", what, why);
-        if (port <= 0)
-            return cddp_fail(
-                err, errlen, CDDP_EPARSE,
-                "--rdzv_endpoint=%s: the static backend needs HOST:PORT (port is missing "
-                "or 0)",
-                cfg->rdzv_endpoint);
-        cfg->static_port = port;
-        /* Several static nodes meet on the port after MASTER_PORT, which
-         * the workers' rank 0 serves (docs/multi-node.md). */
-        if (cfg->nnodes_max > 1 && port == 65535)
-            return cddp_fail(err, errlen, CDDP_ERANGE_ARG,
-                             "--master_port=65535: with --nnodes > 1 the static backend also needs "
-                             "the next port, for the agents");
-    }
-    return 0;
-}
-
-static bool is_exec_file(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
-}
-
-/* execvp's search: a name with a slash is a path; otherwise each PATH entry. */
-static char *find_program(const char *name, char **envp)
-{
-    if (strchr(name, '/'))
-        return is_exec_file(name) ? strdup(name) : NULL;
-    const char *path = cddp_flags_getenv(envp, "PATH");
-    if (path == NULL)
-        path = "/usr/local/bin:/usr/bin:/bin";
-    const char *p = path;
-    for (;;) {
-        const char *colon = strchr(p, ':');
-        size_t dl = colon ? (size_t)(colon - p) : strlen(p);
-        struct cddp_buf b;
-        cddp_buf_init(&b, 8192);
-        if (cddp_buf_printf(&b, "%.*s%s%s", (int)dl, p, dl ? "/" : "", name) == 0 &&
-            is_exec_file(b.data))
-            return b.data;
-        cddp_buf_free(&b);
-        if (colon == NULL)
-            return NULL;
-        p = colon + 1;
-    }
-}
-
-static bool ends_with(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
-/* --run_path: runpy.run_path(script) as __main__, recording an uncaught
- * exception in TORCHELASTIC_ERROR_FILE in torch's error.json format, as
- * torchrun's multiprocessing wrapper (@record) does. The worker then ends
- * as torchrun's multiprocessing child does (multiprocessing/process.py
- * _bootstrap, then os._exit in popen_fork and forkserver): the exit code
- * from SystemExit (None 0, an int itself, anything else printed to stderr
- * and 1) or 1 after an exception's traceback; non-daemon threads joined
- * (threading._shutdown), atexit handlers run, stdout and stderr flushed,
- * and then os._exit. A normal interpreter shutdown would go on to run
- * C++ static destructors, where torch's threads sometimes abort
- * ("terminate called without an active exception") after the script is
- * done. KeyboardInterrupt ends the worker by SIGINT, as python3 itself
- * does (torch's spawn wrapper would call it a success). */
-static const char run_path_bootstrap[] =
-    "import atexit, json, os, runpy, signal, sys, threading, time, traceback\n"
-    "sys.argv = sys.argv[1:]\n"
-    "code = 0\n"
-    "sigint = False\n"
-    "try:\n"
-    "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
-    "except SystemExit as e:\n"
-    "    if e.code is None:\n"
-    "        code = 0\n"
-    "    elif isinstance(e.code, int):\n"
-    "        code = e.code\n"
-    "    else:\n"
-    "        sys.stderr.write(str(e.code) + '\\n')\n"
-    "        code = 1\n"
-    "except KeyboardInterrupt:\n"
-    "    sigint = True\n"
-    "except BaseException as e:\n"
-    "    code = 1\n"
-    "    traceback.print_exc()\n"
-    "    f = os.environ.get('TORCHELASTIC_ERROR_FILE')\n"
-    "    if f:\n"
-    "        with open(f, 'w') as fp:\n"
-    "            json.dump({'message': {'message': f'{type(e).__name__}: {e}', 'extraInfo': {\n"
-    "                'py_callstack': traceback.format_exc(),\n"
-    "                'timestamp': str(int(time.time()))}}}, fp)\n"
-    "for step in (getattr(threading, '_shutdown', lambda: None), atexit._run_exitfuncs):\n"
-    "    try:\n"
-    "        step()\n"
-    "    except BaseException:\n"
-    "        traceback.print_exc()\n"
-    "for s in (sys.stdout, sys.stderr):\n"
-    "    try:\n"
-    "        s.flush()\n"
-    "    except BaseException:\n"
-    "        pass\n"
-    "if sigint:\n"
-    "    signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
-    "    os.kill(os.getpid(), signal.SIGINT)\n"
-    "    code = 130\n"
-    "os._exit(code & 0xff)\n";
-
-int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t errlen)
-{
-    const char *ep = cfg->entrypoint;
-    if (cfg->log_dir) {
-        struct stat st;
-        if (stat(cfg->log_dir, &st) == 0 && !S_ISDIR(st.st_mode) &&
-            strcmp(cfg->log_dir, "/dev/null") != 0)
-            return cddp_fail(err, errlen, CDDP_ECONFIG, "--log_dir=%s: is a file, not a directory",
-                             cfg->log_dir);
-    }
-
-    if (cfg->run_path)
-        cfg->kind = LAUNCH_RUN_PATH;
-    else if (cfg->module)
-        cfg->kind = LAUNCH_PYTHON_MODULE;
-    else if (cfg->no_python)
-        cfg->kind = LAUNCH_BINARY;
-    else if (ends_with(ep, ".py"))
-        cfg->kind = LAUNCH_PYTHON_SCRIPT;
-    else
-        cfg->kind = LAUNCH_BINARY;
-
-    const char *python = NULL;
-    if (cfg->kind != LAUNCH_BINARY) {
-        python = cddp_flags_getenv(envp, "PYTHON_EXEC");
-        if (python == NULL || *python == '\0')
-            python = "python3";
-        cfg->program = find_program(python, envp);
-        if (cfg->program == NULL)
-            return cddp_fail(err, errlen, CDDP_ENOTFOUND,
-                             "%s: Python interpreter not found or not executable (set PYTHON_EXEC)",
-                             python);
-    }
-    if (cfg->kind == LAUNCH_PYTHON_SCRIPT || cfg->kind == LAUNCH_RUN_PATH) {
-        struct stat st;
-        if (stat(ep, &st) != 0)
-            return cddp_fail(err, errlen, CDDP_ENOTFOUND, "training script '%s': %s", ep,
-                             strerror(errno));
-        if (!S_ISREG(st.st_mode) || access(ep, R_OK) != 0)
-            return cddp_fail(err, errlen, CDDP_ECONFIG, "training script '%s': not a readable file",
-                             ep);
-    }
-    if (cfg->kind == LAUNCH_BINARY) {
-        /* A bare name that is a file in the working directory means that file
-         * (torchrun would open it relative to the working directory too);
-         * otherwise PATH is searched, as execvp. */
-        struct stat st;
-        bool local = strchr(ep, '/') == NULL && stat(ep, &st) == 0;
-        if (strchr(ep, '/') || local) {
-            if (stat(ep, &st) != 0)
-                return cddp_fail(err, errlen, CDDP_ENOTFOUND, "entrypoint '%s': %s", ep,
-                                 strerror(errno));
-            if (!S_ISREG(st.st_mode))
-                return cddp_fail(err, errlen, CDDP_ECONFIG, "entrypoint '%s': not a regular file",
-                                 ep);
-            if (access(ep, X_OK) != 0)
-                return cddp_fail(err, errlen, CDDP_ECONFIG,
-                                 "entrypoint '%s': not executable (chmod +x it, or run a Python "
-                                 "script named *.py)",
-                                 ep);
-            struct cddp_buf b;
-            cddp_buf_init(&b, 8192);
-            if (cddp_buf_printf(&b, "%s%s", local ? "./" : "", ep) != 0)
-                return cddp_fail(err, errlen, CDDP_ETOOBIG, "entrypoint path too long");
-            cfg->program = b.data;
-        } else {
-            cfg->program = find_program(ep, envp);
-            if (cfg->program == NULL)
-                return cddp_fail(err, errlen, CDDP_ENOTFOUND,
-                                 "entrypoint '%s': not found in PATH or not executable", ep);
-        }
-    }
-
-    /* argv: [program-as-named, python flags..., entrypoint, args...] */
-    int n = 0;
-    cfg->argv = calloc((size_t)cfg->nentry_args + 8, sizeof(char *));
-    if (cfg->argv == NULL)
-        return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    switch (cfg->kind) {
-    case LAUNCH_BINARY:
-        cfg->argv[n++] = (char *)ep;
-        break;
-    case LAUNCH_PYTHON_SCRIPT:
-        cfg->argv[n++] = (char *)python;
-        cfg->argv[n++] = (char *)"-u";
-        cfg->argv[n++] = (char *)ep;
-        break;
-    case LAUNCH_PYTHON_MODULE:
-        cfg->argv[n++] = (char *)python;
-        cfg->argv[n++] = (char *)"-u";
-        cfg->argv[n++] = (char *)"-m";
-        cfg->argv[n++] = (char *)ep;
-        break;
-    case LAUNCH_RUN_PATH:
-        cfg->argv[n++] = (char *)python;
-        cfg->argv[n++] = (char *)"-u";
-        cfg->argv[n++] = (char *)"-c";
-        cfg->argv[n++] = (char *)run_path_bootstrap;
-        cfg->argv[n++] = (char *)ep;
-        break;
-    }
-    for (int i = 0; i < cfg->nentry_args; i++)
-        cfg->argv[n++] = cfg->entry_args[i];
-    cfg->argv[n] = NULL;
-    cfg->argc = n;
     return 0;
 }
 
@@ -1224,136 +971,3 @@ static long system_gpu_count(void)
 }
 
 const struct launch_probe launch_system_probe = {system_cpu_count, system_gpu_count};
-
-void launch_print_help(FILE *out)
-{
-    /* In parts: C11 compilers need only support string literals of 4095 bytes. */
-    fprintf(out,
-            "usage: cddprun [-h] [--version] [--nnodes NNODES] [--nproc-per-node NPROC_PER_NODE]\n"
-            "               [--rdzv-backend RDZV_BACKEND] [--rdzv-endpoint RDZV_ENDPOINT]\n"
-            "               [--rdzv-id RDZV_ID] [--rdzv-conf RDZV_CONF] [--standalone]\n"
-            "               [--max-restarts MAX_RESTARTS] [--monitor-interval MONITOR_INTERVAL]\n"
-            "               [--start-method {spawn,fork,forkserver}]\n"
-            "               [--event-log-handler EVENT_LOG_HANDLER] [--role ROLE] [-m]\n"
-            "               [--no-python] [--run-path] [--log-dir LOG_DIR] [-r REDIRECTS]\n"
-            "               [-t TEE] [--local-ranks-filter LOCAL_RANKS_FILTER]\n"
-            "               [--node-rank NODE_RANK] [--master-addr MASTER_ADDR]\n"
-            "               [--master-port MASTER_PORT] [--local-addr LOCAL_ADDR]\n"
-            "               [--logs-specs LOGS_SPECS] [--numa-binding NUMA_BINDING]\n"
-            "               [--signals-to-handle SIGNALS_TO_HANDLE]\n"
-            "               [--status-port STATUS_PORT] [--status-addr STATUS_ADDR]\n"
-            "               [--status-linger STATUS_LINGER]\n"
-            "               [--watchdog-timeout {off,auto,SECONDS}]\n"
-            "               [--watchdog-initial SECONDS] [--watchdog-warmup N]\n"
-            "               [--watchdog-safety X] [--watchdog-floor S]\n"
-            "               [--max-no-progress-restarts N]\n"
-            "               [--duplicate-stdout-filters L] [--duplicate-stderr-filters L]\n"
-            "               [--shutdown-timeout S] [--virtual-local-rank]\n"
-            "               training_script ...\n"
-            "\n"
-            "cddprun: torchrun's launcher and elastic agent, in C. Starts NPROC_PER_NODE copies\n"
-            "of training_script with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,\n"
-            "MASTER_ADDR, MASTER_PORT, ...), restarts the whole group when a worker fails\n"
-            "(up to --max-restarts), and never leaves a worker behind.\n"
-            "\n"
-            "Every flag takes both spellings (--nproc-per-node, --nproc_per_node) and, except\n"
-            "--logs-specs and --numa-binding, a default from PET_<NAME> (PET_NPROC_PER_NODE).\n"
-            "\n"
-            "positional arguments:\n"
-            "  training_script       a .py file (run as python3 -u, PYTHON_EXEC overrides),\n"
-            "                        a module with -m, or an executable; then its arguments\n"
-            "\n"
-            "options:\n"
-            "  -h, --help            show this help and exit\n"
-            "  --version             print the version and exit\n"
-            "  --nnodes NNODES       N or MIN:MAX nodes (default 1:1; MIN:MAX needs c10d)\n"
-            "  --nproc-per-node N    workers per node: an integer, cpu, gpu or auto (default 1)\n"
-            "  --rdzv-backend NAME   static (default: fixed node ranks), c10d (elastic, cddp's\n"
-            "                        rendezvous) or etcd-v3 (etcd and etcd-v2 name it). Unset,\n"
-            "                        several nodes without --node-rank, or MIN:MAX, are c10d\n"
-            "  --rdzv-endpoint H:P   c10d: the rendezvous server (default port 29400; the agent\n"
-            "                        on that host serves it unless cddp-rdzv does); static:\n"
-            "                        the master address\n"
-            "  --rdzv-id ID          run id, TORCHELASTIC_RUN_ID (default none)\n"
-            "  --rdzv-conf K=V,...   rendezvous options (join_timeout, last_call_timeout,\n"
-            "                        keep_alive_interval, is_host, timeout, token, ...)\n"
-            "  --standalone          single node: an in-process rendezvous on 127.0.0.1, a free\n"
-            "                        MASTER_PORT and a random run id\n");
-    fprintf(out,
-            "  --max-restarts N      worker group restarts after failures (default 0)\n"
-            "  --monitor-interval S  accepted for compatibility; exits are seen as they happen\n"
-            "  --start-method M      spawn, fork or forkserver (accepted; used by --run-path only\n"
-            "                        in torchrun)\n"
-            "  --event-log-handler H null (default) or dynamic_rendezvous\n"
-            "  --role ROLE           ROLE_NAME and the log prefix (default 'default')\n"
-            "  -m, --module          run training_script as a module: python3 -u -m\n"
-            "  --no-python           run training_script directly, not through python3\n"
-            "  --run-path            run training_script with runpy.run_path, recording errors\n"
-            "  --log-dir DIR         base log directory (default: a new torchelastic_* temp dir)\n"
-            "  -r, --redirects STD   streams to files: 0 none, 1 out, 2 err, 3 both, or 0:1,1:2\n"
-            "  -t, --tee STD         as --redirects, and also to the console with [role<n>]:\n"
-            "  --local-ranks-filter L  show only these local ranks on the console (0,1,...)\n"
-            "  --node-rank N         this node's rank (static backend; default 0)\n"
-            "  --master-addr ADDR    MASTER_ADDR (static backend; default 127.0.0.1)\n"
-            "  --master-port PORT    MASTER_PORT (static backend; default 29500)\n"
-            "  --local-addr ADDR     this node's address as the others reach it (MASTER_ADDR\n"
-            "                        when this node is node 0)\n"
-            "  --logs-specs NAME     torchrun plugin; refused (cddprun has no Python plugins)\n"
-            "  --numa-binding MODE   node, socket, exclusive or core-complex: bind each worker's\n"
-            "                        CPUs and memory near its GPU (sysfs; one NUMA node: none)\n"
-            "  --signals-to-handle L signals forwarded to the workers\n"
-            "                        (default SIGTERM,SIGINT,SIGHUP,SIGQUIT)\n"
-            "  --duplicate-stdout-filters L, --duplicate-stderr-filters L\n"
-            "                        copy teed lines holding any of these (,,: a comma) to\n"
-            "                        attempt_N/filtered_stdout.log / filtered_stderr.log\n"
-            "  --shutdown-timeout S  seconds from SIGTERM to SIGKILL (beats\n"
-            "                        TORCH_ELASTIC_SHUTDOWN_TIMEOUT; default 30)\n"
-            "  --virtual-local-rank  LOCAL_RANK=0 and one CUDA_VISIBLE_DEVICES entry per worker\n");
-    fprintf(
-        out,
-        "\n"
-        "status port (cddp's own; docs/status.md):\n"
-        "  --status-port PORT    serve /livez /readyz /status /metrics over HTTP on PORT\n"
-        "                        (env CDDP_STATUS_PORT; 0 picks a free port and logs it;\n"
-        "                        default off)\n"
-        "  --status-addr ADDR    listen address (env CDDP_STATUS_ADDR; default 127.0.0.1;\n"
-        "                        0.0.0.0 for Kubernetes probes and Prometheus)\n"
-        "  --status-linger S     after the run, keep serving its final status up to S\n"
-        "                        seconds (env CDDP_STATUS_LINGER; default 0)\n"
-        "\n"
-        "the workers' store (cddp's own; docs/torchrun-compat.md):\n"
-        "  --agent-store B       true (default): node 0's agent serves a TCPStore on\n"
-        "                        MASTER_ADDR:MASTER_PORT, a fresh one each round, and the\n"
-        "                        workers get TORCHELASTIC_USE_AGENT_STORE=True (torchrun 2.x);\n"
-        "                        false: the workers' rank 0 serves it (False)\n"
-        "                        (env CDDP_AGENT_STORE, PET_AGENT_STORE)\n"
-        "progress watchdog (cddp's own; docs/cli.md):\n"
-        "  --watchdog-timeout T  off (default), SECONDS, or auto: a worker that wrote a\n"
-        "                        progress line and then none for T is hung; the group\n"
-        "                        restarts (counts against --max-restarts)\n"
-        "  --watchdog-initial S  also before a worker's first line, from its start\n"
-        "                        (default off)\n"
-        "  --watchdog-warmup N   auto: lines before the timeout is learned (default 5)\n"
-        "  --watchdog-safety X   auto: timeout = longest interval x X (default 5), within\n"
-        "                        the floor .. 3600 s\n"
-        "  --watchdog-floor S    auto: the least learned timeout (default 60 s, at\n"
-        "                        least 1 s), so a pause between steps (an evaluation,\n"
-        "                        a checkpoint) is not taken for a hang\n"
-        "  --max-no-progress-restarts N  stop the job (exit 1) when N restarts in a row\n"
-        "                        fail before any worker reports a step beyond the best\n"
-        "                        seen before them (default 0: off)\n"
-        "Slurm (cddp's own; docs/slurm.md): inside an srun step, flags left unset come from\n"
-        "SLURM_*: --nnodes, --node-rank, --rdzv-backend=c10d, --rdzv-endpoint (the first\n"
-        "host, port 29400 + (job + step) %% 1000), --rdzv-id JOB.STEP, --nproc-per-node\n"
-        "(GPUs, else tasks per node) and SIGUSR1,SIGUSR2 among the signals\n"
-        "  --no-slurm            do not read SLURM_* (env CDDP_NO_SLURM=1)\n"
-        "\n"
-        "Environment: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
-        "(seconds between SIGTERM and SIGKILL, default 30), PYTHON_EXEC, OMP_NUM_THREADS,\n"
-        "TORCHELASTIC_ERROR_FILE, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, CDDP_RDZV_TOKEN\n"
-        "(the rendezvous's join token, when --rdzv_conf has no token=),\n"
-        "CDDP_EXIT_BARRIER_TIMEOUT (seconds, default 300).\n"
-        "Workers also get CDDP_PROGRESS_FD, a pipe for progress lines (docs/status.md).\n"
-        "Exit status: 0 success, 1 the workers failed, 2 bad usage, 128+N stopped by signal N.\n"
-        "See docs/cli.md, docs/multi-node.md and docs/torchrun-compat.md.\n");
-}

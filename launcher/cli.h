@@ -14,6 +14,7 @@
 #include <stdio.h>
 
 #include "agent/config.h"
+#include "common/flags.h"
 
 /* launch_parse() returns these (positive) when there is nothing to run. */
 enum {
@@ -56,12 +57,10 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
  * master address and port. 0 or a negative code with err. */
 int launch_validate(struct launch_config *cfg, char *err, size_t errlen);
 
-/* torch's parse_rendezvous_endpoint: "host[:port]", "[v6]:port", "[v6]";
- * the last colon splits (so "::1:29500" is ::1 port 29500); a missing port
- * gives default_port. 0 or CDDP_EPARSE with err. */
-int launch_parse_endpoint(const char *endpoint, int default_port, char *host, size_t hostlen,
-                          int *port, char *err, size_t errlen);
-
+/* cddprun --help, written from the flags table: every flag is in it. */
 void launch_print_help(FILE *out);
+
+/* The flags table (common/flags.h), for the tests. */
+const struct cddp_flags *launch_flags_table(void);
 
 #endif

@@ -21,6 +21,8 @@
  *   progress LR TEXT       TEXT and a newline into worker LR's progress channel
  *   progress-long LR N     a line of N bytes into it
  *   run_id TEXT            the run id (label escaping)
+ *   hostname TEXT          the host name the views report (any bytes but a
+ *                          newline: what a client must print safely)
  *   accepting 0|1          rdzv: the listener check
  *   join RUN NODE          rdzv: NODE joins RUN's current round
  *   wait RUN NODE          rdzv: NODE waits for RUN's next round
@@ -310,6 +312,8 @@ static void command(struct app *a, char *line)
         progress_feed(&a->progress[lr], "\n", 1, now, wall);
     } else if (strcmp(cmd, "run_id") == 0) {
         cddp_strlcpy(a->run_id, rest, sizeof(a->run_id));
+    } else if (strcmp(cmd, "hostname") == 0) {
+        cddp_strlcpy(a->hostname, rest, sizeof(a->hostname));
     } else if (strcmp(cmd, "accepting") == 0) {
         a->rv.accepting = strcmp(rest, "1") == 0;
     } else if (strcmp(cmd, "join") == 0 || strcmp(cmd, "wait") == 0) {

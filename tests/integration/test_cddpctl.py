@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from conftest import binary, free_port, wait_for
+from conftest import binary, free_port, run, wait_for
 from statusserver import StatusServer, cddpctl, curl
 from test_elastic import FAST, c10d, cluster  # noqa: F401 (fixture)
 
@@ -622,3 +622,110 @@ def test_job_agent_port_reaches_the_hosting_agent(background, tmp_path):
     assert node["status"]["run_id"] == "job" and len(node["status"]["workers"]) == 2
     (tmp_path / "worker.sh.done").write_text("")
     assert agent.wait(60) == 0
+
+
+# ---- what a server sends is data: escaped before it reaches a terminal ------
+
+ESCAPES = "\x1b[31mRED\x1b]0;pwned\x07\x1b[2J"
+ESCAPED = r"\x1b[31mRED\x1b]0;pwned\x07\x1b[2J"
+
+
+def raw_cddpctl(*args):
+    """cddpctl with stdout and stderr as bytes: a raw control byte, or one
+    that is not UTF-8, must be seen as it was written."""
+    return run([binary("cddpctl"), *args], timeout=30, text=False)
+
+
+def no_controls(data):
+    """UTF-8 without a control character but newline and tab: no other C0,
+    no DEL, no C1 (U+0080..U+009F)."""
+    text = data.decode("utf-8")  # cddpctl writes UTF-8 only
+    return not any((ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F for c in text)
+
+
+def test_a_status_ports_escape_sequences_are_printed_escaped(background):
+    """A real status port (status_testserver) whose host name and run id
+    hold escape sequences: the table shows them as \\x1b..., never raw; the
+    JSON keeps them, JSON-escaped, so a parser gets what was served."""
+    srv = StatusServer(background, "--workers", "1")
+    srv.cmd("state running")
+    srv.cmd(f"hostname evil{ESCAPES}host")
+    srv.cmd(f"run_id job{ESCAPES}7")
+    target = f"127.0.0.1:{srv.port}"
+    r = raw_cddpctl("status", target)
+    assert r.returncode == 0, r.stderr
+    assert no_controls(r.stdout), r.stdout
+    out = r.stdout.decode()
+    assert f" on evil{ESCAPED}host (pid " in out.splitlines()[0]
+    assert re.search(rf"^run +job{re.escape(ESCAPED)}7$", out, re.M), out
+    r = raw_cddpctl("status", target, "--json")
+    assert r.returncode == 0 and no_controls(r.stdout)
+    served = json.loads(r.stdout)
+    assert served["hostname"] == f"evil{ESCAPES}host" and served["run_id"] == f"job{ESCAPES}7"
+    # The same through --watch on a pipe.
+    r = raw_cddpctl("status", target, "--watch", "--count", "1")
+    assert r.returncode == 0 and no_controls(r.stdout) and ESCAPED.encode() in r.stdout
+
+
+def test_other_servers_strings_are_escaped_everywhere(other_server):
+    """A server that sends what a cddp status port never would: control
+    characters raw inside JSON strings and between tokens, a newline in a
+    field (a forged line), C1 controls and DEL, bytes that are not UTF-8;
+    in tables, JSON, health reports and error messages alike."""
+    target = f"127.0.0.1:{other_server.server_address[1]}"
+    agent = (b'{"kind":"agent","program":"cddprun","hostname":"a\nstate     running (ready)",'
+             b'\x1b"state":"failed\x1b[1A","run_id":"r\xc2\x9b31m\x7f\xff",'
+             b'"workers":[{"local_rank":0,"state":"run\tning\r"}]}')
+    _Handler.replies = {"/status": (200, "application/json", agent)}
+    r = raw_cddpctl("status", target)
+    assert r.returncode == 0, r.stderr
+    assert no_controls(r.stdout), r.stdout
+    out = r.stdout.decode()
+    assert out.splitlines()[0].endswith(r"on a\x0astate     running (ready) (pid 0), up -")
+    assert re.findall(r"^state .*$", out, re.M) == [r"state     failed\x1b[1A (not ready)"]
+    assert re.search(r"^run +r\\xc2\\x9b31m\\x7f\\xff$", out, re.M), out
+    assert r"run\x09ning\x0d" in out
+    r = raw_cddpctl("status", target, "--json")
+    assert r.returncode == 0 and no_controls(r.stdout), r.stdout
+    j = json.loads(r.stdout)
+    assert j["hostname"] == "a\nstate     running (ready)" and j["state"] == "failed\x1b[1A"
+    assert j["run_id"] == "r\x9b31m\x7f\ufffd"
+    # An unknown kind is shown as JSON, escaped the same way.
+    _Handler.replies = {"/status": (200, "application/json", b'{"kind":"x\x1b[H","y":"\xc2\x85"}')}
+    r = raw_cddpctl("status", target)
+    assert r.returncode == 0 and no_controls(r.stdout), r.stdout
+    # An error's text, from the body, on stderr.
+    _Handler.replies = {"/status": (503, "application/json", b'{"error":"boom\x1b[2J\\u001b]0;t\\u0007"}')}
+    r = raw_cddpctl("status", target)
+    assert r.returncode == 1 and no_controls(r.stderr), r.stderr
+    assert r"answered HTTP 503: boom\x1b[2J\x1b]0;t\x07" in r.stderr.decode()
+    # health's report lines, failed and --verbose.
+    _Handler.replies = {"/readyz": (503, "text/plain", b"[+]loop ok\n[-]evil\x1b[2J failed: x\x07\n")}
+    for args in ([], ["--verbose"]):
+        r = raw_cddpctl("health", target, *args)
+        assert r.returncode == 1 and no_controls(r.stdout), r.stdout
+        assert rb"  [-]evil\x1b[2J failed: x\x07" in r.stdout
+    _Handler.replies = {"/readyz": (200, "text/plain", b"[+]ok\x1b[5m\n")}
+    r = raw_cddpctl("health", target, "--verbose")
+    assert r.returncode == 0 and no_controls(r.stdout) and rb"[+]ok\x1b[5m" in r.stdout
+    r = raw_cddpctl("health", target, "--json")
+    assert r.returncode == 0 and no_controls(r.stdout)
+    assert json.loads(r.stdout)["checks"][0]["name"] == "ok\x1b[5m"
+
+
+def test_a_rendezvous_servers_node_ids_are_escaped(background):
+    """job and status of a rendezvous server whose run and node ids hold
+    escape sequences (status_testserver --kind rdzv)."""
+    rz = StatusServer(background, "--kind", "rdzv")
+    rz.cmd(f"join job{ESCAPES} node{ESCAPES}_1_0")
+    target = f"127.0.0.1:{rz.port}"
+    r = raw_cddpctl("status", target)
+    assert r.returncode == 0 and no_controls(r.stdout), r.stdout
+    assert f"node{ESCAPED}_1_0".encode() in r.stdout
+    r = raw_cddpctl("job", target, f"job{ESCAPES}", "--agent-port", str(free_port()))
+    assert r.returncode == 0 and no_controls(r.stdout), r.stdout
+    assert f"run job{ESCAPED} on".encode() in r.stdout
+    assert f"node{ESCAPED}_1_0".encode() in r.stdout
+    r = raw_cddpctl("job", target, "other")
+    assert r.returncode == 1 and no_controls(r.stderr)
+    assert f"(runs: job{ESCAPED})".encode() in r.stderr

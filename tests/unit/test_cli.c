@@ -1052,6 +1052,49 @@ static void test_rdzv_conf_quotes(void **state)
     launch_config_free(&c);
 }
 
+/* Every flag of the table is in --help (the help is written from the
+ * table: --no_ifname was once missing from a hand-written one), with its
+ * short letter, and says something. */
+static void test_help_lists_every_flag(void **state)
+{
+    (void)state;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    launch_print_help(f);
+    fclose(f);
+    const struct cddp_flags *t = launch_flags_table();
+    assert_true(t->n >= 40);
+    for (size_t i = 0; i < t->n; i++) {
+        const struct cddp_flag *row = &t->rows[i];
+        const char *name = cddp_flag_shown_name(row);
+        char line[128];
+        /* As a row of the options: "  --name" or "  -x, --name", then a
+         * space (metavar or help) or the end of the line. */
+        if (row->short_name)
+            snprintf(line, sizeof(line), "\n  -%c, %s", row->short_name, name);
+        else
+            snprintf(line, sizeof(line), "\n  %s", name);
+        const char *at = strstr(text, line);
+        if (at == NULL)
+            fail_msg("%s is not in cddprun --help", name);
+        char next = at[strlen(line)];
+        assert_true(next == ' ' || next == '\n');
+        assert_non_null(row->help);
+        assert_true(row->help[0] != '\0');
+        /* And in the usage line. */
+        char item[128];
+        if (row->short_name)
+            snprintf(item, sizeof(item), "[-%c", row->short_name);
+        else
+            snprintf(item, sizeof(item), "[%s", name);
+        assert_non_null(strstr(text, item));
+    }
+    assert_non_null(strstr(text, "\n  --no-ifname "));
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1061,6 +1104,7 @@ int main(void)
         cmocka_unit_test(test_pet_bad_values_named),
         cmocka_unit_test(test_argparse_details),
         cmocka_unit_test(test_help_version),
+        cmocka_unit_test(test_help_lists_every_flag),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_status_flags),
         cmocka_unit_test(test_refused_until_supported),

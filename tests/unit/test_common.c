@@ -1,5 +1,5 @@
 /* Unit tests for common/: checked parsing, buffers, host:port, signal names, errors,
- * UTF-8, backoff with jitter. */
+ * UTF-8, backoff with jitter, UUIDs. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +21,7 @@
 #include "common/signames.h"
 #include "common/strutil.h"
 #include "common/utf8.h"
+#include "common/uuid.h"
 
 static void test_parse_long(void **state)
 {
@@ -94,6 +95,77 @@ static void test_hostport(void **state)
     char buf[64];
     cddp_hostport_format("::1", 80, buf, sizeof(buf));
     assert_string_equal(buf, "[::1]:80");
+}
+
+/* hostport.h's table, row by row: what each dialect makes of the same text
+ * (default port 29400). NULL host: an error. */
+static void test_hostport_dialects(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        const char *cddp_host;
+        int cddp_port;
+        const char *torch_host;
+        int torch_port;
+    } rows[] = {
+        {"host", "host", 29400, "host", 29400},
+        {"host:7", "host", 7, "host", 7},
+        {"[::1]:29401", "::1", 29401, "::1", 29401},
+        {"[::1]", "::1", 29400, "::1", 29400},
+        {"::1", "::1", 29400, ":", 1},
+        {"::1:29401", "::1:29401", 29400, "::1", 29401},
+        {"", NULL, 0, "localhost", 29400},
+        {" h:1 ", NULL, 0, "h", 1},
+        {"bad_host!:1", "bad_host!", 1, NULL, 0},
+        {"h:+1", "h", 1, NULL, 0},
+        {"h:99999", NULL, 0, NULL, 0},
+        {"h:x", NULL, 0, NULL, 0},
+        {"h:", NULL, 0, NULL, 0},
+    };
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+        struct cddp_hostport hp;
+        char err[256] = "";
+        int rc = cddp_hostport_parse(rows[i].text, 29400, &hp, err, sizeof(err));
+        if (rows[i].cddp_host == NULL) {
+            assert_true(rc < 0);
+            assert_true(err[0] != '\0');
+        } else {
+            assert_int_equal(rc, 0);
+            assert_string_equal(hp.host, rows[i].cddp_host);
+            assert_int_equal(hp.port, rows[i].cddp_port);
+        }
+        err[0] = '\0';
+        rc = cddp_hostport_parse_torchrun(rows[i].text, 29400, &hp, err, sizeof(err));
+        if (rows[i].torch_host == NULL) {
+            assert_true(rc < 0);
+            assert_non_null(strstr(err, "endpoint '"));
+        } else {
+            assert_int_equal(rc, 0);
+            assert_string_equal(hp.host, rows[i].torch_host);
+            assert_int_equal(hp.port, rows[i].torch_port);
+            assert_int_equal(hp.has_port, rows[i].torch_port != 29400);
+        }
+    }
+    /* torch's messages, which cddprun prefixes with the flag. */
+    struct cddp_hostport hp;
+    char err[1024];
+    assert_int_equal(cddp_hostport_parse_torchrun("h:x", 1, &hp, err, sizeof(err)), CDDP_EPARSE);
+    assert_string_equal(err, "the port of endpoint 'h:x' must be an integer between 0 and 65536");
+    assert_int_equal(cddp_hostport_parse_torchrun("a b:1", 1, &hp, err, sizeof(err)), CDDP_EPARSE);
+    assert_string_equal(err, "the host of endpoint 'a b:1' must be a host name, an IPv4 address or "
+                             "an IPv6 address");
+    char big[600];
+    memset(big, 'h', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    assert_int_equal(cddp_hostport_parse_torchrun(big, 1, &hp, err, sizeof(err)), CDDP_ETOOBIG);
+    big[300] = '\0'; /* fits the text, not the host */
+    assert_int_equal(cddp_hostport_parse_torchrun(big, 1, &hp, err, sizeof(err)), CDDP_ETOOBIG);
+    assert_non_null(strstr(err, "is too long"));
+    /* A missing port with no default (the static backend's -1). */
+    assert_int_equal(cddp_hostport_parse_torchrun("[fe80::1]", -1, &hp, err, sizeof(err)), 0);
+    assert_int_equal(hp.port, -1);
+    assert_false(hp.has_port);
 }
 
 /* The status port's value, as cddprun and cddp-rdzv take it (moved here
@@ -238,14 +310,74 @@ static void test_backoff(void **state)
     assert_int_equal(b.step_ms, 1);
 }
 
+static void assert_uuid4_shape(const char *s)
+{
+    assert_int_equal(strlen(s), 36);
+    for (size_t i = 0; i < 36; i++) {
+        if (i == 8 || i == 13 || i == 18 || i == 23)
+            assert_int_equal(s[i], '-');
+        else
+            assert_non_null(strchr("0123456789abcdef", s[i]));
+    }
+    assert_int_equal(s[14], '4');           /* version 4 */
+    assert_non_null(strchr("89ab", s[19])); /* RFC 4122 variant */
+}
+
+static void test_uuid(void **state)
+{
+    (void)state;
+    /* The two forms of known bytes, as Python's str(UUID) and UUID.int. */
+    const unsigned char known[16] = {0x12, 0x34, 0x56, 0x78, 0x12, 0x34, 0x46, 0x78,
+                                     0x92, 0x34, 0x56, 0x78, 0x12, 0x34, 0x56, 0x78};
+    char s[CDDP_UUID_STR_SIZE], n[CDDP_UUID_INT_SIZE];
+    cddp_uuid_format(known, s);
+    assert_string_equal(s, "12345678-1234-4678-9234-567812345678");
+    cddp_uuid_format_int(known, n, sizeof(n));
+    assert_string_equal(n, "24197857161011639613531485759520134776");
+    unsigned char b[16];
+    memset(b, 0xff, sizeof(b));
+    cddp_uuid_format_int(b, n, sizeof(n));
+    assert_string_equal(n, "340282366920938463463374607431768211455"); /* 39 digits fit */
+    memset(b, 0, sizeof(b));
+    cddp_uuid_format_int(b, n, sizeof(n));
+    assert_string_equal(n, "0");
+    b[15] = 10;
+    cddp_uuid_format_int(b, n, 2); /* cut to the leading digit */
+    assert_string_equal(n, "1");
+
+    /* Random ones: the shape, and two calls differ. */
+    char a[CDDP_UUID_STR_SIZE], c[CDDP_UUID_STR_SIZE];
+    cddp_uuid4_str(a);
+    cddp_uuid4_str(c);
+    assert_uuid4_shape(a);
+    assert_uuid4_shape(c);
+    assert_string_not_equal(a, c);
+    cddp_uuid4_int(n, sizeof(n));
+    assert_true(strlen(n) >= 1 && strlen(n) <= 39);
+    assert_int_equal(strspn(n, "0123456789"), strlen(n));
+
+    /* The fallback (no getrandom): the same bits, and no two alike even
+     * within one clock tick. */
+    enum { N = 256 };
+    static char seen[N][CDDP_UUID_STR_SIZE];
+    for (int i = 0; i < N; i++) {
+        cddp_uuid4_fallback(b);
+        cddp_uuid_format(b, seen[i]);
+        assert_uuid4_shape(seen[i]);
+        for (int j = 0; j < i; j++)
+            assert_string_not_equal(seen[i], seen[j]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_long),  cmocka_unit_test(test_parse_double_bool),
-        cmocka_unit_test(test_buf_limit),   cmocka_unit_test(test_hostport),
-        cmocka_unit_test(test_status_port), cmocka_unit_test(test_signames),
-        cmocka_unit_test(test_errors),      cmocka_unit_test(test_host_is_local),
-        cmocka_unit_test(test_utf8),        cmocka_unit_test(test_backoff),
+        cmocka_unit_test(test_parse_long),        cmocka_unit_test(test_parse_double_bool),
+        cmocka_unit_test(test_buf_limit),         cmocka_unit_test(test_hostport),
+        cmocka_unit_test(test_hostport_dialects), cmocka_unit_test(test_status_port),
+        cmocka_unit_test(test_signames),          cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_host_is_local),     cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_backoff),           cmocka_unit_test(test_uuid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -263,16 +264,111 @@ static void test_custom_converter(void **state)
     assert_int_equal(o.twice, 0);
 }
 
+/* --help from a table: the usage line wrapped at 80 columns, metavars
+ * (given, a choice's {a,b}, or the name upper-cased), the dashed spelling
+ * of two, help at column 24 or on the next line, continuation lines,
+ * group headings where the group changes. */
+static void test_help(void **state)
+{
+    (void)state;
+    static const char *const colours[] = {"red", "green", NULL};
+    static const struct cddp_flag help_rows[] = {
+        {"--help", NULL, 'h', CDDP_FLAG_ACTION, .help = "show this help and exit"},
+        {"--num_jobs", "--num-jobs", 'j', CDDP_FLAG_INT, .metavar = "N", .help = "jobs"},
+        {"--colour", NULL, 0, CDDP_FLAG_CHOICE, .choices = colours,
+         .help = "a colour,\nsaid twice"},
+        {"--a-rather-long-option-name", NULL, 0, CDDP_FLAG_STRING, .help = "long"},
+        {"--quiet", NULL, 0, CDDP_FLAG_BOOL, .group = "more:\nsome words"},
+        {"--port-number", "--port_number", 0, CDDP_FLAG_INT, .group = "more:\nsome words",
+         .help = "a port"},
+    };
+    const struct cddp_flags s = {.rows = help_rows,
+                                 .n = sizeof(help_rows) / sizeof(help_rows[0]),
+                                 .program = "prog",
+                                 .usage_args = "script ..."};
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    cddp_flags_help(&s, "about\n", "the end\n", f);
+    fclose(f);
+    assert_string_equal(
+        text, "usage: prog [-h] [-j N] [--colour {red,green}]\n"
+              "            [--a-rather-long-option-name A_RATHER_LONG_OPTION_NAME] [--quiet]\n"
+              "            [--port-number PORT_NUMBER] script ...\n"
+              "\n"
+              "about\n"
+              "\n"
+              "options:\n"
+              "  -h, --help            show this help and exit\n"
+              "  -j, --num-jobs N      jobs\n"
+              "  --colour {red,green}  a colour,\n"
+              "                        said twice\n"
+              "  --a-rather-long-option-name A_RATHER_LONG_OPTION_NAME\n"
+              "                        long\n"
+              "\n"
+              "more:\n"
+              "some words\n"
+              "  --quiet\n"
+              "  --port-number PORT_NUMBER\n"
+              "                        a port\n"
+              "\n"
+              "the end\n");
+    assert_string_equal(cddp_flag_shown_name(&help_rows[1]), "--num-jobs");
+    assert_string_equal(cddp_flag_shown_name(&help_rows[5]), "--port-number");
+    free(text);
+}
+
+/* Positionals between the options (cddpctl's command line). */
+static void test_scan_mixed(void **state)
+{
+    (void)state;
+    char *argv[] = {"prog", "status", "-v", "h:1", "--num-jobs", "3", "x", "--", "-j", NULL};
+    const char *pos[4];
+    int npos = -1;
+    assert_int_equal(
+        cddp_flags_scan_mixed(&spec, 9, argv, seen, pos, 4, &npos, &problem, err, sizeof(err)), 0);
+    assert_int_equal(npos, 4);
+    assert_string_equal(pos[0], "status");
+    assert_string_equal(pos[1], "h:1");
+    assert_string_equal(pos[2], "x");
+    assert_string_equal(pos[3], "-j"); /* after --: a positional */
+    assert_string_equal(seen[O_JOBS].text, "3");
+    assert_non_null(seen[O_VERBOSE].text);
+    /* One too many. */
+    assert_int_equal(
+        cddp_flags_scan_mixed(&spec, 9, argv, seen, pos, 3, &npos, &problem, err, sizeof(err)),
+        CDDP_EPARSE);
+    assert_int_equal(problem.kind, CDDP_FLAGS_EXTRA);
+    assert_string_equal(problem.arg, "-j");
+    assert_string_equal(err, "unexpected argument: -j (see prog --help)");
+    /* Option errors as cddp_flags_scan's. */
+    char *bad[] = {"prog", "a", "--bogus", NULL};
+    assert_int_equal(
+        cddp_flags_scan_mixed(&spec, 3, bad, seen, pos, 4, &npos, &problem, err, sizeof(err)),
+        CDDP_EPARSE);
+    assert_int_equal(problem.kind, CDDP_FLAGS_UNKNOWN);
+    assert_string_equal(problem.arg, "--bogus");
+    char *novalue[] = {"prog", "a", "--name", NULL};
+    assert_int_equal(
+        cddp_flags_scan_mixed(&spec, 3, novalue, seen, pos, 4, &npos, &problem, err, sizeof(err)),
+        CDDP_EPARSE);
+    assert_int_equal(problem.kind, CDDP_FLAGS_NEEDS_VALUE);
+    /* "-" and "-5" are positionals. */
+    char *dash[] = {"prog", "-", "-5", NULL};
+    assert_int_equal(
+        cddp_flags_scan_mixed(&spec, 3, dash, seen, pos, 4, &npos, &problem, err, sizeof(err)), 0);
+    assert_int_equal(npos, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_spellings_and_values),
-        cmocka_unit_test(test_short_options),
-        cmocka_unit_test(test_prefixes),
-        cmocka_unit_test(test_scan_errors),
-        cmocka_unit_test(test_names_in_errors),
-        cmocka_unit_test(test_environment),
-        cmocka_unit_test(test_custom_converter),
+        cmocka_unit_test(test_spellings_and_values), cmocka_unit_test(test_help),
+        cmocka_unit_test(test_short_options),        cmocka_unit_test(test_prefixes),
+        cmocka_unit_test(test_scan_errors),          cmocka_unit_test(test_names_in_errors),
+        cmocka_unit_test(test_environment),          cmocka_unit_test(test_custom_converter),
+        cmocka_unit_test(test_scan_mixed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,217 @@
+/*
+ * resolve.c: launch_resolve (cli.h), the worker command from the
+ * entrypoint: which program runs (python3 for a script, a module or
+ * --run_path; the entrypoint itself otherwise), found as execvp would,
+ * checked to exist and be executable before anything starts, and its argv.
+ */
+#include "launcher/cli.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/errors.h"
+#include "common/flags.h"
+#include "common/strutil.h"
+
+static bool is_exec_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+/* execvp's search: a name with a slash is a path; otherwise each PATH entry. */
+static char *find_program(const char *name, char **envp)
+{
+    if (strchr(name, '/'))
+        return is_exec_file(name) ? strdup(name) : NULL;
+    const char *path = cddp_flags_getenv(envp, "PATH");
+    if (path == NULL)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    const char *p = path;
+    for (;;) {
+        const char *colon = strchr(p, ':');
+        size_t dl = colon ? (size_t)(colon - p) : strlen(p);
+        struct cddp_buf b;
+        cddp_buf_init(&b, 8192);
+        if (cddp_buf_printf(&b, "%.*s%s%s", (int)dl, p, dl ? "/" : "", name) == 0 &&
+            is_exec_file(b.data))
+            return b.data;
+        cddp_buf_free(&b);
+        if (colon == NULL)
+            return NULL;
+        p = colon + 1;
+    }
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* --run_path: runpy.run_path(script) as __main__, recording an uncaught
+ * exception in TORCHELASTIC_ERROR_FILE in torch's error.json format, as
+ * torchrun's multiprocessing wrapper (@record) does. The worker then ends
+ * as torchrun's multiprocessing child does (multiprocessing/process.py
+ * _bootstrap, then os._exit in popen_fork and forkserver): the exit code
+ * from SystemExit (None 0, an int itself, anything else printed to stderr
+ * and 1) or 1 after an exception's traceback; non-daemon threads joined
+ * (threading._shutdown), atexit handlers run, stdout and stderr flushed,
+ * and then os._exit. A normal interpreter shutdown would go on to run
+ * C++ static destructors, where torch's threads sometimes abort
+ * ("terminate called without an active exception") after the script is
+ * done. KeyboardInterrupt ends the worker by SIGINT, as python3 itself
+ * does (torch's spawn wrapper would call it a success). */
+static const char run_path_bootstrap[] =
+    "import atexit, json, os, runpy, signal, sys, threading, time, traceback\n"
+    "sys.argv = sys.argv[1:]\n"
+    "code = 0\n"
+    "sigint = False\n"
+    "try:\n"
+    "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    "except SystemExit as e:\n"
+    "    if e.code is None:\n"
+    "        code = 0\n"
+    "    elif isinstance(e.code, int):\n"
+    "        code = e.code\n"
+    "    else:\n"
+    "        sys.stderr.write(str(e.code) + '\\n')\n"
+    "        code = 1\n"
+    "except KeyboardInterrupt:\n"
+    "    sigint = True\n"
+    "except BaseException as e:\n"
+    "    code = 1\n"
+    "    traceback.print_exc()\n"
+    "    f = os.environ.get('TORCHELASTIC_ERROR_FILE')\n"
+    "    if f:\n"
+    "        with open(f, 'w') as fp:\n"
+    "            json.dump({'message': {'message': f'{type(e).__name__}: {e}', 'extraInfo': {\n"
+    "                'py_callstack': traceback.format_exc(),\n"
+    "                'timestamp': str(int(time.time()))}}}, fp)\n"
+    "for step in (getattr(threading, '_shutdown', lambda: None), atexit._run_exitfuncs):\n"
+    "    try:\n"
+    "        step()\n"
+    "    except BaseException:\n"
+    "        traceback.print_exc()\n"
+    "for s in (sys.stdout, sys.stderr):\n"
+    "    try:\n"
+    "        s.flush()\n"
+    "    except BaseException:\n"
+    "        pass\n"
+    "if sigint:\n"
+    "    signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+    "    os.kill(os.getpid(), signal.SIGINT)\n"
+    "    code = 130\n"
+    "os._exit(code & 0xff)\n";
+
+int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t errlen)
+{
+    const char *ep = cfg->entrypoint;
+    if (cfg->log_dir) {
+        struct stat st;
+        if (stat(cfg->log_dir, &st) == 0 && !S_ISDIR(st.st_mode) &&
+            strcmp(cfg->log_dir, "/dev/null") != 0)
+            return cddp_fail(err, errlen, CDDP_ECONFIG, "--log_dir=%s: is a file, not a directory",
+                             cfg->log_dir);
+    }
+
+    if (cfg->run_path)
+        cfg->kind = LAUNCH_RUN_PATH;
+    else if (cfg->module)
+        cfg->kind = LAUNCH_PYTHON_MODULE;
+    else if (cfg->no_python)
+        cfg->kind = LAUNCH_BINARY;
+    else if (ends_with(ep, ".py"))
+        cfg->kind = LAUNCH_PYTHON_SCRIPT;
+    else
+        cfg->kind = LAUNCH_BINARY;
+
+    const char *python = NULL;
+    if (cfg->kind != LAUNCH_BINARY) {
+        python = cddp_flags_getenv(envp, "PYTHON_EXEC");
+        if (python == NULL || *python == '\0')
+            python = "python3";
+        cfg->program = find_program(python, envp);
+        if (cfg->program == NULL)
+            return cddp_fail(err, errlen, CDDP_ENOTFOUND,
+                             "%s: Python interpreter not found or not executable (set PYTHON_EXEC)",
+                             python);
+    }
+    if (cfg->kind == LAUNCH_PYTHON_SCRIPT || cfg->kind == LAUNCH_RUN_PATH) {
+        struct stat st;
+        if (stat(ep, &st) != 0)
+            return cddp_fail(err, errlen, CDDP_ENOTFOUND, "training script '%s': %s", ep,
+                             strerror(errno));
+        if (!S_ISREG(st.st_mode) || access(ep, R_OK) != 0)
+            return cddp_fail(err, errlen, CDDP_ECONFIG, "training script '%s': not a readable file",
+                             ep);
+    }
+    if (cfg->kind == LAUNCH_BINARY) {
+        /* A bare name that is a file in the working directory means that file
+         * (torchrun would open it relative to the working directory too);
+         * otherwise PATH is searched, as execvp. */
+        struct stat st;
+        bool local = strchr(ep, '/') == NULL && stat(ep, &st) == 0;
+        if (strchr(ep, '/') || local) {
+            if (stat(ep, &st) != 0)
+                return cddp_fail(err, errlen, CDDP_ENOTFOUND, "entrypoint '%s': %s", ep,
+                                 strerror(errno));
+            if (!S_ISREG(st.st_mode))
+                return cddp_fail(err, errlen, CDDP_ECONFIG, "entrypoint '%s': not a regular file",
+                                 ep);
+            if (access(ep, X_OK) != 0)
+                return cddp_fail(err, errlen, CDDP_ECONFIG,
+                                 "entrypoint '%s': not executable (chmod +x it, or run a Python "
+                                 "script named *.py)",
+                                 ep);
+            struct cddp_buf b;
+            cddp_buf_init(&b, 8192);
+            if (cddp_buf_printf(&b, "%s%s", local ? "./" : "", ep) != 0)
+                return cddp_fail(err, errlen, CDDP_ETOOBIG, "entrypoint path too long");
+            cfg->program = b.data;
+        } else {
+            cfg->program = find_program(ep, envp);
+            if (cfg->program == NULL)
+                return cddp_fail(err, errlen, CDDP_ENOTFOUND,
+                                 "entrypoint '%s': not found in PATH or not executable", ep);
+        }
+    }
+
+    /* argv: [program-as-named, python flags..., entrypoint, args...] */
+    int n = 0;
+    cfg->argv = calloc((size_t)cfg->nentry_args + 8, sizeof(char *));
+    if (cfg->argv == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    switch (cfg->kind) {
+    case LAUNCH_BINARY:
+        cfg->argv[n++] = (char *)ep;
+        break;
+    case LAUNCH_PYTHON_SCRIPT:
+        cfg->argv[n++] = (char *)python;
+        cfg->argv[n++] = (char *)"-u";
+        cfg->argv[n++] = (char *)ep;
+        break;
+    case LAUNCH_PYTHON_MODULE:
+        cfg->argv[n++] = (char *)python;
+        cfg->argv[n++] = (char *)"-u";
+        cfg->argv[n++] = (char *)"-m";
+        cfg->argv[n++] = (char *)ep;
+        break;
+    case LAUNCH_RUN_PATH:
+        cfg->argv[n++] = (char *)python;
+        cfg->argv[n++] = (char *)"-u";
+        cfg->argv[n++] = (char *)"-c";
+        cfg->argv[n++] = (char *)run_path_bootstrap;
+        cfg->argv[n++] = (char *)ep;
+        break;
+    }
+    for (int i = 0; i < cfg->nentry_args; i++)
+        cfg->argv[n++] = cfg->entry_args[i];
+    cfg->argv[n] = NULL;
+    cfg->argc = n;
+    return 0;
+}
