@@ -3,7 +3,7 @@
 torchrun, side by side in one run.
 
     /usr/bin/python3 tests/bench/bench_launcher.py [--build build] [--runs 40] [--torch-runs 5]
-        [--startup-runs 40] [--also NAME=BUILDDIR ...] [--no-torch]
+        [--startup-runs 40] [--also NAME=BUILDDIR ...] [--link-cost] [--no-torch]
 
 Start-up (issue 22): every command run in turn, round after round, so all
 see the same machine load, each timed by tests/bench/spawn.c (bench_spawn:
@@ -29,6 +29,9 @@ image before exec is a fork of the small bench_spawn; goal: under 6 MiB).
 
 --also NAME=BUILDDIR adds another build's cddprun to the same rounds (an
 older commit built elsewhere, say), so builds compare side by side.
+--link-cost adds empty programs linked against what cddprun links, then
+with libmicrohttpd, libcurl or both: what each library costs every exec
+of a program that links it, whether the run uses it or not (common/dl.h).
 
 Against torchrun (skipped with --no-torch): three figures, each measured for
 both launchers in the same run, the runs interleaved so both see the same
@@ -137,13 +140,35 @@ def spawn_once(spawn, n, cmd, env):
     return int(us) / 1e6, int(rss), int(cpu) / 1e6
 
 
-def startup(spawn, builds, nproc, runs, env, tmpfs):
+# --link-cost: an empty main() linked (--no-as-needed) against each set.
+LINK_SETS = [("libuv, cJSON, libm (what cddprun links)", ["-luv", "-lcjson", "-lm"]),
+             ("the same + libmicrohttpd", ["-luv", "-lcjson", "-lm", "-lmicrohttpd"]),
+             ("the same + libcurl", ["-luv", "-lcjson", "-lm", "-lcurl"]),
+             ("the same + both", ["-luv", "-lcjson", "-lm", "-lcurl", "-lmicrohttpd"])]
+
+
+def link_cost_rows(tmp):
+    """Rows for --link-cost: what exec'ing a program costs for each set of
+    libraries it links, its code aside (the ratio is to /bin/true alone)."""
+    rows = []
+    for i, (label, libs) in enumerate(LINK_SETS):
+        exe = pathlib.Path(tmp) / f"empty{i}"
+        subprocess.run(["cc", "-x", "c", "-", "-o", str(exe), "-Wl,--no-as-needed", *libs],
+                       input="int main(void) { return 0; }\n", text=True, check=True)
+        n = subprocess.run(["ldd", str(exe)], capture_output=True, text=True).stdout.count("\n")
+        rows.append((f"empty main() linked against {label}: {n} objects in ldd", 1, [str(exe)], 1,
+                     {}))
+    return rows
+
+
+def startup(spawn, builds, nproc, runs, env, tmpfs, extra_rows=()):
     """The start-up figures (module docstring): one table, rows in the
     order measured, every row's runs interleaved with every other's. Each
     row: (label, the row its ratio is to, command (or a function making
     it), copies started at once, extra environment)."""
     rows = [(f"bare fork+exec of {nproc} x /bin/true (baseline)", None, ["/bin/true"], nproc, {}),
             ("/bin/true alone (exec floor)", None, ["/bin/true"], 1, {})]
+    rows += extra_rows
     for k, (name, build) in enumerate(builds):
         prog = str(build / "launcher" / "cddprun")
 
@@ -191,6 +216,9 @@ def main():
     ap.add_argument("--nproc", type=int, default=4, help="workers in the start-up figures")
     ap.add_argument("--also", action="append", default=[], metavar="NAME=BUILDDIR",
                     help="another build's cddprun in the start-up rounds (repeatable)")
+    ap.add_argument("--link-cost", action="store_true",
+                    help="also empty programs linked against cddprun's libraries, "
+                         "libmicrohttpd and libcurl (needs cc)")
     ap.add_argument("--no-torch", action="store_true",
                     help="the start-up figures only (no torchrun, no restarts)")
     args = ap.parse_args()
@@ -218,7 +246,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="bench-launcher-",
                                      dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as shm:
         startup(spawn, builds, args.nproc, args.startup_runs, env,
-                shm if shm.startswith("/dev/shm/") else None)
+                shm if shm.startswith("/dev/shm/") else None,
+                link_cost_rows(shm) if args.link_cost else ())
     if args.no_torch:
         return 0
 
