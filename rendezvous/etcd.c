@@ -3,6 +3,9 @@
  * "multi_socket" API, as in its docs/examples/multi-uv.c): curl tells us
  * which sockets to watch and when to time out; we tell it what happened.
  *
+ * libcurl is not linked: its functions are called through etcd_curl, a
+ * table filled when the first client is made (etcd_curl.h).
+ *
  * Nothing of ours runs inside a curl callback except copying bytes: the
  * callers' callbacks run after curl_multi_socket_action returned, from
  * dispatch(), since curl refuses to be called back into from its own
@@ -15,12 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <curl/curl.h>
+#include <curl/curl.h> /* types and constants; the calls go through etcd_curl */
 
 #include "common/errors.h"
 #include "common/hostport.h"
 #include "common/queue.h"
 #include "common/strutil.h"
+#include "rendezvous/etcd_curl.h"
 #include "rendezvous/etcd_wire.h"
 
 #define DEFAULT_TIMEOUT_MS 5000
@@ -124,7 +128,7 @@ static void on_poll(uv_poll_t *p, int status, int events)
     if (events & UV_WRITABLE)
         flags |= CURL_CSELECT_OUT;
     int running;
-    curl_multi_socket_action(c->multi, s->fd, flags, &running);
+    etcd_curl.multi_socket_action(c->multi, s->fd, flags, &running);
     dispatch(c);
 }
 
@@ -137,7 +141,7 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
         if (s) {
             uv_poll_stop(&s->poll);
             if (!c->closing)
-                curl_multi_assign(c->multi, fd, NULL);
+                etcd_curl.multi_assign(c->multi, fd, NULL);
             uv_close((uv_handle_t *)&s->poll, handle_closed);
         }
         return 0;
@@ -154,7 +158,7 @@ static int on_socket(CURL *easy, curl_socket_t fd, int what, void *userp, void *
         }
         s->poll.data = s;
         c->open_handles++;
-        curl_multi_assign(c->multi, fd, s);
+        etcd_curl.multi_assign(c->multi, fd, s);
     }
     int ev = 0;
     if (what & CURL_POLL_IN)
@@ -169,7 +173,7 @@ static void on_timeout(uv_timer_t *t)
 {
     struct etcd_client *c = t->data;
     int running;
-    curl_multi_socket_action(c->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    etcd_curl.multi_socket_action(c->multi, CURL_SOCKET_TIMEOUT, 0, &running);
     dispatch(c);
 }
 
@@ -200,10 +204,10 @@ static size_t on_data(char *p, size_t size, size_t n, void *arg)
 static void xfer_free(struct xfer *x)
 {
     if (x->easy) {
-        curl_multi_remove_handle(x->c->multi, x->easy);
-        curl_easy_cleanup(x->easy);
+        etcd_curl.multi_remove_handle(x->c->multi, x->easy);
+        etcd_curl.easy_cleanup(x->easy);
     }
-    curl_slist_free_all(x->headers);
+    etcd_curl.slist_free_all(x->headers);
     cddp_buf_free(&x->in);
     free(x->body);
     cddp_queue_remove(&x->q);
@@ -214,8 +218,8 @@ static int xfer_start(struct xfer *x)
 {
     struct etcd_client *c = x->c;
     if (x->easy) {
-        curl_multi_remove_handle(c->multi, x->easy);
-        curl_easy_cleanup(x->easy);
+        etcd_curl.multi_remove_handle(c->multi, x->easy);
+        etcd_curl.easy_cleanup(x->easy);
     }
     cddp_buf_reset(&x->in);
     x->done = false;
@@ -223,47 +227,47 @@ static int xfer_start(struct xfer *x)
     x->errbuf[0] = '\0';
     x->member = c->cur;
     x->tries++;
-    curl_slist_free_all(x->headers);
-    x->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    etcd_curl.slist_free_all(x->headers);
+    x->headers = etcd_curl.slist_append(NULL, "Content-Type: application/json");
     if (x->headers && c->token[0] && !x->is_auth) {
         char h[600];
         snprintf(h, sizeof(h), "Authorization: %s", c->token);
-        struct curl_slist *l = curl_slist_append(x->headers, h);
+        struct curl_slist *l = etcd_curl.slist_append(x->headers, h);
         if (l == NULL)
             return CDDP_ERR_FROM_ERRNO(ENOMEM);
         x->headers = l;
     }
     if (x->headers == NULL)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    CURL *e = x->easy = curl_easy_init();
+    CURL *e = x->easy = etcd_curl.easy_init();
     if (e == NULL)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     char url[400];
     snprintf(url, sizeof(url), "%s/v3/%s", c->members[x->member].base, x->path);
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_PRIVATE, x);
-    curl_easy_setopt(e, CURLOPT_POSTFIELDS, x->body);
-    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE, (long)strlen(x->body));
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, x->headers);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, x);
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
-                     (long)(c->timeout_ms < 2000 ? c->timeout_ms : 2000));
-    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(e, CURLOPT_TCP_KEEPIDLE, 5L);
-    curl_easy_setopt(e, CURLOPT_TCP_KEEPINTVL, 2L);
+    etcd_curl.easy_setopt(e, CURLOPT_URL, url);
+    etcd_curl.easy_setopt(e, CURLOPT_PRIVATE, x);
+    etcd_curl.easy_setopt(e, CURLOPT_POSTFIELDS, x->body);
+    etcd_curl.easy_setopt(e, CURLOPT_POSTFIELDSIZE, (long)strlen(x->body));
+    etcd_curl.easy_setopt(e, CURLOPT_HTTPHEADER, x->headers);
+    etcd_curl.easy_setopt(e, CURLOPT_WRITEFUNCTION, on_data);
+    etcd_curl.easy_setopt(e, CURLOPT_WRITEDATA, x);
+    etcd_curl.easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf);
+    etcd_curl.easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    etcd_curl.easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    etcd_curl.easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
+                          (long)(c->timeout_ms < 2000 ? c->timeout_ms : 2000));
+    etcd_curl.easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    etcd_curl.easy_setopt(e, CURLOPT_TCP_KEEPIDLE, 5L);
+    etcd_curl.easy_setopt(e, CURLOPT_TCP_KEEPINTVL, 2L);
     if (x->watch == NULL)
-        curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)c->timeout_ms);
+        etcd_curl.easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)c->timeout_ms);
     if (c->cacert[0])
-        curl_easy_setopt(e, CURLOPT_CAINFO, c->cacert);
+        etcd_curl.easy_setopt(e, CURLOPT_CAINFO, c->cacert);
     if (c->cert[0])
-        curl_easy_setopt(e, CURLOPT_SSLCERT, c->cert);
+        etcd_curl.easy_setopt(e, CURLOPT_SSLCERT, c->cert);
     if (c->key[0])
-        curl_easy_setopt(e, CURLOPT_SSLKEY, c->key);
-    if (curl_multi_add_handle(c->multi, e) != CURLM_OK)
+        etcd_curl.easy_setopt(e, CURLOPT_SSLKEY, c->key);
+    if (etcd_curl.multi_add_handle(c->multi, e) != CURLM_OK)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     return 0;
 }
@@ -291,15 +295,15 @@ static void note_failure(struct etcd_client *c, struct xfer *x)
     else if (x->result == CURLE_PEER_FAILED_VERIFICATION || x->result == CURLE_SSL_CACERT_BADFILE)
         snprintf(c->last_error, sizeof(c->last_error),
                  "etcd member %s: TLS certificate not accepted (%s; check rdzv_conf cacert=)", m,
-                 x->errbuf[0] ? x->errbuf : curl_easy_strerror(x->result));
+                 x->errbuf[0] ? x->errbuf : etcd_curl.easy_strerror(x->result));
     else if (x->result == CURLE_SSL_CERTPROBLEM || x->result == CURLE_SSL_CONNECT_ERROR)
         snprintf(c->last_error, sizeof(c->last_error),
                  "etcd member %s: TLS handshake failed (%s; check rdzv_conf cert=, key=, "
                  "protocol=)",
-                 m, x->errbuf[0] ? x->errbuf : curl_easy_strerror(x->result));
+                 m, x->errbuf[0] ? x->errbuf : etcd_curl.easy_strerror(x->result));
     else if (x->result != CURLE_OK)
         snprintf(c->last_error, sizeof(c->last_error), "etcd member %s: %s", m,
-                 x->errbuf[0] ? x->errbuf : curl_easy_strerror(x->result));
+                 x->errbuf[0] ? x->errbuf : etcd_curl.easy_strerror(x->result));
     else {
         char msg[256] = "";
         if (!etcd_parse_error(x->in.data ? x->in.data : "", x->in.len, msg, sizeof(msg))) {
@@ -435,8 +439,8 @@ static void finish_call(struct etcd_client *c, struct xfer *x)
         x->reauthed = true;
         x->tries = 0;
         if (x->easy) {
-            curl_multi_remove_handle(c->multi, x->easy);
-            curl_easy_cleanup(x->easy);
+            etcd_curl.multi_remove_handle(c->multi, x->easy);
+            etcd_curl.easy_cleanup(x->easy);
             x->easy = NULL;
         }
         x->done = false;
@@ -493,14 +497,14 @@ static void dispatch(struct etcd_client *c)
 {
     CURLMsg *m;
     int left;
-    while (!c->closing && (m = curl_multi_info_read(c->multi, &left)) != NULL) {
+    while (!c->closing && (m = etcd_curl.multi_info_read(c->multi, &left)) != NULL) {
         if (m->msg != CURLMSG_DONE)
             continue;
         struct xfer *x;
-        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
+        etcd_curl.easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
         x->done = true;
         x->result = m->data.result;
-        curl_easy_getinfo(m->easy_handle, CURLINFO_RESPONSE_CODE, &x->http);
+        etcd_curl.easy_getinfo(m->easy_handle, CURLINFO_RESPONSE_CODE, &x->http);
     }
     for (;;) {
         if (c->closing)
@@ -512,7 +516,7 @@ static void dispatch(struct etcd_client *c)
         {
             struct xfer *x = cddp_queue_data(q, struct xfer, q);
             if (x->watch && x->http == 0 && x->easy)
-                curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &x->http);
+                etcd_curl.easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &x->http);
             if (x->watch && x->http == 200 && deliver_one(c, x)) {
                 delivered = true;
                 break;
@@ -609,12 +613,12 @@ static int parse_members(struct etcd_client *c, const char *list, bool https, ch
 int etcd_client_new(uv_loop_t *loop, const struct etcd_client_options *o, struct etcd_client **out,
                     char *err, size_t errlen)
 {
-    static bool curl_ready;
-    if (!curl_ready) {
-        if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-            return cddp_fail(err, errlen, CDDP_ECONFIG, "libcurl: initialisation failed");
-        curl_ready = true;
-    }
+    /* libcurl is opened here, by the one backend that needs it, so that
+     * no other run maps it (etcd_curl.h says why). */
+    char why[320];
+    if (etcd_curl_load(why, sizeof(why)) != 0)
+        return cddp_fail(err, errlen, CDDP_ECONFIG,
+                         "the etcd backend (--rdzv_backend=etcd-v3) needs libcurl: %s", why);
     struct etcd_client *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
@@ -641,7 +645,7 @@ int etcd_client_new(uv_loop_t *loop, const struct etcd_client_options *o, struct
     }
     if (rc == 0 && c->nmembers == 0)
         rc = cddp_fail(err, errlen, CDDP_EPARSE, "no etcd endpoint given");
-    if (rc == 0 && (c->multi = curl_multi_init()) == NULL)
+    if (rc == 0 && (c->multi = etcd_curl.multi_init()) == NULL)
         rc = cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "libcurl: no multi handle");
     if (rc) {
         free(c);
@@ -650,10 +654,10 @@ int etcd_client_new(uv_loop_t *loop, const struct etcd_client_options *o, struct
     uv_timer_init(loop, &c->timer);
     c->timer.data = c;
     c->open_handles = 1;
-    curl_multi_setopt(c->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
-    curl_multi_setopt(c->multi, CURLMOPT_SOCKETDATA, c);
-    curl_multi_setopt(c->multi, CURLMOPT_TIMERFUNCTION, on_timer);
-    curl_multi_setopt(c->multi, CURLMOPT_TIMERDATA, c);
+    etcd_curl.multi_setopt(c->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+    etcd_curl.multi_setopt(c->multi, CURLMOPT_SOCKETDATA, c);
+    etcd_curl.multi_setopt(c->multi, CURLMOPT_TIMERFUNCTION, on_timer);
+    etcd_curl.multi_setopt(c->multi, CURLMOPT_TIMERDATA, c);
     *out = c;
     return 0;
 }
@@ -753,7 +757,7 @@ void etcd_client_close(struct etcd_client *c, void (*close_cb)(void *arg), void 
     }
     /* Removing the handles made curl drop its sockets (CURL_POLL_REMOVE,
      * closing their polls); cleanup closes what it kept for reuse. */
-    curl_multi_cleanup(c->multi);
+    etcd_curl.multi_cleanup(c->multi);
     c->multi = NULL;
     uv_timer_stop(&c->timer);
     uv_close((uv_handle_t *)&c->timer, handle_closed);

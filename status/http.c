@@ -11,6 +11,10 @@
  * fd: MHD sees the hang-up on its next turn and closes the connection itself.
  * Because the list and MHD_run live on the same thread, and MHD reports a
  * connection closed before it closes the fd, every fd in the list is open.
+ *
+ * libmicrohttpd is not linked: its functions are called through
+ * status_mhd, a table filled when the first server starts (mhd.h), so the
+ * programs that serve no status port never load it.
  */
 #include "status/http.h"
 
@@ -29,7 +33,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <microhttpd.h>
+#include <microhttpd.h> /* types and constants; the calls go through status_mhd */
 
 #include "common/clock.h"
 #include "common/errors.h"
@@ -38,6 +42,7 @@
 #include "common/queue.h"
 #include "common/strutil.h"
 #include "status/dashboard.h"
+#include "status/mhd.h"
 #include "status/prom.h"
 
 /* ---- snapshots ------------------------------------------------------- */
@@ -299,7 +304,7 @@ static void on_connection(void *cls, struct MHD_Connection *connection, void **s
         if (c == NULL)
             return; /* not tracked: MHD's idle timeout still applies */
         const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+            status_mhd.get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
         c->fd = ci ? ci->connect_fd : -1;
         c->t0_ms = cddp_mono_ms();
         cddp_queue_init(&c->node);
@@ -322,7 +327,7 @@ static void on_connection(void *cls, struct MHD_Connection *connection, void **s
 static struct conn *conn_of(struct MHD_Connection *connection)
 {
     const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        status_mhd.get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
 }
 
@@ -395,13 +400,13 @@ static enum MHD_Result queue(struct status_server *s, struct MHD_Connection *con
 {
     if (r == NULL)
         return MHD_NO;
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
-    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    status_mhd.add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    status_mhd.add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    status_mhd.add_response_header(r, "X-Content-Type-Options", "nosniff");
     if (code == MHD_HTTP_METHOD_NOT_ALLOWED)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
-    enum MHD_Result ret = MHD_queue_response(connection, code, r);
-    MHD_destroy_response(r);
+        status_mhd.add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    enum MHD_Result ret = status_mhd.queue_response(connection, code, r);
+    status_mhd.destroy_response(r);
     add_stat(&s->requests_total, 1);
     if (code >= 100 && code < 600)
         add_stat(&s->responses[code / 100], 1);
@@ -416,12 +421,12 @@ static enum MHD_Result reply(struct status_server *s, struct MHD_Connection *con
 {
     struct MHD_Response *r;
     if (snap) {
-        r = MHD_create_response_from_buffer_with_free_callback_cls(len, (void *)body, unref_cb,
-                                                                   snap);
+        r = status_mhd.create_response_from_buffer_with_free_callback_cls(len, (void *)body,
+                                                                          unref_cb, snap);
         if (r == NULL)
             status_snapshot_unref(snap);
     } else {
-        r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+        r = status_mhd.create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     }
     return queue(s, connection, code, ctype, r);
 }
@@ -432,8 +437,8 @@ static enum MHD_Result reply_owned(struct status_server *s, struct MHD_Connectio
 {
     if (b->data == NULL && cddp_buf_append(b, "", 0) != 0)
         return MHD_NO;
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer_with_free_callback_cls(b->len, b->data, free_cb, b->data);
+    struct MHD_Response *r = status_mhd.create_response_from_buffer_with_free_callback_cls(
+        b->len, b->data, free_cb, b->data);
     if (r == NULL) {
         cddp_buf_free(b);
         return MHD_NO;
@@ -535,7 +540,7 @@ static enum MHD_Result serve_health(struct status_server *s, struct MHD_Connecti
 {
     const char *what = ready ? "readyz" : "livez";
     struct health_query q = {0};
-    MHD_get_connection_values(connection, MHD_GET_ARGUMENT_KIND, query_arg, &q);
+    status_mhd.get_connection_values(connection, MHD_GET_ARGUMENT_KIND, query_arg, &q);
     struct status_snapshot *snap = ready ? status_cell_acquire(&s->cell, NULL) : NULL;
     struct checklist cl;
     build_checklist(s, snap, ready, &cl);
@@ -671,13 +676,13 @@ static enum MHD_Result serve_metrics(struct status_server *s, struct MHD_Connect
 static enum MHD_Result serve_dashboard(struct status_server *s, struct MHD_Connection *connection,
                                        bool negotiated)
 {
-    struct MHD_Response *r = MHD_create_response_from_buffer(
+    struct MHD_Response *r = status_mhd.create_response_from_buffer(
         status_dashboard_html_len, (void *)status_dashboard_html, MHD_RESPMEM_PERSISTENT);
     if (r == NULL)
         return MHD_NO;
-    MHD_add_response_header(r, "Content-Security-Policy", STATUS_DASHBOARD_CSP);
+    status_mhd.add_response_header(r, "Content-Security-Policy", STATUS_DASHBOARD_CSP);
     if (negotiated)
-        MHD_add_response_header(r, "Vary", "Accept");
+        status_mhd.add_response_header(r, "Vary", "Accept");
     return queue(s, connection, MHD_HTTP_OK, HTML, r);
 }
 
@@ -686,7 +691,7 @@ static enum MHD_Result serve_dashboard(struct status_server *s, struct MHD_Conne
 static enum MHD_Result serve_index(struct status_server *s, struct MHD_Connection *connection)
 {
     const char *accept =
-        MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
+        status_mhd.lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
     if (status_dashboard_wants_html(accept))
         return serve_dashboard(s, connection, true);
     char text[512];
@@ -699,9 +704,9 @@ static enum MHD_Result serve_index(struct status_server *s, struct MHD_Connectio
                      "  /dashboard  the job dashboard, for a browser (also / for browsers)\n",
                      s->program);
     struct MHD_Response *r =
-        MHD_create_response_from_buffer((size_t)n, text, MHD_RESPMEM_MUST_COPY);
+        status_mhd.create_response_from_buffer((size_t)n, text, MHD_RESPMEM_MUST_COPY);
     if (r)
-        MHD_add_response_header(r, "Vary", "Accept");
+        status_mhd.add_response_header(r, "Vary", "Accept");
     return queue(s, connection, MHD_HTTP_OK, TEXT, r);
 }
 
@@ -784,14 +789,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
             return reply_text(s, connection, MHD_HTTP_METHOD_NOT_ALLOWED,
                               "method not allowed (GET, HEAD)\n");
         const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(connection, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+            status_mhd.get_connection_info(connection, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
         if (ci && ci->header_size > s->opt.max_header_bytes)
             return reply_text(s, connection, MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE,
                               "request header fields too large\n");
-        const char *te = MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
-                                                     MHD_HTTP_HEADER_TRANSFER_ENCODING);
-        const char *cl = MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
-                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        const char *te = status_mhd.lookup_connection_value(connection, MHD_HEADER_KIND,
+                                                            MHD_HTTP_HEADER_TRANSFER_ENCODING);
+        const char *cl = status_mhd.lookup_connection_value(connection, MHD_HEADER_KIND,
+                                                            MHD_HTTP_HEADER_CONTENT_LENGTH);
         long clen;
         if (te != NULL || (cl && (cddp_parse_long(cl, 0, LONG_MAX, &clen) != 0 ||
                                   (size_t)clen > s->opt.max_body_bytes)))
@@ -816,12 +821,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *connection, 
 static void *http_main(void *arg)
 {
     struct status_server *s = arg;
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+    const union MHD_DaemonInfo *di = status_mhd.get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD);
     struct pollfd pfd[2] = {{di->epoll_fd, POLLIN, 0}, {s->wake_fd, POLLIN, 0}};
     for (;;) {
         int timeout = reap(s);
         MHD_UNSIGNED_LONG_LONG mhd_to;
-        if (MHD_get_timeout(s->mhd, &mhd_to) == MHD_YES) {
+        if (status_mhd.get_timeout(s->mhd, &mhd_to) == MHD_YES) {
             int t = mhd_to > INT_MAX ? INT_MAX : (int)mhd_to;
             if (timeout < 0 || t < timeout)
                 timeout = t;
@@ -840,7 +845,7 @@ static void *http_main(void *arg)
          * waiting in the backlog would wait for some unrelated event. */
         do {
             s->closed_in_run = 0;
-            MHD_run(s->mhd);
+            status_mhd.run(s->mhd);
         } while (s->closed_in_run > 0);
     }
     return NULL;
@@ -931,6 +936,14 @@ int status_server_start(const struct status_server_options *o, struct status_ser
     status_server_options_default(&def);
     if (o == NULL)
         o = &def;
+    /* Opened by the first server, not at exec (mhd.h): a missing library
+     * is this function's error, before anything is bound. */
+    char why[320];
+    int lrc = status_mhd_load(why, sizeof(why));
+    if (lrc) {
+        snprintf(err, errlen, "the status port needs libmicrohttpd: %s", why);
+        return lrc;
+    }
     struct status_server *s = calloc(1, sizeof(*s));
     if (s == NULL) {
         snprintf(err, errlen, "status port: out of memory");
@@ -993,7 +1006,7 @@ int status_server_start(const struct status_server_options *o, struct status_ser
     unsigned flags = MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
     if (family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    s->mhd = MHD_start_daemon(
+    s->mhd = status_mhd.start_daemon(
         flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, (MHD_LogCallback)mhd_log,
         (void *)NULL, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)s->listen_fd,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned int)s->opt.max_connections,
@@ -1029,7 +1042,7 @@ int status_server_start(const struct status_server_options *o, struct status_ser
     return 0;
 err:
     if (s->mhd)
-        MHD_stop_daemon(s->mhd);
+        status_mhd.stop_daemon(s->mhd);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     if (s->wake_fd >= 0)
@@ -1080,7 +1093,7 @@ void status_server_stop(struct status_server *s)
         pthread_join(s->thread, NULL);
     }
     /* The thread is gone: MHD's close notifications now run on this thread. */
-    MHD_stop_daemon(s->mhd);
+    status_mhd.stop_daemon(s->mhd);
     close(s->wake_fd);
     status_cell_destroy(&s->cell);
     log_info("S0002", "status port: stopped (%s)", s->addr);

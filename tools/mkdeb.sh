@@ -54,7 +54,7 @@ for src in json.load(sys.stdin):
         print(rel)
 ' "$builddir")
 # shellcheck disable=SC2086
-ninja -C "$builddir" $targets >/dev/null
+ninja -C "$builddir" $targets dlopen-probe >/dev/null
 
 version=$(meson introspect --projectinfo "$builddir" | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')
 if rev=$(git -C "$top" log -1 --format='%cd.%h' --date=format:%Y%m%d 2>/dev/null); then
@@ -81,11 +81,22 @@ License: Apache-2.0
  /usr/share/common-licenses/Apache-2.0.
 EOF
 
-# Depends: the packages of the shared libraries the programs link.
+# Depends: the packages of the shared libraries the programs link, and of
+# those they open on first use (libcurl for the etcd backend, libmicrohttpd
+# for the status port; common/dl.h), which dpkg-shlibdeps cannot see through
+# dlopen: dlopen-probe (tools/dlopen_probe.c, not installed) links those and
+# calls what the programs call, so it stands in for them, minimum versions
+# included.
 mkdir -p "$stage/shlibs/debian"
 printf 'Source: cddp\n\nPackage: cddp\nArchitecture: any\n' >"$stage/shlibs/debian/control"
-deps=$(cd "$stage/shlibs" && dpkg-shlibdeps -O "$root"/usr/bin/* 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
+deps=$(cd "$stage/shlibs" && dpkg-shlibdeps -O "$root"/usr/bin/* "$builddir/dlopen-probe" 2>/dev/null |
+    sed -n 's/^shlibs:Depends=//p')
 [ -n "$deps" ] || { echo "mkdeb: dpkg-shlibdeps found no dependencies" >&2; exit 1; }
+# The probe links those libraries and the programs do not (the lint suite
+# checks this on every build; here on the release build that is packaged).
+sonames=$(sed -n 's/^#define CDDP_LIB[A-Z]*_SONAME "\(.*\)"$/\1/p' "$builddir/config.h")
+lazy=$("$top/tools/lazylibs.sh" "$builddir/dlopen-probe" "$sonames" "$root/usr/bin/cddprun" \
+    "$root/usr/bin/cddp-rdzv") || { echo "mkdeb: $lazy" >&2; exit 1; }
 
 install -d "$root/DEBIAN"
 printf '/etc/default/cddp-rdzv\n' >"$root/DEBIAN/conffiles"

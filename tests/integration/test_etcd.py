@@ -344,6 +344,30 @@ def test_unreachable_etcd_is_a_clear_error(cluster):
     assert envs(cluster.out) == []
 
 
+def test_without_libcurl_the_backend_is_one_clear_line(cluster, tmp_path):
+    """libcurl is opened by the etcd backend when it starts (common/dl.h), not
+    at exec. A libcurl.so.4 that cannot be loaded is put first on the
+    loader's path (LD_LIBRARY_PATH: the real binary, no test-only switch in
+    it; an empty file, which the loader refuses): the etcd backend stops
+    with one line naming the library and the flag, exit 1 like any other
+    rendezvous that cannot open, no worker started, nothing left behind (the
+    autouse no_orphans fixture); a run without etcd never notices."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libcurl.so.4").write_bytes(b"")
+    env = {"LD_LIBRARY_PATH": str(lib), "LIFETIME": "0"}
+    a = cluster.agent("0", *v3(f"127.0.0.1:{free_port()}", 1), env=env)
+    assert a.wait(timeout=30) == 1
+    errors = [line for line in a.text().splitlines() if " ERROR " in line]
+    assert len(errors) == 1, a.text()[-2000:]
+    assert ("A0603: --rdzv_endpoint: the etcd backend (--rdzv_backend=etcd-v3) needs libcurl: "
+            f"libcurl.so.4 cannot be loaded ({lib}/libcurl.so.4: ") in errors[0], errors[0]
+    assert envs(cluster.out) == []
+    ok = cluster.agent("1", "--nproc_per_node=2", env=env)
+    assert ok.wait(timeout=30) == 0, ok.text()[-2000:]
+    assert len(envs(cluster.out)) == 2
+
+
 @pytest.mark.parametrize("answer", ["junk", "deep", "huge", "wrong-types"])
 def test_misbehaving_endpoint_is_an_error_not_a_crash(cluster, answer):
     """A 'member' that answers nonsense: the agent says what it got, gives

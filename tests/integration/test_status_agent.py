@@ -434,6 +434,35 @@ def test_slow_clients_do_not_hold_up_the_run(background, tmp_path):
     assert port_is_closed(a.port)
 
 
+def test_without_libmicrohttpd_the_status_port_is_one_clear_line(tmp_path):
+    """libmicrohttpd is opened by the first status server (common/dl.h), not
+    at exec. An unloadable libmicrohttpd.so.12 first on the loader's path
+    (LD_LIBRARY_PATH and an empty file: the real binaries, no test-only
+    switch): --status_port is one line naming the library and the flag,
+    exit 1 like a port in use, before any worker; cddp-rdzv likewise; runs
+    without a status port never load it."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libmicrohttpd.so.12").write_bytes(b"")
+    env = dict(os.environ, LD_LIBRARY_PATH=str(lib))
+    marker = tmp_path / "started"
+    w = script(tmp_path / "worker", f'touch "{marker}"\n')
+    why = f"the status port needs libmicrohttpd: libmicrohttpd.so.12 cannot be loaded ({lib}/"
+    r = run([binary("cddprun"), "--status_port=0", w], env=env, timeout=30)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cddprun: error: --status_port=0: {why}"), \
+        r.stderr
+    assert not marker.exists()
+    r = run([binary("cddp-rdzv"), "--port=0", "--status-port=0"], env=env, timeout=30)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cddp-rdzv: --status-port=0: {why}"), r.stderr
+    r = run([binary("cddprun"), w], env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert marker.exists()
+
+
 def test_flags_env_and_errors(background, tmp_path):
     marker = tmp_path / "started"
     w = script(tmp_path / "worker", f'env > "{tmp_path}/env.$LOCAL_RANK"; touch "{marker}"\n')
