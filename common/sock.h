@@ -1,6 +1,6 @@
 /*
  * sock.h: blocking TCP use with deadlines, for the programs' plain-thread
- * clients (rendezvous/store_client.c, trainer/comm/tcpstore_client.c); the
+ * clients (rendezvous/store_client.c, store/tcpstore_client.c); the
  * daemons use libuv instead.
  *
  * Deadlines are monotonic milliseconds (common/clock.h cddp_mono_ms). The

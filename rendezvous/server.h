@@ -3,8 +3,9 @@
  *
  * It runs on the caller's loop: inside cddp-rdzv (rendezvous/main.c), inside
  * the agent that hosts the rendezvous (--standalone, is_host), or as a plain
- * key-value store (store_only: the trainer's bootstrap store, see
- * rendezvous/store_client.h). Connections speak the protocol of docs/protocol.md;
+ * key-value store (store_only: cddp-rdzv --store-only, or on a thread of its
+ * own through rendezvous/store_client.h). Connections speak the protocol of
+ * docs/protocol.md;
  * the server pushes rounds, restarts and closes to agents as they happen.
  *
  * Nothing a peer sends can stop the server: a bad frame, an unknown

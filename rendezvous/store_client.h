@@ -1,11 +1,14 @@
 /*
  * store_client.h: serve and use a cddp key-value store from plain threads.
  *
- * This is what cddp-train's bootstrap needs: rank 0 serves a store on
- * MASTER_PORT, every rank (rank 0 included) connects to MASTER_ADDR:PORT and
- * uses set/get/wait/add/compare_set, with torch TCPStore's semantics
- * (store/kvstore.h). The wire protocol is docs/protocol.md; the server is
- * rendezvous/server.c in store_only mode.
+ * A store in cddp's own protocol (docs/protocol.md) without an event loop:
+ * a server on a thread of its own, and a blocking client that connects to
+ * host:port and uses set/get/wait/add/compare_set, with torch TCPStore's
+ * semantics (store/kvstore.h); the server is rendezvous/server.c in
+ * store_only mode. cddp-train's bootstrap used it until its workers came
+ * to speak torch's TCPStore only (store/tcpstore_thread.h and
+ * store/tcpstore_client.h); tests/unit/test_rdzv_net.c drives the
+ * rendezvous server's store through it.
  *
  * Serving (rank 0):
  *

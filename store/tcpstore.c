@@ -472,22 +472,174 @@ static void do_set(struct conn *c, const char *key, struct tcpstore_bytes v, boo
     drain_events(srv);
 }
 
-static void handle(struct conn *c, const struct tcpstore_query *q)
+static void do_compare_set(struct conn *c, const char *key, const struct tcpstore_query *q)
 {
     struct tcpstore_server *srv = c->srv;
-    struct kvstore *st = srv->store;
-    struct cddp_buf *o = &c->out;
-    const char *key = NULL;
-    int rc = 0;
-    srv->stats.queries++;
+    struct before b;
+    before_change(srv, key, &b);
+    const void *cur;
+    size_t curlen;
+    int rc = kvstore_compare_set(srv->store, key, q->val.p, q->val.n, q->val2.p, q->val2.n, &cur,
+                                 &curlen);
+    if (rc) {
+        free(b.val);
+        store_failed(c, q, rc);
+        return;
+    }
+    reply_done(c, tcpstore_put_bytes(&c->out, cur, curlen));
+    after_change(srv, key, &b);
+    drain_events(srv);
+}
 
+static void do_get(struct conn *c, const char *key)
+{
+    const void *v = NULL;
+    size_t vlen = 0;
+    /* Clients wait before they get; a key deleted meanwhile reads as
+     * empty, as torch's libuv store answers. */
+    if (kvstore_get(c->srv->store, key, &v, &vlen) != 0)
+        vlen = 0;
+    reply_done(c, tcpstore_put_bytes(&c->out, v, vlen));
+}
+
+static void do_add(struct conn *c, const char *key, const struct tcpstore_query *q)
+{
+    struct tcpstore_server *srv = c->srv;
+    struct before b;
+    before_change(srv, key, &b);
+    int64_t out;
+    int rc = kvstore_add64(srv->store, key, q->delta, &out);
+    if (rc) {
+        free(b.val);
+        store_failed(c, q, rc);
+        return;
+    }
+    reply_done(c, tcpstore_put_i64(&c->out, out));
+    after_change(srv, key, &b);
+    drain_events(srv);
+}
+
+static void do_wait(struct conn *c, const struct tcpstore_query *q)
+{
+    struct tcpstore_server *srv = c->srv;
+    bool ready = true;
+    int rc = 0;
+    if (q->nitems > 0)
+        rc = kvstore_wait(srv->store, srv->keyv, q->nitems, KVSTORE_NEVER, &c->owner,
+                          c->next_wait++, false, &ready);
+    if (rc) {
+        store_failed(c, q, rc);
+        return;
+    }
+    if (ready)
+        reply_done(c, tcpstore_put_u8(&c->out, TCPSTORE_WAIT_STOP_WAITING));
+    update_waiting(c);
+}
+
+static void do_watch_key(struct conn *c, const char *key, const struct tcpstore_query *q)
+{
+    int rc = watch_key(c, key);
+    if (rc) {
+        store_failed(c, q, rc);
+        return;
+    }
+    reply_done(c, tcpstore_put_u8(&c->out, TCPSTORE_WATCH_REGISTERED));
+}
+
+static void do_delete(struct conn *c, const char *key)
+{
+    struct tcpstore_server *srv = c->srv;
+    struct before b;
+    before_change(srv, key, &b);
+    int n = kvstore_delete(srv->store, key);
+    reply_done(c, tcpstore_put_i64(&c->out, n));
+    after_change(srv, key, &b);
+}
+
+static void do_multi_get(struct conn *c, const struct tcpstore_query *q)
+{
+    struct tcpstore_server *srv = c->srv;
+    int rc = 0;
+    for (size_t i = 0; i < q->nitems && rc == 0; i++) {
+        const void *v = NULL;
+        size_t vlen = 0;
+        if (kvstore_get(srv->store, srv->keyv[i], &v, &vlen) != 0)
+            vlen = 0;
+        rc = tcpstore_put_bytes(&c->out, v, vlen);
+    }
+    reply_done(c, rc);
+}
+
+static void do_multi_set(struct conn *c, const struct tcpstore_query *q)
+{
+    size_t pos = 0;
+    struct tcpstore_bytes k, v;
+    while (!c->closing && tcpstore_query_next(q, &pos, &k, &v)) {
+        struct tcpstore_query one = {.op = TCPSTORE_SET, .key = k};
+        int rc = keys_to_c(c->srv, &one, false);
+        if (rc) {
+            conn_fail(c, rc, "MULTI_SET with a key that holds a NUL byte");
+            return;
+        }
+        do_set(c, c->srv->keyv[0], v, false, q);
+    }
+}
+
+static void do_cancel_wait(struct conn *c)
+{
+    kvstore_cancel_owner(c->srv->store, &c->owner);
+    update_waiting(c);
+    reply_done(c, tcpstore_put_u8(&c->out, TCPSTORE_WAIT_CANCELED));
+}
+
+static void do_queue_push(struct conn *c, const char *key, const struct tcpstore_query *q)
+{
+    int rc = kvstore_queue_push(c->srv->store, key, q->val.p, q->val.n);
+    if (rc) {
+        store_failed(c, q, rc);
+        return;
+    }
+    drain_events(c->srv);
+}
+
+static void do_queue_pop(struct conn *c, const char *key)
+{
+    void *v = NULL;
+    size_t vlen = 0, before = 0;
+    /* The length before the pop, then the item; an empty queue: 0 alone. */
+    bool got = kvstore_queue_pop(c->srv->store, key, &v, &vlen, &before) == 0;
+    int rc = tcpstore_put_i64(&c->out, got ? (int64_t)before : 0);
+    if (rc == 0 && got)
+        rc = tcpstore_put_bytes(&c->out, v, vlen);
+    free(v);
+    reply_done(c, rc);
+}
+
+static void do_list(struct conn *c)
+{
+    struct kvstore *st = c->srv->store;
+    size_t it = 0, kl;
+    const char *k;
+    int rc = tcpstore_put_i64(&c->out, (int64_t)kvstore_num_keys(st));
+    while (rc == 0 && kvstore_next_key(st, &it, &k, &kl))
+        rc = tcpstore_put_bytes(&c->out, k, kl);
+    reply_done(c, rc);
+}
+
+/* The query's key or keys as C strings in the server's scratch space
+ * (srv->keyv); *key: the one key of a query that has one. */
+static int query_keys(struct conn *c, const struct tcpstore_query *q, const char **key)
+{
+    struct tcpstore_server *srv = c->srv;
+    int rc = 0;
+    *key = NULL;
     switch (tcpstore_op_shape(q->op)) {
     case TCPSTORE_SHAPE_KEY:
     case TCPSTORE_SHAPE_KEY_VAL:
     case TCPSTORE_SHAPE_KEY_VAL_VAL:
     case TCPSTORE_SHAPE_KEY_I64:
         rc = keys_to_c(srv, q, false);
-        key = rc == 0 ? srv->keyv[0] : NULL;
+        *key = rc == 0 ? srv->keyv[0] : NULL;
         break;
     case TCPSTORE_SHAPE_KEYS:
         rc = keys_to_c(srv, q, true);
@@ -495,6 +647,16 @@ static void handle(struct conn *c, const struct tcpstore_query *q)
     default:
         break;
     }
+    return rc;
+}
+
+static void handle(struct conn *c, const struct tcpstore_query *q)
+{
+    struct kvstore *st = c->srv->store;
+    struct cddp_buf *o = &c->out;
+    const char *key;
+    c->srv->stats.queries++;
+    int rc = query_keys(c, q, &key);
     if (rc) {
         conn_fail(c, rc, "%s with a key that holds a NUL byte", tcpstore_op_name(q->op));
         return;
@@ -510,146 +672,53 @@ static void handle(struct conn *c, const struct tcpstore_query *q)
     case TCPSTORE_APPEND:
         do_set(c, key, q->val, q->op == TCPSTORE_APPEND, q);
         return;
-    case TCPSTORE_COMPARE_SET: {
-        struct before b;
-        before_change(srv, key, &b);
-        const void *cur;
-        size_t curlen;
-        rc = kvstore_compare_set(st, key, q->val.p, q->val.n, q->val2.p, q->val2.n, &cur, &curlen);
-        if (rc) {
-            free(b.val);
-            store_failed(c, q, rc);
-            return;
-        }
-        reply_done(c, tcpstore_put_bytes(o, cur, curlen));
-        after_change(srv, key, &b);
-        drain_events(srv);
+    case TCPSTORE_COMPARE_SET:
+        do_compare_set(c, key, q);
         return;
-    }
-    case TCPSTORE_GET: {
-        const void *v = NULL;
-        size_t vlen = 0;
-        /* Clients wait before they get; a key deleted meanwhile reads as
-         * empty, as torch's libuv store answers. */
-        if (kvstore_get(st, key, &v, &vlen) != 0)
-            vlen = 0;
-        reply_done(c, tcpstore_put_bytes(o, v, vlen));
+    case TCPSTORE_GET:
+        do_get(c, key);
         return;
-    }
-    case TCPSTORE_ADD: {
-        struct before b;
-        before_change(srv, key, &b);
-        int64_t out;
-        rc = kvstore_add64(st, key, q->delta, &out);
-        if (rc) {
-            free(b.val);
-            store_failed(c, q, rc);
-            return;
-        }
-        reply_done(c, tcpstore_put_i64(o, out));
-        after_change(srv, key, &b);
-        drain_events(srv);
+    case TCPSTORE_ADD:
+        do_add(c, key, q);
         return;
-    }
     case TCPSTORE_CHECK:
-        reply_done(c, tcpstore_put_u8(o, kvstore_check(st, srv->keyv, q->nitems)
+        reply_done(c, tcpstore_put_u8(o, kvstore_check(st, c->srv->keyv, q->nitems)
                                              ? TCPSTORE_CHECK_READY
                                              : TCPSTORE_CHECK_NOT_READY));
         return;
-    case TCPSTORE_WAIT: {
-        bool ready = true;
-        if (q->nitems > 0)
-            rc = kvstore_wait(st, srv->keyv, q->nitems, KVSTORE_NEVER, &c->owner, c->next_wait++,
-                              false, &ready);
-        if (rc) {
-            store_failed(c, q, rc);
-            return;
-        }
-        if (ready)
-            reply_done(c, tcpstore_put_u8(o, TCPSTORE_WAIT_STOP_WAITING));
-        update_waiting(c);
+    case TCPSTORE_WAIT:
+        do_wait(c, q);
         return;
-    }
     case TCPSTORE_GETNUMKEYS:
         reply_done(c, tcpstore_put_i64(o, (int64_t)kvstore_num_keys(st)));
         return;
     case TCPSTORE_WATCH_KEY:
-        rc = watch_key(c, key);
-        if (rc) {
-            store_failed(c, q, rc);
-            return;
-        }
-        reply_done(c, tcpstore_put_u8(o, TCPSTORE_WATCH_REGISTERED));
+        do_watch_key(c, key, q);
         return;
-    case TCPSTORE_DELETE_KEY: {
-        struct before b;
-        before_change(srv, key, &b);
-        int n = kvstore_delete(st, key);
-        reply_done(c, tcpstore_put_i64(o, n));
-        after_change(srv, key, &b);
+    case TCPSTORE_DELETE_KEY:
+        do_delete(c, key);
         return;
-    }
-    case TCPSTORE_MULTI_GET: {
-        for (size_t i = 0; i < q->nitems && rc == 0; i++) {
-            const void *v = NULL;
-            size_t vlen = 0;
-            if (kvstore_get(st, srv->keyv[i], &v, &vlen) != 0)
-                vlen = 0;
-            rc = tcpstore_put_bytes(o, v, vlen);
-        }
-        reply_done(c, rc);
+    case TCPSTORE_MULTI_GET:
+        do_multi_get(c, q);
         return;
-    }
-    case TCPSTORE_MULTI_SET: {
-        size_t pos = 0;
-        struct tcpstore_bytes k, v;
-        while (!c->closing && tcpstore_query_next(q, &pos, &k, &v)) {
-            struct tcpstore_query one = {.op = TCPSTORE_SET, .key = k};
-            if ((rc = keys_to_c(srv, &one, false)) != 0) {
-                conn_fail(c, rc, "MULTI_SET with a key that holds a NUL byte");
-                return;
-            }
-            do_set(c, srv->keyv[0], v, false, q);
-        }
+    case TCPSTORE_MULTI_SET:
+        do_multi_set(c, q);
         return;
-    }
     case TCPSTORE_CANCEL_WAIT:
-        kvstore_cancel_owner(st, &c->owner);
-        update_waiting(c);
-        reply_done(c, tcpstore_put_u8(o, TCPSTORE_WAIT_CANCELED));
+        do_cancel_wait(c);
         return;
     case TCPSTORE_QUEUE_PUSH:
-        rc = kvstore_queue_push(st, key, q->val.p, q->val.n);
-        if (rc) {
-            store_failed(c, q, rc);
-            return;
-        }
-        drain_events(srv);
+        do_queue_push(c, key, q);
         return;
-    case TCPSTORE_QUEUE_POP: {
-        void *v = NULL;
-        size_t vlen = 0, before = 0;
-        /* The length before the pop, then the item; an empty queue: 0 alone. */
-        bool got = kvstore_queue_pop(st, key, &v, &vlen, &before) == 0;
-        rc = tcpstore_put_i64(o, got ? (int64_t)before : 0);
-        if (rc == 0 && got)
-            rc = tcpstore_put_bytes(o, v, vlen);
-        free(v);
-        reply_done(c, rc);
+    case TCPSTORE_QUEUE_POP:
+        do_queue_pop(c, key);
         return;
-    }
     case TCPSTORE_QUEUE_LEN:
         reply_done(c, tcpstore_put_i64(o, (int64_t)kvstore_queue_len(st, key)));
         return;
-    case TCPSTORE_LIST: {
-        size_t it = 0, kl;
-        const char *k;
-        rc = tcpstore_put_i64(o, (int64_t)kvstore_num_keys(st));
-        while (rc == 0 && kvstore_next_key(st, &it, &k, &kl))
-            rc = tcpstore_put_bytes(o, k, kl);
-        reply_done(c, rc);
+    case TCPSTORE_LIST:
+        do_list(c);
         return;
-    }
     case TCPSTORE_NUM_OPS:
         break;
     }

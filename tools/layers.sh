@@ -9,7 +9,8 @@
 #       rendezvous/ common/ proto/ store/ status/
 #       agent/      common/ proto/ store/ status/ rendezvous/
 #       launcher/   common/ proto/ store/ status/ rendezvous/ agent/
-#       trainer/    common/ proto/ store/ rendezvous/ (the store client only)
+#       trainer/    common/ proto/ store/ (nothing of rendezvous/: the workers
+#                   speak torch's TCPStore, store/'s client and server)
 #     (tests/ and tools/ may include anything);
 #  2. common/ includes no third-party library header (libc, POSIX, pthreads);
 #  3. the pure cores include no libuv and no socket header: proto/,
@@ -30,7 +31,7 @@ allowed() {
     rendezvous) echo "common proto store status rendezvous" ;;
     agent) echo "common proto store status rendezvous agent" ;;
     launcher) echo "common proto store status rendezvous agent launcher" ;;
-    trainer) echo "common proto store rendezvous trainer" ;;
+    trainer) echo "common proto store trainer" ;;
     *) echo "*" ;;
     esac
 }

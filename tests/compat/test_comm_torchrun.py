@@ -4,7 +4,7 @@ torchrun's c10d rendezvous (--standalone) leaves MASTER_PORT to the workers
 (TORCHELASTIC_USE_AGENT_STORE=False): our rank 0 serves the bootstrap store
 there. Its static rendezvous (the default without --standalone) has the
 agent serve torch's own TCPStore on MASTER_PORT (True): the workers use it
-through trainer/comm/tcpstore_client.c.
+through store/tcpstore_client.c.
 """
 import os
 import pathlib

@@ -16,19 +16,13 @@
 #include "common/errors.h"
 #include "common/hostport.h"
 #include "common/log.h"
-#include "rendezvous/store_client.h"
-#include "trainer/comm/tcpstore_client.h"
+#include "store/tcpstore_client.h"
+#include "store/tcpstore_thread.h"
 
 static double left_s(uint64_t deadline)
 {
     uint64_t now = cddp_mono_ns();
     return now >= deadline ? 0.001 : (double)(deadline - now) * 1e-9;
-}
-
-static uint64_t left_ms(uint64_t deadline)
-{
-    uint64_t now = cddp_mono_ns();
-    return now >= deadline ? 1 : (deadline - now) / 1000000u + 1;
 }
 
 static void nap_ms(uint64_t ms)
@@ -38,46 +32,6 @@ static void nap_ms(uint64_t ms)
 }
 
 /* ---- the store client as a struct trn_kv ---- */
-
-static int kv_set(struct trn_kv *kv, const char *key, const void *val, size_t len)
-{
-    struct trn_store_kv *s = (struct trn_store_kv *)kv;
-    int rc = rdzv_store_set(s->client, key, val, len);
-    if (rc)
-        snprintf(kv->err, sizeof(kv->err), "store set '%s': %s", key,
-                 rdzv_store_last_error(s->client));
-    return rc;
-}
-
-static int kv_get(struct trn_kv *kv, const char *key, double timeout_s, void **val, size_t *len)
-{
-    struct trn_store_kv *s = (struct trn_store_kv *)kv;
-    int64_t ms = timeout_s > 0 ? (int64_t)(timeout_s * 1000.0) + 1 : 1;
-    int rc = rdzv_store_get(s->client, key, val, len, ms);
-    if (rc == CDDP_ETIMEOUT)
-        snprintf(kv->err, sizeof(kv->err), "key '%s' was not set within %.1f s", key, timeout_s);
-    else if (rc)
-        snprintf(kv->err, sizeof(kv->err), "store get '%s': %s", key,
-                 rdzv_store_last_error(s->client));
-    return rc;
-}
-
-static int kv_add(struct trn_kv *kv, const char *key, long delta, long *out)
-{
-    struct trn_store_kv *s = (struct trn_store_kv *)kv;
-    int64_t v = 0;
-    int rc = rdzv_store_add(s->client, key, delta, &v);
-    if (rc)
-        snprintf(kv->err, sizeof(kv->err), "store add '%s': %s", key,
-                 rdzv_store_last_error(s->client));
-    else
-        *out = (long)v;
-    return rc;
-}
-
-static const struct trn_kv_ops store_kv_ops = {kv_set, kv_get, kv_add};
-
-/* ---- the agent's TCPStore as a struct trn_kv ---- */
 
 static int prefixed(struct trn_tcpstore_kv *s, const char *key, char *out, size_t outlen)
 {
@@ -89,14 +43,19 @@ static int prefixed(struct trn_tcpstore_kv *s, const char *key, char *out, size_
     return 0;
 }
 
+static const char *store_name(const struct trn_tcpstore_kv *s)
+{
+    return s->agent ? "agent store" : "store";
+}
+
 static int tkv_set(struct trn_kv *kv, const char *key, const void *val, size_t len)
 {
     struct trn_tcpstore_kv *s = (struct trn_tcpstore_kv *)kv;
     char k[512];
     int rc = prefixed(s, key, k, sizeof(k));
-    if (rc == 0 && (rc = trn_tcpstore_set(s->client, k, val, len)) != 0)
-        snprintf(kv->err, sizeof(kv->err), "agent store set '%s': %s", k,
-                 trn_tcpstore_last_error(s->client));
+    if (rc == 0 && (rc = tcpstore_client_set(s->client, k, val, len)) != 0)
+        snprintf(kv->err, sizeof(kv->err), "%s set '%s': %s", store_name(s), k,
+                 tcpstore_client_last_error(s->client));
     return rc;
 }
 
@@ -105,9 +64,14 @@ static int tkv_get(struct trn_kv *kv, const char *key, double timeout_s, void **
     struct trn_tcpstore_kv *s = (struct trn_tcpstore_kv *)kv;
     char k[512];
     int rc = prefixed(s, key, k, sizeof(k));
-    if (rc == 0 && (rc = trn_tcpstore_get(s->client, k, timeout_s, val, len)) != 0)
-        snprintf(kv->err, sizeof(kv->err), "agent store get '%s': %s", k,
-                 trn_tcpstore_last_error(s->client));
+    if (rc == 0 && (rc = tcpstore_client_get(s->client, k, timeout_s, val, len)) != 0) {
+        /* In rank 0's store a key that never came is said as it is. */
+        if (rc == CDDP_ETIMEOUT && !s->agent)
+            snprintf(kv->err, sizeof(kv->err), "%s", tcpstore_client_last_error(s->client));
+        else
+            snprintf(kv->err, sizeof(kv->err), "%s get '%s': %s", store_name(s), k,
+                     tcpstore_client_last_error(s->client));
+    }
     return rc;
 }
 
@@ -117,9 +81,9 @@ static int tkv_add(struct trn_kv *kv, const char *key, long delta, long *out)
     char k[512];
     int64_t v = 0;
     int rc = prefixed(s, key, k, sizeof(k));
-    if (rc == 0 && (rc = trn_tcpstore_add(s->client, k, delta, &v)) != 0)
-        snprintf(kv->err, sizeof(kv->err), "agent store add '%s': %s", k,
-                 trn_tcpstore_last_error(s->client));
+    if (rc == 0 && (rc = tcpstore_client_add(s->client, k, delta, &v)) != 0)
+        snprintf(kv->err, sizeof(kv->err), "%s add '%s': %s", store_name(s), k,
+                 tcpstore_client_last_error(s->client));
     else if (rc == 0)
         *out = (long)v;
     return rc;
@@ -127,27 +91,44 @@ static int tkv_add(struct trn_kv *kv, const char *key, long delta, long *out)
 
 static const struct trn_kv_ops tcpstore_kv_ops = {tkv_set, tkv_get, tkv_add};
 
+/* Connects s to the store at MASTER_ADDR:MASTER_PORT. In rank 0's store
+ * (ours: it numbers the queries as torch 1.13 does, and knows CANCEL_WAIT)
+ * the keys are bare, as the store lives for one attempt; in the agent's
+ * they go under torch's per-attempt prefix. */
+static int connect_kv(struct trn_dist *d, struct trn_tcpstore_kv *s,
+                      const struct tcpstore_client_options *o, char *why, size_t whylen)
+{
+    s->agent = d->env.use_agent_store;
+    int rc =
+        tcpstore_client_connect(d->env.master_addr, d->env.master_port, o, &s->client, why, whylen);
+    if (rc) {
+        s->client = NULL;
+        return rc;
+    }
+    s->kv.ops = &tcpstore_kv_ops;
+    s->prefix[0] = '\0';
+    if (s->agent)
+        snprintf(s->prefix, sizeof(s->prefix), "/worker/attempt_%ld/", d->env.restart_count);
+    return 0;
+}
+
 /* TORCHELASTIC_USE_AGENT_STORE=True: the launcher's agent serves it. */
 static int connect_agent_store(struct trn_dist *d, uint64_t deadline, char *err, size_t errlen)
 {
     char ep[300];
     cddp_hostport_format(d->env.master_addr, d->env.master_port, ep, sizeof(ep));
     char why[512];
-    int rc = trn_tcpstore_connect(d->env.master_addr, d->env.master_port, left_s(deadline),
-                                  &d->agent_store.client, why, sizeof(why));
+    struct tcpstore_client_options o = {.connect_timeout_s = left_s(deadline)};
+    int rc = connect_kv(d, &d->store, &o, why, sizeof(why));
     if (rc) {
-        d->agent_store.client = NULL;
         snprintf(err, errlen,
                  "TORCHELASTIC_USE_AGENT_STORE=True, but the launcher's TCPStore at %s did not "
                  "answer: %s",
                  ep, why);
         return rc == CDDP_EPARSE ? CDDP_ENOTFOUND : rc;
     }
-    d->agent_store.kv.ops = &tcpstore_kv_ops;
-    snprintf(d->agent_store.prefix, sizeof(d->agent_store.prefix), "/worker/attempt_%ld/",
-             d->env.restart_count);
     log_debug("T6031", "connected to the agent's TCPStore at %s (%s)", ep,
-              trn_tcpstore_dialect(d->agent_store.client));
+              tcpstore_client_dialect(d->store.client));
     return 0;
 }
 
@@ -157,27 +138,20 @@ static int connect_agent_store(struct trn_dist *d, uint64_t deadline, char *err,
 static struct trn_kv *connect_progress(struct trn_dist *d, uint64_t deadline)
 {
     char why[512];
-    const char *host = d->env.master_addr;
-    int port = d->env.master_port;
+    struct tcpstore_client_options o = {.connect_timeout_s = 5};
     if (d->env.use_agent_store) {
-        if (trn_tcpstore_connect(host, port, left_s(deadline) < 5 ? left_s(deadline) : 5,
-                                 &d->progress_agent_store.client, why, sizeof(why)) != 0) {
-            d->progress_agent_store.client = NULL;
-            log_debug("T2107", "no progress connection to the agent's store: %s", why);
-            return NULL;
-        }
-        d->progress_agent_store.kv.ops = &tcpstore_kv_ops;
-        memcpy(d->progress_agent_store.prefix, d->agent_store.prefix,
-               sizeof(d->progress_agent_store.prefix));
-        return &d->progress_agent_store.kv;
+        if (left_s(deadline) < 5)
+            o.connect_timeout_s = left_s(deadline);
+    } else {
+        o.op_timeout_s = 2;
+        o.dialect = TCPSTORE_DIALECT_V1;
+        o.cancel_waits = true;
     }
-    struct rdzv_store_client_options o = {.connect_timeout_ms = 5000, .op_timeout_ms = 2000};
-    if (rdzv_store_connect(host, port, &o, &d->progress_store.client, why, sizeof(why)) != 0) {
-        d->progress_store.client = NULL;
-        log_debug("T2107", "no progress connection to the bootstrap store: %s", why);
+    if (connect_kv(d, &d->progress_store, &o, why, sizeof(why)) != 0) {
+        log_debug("T2107", "no progress connection to the %s: %s",
+                  d->env.use_agent_store ? "agent's store" : "bootstrap store", why);
         return NULL;
     }
-    d->progress_store.kv.ops = &store_kv_ops;
     return &d->progress_store.kv;
 }
 
@@ -219,8 +193,8 @@ static int serve(struct trn_dist *d, uint64_t deadline, char *err, size_t errlen
     int rc;
     char why[256];
     for (;;) {
-        rc = rdzv_store_thread_start(bind_host, d->env.master_port, NULL, &d->server, NULL, why,
-                                     sizeof(why));
+        rc = tcpstore_thread_start(bind_host, d->env.master_port, &d->server, NULL, why,
+                                   sizeof(why));
         if (rc != CDDP_ERR_FROM_ERRNO(EADDRINUSE) || cddp_mono_ns() >= deadline)
             break;
         nap_ms(backoff);
@@ -255,22 +229,22 @@ static int connect_store(struct trn_dist *d, uint64_t deadline, char *err, size_
     /* A name that does not resolve yet (a pod whose DNS record is still on
      * its way) is retried like a refused connection. */
     for (;;) {
-        struct rdzv_store_client_options o = {
-            .connect_timeout_ms = left_ms(deadline),
-            .op_timeout_ms = left_ms(deadline),
+        struct tcpstore_client_options o = {
+            .connect_timeout_s = left_s(deadline),
+            .op_timeout_s = left_s(deadline),
+            .dialect = TCPSTORE_DIALECT_V1,
+            .cancel_waits = true,
         };
-        rc = rdzv_store_connect(host, port, &o, &d->store.client, why, sizeof(why));
+        rc = connect_kv(d, &d->store, &o, why, sizeof(why));
         if (rc != CDDP_EPARSE || cddp_mono_ns() + 1000000000u >= deadline)
             break;
         nap_ms(1000);
     }
     double took = (double)(cddp_mono_ns() - t0) * 1e-9;
     if (rc == 0) {
-        d->store.kv.ops = &store_kv_ops;
         log_debug("T6030", "connected to the bootstrap store at %s in %.3f s", ep, took);
         return 0;
     }
-    d->store.client = NULL;
     if (rc == CDDP_EPARSE)
         rc = CDDP_ENOTFOUND; /* a name that never resolved: not a usage error */
     if (strstr(why, "cannot connect") != NULL || strstr(why, "cannot resolve") != NULL)
@@ -353,23 +327,17 @@ int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
             snprintf(err, errlen, "%s", ce.detail);
         return rc;
     }
-    struct trn_kv *kv;
+    struct trn_kv *kv = &d->store.kv;
     if (d->env.use_agent_store) {
         rc = connect_agent_store(d, deadline, err, errlen);
-        if (rc)
-            goto fail;
-        kv = &d->agent_store.kv;
     } else {
-        if (d->env.rank == 0) {
+        if (d->env.rank == 0)
             rc = serve(d, deadline, err, errlen);
-            if (rc)
-                goto fail;
-        }
-        rc = connect_store(d, deadline, err, errlen);
-        if (rc)
-            goto fail;
-        kv = &d->store.kv;
+        if (rc == 0)
+            rc = connect_store(d, deadline, err, errlen);
     }
+    if (rc)
+        goto fail;
     rc = check_membership(d, kv, deadline, err, errlen);
     if (rc)
         goto fail;
@@ -404,15 +372,11 @@ fail:
 void trn_dist_close(struct trn_dist *d)
 {
     trn_comm_destroy(d->comm);
-    rdzv_store_close(d->store.client);
-    trn_tcpstore_close(d->agent_store.client);
-    rdzv_store_close(d->progress_store.client);
-    trn_tcpstore_close(d->progress_agent_store.client);
-    rdzv_store_thread_stop(d->server);
-    d->agent_store.client = NULL;
+    tcpstore_client_close(d->store.client);
+    tcpstore_client_close(d->progress_store.client);
+    tcpstore_thread_stop(d->server);
     d->comm = NULL;
     d->store.client = NULL;
     d->progress_store.client = NULL;
-    d->progress_agent_store.client = NULL;
     d->server = NULL;
 }

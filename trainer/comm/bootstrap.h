@@ -3,26 +3,27 @@
  *
  *   1. read RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (env.h);
  *      none set: world size 1, nothing to connect;
- *   2. rank 0 serves the bootstrap store on MASTER_ADDR:MASTER_PORT
- *      (rendezvous/store_client.h: the rendezvous server in store-only mode, on a
- *      thread of its own); every rank, rank 0 included, connects to it with
- *      its blocking client, with backoff until --init-timeout;
+ *   2. rank 0 serves the bootstrap store on MASTER_ADDR:MASTER_PORT: torch's
+ *      TCPStore (store/tcpstore_thread.h: store/tcpstore.c on a thread of
+ *      its own); every rank, rank 0 included, connects to it with
+ *      store/tcpstore_client.h, with backoff until --init-timeout;
  *   3. sanity through the store: no RANK claimed twice, one WORLD_SIZE;
  *   4. the communicator connects its mesh through the store (comm.h), and a
  *      barrier confirms every rank is connected.
  * A wrong or unreachable address is an error after --init-timeout, never a
  * hang. TORCHELASTIC_USE_AGENT_STORE=True (cddprun by default, torchrun's
  * static rendezvous, torchrun >= 2.4) means the launcher's agent already
- * serves torch's TCPStore on MASTER_PORT: step 2 is then skipped and every
- * rank connects to it with tcpstore_client.h, its keys under
- * "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/" as torch's env:// does (an
- * agent that keeps one store across restarts, as torch 1.13's, still shows
- * each attempt a clean namespace). docs/distributed.md says why the trainer
- * keeps cddp's own store for the case where rank 0 serves.
+ * serves torch's TCPStore on MASTER_PORT: rank 0 then serves nothing and
+ * every rank connects to the agent's store with the same client, its keys
+ * under "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/" as torch's env://
+ * does (an agent that keeps one store across restarts, as torch 1.13's,
+ * still shows each attempt a clean namespace). Either way the workers
+ * speak one store protocol (docs/distributed.md, "One store protocol").
  */
 #ifndef CDDP_TRAINER_COMM_BOOTSTRAP_H
 #define CDDP_TRAINER_COMM_BOOTSTRAP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "trainer/comm/comm.h"
@@ -30,8 +31,8 @@
 
 #define TRN_DEFAULT_INIT_TIMEOUT_S 300.0
 
-struct rdzv_store_thread;
-struct rdzv_store_client;
+struct tcpstore_thread;
+struct tcpstore_client;
 
 struct trn_dist_options {
     double init_timeout_s;       /* <= 0: TRN_DEFAULT_INIT_TIMEOUT_S */
@@ -42,31 +43,22 @@ struct trn_dist_options {
     void *cuda_stream;
 };
 
-/* rendezvous/store_client.h's client as the communicator's struct trn_kv. */
-struct trn_store_kv {
-    struct trn_kv kv; /* first */
-    struct rdzv_store_client *client;
-};
-
-struct trn_tcpstore;
-
-/* tcpstore_client.h's client (the agent's TCPStore) as a struct trn_kv. */
+/* store/tcpstore_client.h's client as the communicator's struct trn_kv. */
 struct trn_tcpstore_kv {
     struct trn_kv kv; /* first */
-    struct trn_tcpstore *client;
-    char prefix[48]; /* "/worker/attempt_N/" */
+    struct tcpstore_client *client;
+    bool agent;      /* the launcher's store (its errors say so) */
+    char prefix[48]; /* "/worker/attempt_N/" in the agent's store; "" in rank 0's */
 };
 
 struct trn_dist {
     struct trn_dist_env env;
     struct trn_comm *comm;
-    struct rdzv_store_thread *server; /* rank 0 only */
-    struct trn_store_kv store;
-    struct trn_tcpstore_kv agent_store; /* TORCHELASTIC_USE_AGENT_STORE=True */
+    struct tcpstore_thread *server; /* rank 0, without an agent's store */
+    struct trn_tcpstore_kv store;   /* rank 0's store or the agent's */
     /* nccl: a second connection to the same store for the communicator's
-     * progress (trn_comm_options.progress_kv); one of these, or neither. */
-    struct trn_store_kv progress_store;
-    struct trn_tcpstore_kv progress_agent_store;
+     * progress (trn_comm_options.progress_kv), or none. */
+    struct trn_tcpstore_kv progress_store;
 };
 
 /* Fills *d. lookup is getenv (or a table in tests). On failure returns a

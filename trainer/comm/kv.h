@@ -2,8 +2,9 @@
  * kv.h: the key-value store a communicator bootstraps through.
  *
  * A small vtable so the communicator does not care who serves the store:
- * the bootstrap store (rank 0 serves it on MASTER_ADDR:MASTER_PORT over
- * proto/'s frames; see bootstrap.h), or an in-process table in unit tests.
+ * the bootstrap store (torch's TCPStore on MASTER_ADDR:MASTER_PORT, served
+ * by the launcher's agent or by rank 0; see bootstrap.h), or an in-process
+ * table in unit tests.
  * gloo's rendezvous::Store is adapted onto this in gloo_shim.cc.
  *
  * All operations may be called from any one thread at a time (the

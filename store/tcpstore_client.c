@@ -1,5 +1,5 @@
 /* tcpstore_client.c: a blocking TCPStore client; see tcpstore_client.h. */
-#include "trainer/comm/tcpstore_client.h"
+#include "store/tcpstore_client.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -20,20 +20,22 @@
 /* How long a V1 server may take to answer the probe before the client
  * takes the silence for a torch 2.x server. */
 #define PROBE_MS 2000
-#define OP_TIMEOUT_MS 300000 /* set, add: torch's default store timeout */
+#define OP_TIMEOUT_MS 300000 /* options.op_timeout_s <= 0: torch's default store timeout */
 
-struct trn_tcpstore {
+struct tcpstore_client {
     int fd;
     enum tcpstore_dialect dialect;
     bool broken;
+    bool cancel_waits;
+    uint64_t op_ms;
     struct tcpstore_limits lim;
     struct cddp_buf out, in;
     char err[512];
 };
 
-static int fail(struct trn_tcpstore *c, int rc, const char *fmt, ...)
+static int fail(struct tcpstore_client *c, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static int fail(struct trn_tcpstore *c, int rc, const char *fmt, ...)
+static int fail(struct tcpstore_client *c, int rc, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -43,7 +45,7 @@ static int fail(struct trn_tcpstore *c, int rc, const char *fmt, ...)
 }
 
 /* Sends what c->out holds. */
-static int flush_out(struct trn_tcpstore *c, uint64_t deadline)
+static int flush_out(struct tcpstore_client *c, uint64_t deadline)
 {
     int rc = cddp_send_all(c->fd, c->out.data, c->out.len, deadline);
     if (rc == 0)
@@ -52,7 +54,7 @@ static int flush_out(struct trn_tcpstore *c, uint64_t deadline)
 }
 
 /* Reads until one reply of shape is whole in c->in; *used: its bytes. */
-static int read_reply(struct trn_tcpstore *c, enum tcpstore_reply_shape shape, uint64_t deadline,
+static int read_reply(struct tcpstore_client *c, enum tcpstore_reply_shape shape, uint64_t deadline,
                       struct tcpstore_reply *r, size_t *used)
 {
     for (;;) {
@@ -81,7 +83,7 @@ static int read_reply(struct trn_tcpstore *c, enum tcpstore_reply_shape shape, u
 
 /* Sends q and reads its reply (shape < 0: none); the reply's bytes stay in
  * c->in until the next call. */
-static int roundtrip(struct trn_tcpstore *c, const struct tcpstore_query *q, int shape,
+static int roundtrip(struct tcpstore_client *c, const struct tcpstore_query *q, int shape,
                      uint64_t deadline, struct tcpstore_reply *r)
 {
     if (c->broken) {
@@ -109,7 +111,7 @@ static int roundtrip(struct trn_tcpstore *c, const struct tcpstore_query *q, int
 
 /* ---- the numbering ---- */
 
-static int handshake_v2(struct trn_tcpstore *c, uint64_t deadline)
+static int handshake_v2(struct tcpstore_client *c, uint64_t deadline)
 {
     struct tcpstore_query q = {.op = TCPSTORE_VALIDATE, .u32 = TCPSTORE_MAGIC};
     struct tcpstore_reply r;
@@ -123,7 +125,7 @@ static int handshake_v2(struct trn_tcpstore *c, uint64_t deadline)
     return rc;
 }
 
-static void close_fd(struct trn_tcpstore *c)
+static void close_fd(struct tcpstore_client *c)
 {
     if (c->fd >= 0)
         close(c->fd);
@@ -133,9 +135,33 @@ static void close_fd(struct trn_tcpstore *c)
     cddp_buf_reset(&c->out);
 }
 
-/* Connected: which numbering does the server speak? */
-static int settle(struct trn_tcpstore *c, const char *host, int port, uint64_t deadline)
+/* A V1 server answers GETNUMKEYS at once: that it answers is the check. */
+static int check_v1(struct tcpstore_client *c, const char *host, int port, uint64_t deadline)
 {
+    c->dialect = TCPSTORE_DIALECT_V1;
+    struct tcpstore_query q = {.op = TCPSTORE_GETNUMKEYS};
+    struct tcpstore_reply r;
+    int rc = roundtrip(c, &q, TCPSTORE_REPLY_I64, deadline, &r);
+    if (rc) {
+        char why[256];
+        cddp_strlcpy(why, c->err, sizeof(why));
+        return fail(c, rc, "%s port %d did not answer torch 1.13's TCPStore queries (%s)", host,
+                    port, why);
+    }
+    return 0;
+}
+
+/* Connected: which numbering does the server speak? (dialect: the
+ * caller's word for it, or UNKNOWN.) */
+static int settle(struct tcpstore_client *c, const char *host, int port,
+                  enum tcpstore_dialect dialect, uint64_t deadline)
+{
+    if (dialect == TCPSTORE_DIALECT_V1)
+        return check_v1(c, host, port, deadline);
+    if (dialect == TCPSTORE_DIALECT_V2) {
+        c->dialect = TCPSTORE_DIALECT_V2;
+        return handshake_v2(c, deadline);
+    }
     c->dialect = TCPSTORE_DIALECT_V1;
     struct tcpstore_query q = {.op = TCPSTORE_GETNUMKEYS};
     struct tcpstore_reply r;
@@ -159,13 +185,19 @@ static int settle(struct trn_tcpstore *c, const char *host, int port, uint64_t d
     return 0;
 }
 
-int trn_tcpstore_connect(const char *host, int port, double timeout_s, struct trn_tcpstore **out,
-                         char *err, size_t errlen)
+int tcpstore_client_connect(const char *host, int port, const struct tcpstore_client_options *o,
+                            struct tcpstore_client **out, char *err, size_t errlen)
 {
-    struct trn_tcpstore *c = calloc(1, sizeof(*c));
+    struct tcpstore_client_options none = {0};
+    if (o == NULL)
+        o = &none;
+    double timeout_s = o->connect_timeout_s;
+    struct tcpstore_client *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
     c->fd = -1;
+    c->cancel_waits = o->cancel_waits;
+    c->op_ms = o->op_timeout_s > 0 ? (uint64_t)(o->op_timeout_s * 1000.0) : OP_TIMEOUT_MS;
     c->lim = tcpstore_limits_resolve(NULL);
     cddp_buf_init(&c->out, c->lim.max_query);
     cddp_buf_init(&c->in, c->lim.max_query);
@@ -173,19 +205,21 @@ int trn_tcpstore_connect(const char *host, int port, double timeout_s, struct tr
     uint64_t deadline = start + (timeout_s > 0 ? (uint64_t)(timeout_s * 1000.0) : 1);
     int rc = cddp_tcp_connect(host, port, deadline, &c->fd, err, errlen);
     if (rc) {
-        trn_tcpstore_close(c);
+        tcpstore_client_close(c);
         return rc;
     }
-    if ((rc = settle(c, host, port, deadline > start + PROBE_MS ? deadline : start + PROBE_MS))) {
+    if (o->dialect == TCPSTORE_DIALECT_UNKNOWN && deadline < start + PROBE_MS)
+        deadline = start + PROBE_MS;
+    if ((rc = settle(c, host, port, o->dialect, deadline))) {
         snprintf(err, errlen, "%s", c->err);
-        trn_tcpstore_close(c);
+        tcpstore_client_close(c);
         return rc;
     }
     *out = c;
     return 0;
 }
 
-void trn_tcpstore_close(struct trn_tcpstore *c)
+void tcpstore_client_close(struct tcpstore_client *c)
 {
     if (c == NULL)
         return;
@@ -195,9 +229,36 @@ void trn_tcpstore_close(struct trn_tcpstore *c)
     free(c);
 }
 
-const char *trn_tcpstore_dialect(const struct trn_tcpstore *c)
+const char *tcpstore_client_dialect(const struct tcpstore_client *c)
 {
     return c->dialect == TCPSTORE_DIALECT_V2 ? "V2 (torch 2.x)" : "V1 (torch <= 2.0)";
+}
+
+/* A WAIT that timed out here is still pending at the server: cancel it and
+ * read up to the cancel's answer (WAIT_CANCELED), after the STOP_WAITING
+ * of a wait that the key's arrival ended while the cancel was on its way.
+ * 0 when the connection is in step again. */
+static int cancel_wait(struct tcpstore_client *c)
+{
+    uint64_t deadline = cddp_mono_ms() + c->op_ms;
+    struct tcpstore_query q = {.op = TCPSTORE_CANCEL_WAIT};
+    cddp_buf_reset(&c->in);
+    int rc = tcpstore_encode_query(c->dialect, &q, &c->out);
+    if (rc == 0)
+        rc = flush_out(c, deadline);
+    for (int i = 0; rc == 0 && i < 2; i++) {
+        struct tcpstore_reply r;
+        size_t used = 0;
+        if ((rc = read_reply(c, TCPSTORE_REPLY_U8, deadline, &r, &used)) != 0)
+            break;
+        cddp_buf_consume(&c->in, used);
+        if (r.u8 == TCPSTORE_WAIT_CANCELED)
+            return 0;
+        if (r.u8 != TCPSTORE_WAIT_STOP_WAITING)
+            break;
+    }
+    cddp_buf_reset(&c->out);
+    return rc ? rc : CDDP_EPROTO_FIELD;
 }
 
 static struct tcpstore_bytes text(const char *s)
@@ -205,27 +266,29 @@ static struct tcpstore_bytes text(const char *s)
     return (struct tcpstore_bytes){(const uint8_t *)s, strlen(s)};
 }
 
-int trn_tcpstore_set(struct trn_tcpstore *c, const char *key, const void *val, size_t len)
+int tcpstore_client_set(struct tcpstore_client *c, const char *key, const void *val, size_t len)
 {
     struct tcpstore_query q = {.op = TCPSTORE_SET, .key = text(key), .val = {val, len}};
     struct tcpstore_reply r;
-    return roundtrip(c, &q, -1, cddp_mono_ms() + OP_TIMEOUT_MS, &r);
+    return roundtrip(c, &q, -1, cddp_mono_ms() + c->op_ms, &r);
 }
 
-int trn_tcpstore_get(struct trn_tcpstore *c, const char *key, double timeout_s, void **val,
-                     size_t *len)
+int tcpstore_client_get(struct tcpstore_client *c, const char *key, double timeout_s, void **val,
+                        size_t *len)
 {
     struct tcpstore_bytes k = text(key);
     struct tcpstore_query w = {.op = TCPSTORE_WAIT, .nitems = 1, .keys = &k};
     struct tcpstore_reply r;
     uint64_t deadline = cddp_mono_ms() + (timeout_s > 0 ? (uint64_t)(timeout_s * 1000.0) : 1);
     int rc = roundtrip(c, &w, TCPSTORE_REPLY_U8, deadline, &r);
+    if (rc == CDDP_ETIMEOUT && c->cancel_waits && cancel_wait(c) == 0)
+        c->broken = false;
     if (rc == CDDP_ETIMEOUT)
         return fail(c, rc, "key '%s' was not set within %.1f s", key, timeout_s);
     if (rc)
         return rc;
     struct tcpstore_query g = {.op = TCPSTORE_GET, .key = k};
-    if ((rc = roundtrip(c, &g, TCPSTORE_REPLY_BYTES, cddp_mono_ms() + OP_TIMEOUT_MS, &r)) != 0)
+    if ((rc = roundtrip(c, &g, TCPSTORE_REPLY_BYTES, cddp_mono_ms() + c->op_ms, &r)) != 0)
         return rc;
     char *copy = malloc(r.val.n + 1);
     if (copy == NULL)
@@ -238,27 +301,27 @@ int trn_tcpstore_get(struct trn_tcpstore *c, const char *key, double timeout_s, 
     return 0;
 }
 
-int trn_tcpstore_add(struct trn_tcpstore *c, const char *key, int64_t delta, int64_t *out)
+int tcpstore_client_add(struct tcpstore_client *c, const char *key, int64_t delta, int64_t *out)
 {
     struct tcpstore_query q = {.op = TCPSTORE_ADD, .key = text(key), .delta = delta};
     struct tcpstore_reply r;
-    int rc = roundtrip(c, &q, TCPSTORE_REPLY_I64, cddp_mono_ms() + OP_TIMEOUT_MS, &r);
+    int rc = roundtrip(c, &q, TCPSTORE_REPLY_I64, cddp_mono_ms() + c->op_ms, &r);
     if (rc == 0)
         *out = r.i64;
     return rc;
 }
 
-int trn_tcpstore_num_keys(struct trn_tcpstore *c, int64_t *out)
+int tcpstore_client_num_keys(struct tcpstore_client *c, int64_t *out)
 {
     struct tcpstore_query q = {.op = TCPSTORE_GETNUMKEYS};
     struct tcpstore_reply r;
-    int rc = roundtrip(c, &q, TCPSTORE_REPLY_I64, cddp_mono_ms() + OP_TIMEOUT_MS, &r);
+    int rc = roundtrip(c, &q, TCPSTORE_REPLY_I64, cddp_mono_ms() + c->op_ms, &r);
     if (rc == 0)
         *out = r.i64;
     return rc;
 }
 
-const char *trn_tcpstore_last_error(const struct trn_tcpstore *c)
+const char *tcpstore_client_last_error(const struct tcpstore_client *c)
 {
     return c->err;
 }
