@@ -42,6 +42,8 @@ test_pkgs="$test_pkgs openssl"
 # install and .deb tests read them (man-db), verify the unit (systemd),
 # build the package (dpkg-dev) and install it in a fresh root (debootstrap).
 pkgs="$pkgs scdoc"
+# tools/gpu-check --pack gives the GPU bundle's binaries a RUNPATH (patchelf).
+pkgs="$pkgs patchelf"
 [ $want_test -eq 1 ] && pkgs="$pkgs man-db systemd dpkg-dev debootstrap util-linux"
 
 missing=""

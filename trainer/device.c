@@ -37,7 +37,11 @@ static const char *cuda_unusable(bool built, int count, int world, int ordinal, 
 {
     if (!built)
         snprintf(why, len, "this cddp-train was built without CUDA (meson -Dcuda=enabled)");
-    else if (count <= 0)
+    else if (count < 0)
+        snprintf(why, len,
+                 "the CUDA driver or runtime failed to count the devices (a driver problem, not "
+                 "a missing GPU: T2008 says why)");
+    else if (count == 0)
         snprintf(why, len, "no CUDA device is visible");
     else if ((ordinal < 0 || ordinal >= count) && pinned)
         snprintf(why, len, "device %d, but %d CUDA device(s) are visible", ordinal, count);
@@ -94,7 +98,8 @@ int trn_device_choose_dist(int req, int backend, bool built, bool nccl, int coun
     if (req == TRN_DEVICE_REQ_CPU)
         return 0;
     snprintf(out->note, sizeof(out->note), "%s", no);
-    out->gpu_unused = built && count > 0;
+    /* (a driver that fails to count its GPUs: there probably is one) */
+    out->gpu_unused = built && count != 0;
     return 0;
 }
 

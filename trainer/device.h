@@ -72,7 +72,9 @@ struct trn_device_choice {
 
 /*
  * Decides: req (not UNSET), built (CDDP_HAVE_CUDA), count (visible CUDA
- * devices), world and local_rank (torchrun's). 0 with *out filled, or -1
+ * devices: trn_cuda_device_count, -1 when the driver failed to count them,
+ * which is refused, or with auto the CPU with a warning, as a driver
+ * problem and not as no GPU), world and local_rank (torchrun's). 0 with *out filled, or -1
  * with "--device cuda: why" in err.
  */
 int trn_device_choose(int req, bool built, int count, int world, int local_rank,

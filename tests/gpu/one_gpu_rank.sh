@@ -14,9 +14,10 @@
 # (torch scripts, cddp-train: trainer/device.c refuses LOCAL_RANK beyond the
 # visible devices); the launcher's own LOCAL_RANK stays in
 # CDDP_ONE_GPU_LOCAL_RANK. CDDP_ONE_GPU_NO_HOSTID=1 leaves NCCL_HOSTID unset
-# (to see NCCL's refusal); CDDP_ONE_GPU_LD_LIBRARY_PATH, when set, replaces
-# LD_LIBRARY_PATH for the program (a torch script need not see the bundle's
-# libraries that the launcher needed).
+# (to see NCCL's refusal). The environment is otherwise the launcher's, the
+# library path included: tools/gpu-check gives every process the same one
+# (the CUDA libraries), and the bundle's binaries find their own libraries
+# by RUNPATH, so nothing here swaps it per program.
 set -eu
 if [ $# -lt 1 ]; then
     echo "one_gpu_rank.sh: usage: one_gpu_rank.sh PROGRAM [ARGS...] (under cddprun or torchrun)" >&2
@@ -32,7 +33,4 @@ fi
 export CDDP_ONE_GPU_LOCAL_RANK="$LOCAL_RANK"
 export LOCAL_RANK=0
 export CUDA_VISIBLE_DEVICES="${CDDP_ONE_GPU_DEVICE:-0}"
-if [ -n "${CDDP_ONE_GPU_LD_LIBRARY_PATH:-}" ]; then
-    export LD_LIBRARY_PATH="$CDDP_ONE_GPU_LD_LIBRARY_PATH"
-fi
 exec "$@"

@@ -24,6 +24,16 @@
  * round exactly as the host does. fc, the loss, SGD and unscale are fp32
  * under --amp too and are left to the fp32 run.
  *
+ * The stem (3 input channels) is checked twice: as cuDNN's search decides,
+ * and padded to 8 channels (CDDP_CUDA_CONV_PAD=1, conv.cu), the fallback
+ * for when cuDNN has no algorithm for 3 channels.
+ *
+ * --json FILE gets JSON lines, each written and flushed as it is known: a
+ * first line with the settings, one per check ({"op", "max_rel_err" (null
+ * when not finite), "tol", "ok"}), a last with the totals. A check that
+ * dies (a CUDA error is fatal) leaves the lines before it intact, and
+ * tools/gpu-check reports what ran and where it stopped.
+ *
  *   cuda-opcheck [--tf32] [--deterministic] [--amp bf16|fp16] [--json FILE] [--device N]
  */
 #include <math.h>
@@ -43,6 +53,7 @@ static double amp_tol;
 static int failures, checks;
 static FILE *json;
 static bool deterministic;
+static const char *name_suffix = ""; /* " (padded)": the stem's second round */
 
 /* ---- random data, host and device ---- */
 
@@ -195,10 +206,16 @@ static void report(const char *name, double err, double limit)
     bool ok = err <= limit;
     checks++;
     failures += !ok;
-    printf("  %-40s %10.3e  (tol %.0e)  %s\n", name, err, limit, ok ? "ok" : "FAIL");
-    if (json)
-        fprintf(json, "%s{\"op\": \"%s\", \"max_rel_err\": %.6e, \"tol\": %.1e, \"ok\": %s}",
-                checks > 1 ? ",\n  " : "  ", name, err, limit, ok ? "true" : "false");
+    printf("  %-40s%s %10.3e  (tol %.0e)  %s\n", name, name_suffix, err, limit, ok ? "ok" : "FAIL");
+    fflush(stdout);
+    if (json) {
+        char e[32] = "null"; /* JSON has no inf or NaN */
+        if (isfinite(err))
+            snprintf(e, sizeof(e), "%.6e", err);
+        fprintf(json, "{\"op\": \"%s%s\", \"max_rel_err\": %s, \"tol\": %.1e, \"ok\": %s}\n", name,
+                name_suffix, e, limit, ok ? "true" : "false");
+        fflush(json);
+    }
 }
 
 /* Compares a GPU activation with the CPU's. */
@@ -602,7 +619,13 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (trn_cuda_device_count() == 0) {
+    int count = trn_cuda_device_count();
+    if (count < 0) {
+        /* a driver problem, not "no GPU" (T2008 above says which) */
+        fprintf(stderr, "cuda-opcheck: the CUDA driver or runtime failed to count the devices\n");
+        return 1;
+    }
+    if (count == 0) {
         printf("cuda-opcheck: skipped: no CUDA device visible\n");
         return 77;
     }
@@ -618,9 +641,11 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *amp = act_dt == TRN_BF16 ? "bf16" : act_dt == TRN_F16 ? "fp16" : "off";
-    if (json)
-        fprintf(json, "{\"tf32\": %s, \"deterministic\": %s, \"amp\": \"%s\", \"checks\": [\n",
+    if (json) {
+        fprintf(json, "{\"tf32\": %s, \"deterministic\": %s, \"amp\": \"%s\"}\n",
                 opt.tf32_conv ? "true" : "false", deterministic ? "true" : "false", amp);
+        fflush(json);
+    }
     printf("cuda-opcheck: CUDA backend against the CPU backend (%s activations, TF32 %s%s)\n",
            act_dt == TRN_F32 ? "fp32" : amp, opt.tf32_conv ? "on" : "off",
            deterministic ? ", deterministic" : "");
@@ -645,10 +670,20 @@ int main(int argc, char **argv)
                "them)\n");
     }
     size_t peak = trn_backend_cuda_peak_bytes(&gpu);
+    /* The stem again on a backend that pads it (read at init). */
+    trn_backend_cuda_free(&gpu);
+    setenv("CDDP_CUDA_CONV_PAD", "1", 1);
+    if (trn_backend_cuda_init(&gpu, &opt, err, sizeof(err)) != 0) {
+        fprintf(stderr, "cuda-opcheck: %s\n", err);
+        return 1;
+    }
+    name_suffix = " (padded)";
+    check_conv(4, 3, 64, 32, 7, 2, 3, mm_tol);
     printf("cuda-opcheck: %d checks, %d failed; peak device memory %.1f MiB\n", checks, failures,
            (double)peak / (1 << 20));
     if (json) {
-        fprintf(json, "\n], \"failed\": %d, \"peak_device_bytes\": %zu}\n", failures, peak);
+        fprintf(json, "{\"checks\": %d, \"failed\": %d, \"peak_device_bytes\": %zu}\n", checks,
+                failures, peak);
         fclose(json);
     }
     trn_backend_cuda_free(&gpu);

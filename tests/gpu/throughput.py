@@ -25,10 +25,17 @@ without a GPU); figures from it mean nothing.
 
     throughput.py --train build/trainer/cddp-train --json out.json
 
+--budget bounds all the runs together: each run gets --timeout or what is
+left, and one that would start with less than 20 s left is recorded as
+skipped ("budget"); --json is rewritten after every run, so a stage cut
+short still has the runs that ended (bf16 first: ours, torch's, ours with
+--cuda-graphs; then fp32).
+
 Exit 0 when every run finished, 1 when one failed or ran past --timeout, 2
 on bad arguments.
 """
 import argparse
+import json
 import os
 import pathlib
 import re
@@ -51,6 +58,7 @@ def parse(argv):
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--modes", default="bf16,fp32", help="comma-separated: bf16, fp32")
     p.add_argument("--timeout", type=float, default=150, help="bound on each run (s)")
+    p.add_argument("--budget", type=float, default=0, help="bound on all runs (s); 0: none")
     p.add_argument("--no-graphs", action="store_true", help="no --cuda-graphs run")
     p.add_argument("--json", help="write the result here")
     a = p.parse_args(argv)
@@ -70,7 +78,29 @@ WAIT = re.compile(r"T2600: input: (\S+) s waiting for batches in \d+ steps, (\S+
                   r"first, (\S+) ms/step after it \(--prefetch (\d+)\)")
 
 
+_end = []
+
+
+def run_timeout(a):
+    """This run's bound: --timeout, or what --budget leaves; None: no time."""
+    if not _end:
+        return a.timeout
+    left = _end[0] - time.monotonic()
+    return min(a.timeout, left) if left >= 20 else None
+
+
+def save(a, result):
+    """The result so far into --json (a temporary file renamed)."""
+    if a.json:
+        with open(a.json + ".tmp", "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(a.json + ".tmp", a.json)
+
+
 def ours(a, mode, graphs=False):
+    timeout = run_timeout(a)
+    if timeout is None:
+        return {"error": "skipped: the stage's budget ran out", "skipped": True}
     total = a.warmup + a.steps
     cmd = [a.train, "--device", a.device, "--arch", a.arch, "--data", "synthetic",
            "--batch-size", str(a.batch), "--image-size", str(a.image_size),
@@ -83,9 +113,9 @@ def ours(a, mode, graphs=False):
     env = dict(os.environ, LOGLEVEL="DEBUG")
     t0 = time.time()
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"error": f"ran past {a.timeout} s"}
+        return {"error": f"ran past {timeout:.0f} s"}
     out = {"seconds": round(time.time() - t0, 1), "command": " ".join(cmd[1:])}
     if r.returncode != 0:
         out["error"] = f"exit {r.returncode}: {r.stderr[-1500:]}"
@@ -161,37 +191,48 @@ def torch_eager(a, mode):
 
 def main(argv):
     a = parse(argv)
+    if a.budget > 0:
+        _end.append(time.monotonic() + a.budget)
     result = {"arch": a.arch, "batch": a.batch, "image_size": a.image_size, "device": a.device,
               "warmup": a.warmup, "steps": a.steps, "modes": {}}
     rc = 0
     for mode in a.modes:
         o = ours(a, mode)
-        try:
-            t = torch_eager(a, mode)
-        except Exception as e:  # an out-of-memory or a missing torchvision: recorded
-            t = {"error": f"{type(e).__name__}: {e}"}
-        entry = {"cddp": o, "torch_eager": t}
+        entry = {"cddp": o}
+        result["modes"][mode] = entry
+        save(a, result)
+        if run_timeout(a) is None:
+            t = {"error": "skipped: the stage's budget ran out", "skipped": True}
+        else:
+            try:
+                t = torch_eager(a, mode)
+            except Exception as e:  # an out-of-memory or a missing torchvision: recorded
+                t = {"error": f"{type(e).__name__}: {e}"}
+        entry["torch_eager"] = t
+        save(a, result)
         if "img_per_s" in o and "img_per_s" in t:
             entry["speedup"] = round(o["img_per_s"] / t["img_per_s"], 3)
-        if "error" in o or "error" in t:
+        if ("error" in o and not o.get("skipped")) or ("error" in t and not t.get("skipped")):
             rc = 1
         if mode == a.modes[0] and not a.no_graphs and a.device == "cuda":
             g = ours(a, mode, graphs=True)
             entry["cddp_graphs"] = g
             if "img_per_s" in g and "img_per_s" in t:
                 entry["speedup_graphs"] = round(g["img_per_s"] / t["img_per_s"], 3)
-            if "error" in g:
+            if "error" in g and not g.get("skipped"):
                 rc = 1
             print(f"throughput {a.arch} batch {a.batch} {mode} --cuda-graphs: cddp "
                   f"{g.get('img_per_s', g.get('error'))} img/s (peak {g.get('peak_mib', '?')} MiB)",
                   flush=True)
-        result["modes"][mode] = entry
+        save(a, result)
         print(f"throughput {a.arch} batch {a.batch} {mode}: cddp "
               f"{o.get('img_per_s', o.get('error'))} img/s (peak {o.get('peak_mib', '?')} MiB, "
               f"waited for input {o.get('input_wait_ms_per_step', '?')} ms/step), "
               f"torch eager {t.get('img_per_s', t.get('error'))} img/s "
               f"(peak {t.get('peak_mib', '?')} MiB)", flush=True)
-    return gpu_common.finish(a.json, result, rc)
+    result["complete"] = True
+    save(a, result)
+    return rc
 
 
 if __name__ == "__main__":

@@ -10,9 +10,14 @@ giving the same environment give the same losses. Run it under any launcher:
     cddprun --nproc_per_node=2 --no-python tests/gpu/one_gpu_rank.sh python3 tests/gpu/torch_ddp.py --out DIR
     torchrun --nproc_per_node=2 --no-python tests/gpu/one_gpu_rank.sh python3 tests/gpu/torch_ddp.py --out DIR
 
---probe: only one allreduce (the NCCL set-up check). --device cpu uses gloo
-(the CPU self-test). Rank 0 writes DIR/result.json: the loss per epoch, the
-final loss, a digest of the final weights, torch's and NCCL's versions.
+--probe: only one allreduce (the NCCL set-up check). --bench: allreduce
+(sum, fp32) bus bandwidth from --min-bytes to --max-bytes, doubling, timed
+as cddp-collbench --bench times ours (the same iterations per size, 2 warm-up
+allreduces, a barrier, the slowest rank's time; bus bandwidth as nccl-tests
+defines it), for the ddp stage's side-by-side. --device cpu uses gloo (the
+CPU self-test). Rank 0 writes DIR/result.json: the loss per epoch, the final
+loss, a digest of the final weights (or the probe's or the bench's result),
+torch's and NCCL's versions.
 """
 import argparse
 import hashlib
@@ -29,6 +34,10 @@ def main():
     ap.add_argument("--samples", type=int, default=256)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--probe", action="store_true")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--min-bytes", type=int, default=1 << 20)
+    ap.add_argument("--max-bytes", type=int, default=128 << 20)
+    ap.add_argument("--iters", type=int, default=0, help="per size; 0: by size, as collbench")
     args = ap.parse_args()
 
     import torch
@@ -62,6 +71,8 @@ def main():
         dist.all_reduce(x)
         want = world_size * (world_size + 1) / 2
         result["probe_ok"] = bool((x == want).all().item())
+    elif args.bench:
+        result["bench"] = bench(args, dist, torch, dev, world_size)
     else:
         g = torch.Generator().manual_seed(0)
         data = torch.rand(args.samples, 3, 32, 32, generator=g)
@@ -106,6 +117,35 @@ def main():
     # (NCCL: the barrier on this rank's device, not one guessed from the rank)
     dist.barrier(**({"device_ids": [local_rank]} if args.device == "cuda" else {}))
     dist.destroy_process_group()
+
+
+def bench(args, dist, torch, dev, world):
+    """Rows of bytes, iters, time_us, algbw_gbps, busbw_gbps (trainer/collbench.c's)."""
+    rows = []
+    buf = torch.zeros(args.max_bytes // 4, dtype=torch.float32, device=dev)
+    bytes_ = args.min_bytes
+    while bytes_ <= args.max_bytes:
+        x = buf[:bytes_ // 4]
+        iters = args.iters or min(max((512 << 20) // bytes_, 3), 50)
+        for _ in range(2):
+            dist.all_reduce(x)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(x)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        el = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=dev)
+        dist.all_reduce(el, op=dist.ReduceOp.MAX)  # the slowest rank's time
+        per = float(el.item()) / iters
+        algbw = bytes_ / per / 1e9
+        rows.append({"bytes": bytes_, "iters": iters, "time_us": round(per * 1e6, 1),
+                     "algbw_gbps": round(algbw, 4),
+                     "busbw_gbps": round(algbw * 2 * (world - 1) / world, 4)})
+        bytes_ *= 2
+    return rows
 
 
 if __name__ == "__main__":

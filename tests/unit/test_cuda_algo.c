@@ -27,17 +27,18 @@ static void test_get_put(void **state)
     (void)state;
     trn_algo_cache_init(&cache);
     struct trn_conv_key k1 = key(TRN_CONV_FWD, 64, 64, 56, 64, 3, 1);
-    struct trn_conv_choice got, c1 = {3, 1, 4096, 0.5f};
+    struct trn_conv_choice got, c1 = {3, 1, 4096, 0.5f, 8};
     assert_false(trn_algo_cache_get(&cache, &k1, &got));
     assert_int_equal(trn_algo_cache_put(&cache, &k1, &c1), 0);
     assert_true(trn_algo_cache_get(&cache, &k1, &got));
     assert_int_equal(got.algo, 3);
     assert_int_equal(got.workspace, 4096);
+    assert_int_equal(got.padded_c, 8); /* a padded stem's choice comes back padded */
     assert_int_equal(cache.count, 1);
     assert_int_equal(cache.hits, 1);
     assert_int_equal(cache.misses, 1);
     /* replacing keeps one entry */
-    struct trn_conv_choice c2 = {5, 0, 0, 0.25f};
+    struct trn_conv_choice c2 = {5, 0, 0, 0.25f, 0};
     assert_int_equal(trn_algo_cache_put(&cache, &k1, &c2), 0);
     assert_int_equal(cache.count, 1);
     assert_true(trn_algo_cache_get(&cache, &k1, &got));
@@ -50,7 +51,7 @@ static void test_every_field_counts(void **state)
     (void)state;
     trn_algo_cache_init(&cache);
     struct trn_conv_key base = key(TRN_CONV_BWD_FILTER, 32, 128, 28, 256, 1, 2);
-    struct trn_conv_choice c = {1, 1, 0, 0};
+    struct trn_conv_choice c = {1, 1, 0, 0, 0};
     assert_int_equal(trn_algo_cache_put(&cache, &base, &c), 0);
     struct trn_conv_key v[] = {
         key(TRN_CONV_BWD_DATA, 32, 128, 28, 256, 1, 2),
@@ -93,7 +94,7 @@ static void test_dtypes_are_separate(void **state)
         struct trn_conv_key k =
             trn_conv_key_make(TRN_CONV_FWD, 64, 64, 56, 56, 64, 3, 1, 1, dts[d], TRN_LAYOUT_NHWC,
                               TRN_LAYOUT_NHWC, true, false, 256u << 20);
-        struct trn_conv_choice c = {d + 1, d == 0 ? 0 : 1, 1024 * d, 0};
+        struct trn_conv_choice c = {d + 1, d == 0 ? 0 : 1, 1024 * d, 0, 0};
         assert_int_equal(trn_algo_cache_put(&cache, &k, &c), 0);
     }
     assert_int_equal(cache.count, 3);
@@ -115,7 +116,7 @@ static void test_full(void **state)
     trn_algo_cache_init(&cache);
     for (int i = 0; i < TRN_ALGO_CACHE_CAP; i++) {
         struct trn_conv_key k = key(TRN_CONV_FWD, 1 + i, 8, 8, 8, 3, 1);
-        struct trn_conv_choice c = {i % 8, 0, i, 0};
+        struct trn_conv_choice c = {i % 8, 0, i, 0, 0};
         assert_int_equal(trn_algo_cache_put(&cache, &k, &c), 0);
     }
     assert_int_equal(cache.count, TRN_ALGO_CACHE_CAP);
@@ -126,7 +127,7 @@ static void test_full(void **state)
         assert_int_equal(got.workspace, i);
     }
     struct trn_conv_key extra = key(TRN_CONV_FWD, 1 << 20, 8, 8, 8, 3, 1);
-    struct trn_conv_choice c = {0, 0, 0, 0}, got;
+    struct trn_conv_choice c = {0, 0, 0, 0, 0}, got;
     assert_int_equal(trn_algo_cache_put(&cache, &extra, &c), -1);
     assert_false(trn_algo_cache_get(&cache, &extra, &got));
     /* replacing an existing entry still works when full */

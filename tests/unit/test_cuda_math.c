@@ -638,6 +638,161 @@ static void test_sgd(void **state)
     free(gb);
 }
 
+/* ---- the padded convolution (conv.cu's fallback for few input channels) ---- */
+
+/* max |got - want| / max |want| over n values. */
+static double scale_err(const float *got, const float *want, size_t n)
+{
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)got[i] - want[i]));
+        s = fmax(s, fabs((double)want[i]));
+    }
+    return s > 0 ? d / s : d;
+}
+
+/* The CPU backend's convolution of NCHW x (N, cin, H, W) with OIHW w: y,
+ * the weight gradient and the input gradient for dy (all malloc'd). */
+static void cpu_conv(const float *x, const float *w, const float *dy, int N, int cin, int H, int O,
+                     int K, int S, int P, float **y, float **dw, float **dx)
+{
+    int OH = (H + 2 * P - K) / S + 1;
+    struct trn_conv conv = {cin, O, K, S, P, true, NULL};
+    size_t ny = (size_t)N * O * OH * OH, nx = (size_t)N * cin * H * H;
+    *y = malloc(ny * 4);
+    *dw = malloc((size_t)O * cin * K * K * 4);
+    *dx = malloc(nx * 4);
+    struct trn_tensor xt = nchw((float *)x, N, cin, H, H), yt = nchw(*y, N, O, OH, OH);
+    struct trn_tensor dyt = nchw((float *)dy, N, O, OH, OH), dxt = nchw(*dx, N, cin, H, H);
+    be.ops->conv_forward(&be, &conv, &xt, w, &yt);
+    be.ops->conv_backward_weights(&be, &conv, &xt, &dyt, *dw, false);
+    be.ops->conv_backward_data(&be, &conv, w, &dyt, &dxt);
+    be.ops->conv_release(&be, &conv);
+}
+
+static void test_conv_padded(void **state)
+{
+    (void)state;
+    assert_int_equal(trn_conv_pad_channels(3), 8);
+    assert_int_equal(trn_conv_pad_channels(8), 8);
+    assert_int_equal(trn_conv_pad_channels(9), 16);
+    assert_int_equal(trn_conv_pad_channels(64), 64);
+
+    /* the stem's shape, small: 3 -> 16 channels, 7x7 stride 2 pad 3 */
+    const int N = 2, C = 3, H = 13, O = 16, K = 7, S = 2, P = 3;
+    const int Cp = trn_conv_pad_channels(C), HW = H * H, OH = (H + 2 * P - K) / S + 1;
+    size_t nx = (size_t)N * C * HW, nxp = (size_t)N * Cp * HW, nw = (size_t)O * C * K * K,
+           nwp = (size_t)O * Cp * K * K, ny = (size_t)N * O * OH * OH;
+    float *x = randn(nx, 0, 1), *w = randn(nw, 0, 0.2f), *dy = randn(ny, 0, 1);
+    float *y, *dw, *dx;
+    cpu_conv(x, w, dy, N, C, H, O, K, S, P, &y, &dw, &dx);
+
+    for (int nhwc = 0; nhwc < 2; nhwc++)
+        for (int d = 0; d < N_DTS; d++) {
+            int dt = dts[d];
+            /* x in the layout and dtype, padded as pad_channels_kernel does */
+            void *xs = malloc(nx * 4), *xps = malloc(nxp * 4);
+            float *xr = malloc(nx * 4);
+            for (size_t e = 0; e < nx; e++) {
+                int n, c, p;
+                trn_act_coords(0, e, C, HW, &n, &c, &p);
+                xr[e] = trn_act_round(dt, x[e]);
+                trn_act_put(xs, dt, trn_act_off(nhwc, n, c, p, C, HW), x[e]);
+            }
+            for (size_t e = 0; e < nxp; e++)
+                trn_act_put(xps, dt, e, trn_pad_channel_get(xs, dt, nhwc, e, C, Cp, HW));
+            /* back to NCHW fp32: the first C channels are x's values, the rest exact zeros */
+            float *xp = malloc(nxp * 4);
+            for (size_t e = 0; e < nxp; e++) {
+                int n, c, p;
+                trn_act_coords(0, e, Cp, HW, &n, &c, &p);
+                xp[e] = trn_act_get(xps, dt, trn_act_off(nhwc, n, c, p, Cp, HW));
+                float want = c < C ? xr[trn_nchw_off(n, c, p, C, HW)] : 0.0f;
+                assert_memory_equal(&xp[e], &want, 4);
+            }
+            /* unpadding gives the stored x back, to the bit */
+            for (size_t e = 0; e < nx; e++) {
+                float got = trn_unpad_channel_get(xps, dt, nhwc, e, C, Cp, HW);
+                float want = trn_act_get(xs, dt, e);
+                assert_memory_equal(&got, &want, 4);
+            }
+            /* the filter as cuDNN reads it (KRSC for NHWC): zero taps past C,
+             * and every real weight where the gradient is read back from */
+            float *wps = malloc(nwp * 4);
+            for (size_t e = 0; e < nwp; e++)
+                wps[e] = trn_filter_pad_get(w, e, C, Cp, K, nhwc);
+            for (size_t e = 0; e < nw; e++) {
+                size_t at = trn_filter_unpad_off(e, C, Cp, K, nhwc);
+                assert_memory_equal(&wps[at], &w[e], 4);
+                /* unpadded (Ip == I): the KRSC (or OIHW) offsets, both ways */
+                int kx = (int)(e % K), ky = (int)(e / K % K), i = (int)(e / (K * K) % C),
+                    o = (int)(e / (K * K * C));
+                size_t u = trn_filter_unpad_off(e, C, C, K, nhwc);
+                assert_int_equal(u, nhwc ? trn_ohwi_off(o, i, ky, kx, C, K) : e);
+                float back = trn_filter_pad_get(w, u, C, C, K, nhwc);
+                assert_memory_equal(&back, &w[e], 4);
+            }
+            size_t zeros = 0;
+            for (size_t e = 0; e < nwp; e++)
+                zeros += wps[e] == 0.0f;
+            assert_true(zeros >= nwp - nw); /* the padded taps */
+            free(xs);
+            free(xps);
+            if (dt != TRN_DT_F32) {
+                free(xr);
+                free(xp);
+                free(wps);
+                continue;
+            }
+            /* fp32: the convolution on 8 channels is the one on 3. The zero
+             * channels and taps add exact zeros; what differs is the order
+             * of the sums, so within fp32 rounding of the tensor's scale. */
+            float *wp = malloc(nwp * 4); /* OIHW, Cp channels, for the CPU */
+            for (int o = 0; o < O; o++)
+                for (int i = 0; i < Cp; i++)
+                    for (int ky = 0; ky < K; ky++)
+                        for (int kx = 0; kx < K; kx++)
+                            wp[trn_oihw_off(o, i, ky, kx, Cp, K)] =
+                                wps[nhwc ? trn_ohwi_off(o, i, ky, kx, Cp, K)
+                                         : trn_oihw_off(o, i, ky, kx, Cp, K)];
+            float *yp, *dwp, *dxp;
+            cpu_conv(xp, wp, dy, N, Cp, H, O, K, S, P, &yp, &dwp, &dxp);
+            assert_true(scale_err(yp, y, ny) < 1e-5);
+            /* the weight gradient as cuDNN writes it (KRSC for NHWC), read back */
+            float *dws = malloc(nwp * 4), *dwb = malloc(nw * 4);
+            for (int o = 0; o < O; o++)
+                for (int i = 0; i < Cp; i++)
+                    for (int ky = 0; ky < K; ky++)
+                        for (int kx = 0; kx < K; kx++)
+                            dws[nhwc ? trn_ohwi_off(o, i, ky, kx, Cp, K)
+                                     : trn_oihw_off(o, i, ky, kx, Cp, K)] =
+                                dwp[trn_oihw_off(o, i, ky, kx, Cp, K)];
+            for (size_t e = 0; e < nw; e++)
+                dwb[e] = dws[trn_filter_unpad_off(e, C, Cp, K, nhwc)];
+            assert_true(scale_err(dwb, dw, nw) < 1e-5);
+            /* the input gradient in the layout, unpadded, back to NCHW */
+            float *dxs = malloc(nxp * 4), *dxb = malloc(nx * 4);
+            for (size_t e = 0; e < nxp; e++) {
+                int n, c, p;
+                trn_act_coords(0, e, Cp, HW, &n, &c, &p);
+                dxs[trn_act_off(nhwc, n, c, p, Cp, HW)] = dxp[e];
+            }
+            for (size_t e = 0; e < nx; e++) {
+                int n, c, p;
+                trn_act_coords(nhwc, e, C, HW, &n, &c, &p);
+                dxb[trn_nchw_off(n, c, p, C, HW)] =
+                    trn_unpad_channel_get(dxs, TRN_DT_F32, nhwc, e, C, Cp, HW);
+            }
+            assert_true(scale_err(dxb, dx, nx) < 1e-5);
+            void *bufs[] = {xr, xp, wps, wp, yp, dwp, dxp, dws, dwb, dxs, dxb};
+            for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+                free(bufs[i]);
+        }
+    void *bufs[] = {x, w, dy, y, dw, dx};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        free(bufs[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -645,7 +800,7 @@ int main(void)
         cmocka_unit_test(test_reorder_cast), cmocka_unit_test(test_bn_forward),
         cmocka_unit_test(test_bn_backward),  cmocka_unit_test(test_maxpool_outs),
         cmocka_unit_test(test_pool),         cmocka_unit_test(test_xent),
-        cmocka_unit_test(test_sgd),
+        cmocka_unit_test(test_sgd),          cmocka_unit_test(test_conv_padded),
     };
     return cmocka_run_group_tests(tests, cpu_backend_setup, cpu_backend_teardown);
 }

@@ -85,6 +85,12 @@ static void test_auto(void **state)
     assert_int_equal(c.device, TRN_DEVICE_CPU);
     assert_non_null(strstr(c.note, "NCCL"));
     assert_true(c.gpu_unused); /* a GPU node running 8 ranks on the CPU: a warning */
+    /* a driver that cannot count its devices: the CPU, loudly, and not "no GPU" */
+    assert_int_equal(trn_device_choose(TRN_DEVICE_REQ_AUTO, true, -1, 1, 0, &c, err, sizeof(err)),
+                     0);
+    assert_int_equal(c.device, TRN_DEVICE_CPU);
+    assert_non_null(strstr(c.note, "driver problem, not a missing GPU"));
+    assert_true(c.gpu_unused);
 }
 
 static void test_explicit(void **state)
@@ -101,6 +107,9 @@ static void test_explicit(void **state)
     assert_int_equal(trn_device_choose(TRN_DEVICE_REQ_CUDA, true, 0, 1, 0, &c, err, sizeof(err)),
                      -1);
     assert_string_equal(err, "--device cuda: no CUDA device is visible");
+    assert_int_equal(trn_device_choose(TRN_DEVICE_REQ_CUDA, true, -1, 1, 0, &c, err, sizeof(err)),
+                     -1);
+    assert_non_null(strstr(err, "--device cuda: the CUDA driver or runtime failed"));
     assert_int_equal(trn_device_choose(TRN_DEVICE_REQ_CUDA, false, 1, 1, 0, &c, err, sizeof(err)),
                      -1);
     assert_non_null(strstr(err, "--device cuda: this cddp-train was built without CUDA"));

@@ -11,15 +11,34 @@
  *
  * Order: one communication stream (non-blocking) on the device. start()
  * records an event on the compute stream and makes the communication
- * stream wait for it, registers the collective with the watchdog, enqueues
- * the NCCL call and records the collective's completion event. wait()
- * makes the compute stream wait for that event and returns: the host does
- * not block. Host memory (cudaPointerGetAttributes: unregistered or
- * pinned host) is staged through a pinned bounce buffer and a device
- * buffer, and wait() then polls until the result is back in host memory,
- * as does a barrier. Nothing here calls cudaStreamSynchronize or
- * cudaDeviceSynchronize on the communicator's behalf: a host wait is a
- * poll that the watchdog can always end.
+ * stream wait for it, registers the collective with the watchdog and
+ * enqueues the NCCL call. wait() makes the compute stream wait for the
+ * collective's completion event and returns: the host does not block.
+ * Host memory (cudaPointerGetAttributes: unregistered or pinned host) is
+ * staged through a pinned bounce buffer and a device buffer, and wait()
+ * then polls until the result is back in host memory, as does a barrier.
+ * Nothing here calls cudaStreamSynchronize or cudaDeviceSynchronize on the
+ * communicator's behalf: a host wait is a poll that the watchdog can
+ * always end.
+ *
+ * Settling, without a sleep per collective: on a non-blocking communicator
+ * NCCL 2.28 runs every collective through a thread of its own
+ * (group.cc: ncclGroupEndInternal starts groupLaunchNonBlocking and
+ * returns ncclInProgress), and the next call on the communicator must wait
+ * until ncclCommGetAsyncError says ncclSuccess; the kernel is on our
+ * stream only then, so the completion event can be recorded only then.
+ * NCCL 2.28 has no way to make a communicator blocking once its non-
+ * blocking init is done (ncclConfig_t.blocking is read at creation; a
+ * blocking copy would be a second communicator, ncclCommSplit's), and the
+ * non-blocking one is what bounds init, finalize and abort. So a device
+ * collective is left "pending": start() returns as soon as NCCL has it,
+ * and the settling (a poll: a spin of SETTLE_SPIN_NS, then sched_yield
+ * until SETTLE_YIELD_NS, then naps of at most 1 ms) and the event's record
+ * happen at the next call that needs them (the next start(), a wait() for
+ * it, destroy), while NCCL's thread launches it: the host pays the poll
+ * only when it catches up with NCCL. The host time spent per collective
+ * is counted and logged at destroy (T2102); tools/gpu-check's ddp stage
+ * reads it (docs/gpu.md, "Enqueue cost").
  *
  * Watchdog: a thread polls the completion events of the collectives in
  * flight (in order: one stream) and ncclCommGetAsyncError every
@@ -35,7 +54,23 @@
  * included; the peers see its sockets close (docs/gpu.md, "Watchdog").
  * The training thread makes no CUDA call while holding b->mu, which the
  * watchdog needs for every poll: a launch that blocks behind a hung kernel
- * (a full queue) blocks only that thread.
+ * (a full queue) blocks only that thread. ncclCommGetAsyncError is not
+ * only a read: when it finds the last call done it completes NCCL's group
+ * job (joins its thread, drops a reference), so two threads calling it at
+ * once could complete the same job twice. Every NCCL call here is made
+ * under nccl_mu; the watchdog only tries it (pthread_mutex_trylock) and
+ * skips NCCL's poll for that beat when the training thread holds it: it
+ * must never block behind a call that may itself hang. Its own checks (the
+ * completion events, the deadlines) need no NCCL call and always run.
+ *
+ * Exits: NCCL reads NCCL_DEBUG at its first call; unless the user set it,
+ * create() sets NCCL_DEBUG=WARN first, so NCCL's own reason for a failure
+ * (a peer's socket closed, a duplicate GPU) reaches the log. NCCL writes it
+ * with fwrite on stdout, which is buffered in a pipe: the watchdog's exit
+ * flushes stdout and stderr before _exit. While a watchdog runs, any
+ * exit() of the process (trn_fatal's, a refusal's) also ends in _exit after
+ * a flush (an on_exit handler): the CUDA runtime's own exit-time teardown
+ * can wait forever behind a stuck NCCL kernel.
  *
  * Checked calls: every CUDA and NCCL call goes through cu_check/nc_check,
  * which write "nccl.c:LINE: call: library message" into the caller's
@@ -44,11 +79,13 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/errors.h"
@@ -62,6 +99,11 @@
 
 #define TRN_NCCL_POLL_MS 50 /* watchdog period; the contract says at most 100 */
 #define TRN_NCCL_INFLIGHT 256
+/* Settling a call NCCL answered ncclInProgress: poll without pause this
+ * long (NCCL's thread usually launches within tens of microseconds), then
+ * yield the core between polls until SETTLE_YIELD_NS, then nap. */
+#define SETTLE_SPIN_NS 200000ull
+#define SETTLE_YIELD_NS 5000000ull
 
 struct nccl_backend {
     int rank, world, device;
@@ -78,9 +120,16 @@ struct nccl_backend {
     size_t staged_bytes;
     uint64_t staged_seq;
 
-    /* Held by the training thread around its NCCL calls; the watchdog
-     * takes it (bounded) before ncclCommAbort, so the abort does not free
-     * the communicator under a call still running. */
+    /* The device collective NCCL accepted (ncclInProgress) whose launch is
+     * not settled yet and whose completion event is not recorded (0: none).
+     * The training thread's only. */
+    uint64_t pending;
+    /* Host time per collective (the training thread's): start() from entry
+     * to return, and the settling of its launch; logged at destroy. */
+    uint64_t n_started, start_ns, start_max_ns, settle_ns, settle_max_ns;
+
+    /* Held around every NCCL call (the training thread's and the
+     * watchdog's poll, which only tries it: the preamble). */
     pthread_mutex_t nccl_mu;
     pthread_mutex_t mu; /* guards everything below */
     pthread_cond_t cv;  /* the watchdog sleeps here (stopping wakes it) */
@@ -170,16 +219,24 @@ static ncclRedOp_t nccl_redop(enum trn_comm_redop op)
     return ncclSum;
 }
 
-/* Device memory NCCL can use directly; host memory (pageable or pinned) is
- * staged. */
-static bool on_host(const void *p)
+/* 1 for host memory (pageable or pinned: staged), 0 for memory NCCL can
+ * use directly (device, managed), or a negative code with the reason in
+ * err. Since CUDA 11 an ordinary host pointer is cudaSuccess with
+ * cudaMemoryTypeUnregistered (cuda_runtime_api.h), so an error here is a
+ * real one: typically a sticky error from an earlier kernel's fault. Taking
+ * it for host memory would memcpy from a device pointer (a SIGSEGV). */
+static int on_host(const void *p, const char *which, char *err, size_t errlen)
 {
     if (p == NULL)
-        return false;
+        return 0;
     struct cudaPointerAttributes a;
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-        (void)cudaGetLastError(); /* older runtimes: unregistered memory is an error */
-        return true;
+    cudaError_t st = cudaPointerGetAttributes(&a, p);
+    if (st != cudaSuccess) {
+        snprintf(err, errlen,
+                 "cudaPointerGetAttributes(%s): %s (%s): the CUDA context failed earlier "
+                 "(a sticky error), or the pointer is bad",
+                 which, cudaGetErrorString(st), cudaGetErrorName(st));
+        return CDDP_EPEER;
     }
     return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
 }
@@ -210,6 +267,36 @@ static void retire(struct nccl_backend *b)
     }
 }
 
+/* Watchdogs running in this process; while there is one, exit() ends in
+ * exit_fast's _exit (the preamble, "Exits"). */
+static atomic_int live_watchdogs;
+
+static void exit_fast(int status, void *arg)
+{
+    (void)arg;
+    if (atomic_load(&live_watchdogs) == 0)
+        return;
+    log_debug("T2108",
+              "exit %d with the NCCL communicator alive: _exit, without the CUDA "
+              "runtime's teardown",
+              status);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(status);
+}
+
+/* Counts a watchdog in or out; the first one in registers exit_fast. An
+ * on_exit handler runs before those registered earlier (the CUDA runtime's
+ * among them), and the watchdog starts after the runtime's first call. */
+static void watchdog_live(int delta)
+{
+    static atomic_flag registered = ATOMIC_FLAG_INIT;
+    if (delta > 0 && !atomic_flag_test_and_set(&registered) && on_exit(exit_fast, NULL) != 0)
+        log_debug("T2108", "on_exit failed: an exit with the communicator alive runs the CUDA "
+                           "runtime's teardown");
+    atomic_fetch_add(&live_watchdogs, delta);
+}
+
 /* Called without b->mu; err, fn and arg were read under it. The report
  * and the exit come first, with the stuck collective left as it is (see the
  * preamble: no abort to wake the training thread). */
@@ -217,6 +304,9 @@ static _Noreturn void give_up(struct nccl_backend *b, const struct trn_comm_erro
                               trn_comm_exit_fn fn, void *arg)
 {
     log_error("T2103", "NCCL watchdog: %s; ending the rank", err->detail);
+    /* NCCL's own WARN lines (fwrite on stdout) and ours, before any _exit. */
+    fflush(stdout);
+    fflush(stderr);
     if (fn != NULL)
         fn(arg, err);
     /* Unset (or an fn that returned, which it must not): the contract's default. */
@@ -231,18 +321,24 @@ static void *watchdog_thread(void *arg)
     pthread_mutex_lock(&b->mu);
     while (!b->stopping) {
         retire(b);
-        ncclResult_t st = ncclSuccess;
-        ncclResult_t qr = ncclCommGetAsyncError(b->comm, &st);
-        uint64_t now = cddp_mono_ns();
-        if (qr != ncclSuccess)
-            st = qr;
-        if (st != ncclSuccess && st != ncclInProgress) {
-            char why[256];
-            const char *last = ncclGetLastError(b->comm);
-            snprintf(why, sizeof(why), "%s%s%s", ncclGetErrorString(st), last && *last ? ": " : "",
-                     last ? last : "");
-            trn_wd_async_error(&b->wd, CDDP_EPEER, why, now);
+        /* NCCL's poll only when no NCCL call of the training thread runs
+         * (the preamble): a skipped beat is 50 ms late, never a race. */
+        if (pthread_mutex_trylock(&b->nccl_mu) == 0) {
+            ncclResult_t st = ncclSuccess;
+            ncclResult_t qr = ncclCommGetAsyncError(b->comm, &st);
+            if (qr != ncclSuccess)
+                st = qr;
+            char why[256] = "";
+            if (st != ncclSuccess && st != ncclInProgress) {
+                const char *last = ncclGetLastError(b->comm);
+                snprintf(why, sizeof(why), "%s%s%s", ncclGetErrorString(st),
+                         last && *last ? ": " : "", last ? last : "");
+            }
+            pthread_mutex_unlock(&b->nccl_mu);
+            if (why[0])
+                trn_wd_async_error(&b->wd, CDDP_EPEER, why, cddp_mono_ns());
         }
+        uint64_t now = cddp_mono_ns();
         struct trn_wd_decision d;
         if (trn_wd_check(&b->wd, now, &d) != TRN_WD_NONE) {
             trn_comm_exit_fn fn = b->exit_fn;
@@ -320,59 +416,117 @@ static int enqueue(struct nccl_backend *b, struct trn_comm_work *w, void *buf, c
     return CDDP_ERANGE_ARG;
 }
 
+static void nap_us(long us)
+{
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000L};
+    nanosleep(&ts, NULL);
+}
+
 /* A non-blocking communicator may answer a call with ncclInProgress: the
- * next call must wait until it is ready (bounded: the watchdog is on). */
-static int settle_by(struct nccl_backend *b, uint64_t deadline_ns, char *err, size_t errlen)
+ * next call must wait until it is ready. Bounded by deadline_ns when not 0,
+ * else by the watchdog, which ends the rank when a registered collective
+ * never completes. Polls without sleeping at first (the preamble,
+ * "Settling"); *waited_ns (when not NULL) gets the time it took. */
+static int settle_by(struct nccl_backend *b, uint64_t deadline_ns, char *err, size_t errlen,
+                     uint64_t *waited_ns)
 {
     ncclResult_t st = ncclInProgress;
-    long ms = 0;
+    uint64_t t0 = cddp_mono_ns(), now = t0;
+    long nap = 50;
     for (;;) {
-        if (deadline_ns != 0 && cddp_mono_ns() > deadline_ns) {
+        if (deadline_ns != 0 && now > deadline_ns) {
             snprintf(err, errlen, "still in progress at the deadline");
             return CDDP_ETIMEOUT;
         }
         pthread_mutex_lock(&b->nccl_mu);
         ncclResult_t qr = ncclCommGetAsyncError(b->comm, &st);
-        pthread_mutex_unlock(&b->nccl_mu);
         if (qr != ncclSuccess)
             st = qr;
+        const char *last =
+            st != ncclSuccess && st != ncclInProgress ? ncclGetLastError(b->comm) : NULL;
+        if (st != ncclInProgress && st != ncclSuccess)
+            snprintf(err, errlen, "nccl.c:%d: ncclCommGetAsyncError: %s%s%s", __LINE__,
+                     ncclGetErrorString(st), last && *last ? ": " : "", last ? last : "");
+        pthread_mutex_unlock(&b->nccl_mu);
+        now = cddp_mono_ns();
         if (st != ncclInProgress)
             break;
-        nap_ms(ms < 10 ? ++ms : 10);
+        if (now - t0 < SETTLE_SPIN_NS)
+            continue;
+        if (now - t0 < SETTLE_YIELD_NS) {
+            sched_yield();
+        } else {
+            nap_us(nap);
+            nap = nap < 1000 ? 2 * nap : 1000;
+        }
+        now = cddp_mono_ns();
     }
-    return NC(st, b->comm, err, errlen);
+    if (waited_ns != NULL)
+        *waited_ns = now - t0;
+    return st == ncclSuccess ? 0 : CDDP_EPEER;
 }
 
 /* Until the communicator's last call is done (non-blocking: ncclInProgress
  * until then); its errors as nc_check reports them. */
 static int settle(struct nccl_backend *b, char *err, size_t errlen)
 {
-    return settle_by(b, 0, err, errlen);
+    return settle_by(b, 0, err, errlen, NULL);
 }
 
-static int nccl_start(void *impl, struct trn_comm_work *w)
+/* Settles the pending device collective's launch (if any) and records its
+ * completion event: before anything else is queued on the communication
+ * stream, before a wait() on it, at destroy. The training thread's. */
+static int settle_pending(struct nccl_backend *b, char *err, size_t errlen)
 {
-    struct nccl_backend *b = impl;
+    if (b->pending == 0)
+        return 0;
+    uint64_t waited = 0;
+    int rc = settle_by(b, 0, err, errlen, &waited);
+    b->settle_ns += waited;
+    if (waited > b->settle_max_ns)
+        b->settle_max_ns = waited;
+    size_t slot = b->pending % TRN_NCCL_INFLIGHT;
+    b->pending = 0;
+    if (rc < 0)
+        return rc;
+    rc = CU(cudaEventRecord(b->done[slot], b->stream), err, errlen); /* not under b->mu */
+    pthread_mutex_lock(&b->mu);
+    b->recorded[slot] = rc == 0;
+    pthread_mutex_unlock(&b->mu);
+    return rc;
+}
+
+static int start_collective(struct nccl_backend *b, struct trn_comm_work *w)
+{
     char *err = w->detail;
     size_t errlen = sizeof(w->detail);
     size_t es = trn_comm_dtype_size(w->dtype);
     size_t out_bytes = w->count * es * (w->coll == TRN_COLL_ALLGATHER ? (size_t)b->world : 1);
     size_t in_bytes = w->count * es;
-    bool host = w->coll != TRN_COLL_BARRIER &&
-                (on_host(w->buf) || (w->coll == TRN_COLL_ALLGATHER && on_host(w->send)));
     int rc;
-    if (w->coll == TRN_COLL_ALLGATHER && on_host(w->buf) != on_host(w->send)) {
-        snprintf(err, errlen, "allgather: one buffer in host memory, the other on the device");
-        return CDDP_ERANGE_ARG;
-    }
     if (b->failed) {
         snprintf(err, errlen, "the NCCL communicator failed earlier");
         return CDDP_ESTATE;
     }
+    int buf_host = 0, send_host = 0;
+    if (w->coll != TRN_COLL_BARRIER && (rc = buf_host = on_host(w->buf, "buf", err, errlen)) < 0)
+        goto fail;
+    if (w->coll == TRN_COLL_ALLGATHER &&
+        (rc = send_host = on_host(w->send, "send", err, errlen)) < 0)
+        goto fail;
+    if (w->coll == TRN_COLL_ALLGATHER && buf_host != send_host) {
+        snprintf(err, errlen, "allgather: one buffer in host memory, the other on the device");
+        return CDDP_ERANGE_ARG;
+    }
+    bool host = buf_host || send_host;
     if (host && b->staged_seq != 0) {
         snprintf(err, errlen, "one collective on host memory at a time (wait for the last one)");
         return CDDP_ESTATE;
     }
+    /* The last collective's launch first: nothing may be queued on the
+     * communication stream before it, and NCCL takes no call before it. */
+    if ((rc = settle_pending(b, err, errlen)) < 0)
+        goto fail;
     if (host && (rc = grow_stage(b, in_bytes + out_bytes, err, errlen)) < 0)
         goto fail;
 
@@ -419,7 +573,16 @@ static int nccl_start(void *impl, struct trn_comm_work *w)
     pthread_mutex_lock(&b->nccl_mu);
     rc = enqueue(b, w, buf, send, err, errlen);
     pthread_mutex_unlock(&b->nccl_mu);
-    if (rc < 0 || (rc = settle(b, err, errlen)) < 0)
+    if (rc < 0)
+        goto fail_registered;
+    if (!host && w->coll != TRN_COLL_BARRIER) {
+        /* A device collective: settled later (the preamble, "Settling"). */
+        b->pending = seq;
+        return 0;
+    }
+    /* Host memory and barriers are synchronous exchanges: the copy back
+     * (or nothing) right behind the collective, then wait() polls. */
+    if ((rc = settle(b, err, errlen)) < 0)
         goto fail_registered;
     if (host) {
         if ((rc = CU(cudaMemcpyAsync(b->hstage, buf, out_bytes, cudaMemcpyDeviceToHost, b->stream),
@@ -427,12 +590,11 @@ static int nccl_start(void *impl, struct trn_comm_work *w)
             goto fail_registered;
         b->staged_out = w->buf;
         b->staged_bytes = out_bytes;
-        b->staged_seq = seq;
-    } else if (w->coll == TRN_COLL_BARRIER) {
+    } else {
         b->staged_out = NULL;
         b->staged_bytes = 0;
-        b->staged_seq = seq;
     }
+    b->staged_seq = seq;
     rc = CU(cudaEventRecord(b->done[slot], b->stream), err, errlen); /* not under b->mu */
     pthread_mutex_lock(&b->mu);
     b->recorded[slot] = rc == 0;
@@ -447,6 +609,19 @@ fail_registered:
      * does not. */
 fail:
     b->failed = true;
+    return rc;
+}
+
+static int nccl_start(void *impl, struct trn_comm_work *w)
+{
+    struct nccl_backend *b = impl;
+    uint64_t t0 = cddp_mono_ns();
+    int rc = start_collective(b, w);
+    uint64_t spent = cddp_mono_ns() - t0;
+    b->n_started++;
+    b->start_ns += spent;
+    if (spent > b->start_max_ns)
+        b->start_max_ns = spent;
     return rc;
 }
 
@@ -473,6 +648,12 @@ static int nccl_wait(void *impl, struct trn_comm_work *w)
         return 0;
     }
     int rc = 0;
+    /* Its completion event exists once its launch is settled. */
+    if (w->seq != 0 && w->seq == b->pending &&
+        (rc = settle_pending(b, w->detail, sizeof(w->detail))) < 0) {
+        b->failed = true;
+        return rc;
+    }
     pthread_mutex_lock(&b->mu);
     bool busy = trn_wd_in_flight(&b->wd, w->seq);
     pthread_mutex_unlock(&b->mu);
@@ -533,11 +714,33 @@ static void stop_watchdog(struct nccl_backend *b)
     pthread_mutex_unlock(&b->mu);
     pthread_join(b->thread, NULL);
     b->thread_started = false;
+    watchdog_live(-1);
+}
+
+/* The host time the collectives cost this rank (docs/gpu.md, "Enqueue
+ * cost"): what tools/gpu-check's ddp stage reads. */
+static void log_host_time(const struct nccl_backend *b)
+{
+    if (b->n_started == 0)
+        return;
+    double n = (double)b->n_started;
+    log_info("T2102",
+             "NCCL: %llu collectives; host time per collective: start %.1f us mean (max %.1f), "
+             "settling NCCL's launch (in a later start or wait) %.1f us mean (max %.1f)",
+             (unsigned long long)b->n_started, (double)b->start_ns / n * 1e-3,
+             (double)b->start_max_ns * 1e-3, (double)b->settle_ns / n * 1e-3,
+             (double)b->settle_max_ns * 1e-3);
 }
 
 static void nccl_destroy(void *impl)
 {
     struct nccl_backend *b = impl;
+    char why[384];
+    if (!b->failed && settle_pending(b, why, sizeof(why)) < 0) {
+        log_warn("T2104", "the last collective's launch: %s; aborting the communicator", why);
+        b->failed = true;
+    }
+    log_host_time(b);
     /* Let the queued collectives finish while the watchdog still bounds
      * them (it ends the rank if they never do). */
     long ms = 0;
@@ -557,13 +760,12 @@ static void nccl_destroy(void *impl)
         if (b->failed) {
             NC(ncclCommAbort(b->comm), NULL, NULL, 0);
         } else {
-            char why[384];
             /* Finalize completes once every rank's is quiescent: bounded
              * (the watchdog has stopped) by --collective-timeout, for a
              * peer that died after the last collective. */
             uint64_t deadline = cddp_mono_ns() + (uint64_t)(b->coll_timeout_s * 1e9);
             if (NC(ncclCommFinalize(b->comm), b->comm, why, sizeof(why)) < 0 ||
-                settle_by(b, deadline, why, sizeof(why)) < 0) {
+                settle_by(b, deadline, why, sizeof(why), NULL) < 0) {
                 log_warn("T2104", "finalizing the NCCL communicator: %s; aborting it", why);
                 NC(ncclCommAbort(b->comm), NULL, NULL, 0);
             } else {
@@ -650,6 +852,8 @@ int trn_nccl_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
     uint64_t t0 = cddp_mono_ns();
     double init_s = o->init_timeout_s > 0 ? o->init_timeout_s : 300.0;
     uint64_t deadline = t0 + (uint64_t)(init_s * 1e9);
+    /* Before NCCL's first call, which reads it (the preamble, "Exits"). */
+    setenv("NCCL_DEBUG", "WARN", 0);
     log_version_once();
     struct nccl_backend *b = calloc(1, sizeof(*b));
     if (b == NULL) {
@@ -728,6 +932,7 @@ int trn_nccl_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
         goto fail;
     }
     b->thread_started = true;
+    watchdog_live(+1);
     log_info("T2101", "NCCL communicator ready: rank %d/%d on CUDA device %d in %.3f s", o->rank,
              o->world, b->device, (double)(cddp_mono_ns() - t0) * 1e-9);
     *ops = &nccl_ops;

@@ -308,7 +308,10 @@ struct trn_cuda_options {
     enum trn_dtype act_dtype;
 };
 
-/* Visible CUDA devices; 0 when there is no driver or no device (never fails). */
+/* Visible CUDA devices: 0 when there is no device or no driver at all; -1
+ * when the driver or the runtime failed (too old, a mismatch, a stub
+ * library), logged once (T2008) with cudaGetDeviceCount's error: a driver
+ * problem is not "no GPU". */
 int trn_cuda_device_count(void);
 /* Returns 0, or a negative code with a message in err (no device, bad ordinal). */
 int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cuda_options *opt, char *err,

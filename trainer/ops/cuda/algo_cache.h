@@ -42,6 +42,7 @@ struct trn_conv_choice {
     int32_t math_type; /* cudnnMathType_t the algorithm was timed with */
     int64_t workspace; /* bytes it needs */
     float time_ms;     /* as measured by cuDNN, for the log */
+    int32_t padded_c;  /* 0, or the input channels it runs on, zero-padded (conv.cu) */
 };
 
 #define TRN_ALGO_CACHE_CAP 1024

@@ -31,6 +31,7 @@ __global__ void unscale_kernel(float *grad, size_t n, float inv_scale, const flo
 
 bool cuda_unscale(struct trn_backend *be, float *grad, size_t n, float inv_scale)
 {
+    cuda_op_enter_n("unscale", "%zu gradients", n);
     struct cuda_backend *cb = cuda_of(be);
     if (!n)
         return false;
@@ -50,6 +51,7 @@ bool cuda_unscale(struct trn_backend *be, float *grad, size_t n, float inv_scale
 void cuda_unscale_dev(struct trn_backend *be, float *grad, size_t n, const float *inv_scale,
                       int32_t *found_inf)
 {
+    cuda_op_enter_n("unscale_dev", "%zu gradients", n);
     struct cuda_backend *cb = cuda_of(be);
     cudaCheck(cudaMemsetAsync(found_inf, 0, sizeof(int32_t), cb->stream));
     if (!n)
@@ -89,20 +91,24 @@ static void cast(struct trn_backend *be, const S *src, D *dst, size_t n)
 
 void cuda_cast_f32_to_bf16(struct trn_backend *be, const float *src, uint16_t *dst, size_t n)
 {
+    cuda_op_enter_n("cast_f32_to_bf16", "%zu values", n);
     cast<TO_BF16>(be, src, dst, n);
 }
 
 void cuda_cast_f32_to_f16(struct trn_backend *be, const float *src, uint16_t *dst, size_t n)
 {
+    cuda_op_enter_n("cast_f32_to_f16", "%zu values", n);
     cast<TO_F16>(be, src, dst, n);
 }
 
 void cuda_cast_bf16_to_f32(struct trn_backend *be, const uint16_t *src, float *dst, size_t n)
 {
+    cuda_op_enter_n("cast_bf16_to_f32", "%zu values", n);
     cast<FROM_BF16>(be, src, dst, n);
 }
 
 void cuda_cast_f16_to_f32(struct trn_backend *be, const uint16_t *src, float *dst, size_t n)
 {
+    cuda_op_enter_n("cast_f16_to_f32", "%zu values", n);
     cast<FROM_F16>(be, src, dst, n);
 }

@@ -14,40 +14,141 @@
  * CPU's peak RSS counterpart). The backend's own scratch (cuDNN workspace,
  * converted weights, reduction partials) grows while the plans of a new
  * shape are built, i.e. in the first step of a shape, never after.
+ *
+ * Diagnostics (cuda.h, "Finding a failing kernel"): the checks name the op
+ * they are in, CDDP_CUDA_SYNC=1 synchronises after every checked call, and
+ * the cuDNN and cuBLAS actually loaded are logged once (T2003): the GPU
+ * machine's pip wheels need not be the versions built against.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <atomic>
 
 #include "trainer/ops/cuda/cuda.h"
 #include "trainer/ops/cuda/ops_math.h"
 
 extern "C" {
 #include "common/errors.h"
+#include "common/log.h"
 }
 
 /* ---- checks ---- */
 
+/* CDDP_CUDA_SYNC=1, and the stream whose capture forbids a synchronisation
+ * (set at backend init; one backend at a time). */
+static bool diag_sync;
+static cudaStream_t diag_stream;
+/* The op this thread is in (cuda_op_enter), and its shapes under sync. */
+static thread_local const char *tl_op;
+static thread_local char tl_shapes[256];
+
+void cuda_op_enter(const char *name, const struct trn_tensor *a, const struct trn_tensor *b)
+{
+    tl_op = name;
+    tl_shapes[0] = '\0';
+    if (!diag_sync)
+        return;
+    const struct trn_tensor *ts[2] = {a, b};
+    size_t len = 0;
+    for (int i = 0; i < 2 && len < sizeof(tl_shapes); i++) {
+        const struct trn_tensor *t = ts[i];
+        if (!t)
+            continue;
+        len += (size_t)snprintf(tl_shapes + len, sizeof(tl_shapes) - len, "%s%dx%dx%dx%d %s %s",
+                                len ? ", " : "", t->n, t->c, t->h, t->w,
+                                t->layout == TRN_LAYOUT_NHWC ? "NHWC" : "NCHW",
+                                t->dtype == TRN_BF16  ? "bf16"
+                                : t->dtype == TRN_F16 ? "fp16"
+                                                      : "fp32");
+    }
+}
+
+void cuda_op_enter_n(const char *name, const char *fmt, ...)
+{
+    tl_op = name;
+    tl_shapes[0] = '\0';
+    if (!diag_sync)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tl_shapes, sizeof(tl_shapes), fmt, ap);
+    va_end(ap);
+}
+
+/* " (last op: NAME: SHAPES)", or "" before the first: the op this thread
+ * entered last, which the failing call is in or was queued by. */
+static const char *op_context(char *buf, size_t len)
+{
+    if (!tl_op)
+        return "";
+    snprintf(buf, len, " (last op: %s%s%s)", tl_op, tl_shapes[0] ? ": " : "", tl_shapes);
+    return buf;
+}
+
+/* What a message adds about where an asynchronous error came from. */
+static const char *sync_hint(void)
+{
+    return diag_sync ? "" : "; an earlier launch may have caused it: CDDP_CUDA_SYNC=1 names it";
+}
+
+/* Under CDDP_CUDA_SYNC=1, after a call that succeeded: the device, now. */
+static void sync_after(const char *what, const char *file, int line)
+{
+    if (!diag_sync)
+        return;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (diag_stream && cudaStreamIsCapturing(diag_stream, &cs) == cudaSuccess &&
+        cs != cudaStreamCaptureStatusNone)
+        return;
+    cudaError_t st = cudaDeviceSynchronize();
+    if (st == cudaSuccess)
+        st = cudaGetLastError();
+    if (st != cudaSuccess) {
+        char ctx[320];
+        trn_fatal_at(file, line,
+                     "CUDA error %d (%s: %s) after %s%s (CDDP_CUDA_SYNC=1: the first "
+                     "failing call)",
+                     (int)st, cudaGetErrorName(st), cudaGetErrorString(st), what,
+                     op_context(ctx, sizeof(ctx)));
+    }
+}
+
 void cuda_check_at(cudaError_t st, const char *what, const char *file, int line)
 {
-    if (st != cudaSuccess)
-        trn_fatal_at(file, line, "CUDA error %d (%s: %s) in %s", (int)st, cudaGetErrorName(st),
-                     cudaGetErrorString(st), what);
+    if (st == cudaSuccess) {
+        sync_after(what, file, line);
+        return;
+    }
+    char ctx[320];
+    trn_fatal_at(file, line, "CUDA error %d (%s: %s) in %s%s%s", (int)st, cudaGetErrorName(st),
+                 cudaGetErrorString(st), what, op_context(ctx, sizeof(ctx)), sync_hint());
 }
 
 void cudnn_check_at(cudnnStatus_t st, const char *what, const char *file, int line)
 {
-    if (st != CUDNN_STATUS_SUCCESS)
-        trn_fatal_at(file, line, "cuDNN error %d (%s) in %s", (int)st, cudnnGetErrorString(st),
-                     what);
+    if (st == CUDNN_STATUS_SUCCESS) {
+        sync_after(what, file, line);
+        return;
+    }
+    char ctx[320], last[256] = "";
+    cudnnGetLastErrorString(last, sizeof(last));
+    trn_fatal_at(file, line, "cuDNN error %d (%s) in %s%s%s%s%s", (int)st, cudnnGetErrorString(st),
+                 what, op_context(ctx, sizeof(ctx)), last[0] ? ": " : "", last, sync_hint());
 }
 
 void cublas_check_at(cublasStatus_t st, const char *what, const char *file, int line)
 {
-    if (st != CUBLAS_STATUS_SUCCESS)
-        trn_fatal_at(file, line, "cuBLAS error %d (%s) in %s", (int)st, cublasGetStatusString(st),
-                     what);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+        sync_after(what, file, line);
+        return;
+    }
+    char ctx[320];
+    trn_fatal_at(file, line, "cuBLAS error %d (%s) in %s%s%s", (int)st, cublasGetStatusString(st),
+                 what, op_context(ctx, sizeof(ctx)), sync_hint());
 }
 
 int cuda_nhwc(const struct trn_tensor *t)
@@ -84,6 +185,7 @@ void cuda_reserve(struct trn_backend *be, void **buf, size_t *have, size_t size)
 
 static void *cuda_alloc(struct trn_backend *be, size_t bytes)
 {
+    cuda_op_enter_n("alloc", "%zu bytes", bytes);
     struct cuda_backend *cb = cuda_of(be);
     size_t rounded = (bytes + 255) / 256 * 256;
     if (!rounded)
@@ -113,6 +215,7 @@ static void *cuda_alloc(struct trn_backend *be, size_t bytes)
 
 static void cuda_free_mem(struct trn_backend *be, void *p)
 {
+    cuda_op_enter("free", NULL, NULL);
     if (!p)
         return;
     struct cuda_backend *cb = cuda_of(be);
@@ -131,12 +234,14 @@ static void cuda_free_mem(struct trn_backend *be, void *p)
 
 static void cuda_to_device(struct trn_backend *be, void *dst, const void *src, size_t bytes)
 {
+    cuda_op_enter_n("to_device", "%zu bytes", bytes);
     if (bytes)
         cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda_of(be)->stream));
 }
 
 static void cuda_to_host(struct trn_backend *be, void *dst, const void *src, size_t bytes)
 {
+    cuda_op_enter_n("to_host", "%zu bytes", bytes);
     struct cuda_backend *cb = cuda_of(be);
     if (!bytes)
         return;
@@ -146,11 +251,13 @@ static void cuda_to_host(struct trn_backend *be, void *dst, const void *src, siz
 
 static void cuda_synchronize(struct trn_backend *be)
 {
+    cuda_op_enter("synchronize", NULL, NULL);
     cudaCheck(cudaStreamSynchronize(cuda_of(be)->stream));
 }
 
 static void cuda_copy(struct trn_backend *be, void *dst, const void *src, size_t bytes)
 {
+    cuda_op_enter_n("copy", "%zu bytes", bytes);
     if (bytes)
         cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_of(be)->stream));
 }
@@ -176,6 +283,7 @@ __global__ void reorder_kernel(const void *src, void *dst, int src_nhwc, int dst
 
 void cuda_reorder(struct trn_backend *be, const struct trn_tensor *src, struct trn_tensor *dst)
 {
+    cuda_op_enter("reorder", src, dst);
     struct cuda_backend *cb = cuda_of(be);
     int sn = cuda_nhwc(src), dn = cuda_nhwc(dst);
     size_t total = trn_tensor_numel(src);
@@ -250,14 +358,83 @@ static const struct trn_ops cuda_ops = {
     .input_done = cuda_input_done,
 };
 
+/* Driver and runtime versions (1000 * major + 10 * minor) as "13.0". */
+static void cuda_version_text(int v, char *buf, size_t len)
+{
+    snprintf(buf, len, "%d.%d", v / 1000, (v % 1000) / 10);
+}
+
 extern "C" int trn_cuda_device_count(void)
 {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        (void)cudaGetLastError();
+    cudaError_t st = cudaGetDeviceCount(&n);
+    if (st == cudaSuccess)
+        return n;
+    (void)cudaGetLastError();
+    int driver = 0, runtime = 0;
+    bool have_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
+    /* No device, or no driver at all (cudaDriverGetVersion: 0 when none is
+     * installed; the runtime then says "insufficient driver"): no GPU here. */
+    if (st == cudaErrorNoDevice || (st == cudaErrorInsufficientDriver && !have_driver))
         return 0;
+    static std::atomic_flag logged; /* (C++20: clear) */
+    if (!logged.test_and_set()) {
+        char dv[16], rv[16];
+        (void)cudaRuntimeGetVersion(&runtime);
+        cuda_version_text(driver, dv, sizeof(dv));
+        cuda_version_text(runtime, rv, sizeof(rv));
+        log_error("T2008",
+                  "cudaGetDeviceCount: %s (%s); driver %s, runtime %s: the driver or the runtime "
+                  "failed, which is not the same as no GPU",
+                  cudaGetErrorName(st), cudaGetErrorString(st), have_driver ? dv : "none", rv);
     }
-    return n;
+    return -1;
+}
+
+/* cuDNN and cuBLAS as loaded (the GPU machine's may not be the headers'),
+ * the runtime and the driver, once; a warning when a library is older
+ * than its headers or of another major version. */
+static void log_versions_once(void)
+{
+    static std::atomic_flag logged;
+    if (logged.test_and_set())
+        return;
+    size_t dnn = cudnnGetVersion();
+    int blas[3] = {0, 0, 0}, driver = 0, runtime = 0;
+    (void)cublasGetProperty(MAJOR_VERSION, &blas[0]);
+    (void)cublasGetProperty(MINOR_VERSION, &blas[1]);
+    (void)cublasGetProperty(PATCH_LEVEL, &blas[2]);
+    (void)cudaDriverGetVersion(&driver);
+    (void)cudaRuntimeGetVersion(&runtime);
+    char dv[16], rv[16];
+    cuda_version_text(driver, dv, sizeof(dv));
+    cuda_version_text(runtime, rv, sizeof(rv));
+    int blas_v = blas[0] * 10000 + blas[1] * 100 + blas[2];
+    /* cuDNN 9 numbers itself major * 10000 + minor * 100 + patch. */
+    bool older = dnn < (size_t)CUDNN_VERSION || blas_v < CUBLAS_VERSION ||
+                 dnn / 10000 != CUDNN_MAJOR || blas[0] != CUBLAS_VER_MAJOR;
+    if (older)
+        log_warn("T2003",
+                 "cuDNN %zu.%zu.%zu (built against %d.%d.%d), cuBLAS %d.%d.%d (built against "
+                 "%d.%d.%d), CUDA runtime %s, driver %s: a library older than its headers, or "
+                 "of another major version",
+                 dnn / 10000, dnn / 100 % 100, dnn % 100, CUDNN_MAJOR, CUDNN_MINOR,
+                 CUDNN_PATCHLEVEL, blas[0], blas[1], blas[2], CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR,
+                 CUBLAS_VER_PATCH, rv, dv);
+    else
+        log_info("T2003",
+                 "cuDNN %zu.%zu.%zu (built against %d.%d.%d), cuBLAS %d.%d.%d (built against "
+                 "%d.%d.%d), CUDA runtime %s, driver %s",
+                 dnn / 10000, dnn / 100 % 100, dnn % 100, CUDNN_MAJOR, CUDNN_MINOR,
+                 CUDNN_PATCHLEVEL, blas[0], blas[1], blas[2], CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR,
+                 CUBLAS_VER_PATCH, rv, dv);
+}
+
+/* An environment flag: set to anything but "" and "0". */
+static bool env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
 }
 
 extern "C" int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cuda_options *opt,
@@ -265,6 +442,11 @@ extern "C" int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cu
 {
     memset(be, 0, sizeof(*be));
     int count = trn_cuda_device_count();
+    if (count < 0) {
+        snprintf(err, errlen,
+                 "the CUDA driver or runtime failed to count the devices (T2008 says why)");
+        return CDDP_ECONFIG;
+    }
     if (count == 0) {
         snprintf(err, errlen, "no CUDA device is visible");
         return CDDP_ECONFIG;
@@ -286,9 +468,15 @@ extern "C" int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cu
     if (!cb->opt.workspace_bytes)
         cb->opt.workspace_bytes = (size_t)256 << 20;
     cb->device = opt->device;
+    cb->pad_small_c = env_on("CDDP_CUDA_CONV_PAD");
     trn_algo_cache_init(&cb->algos);
+    diag_sync = env_on("CDDP_CUDA_SYNC");
+    if (diag_sync)
+        log_warn("T2005", "CDDP_CUDA_SYNC=1: the device is synchronised after every CUDA call "
+                          "and launch (slow: for finding a failing kernel)");
     cudaCheck(cudaSetDevice(cb->device));
     cudaCheck(cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
+    diag_stream = cb->stream;
     cudnnCheck(cudnnCreate(&cb->cudnn));
     cudnnCheck(cudnnSetStream(cb->cudnn, cb->stream));
     cublasCheck(cublasCreate(&cb->cublas));
@@ -298,6 +486,7 @@ extern "C" int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cu
     cublasCheck(cublasSetMathMode(cb->cublas, opt->tf32_matmul ? CUBLAS_TF32_TENSOR_OP_MATH
                                                                : CUBLAS_PEDANTIC_MATH));
     cudaCheck(cudaMallocHost((void **)&cb->host_loss, sizeof(double)));
+    log_versions_once();
     be->ops = &cuda_ops;
     be->device = TRN_DEVICE_CUDA;
     be->act_layout = TRN_LAYOUT_NHWC;
@@ -310,8 +499,8 @@ extern "C" int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cu
 extern "C" size_t trn_backend_cuda_peak_bytes(struct trn_backend *be)
 {
     struct cuda_backend *cb = cuda_of(be);
-    return cb->peak_bytes + cb->workspace_size + cb->wbuf_size + cb->scratch_size +
-           (cb->cublas_ws ? CUDA_GRAPH_CUBLAS_WORKSPACE : 0);
+    return cb->peak_bytes + cb->workspace_size + cb->wbuf_size + cb->padbuf_size +
+           cb->scratch_size + (cb->cublas_ws ? CUDA_GRAPH_CUBLAS_WORKSPACE : 0);
 }
 
 extern "C" void *trn_backend_cuda_stream(struct trn_backend *be)
@@ -330,12 +519,15 @@ extern "C" void trn_backend_cuda_free(struct trn_backend *be)
         cudaCheck(cudaFree(cb->workspace));
     if (cb->wbuf)
         cudaCheck(cudaFree(cb->wbuf));
+    if (cb->padbuf)
+        cudaCheck(cudaFree(cb->padbuf));
     if (cb->scratch)
         cudaCheck(cudaFree(cb->scratch));
     cudaCheck(cudaFreeHost(cb->host_loss));
     cublasCheck(cublasDestroy(cb->cublas));
     cuda_graph_free(be); /* cuBLAS's workspace, once the handle is gone */
     cudnnCheck(cudnnDestroy(cb->cudnn));
+    diag_stream = NULL;
     cudaCheck(cudaStreamDestroy(cb->stream));
     free(cb->allocs);
     free(cb);

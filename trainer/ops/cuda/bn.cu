@@ -216,6 +216,7 @@ static void reduce(struct trn_backend *be, const struct trn_tensor *x, const voi
 
 void cuda_bn_stats(struct trn_backend *be, const struct trn_tensor *x, float *mean, float *var)
 {
+    cuda_op_enter("bn_stats", x, NULL);
     reduce<RED_SUM>(be, x, NULL, NULL, NULL, mean, NULL);
     reduce<RED_SQDEV>(be, x, NULL, NULL, mean, var, NULL);
 }
@@ -225,6 +226,7 @@ void cuda_bn_prepare(struct trn_backend *be, int c, const float *mean, const flo
                      const float *bias, float *running_mean, float *running_var, float *invstd,
                      float *scale, float *shift)
 {
+    cuda_op_enter_n("bn_prepare", "C %d, count %g", c, count);
     struct cuda_backend *cb = cuda_of(be);
     prepare_kernel<<<cuda_blocks((size_t)c, 128), 128, 0, cb->stream>>>(
         c, mean, var, count, eps, (float)momentum, weight, bias, running_mean, running_var, invstd,
@@ -236,6 +238,7 @@ void cuda_bn_apply(struct trn_backend *be, const struct trn_tensor *x, const flo
                    const float *shift, const struct trn_tensor *res, const float *res_scale,
                    const float *res_shift, bool relu, struct trn_tensor *y)
 {
+    cuda_op_enter("bn_apply", x, res);
     struct cuda_backend *cb = cuda_of(be);
     size_t total = trn_tensor_numel(x);
     int kind = !res ? TRN_BN_RES_NONE : !res_scale ? TRN_BN_RES_ADD : TRN_BN_RES_BN;
@@ -256,6 +259,7 @@ void cuda_bn_backward_reduce(struct trn_backend *be, const struct trn_tensor *x,
                              const struct trn_tensor *dy, const struct trn_tensor *relu_y,
                              const float *mean, float *sum_dy, float *sum_dy_xmu)
 {
+    cuda_op_enter("bn_backward_reduce", x, dy);
     cuda_same_dtype(x, dy, "bn_backward_reduce");
     cuda_same_dtype(x, relu_y, "bn_backward_reduce");
     reduce<RED_BWD>(be, x, dy->data, relu_y ? relu_y->data : NULL, mean, sum_dy, sum_dy_xmu);
@@ -264,6 +268,7 @@ void cuda_bn_backward_reduce(struct trn_backend *be, const struct trn_tensor *x,
 void cuda_bn_param_grads(struct trn_backend *be, int c, const float *invstd, const float *sum_dy,
                          const float *sum_dy_xmu, float *dweight, float *dbias, bool accumulate)
 {
+    cuda_op_enter_n("bn_param_grads", "C %d", c);
     struct cuda_backend *cb = cuda_of(be);
     param_grads_kernel<<<cuda_blocks((size_t)c, 128), 128, 0, cb->stream>>>(
         c, invstd, sum_dy, sum_dy_xmu, dweight, dbias, accumulate);
@@ -276,6 +281,7 @@ void cuda_bn_backward_input(struct trn_backend *be, const struct trn_tensor *x,
                             const float *sum_dy, const float *sum_dy_xmu, double count,
                             struct trn_tensor *dx)
 {
+    cuda_op_enter("bn_backward_input", x, dy);
     struct cuda_backend *cb = cuda_of(be);
     int C = x->c;
     cuda_reserve(be, &cb->scratch, &cb->scratch_size, 3 * (size_t)C * sizeof(float));
@@ -300,6 +306,7 @@ void cuda_relu_backward(struct trn_backend *be, const struct trn_tensor *dy,
                         const struct trn_tensor *dy2, const struct trn_tensor *y,
                         struct trn_tensor *dx)
 {
+    cuda_op_enter("relu_backward", dy, dx);
     struct cuda_backend *cb = cuda_of(be);
     size_t total = trn_tensor_numel(dy);
     cuda_same_dtype(dy, dy2, "relu_backward");

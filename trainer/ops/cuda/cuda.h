@@ -9,8 +9,17 @@
  * norm and the labels.
  *
  * Every CUDA, cuDNN and cuBLAS call is checked: on an error the worker
- * prints file:line and the library's message and exits (trainer/fatal.h;
- * the agent restarts it).
+ * prints file:line, the library's message and the op it was in (with its
+ * shapes under CDDP_CUDA_SYNC=1, below) and exits (trainer/fatal.h; the
+ * agent restarts it).
+ *
+ * Finding a failing kernel: errors of kernels are asynchronous, so without
+ * help they surface at a later call, in another op. CDDP_CUDA_SYNC=1 (read
+ * at backend init; the CUDA_LAUNCH_BLOCKING idea) makes every checked call
+ * and launch synchronise the device and check it, so the first error is
+ * reported at the launch that made it, with the op and its shapes; slow,
+ * for diagnosis. Not inside a CUDA graph's capture, where a synchronisation
+ * is not allowed.
  */
 #ifndef CDDP_TRAINER_OPS_CUDA_CUDA_H
 #define CDDP_TRAINER_OPS_CUDA_CUDA_H
@@ -46,6 +55,12 @@ struct cuda_backend {
     /* A conv's weights (or weight gradient) in cuDNN's KRSC layout. */
     void *wbuf;
     size_t wbuf_size;
+    /* A conv's input (or input gradient) padded to 8 channels (conv.cu), and
+     * CDDP_CUDA_CONV_PAD=1: pad every conv whose channels are not a
+     * multiple of 8, whatever cuDNN's search would find. */
+    void *padbuf;
+    size_t padbuf_size;
+    bool pad_small_c;
     /* Reduction partials and per-channel coefficients. */
     void *scratch;
     size_t scratch_size;
@@ -82,6 +97,13 @@ static inline struct cuda_backend *cuda_of(struct trn_backend *be)
 void cuda_check_at(cudaError_t st, const char *what, const char *file, int line);
 void cudnn_check_at(cudnnStatus_t st, const char *what, const char *file, int line);
 void cublas_check_at(cublasStatus_t st, const char *what, const char *file, int line);
+
+/* The op this thread runs, for the error messages above: called first by
+ * each op of the table, with up to two of its tensors (NULL: none), whose
+ * shapes are formatted under CDDP_CUDA_SYNC=1 only (a pointer store
+ * otherwise). cuda_op_enter_n: the same with a printf-style description. */
+void cuda_op_enter(const char *name, const struct trn_tensor *a, const struct trn_tensor *b);
+void cuda_op_enter_n(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Grows a device buffer to at least size bytes (synchronises first; only
  * while plans are built, on the first step of a shape). */

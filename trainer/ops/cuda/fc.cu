@@ -43,6 +43,7 @@ __global__ void bias_grad_kernel(const float *dy, float *db, int n, int out, int
 void cuda_fc_forward(struct trn_backend *be, int n, int in, int out, const float *x, const float *w,
                      const float *b, float *y)
 {
+    cuda_op_enter_n("fc_forward", "n %d, in %d, out %d", n, in, out);
     struct cuda_backend *cb = cuda_of(be);
     const float one = 1.0f, zero = 0.0f;
     cublasCheck(cublasSgemm(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w, in, x, in,
@@ -56,6 +57,7 @@ void cuda_fc_backward(struct trn_backend *be, int n, int in, int out, const floa
                       const float *w, const float *dy, float *dx, float *dw, float *db,
                       bool accumulate)
 {
+    cuda_op_enter_n("fc_backward", "n %d, in %d, out %d", n, in, out);
     struct cuda_backend *cb = cuda_of(be);
     const float one = 1.0f, zero = 0.0f, beta = accumulate ? 1.0f : 0.0f;
     cublasCheck(cublasSgemm(cb->cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &one, x, in, dy, out,

@@ -23,6 +23,7 @@
 
 void cuda_graph_setup(struct trn_backend *be)
 {
+    cuda_op_enter("graph_setup", NULL, NULL);
     struct cuda_backend *cb = cuda_of(be);
     if (cb->cublas_ws)
         return;
@@ -32,6 +33,7 @@ void cuda_graph_setup(struct trn_backend *be)
 
 void cuda_graph_begin(struct trn_backend *be)
 {
+    cuda_op_enter("graph_begin", NULL, NULL);
     struct cuda_backend *cb = cuda_of(be);
     TRN_CHECK(cb->cublas_ws, "CUDA graphs: graph_setup was not called before a capture");
     cudaCheck(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal));
@@ -39,6 +41,7 @@ void cuda_graph_begin(struct trn_backend *be)
 
 void *cuda_graph_end(struct trn_backend *be)
 {
+    cuda_op_enter("graph_end", NULL, NULL);
     struct cuda_backend *cb = cuda_of(be);
     cudaGraph_t graph = NULL;
     cudaCheck(cudaStreamEndCapture(cb->stream, &graph));
@@ -51,11 +54,13 @@ void *cuda_graph_end(struct trn_backend *be)
 
 void cuda_graph_launch(struct trn_backend *be, void *graph)
 {
+    cuda_op_enter("graph_launch", NULL, NULL);
     cudaCheck(cudaGraphLaunch((cudaGraphExec_t)graph, cuda_of(be)->stream));
 }
 
 void cuda_graph_destroy(struct trn_backend *be, void *graph)
 {
+    cuda_op_enter("graph_destroy", NULL, NULL);
     if (!graph)
         return;
     /* A launch still queued may use it. */

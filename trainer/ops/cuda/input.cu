@@ -47,6 +47,7 @@ static int slot_of(int slot)
 
 void *cuda_host_alloc(struct trn_backend *be, size_t bytes)
 {
+    cuda_op_enter_n("host_alloc", "%zu bytes", bytes);
     (void)be;
     void *p = NULL;
     cudaError_t st = cudaMallocHost(&p, bytes ? bytes : 1);
@@ -60,6 +61,7 @@ void *cuda_host_alloc(struct trn_backend *be, size_t bytes)
 
 void cuda_host_free(struct trn_backend *be, void *p)
 {
+    cuda_op_enter("host_free", NULL, NULL);
     struct cuda_backend *cb = cuda_of(be);
     if (!p)
         return;
@@ -70,6 +72,7 @@ void cuda_host_free(struct trn_backend *be, void *p)
 
 void cuda_upload(struct trn_backend *be, int slot, void *dst, const void *src, size_t bytes)
 {
+    cuda_op_enter_n("upload", "slot %d, %zu bytes", slot, bytes);
     struct cuda_backend *cb = cuda_of(be);
     int s = slot_of(slot);
     input_streams(cb);
@@ -81,6 +84,7 @@ void cuda_upload(struct trn_backend *be, int slot, void *dst, const void *src, s
 
 void cuda_input_wait(struct trn_backend *be, int slot)
 {
+    cuda_op_enter_n("input_wait", "slot %d", slot);
     struct cuda_backend *cb = cuda_of(be);
     int s = slot_of(slot);
     input_streams(cb);
@@ -89,6 +93,7 @@ void cuda_input_wait(struct trn_backend *be, int slot)
 
 void cuda_input_done(struct trn_backend *be, int slot)
 {
+    cuda_op_enter_n("input_done", "slot %d", slot);
     struct cuda_backend *cb = cuda_of(be);
     int s = slot_of(slot);
     input_streams(cb);

@@ -96,6 +96,7 @@ static double *xent_queue(struct trn_backend *be, int n, int k, const float *log
 float cuda_xent_forward(struct trn_backend *be, int n, int k, const float *logits,
                         const int32_t *labels, float *probs)
 {
+    cuda_op_enter_n("xent_forward", "n %d, classes %d", n, k);
     struct cuda_backend *cb = cuda_of(be);
     double *total = xent_queue(be, n, k, logits, labels, probs, NULL);
     cudaCheck(
@@ -107,6 +108,7 @@ float cuda_xent_forward(struct trn_backend *be, int n, int k, const float *logit
 void cuda_xent_backward(struct trn_backend *be, int n, int k, const float *probs,
                         const int32_t *labels, float scale, float *dlogits)
 {
+    cuda_op_enter_n("xent_backward", "n %d, classes %d", n, k);
     struct cuda_backend *cb = cuda_of(be);
     size_t total = (size_t)n * k;
     xent_grad_kernel<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(
@@ -117,12 +119,14 @@ void cuda_xent_backward(struct trn_backend *be, int n, int k, const float *probs
 void cuda_xent_forward_dev(struct trn_backend *be, int n, int k, const float *logits,
                            const int32_t *labels, float *probs, float *loss)
 {
+    cuda_op_enter_n("xent_forward_dev", "n %d, classes %d", n, k);
     (void)xent_queue(be, n, k, logits, labels, probs, loss);
 }
 
 void cuda_xent_backward_dev(struct trn_backend *be, int n, int k, const float *probs,
                             const int32_t *labels, const float *scale, float *dlogits)
 {
+    cuda_op_enter_n("xent_backward_dev", "n %d, classes %d", n, k);
     struct cuda_backend *cb = cuda_of(be);
     size_t total = (size_t)n * k;
     xent_grad_kernel<<<cuda_blocks(total, 256), 256, 0, cb->stream>>>(probs, labels, n, k, 0.0f,

@@ -410,4 +410,69 @@ TRN_HD static inline void trn_reorder_one(const void *src, int snhwc, int sdt, v
     trn_act_put(dst, ddt, e, trn_act_get(src, sdt, trn_act_off(snhwc, n, c, p, C, HW)));
 }
 
+/* ---- convolution: the filter as cuDNN reads it, and padded input channels (conv.cu) ---- */
+
+/*
+ * cuDNN may have no algorithm, or only slow ones, for a convolution whose
+ * input channels are not a multiple of 8 in NHWC (the ResNet stem's 3):
+ * its tensor-core kernels want NHWC channels in multiples of 8, and it pads
+ * by itself only packed NCHW tensors. conv.cu then runs it on Cp channels:
+ * the input with zero channels after its C, the filter with zero taps for
+ * them, which adds only exact zeros to every sum; the weight gradient of
+ * the real taps is read back from the first C, the input gradient from the
+ * first C channels. Cp = C when C is a multiple of 8.
+ */
+TRN_HD static inline int trn_conv_pad_channels(int C)
+{
+    return (C + 7) / 8 * 8;
+}
+
+/* Element e of an (N, Cp, HW) activation (layout nhwc, dtype dt) holding
+ * the (N, C, HW) src in its first C channels and zeros after. */
+TRN_HD static inline float trn_pad_channel_get(const void *src, int dt, int nhwc, size_t e, int C,
+                                               int Cp, int HW)
+{
+    int n, c, p;
+    trn_act_coords(nhwc, e, Cp, HW, &n, &c, &p);
+    return c < C ? trn_act_get(src, dt, trn_act_off(nhwc, n, c, p, C, HW)) : 0.0f;
+}
+
+/* Element e of an (N, C, HW) activation: channel c of the (N, Cp, HW) src. */
+TRN_HD static inline float trn_unpad_channel_get(const void *src, int dt, int nhwc, size_t e, int C,
+                                                 int Cp, int HW)
+{
+    int n, c, p;
+    trn_act_coords(nhwc, e, C, HW, &n, &c, &p);
+    return trn_act_get(src, dt, trn_act_off(nhwc, n, c, p, Cp, HW));
+}
+
+/* Element d of an O x Ip x K x K filter (OHWI when ohwi, else OIHW) made
+ * from the OIHW fp32 weights w of I input channels: zero taps for i >= I. */
+TRN_HD static inline float trn_filter_pad_get(const float *w, size_t d, int I, int Ip, int K,
+                                              int ohwi)
+{
+    int o, i, ky, kx;
+    if (ohwi) {
+        i = (int)(d % (size_t)Ip);
+        kx = (int)((d / Ip) % (size_t)K);
+        ky = (int)((d / ((size_t)Ip * K)) % (size_t)K);
+        o = (int)(d / ((size_t)Ip * K * K));
+    } else {
+        kx = (int)(d % (size_t)K);
+        ky = (int)((d / K) % (size_t)K);
+        i = (int)((d / ((size_t)K * K)) % (size_t)Ip);
+        o = (int)(d / ((size_t)K * K * Ip));
+    }
+    return i < I ? w[trn_oihw_off(o, i, ky, kx, I, K)] : 0.0f;
+}
+
+/* Where OIHW weight e (I input channels) sits in an O x Ip x K x K filter
+ * (OHWI when ohwi, else OIHW): cuDNN's weight gradient read back. */
+TRN_HD static inline size_t trn_filter_unpad_off(size_t e, int I, int Ip, int K, int ohwi)
+{
+    int kx = (int)(e % (size_t)K), ky = (int)((e / K) % (size_t)K);
+    int i = (int)((e / ((size_t)K * K)) % (size_t)I), o = (int)(e / ((size_t)K * K * I));
+    return ohwi ? trn_ohwi_off(o, i, ky, kx, Ip, K) : trn_oihw_off(o, i, ky, kx, Ip, K);
+}
+
 #endif

@@ -109,6 +109,7 @@ __global__ void avgpool_bwd_kernel(const float *dy, void *dx, int nhwc, int N, i
 void cuda_maxpool_forward(struct trn_backend *be, const struct trn_tensor *x, struct trn_tensor *y,
                           uint8_t *argmax)
 {
+    cuda_op_enter("maxpool_forward", x, y);
     struct cuda_backend *cb = cuda_of(be);
     size_t total = trn_tensor_numel(y);
     TRN_CHECK(cuda_nhwc(x) == cuda_nhwc(y), "maxpool: x and y layouts differ");
@@ -124,6 +125,7 @@ void cuda_maxpool_forward(struct trn_backend *be, const struct trn_tensor *x, st
 void cuda_maxpool_backward(struct trn_backend *be, const struct trn_tensor *dy,
                            const uint8_t *argmax, struct trn_tensor *dx)
 {
+    cuda_op_enter("maxpool_backward", dy, dx);
     struct cuda_backend *cb = cuda_of(be);
     size_t total = trn_tensor_numel(dx);
     TRN_CHECK(cuda_nhwc(dx) == cuda_nhwc(dy), "maxpool: dx and dy layouts differ");
@@ -138,6 +140,7 @@ void cuda_maxpool_backward(struct trn_backend *be, const struct trn_tensor *dy,
 
 void cuda_avgpool_forward(struct trn_backend *be, const struct trn_tensor *x, float *y)
 {
+    cuda_op_enter("avgpool_forward", x, NULL);
     struct cuda_backend *cb = cuda_of(be);
     size_t total = (size_t)x->n * x->c;
     int nhwc = cuda_nhwc(x);
@@ -150,6 +153,7 @@ void cuda_avgpool_forward(struct trn_backend *be, const struct trn_tensor *x, fl
 
 void cuda_avgpool_backward(struct trn_backend *be, const float *dy, struct trn_tensor *dx)
 {
+    cuda_op_enter("avgpool_backward", dx, NULL);
     struct cuda_backend *cb = cuda_of(be);
     size_t total = trn_tensor_numel(dx);
     int nhwc = cuda_nhwc(dx);

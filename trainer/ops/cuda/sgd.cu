@@ -26,6 +26,7 @@ __global__ void sgd_kernel(float *param, const float *grad, float *buf, size_t n
 void cuda_sgd_step(struct trn_backend *be, float *param, const float *grad, float *momentum_buf,
                    size_t n, float lr, float momentum, float weight_decay, bool first_step)
 {
+    cuda_op_enter_n("sgd_step", "%zu parameters", n);
     struct cuda_backend *cb = cuda_of(be);
     if (!n)
         return;
@@ -39,6 +40,7 @@ void cuda_sgd_step_dev(struct trn_backend *be, float *param, const float *grad, 
                        size_t n, const float *lr, float momentum, float weight_decay,
                        bool first_step, const int32_t *skip)
 {
+    cuda_op_enter_n("sgd_step_dev", "%zu parameters", n);
     struct cuda_backend *cb = cuda_of(be);
     if (!n)
         return;
