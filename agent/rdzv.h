@@ -204,8 +204,4 @@ struct agent_rdzv_etcd_options {
 int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o,
                         struct agent_rdzv **out, char *err, size_t errlen);
 
-/* A TCP port free on every IPv4 address a moment ago (torch's
- * get_free_port): bind port 0, read it, close. The port or a negative code. */
-int agent_free_port(void);
-
 #endif
