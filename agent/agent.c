@@ -1,11 +1,13 @@
 /*
  * agent.c: the agent's libuv loop. It only translates: kernel and rendezvous
  * notifications become policy events (agent/policy.c decides), and the
- * policy's actions become syscalls. See agent.h.
+ * policy's actions become syscalls. Here: the event queue, the workers'
+ * starts, signals and exits, stacks on demand, shutdown and agent_run; the
+ * rendezvous glue is round.c's, the progress watchdog's progress.c's (the
+ * map is in agent_int.h). See agent.h.
  */
-#include "agent/agent.h"
+#include "agent/agent_int.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -17,24 +19,13 @@
 #include <unistd.h>
 
 #include "agent/env.h"
-#include "agent/ifname.h"
-#include "agent/filetimer.h"
-#include "agent/logs.h"
-#include "agent/numa.h"
-#include "agent/rdzv.h"
-#include "agent/report.h"
-#include "agent/stacks.h"
-#include "agent/workers.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/exitcodes.h"
-#include "common/hostname.h"
 #include "common/log.h"
 #include "common/signames.h"
 #include "common/strutil.h"
 #include "common/uuid.h"
-#include "rendezvous/etcd.h"
-#include "store/tcpstore.h"
 
 extern char **environ;
 
@@ -42,109 +33,9 @@ extern char **environ;
  * children (they can only be seen by asking); only while such groups exist. */
 #define GROUP_CHECK_MS 100
 
-struct agent_worker {
-    struct agent_worker_info info;
-    pid_t pgid;        /* the worker's process group (= its pid); 0 if never started */
-    bool leader_alive; /* the worker process itself has not been reaped */
-    bool group_alive;  /* processes may be left in its group */
-    uint64_t exit_seq;
-    char error_file[4096];
-    char hang_note[512]; /* why the watchdog stopped it (this attempt); "" if it did not */
-    double hung_at;      /* wall time the watchdog found it hung */
-};
-
-struct agent {
-    uv_loop_t loop;
-    const struct launch_config *cfg;
-    const struct agent_hooks *hooks;
-    struct agent_policy pol;
-
-    struct agent_rdzv_static rdzv_static;
-    struct agent_rdzv *rdzv;
-    struct agent_ifname ifname; /* the workers' network interface (multi-node) */
-    struct agent_round round;
-    bool have_round;
-    /* --agent_store: the TCPStore this node serves the workers (node 0),
-     * a fresh one each round; bound before the join where the rendezvous
-     * publishes our port (c10d), after the round where the port is given. */
-    struct tcpstore_server *store;
-    int store_port;
-    uint64_t store_round;
-
-    int nworkers;
-    struct agent_worker *workers;
-    int attempt; /* restart count of the running attempt */
-    uint64_t exit_seq;
-    int membership_restarts; /* rounds joined because the rendezvous asked */
-
-    struct agent_numa_plan *numa; /* --numa_binding: one per local rank, or NULL */
-
-    struct agent_guardian guardian;
-    struct agent_logs logs;
-    struct agent_tee_set tees;
-
-    uv_signal_t sigchld;
-    uv_signal_t sigs[LAUNCH_MAX_SIGNALS];
-    int nsigs;
-    uv_timer_t deadline;
-    uv_timer_t group_check;
-    uv_timer_t watchdog_timer; /* armed for the watchdog's next deadline while RUNNING */
-    struct watchdog wd;
-    unsigned watchdog_kills;
-    /* Stacks being captured before a hung group is stopped (agent/stacks.h):
-     * the rank found hung (-1: none), gdb's pid, and its time bound. */
-    int stacks_rank;
-    pid_t stacks_pid;
-    uv_timer_t stacks_timer;
-    /* torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1), and the pipe
-     * the workers get as TORCHELASTIC_TIMER_FILE. */
-    struct agent_filetimer *filetimer;
-    char filetimer_path[4096];
-    /* Armed with every SIGKILL to the groups: processes still there when it
-     * fires cannot be killed (D state); they are reported and given up. */
-    uv_timer_t kill_wait;
-    /* A stack capture on demand (agent_capture_stacks: cddpctl stacks):
-     * one gdb per running worker (0: done), each into path.<local_rank>. */
-    struct {
-        bool running;
-        unsigned seq;
-        int pending;
-        pid_t *gdb;
-        char path[4096];
-        uv_timer_t timer;
-        void (*done)(void *arg, int rc, const char *path);
-        void *arg;
-    } ondemand;
-    bool handles_open;
-
-    char run_id[128];
-    const char *entry_name;
-    double start_time;
-
-    /* Events raised while actions run are queued, so the policy never sees
-     * one event inside another. */
-    struct policy_event *queue;
-    size_t qhead, qtail, qcap;
-    bool dispatching;
-    bool changed;
-
-    bool shutting_down;
-    /* How this node leaves the rendezvous (POLICY_ACT_EXIT's end_job, finished). */
-    enum agent_rdzv_farewell rdzv_how;
-    char rdzv_reason[1024];
-    char this_node[300]; /* "host (pid N)", how the other nodes' messages name this one */
-    int exit_code;
-    bool reported;              /* the failure table was printed */
-    char fail_reason[512];      /* why the agent itself failed, for its error file */
-    sigset_t inherited_ignored; /* passed on to the workers */
-};
-
 static void agent_shutdown(struct agent *a);
 
-/* Logs an agent-level failure and keeps the first one for the error file. */
-static void agent_failed(struct agent *a, const char *id, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void agent_failed(struct agent *a, const char *id, const char *fmt, ...)
+void agent_failed(struct agent *a, const char *id, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
@@ -158,7 +49,7 @@ static void agent_failed(struct agent *a, const char *id, const char *fmt, ...)
 
 /* ---- events ---- */
 
-static void notify(struct agent *a)
+void agent_notify(struct agent *a)
 {
     if (a->hooks == NULL || a->hooks->state_changed == NULL)
         return;
@@ -214,12 +105,8 @@ static void notify(struct agent *a)
 }
 
 static void do_action(struct agent *a, const struct policy_action *act);
-static void watchdog_arm(struct agent *a);
 
-static void post_event(struct agent *a, const struct policy_event *in);
-
-static void post(struct agent *a, enum policy_event_type type, int local_rank, int exitcode,
-                 int sig)
+void agent_post(struct agent *a, enum policy_event_type type, int local_rank, int exitcode, int sig)
 {
     struct policy_event ev;
     memset(&ev, 0, sizeof(ev));
@@ -227,10 +114,10 @@ static void post(struct agent *a, enum policy_event_type type, int local_rank, i
     ev.local_rank = local_rank;
     ev.exitcode = exitcode;
     ev.sig = sig;
-    post_event(a, &ev);
+    agent_post_event(a, &ev);
 }
 
-static void post_event(struct agent *a, const struct policy_event *in)
+void agent_post_event(struct agent *a, const struct policy_event *in)
 {
     if (a->qtail == a->qcap) {
         if (a->qhead > 0) {
@@ -264,199 +151,36 @@ static void post_event(struct agent *a, const struct policy_event *in)
     }
     a->qhead = a->qtail = 0;
     a->dispatching = false;
-    watchdog_arm(a);
+    agent_watchdog_arm(a);
     if (a->changed) {
         a->changed = false;
-        notify(a);
+        agent_notify(a);
     }
 }
 
-/* ---- the agent store (--agent_store) ---- */
-
-/* Closes the round's store, if any: its keys go with it, so the next round
- * (a restarted worker group) starts from an empty store, as torchrun 2.x. */
-static void store_close(struct agent *a, const char *why)
+void agent_show(struct agent *a)
 {
-    if (a->store == NULL)
-        return;
-    struct tcpstore_stats st;
-    tcpstore_server_stats(a->store, &st);
-    log_info("A0802", "[%s] closed the agent's TCPStore on port %d (%s; %zu keys, %llu queries)",
-             a->cfg->role, a->store_port, why, st.keys, (unsigned long long)st.queries);
-    tcpstore_server_close(a->store, NULL, NULL);
-    a->store = NULL;
-    a->store_port = 0;
-    a->store_round = 0;
-    /* The status page must not read the store any more. */
     if (a->dispatching)
         a->changed = true;
     else
-        notify(a);
-}
-
-/* Serves a fresh store on every interface at port (0: a free one), as
- * torch's agent does (TCPStore(is_master=True) binds them all). */
-static int store_open(struct agent *a, int port, char *err, size_t errlen)
-{
-    struct tcpstore_server_options o;
-    memset(&o, 0, sizeof(o));
-    o.port = port;
-    int rc = tcpstore_server_start(&a->loop, &o, &a->store, err, errlen);
-    if (rc) {
-        a->store = NULL;
-        return rc;
-    }
-    a->store_port = tcpstore_server_port(a->store);
-    return 0;
-}
-
-/* The round is known: node 0 serves the store at MASTER_PORT (the one it
- * bound before joining, or the given one), the other nodes drop theirs. */
-static int store_for_round(struct agent *a, struct agent_round *r)
-{
-    if (!a->cfg->agent_store)
-        return 0;
-    r->use_agent_store = 1;
-    if (r->node_rank != 0) {
-        store_close(a, "another node is node 0");
-        return 0;
-    }
-    if (a->store == NULL || a->store_port != r->master_port) {
-        store_close(a, "not this round's MASTER_PORT");
-        char why[256] = "";
-        int rc = store_open(a, r->master_port, why, sizeof(why));
-        if (rc) {
-            agent_failed(a, "A0803", "[%s] cannot serve the agent's TCPStore on port %d: %s",
-                         a->cfg->role, r->master_port, why[0] ? why : cddp_strerror(rc));
-            return rc;
-        }
-    }
-    a->store_round = r->round;
-    log_info("A0801", "[%s] the agent's TCPStore serves round %llu on %s:%d", a->cfg->role,
-             (unsigned long long)r->round, r->master_addr, r->master_port);
-    return 0;
-}
-
-/* ---- the progress watchdog (agent/watchdog.c decides) ---- */
-
-/* gdb may take this long to attach and print; then it is killed, so a stuck
- * ptrace delays the restart by at most this. */
-#define STACKS_TIMEOUT_MS 5000
-
-/* The stacks are written (or gdb ran out of time): stop the group. */
-static void stacks_done(struct agent *a)
-{
-    int i = a->stacks_rank;
-    if (i < 0)
-        return;
-    if (a->stacks_pid > 0)
-        kill(-a->stacks_pid, SIGKILL); /* reaped by on_sigchld, as any child */
-    a->stacks_rank = -1;
-    a->stacks_pid = 0;
-    if (a->handles_open)
-        uv_timer_stop(&a->stacks_timer);
-    post(a, POLICY_EV_WATCHDOG, i, 0, 0);
-}
-
-static void on_stacks_timeout(uv_timer_t *t)
-{
-    struct agent *a = t->data;
-    log_warn("A0904", "gdb did not finish within %d ms; its stacks are incomplete",
-             STACKS_TIMEOUT_MS);
-    stacks_done(a);
-}
-
-/* Writes what local rank i was doing next to its logs (attempt_N/i/stacks.txt)
- * and names the file in its hang note; gdb's part is asynchronous. */
-static void capture_stacks(struct agent *a, int i)
-{
-    struct agent_worker *w = &a->workers[i];
-    char path[4096];
-    a->stacks_rank = i;
-    if (a->logs.devnull ||
-        agent_logs_path(&a->logs, a->attempt, i, "stacks.txt", path, sizeof(path)) != 0)
-        return;
-    int rc = agent_stacks_write_proc(w->pgid, path);
-    pid_t gdb = 0;
-    if (rc == 0)
-        rc = agent_stacks_start_gdb(w->pgid, path, &gdb);
-    if (rc) {
-        log_warn("A0905", "writing the stacks of local_rank %d to %s: %s", i, path,
-                 cddp_strerror(rc));
-        return;
-    }
-    size_t n = strlen(w->hang_note);
-    snprintf(w->hang_note + n, sizeof(w->hang_note) - n, "; stacks: %s", path);
-    if (gdb > 0) {
-        a->stacks_pid = gdb;
-        uv_timer_start(&a->stacks_timer, on_stacks_timeout, STACKS_TIMEOUT_MS, 0);
-    }
+        agent_notify(a);
 }
 
 /* ---- stacks on demand (agent_capture_stacks) ---- */
 
 /* Every gdb is done (or out of time): one file, rank by rank. */
-static void ondemand_finish(struct agent *a)
+static void on_ondemand_stacks(struct agent_stacks_job *job)
 {
-    if (!a->ondemand.running)
-        return;
-    a->ondemand.running = false;
-    if (a->handles_open)
-        uv_timer_stop(&a->ondemand.timer);
-    FILE *out = fopen(a->ondemand.path, "we");
-    int rc = out ? 0 : CDDP_ERR_FROM_ERRNO(errno);
-    if (out)
-        fprintf(out, "# stacks of every running worker, captured on demand (capture %u)\n",
-                a->ondemand.seq);
-    for (int i = 0; i < a->nworkers; i++) {
-        if (a->ondemand.gdb[i] > 0)
-            kill(-a->ondemand.gdb[i], SIGKILL); /* out of time; reaped by on_sigchld */
-        a->ondemand.gdb[i] = 0;
-        char part[4200];
-        snprintf(part, sizeof(part), "%s.%d", a->ondemand.path, i);
-        FILE *in = fopen(part, "re");
-        if (in == NULL)
-            continue;
-        if (out) {
-            fprintf(out, "\n## local_rank %d (rank %d, pid %d)\n", i, a->workers[i].info.rank,
-                    (int)a->workers[i].info.pid);
-            char buf[8192];
-            size_t n;
-            while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
-                fwrite(buf, 1, n, out);
-        }
-        fclose(in);
-        unlink(part);
-    }
-    if (out && fclose(out) != 0)
-        rc = CDDP_ERR_FROM_ERRNO(errno);
-    a->ondemand.pending = 0;
-    a->ondemand.done(a->ondemand.arg, rc, rc == 0 ? a->ondemand.path : NULL);
-}
-
-static void on_ondemand_timeout(uv_timer_t *t)
-{
-    struct agent *a = t->data;
-    log_warn("A2411",
-             "stacks on demand: gdb did not finish within %d ms; the capture is incomplete",
-             STACKS_TIMEOUT_MS);
-    ondemand_finish(a);
-}
-
-/* A child was reaped: one of the capture's gdbs? */
-static bool ondemand_reaped(struct agent *a, pid_t pid)
-{
-    if (!a->ondemand.running || a->ondemand.gdb == NULL)
-        return false;
-    for (int i = 0; i < a->nworkers; i++) {
-        if (a->ondemand.gdb[i] != pid)
-            continue;
-        a->ondemand.gdb[i] = 0;
-        if (--a->ondemand.pending == 0)
-            ondemand_finish(a);
-        return true;
-    }
-    return false;
+    struct agent *a = job->data;
+    if (job->timed_out)
+        log_warn("A2411",
+                 "stacks on demand: gdb did not finish within %d ms; the capture is incomplete",
+                 AGENT_STACKS_TIMEOUT_MS);
+    char title[128];
+    snprintf(title, sizeof(title),
+             "# stacks of every running worker, captured on demand (capture %u)", a->ondemand_seq);
+    int rc = agent_stacks_merge(a->ondemand_path, title, a->ondemand_targets, a->nworkers);
+    a->ondemand_done(a->ondemand_arg, rc, rc == 0 ? a->ondemand_path : NULL);
 }
 
 int agent_capture_stacks(struct agent *a, void (*done)(void *arg, int rc, const char *path),
@@ -471,238 +195,39 @@ int agent_capture_stacks(struct agent *a, void (*done)(void *arg, int rc, const 
         running += a->workers[i].leader_alive && a->workers[i].pgid > 0;
     if (running == 0)
         return CDDP_ENOTFOUND;
-    if (a->ondemand.gdb == NULL &&
-        (a->ondemand.gdb = calloc((size_t)a->nworkers, sizeof(pid_t))) == NULL)
+    if (a->ondemand_targets == NULL &&
+        (a->ondemand_targets = calloc((size_t)a->nworkers, sizeof(*a->ondemand_targets))) == NULL)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    a->ondemand.seq++;
+    a->ondemand_seq++;
     if (!a->logs.devnull && a->logs.run_dir)
-        snprintf(a->ondemand.path, sizeof(a->ondemand.path), "%s/attempt_%d/stacks-%u.txt",
-                 a->logs.run_dir, a->attempt, a->ondemand.seq);
+        snprintf(a->ondemand_path, sizeof(a->ondemand_path), "%s/attempt_%d/stacks-%u.txt",
+                 a->logs.run_dir, a->attempt, a->ondemand_seq);
     else
-        snprintf(a->ondemand.path, sizeof(a->ondemand.path), "/tmp/cddp-stacks-%d-%u.txt",
-                 (int)getpid(), a->ondemand.seq);
-    a->ondemand.running = true;
-    a->ondemand.pending = 0;
-    a->ondemand.done = done;
-    a->ondemand.arg = arg;
+        snprintf(a->ondemand_path, sizeof(a->ondemand_path), "/tmp/cddp-stacks-%d-%u.txt",
+                 (int)getpid(), a->ondemand_seq);
+    a->ondemand_done = done;
+    a->ondemand_arg = arg;
     for (int i = 0; i < a->nworkers; i++) {
         struct agent_worker *w = &a->workers[i];
-        a->ondemand.gdb[i] = 0;
-        if (!w->leader_alive || w->pgid <= 0)
-            continue;
-        char part[4200];
-        snprintf(part, sizeof(part), "%s.%d", a->ondemand.path, i);
-        int rc = agent_stacks_write_proc(w->pgid, part);
-        if (rc == 0)
-            rc = agent_stacks_start_gdb(w->pgid, part, &a->ondemand.gdb[i]);
-        if (rc)
-            log_warn("A2412", "stacks on demand: local_rank %d to %s: %s", i, part,
-                     cddp_strerror(rc));
-        a->ondemand.pending += a->ondemand.gdb[i] > 0;
+        struct agent_stacks_target *t = &a->ondemand_targets[i];
+        t->pgid = w->leader_alive && w->pgid > 0 ? w->pgid : 0;
+        snprintf(t->path, sizeof(t->path), "%s.%d", a->ondemand_path, i);
+        snprintf(t->label, sizeof(t->label), "local_rank %d (rank %d, pid %d)", i, w->info.rank,
+                 (int)w->info.pid);
+    }
+    agent_stacks_job_start(&a->ondemand, a->ondemand_targets, a->nworkers, on_ondemand_stacks);
+    for (int i = 0; i < a->nworkers; i++) {
+        const struct agent_stacks_target *t = &a->ondemand_targets[i];
+        if (t->pgid > 0 && t->rc)
+            log_warn("A2412", "stacks on demand: local_rank %d to %s: %s", i, t->path,
+                     cddp_strerror(t->rc));
     }
     log_info("A2413", "[%s] capturing the stacks of %d running workers into %s", a->cfg->role,
-             running, a->ondemand.path);
-    if (a->ondemand.pending == 0)
-        ondemand_finish(a); /* no gdb: /proc's part is all there is */
-    else
-        uv_timer_start(&a->ondemand.timer, on_ondemand_timeout, STACKS_TIMEOUT_MS, 0);
+             running, a->ondemand_path);
     return 0;
-}
-
-static void on_watchdog_timer(uv_timer_t *t);
-
-/* The timer follows the watchdog's next deadline, only while the group runs. */
-static void watchdog_arm(struct agent *a)
-{
-    if (!a->handles_open || a->cfg->watchdog.mode == WATCHDOG_OFF)
-        return;
-    uint64_t d =
-        a->pol.state == AGENT_RUNNING && a->stacks_rank < 0 ? watchdog_next_deadline(&a->wd) : 0;
-    if (d == 0) {
-        uv_timer_stop(&a->watchdog_timer);
-        return;
-    }
-    uv_update_time(&a->loop);
-    uint64_t now = cddp_mono_ms();
-    uv_timer_start(&a->watchdog_timer, on_watchdog_timer, d > now ? d - now + 1 : 0, 0);
-}
-
-static void on_watchdog_timer(uv_timer_t *t)
-{
-    struct agent *a = t->data;
-    uint64_t now = cddp_mono_ms();
-    if (a->stacks_rank >= 0)
-        return; /* already stopping a hung group */
-    int i = a->pol.state == AGENT_RUNNING ? watchdog_hung(&a->wd, now) : -1;
-    if (i < 0) {
-        watchdog_arm(a); /* early (the loop's clock lags), or nothing to do */
-        return;
-    }
-    struct agent_worker *w = &a->workers[i];
-    const struct watchdog_worker *ww = &a->wd.w[i];
-    uint64_t timeout = watchdog_timeout(&a->wd, i);
-    char last[64] = "before its first progress line";
-    if (ww->lines > 0 && ww->has_step)
-        snprintf(last, sizeof(last), "after step %lld", (long long)ww->last_step);
-    else if (ww->lines > 0)
-        snprintf(last, sizeof(last), "after %llu progress lines", (unsigned long long)ww->lines);
-    uint64_t since = now - (ww->lines > 0 ? ww->last_ms : ww->started_ms);
-    snprintf(w->hang_note, sizeof(w->hang_note),
-             "watchdog: no progress for %.1f s %s (timeout %.1f s, %s%s); the worker group was "
-             "stopped",
-             (double)since / 1000.0, last, (double)timeout / 1000.0,
-             ww->lines == 0 ? "--watchdog_initial" : watchdog_mode_name(a->cfg->watchdog.mode),
-             ww->lines > 0 && a->cfg->watchdog.mode == WATCHDOG_AUTO && ww->learned_ms == 0
-                 ? ", warming up"
-                 : "");
-    w->hung_at = cddp_wall_time();
-    w->exit_seq = ++a->exit_seq; /* found before the exits the stop causes: the root cause */
-    a->watchdog_kills++;
-    log_error("A0901", "[%s] local_rank %d (pid %d) is hung: %s", a->cfg->role, i, (int)w->pgid,
-              w->hang_note);
-    capture_stacks(a, i);
-    if (a->stacks_pid == 0)
-        stacks_done(a);
-}
-
-void agent_progress(struct agent *a, int local_rank, const struct progress_report *r,
-                    uint64_t now_ms)
-{
-    if (a == NULL || a->shutting_down || local_rank < 0 || local_rank >= a->nworkers)
-        return;
-    if ((r->fields & PROGRESS_STEP) && r->step > a->pol.best_step && a->pol.max_no_progress > 0) {
-        struct policy_event ev = {.type = POLICY_EV_PROGRESS, .step = r->step};
-        post_event(a, &ev);
-    }
-    if (a->cfg->watchdog.mode == WATCHDOG_OFF)
-        return;
-    uint64_t before = watchdog_timeout(&a->wd, local_rank);
-    bool learned =
-        watchdog_report(&a->wd, local_rank, now_ms, (r->fields & PROGRESS_STEP) != 0, r->step);
-    uint64_t after = watchdog_timeout(&a->wd, local_rank);
-    if (learned)
-        log_info("A0902",
-                 "[%s] watchdog: local_rank %d's timeout is now %.3f s (longest interval %.3f s x "
-                 "%g)",
-                 a->cfg->role, local_rank, (double)after / 1000.0,
-                 (double)a->wd.w[local_rank].max_interval_ms / 1000.0, a->wd.cfg.safety);
-    watchdog_arm(a);
-    if (before != after && !a->dispatching)
-        notify(a); /* /status shows the timeout that applies */
-}
-
-/* ---- rendezvous callbacks ---- */
-
-static void on_round(struct agent_rdzv *r, int status, const struct agent_round *round,
-                     const char *reason)
-{
-    struct agent *a = r->data;
-    if (status != 0) {
-        struct policy_event ev = {.type = POLICY_EV_ROUND_FAILED, .graceful = r->was_waiting};
-        if (r->was_waiting)
-            log_warn("A0106",
-                     "[%s] the job ended while this node waited for a place (%s); nothing ran "
-                     "here",
-                     a->cfg->role, reason ? reason : "closed");
-        else
-            agent_failed(a, "A0101", "rendezvous failed: %s",
-                         reason ? reason : cddp_strerror(status));
-        post_event(a, &ev);
-        return;
-    }
-    a->round = *round;
-    a->have_round = true;
-    if (store_for_round(a, &a->round) != 0) {
-        post(a, POLICY_EV_ROUND_FAILED, 0, 0, 0);
-        return;
-    }
-    log_info("A0102",
-             "[%s] rendezvous complete: round %llu, group_rank=%d group_world_size=%d "
-             "world_size=%d master=%s:%d restart_count=%lld",
-             a->cfg->role, (unsigned long long)round->round, round->node_rank, round->nnodes,
-             round->world_size, round->master_addr, round->master_port,
-             (long long)round->restart_count);
-    if (a->pol.coordinated && round->restart_count > a->cfg->max_restarts)
-        agent_failed(a, "A0107",
-                     "[%s] worker groups of this job failed %lld times and max_restarts is %d: no "
-                     "restarts left",
-                     a->cfg->role, (long long)round->restart_count, a->cfg->max_restarts);
-    struct policy_event ev = {.type = POLICY_EV_ROUND, .restart_count = round->restart_count};
-    post_event(a, &ev);
-}
-
-static void on_rdzv_restart(struct agent_rdzv *r, const char *reason, bool counted)
-{
-    struct agent *a = r->data;
-    log_warn("A0103", "[%s] %s; will restart worker group in a new round%s", a->cfg->role,
-             reason ? reason : "membership changed",
-             counted ? " (counts against --max_restarts)" : "");
-    post(a, POLICY_EV_RDZV_RESTART, 0, 0, 0);
-}
-
-static void on_rdzv_closed(struct agent_rdzv *r, int status, const char *reason)
-{
-    struct agent *a = r->data;
-    if (status == 0 && a->pol.state == AGENT_EXIT_BARRIER)
-        log_info("A0108", "the rendezvous closed: %s", reason ? reason : "closed");
-    else if (status == 0)
-        agent_failed(a, "A0104", "the rendezvous closed: %s", reason ? reason : "closed");
-    else
-        agent_failed(a, "A0109", "lost the rendezvous: %s",
-                     reason ? reason : cddp_strerror(status));
-    post(a, POLICY_EV_RDZV_CLOSED, 0, 0, 0);
-}
-
-/* The connection, the wait list or the hosted server changed: show it. */
-static void on_rdzv_info(struct agent_rdzv *r)
-{
-    struct agent *a = r->data;
-    if (a->dispatching)
-        a->changed = true; /* shown when the events in hand are done */
-    else
-        notify(a);
-}
-
-static void on_barrier(struct agent_rdzv *r, int status)
-{
-    struct agent *a = r->data;
-    if (status != 0)
-        log_error("A0105", "Error waiting on exit barrier: %s", cddp_strerror(status));
-    post(a, POLICY_EV_BARRIER_DONE, 0, status, 0);
 }
 
 /* ---- workers ---- */
-
-/* --numa_binding: each local rank's CPUs and memory nodes, planned once
- * from sysfs (agent/numa.h) and logged; on a machine with one NUMA node
- * nothing is bound, and that is said once. */
-static int plan_numa(struct agent *a)
-{
-    cpu_set_t allowed;
-    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
-        CPU_ZERO(&allowed);
-    a->numa = calloc((size_t)a->nworkers, sizeof(*a->numa));
-    if (a->numa == NULL)
-        return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
-    for (int i = 0; i < a->nworkers; i++) {
-        char why[512] = "";
-        int rc = agent_numa_plan("", a->cfg->numa_binding, i, cvd, &allowed, &a->numa[i], why,
-                                 sizeof(why));
-        if (rc) {
-            agent_failed(a, "A2204", "%s", why);
-            return rc;
-        }
-        if (!a->numa[i].bind) {
-            log_warn("A2203", "%s", why);
-            free(a->numa);
-            a->numa = NULL;
-            return 0;
-        }
-        log_info("A2202", "--numa_binding=%s: local_rank %d: %s", a->cfg->numa_binding, i, why);
-    }
-    return 0;
-}
 
 static int open_dest(struct agent *a, int local_rank, int stream, const char *path,
                      const char *prefix, int *fd)
@@ -888,7 +413,7 @@ static void start_workers(struct agent *a)
         w->exit_seq = ++a->exit_seq;
         struct policy_event ev = {
             .type = POLICY_EV_WORKER_EXIT, .local_rank = i, .exitcode = 1, .group_empty = true};
-        post_event(a, &ev);
+        agent_post_event(a, &ev);
         rc = 0; /* try the others: the policy stops them anyway */
     }
 }
@@ -945,9 +470,9 @@ static void on_kill_wait(uv_timer_t *t)
                                       .local_rank = i,
                                       .exitcode = -SIGKILL,
                                       .group_empty = true};
-            post_event(a, &ev);
+            agent_post_event(a, &ev);
         } else {
-            post(a, POLICY_EV_GROUP_EMPTY, i, 0, 0);
+            agent_post(a, POLICY_EV_GROUP_EMPTY, i, 0, 0);
         }
     }
 }
@@ -989,108 +514,6 @@ static const char *entry_name(const struct launch_config *cfg)
     return cfg->kind == LAUNCH_RUN_PATH ? "run_script_path" : cfg->entrypoint;
 }
 
-static void failure_report(struct agent *a)
-{
-    int n = 0;
-    struct agent_failure *f = calloc((size_t)a->nworkers, sizeof(*f));
-    if (f == NULL) {
-        log_crit("A0301", "out of memory building the failure report");
-        return;
-    }
-    for (int i = 0; i < a->nworkers; i++) {
-        struct agent_worker *w = &a->workers[i];
-        if (w->info.exitcode == 0 && w->hang_note[0] == '\0')
-            continue;
-        f[n].local_rank = i;
-        f[n].rank = w->info.rank;
-        f[n].pid = (int)w->info.pid;
-        f[n].exitcode = w->info.exitcode;
-        f[n].observed = w->info.exit_time;
-        f[n].seq = w->exit_seq;
-        if (w->hang_note[0]) {
-            f[n].observed = w->hung_at;
-            f[n].watchdog = w->hang_note;
-        }
-        agent_failure_load(&f[n], w->error_file);
-        n++;
-    }
-    if (n == 0) {
-        free(f);
-        return;
-    }
-    char host[256];
-    cddp_fqdn(host, sizeof(host));
-    struct cddp_buf table;
-    cddp_buf_init(&table, 256u << 20);
-    int root = agent_failure_root(f, n);
-    if (agent_failure_table(a->entry_name, f, n, host, &table) == 0) {
-        /* torchrun prints it as the uncaught ChildFailedError's message. */
-        cddp_buf_append(&table, "\n", 1);
-        const char *p = table.data;
-        size_t len = table.len;
-        while (len > 0) {
-            ssize_t wr = write(2, p, len);
-            if (wr < 0 && errno == EINTR)
-                continue;
-            if (wr <= 0)
-                break;
-            p += wr;
-            len -= (size_t)wr;
-        }
-    }
-    if (a->cfg->error_file) {
-        int rc = agent_write_error_file(a->cfg->error_file, &f[root], a->entry_name, table.data);
-        if (rc)
-            log_error("A0302", "writing the agent's error file %s: %s", a->cfg->error_file,
-                      cddp_strerror(rc));
-        else
-            log_info("A0303", "dumped error file to parent's %s", a->cfg->error_file);
-    }
-    cddp_buf_free(&table);
-    for (int i = 0; i < n; i++)
-        agent_failure_free(&f[i]);
-    free(f);
-}
-
-/* Processes a worker started outside its own process group (a daemon that
- * called setsid) are re-parented to the agent (a subreaper) once their parent
- * is gone; killpg cannot reach them. When a group of workers has been fully
- * stopped, whatever child of ours is left, other than the guardian, is one of
- * those: it does not outlive the attempt. */
-static void kill_strays(struct agent *a)
-{
-    DIR *tasks = opendir("/proc/self/task");
-    if (tasks == NULL)
-        return;
-    struct dirent *t;
-    while ((t = readdir(tasks)) != NULL) {
-        if (t->d_name[0] == '.')
-            continue;
-        char path[300];
-        snprintf(path, sizeof(path), "/proc/self/task/%s/children", t->d_name);
-        FILE *f = fopen(path, "r");
-        if (f == NULL)
-            continue;
-        long pid;
-        while (fscanf(f, "%ld", &pid) == 1) {
-            if (pid <= 0 || pid == a->guardian.pid)
-                continue;
-            char state = '?';
-            pid_t pgrp;
-            if (agent_proc_stat((pid_t)pid, &state, &pgrp) == 0 && state == 'D') {
-                kill((pid_t)pid, SIGKILL); /* stuck at exit: A2414 said so; again, quietly */
-                continue;
-            }
-            log_warn("A0506",
-                     "killing process %ld, left behind by a worker outside its process group", pid);
-            kill(-(pid_t)pid, SIGKILL); /* its own group, if it leads one */
-            kill((pid_t)pid, SIGKILL);
-        }
-        fclose(f);
-    }
-    closedir(tasks);
-}
-
 /* ---- actions ---- */
 
 static void arm_deadline(struct agent *a, uint64_t deadline_ms);
@@ -1104,7 +527,7 @@ static void on_deadline(uv_timer_t *t)
         arm_deadline(a, a->pol.deadline_ms);
         return;
     }
-    post(a, POLICY_EV_DEADLINE, 0, 0, 0);
+    agent_post(a, POLICY_EV_DEADLINE, 0, 0, 0);
 }
 
 static void arm_deadline(struct agent *a, uint64_t deadline_ms)
@@ -1115,76 +538,14 @@ static void arm_deadline(struct agent *a, uint64_t deadline_ms)
     uv_timer_start(&a->deadline, on_deadline, delay + (delay ? 1 : 0), 0);
 }
 
-/* How this node leaves the rendezvous, and what the others are told. */
-static void rdzv_farewell(struct agent *a, const struct policy_action *act)
-{
-    a->rdzv_how = act->end_job    ? AGENT_RDZV_END_JOB
-                  : act->finished ? AGENT_RDZV_FINISHED
-                                  : AGENT_RDZV_LEAVE;
-    if (a->pol.state == AGENT_SUCCEEDED && act->end_job)
-        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "the job finished");
-    else if (act->finished && a->pol.state == AGENT_SUCCEEDED)
-        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason),
-                 "%s: its workers succeeded; the exit barrier ended without every node",
-                 a->this_node);
-    else if (act->end_job)
-        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason),
-                 "%s: worker groups failed and no restarts are left (max_restarts=%d)",
-                 a->this_node, a->cfg->max_restarts);
-    else if (a->pol.state == AGENT_TERMINATED)
-        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s received %s", a->this_node,
-                 cddp_signal_name(a->pol.term_signal));
-    else
-        snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->this_node,
-                 a->fail_reason[0] ? a->fail_reason : "the agent failed");
-}
-
 static void do_action(struct agent *a, const struct policy_action *act)
 {
     switch (act->type) {
-    case POLICY_ACT_JOIN: {
+    case POLICY_ACT_JOIN:
         if (act->reason != STOP_NONE)
-            kill_strays(a);
-        if (act->reason == STOP_FAILURE && act->attempts_left < 0)
-            log_warn("A0406",
-                     "[%s] Worker group FAILED. 0/%d attempts left; joining the next round, "
-                     "which ends the job unless the failure does not count (a node was lost "
-                     "first)",
-                     a->cfg->role, a->cfg->max_restarts);
-        else if (act->reason == STOP_FAILURE)
-            log_warn("A0401",
-                     "[%s] Worker group FAILED. %d/%d attempts left; will restart worker group",
-                     a->cfg->role, act->attempts_left + 1, a->cfg->max_restarts);
-        else if (act->reason == STOP_MEMBERSHIP) {
-            log_warn("A0402", "[%s] membership changed; will restart worker group", a->cfg->role);
-            a->membership_restarts++;
-        }
-        struct agent_join req = {
-            .local_world_size = a->nworkers,
-            .role = a->cfg->role,
-            .restart_count = policy_restart_count(&a->pol),
-        };
-        /* A new round gets a fresh store; where our port is published at
-         * join, the store listens on it before anyone can hear of it. */
-        store_close(a, "a new round");
-        if (a->cfg->agent_store && a->rdzv->picks_master_port) {
-            char why[256] = "";
-            int src = store_open(a, 0, why, sizeof(why));
-            if (src) {
-                agent_failed(a, "A0803", "[%s] cannot serve the agent's TCPStore: %s", a->cfg->role,
-                             why[0] ? why : cddp_strerror(src));
-                post(a, POLICY_EV_ROUND_FAILED, 0, 0, 0);
-                break;
-            }
-            req.master_port = a->store_port;
-        }
-        int rc = a->rdzv->ops->join(a->rdzv, &req, on_round);
-        if (rc) {
-            agent_failed(a, "A0403", "joining the rendezvous: %s", cddp_strerror(rc));
-            post(a, POLICY_EV_ROUND_FAILED, 0, 0, 0);
-        }
+            agent_kill_strays(a->guardian.pid);
+        agent_round_join(a, act);
         break;
-    }
     case POLICY_ACT_START_WORKERS:
         start_workers(a);
         break;
@@ -1197,23 +558,15 @@ static void do_action(struct agent *a, const struct policy_action *act)
     case POLICY_ACT_CLEAR_DEADLINE:
         uv_timer_stop(&a->deadline);
         break;
-    case POLICY_ACT_REPORT_FAILURE: {
-        int rc = a->rdzv->ops->report_failure(a->rdzv, policy_restart_count(&a->pol));
-        if (rc)
-            log_warn("A0404", "telling the rendezvous about the failure: %s", cddp_strerror(rc));
+    case POLICY_ACT_REPORT_FAILURE:
+        agent_round_report_failure(a);
         break;
-    }
-    case POLICY_ACT_EXIT_BARRIER: {
-        kill_strays(a);
-        int rc = a->rdzv->ops->exit_barrier(a->rdzv, a->cfg->exit_barrier_timeout_ms, on_barrier);
-        if (rc) {
-            log_error("A0105", "Error waiting on exit barrier: %s", cddp_strerror(rc));
-            post(a, POLICY_EV_BARRIER_DONE, 0, rc, 0);
-        }
+    case POLICY_ACT_EXIT_BARRIER:
+        agent_kill_strays(a->guardian.pid);
+        agent_round_exit_barrier(a);
         break;
-    }
     case POLICY_ACT_FAILURE_REPORT:
-        failure_report(a);
+        agent_report_failures(a);
         a->reported = true;
         break;
     case POLICY_ACT_EXIT:
@@ -1223,9 +576,9 @@ static void do_action(struct agent *a, const struct policy_action *act)
                          "reported a step beyond %lld (--max_no_progress_restarts=%d)",
                          a->cfg->role, a->pol.no_progress_streak, (long long)a->pol.attempt_base,
                          a->cfg->max_no_progress_restarts);
-        kill_strays(a);
+        agent_kill_strays(a->guardian.pid);
         a->exit_code = act->exit_code;
-        rdzv_farewell(a, act);
+        agent_round_farewell(a, act);
         if (act->exit_code == CDDP_EXIT_OK)
             log_info("A0405", "[%s] worker group successfully finished", a->cfg->role);
         agent_shutdown(a);
@@ -1257,7 +610,7 @@ static void check_groups(struct agent *a)
         }
         w->group_alive = false;
         agent_guardian_remove(&a->guardian, w->pgid);
-        post(a, POLICY_EV_GROUP_EMPTY, i, 0, 0);
+        agent_post(a, POLICY_EV_GROUP_EMPTY, i, 0, 0);
     }
     if (a->shutting_down)
         return;
@@ -1295,13 +648,9 @@ static void on_sigchld(uv_signal_t *h, int signum)
             continue;
         if (pid <= 0)
             break;
-        if (ondemand_reaped(a, pid))
+        if (agent_stacks_job_reaped(&a->ondemand, pid) ||
+            agent_stacks_job_reaped(&a->hung_stacks, pid))
             continue;
-        if (pid == a->stacks_pid && pid > 0) {
-            a->stacks_pid = 0; /* reaped: not killed again */
-            stacks_done(a);
-            continue;
-        }
         if (pid == a->guardian.pid) {
             log_warn("A0502", "the guardian (pid %d) exited; starting a new one", (int)pid);
             a->guardian.pid = 0;
@@ -1339,7 +688,7 @@ static void on_sigchld(uv_signal_t *h, int signum)
             agent_guardian_remove(&a->guardian, w->pgid);
             ev.group_empty = true;
         }
-        post_event(a, &ev);
+        agent_post_event(a, &ev);
     }
     check_groups(a);
 }
@@ -1348,7 +697,7 @@ static void on_signal(uv_signal_t *h, int signum)
 {
     struct agent *a = h->data;
     log_warn("A0505", "Received %s death signal, shutting down workers", cddp_signal_name(signum));
-    post(a, POLICY_EV_SIGNAL, 0, 0, signum);
+    agent_post(a, POLICY_EV_SIGNAL, 0, 0, signum);
 }
 
 /* ---- start and stop ---- */
@@ -1356,15 +705,6 @@ static void on_signal(uv_signal_t *h, int signum)
 static void on_closed(uv_handle_t *h)
 {
     (void)h;
-}
-
-static void on_rdzv_closed_done(struct agent_rdzv *r)
-{
-    struct agent *a = r->data;
-    a->rdzv = NULL; /* freed after this (c10d); snapshots no longer read it */
-    /* The other nodes' workers may use the store until the rendezvous is
-     * done with them (a hosting agent serves as long as they run). */
-    store_close(a, "the agent exits");
 }
 
 static void agent_shutdown(struct agent *a)
@@ -1378,8 +718,9 @@ static void agent_shutdown(struct agent *a)
             agent_signal_group(a->workers[i].pgid, SIGKILL);
     }
     agent_tee_set_close(&a->tees);
-    ondemand_finish(a);                  /* a capture under way ends with what it has */
-    agent_filetimer_close(a->filetimer); /* removes the pipe */
+    agent_stacks_job_finish(&a->ondemand);    /* a capture under way ends with what it has */
+    agent_stacks_job_finish(&a->hung_stacks); /* its gdb does not outlive the agent */
+    agent_filetimer_close(a->filetimer);      /* removes the pipe */
     a->filetimer = NULL;
     if (a->hooks && a->hooks->stop)
         a->hooks->stop(a->hooks->arg);
@@ -1391,17 +732,10 @@ static void agent_shutdown(struct agent *a)
         uv_close((uv_handle_t *)&a->deadline, on_closed);
         uv_close((uv_handle_t *)&a->group_check, on_closed);
         uv_close((uv_handle_t *)&a->watchdog_timer, on_closed);
-        uv_close((uv_handle_t *)&a->stacks_timer, on_closed);
-        uv_close((uv_handle_t *)&a->ondemand.timer, on_closed);
+        agent_stacks_job_close(&a->hung_stacks, on_closed);
+        agent_stacks_job_close(&a->ondemand, on_closed);
         uv_close((uv_handle_t *)&a->kill_wait, on_closed);
-        if (a->rdzv) {
-            if (a->rdzv_reason[0] == '\0')
-                snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s failed: %s", a->this_node,
-                         a->fail_reason[0] ? a->fail_reason : "the agent failed");
-            a->rdzv->ops->close(a->rdzv, a->rdzv_how, a->rdzv_reason, on_rdzv_closed_done);
-        } else {
-            store_close(a, "the agent exits");
-        }
+        agent_round_close(a);
     }
 }
 
@@ -1409,191 +743,6 @@ static void agent_shutdown(struct agent *a)
 static void random_run_id(char *out, size_t len)
 {
     cddp_uuid4_int(out, len);
-}
-
-static int make_round(struct agent *a, struct agent_round *r, char *err, size_t errlen)
-{
-    const struct launch_config *cfg = a->cfg;
-    memset(r, 0, sizeof(*r));
-    r->node_rank = cfg->node_rank;
-    r->nnodes = 1;
-    r->world_size = cfg->nproc_per_node;
-    r->rank_offset = 0;
-    r->use_agent_store = 0;
-    cddp_strlcpy(r->run_id, a->run_id, sizeof(r->run_id));
-    /* static: resolved by the launcher (launch_validate) */
-    if (cfg->static_addr[0] == '\0' || cfg->static_port <= 0) {
-        snprintf(err, errlen, "no static master address (the launcher did not validate)");
-        return CDDP_ECONFIG;
-    }
-    cddp_strlcpy(r->master_addr, cfg->static_addr, sizeof(r->master_addr));
-    r->master_port = cfg->static_port;
-    return 0;
-}
-
-/* The workers' network interface for a job over several hosts: the one
- * the route to the endpoint leaves through (agent/ifname.h). */
-static void choose_ifname(struct agent *a, const char *endpoint)
-{
-    struct cddp_route route;
-    int rc = a->cfg->no_ifname ? CDDP_ENOTFOUND : cddp_route_to(endpoint, &route);
-    agent_ifname_decide(endpoint, rc, &route, a->cfg->no_ifname, getenv("GLOO_SOCKET_IFNAME"),
-                        getenv("NCCL_SOCKET_IFNAME"), &a->ifname);
-    log_info("A2101", "%s", a->ifname.why);
-    if ((rc = agent_ifname_apply(&a->ifname)) != 0) {
-        log_warn("A2102", "setting GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME: %s", cddp_strerror(rc));
-        a->ifname.source = AGENT_IFNAME_NONE;
-    }
-}
-
-/* The rendezvous for cfg: no network for one static node (torchrun's
- * default), cddp's rendezvous otherwise (agent/rdzv_c10d.c). */
-static int open_rdzv(struct agent *a, char *why, size_t whylen)
-{
-    const struct launch_config *cfg = a->cfg;
-    int rc;
-    bool fixed = strcmp(cfg->rdzv_backend, "static") == 0 && !cfg->standalone;
-    if (fixed && cfg->nnodes_max == 1) {
-        struct agent_round proto;
-        if ((rc = make_round(a, &proto, why, whylen)) != 0)
-            return rc;
-        if ((rc = agent_rdzv_static_init(&a->rdzv_static, &a->loop, &proto)) != 0)
-            return rc;
-        a->rdzv = &a->rdzv_static.base;
-    } else {
-        /* How the other nodes will hear of this one (a DNS lookup: only
-         * when there are other nodes). */
-        char host[256];
-        cddp_fqdn(host, sizeof(host));
-        snprintf(a->this_node, sizeof(a->this_node), "%s (pid %d)", host, (int)getpid());
-        struct rdzv_conf conf;
-        rdzv_conf_init(&conf);
-        for (int i = 0; i < cfg->rdzv_conf_len; i++) {
-            /* checked by the launcher; a bad one here is still refused */
-            rc = rdzv_conf_set(&conf, cfg->rdzv_conf[i].key, cfg->rdzv_conf[i].value, why, whylen);
-            if (rc)
-                return rc;
-        }
-        if (strncmp(cfg->rdzv_backend, "etcd", 4) == 0) {
-            /* The interface towards the first etcd member, as c10d's
-             * towards its endpoint; node 0 offers its address. */
-            char ehost[256];
-            const char *eaddr = cfg->local_addr;
-            if (etcd_first_host(cfg->rdzv_endpoint, ehost, sizeof(ehost)) == 0) {
-                choose_ifname(a, ehost);
-                if (eaddr == NULL && a->ifname.source == AGENT_IFNAME_AUTO)
-                    eaddr = a->ifname.addr;
-            }
-            struct agent_rdzv_etcd_options eo = {
-                .endpoints = cfg->rdzv_endpoint,
-                .backend = cfg->rdzv_backend,
-                .run_id = a->run_id,
-                .min_nodes = cfg->nnodes_min,
-                .max_nodes = cfg->nnodes_max,
-                .nproc = cfg->nproc_per_node,
-                .local_addr = eaddr,
-                .conf = &conf,
-            };
-            if ((rc = agent_rdzv_etcd_new(&a->loop, &eo, &a->rdzv, why, whylen)) != 0)
-                return rc;
-            goto opened;
-        }
-        const char *endpoint = fixed ? cfg->static_addr : cfg->rdzv_host;
-        if (!cfg->standalone)
-            choose_ifname(a, endpoint);
-        /* Node 0 publishes the chosen interface's address as MASTER_ADDR. */
-        const char *local_addr = cfg->local_addr;
-        if (local_addr == NULL && a->ifname.source == AGENT_IFNAME_AUTO)
-            local_addr = a->ifname.addr;
-        struct agent_rdzv_c10d_options o = {
-            .host = endpoint,
-            .port = fixed ? cfg->static_port + 1 : cfg->rdzv_port,
-            .run_id = a->run_id,
-            .min_nodes = cfg->nnodes_min,
-            .max_nodes = cfg->nnodes_max,
-            .nproc = cfg->nproc_per_node,
-            .local_addr = local_addr,
-            .conf = &conf,
-            .status_port = a->hooks ? a->hooks->status_port : 0,
-            .standalone = cfg->standalone,
-            .fixed = fixed,
-            .node_rank = cfg->node_rank,
-            .master_addr = cfg->static_addr,
-            .master_port = cfg->static_port,
-        };
-        if ((rc = agent_rdzv_c10d_new(&a->loop, &o, &a->rdzv, why, whylen)) != 0)
-            return rc;
-    }
-opened:
-    a->rdzv->data = a;
-    a->rdzv->on_restart = on_rdzv_restart;
-    a->rdzv->on_closed = on_rdzv_closed;
-    a->rdzv->on_info = on_rdzv_info;
-    a->pol.coordinated = a->rdzv->coordinated;
-    return 0;
-}
-
-/* ---- torch's file timer (agent/filetimer.c serves the pipe) ---- */
-
-/* The local rank whose live worker group holds pid, or -1. */
-static int filetimer_owner(void *arg, pid_t pid)
-{
-    struct agent *a = arg;
-    char state;
-    pid_t pgrp;
-    if (agent_proc_stat(pid, &state, &pgrp) != 0)
-        return -1;
-    for (int i = 0; i < a->nworkers; i++)
-        if (a->workers[i].group_alive && a->workers[i].pgid > 0 && a->workers[i].pgid == pgrp)
-            return i;
-    return -1;
-}
-
-static void filetimer_killed(void *arg, int i, const struct filetimer_kill *k, int err)
-{
-    struct agent *a = arg;
-    struct agent_worker *w = &a->workers[i];
-    double late = cddp_wall_time() - k->expiration;
-    if (err) {
-        log_error("A2408",
-                  "[%s] file timer: scope '%s' of pid %lld (local_rank %d) expired; %s: %s",
-                  a->cfg->role, k->scope, (long long)k->pid, i, cddp_signal_name(k->signal),
-                  strerror(err));
-        return;
-    }
-    log_error("A2409",
-              "[%s] file timer: scope '%s' of pid %lld (local_rank %d) expired %.1f s ago; killed "
-              "it with %s, as torch's FileTimerServer does",
-              a->cfg->role, k->scope, (long long)k->pid, i, late, cddp_signal_name(k->signal));
-    if (w->hang_note[0] == '\0') {
-        snprintf(
-            w->hang_note, sizeof(w->hang_note),
-            "file timer: scope '%.200s' expired (expires(after=...) overran by %.1f s); pid %lld "
-            "was killed with %s",
-            k->scope, late, (long long)k->pid, cddp_signal_name(k->signal));
-        w->hung_at = cddp_wall_time();
-    }
-}
-
-/* TORCHELASTIC_ENABLE_FILE_TIMER=1: serve the pipe at TORCHELASTIC_TIMER_FILE
- * (or a fresh one the workers are told of), as torchrun's agent does. */
-static int filetimer_open(struct agent *a, char *why, size_t whylen)
-{
-    const char *on = getenv("TORCHELASTIC_ENABLE_FILE_TIMER");
-    if (on == NULL || strcmp(on, "1") != 0)
-        return 0;
-    const char *path = getenv("TORCHELASTIC_TIMER_FILE");
-    if (path && path[0])
-        cddp_strlcpy(a->filetimer_path, path, sizeof(a->filetimer_path));
-    else
-        agent_filetimer_default_path(a->filetimer_path, sizeof(a->filetimer_path));
-    struct agent_filetimer_hooks h = {
-        .arg = a, .owner = filetimer_owner, .killed = filetimer_killed};
-    int rc = agent_filetimer_open(&a->loop, a->filetimer_path, &h, &a->filetimer, why, whylen);
-    if (rc == 0)
-        log_info("A2410", "[%s] serving torch's file timer at TORCHELASTIC_TIMER_FILE=%s",
-                 a->cfg->role, a->filetimer_path);
-    return rc;
 }
 
 static int agent_open(struct agent *a)
@@ -1609,10 +758,8 @@ static int agent_open(struct agent *a)
     a->group_check.data = a;
     uv_timer_init(&a->loop, &a->watchdog_timer);
     a->watchdog_timer.data = a;
-    uv_timer_init(&a->loop, &a->stacks_timer);
-    a->stacks_timer.data = a;
-    uv_timer_init(&a->loop, &a->ondemand.timer);
-    a->ondemand.timer.data = a;
+    agent_stacks_job_init(&a->hung_stacks, &a->loop, a);
+    agent_stacks_job_init(&a->ondemand, &a->loop, a);
     uv_timer_init(&a->loop, &a->kill_wait);
     a->kill_wait.data = a;
     for (int i = 0; i < cfg->nsignals; i++) {
@@ -1637,7 +784,7 @@ static int agent_open(struct agent *a)
         log_warn("A0602", "config has no run_id, generated a random run_id: %s", a->run_id);
     }
     char why[512] = "";
-    if ((rc = open_rdzv(a, why, sizeof(why))) != 0) {
+    if ((rc = agent_round_open(a, why, sizeof(why))) != 0) {
         agent_failed(a, "A0603", "%s", why[0] ? why : cddp_strerror(rc));
         return rc;
     }
@@ -1648,7 +795,7 @@ static int agent_open(struct agent *a)
     }
     if (!a->logs.devnull)
         log_info("A0605", "log directory set to: %s", a->logs.run_dir);
-    if ((rc = filetimer_open(a, why, sizeof(why))) != 0) {
+    if ((rc = agent_filetimer_start(a, why, sizeof(why))) != 0) {
         agent_failed(a, "A2407", "%s", why[0] ? why : cddp_strerror(rc));
         return rc;
     }
@@ -1696,15 +843,19 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     a->start_time = cddp_wall_time();
     a->exit_code = CDDP_EXIT_FAILURE;
     a->guardian.fd = -1;
-    a->stacks_rank = -1;
+    a->hung_rank = -1;
     a->workers = calloc((size_t)a->nworkers, sizeof(*a->workers));
     int rc = a->workers
                  ? policy_init(&a->pol, a->nworkers, cfg->max_restarts, cfg->shutdown_timeout_ms)
                  : CDDP_ERR_FROM_ERRNO(ENOMEM);
     if (rc == 0)
         rc = watchdog_init(&a->wd, &cfg->watchdog, a->nworkers);
-    if (rc == 0 && cfg->numa_binding)
-        rc = plan_numa(a);
+    if (rc == 0 && cfg->numa_binding) {
+        char why[512] = "";
+        if ((rc = agent_numa_plan_group(cfg->numa_binding, a->nworkers, &a->numa, why,
+                                        sizeof(why))) != 0)
+            agent_failed(a, "A2204", "%s", why[0] ? why : cddp_strerror(rc));
+    }
     a->pol.max_no_progress = cfg->max_no_progress_restarts;
     if (rc == 0) {
         /* Before any worker exists, and before the loop owns signals. */
@@ -1729,7 +880,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     }
     if (rc == 0) {
         log_config(a);
-        post(a, POLICY_EV_START, 0, 0, 0);
+        agent_post(a, POLICY_EV_START, 0, 0, 0);
     } else if (opened) {
         agent_shutdown(a);
     }
@@ -1751,16 +902,11 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
         agent_logs_remove_tmp(&a->logs);
     agent_logs_free(&a->logs);
     int code = rc ? CDDP_EXIT_FAILURE : a->exit_code;
-    if (code == CDDP_EXIT_FAILURE && !a->reported && cfg->error_file) {
-        int wrc = agent_write_agent_error(cfg->error_file,
-                                          a->fail_reason[0] ? a->fail_reason : "the agent failed");
-        if (wrc)
-            log_error("A0302", "writing the agent's error file %s: %s", cfg->error_file,
-                      cddp_strerror(wrc));
-    }
+    if (code == CDDP_EXIT_FAILURE && !a->reported)
+        agent_report_agent_error(a);
     policy_free(&a->pol);
     watchdog_free(&a->wd);
-    free(a->ondemand.gdb);
+    free(a->ondemand_targets);
     free(a->workers);
     free(a->numa);
     free(a->queue);

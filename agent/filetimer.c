@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "agent/agent_int.h"
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
@@ -242,9 +243,72 @@ void agent_filetimer_close(struct agent_filetimer *ft)
     uv_close((uv_handle_t *)&ft->timer, on_closed);
 }
 
+/* ---- the agent's side: which worker a pid is, what its hang note says ---- */
+
+/* The local rank whose live worker group holds pid, or -1. */
+static int filetimer_owner(void *arg, pid_t pid)
+{
+    struct agent *a = arg;
+    char state;
+    pid_t pgrp;
+    if (agent_proc_stat(pid, &state, &pgrp) != 0)
+        return -1;
+    for (int i = 0; i < a->nworkers; i++)
+        if (a->workers[i].group_alive && a->workers[i].pgid > 0 && a->workers[i].pgid == pgrp)
+            return i;
+    return -1;
+}
+
+static void filetimer_killed(void *arg, int i, const struct filetimer_kill *k, int err)
+{
+    struct agent *a = arg;
+    struct agent_worker *w = &a->workers[i];
+    double late = cddp_wall_time() - k->expiration;
+    if (err) {
+        log_error("A2408",
+                  "[%s] file timer: scope '%s' of pid %lld (local_rank %d) expired; %s: %s",
+                  a->cfg->role, k->scope, (long long)k->pid, i, cddp_signal_name(k->signal),
+                  strerror(err));
+        return;
+    }
+    log_error("A2409",
+              "[%s] file timer: scope '%s' of pid %lld (local_rank %d) expired %.1f s ago; killed "
+              "it with %s, as torch's FileTimerServer does",
+              a->cfg->role, k->scope, (long long)k->pid, i, late, cddp_signal_name(k->signal));
+    if (w->hang_note[0] == '\0') {
+        snprintf(
+            w->hang_note, sizeof(w->hang_note),
+            "file timer: scope '%.200s' expired (expires(after=...) overran by %.1f s); pid %lld "
+            "was killed with %s",
+            k->scope, late, (long long)k->pid, cddp_signal_name(k->signal));
+        w->hung_at = cddp_wall_time();
+    }
+}
+
 void agent_filetimer_default_path(char *out, size_t len)
 {
     char id[CDDP_UUID_STR_SIZE];
     cddp_uuid4_str(id);
     snprintf(out, len, "/tmp/watchdog_timer_%s", id);
+}
+
+/* TORCHELASTIC_ENABLE_FILE_TIMER=1: serve the pipe at TORCHELASTIC_TIMER_FILE
+ * (or a fresh one the workers are told of), as torchrun's agent does. */
+int agent_filetimer_start(struct agent *a, char *why, size_t whylen)
+{
+    const char *on = getenv("TORCHELASTIC_ENABLE_FILE_TIMER");
+    if (on == NULL || strcmp(on, "1") != 0)
+        return 0;
+    const char *path = getenv("TORCHELASTIC_TIMER_FILE");
+    if (path && path[0])
+        cddp_strlcpy(a->filetimer_path, path, sizeof(a->filetimer_path));
+    else
+        agent_filetimer_default_path(a->filetimer_path, sizeof(a->filetimer_path));
+    struct agent_filetimer_hooks h = {
+        .arg = a, .owner = filetimer_owner, .killed = filetimer_killed};
+    int rc = agent_filetimer_open(&a->loop, a->filetimer_path, &h, &a->filetimer, why, whylen);
+    if (rc == 0)
+        log_info("A2410", "[%s] serving torch's file timer at TORCHELASTIC_TIMER_FILE=%s",
+                 a->cfg->role, a->filetimer_path);
+    return rc;
 }

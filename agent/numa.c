@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/log.h"
 #include "common/strutil.h"
 
 #define MAX_GPUS 64
@@ -424,4 +425,34 @@ empty:
     return cddp_fail(why, whylen, CDDP_ECONFIG,
                      "--numa_binding=%s: NUMA node %d has no CPU this agent may run on", mode,
                      node);
+}
+
+int agent_numa_plan_group(const char *mode, int n, struct agent_numa_plan **out, char *why,
+                          size_t whylen)
+{
+    *out = NULL;
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+        CPU_ZERO(&allowed);
+    struct agent_numa_plan *plans = calloc((size_t)n, sizeof(*plans));
+    if (plans == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    for (int i = 0; i < n; i++) {
+        char note[512] = "";
+        int rc = agent_numa_plan("", mode, i, cvd, &allowed, &plans[i], note, sizeof(note));
+        if (rc) {
+            snprintf(why, whylen, "%s", note);
+            free(plans);
+            return rc;
+        }
+        if (!plans[i].bind) {
+            log_warn("A2203", "%s", note);
+            free(plans);
+            return 0;
+        }
+        log_info("A2202", "--numa_binding=%s: local_rank %d: %s", mode, i, note);
+    }
+    *out = plans;
+    return 0;
 }

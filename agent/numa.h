@@ -56,6 +56,13 @@ int agent_numa_plan(const char *root, const char *mode, int gpu_index, const cha
                     const cpu_set_t *allowed, struct agent_numa_plan *plan, char *why,
                     size_t whylen);
 
+/* --numa_binding=mode for local ranks 0..n-1 of this machine (sysfs, this
+ * process's CPU affinity, CUDA_VISIBLE_DEVICES), each plan logged. *out:
+ * n plans (the caller frees them), or NULL where nothing is bound (one NUMA
+ * node: said once, in the log). 0, or a negative code with why filled. */
+int agent_numa_plan_group(const char *mode, int n, struct agent_numa_plan **out, char *why,
+                          size_t whylen);
+
 /* Parses a sysfs list ("0-3,8,10-11\n") into set (cleared first). 0 or
  * CDDP_EPARSE. */
 int agent_numa_parse_list(const char *text, cpu_set_t *set);

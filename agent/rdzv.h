@@ -10,7 +10,11 @@
  *     --nnodes=1, torchrun's default);
  *   - agent/rdzv_c10d.c: several nodes through cddp's rendezvous server
  *     (rendezvous/client.c), which this agent may also host: the c10d
- *     backend, --standalone, and the static backend with --nnodes > 1.
+ *     backend, --standalone, and the static backend with --nnodes > 1;
+ *   - agent/rdzv_etcd.c: several nodes through etcd's v3 API (etcd-v3).
+ *
+ * The network backends share their bookkeeping of the calls below (and the
+ * start of close) through agent/rdzv_backend.h.
  *
  * Rules, as libuv's: a call that returns an error never calls its callback;
  * a call that returns 0 calls it exactly once, never from inside the call
@@ -203,9 +207,5 @@ struct agent_rdzv_etcd_options {
 };
 int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o,
                         struct agent_rdzv **out, char *err, size_t errlen);
-
-/* A TCP port free on every IPv4 address a moment ago (torch's
- * get_free_port): bind port 0, read it, close. The port or a negative code. */
-int agent_free_port(void);
 
 #endif

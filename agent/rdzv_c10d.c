@@ -47,7 +47,7 @@
  * called after close, so everything from the client is dropped once
  * closing is set.
  */
-#include "agent/rdzv.h"
+#include "agent/rdzv_backend.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -74,6 +74,7 @@
 
 struct c10d {
     struct agent_rdzv base;
+    struct rdzv_calls calls; /* the join, the barrier, close (agent/rdzv_backend.h) */
     uv_loop_t *loop;
     struct rdzv_client *client; /* NULL once closed */
     struct rdzv_server *server; /* when hosting; NULL once shut down */
@@ -99,20 +100,9 @@ struct c10d {
     uint64_t round; /* the last round (0: none yet) */
     int round_nnodes;
 
-    agent_round_cb join_cb;
-    bool join_deferred; /* join_cb fails from the timer with deferred_* */
-    int deferred_status;
-    char deferred_reason[512];
-    bool waiting; /* the server put our join on the wait list */
-
-    agent_rdzv_status_cb barrier_cb;
+    bool waiting;         /* the server put our join on the wait list */
     uint64_t barrier_gen; /* a join abandons the barrier of the last round */
-
-    bool closing;
-    enum agent_rdzv_farewell how;
-    bool awaiting_ack;
-    char close_reason[512];
-    agent_rdzv_close_cb close_cb;
+    bool awaiting_ack;    /* closing: the server's answer is awaited */
 };
 
 struct barrier_tag {
@@ -120,33 +110,12 @@ struct barrier_tag {
     uint64_t gen;
 };
 
-int agent_free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return CDDP_ERR_FROM_ERRNO(errno);
-    struct sockaddr_in sin;
-    memset(&sin, 0, sizeof(sin));
-    sin.sin_family = AF_INET;
-    sin.sin_addr.s_addr = htonl(INADDR_ANY);
-    socklen_t len = sizeof(sin);
-    int rc = 0;
-    if (bind(fd, (struct sockaddr *)&sin, sizeof(sin)) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sin, &len) != 0)
-        rc = CDDP_ERR_FROM_ERRNO(errno);
-    close(fd);
-    return rc ? rc : ntohs(sin.sin_port);
-}
-
 /* ---- closing ---- */
 
 static void on_timer_closed(uv_handle_t *h)
 {
     struct c10d *c = h->data;
-    agent_rdzv_close_cb cb = c->close_cb;
-    struct agent_rdzv *base = &c->base;
-    if (cb)
-        cb(base);
+    rdzv_calls_closed(&c->calls);
     free(c);
 }
 
@@ -186,7 +155,7 @@ static void shutdown_server(struct c10d *c)
         return;
     }
     log_info("A0711", "shutting down the rendezvous server of run '%s'", c->run_id);
-    rdzv_server_shutdown(c->server, c->close_reason, on_server_down, c);
+    rdzv_server_shutdown(c->server, c->calls.close_reason, on_server_down, c);
 }
 
 static void on_drained(void *arg)
@@ -198,8 +167,8 @@ static void on_drained(void *arg)
 static void on_client_closed(void *arg)
 {
     struct c10d *c = arg;
-    if (c->server && c->how != AGENT_RDZV_LEAVE) {
-        uint64_t ms = c->how == AGENT_RDZV_END_JOB ? c->conf.close_timeout_ms : UINT64_MAX;
+    if (c->server && c->calls.how != AGENT_RDZV_LEAVE) {
+        uint64_t ms = c->calls.how == AGENT_RDZV_END_JOB ? c->conf.close_timeout_ms : UINT64_MAX;
         if (ms == UINT64_MAX)
             log_warn("A0714",
                      "this node's workers succeeded; it keeps serving the rendezvous of run '%s' "
@@ -252,16 +221,8 @@ static void c10d_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const
                        agent_rdzv_close_cb cb)
 {
     struct c10d *c = (struct c10d *)r;
-    if (c->closing)
+    if (!rdzv_calls_close(&c->calls, how, reason, cb))
         return;
-    c->closing = true;
-    c->close_cb = cb;
-    c->how = how;
-    cddp_strlcpy(c->close_reason, reason && reason[0] ? reason : "the job ended",
-                 sizeof(c->close_reason));
-    c->join_cb = NULL;
-    c->join_deferred = false;
-    c->barrier_cb = NULL;
     uv_timer_stop(&c->timer);
     if (c->client == NULL) {
         close_client(c);
@@ -270,13 +231,14 @@ static void c10d_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const
     /* A hosting agent that leaves takes the server with it: close the run
      * for every node then too, so they hear why instead of a dropped
      * connection. */
+    const char *why = c->calls.close_reason;
     if (how == AGENT_RDZV_END_JOB || (how == AGENT_RDZV_LEAVE && c->server)) {
-        if (rdzv_client_close_rendezvous(c->client, c->close_reason) == 0) {
+        if (rdzv_client_close_rendezvous(c->client, why) == 0) {
             c->awaiting_ack = true;
             uv_timer_start(&c->timer, on_ack_timeout, ACK_TIMEOUT_MS, 0);
             return;
         }
-    } else if (rdzv_client_leave(c->client, c->close_reason, how == AGENT_RDZV_FINISHED) == 0 &&
+    } else if (rdzv_client_leave(c->client, why, how == AGENT_RDZV_FINISHED) == 0 &&
                rdzv_client_get(c->client, "cddp/agent/leave_ack", -1, on_leave_ack, c) == 0) {
         /* The server answers requests in order: when this answer comes,
          * the leave was seen (a connection closed at once could lose it,
@@ -293,42 +255,27 @@ static void c10d_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const
 static void on_deferred(uv_timer_t *t)
 {
     struct c10d *c = t->data;
-    if (!c->join_deferred || c->join_cb == NULL)
-        return;
-    agent_round_cb cb = c->join_cb;
-    c->join_cb = NULL;
-    c->join_deferred = false;
-    cb(&c->base, c->deferred_status, NULL, c->deferred_reason);
+    rdzv_calls_deferred(&c->calls);
 }
 
 static void on_joined(struct rdzv_client *cl, int status, const struct proto_round *pr, void *arg)
 {
     struct c10d *c = arg;
-    if (c->closing) {
+    if (c->calls.closing) {
         /* Our own "close" crossed a join: the echo came here. */
         if (c->awaiting_ack && status != 0)
             close_client(c);
         return;
     }
-    if (cl != c->client || c->join_cb == NULL || c->join_deferred)
+    if (cl != c->client || c->calls.join_cb == NULL || c->calls.join_deferred)
         return; /* a replaced client's (-ECANCELED), or nobody waits */
-    agent_round_cb cb = c->join_cb;
-    c->join_cb = NULL;
     if (status != 0) {
         c->base.was_waiting = c->waiting && status == CDDP_ECLOSED;
-        cb(&c->base, status, NULL, rdzv_client_last_error(cl));
+        rdzv_calls_round(&c->calls, status, NULL, rdzv_client_last_error(cl));
         return;
     }
     struct agent_round r;
-    memset(&r, 0, sizeof(r));
-    r.round = pr->round;
-    r.restart_count = pr->restart_count;
-    r.node_rank = pr->node_rank;
-    r.nnodes = pr->nnodes;
-    r.world_size = pr->world_size;
-    r.rank_offset = pr->rank_offset;
-    r.use_agent_store = 0;
-    cddp_strlcpy(r.run_id, pr->run_id, sizeof(r.run_id));
+    rdzv_round_from_proto(&r, pr);
     if (c->fixed) {
         cddp_strlcpy(r.master_addr, c->master_addr, sizeof(r.master_addr));
         r.master_port = c->master_port;
@@ -338,12 +285,9 @@ static void on_joined(struct rdzv_client *cl, int status, const struct proto_rou
                      "the static rendezvous made this node rank %d, but --node_rank=%d: two "
                      "agents were started with the same --node_rank",
                      pr->node_rank, c->node_rank);
-            cb(&c->base, CDDP_EMISMATCH, NULL, why);
+            rdzv_calls_round(&c->calls, CDDP_EMISMATCH, NULL, why);
             return;
         }
-    } else {
-        cddp_strlcpy(r.master_addr, pr->master_addr, sizeof(r.master_addr));
-        r.master_port = pr->master_port;
     }
     c->round = r.round;
     c->round_nnodes = r.nnodes;
@@ -356,36 +300,30 @@ static void on_joined(struct rdzv_client *cl, int status, const struct proto_rou
         c->base.info.reconnects = c->reconnect_base;
         info_changed(c);
     }
-    cb(&c->base, 0, &r, NULL);
+    rdzv_calls_round(&c->calls, 0, &r, NULL);
 }
 
 static void defer_join_failure(struct c10d *c, int status, const char *reason)
 {
-    c->join_deferred = true;
-    c->deferred_status = status;
-    cddp_strlcpy(c->deferred_reason, reason, sizeof(c->deferred_reason));
-    uv_timer_start(&c->timer, on_deferred, 0, 0);
+    rdzv_calls_defer_join(&c->calls, &c->timer, on_deferred, status, reason);
 }
 
 static int c10d_join(struct agent_rdzv *r, const struct agent_join *req, agent_round_cb cb)
 {
     struct c10d *c = (struct c10d *)r;
-    if (c->join_cb || c->closing)
-        return CDDP_ESTATE;
-    if (req->local_world_size != c->nproc)
-        return CDDP_EMISMATCH;
+    int rc = rdzv_calls_join(&c->calls, req, c->nproc, cb);
+    if (rc)
+        return rc;
     if (c->client == NULL) {
-        c->join_cb = cb;
         defer_join_failure(c, CDDP_ECLOSED, "the rendezvous client could not be restarted");
         return 0;
     }
     /* The barrier of the last round, if any, can no longer complete. */
-    c->barrier_cb = NULL;
+    c->calls.barrier_cb = NULL;
     c->barrier_gen++;
     c->waiting = false;
     c->base.was_waiting = false;
     c->round_active = false;
-    c->join_cb = cb;
     /* MASTER_PORT: a free port here, used if this node becomes node 0
      * (torch's get_free_port). The static backend's is given. */
     int port = 0;
@@ -400,14 +338,14 @@ static int c10d_join(struct agent_rdzv *r, const struct agent_join *req, agent_r
             return 0;
         }
     }
-    int rc = rdzv_client_join(c->client, port, on_joined, c);
+    rc = rdzv_client_join(c->client, port, on_joined, c);
     if (rc == CDDP_ECLOSED) {
         /* The connection is gone: say why, from the loop. */
         defer_join_failure(c, rc, rdzv_client_last_error(c->client));
         return 0;
     }
     if (rc)
-        c->join_cb = NULL;
+        c->calls.join_cb = NULL;
     return rc;
 }
 
@@ -416,8 +354,8 @@ static int c10d_report_failure(struct agent_rdzv *r, int restart_count)
     struct c10d *c = (struct c10d *)r;
     char why[64];
     snprintf(why, sizeof(why), "worker group failed (restart count %d)", restart_count);
-    return c->closing || c->client == NULL ? CDDP_ECLOSED
-                                           : rdzv_client_report_failure(c->client, why);
+    return c->calls.closing || c->client == NULL ? CDDP_ECLOSED
+                                                 : rdzv_client_report_failure(c->client, why);
 }
 
 static void on_barrier(struct rdzv_client *cl, int status, void *arg)
@@ -427,17 +365,15 @@ static void on_barrier(struct rdzv_client *cl, int status, void *arg)
     struct c10d *c = t->c;
     uint64_t gen = t->gen;
     free(t);
-    if (c->closing || gen != c->barrier_gen || c->barrier_cb == NULL)
+    if (c->calls.closing || gen != c->barrier_gen)
         return;
-    agent_rdzv_status_cb cb = c->barrier_cb;
-    c->barrier_cb = NULL;
-    cb(&c->base, status);
+    rdzv_calls_barrier(&c->calls, status);
 }
 
 static int c10d_exit_barrier(struct agent_rdzv *r, uint64_t timeout_ms, agent_rdzv_status_cb cb)
 {
     struct c10d *c = (struct c10d *)r;
-    if (c->barrier_cb || c->closing || c->round == 0 || c->client == NULL)
+    if (c->calls.barrier_cb || c->calls.closing || c->round == 0 || c->client == NULL)
         return CDDP_ESTATE;
     c->round_active = false; /* the workers are done: nothing computes in a stale world */
     /* torch's key (store_util.barrier), one per round: a barrier abandoned
@@ -456,7 +392,7 @@ static int c10d_exit_barrier(struct agent_rdzv *r, uint64_t timeout_ms, agent_rd
         free(t);
         return rc;
     }
-    c->barrier_cb = cb;
+    c->calls.barrier_cb = cb;
     return 0;
 }
 
@@ -519,7 +455,7 @@ static uint64_t removal_window_ms(const struct c10d *c)
 static void on_quiet_tick(uv_timer_t *t)
 {
     struct c10d *c = t->data;
-    if (c->closing || c->client == NULL || !c->round_active)
+    if (c->calls.closing || c->client == NULL || !c->round_active)
         return;
     int64_t quiet = rdzv_client_quiet_ms(c->client);
     uint64_t window = removal_window_ms(c);
@@ -580,8 +516,8 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
     char why[512];
     if (cl != c->client)
         return; /* a client replaced after a removal */
-    if (ev->kind == RDZV_EV_ERROR && ev->from_server && ev->code == CDDP_ETIMEOUT && !c->closing &&
-        c->join_cb == NULL && c->barrier_cb == NULL) {
+    if (ev->kind == RDZV_EV_ERROR && ev->from_server && ev->code == CDDP_ETIMEOUT &&
+        !c->calls.closing && c->calls.join_cb == NULL && c->calls.barrier_cb == NULL) {
         /* The server removed us (missed heartbeats): we are still welcome
          * as a new member. */
         log_warn("A2111", "%s; this node joins run '%s' again as a new member",
@@ -592,26 +528,26 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
     switch (ev->kind) {
     case RDZV_EV_JOINED:
         c->waiting = ev->waiting;
-        if (ev->waiting && !c->closing)
+        if (ev->waiting && !c->calls.closing)
             log_warn("A0701",
                      "run '%s' runs at its maximum number of nodes: this node waits for a place "
                      "(round %llu)",
                      c->run_id, (unsigned long long)ev->round);
         return;
     case RDZV_EV_DISCONNECTED:
-        if (c->closing)
+        if (c->calls.closing)
             return;
         log_warn("A0715", "%s; reconnecting (for up to %.1f s)%s",
                  ev->message ? ev->message : "lost the connection to the rendezvous server",
                  (double)c->conf.join_timeout_ms / 1000.0,
-                 c->join_cb ? " to join again"
-                            : "; this node's workers, if any, keep running meanwhile");
+                 c->calls.join_cb ? " to join again"
+                                  : "; this node's workers, if any, keep running meanwhile");
         c->base.info.connected = false;
         c->base.info.disconnected_at = cddp_wall_time();
         info_changed(c);
         return;
     case RDZV_EV_RECONNECTED:
-        if (c->closing)
+        if (c->calls.closing)
             return;
         if (ev->resumed)
             log_warn("A0716",
@@ -631,21 +567,21 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
         return;
     case RDZV_EV_RESTART:
         c->round_active = false; /* the workers stop; the agent joins again */
-        if (ev->reason && strcmp(ev->reason, "resume_failed") == 0 && !c->closing) {
+        if (ev->reason && strcmp(ev->reason, "resume_failed") == 0 && !c->calls.closing) {
             /* Reconnected, but not to its round: connected all the same. */
             c->base.info.connected = true;
             c->base.info.disconnected_at = 0;
             c->base.info.reconnects = c->reconnect_base + rdzv_client_reconnects(cl);
             info_changed(c);
         }
-        if (c->closing || c->base.on_restart == NULL)
+        if (c->calls.closing || c->base.on_restart == NULL)
             return;
         describe_restart(ev, why, sizeof(why));
         c->base.on_restart(&c->base, why, ev->counted);
         return;
     case RDZV_EV_CLOSED:
     case RDZV_EV_ERROR:
-        if (c->closing) {
+        if (c->calls.closing) {
             if (c->awaiting_ack)
                 close_client(c);
             return;
@@ -692,6 +628,7 @@ int agent_rdzv_c10d_new(uv_loop_t *loop, const struct agent_rdzv_c10d_options *o
     }
     c->base.ops = &c10d_ops;
     c->base.loop = loop;
+    rdzv_calls_init(&c->calls, &c->base);
     c->base.coordinated = true;
     c->base.picks_master_port = !o->fixed;
     c->base.info.connected = true;
@@ -799,8 +736,9 @@ int agent_rdzv_c10d_new(uv_loop_t *loop, const struct agent_rdzv_c10d_options *o
     if (rc) {
         snprintf(err, errlen, "rendezvous client: %s", why);
         /* What was started closes itself on the loop, then frees c. */
-        cddp_strlcpy(c->close_reason, "the agent could not start", sizeof(c->close_reason));
-        c->closing = true;
+        cddp_strlcpy(c->calls.close_reason, "the agent could not start",
+                     sizeof(c->calls.close_reason));
+        c->calls.closing = true;
         c->client = NULL;
         shutdown_server(c);
         return rc;

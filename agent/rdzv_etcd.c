@@ -37,8 +37,11 @@
  * leader and renews them all on election). Past join_timeout without one
  * successful keep-alive (or, before the first round, without the join
  * going through), the rendezvous is lost with one line saying why.
+ *
+ * The writes (the op queue and the leader's fold) are rdzv_etcd_write.c's;
+ * rdzv_etcd_int.h has the state both files share.
  */
-#include "agent/rdzv.h"
+#include "agent/rdzv_etcd_int.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -57,132 +60,14 @@
 #include "rendezvous/etcd_round.h"
 #include "rendezvous/etcd_wire.h"
 
-#define RETRY_MS 500
-#define CLOSE_TIMEOUT_MS 5000
-#define MAX_OPS 256
-#define DEFAULT_PREFIX "/cddp/rdzv"
-
-enum op_kind { OP_JOIN = 1, OP_LOSE, OP_LEAVE, OP_FAILURE, OP_CLOSE, OP_TICK, OP_FOLD };
-
-/* The most join requests one fold writes (etcd's default --max-txn-ops is
- * 128: one put and a delete each). */
-#define FOLD_MAX 120
-
-/* A join request the leader has seen (<run>/joins/<id>, at mod_revision rev). */
-struct request {
-    char id[PROTO_MAX_ID + 1];
-    int64_t rev;
-    struct etcd_request req;
-};
-
-struct op {
-    enum op_kind kind;
-    char id[PROTO_MAX_ID + 1]; /* LOSE */
-    uint64_t round;            /* FAILURE */
-    bool finished;             /* LEAVE */
-};
-
-struct ed {
-    struct agent_rdzv base;
-    uv_loop_t *loop;
-    struct etcd_client *cl;
-    struct rdzv_conf conf;
-    struct etcd_round_conf rconf;
-    char run_id[PROTO_MAX_ID + 1];
-    char node_id[PROTO_MAX_ID + 1];
-    char addr[256];
-    int nproc, min_nodes, max_nodes;
-    char prefix[600]; /* <key_prefix>/<run_id>/ */
-    char state_key[640], nodes_key[640], node_key[900], barrier_key[700];
-    char joins_key[640], join_key[900], writer_key[700], news_key[640], round_key[700];
-
-    /* leadership: the agent whose create of writer_key (on its lease)
-     * went through folds the others' join requests into the state */
-    bool leader;
-    bool electing;
-    bool fold_prune;      /* just became leader: drop members without a lease first */
-    struct request *reqs; /* the pending join requests (leader only) */
-    size_t nreqs, reqcap;
-    struct request folding[FOLD_MAX]; /* the ones the fold in flight deletes */
-    size_t nfolding;
-    uv_timer_t fold_timer; /* the batch's debounce */
-    bool join_put;         /* this node's join request is written */
-    bool writer_seen;      /* another agent holds writer_key */
-
-    /* setup: lease, node key, first read of the state, watch */
-    bool ready;
-    bool setting_up;
-    uint64_t started_at; /* mono ms */
-    int64_t lease;
-    int64_t ttl_s;
-    uv_timer_t ka_timer;
-    uint64_t last_ka_ok; /* mono ms of the last keep-alive answered (or setup) */
-    bool ka_in_flight;
-    struct etcd_watch *watch;
-    int64_t watch_rev;      /* the last revision the watch delivered */
-    uv_timer_t retry_timer; /* setup and watch retries */
-
-    /* the state as last seen */
-    struct etcd_round st;
-    int64_t st_rev; /* its mod_revision; 0: the key does not exist */
-    bool st_valid;
-
-    /* ops */
-    struct op ops[MAX_OPS];
-    size_t nops;
-    bool op_in_flight;
-    uv_timer_t op_timer; /* backoff of a failed op */
-    int64_t close_lease;
-    struct etcd_round pending; /* the value being written */
-    unsigned conflicts;        /* in a row, for the jittered backoff */
-    bool alive_listed;         /* the JOIN at the head has listed the live nodes */
-    uint64_t rnd;
-
-    /* the join */
-    agent_round_cb join_cb;
-    int join_port;
-    bool join_applied;
-    uv_timer_t join_timer; /* join_timeout; also defers a failure */
-    int deferred_status;
-    char deferred_reason[512];
-    bool warned_waiting;
-    uint64_t round; /* the last round handed to the agent */
-    int round_nnodes;
-    uint64_t restart_told; /* the round on_restart was called for */
-    uint64_t rejoined_for; /* the forming round a missed round's rejoin was sent for */
-    bool closed_told;
-    uv_timer_t lc_timer; /* the state's last call */
-
-    /* the exit barrier */
-    agent_rdzv_status_cb barrier_cb;
-    uint64_t barrier_round;
-    bool barrier_counting;
-    uv_timer_t barrier_timer;
-
-    bool closing;
-    enum agent_rdzv_farewell how;
-    char close_reason[256];
-    agent_rdzv_close_cb close_cb;
-    uv_timer_t close_timer;
-    int timers_open;
-    /* The last answer that made no sense (a member that misbehaves), for
-     * the messages; "" once a request fails otherwise or one succeeds. */
-    char bad[400];
-};
-
 static void start_setup(struct ed *e);
-static void run_ops(struct ed *e);
-static void state_changed(struct ed *e);
-static void open_watch(struct ed *e);
-static void elect(struct ed *e);
-static void schedule_fold(struct ed *e);
 
-static uint64_t wall_ms(void)
+uint64_t ed_wall_ms(void)
 {
     return (uint64_t)(cddp_wall_time() * 1000.0);
 }
 
-static void info_changed(struct ed *e)
+static void ed_info_changed(struct ed *e)
 {
     e->base.info.etcd_member = e->cl ? etcd_client_member(e->cl) : NULL;
     e->base.info.etcd_failovers = e->cl ? etcd_client_failovers(e->cl) : 0;
@@ -192,7 +77,7 @@ static void info_changed(struct ed *e)
         e->base.on_info(&e->base);
 }
 
-static const char *last_error(struct ed *e)
+const char *ed_last_error(struct ed *e)
 {
     if (e->bad[0])
         return e->bad;
@@ -207,13 +92,10 @@ static void timer_closed(uv_handle_t *h)
     struct ed *e = h->data;
     if (--e->timers_open > 0)
         return;
-    agent_rdzv_close_cb cb = e->close_cb;
     etcd_round_free(&e->st);
     etcd_round_free(&e->pending); /* a write cut short by the close */
     free(e->reqs);
-    struct agent_rdzv *base = &e->base;
-    if (cb)
-        cb(base);
+    rdzv_calls_closed(&e->calls);
     free(e);
 }
 
@@ -248,7 +130,7 @@ static void on_revoked(struct etcd_client *cl, int status, long http, const char
 
 /* The farewell op is written (or given up): revoke the lease, which
  * deletes this node's keys at once instead of after the TTL. */
-static void farewell_done(struct ed *e)
+void ed_farewell_done(struct ed *e)
 {
     if (e->lease && e->cl &&
         etcd_call(e->cl, "lease/revoke", etcd_req_lease_id(e->lease), on_revoked, e) == 0)
@@ -260,363 +142,8 @@ static void on_close_timeout(uv_timer_t *t)
 {
     struct ed *e = t->data;
     log_warn("A2001", "etcd: closing this node's part of run '%s' took over %.1f s (%s); going",
-             e->run_id, CLOSE_TIMEOUT_MS / 1000.0, last_error(e));
+             e->run_id, CLOSE_TIMEOUT_MS / 1000.0, ed_last_error(e));
     finish_close(e);
-}
-
-/* ---- ops: one state mutation in flight ---- */
-
-static void push_op(struct ed *e, const struct op *o)
-{
-    for (size_t i = 0; i < e->nops; i++) { /* the same news once */
-        if (e->ops[i].kind == o->kind && strcmp(e->ops[i].id, o->id) == 0 &&
-            e->ops[i].round == o->round)
-            return;
-    }
-    if (e->nops == MAX_OPS) {
-        log_warn("A2002", "etcd: too many pending rendezvous updates; dropping one");
-        return;
-    }
-    e->ops[e->nops++] = *o;
-    run_ops(e);
-}
-
-static bool alive_in(void *arg, const char *id)
-{
-    const struct etcd_range *nodes = arg;
-    size_t idlen = strlen(id);
-    for (size_t i = 0; i < nodes->nkvs; i++) {
-        const char *k = nodes->kvs[i].key;
-        size_t kl = nodes->kvs[i].keylen;
-        if (kl >= idlen && strcmp(k + kl - idlen, id) == 0 &&
-            (kl == idlen || k[kl - idlen - 1] == '/'))
-            return true;
-    }
-    return false;
-}
-
-/* Applies op to st; true if it must be written. */
-static bool apply(struct ed *e, struct etcd_round *st, const struct op *o,
-                  const struct etcd_range *alive)
-{
-    uint64_t now = wall_ms();
-    switch (o->kind) {
-    case OP_JOIN: /* a request of our own (run_ops), folded by the leader */
-        return false;
-    case OP_FOLD: {
-        bool changed =
-            alive ? etcd_round_prune(st, &e->rconf, now, alive_in, (void *)alive) : false;
-        struct etcd_join j[FOLD_MAX];
-        e->nfolding = 0;
-        for (size_t i = 0; i < e->nreqs && e->nfolding < FOLD_MAX; i++) {
-            struct request *q = &e->folding[e->nfolding];
-            *q = e->reqs[i];
-            j[e->nfolding++] = (struct etcd_join){
-                .id = q->id, .nproc = q->req.nproc, .addr = q->req.addr, .port = q->req.port};
-        }
-        return etcd_round_fold(st, &e->rconf, now, j, e->nfolding) || changed;
-    }
-    case OP_LOSE:
-        return etcd_round_lose(st, &e->rconf, now, o->id, "node_lost", false);
-    case OP_LEAVE:
-        return etcd_round_lose(st, &e->rconf, now, e->node_id, "node_left", o->finished);
-    case OP_FAILURE:
-        return etcd_round_failure(st, &e->rconf, now, e->node_id, o->round);
-    case OP_CLOSE:
-        return etcd_round_close(st, e->close_reason);
-    case OP_TICK:
-        return etcd_round_tick(st, &e->rconf, now);
-    }
-    return false;
-}
-
-/* A state value read from etcd (a CAS conflict, a range, the watch);
- * kv NULL: the key does not exist. */
-static void take_state(struct ed *e, const struct etcd_kv *kv, int64_t deleted_at)
-{
-    if (kv == NULL) {
-        if (deleted_at && deleted_at < e->st_rev)
-            return;
-        etcd_round_free(&e->st);
-        e->st_valid = false;
-        e->st_rev = 0;
-        return;
-    }
-    if (kv->mod_rev <= e->st_rev)
-        return; /* seen already (our own write, echoed by the watch) */
-    struct etcd_round st;
-    char why[256];
-    e->st_rev = kv->mod_rev;
-    etcd_round_free(&e->st);
-    e->st_valid = false;
-    if (etcd_round_decode((const char *)kv->value, kv->vlen, &st, why, sizeof(why)) != 0) {
-        /* Not ours (or damaged): the next write replaces it. */
-        log_warn("A2003",
-                 "etcd: the state key of run '%s' is unreadable (%s); it will be rewritten",
-                 e->run_id, why);
-        return;
-    }
-    e->st = st;
-    e->st_valid = true;
-}
-
-static void op_retry(uv_timer_t *t)
-{
-    run_ops(t->data);
-}
-
-static void op_done(struct ed *e)
-{
-    e->op_in_flight = false;
-    if (e->ops[0].kind == OP_JOIN && e->join_cb)
-        e->join_put = true; /* the leader folds it into the state */
-    if (e->ops[0].kind == OP_FOLD) {
-        /* Folded (or nothing to change): those requests are done. */
-        for (size_t i = 0; i < e->nfolding; i++) {
-            for (size_t k = 0; k < e->nreqs; k++) {
-                if (strcmp(e->reqs[k].id, e->folding[i].id) == 0 &&
-                    e->reqs[k].rev == e->folding[i].rev) {
-                    e->reqs[k] = e->reqs[--e->nreqs];
-                    break;
-                }
-            }
-        }
-        e->nfolding = 0;
-        if (e->alive_listed)
-            e->fold_prune = false;
-    }
-    e->alive_listed = false;
-    memmove(&e->ops[0], &e->ops[1], (e->nops - 1) * sizeof(e->ops[0]));
-    e->nops--;
-    if (e->closing && e->nops == 0) {
-        farewell_done(e);
-        return;
-    }
-    if (!e->closing)
-        state_changed(e);
-    schedule_fold(e);
-    run_ops(e);
-}
-
-static void op_failed(struct ed *e, const char *what)
-{
-    e->op_in_flight = false;
-    if (e->closing) {
-        /* A farewell that cannot be written: the lease's expiry tells the others. */
-        log_warn("A2004", "etcd: could not %s while leaving (%s)", what, last_error(e));
-        e->nops = 0;
-        farewell_done(e);
-        return;
-    }
-    log_debug("A2005", "etcd: %s failed (%s); retrying", what, last_error(e));
-    uv_timer_start(&e->op_timer, op_retry, RETRY_MS, 0);
-}
-
-static void on_cas(struct etcd_client *cl, int status, long http, const char *body, size_t len,
-                   void *arg)
-{
-    (void)cl, (void)http;
-    struct ed *e = arg;
-    bool ok = false;
-    struct etcd_range r;
-    char why[256] = "";
-    if (status == 0 && etcd_parse_cas(body, len, &ok, &r, why, sizeof(why)) != 0)
-        status = CDDP_EPARSE;
-    if (status != 0) {
-        etcd_round_free(&e->pending);
-        if (status == CDDP_EPARSE)
-            log_warn("A2006", "etcd: a bad answer to a state update: %s", why);
-        op_failed(e, "update the rendezvous state");
-        return;
-    }
-    if (ok) {
-        /* What we wrote is the state now, at the answer's revision. */
-        etcd_round_free(&e->st);
-        e->st = e->pending;
-        memset(&e->pending, 0, sizeof(e->pending));
-        e->st_valid = true;
-        e->st_rev = r.revision;
-        etcd_range_free(&r);
-        e->conflicts = 0;
-        op_done(e);
-        return;
-    }
-    /* Someone moved first: apply again to the state as it is. */
-    etcd_round_free(&e->pending);
-    take_state(e, r.nkvs ? &r.kvs[0] : NULL, 0);
-    if (r.nkvs == 0) {
-        e->st_rev = 0;
-        e->st_valid = false;
-    }
-    etcd_range_free(&r);
-    e->op_in_flight = false;
-    if (!e->closing)
-        state_changed(e);
-    /* Many agents writing at once (a job starting): retrying at once makes
-     * every retry but one fail again; a jittered wait that grows with the
-     * conflicts in a row spreads them out (as torch's backends do). */
-    if (++e->conflicts > 1) {
-        unsigned cap = e->conflicts < 8 ? 1u << e->conflicts : 256u;
-        e->rnd = e->rnd * 6364136223846793005ULL + 1442695040888963407ULL;
-        uv_timer_start(&e->op_timer, op_retry, (e->rnd >> 33) % cap, 0);
-        return;
-    }
-    run_ops(e);
-}
-
-/* Members on the wait list (a change while running is news: they log it). */
-static size_t waiting(const struct etcd_round *st)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < st->nmembers; i++)
-        n += st->members[i].state == ETCD_M_WAITING;
-    return n;
-}
-
-static void write_op(struct ed *e, const struct etcd_range *alive)
-{
-    const struct op *o = &e->ops[0];
-    struct etcd_round next;
-    if (e->st_valid) {
-        if (etcd_round_copy(&next, &e->st) != 0) {
-            op_failed(e, "copy the state");
-            return;
-        }
-    } else if (o->kind == OP_FOLD || o->kind == OP_CLOSE) {
-        etcd_round_init(&next, e->min_nodes, e->max_nodes);
-    } else {
-        op_done(e); /* no run: nothing to change */
-        return;
-    }
-    if (!apply(e, &next, o, alive)) {
-        etcd_round_free(&next);
-        op_done(e);
-        return;
-    }
-    char *val = etcd_round_encode(&next);
-    if (val == NULL) {
-        etcd_round_free(&next);
-        op_failed(e, "encode the state");
-        return;
-    }
-    int64_t lease = o->kind == OP_CLOSE ? e->close_lease : 0;
-    /* A new round, phase or run goes to news/round too, which is all the
-     * non-leaders watch: the forming states in between are the leader's. */
-    const char *news = !e->st_valid || e->st.round != next.round || e->st.phase != next.phase ||
-                               (next.phase == ETCD_RUNNING && waiting(&e->st) != waiting(&next))
-                           ? e->round_key
-                           : NULL;
-    char *req;
-    if (o->kind == OP_FOLD && e->nfolding) {
-        /* The folded requests go in the same transaction, each compared on
-         * its revision (a newer request of that node stays). */
-        const char *keys[FOLD_MAX];
-        int64_t revs[FOLD_MAX];
-        char(*buf)[sizeof(e->join_key)] = malloc(e->nfolding * sizeof(*buf));
-        for (size_t i = 0; buf && i < e->nfolding; i++) {
-            snprintf(buf[i], sizeof(buf[i]), "%s%s", e->joins_key, e->folding[i].id);
-            keys[i] = buf[i];
-            revs[i] = e->folding[i].rev;
-        }
-        req = buf ? etcd_req_fold(e->state_key, e->st_rev, val, strlen(val), lease, news, keys,
-                                  revs, e->nfolding)
-                  : NULL;
-        free(buf);
-    } else {
-        req = etcd_req_fold(e->state_key, e->st_rev, val, strlen(val), lease, news, NULL, NULL, 0);
-    }
-    free(val);
-    e->pending = next;
-    if (etcd_call(e->cl, "kv/txn", req, on_cas, e) != 0) {
-        etcd_round_free(&e->pending);
-        op_failed(e, "update the rendezvous state");
-        return;
-    }
-    e->op_in_flight = true;
-}
-
-static void on_alive(struct etcd_client *cl, int status, long http, const char *body, size_t len,
-                     void *arg)
-{
-    (void)cl, (void)http;
-    struct ed *e = arg;
-    struct etcd_range r;
-    char why[256];
-    e->op_in_flight = false;
-    if (status == 0 && etcd_parse_range(body, len, &r, why, sizeof(why)) == 0) {
-        e->alive_listed = true;
-        write_op(e, &r);
-        etcd_range_free(&r);
-        return;
-    }
-    op_failed(e, "list the run's live nodes");
-}
-
-static void on_join_put(struct etcd_client *cl, int status, long http, const char *body, size_t len,
-                        void *arg)
-{
-    (void)cl, (void)http, (void)body, (void)len;
-    struct ed *e = arg;
-    e->op_in_flight = false;
-    if (status != 0) {
-        op_failed(e, "write this node's join request");
-        return;
-    }
-    op_done(e);
-}
-
-static void on_close_lease(struct etcd_client *cl, int status, long http, const char *body,
-                           size_t len, void *arg)
-{
-    (void)cl, (void)http;
-    struct ed *e = arg;
-    int64_t ttl;
-    char why[256];
-    e->op_in_flight = false;
-    if (status == 0 && etcd_parse_lease(body, len, &e->close_lease, &ttl, why, sizeof(why)) == 0) {
-        write_op(e, NULL);
-        return;
-    }
-    op_failed(e, "grant the closed run's lease");
-}
-
-static void run_ops(struct ed *e)
-{
-    if (e->op_in_flight || e->nops == 0 || !e->ready || e->cl == NULL ||
-        uv_is_active((uv_handle_t *)&e->op_timer))
-        return;
-    const struct op *o = &e->ops[0];
-    int rc = 0;
-    if (o->kind == OP_JOIN) {
-        /* Our join is a request of our own key; the leader folds it. */
-        struct etcd_join j = {
-            .id = e->node_id, .nproc = e->nproc, .addr = e->addr, .port = e->join_port};
-        char *val = etcd_round_request_encode(&j);
-        rc = val ? etcd_call(e->cl, "kv/put", etcd_req_put(e->join_key, val, strlen(val), e->lease),
-                             on_join_put, e)
-                 : CDDP_ERR_FROM_ERRNO(ENOMEM);
-        free(val);
-    } else if (o->kind == OP_FOLD && e->fold_prune) {
-        /* A new leader: members whose lease is gone (lost before its watch
-         * began, or with the last leader) go first: list the live node
-         * keys (again after a conflict; the watch tells of later losses). */
-        char end[640];
-        size_t n = etcd_prefix_end(e->nodes_key, strlen(e->nodes_key), end);
-        end[n] = '\0';
-        rc = etcd_call(e->cl, "kv/range", etcd_req_range(e->nodes_key, end, false, true), on_alive,
-                       e);
-    } else if (o->kind == OP_CLOSE && e->close_lease == 0) {
-        uint64_t s = (e->conf.close_timeout_ms + 999) / 1000;
-        rc = etcd_call(e->cl, "lease/grant", etcd_req_lease_grant((int64_t)(s ? s : 1)),
-                       on_close_lease, e);
-    } else {
-        write_op(e, NULL);
-        return;
-    }
-    if (rc)
-        op_failed(e, "send a request");
-    else
-        e->op_in_flight = true;
 }
 
 /* ---- the state, as it changes ---- */
@@ -642,34 +169,31 @@ static void describe(const struct etcd_round *st, char *out, size_t len)
 
 static void fail_join(struct ed *e, int status, const char *reason)
 {
-    agent_round_cb cb = e->join_cb;
-    e->join_cb = NULL;
     uv_timer_stop(&e->join_timer);
-    if (cb)
-        cb(&e->base, status, NULL, reason);
+    rdzv_calls_round(&e->calls, status, NULL, reason);
 }
 
 static void on_last_call(uv_timer_t *t)
 {
     struct ed *e = t->data;
     struct op o = {.kind = OP_TICK};
-    push_op(e, &o);
+    ed_push_op(e, &o);
 }
 
 static void check_barrier(struct ed *e);
 
-static void state_changed(struct ed *e)
+void ed_state_changed(struct ed *e)
 {
-    if (e->closing)
+    if (e->calls.closing)
         return;
     uv_timer_stop(&e->lc_timer);
     if (!e->st_valid) {
-        if (e->join_cb && e->join_applied) {
+        if (e->calls.join_cb && e->join_applied) {
             /* The run's state went (closed and expired, or deleted): join anew. */
             e->join_applied = false;
             e->join_put = false;
             struct op o = {.kind = OP_JOIN};
-            push_op(e, &o);
+            ed_push_op(e, &o);
         }
         return;
     }
@@ -679,10 +203,10 @@ static void state_changed(struct ed *e)
         waiting += st->members[i].state == ETCD_M_WAITING;
     if (waiting != e->base.info.waiting_nodes) {
         e->base.info.waiting_nodes = waiting;
-        info_changed(e);
+        ed_info_changed(e);
     }
     if (st->phase == ETCD_CLOSED) {
-        if (e->join_cb) {
+        if (e->calls.join_cb) {
             const struct etcd_member *m = etcd_round_find(st, e->node_id);
             e->base.was_waiting = m && m->state == ETCD_M_WAITING;
             char why[600];
@@ -697,11 +221,11 @@ static void state_changed(struct ed *e)
         return;
     }
     if (st->phase == ETCD_FORMING && st->last_call_at && e->leader) {
-        uint64_t now = wall_ms();
+        uint64_t now = ed_wall_ms();
         uint64_t in = st->last_call_at > now ? st->last_call_at - now : 0;
         uv_timer_start(&e->lc_timer, on_last_call, in + 10, 0);
     }
-    if (e->join_cb && e->join_put) {
+    if (e->calls.join_cb && e->join_put) {
         const struct etcd_member *m = etcd_round_find(st, e->node_id);
         if (m == NULL) {
             if (!e->join_applied)
@@ -710,7 +234,7 @@ static void state_changed(struct ed *e)
             e->join_applied = false;
             e->join_put = false;
             struct op o = {.kind = OP_JOIN};
-            push_op(e, &o);
+            ed_push_op(e, &o);
             return;
         }
         if (m->state == ETCD_M_EXPECTED && st->phase == ETCD_FORMING && st->round > e->round + 1 &&
@@ -729,7 +253,7 @@ static void state_changed(struct ed *e)
             e->join_applied = false;
             e->join_put = false;
             struct op o = {.kind = OP_JOIN};
-            push_op(e, &o);
+            ed_push_op(e, &o);
             return;
         }
         if (m->state == ETCD_M_JOINED || m->state == ETCD_M_WAITING ||
@@ -745,27 +269,17 @@ static void state_changed(struct ed *e)
         struct proto_round pr;
         if (st->round > e->round && etcd_round_place(st, e->run_id, e->node_id, &pr) == 0) {
             struct agent_round r;
-            memset(&r, 0, sizeof(r));
-            r.round = pr.round;
-            r.restart_count = pr.restart_count;
-            r.node_rank = pr.node_rank;
-            r.nnodes = pr.nnodes;
-            r.world_size = pr.world_size;
-            r.rank_offset = pr.rank_offset;
-            cddp_strlcpy(r.master_addr, pr.master_addr, sizeof(r.master_addr));
-            r.master_port = pr.master_port;
-            cddp_strlcpy(r.run_id, e->run_id, sizeof(r.run_id));
+            rdzv_round_from_proto(&r, &pr);
             e->round = r.round;
             e->round_nnodes = r.nnodes;
             e->restart_told = r.round;
-            agent_round_cb cb = e->join_cb;
-            e->join_cb = NULL;
             uv_timer_stop(&e->join_timer);
-            cb(&e->base, 0, &r, NULL);
+            rdzv_calls_round(&e->calls, 0, &r, NULL);
         }
         return;
     }
-    if (e->join_cb == NULL && e->round && st->round > e->round && e->restart_told < st->round) {
+    if (e->calls.join_cb == NULL && e->round && st->round > e->round &&
+        e->restart_told < st->round) {
         e->restart_told = st->round;
         char why[512];
         describe(st, why, sizeof(why));
@@ -773,198 +287,8 @@ static void state_changed(struct ed *e)
             e->base.on_restart(&e->base, why, st->counted);
         return;
     }
-    if (e->barrier_cb)
+    if (e->calls.barrier_cb)
         check_barrier(e);
-}
-
-/* ---- leadership: one agent folds the join requests ---- */
-
-static void fold_due(uv_timer_t *t)
-{
-    struct ed *e = t->data;
-    struct op o = {.kind = OP_FOLD};
-    push_op(e, &o);
-}
-
-/* A batch of requests after a short debounce that grows with the round's
- * size: every state write goes to every agent's watch, so fewer, larger
- * writes are what scales (docs/etcd.md "Scale"). */
-static void schedule_fold(struct ed *e)
-{
-    if (!e->leader || e->closing || (e->nreqs == 0 && !e->fold_prune) ||
-        uv_is_active((uv_handle_t *)&e->fold_timer))
-        return;
-    for (size_t i = 0; i < e->nops; i++) {
-        if (e->ops[i].kind == OP_FOLD)
-            return; /* op_done schedules the next */
-    }
-    size_t n = e->st_valid ? e->st.nmembers : 0, taken = 0;
-    for (size_t i = 0; i < n; i++)
-        taken +=
-            e->st.members[i].state == ETCD_M_JOINED || e->st.members[i].state == ETCD_M_EXPECTED;
-    /* At once when these requests may complete the round. */
-    bool full =
-        e->st_valid && e->st.phase == ETCD_FORMING && taken + e->nreqs >= (size_t)e->max_nodes;
-    uv_timer_start(&e->fold_timer, fold_due, full ? 1 : 5 + n / 4, 0);
-}
-
-static void req_put(struct ed *e, const char *id, int64_t rev, const unsigned char *val,
-                    size_t vlen)
-{
-    struct etcd_request rq;
-    char why[256];
-    if (id[0] == '\0' || strlen(id) > PROTO_MAX_ID ||
-        etcd_round_request_decode((const char *)val, vlen, &rq, why, sizeof(why)) != 0) {
-        log_warn("A2050", "etcd: an unreadable join request in run '%s' (node '%.64s'); ignored",
-                 e->run_id, id);
-        return;
-    }
-    struct request *q = NULL;
-    for (size_t i = 0; i < e->nreqs && q == NULL; i++)
-        q = strcmp(e->reqs[i].id, id) == 0 ? &e->reqs[i] : NULL;
-    if (q && q->rev >= rev)
-        return;
-    if (q == NULL) {
-        if (e->nreqs == e->reqcap) {
-            size_t cap = e->reqcap ? e->reqcap * 2 : 64;
-            struct request *p = realloc(e->reqs, cap * sizeof(*p));
-            if (p == NULL)
-                return;
-            e->reqs = p;
-            e->reqcap = cap;
-        }
-        q = &e->reqs[e->nreqs++];
-        cddp_strlcpy(q->id, id, sizeof(q->id));
-    }
-    q->rev = rev;
-    q->req = rq;
-    schedule_fold(e);
-}
-
-static void req_drop(struct ed *e, const char *id, int64_t rev)
-{
-    for (size_t i = 0; i < e->nreqs; i++) {
-        if (strcmp(e->reqs[i].id, id) == 0) {
-            if (e->reqs[i].rev < rev)
-                e->reqs[i] = e->reqs[--e->nreqs];
-            return;
-        }
-    }
-}
-
-static void step_down(struct ed *e)
-{
-    if (e->lease == 0 && e->join_cb && e->join_put) {
-        /* Our join request went with the lease: write it again. */
-        e->join_put = false;
-        e->join_applied = false;
-        struct op o = {.kind = OP_JOIN};
-        push_op(e, &o);
-    }
-    e->leader = false;
-    e->writer_seen = false;
-    e->fold_prune = false;
-    e->nreqs = 0;
-    uv_timer_stop(&e->fold_timer);
-}
-
-static void list_joins(struct ed *e);
-
-static void list_retry(uv_timer_t *t)
-{
-    list_joins(t->data);
-}
-
-static void on_joins_listed(struct etcd_client *cl, int status, long http, const char *body,
-                            size_t len, void *arg)
-{
-    (void)cl, (void)http;
-    struct ed *e = arg;
-    struct etcd_range r;
-    char why[256];
-    if (!e->leader || e->closing)
-        return;
-    if (status != 0 || etcd_parse_range(body, len, &r, why, sizeof(why)) != 0) {
-        uv_timer_start(&e->fold_timer, list_retry, RETRY_MS, 0);
-        return;
-    }
-    size_t pl = strlen(e->joins_key);
-    for (size_t i = 0; i < r.nkvs; i++) {
-        if (r.kvs[i].keylen > pl)
-            req_put(e, r.kvs[i].key + pl, r.kvs[i].mod_rev, r.kvs[i].value, r.kvs[i].vlen);
-    }
-    etcd_range_free(&r);
-    e->fold_prune = true;
-    uv_timer_stop(&e->fold_timer);
-    struct op o = {.kind = OP_FOLD};
-    push_op(e, &o);
-}
-
-/* The pending requests as they are (the watch tells of later ones). */
-static void list_joins(struct ed *e)
-{
-    if (!e->leader || e->closing)
-        return;
-    char end[640];
-    size_t n = etcd_prefix_end(e->joins_key, strlen(e->joins_key), end);
-    end[n] = '\0';
-    if (etcd_call(e->cl, "kv/range", etcd_req_range(e->joins_key, end, false, false),
-                  on_joins_listed, e) != 0)
-        uv_timer_start(&e->fold_timer, list_retry, RETRY_MS, 0);
-}
-
-static void become_leader(struct ed *e)
-{
-    e->leader = true;
-    e->writer_seen = true;
-    log_info("A2051", "etcd: this node is the leader of run '%s' (it folds the join requests)",
-             e->run_id);
-    /* The leader watches the whole run (join requests, node keys). */
-    if (e->watch) {
-        etcd_watch_cancel(e->watch);
-        e->watch = NULL;
-    }
-    open_watch(e);
-    uv_timer_stop(&e->fold_timer);
-    list_joins(e);
-}
-
-static void on_elect(struct etcd_client *cl, int status, long http, const char *body, size_t len,
-                     void *arg)
-{
-    (void)cl, (void)http;
-    struct ed *e = arg;
-    bool ok = false;
-    struct etcd_range r;
-    char why[256];
-    e->electing = false;
-    if (e->closing || !e->ready)
-        return;
-    if (status != 0 || etcd_parse_cas(body, len, &ok, &r, why, sizeof(why)) != 0)
-        return; /* the keep-alive timer tries again */
-    bool ours =
-        ok || (r.nkvs && r.kvs[0].lease == e->lease && r.kvs[0].vlen == strlen(e->node_id) &&
-               memcmp(r.kvs[0].value, e->node_id, r.kvs[0].vlen) == 0);
-    bool held = r.nkvs > 0;
-    etcd_range_free(&r);
-    if (ours) {
-        become_leader(e);
-        return;
-    }
-    e->writer_seen = held;
-    if (!held)
-        elect(e); /* gone in between */
-}
-
-/* Create writer_key on our lease if nobody holds it (mod_revision 0). */
-static void elect(struct ed *e)
-{
-    if (e->electing || e->leader || !e->ready || e->closing || e->lease == 0)
-        return;
-    if (etcd_call(e->cl, "kv/txn",
-                  etcd_req_cas(e->writer_key, 0, e->node_id, strlen(e->node_id), e->lease),
-                  on_elect, e) == 0)
-        e->electing = true;
 }
 
 /* ---- the watch ---- */
@@ -980,7 +304,7 @@ static bool has_prefix(const char *key, const char *prefix, const char **rest)
 
 static void watch_retry(uv_timer_t *t)
 {
-    open_watch(t->data);
+    ed_open_watch(t->data);
 }
 
 static void on_watch_end(struct etcd_watch *w, int status, const char *why, void *arg)
@@ -988,11 +312,11 @@ static void on_watch_end(struct etcd_watch *w, int status, const char *why, void
     (void)w, (void)status;
     struct ed *e = arg;
     e->watch = NULL;
-    if (e->closing)
+    if (e->calls.closing)
         return;
     log_warn("A2008", "etcd: the watch on run '%s' ended (%s); reopening on %s", e->run_id, why,
              etcd_client_member(e->cl));
-    info_changed(e);
+    ed_info_changed(e);
     uv_timer_start(&e->retry_timer, watch_retry, RETRY_MS, 0);
 }
 
@@ -1006,12 +330,12 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
         log_warn("A2009", "etcd: a bad watch message (%s); reopening the watch", why);
         etcd_watch_cancel(e->watch);
         e->watch = NULL;
-        info_changed(e);
+        ed_info_changed(e);
         uv_timer_start(&e->retry_timer, watch_retry, RETRY_MS, 0);
         return;
     }
     if (m.created && !e->base.info.etcd_watch_ok)
-        info_changed(e);
+        ed_info_changed(e);
     if (m.canceled || m.compact_revision > 0) {
         /* Compacted past where we were: read the state again, watch from now. */
         log_warn("A2010", "etcd: the watch on run '%s' was cancelled (%s); reopening", e->run_id,
@@ -1035,10 +359,10 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
     }
     if (last_state < m.nevents) {
         const struct etcd_event *ev = &m.events[last_state];
-        take_state(e, ev->type == ETCD_PUT ? &ev->kv : NULL, ev->kv.mod_rev);
+        ed_take_state(e, ev->type == ETCD_PUT ? &ev->kv : NULL, ev->kv.mod_rev);
         state = true;
     }
-    for (size_t i = 0; i < m.nevents && !e->closing; i++) {
+    for (size_t i = 0; i < m.nevents && !e->calls.closing; i++) {
         const struct etcd_event *ev = &m.events[i];
         const char *rest;
         if (ev->kv.mod_rev > e->watch_rev)
@@ -1049,17 +373,17 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
             if (ev->type == ETCD_DELETE) {
                 /* The leader went (left, or its lease expired): take over. */
                 if (e->leader)
-                    step_down(e);
+                    ed_step_down(e);
                 e->writer_seen = false;
-                elect(e);
+                ed_elect(e);
             }
         } else if (has_prefix(ev->kv.key, e->joins_key, &rest)) {
             if (!e->leader)
                 continue;
             if (ev->type == ETCD_PUT)
-                req_put(e, rest, ev->kv.mod_rev, ev->kv.value, ev->kv.vlen);
+                ed_req_put(e, rest, ev->kv.mod_rev, ev->kv.value, ev->kv.vlen);
             else
-                req_drop(e, rest, ev->kv.mod_rev);
+                ed_req_drop(e, rest, ev->kv.mod_rev);
         } else if (has_prefix(ev->kv.key, e->nodes_key, &rest) && ev->type == ETCD_DELETE) {
             if (strcmp(rest, e->node_id) == 0) {
                 /* Our own lease expired (etcd did not hear from us in
@@ -1068,7 +392,7 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
                          e->run_id);
                 e->ready = false;
                 e->lease = 0;
-                step_down(e);
+                ed_step_down(e);
                 start_setup(e);
                 continue;
             }
@@ -1076,7 +400,7 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
             if (e->st_valid && etcd_round_find(&e->st, rest)) {
                 struct op o = {.kind = OP_LOSE};
                 cddp_strlcpy(o.id, rest, sizeof(o.id));
-                push_op(e, &o);
+                ed_push_op(e, &o);
             }
         } else if (has_prefix(ev->kv.key, e->barrier_key, &rest)) {
             barrier = true;
@@ -1086,14 +410,14 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
         e->watch_rev = m.revision;
     etcd_watch_msg_free(&m);
     if (state)
-        state_changed(e);
-    if (barrier && e->barrier_cb)
+        ed_state_changed(e);
+    if (barrier && e->calls.barrier_cb)
         check_barrier(e);
 }
 
-static void open_watch(struct ed *e)
+void ed_open_watch(struct ed *e)
 {
-    if (e->closing || e->watch)
+    if (e->calls.closing || e->watch)
         return;
     /* The others watch only news/ (the round when it changes, the barrier,
      * the leader key): the forming states, join requests and node keys are
@@ -1108,7 +432,7 @@ static void open_watch(struct ed *e)
         e->watch = NULL;
         uv_timer_start(&e->retry_timer, watch_retry, RETRY_MS, 0);
     }
-    info_changed(e);
+    ed_info_changed(e);
 }
 
 /* ---- setup: lease, node key, state, watch ---- */
@@ -1150,9 +474,9 @@ static void on_state_read(struct etcd_client *cl, int status, long http, const c
     }
     note_answer(e, status, NULL);
     if (r.nkvs)
-        take_state(e, &r.kvs[0], 0);
+        ed_take_state(e, &r.kvs[0], 0);
     else
-        take_state(e, NULL, 0);
+        ed_take_state(e, NULL, 0);
     if (e->watch_rev == 0 || e->watch == NULL)
         e->watch_rev = r.revision;
     etcd_range_free(&r);
@@ -1164,11 +488,11 @@ static void on_state_read(struct etcd_client *cl, int status, long http, const c
         log_info("A2012", "etcd: run '%s' on %s: lease %" PRIx64 " (TTL %" PRId64 " s)", e->run_id,
                  etcd_client_member(e->cl), (uint64_t)e->lease, e->ttl_s);
     if (e->leader)
-        step_down(e); /* set up again (compacted): the leader lists the requests again */
-    open_watch(e);
-    elect(e);
-    state_changed(e);
-    run_ops(e);
+        ed_step_down(e); /* set up again (compacted): the leader lists the requests again */
+    ed_open_watch(e);
+    ed_elect(e);
+    ed_state_changed(e);
+    ed_run_ops(e);
 }
 
 static void on_node_put(struct etcd_client *cl, int status, long http, const char *body, size_t len,
@@ -1213,7 +537,7 @@ static void on_granted(struct etcd_client *cl, int status, long http, const char
 
 static void start_setup(struct ed *e)
 {
-    if (e->closing || e->setting_up)
+    if (e->calls.closing || e->setting_up)
         return;
     e->setting_up = true;
     int rc;
@@ -1230,9 +554,9 @@ static void start_setup(struct ed *e)
 
 static void lost(struct ed *e, int status, const char *why)
 {
-    if (e->closing) /* nothing is called back after close */
+    if (e->calls.closing) /* nothing is called back after close */
         return;
-    if (e->join_cb) {
+    if (e->calls.join_cb) {
         fail_join(e, status, why);
         return;
     }
@@ -1244,13 +568,13 @@ static void lost(struct ed *e, int status, const char *why)
 
 static void setup_failed(struct ed *e, int status, const char *what)
 {
-    if (e->closing)
+    if (e->calls.closing)
         return;
     if (status == CDDP_EPEER) {
         /* A member answered, and said no (permissions, a bad request):
          * asking again will not change its mind. */
         char why[768];
-        snprintf(why, sizeof(why), "etcd: could not %s: %s", what, last_error(e));
+        snprintf(why, sizeof(why), "etcd: could not %s: %s", what, ed_last_error(e));
         lost(e, CDDP_ECONFIG, why);
         return;
     }
@@ -1258,12 +582,12 @@ static void setup_failed(struct ed *e, int status, const char *what)
     if (waited >= e->conf.join_timeout_ms) {
         char why[768];
         snprintf(why, sizeof(why), "etcd: could not %s within join_timeout (%.0f s): %s", what,
-                 (double)e->conf.join_timeout_ms / 1000.0, last_error(e));
+                 (double)e->conf.join_timeout_ms / 1000.0, ed_last_error(e));
         lost(e, CDDP_ETIMEOUT, why);
         return;
     }
-    log_warn("A2013", "etcd: could not %s (%s); retrying", what, last_error(e));
-    info_changed(e);
+    log_warn("A2013", "etcd: could not %s (%s); retrying", what, ed_last_error(e));
+    ed_info_changed(e);
     uv_timer_start(&e->retry_timer, setup_retry, 1000, 0);
 }
 
@@ -1275,7 +599,7 @@ static void on_keepalive(struct etcd_client *cl, int status, long http, const ch
     (void)cl, (void)http;
     struct ed *e = arg;
     e->ka_in_flight = false;
-    if (e->closing)
+    if (e->calls.closing)
         return;
     int64_t id, ttl = -1;
     char why[256] = "";
@@ -1287,7 +611,7 @@ static void on_keepalive(struct etcd_client *cl, int status, long http, const ch
                      e->run_id);
             e->ready = false;
             e->lease = 0;
-            step_down(e);
+            ed_step_down(e);
             start_setup(e);
             return;
         }
@@ -1297,7 +621,7 @@ static void on_keepalive(struct etcd_client *cl, int status, long http, const ch
         if (!was) {
             log_warn("A2014", "etcd: keep-alive of run '%s' answered again by %s", e->run_id,
                      etcd_client_member(e->cl));
-            info_changed(e);
+            ed_info_changed(e);
         }
         return;
     }
@@ -1306,17 +630,17 @@ static void on_keepalive(struct etcd_client *cl, int status, long http, const ch
         log_warn("A2015",
                  "etcd: keep-alive of run '%s' failed (%s); workers keep running, retrying for "
                  "up to %.0f s",
-                 e->run_id, last_error(e), (double)e->conf.join_timeout_ms / 1000.0);
+                 e->run_id, ed_last_error(e), (double)e->conf.join_timeout_ms / 1000.0);
         e->base.info.etcd_lease_ok = false;
         e->base.info.disconnected_at = cddp_wall_time();
-        info_changed(e);
+        ed_info_changed(e);
     }
     if (since >= e->conf.join_timeout_ms) {
         char msg[768];
         snprintf(msg, sizeof(msg),
                  "etcd: no keep-alive answered for %.0f s (join_timeout; no quorum or no member "
                  "reachable): %s",
-                 (double)since / 1000.0, last_error(e));
+                 (double)since / 1000.0, ed_last_error(e));
         lost(e, CDDP_ETIMEOUT, msg);
     }
 }
@@ -1324,10 +648,10 @@ static void on_keepalive(struct etcd_client *cl, int status, long http, const ch
 static void on_ka_timer(uv_timer_t *t)
 {
     struct ed *e = t->data;
-    if (e->closing || !e->ready || e->lease == 0)
+    if (e->calls.closing || !e->ready || e->lease == 0)
         return;
     if (!e->leader && !e->writer_seen)
-        elect(e); /* the last try got no answer */
+        ed_elect(e); /* the last try got no answer */
     if (e->ka_in_flight)
         return;
     if (etcd_call(e->cl, "lease/keepalive", etcd_req_lease_id(e->lease), on_keepalive, e) == 0)
@@ -1339,18 +663,12 @@ static void on_ka_timer(uv_timer_t *t)
 static void on_join_timer(uv_timer_t *t)
 {
     struct ed *e = t->data;
-    if (e->join_cb == NULL)
+    if (rdzv_calls_deferred(&e->calls) || e->calls.join_cb == NULL)
         return;
-    if (e->deferred_status) {
-        int st = e->deferred_status;
-        e->deferred_status = 0;
-        fail_join(e, st, e->deferred_reason);
-        return;
-    }
     char why[768];
     if (!e->ready)
         snprintf(why, sizeof(why), "etcd: no usable answer within join_timeout (%.0f s): %s",
-                 (double)e->conf.join_timeout_ms / 1000.0, last_error(e));
+                 (double)e->conf.join_timeout_ms / 1000.0, ed_last_error(e));
     else
         snprintf(why, sizeof(why),
                  "the round of run '%s' did not complete within join_timeout (%.0f s)", e->run_id,
@@ -1361,21 +679,18 @@ static void on_join_timer(uv_timer_t *t)
 static int ed_join(struct agent_rdzv *r, const struct agent_join *req, agent_round_cb cb)
 {
     struct ed *e = (struct ed *)r;
-    if (e->join_cb || e->closing)
-        return CDDP_ESTATE;
-    if (req->local_world_size != e->nproc)
-        return CDDP_EMISMATCH;
-    e->barrier_cb = NULL;
+    int rc = rdzv_calls_join(&e->calls, req, e->nproc, cb);
+    if (rc)
+        return rc;
+    e->calls.barrier_cb = NULL;
     uv_timer_stop(&e->barrier_timer);
     e->base.was_waiting = false;
     e->warned_waiting = false;
-    e->join_cb = cb;
     int port = req->master_port > 0 ? req->master_port : agent_free_port();
     if (port < 0) {
-        e->deferred_status = port;
-        snprintf(e->deferred_reason, sizeof(e->deferred_reason), "picking a free MASTER_PORT: %s",
-                 cddp_strerror(port));
-        uv_timer_start(&e->join_timer, on_join_timer, 0, 0);
+        char why[128];
+        snprintf(why, sizeof(why), "picking a free MASTER_PORT: %s", cddp_strerror(port));
+        rdzv_calls_defer_join(&e->calls, &e->join_timer, on_join_timer, port, why);
         return 0;
     }
     e->join_port = port;
@@ -1383,7 +698,7 @@ static int ed_join(struct agent_rdzv *r, const struct agent_join *req, agent_rou
     e->join_put = false;
     uv_timer_start(&e->join_timer, on_join_timer, e->conf.join_timeout_ms, 0);
     struct op o = {.kind = OP_JOIN};
-    push_op(e, &o);
+    ed_push_op(e, &o);
     return 0;
 }
 
@@ -1391,20 +706,17 @@ static int ed_report_failure(struct agent_rdzv *r, int restart_count)
 {
     (void)restart_count;
     struct ed *e = (struct ed *)r;
-    if (e->closing)
+    if (e->calls.closing)
         return CDDP_ECLOSED;
     struct op o = {.kind = OP_FAILURE, .round = e->round};
-    push_op(e, &o);
+    ed_push_op(e, &o);
     return 0;
 }
 
 static void barrier_fire(struct ed *e, int status)
 {
-    agent_rdzv_status_cb cb = e->barrier_cb;
-    e->barrier_cb = NULL;
     uv_timer_stop(&e->barrier_timer);
-    if (cb)
-        cb(&e->base, status);
+    rdzv_calls_barrier(&e->calls, status);
 }
 
 static void on_barrier_count(struct etcd_client *cl, int status, long http, const char *body,
@@ -1415,7 +727,7 @@ static void on_barrier_count(struct etcd_client *cl, int status, long http, cons
     e->barrier_counting = false;
     struct etcd_range r;
     char why[256];
-    if (e->barrier_cb == NULL || e->closing)
+    if (e->calls.barrier_cb == NULL || e->calls.closing)
         return;
     if (status != 0 || etcd_parse_range(body, len, &r, why, sizeof(why)) != 0)
         return; /* the next barrier event, or the timeout */
@@ -1426,7 +738,7 @@ static void on_barrier_count(struct etcd_client *cl, int status, long http, cons
 
 static void check_barrier(struct ed *e)
 {
-    if (e->barrier_counting || e->barrier_cb == NULL)
+    if (e->barrier_counting || e->calls.barrier_cb == NULL)
         return;
     char key[760], end[760];
     snprintf(key, sizeof(key), "%s%" PRIu64 "/", e->barrier_key, e->barrier_round);
@@ -1452,14 +764,14 @@ static void on_barrier_timeout(uv_timer_t *t)
 static int ed_exit_barrier(struct agent_rdzv *r, uint64_t timeout_ms, agent_rdzv_status_cb cb)
 {
     struct ed *e = (struct ed *)r;
-    if (e->barrier_cb || e->closing || e->round == 0)
+    if (e->calls.barrier_cb || e->calls.closing || e->round == 0)
         return CDDP_ESTATE;
     char key[1000];
     snprintf(key, sizeof(key), "%s%" PRIu64 "/%s", e->barrier_key, e->round, e->node_id);
     int rc = etcd_call(e->cl, "kv/put", etcd_req_put(key, "1", 1, e->lease), on_barrier_put, e);
     if (rc)
         return rc;
-    e->barrier_cb = cb;
+    e->calls.barrier_cb = cb;
     e->barrier_round = e->round;
     uv_timer_start(&e->barrier_timer, on_barrier_timeout, timeout_ms, 0);
     return 0;
@@ -1469,15 +781,8 @@ static void ed_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const c
                      agent_rdzv_close_cb cb)
 {
     struct ed *e = (struct ed *)r;
-    if (e->closing)
+    if (!rdzv_calls_close(&e->calls, how, reason, cb))
         return;
-    e->closing = true;
-    e->how = how;
-    e->close_cb = cb;
-    cddp_strlcpy(e->close_reason, reason && reason[0] ? reason : "the job ended",
-                 sizeof(e->close_reason));
-    e->join_cb = NULL;
-    e->barrier_cb = NULL;
     uv_timer_stop(&e->join_timer);
     uv_timer_stop(&e->barrier_timer);
     uv_timer_stop(&e->lc_timer);
@@ -1491,7 +796,7 @@ static void ed_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const c
     }
     uv_timer_start(&e->close_timer, on_close_timeout, CLOSE_TIMEOUT_MS, 0);
     if (!e->ready || e->cl == NULL) {
-        farewell_done(e);
+        ed_farewell_done(e);
         return;
     }
     /* Pending news of others is no longer ours to write; the farewell is. */
@@ -1502,7 +807,7 @@ static void ed_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const c
                    .finished = how == AGENT_RDZV_FINISHED};
     e->ops[e->nops++] = o;
     if (!busy)
-        run_ops(e);
+        ed_run_ops(e);
 }
 
 static const struct agent_rdzv_ops etcd_ops = {
@@ -1521,6 +826,7 @@ int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o
         return cddp_fail(err, errlen, CDDP_ERR_FROM_ERRNO(ENOMEM), "out of memory");
     e->base.ops = &etcd_ops;
     e->base.loop = loop;
+    rdzv_calls_init(&e->calls, &e->base);
     e->base.coordinated = true;
     e->base.picks_master_port = true;
     e->base.info.waiting_nodes = -1;
@@ -1601,7 +907,7 @@ int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o
     e->last_ka_ok = e->started_at;
     uv_timer_start(&e->ka_timer, on_ka_timer, e->conf.keep_alive_interval_ms,
                    e->conf.keep_alive_interval_ms);
-    info_changed(e);
+    ed_info_changed(e);
     start_setup(e);
     *out = &e->base;
     return 0;

@@ -11,7 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "agent/agent_int.h"
 #include "common/errors.h"
+#include "common/hostname.h"
+#include "common/log.h"
 #include "common/file.h"
 #include "common/signames.h"
 #include "proto/errorfile.h"
@@ -306,4 +309,83 @@ int agent_write_agent_error(const char *path, const char *message)
     char text[1024];
     snprintf(text, sizeof(text), "AgentError: %s", message);
     return write_error_file(path, proto_errorfile_build(text, text, (long)time(NULL), NULL));
+}
+
+/* ---- the agent's report (agent_int.h) ---- */
+
+static void error_file_failed(const char *path, int rc)
+{
+    log_error("A0302", "writing the agent's error file %s: %s", path, cddp_strerror(rc));
+}
+
+void agent_report_failures(struct agent *a)
+{
+    int n = 0;
+    struct agent_failure *f = calloc((size_t)a->nworkers, sizeof(*f));
+    if (f == NULL) {
+        log_crit("A0301", "out of memory building the failure report");
+        return;
+    }
+    for (int i = 0; i < a->nworkers; i++) {
+        struct agent_worker *w = &a->workers[i];
+        if (w->info.exitcode == 0 && w->hang_note[0] == '\0')
+            continue;
+        f[n].local_rank = i;
+        f[n].rank = w->info.rank;
+        f[n].pid = (int)w->info.pid;
+        f[n].exitcode = w->info.exitcode;
+        f[n].observed = w->info.exit_time;
+        f[n].seq = w->exit_seq;
+        if (w->hang_note[0]) {
+            f[n].observed = w->hung_at;
+            f[n].watchdog = w->hang_note;
+        }
+        agent_failure_load(&f[n], w->error_file);
+        n++;
+    }
+    if (n == 0) {
+        free(f);
+        return;
+    }
+    char host[256];
+    cddp_fqdn(host, sizeof(host));
+    struct cddp_buf table;
+    cddp_buf_init(&table, 256u << 20);
+    int root = agent_failure_root(f, n);
+    if (agent_failure_table(a->entry_name, f, n, host, &table) == 0) {
+        /* torchrun prints it as the uncaught ChildFailedError's message. */
+        cddp_buf_append(&table, "\n", 1);
+        const char *p = table.data;
+        size_t len = table.len;
+        while (len > 0) {
+            ssize_t wr = write(2, p, len);
+            if (wr < 0 && errno == EINTR)
+                continue;
+            if (wr <= 0)
+                break;
+            p += wr;
+            len -= (size_t)wr;
+        }
+    }
+    if (a->cfg->error_file) {
+        int rc = agent_write_error_file(a->cfg->error_file, &f[root], a->entry_name, table.data);
+        if (rc)
+            error_file_failed(a->cfg->error_file, rc);
+        else
+            log_info("A0303", "dumped error file to parent's %s", a->cfg->error_file);
+    }
+    cddp_buf_free(&table);
+    for (int i = 0; i < n; i++)
+        agent_failure_free(&f[i]);
+    free(f);
+}
+
+void agent_report_agent_error(const struct agent *a)
+{
+    if (a->cfg->error_file == NULL)
+        return;
+    int rc = agent_write_agent_error(a->cfg->error_file,
+                                     a->fail_reason[0] ? a->fail_reason : "the agent failed");
+    if (rc)
+        error_file_failed(a->cfg->error_file, rc);
 }

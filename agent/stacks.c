@@ -268,3 +268,112 @@ int agent_stacks_start_gdb(pid_t pgid, const char *path, pid_t *gdb_pid)
     *gdb_pid = child;
     return 0;
 }
+
+/* ---- a capture of several groups, bounded ---- */
+
+int agent_stacks_job_init(struct agent_stacks_job *job, uv_loop_t *loop, void *data)
+{
+    memset(job, 0, sizeof(*job));
+    job->data = data;
+    int rc = uv_timer_init(loop, &job->timer);
+    job->timer.data = job;
+    return rc;
+}
+
+static void on_job_timer(uv_timer_t *t)
+{
+    struct agent_stacks_job *job = t->data;
+    if (!job->running)
+        return;
+    job->timed_out = job->pending > 0;
+    agent_stacks_job_finish(job);
+}
+
+int agent_stacks_job_start(struct agent_stacks_job *job, struct agent_stacks_target *targets,
+                           int ntargets, agent_stacks_done_cb done)
+{
+    if (job->running)
+        return CDDP_EEXISTS;
+    job->targets = targets;
+    job->ntargets = ntargets;
+    job->pending = 0;
+    job->timed_out = false;
+    job->done = done;
+    for (int i = 0; i < ntargets; i++) {
+        struct agent_stacks_target *t = &targets[i];
+        t->gdb = 0;
+        t->rc = 0;
+        if (t->pgid <= 0)
+            continue;
+        t->rc = agent_stacks_write_proc(t->pgid, t->path);
+        if (t->rc == 0)
+            t->rc = agent_stacks_start_gdb(t->pgid, t->path, &t->gdb);
+        job->pending += t->gdb > 0;
+    }
+    job->running = true;
+    /* Without a gdb to wait for, the capture is complete: said from the
+     * loop all the same, as the callback rule promises. */
+    uv_timer_start(&job->timer, on_job_timer, job->pending ? AGENT_STACKS_TIMEOUT_MS : 0, 0);
+    return 0;
+}
+
+bool agent_stacks_job_reaped(struct agent_stacks_job *job, pid_t pid)
+{
+    if (!job->running || pid <= 0)
+        return false;
+    for (int i = 0; i < job->ntargets; i++) {
+        if (job->targets[i].gdb != pid)
+            continue;
+        job->targets[i].gdb = 0; /* reaped: not killed again */
+        if (--job->pending == 0)
+            agent_stacks_job_finish(job);
+        return true;
+    }
+    return false;
+}
+
+void agent_stacks_job_finish(struct agent_stacks_job *job)
+{
+    if (!job->running)
+        return;
+    job->running = false;
+    uv_timer_stop(&job->timer);
+    for (int i = 0; i < job->ntargets; i++) {
+        if (job->targets[i].gdb > 0)
+            kill(-job->targets[i].gdb, SIGKILL); /* out of time; reaped by the agent */
+        job->targets[i].gdb = 0;
+    }
+    job->pending = 0;
+    job->done(job); /* may start the next capture */
+}
+
+void agent_stacks_job_close(struct agent_stacks_job *job, uv_close_cb cb)
+{
+    uv_close((uv_handle_t *)&job->timer, cb);
+}
+
+int agent_stacks_merge(const char *path, const char *title, const struct agent_stacks_target *t,
+                       int n)
+{
+    FILE *out = fopen(path, "we");
+    int rc = out ? 0 : CDDP_ERR_FROM_ERRNO(errno);
+    if (out)
+        fprintf(out, "%s\n", title);
+    for (int i = 0; i < n; i++) {
+        FILE *in = t[i].pgid > 0 ? fopen(t[i].path, "re") : NULL;
+        if (in == NULL)
+            continue;
+        if (out) {
+            fprintf(out, "\n## %s\n", t[i].label);
+            char buf[8192];
+            size_t got;
+            while ((got = fread(buf, 1, sizeof(buf), in)) > 0)
+                fwrite(buf, 1, got, out);
+        }
+        fclose(in);
+        unlink(t[i].path);
+    }
+    if (out && fclose(out) != 0)
+        rc = CDDP_ERR_FROM_ERRNO(errno);
+    return rc;
+}

@@ -1,12 +1,14 @@
 /* workers.c: see workers.h. */
 #include "agent/workers.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/mempolicy.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -14,7 +16,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "agent/stacks.h"
 #include "common/errors.h"
+#include "common/log.h"
 
 /* close_range(2), Linux 5.9+; the libc wrapper is recent, the syscall is not. */
 static void close_from(int lowfd)
@@ -296,4 +300,43 @@ void agent_guardian_stop(struct agent_guardian *g)
             ;
     }
     g->pid = 0;
+}
+
+/* Processes a worker started outside its own process group (a daemon that
+ * called setsid) are re-parented to the agent (a subreaper) once their parent
+ * is gone; killpg cannot reach them. When a group of workers has been fully
+ * stopped, whatever child of ours is left, other than the guardian, is one of
+ * those: it does not outlive the attempt. */
+void agent_kill_strays(pid_t spare)
+{
+    DIR *tasks = opendir("/proc/self/task");
+    if (tasks == NULL)
+        return;
+    struct dirent *t;
+    while ((t = readdir(tasks)) != NULL) {
+        if (t->d_name[0] == '.')
+            continue;
+        char path[300];
+        snprintf(path, sizeof(path), "/proc/self/task/%s/children", t->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        long pid;
+        while (fscanf(f, "%ld", &pid) == 1) {
+            if (pid <= 0 || pid == spare)
+                continue;
+            char state = '?';
+            pid_t pgrp;
+            if (agent_proc_stat((pid_t)pid, &state, &pgrp) == 0 && state == 'D') {
+                kill((pid_t)pid, SIGKILL); /* stuck at exit: A2414 said so; again, quietly */
+                continue;
+            }
+            log_warn("A0506",
+                     "killing process %ld, left behind by a worker outside its process group", pid);
+            kill(-(pid_t)pid, SIGKILL); /* its own group, if it leads one */
+            kill((pid_t)pid, SIGKILL);
+        }
+        fclose(f);
+    }
+    closedir(tasks);
 }

@@ -64,6 +64,12 @@ bool agent_group_alive(pid_t pgid);
 /* Makes this process a child subreaper. 0 or -errno. */
 int agent_become_subreaper(void);
 
+/* SIGKILLs every child of this process but spare (the guardian), and the
+ * process group each leads: processes a worker started outside its own
+ * group, re-parented to the subreaper, which killpg cannot reach. Each is
+ * logged, except one stuck in D state (already reported as such). */
+void agent_kill_strays(pid_t spare);
+
 struct agent_guardian {
     pid_t pid; /* 0 when not running */
     int fd;    /* write end of the pipe; -1 when not running */

@@ -1,0 +1,201 @@
+/*
+ * agent_int.h: the agent's own state, shared by the files of its loop and
+ * by no one else (the launcher and the status module see agent.h only).
+ *
+ *   agent.c     the loop: events to the policy, its actions, workers'
+ *               starts and exits, signals, shutdown, agent_run
+ *   round.c     the rendezvous glue: opening the backend (and choosing the
+ *               workers' network interface), joins, rounds, the agent's
+ *               TCPStore per round, the exit barrier, the farewell
+ *   progress.c  progress lines in: the watchdog's timer, a hung worker's
+ *               stacks, then the stop
+ *   filetimer.c torch's file timer (its second half: which worker a pid
+ *               is, the hang note of an expired timer)
+ *   report.c    the failure table and error files (its second half: from
+ *               the workers' exits)
+ *
+ * Everything here runs on the agent's loop thread. A flag's runtime state
+ * lives in the file of its own, not in agent.c (docs/architecture.md).
+ */
+#ifndef CDDP_AGENT_AGENT_INT_H
+#define CDDP_AGENT_AGENT_INT_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "agent/agent.h"
+#include "agent/filetimer.h"
+#include "agent/ifname.h"
+#include "agent/logs.h"
+#include "agent/numa.h"
+#include "agent/rdzv.h"
+#include "agent/stacks.h"
+#include "agent/workers.h"
+
+struct agent_worker {
+    struct agent_worker_info info;
+    pid_t pgid;        /* the worker's process group (= its pid); 0 if never started */
+    bool leader_alive; /* the worker process itself has not been reaped */
+    bool group_alive;  /* processes may be left in its group */
+    uint64_t exit_seq;
+    char error_file[4096];
+    char hang_note[512]; /* why the watchdog stopped it (this attempt); "" if it did not */
+    double hung_at;      /* wall time the watchdog found it hung */
+};
+
+struct agent {
+    uv_loop_t loop;
+    const struct launch_config *cfg;
+    const struct agent_hooks *hooks;
+    struct agent_policy pol;
+
+    /* The rendezvous and its round (round.c). */
+    struct agent_rdzv_static rdzv_static;
+    struct agent_rdzv *rdzv;
+    struct agent_ifname ifname; /* the workers' network interface (multi-node) */
+    struct agent_round round;
+    bool have_round;
+    /* --agent_store: the TCPStore this node serves the workers (node 0),
+     * a fresh one each round; bound before the join where the rendezvous
+     * publishes our port (c10d), after the round where the port is given. */
+    struct tcpstore_server *store;
+    int store_port;
+    uint64_t store_round;
+
+    int nworkers;
+    struct agent_worker *workers;
+    int attempt; /* restart count of the running attempt */
+    uint64_t exit_seq;
+    int membership_restarts; /* rounds joined because the rendezvous asked */
+
+    struct agent_numa_plan *numa; /* --numa_binding: one per local rank, or NULL */
+
+    struct agent_guardian guardian;
+    struct agent_logs logs;
+    struct agent_tee_set tees;
+
+    uv_signal_t sigchld;
+    uv_signal_t sigs[LAUNCH_MAX_SIGNALS];
+    int nsigs;
+    uv_timer_t deadline;
+    uv_timer_t group_check;
+    /* The progress watchdog (progress.c): its timer, armed for the next
+     * deadline while RUNNING, and the stacks of the local rank found hung
+     * (hung_rank; -1: none), captured before its group is stopped. */
+    uv_timer_t watchdog_timer;
+    struct watchdog wd;
+    unsigned watchdog_kills;
+    int hung_rank;
+    struct agent_stacks_target hung_target;
+    struct agent_stacks_job hung_stacks;
+    /* torch's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1), and the pipe
+     * the workers get as TORCHELASTIC_TIMER_FILE. */
+    struct agent_filetimer *filetimer;
+    char filetimer_path[4096];
+    /* Armed with every SIGKILL to the groups: processes still there when it
+     * fires cannot be killed (D state); they are reported and given up. */
+    uv_timer_t kill_wait;
+    /* A stack capture on demand (agent_capture_stacks: cddpctl stacks):
+     * every running worker into ondemand_path.<local_rank> (one target per
+     * local rank), then merged into ondemand_path. */
+    struct agent_stacks_job ondemand;
+    struct agent_stacks_target *ondemand_targets;
+    unsigned ondemand_seq;
+    char ondemand_path[4096];
+    void (*ondemand_done)(void *arg, int rc, const char *path);
+    void *ondemand_arg;
+    bool handles_open;
+
+    char run_id[128];
+    const char *entry_name;
+    double start_time;
+
+    /* Events raised while actions run are queued, so the policy never sees
+     * one event inside another. */
+    struct policy_event *queue;
+    size_t qhead, qtail, qcap;
+    bool dispatching;
+    bool changed;
+
+    bool shutting_down;
+    /* How this node leaves the rendezvous (POLICY_ACT_EXIT's end_job, finished). */
+    enum agent_rdzv_farewell rdzv_how;
+    char rdzv_reason[1024];
+    char this_node[300]; /* "host (pid N)", how the other nodes' messages name this one */
+    int exit_code;
+    bool reported;              /* the failure table was printed */
+    char fail_reason[512];      /* why the agent itself failed, for its error file */
+    sigset_t inherited_ignored; /* passed on to the workers */
+};
+
+/* ---- agent.c ---- */
+
+/* Logs an agent-level failure (at ERROR, id) and keeps the first one for
+ * the error file. */
+void agent_failed(struct agent *a, const char *id, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Hands the policy an event (queued when one is being handled) and carries
+ * out its actions. */
+void agent_post_event(struct agent *a, const struct policy_event *ev);
+void agent_post(struct agent *a, enum policy_event_type type, int local_rank, int exitcode,
+                int sig);
+
+/* The hooks' state_changed with a snapshot of now. */
+void agent_notify(struct agent *a);
+
+/* Something the status page shows changed: shown now, or once the events
+ * in hand are handled. */
+void agent_show(struct agent *a);
+
+/* ---- round.c ---- */
+
+/* Opens the rendezvous cfg names (no network for one static node,
+ * torchrun's default; agent/rdzv_c10d.c or rdzv_etcd.c otherwise) and
+ * chooses the workers' network interface. 0, or a code with why filled. */
+int agent_round_open(struct agent *a, char *why, size_t whylen);
+
+/* POLICY_ACT_JOIN: a fresh store where this node's port is published at
+ * join, then the join; a failure is posted as POLICY_EV_ROUND_FAILED. */
+void agent_round_join(struct agent *a, const struct policy_action *act);
+
+/* POLICY_ACT_REPORT_FAILURE and POLICY_ACT_EXIT_BARRIER. */
+void agent_round_report_failure(struct agent *a);
+void agent_round_exit_barrier(struct agent *a);
+
+/* POLICY_ACT_EXIT: how this node will leave, and what the others are told. */
+void agent_round_farewell(struct agent *a, const struct policy_action *act);
+
+/* Shutting down: leaves the rendezvous as the farewell said (the store
+ * closes once the rendezvous is done with the other nodes). */
+void agent_round_close(struct agent *a);
+
+/* ---- filetimer.c ---- */
+
+/* TORCHELASTIC_ENABLE_FILE_TIMER=1: serves the pipe at
+ * TORCHELASTIC_TIMER_FILE (or at a fresh path the workers are told of), as
+ * torchrun's agent does; an expired timer kills its pid and notes it in
+ * that worker's hang note. 0 (also when it is not asked for), or a code
+ * with why filled. */
+int agent_filetimer_start(struct agent *a, char *why, size_t whylen);
+
+/* ---- report.c ---- */
+
+/* POLICY_ACT_FAILURE_REPORT: the failed workers' table on stderr, as
+ * torchrun's ChildFailedError prints it, and the agent's error file. */
+void agent_report_failures(struct agent *a);
+
+/* The agent failed before any table was printed: its error file says why
+ * (when it has one: --error_file / TORCHELASTIC_ERROR_FILE). */
+void agent_report_agent_error(const struct agent *a);
+
+/* ---- progress.c ---- */
+
+/* Re-arms the watchdog's timer for its next deadline (stopped unless the
+ * group runs and no hung worker is being captured). */
+void agent_watchdog_arm(struct agent *a);
+
+#endif

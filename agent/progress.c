@@ -1,0 +1,129 @@
+/*
+ * progress.c: what the workers' progress lines drive in the agent
+ * (agent_int.h). Each line feeds the progress watchdog (agent/watchdog.c
+ * decides) and --max_no_progress_restarts; the watchdog's timer follows its
+ * next deadline while the group runs, and a worker found hung has its
+ * stacks captured (agent/stacks.h) before the policy stops its group.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "agent/agent_int.h"
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
+
+/* The hung worker's stacks are written (or gdb ran out of time): stop the
+ * group. */
+static void on_hung_stacks(struct agent_stacks_job *job)
+{
+    struct agent *a = job->data;
+    int i = a->hung_rank;
+    if (job->timed_out)
+        log_warn("A0904", "gdb did not finish within %d ms; its stacks are incomplete",
+                 AGENT_STACKS_TIMEOUT_MS);
+    a->hung_rank = -1;
+    if (i >= 0 && !a->shutting_down)
+        agent_post(a, POLICY_EV_WATCHDOG, i, 0, 0);
+}
+
+/* Writes what local rank i was doing next to its logs (attempt_N/i/stacks.txt)
+ * and names the file in its hang note; the stop waits for the capture. */
+static void capture_hung(struct agent *a, int i)
+{
+    struct agent_worker *w = &a->workers[i];
+    struct agent_stacks_target *t = &a->hung_target;
+    memset(t, 0, sizeof(*t));
+    a->hung_rank = i;
+    if (!a->logs.devnull &&
+        agent_logs_path(&a->logs, a->attempt, i, "stacks.txt", t->path, sizeof(t->path)) == 0)
+        t->pgid = w->pgid;
+    agent_stacks_job_start(&a->hung_stacks, t, 1, on_hung_stacks);
+    if (t->pgid <= 0)
+        return;
+    if (t->rc) {
+        log_warn("A0905", "writing the stacks of local_rank %d to %s: %s", i, t->path,
+                 cddp_strerror(t->rc));
+        return;
+    }
+    size_t n = strlen(w->hang_note);
+    snprintf(w->hang_note + n, sizeof(w->hang_note) - n, "; stacks: %s", t->path);
+}
+
+static void on_watchdog_timer(uv_timer_t *t)
+{
+    struct agent *a = t->data;
+    uint64_t now = cddp_mono_ms();
+    if (a->hung_rank >= 0)
+        return; /* already stopping a hung group */
+    int i = a->pol.state == AGENT_RUNNING ? watchdog_hung(&a->wd, now) : -1;
+    if (i < 0) {
+        agent_watchdog_arm(a); /* early (the loop's clock lags), or nothing to do */
+        return;
+    }
+    struct agent_worker *w = &a->workers[i];
+    const struct watchdog_worker *ww = &a->wd.w[i];
+    uint64_t timeout = watchdog_timeout(&a->wd, i);
+    char last[64] = "before its first progress line";
+    if (ww->lines > 0 && ww->has_step)
+        snprintf(last, sizeof(last), "after step %lld", (long long)ww->last_step);
+    else if (ww->lines > 0)
+        snprintf(last, sizeof(last), "after %llu progress lines", (unsigned long long)ww->lines);
+    uint64_t since = now - (ww->lines > 0 ? ww->last_ms : ww->started_ms);
+    snprintf(w->hang_note, sizeof(w->hang_note),
+             "watchdog: no progress for %.1f s %s (timeout %.1f s, %s%s); the worker group was "
+             "stopped",
+             (double)since / 1000.0, last, (double)timeout / 1000.0,
+             ww->lines == 0 ? "--watchdog_initial" : watchdog_mode_name(a->cfg->watchdog.mode),
+             ww->lines > 0 && a->cfg->watchdog.mode == WATCHDOG_AUTO && ww->learned_ms == 0
+                 ? ", warming up"
+                 : "");
+    w->hung_at = cddp_wall_time();
+    w->exit_seq = ++a->exit_seq; /* found before the exits the stop causes: the root cause */
+    a->watchdog_kills++;
+    log_error("A0901", "[%s] local_rank %d (pid %d) is hung: %s", a->cfg->role, i, (int)w->pgid,
+              w->hang_note);
+    capture_hung(a, i);
+}
+
+/* The timer follows the watchdog's next deadline, only while the group runs. */
+void agent_watchdog_arm(struct agent *a)
+{
+    if (!a->handles_open || a->cfg->watchdog.mode == WATCHDOG_OFF)
+        return;
+    uint64_t d =
+        a->pol.state == AGENT_RUNNING && a->hung_rank < 0 ? watchdog_next_deadline(&a->wd) : 0;
+    if (d == 0) {
+        uv_timer_stop(&a->watchdog_timer);
+        return;
+    }
+    uv_update_time(&a->loop);
+    uint64_t now = cddp_mono_ms();
+    uv_timer_start(&a->watchdog_timer, on_watchdog_timer, d > now ? d - now + 1 : 0, 0);
+}
+
+void agent_progress(struct agent *a, int local_rank, const struct progress_report *r,
+                    uint64_t now_ms)
+{
+    if (a == NULL || a->shutting_down || local_rank < 0 || local_rank >= a->nworkers)
+        return;
+    if ((r->fields & PROGRESS_STEP) && r->step > a->pol.best_step && a->pol.max_no_progress > 0) {
+        struct policy_event ev = {.type = POLICY_EV_PROGRESS, .step = r->step};
+        agent_post_event(a, &ev);
+    }
+    if (a->cfg->watchdog.mode == WATCHDOG_OFF)
+        return;
+    uint64_t before = watchdog_timeout(&a->wd, local_rank);
+    bool learned =
+        watchdog_report(&a->wd, local_rank, now_ms, (r->fields & PROGRESS_STEP) != 0, r->step);
+    uint64_t after = watchdog_timeout(&a->wd, local_rank);
+    if (learned)
+        log_info("A0902",
+                 "[%s] watchdog: local_rank %d's timeout is now %.3f s (longest interval %.3f s x "
+                 "%g)",
+                 a->cfg->role, local_rank, (double)after / 1000.0,
+                 (double)a->wd.w[local_rank].max_interval_ms / 1000.0, a->wd.cfg.safety);
+    agent_watchdog_arm(a);
+    if (before != after && !a->dispatching)
+        agent_notify(a); /* /status shows the timeout that applies */
+}
