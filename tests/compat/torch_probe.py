@@ -44,6 +44,8 @@ and its reason names the version where the behaviour changed:
   fqdn, fqdn_resolves   socket.getfqdn() and whether it resolves: torch 2.x's
                         c10d rendezvous gives the workers MASTER_ADDR =
                         the FQDN unless --local_addr is set
+  probe_errors          the probes that raised (a module moved in some
+                        version), each keeping a default by version
   error                 set (and little else) when torch does not import
 """
 import dataclasses
@@ -74,46 +76,66 @@ def main():
     m = re.match(r"(\d+)\.(\d+)", torch.__version__)
     version = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
     info["version"] = list(version)
+    # A probe that raises (a module moved in some version) records its
+    # error and leaves its default: the report shows it, the run goes on.
+    info["probe_errors"] = []
 
-    from torch.distributed.elastic.multiprocessing.api import Std
-    try:
-        info["torchrun_needs_std_patch"] = Std.from_str("0") is None
-    except Exception:
-        info["torchrun_needs_std_patch"] = True
+    def probe(name, default, fn):
+        try:
+            info[name] = fn()
+        except Exception as e:
+            info[name] = default
+            info["probe_errors"].append(f"{name}: {type(e).__name__}: {e}")
 
-    from torch.distributed.run import get_args_parser
-    options = {o for act in get_args_parser()._actions for o in act.option_strings}
-    info["local_ranks_filter"] = "--local-ranks-filter" in options or \
-        "--local_ranks_filter" in options
+    def std_broken():
+        from torch.distributed.elastic.multiprocessing.api import Std
+        try:
+            return Std.from_str("0") is None
+        except Exception:
+            return True
 
-    from torch.distributed.launcher.api import LaunchConfig
-    fields = {f.name for f in dataclasses.fields(LaunchConfig)}
-    info["exports_signals_to_handle"] = "signals_to_handle" in fields
+    def has_filter():
+        from torch.distributed.run import get_args_parser
+        options = {o for act in get_args_parser()._actions for o in act.option_strings}
+        return "--local-ranks-filter" in options or "--local_ranks_filter" in options
+
+    def launch_fields():
+        from torch.distributed.launcher.api import LaunchConfig
+        return "signals_to_handle" in {f.name for f in dataclasses.fields(LaunchConfig)}
+
+    def repolls():
+        from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+        return hasattr(SubprocessContext, "_capture_process_failures")
+
+    def c10d_shares():
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+            DynamicRendezvousHandler)
+        return hasattr(DynamicRendezvousHandler, "use_agent_store")
+
+    def tcpstore():
+        from torch.distributed import TCPStore
+        return TCPStore
+
+    probe("torchrun_needs_std_patch", version < (2, 0), std_broken)
+    probe("local_ranks_filter", version >= (2, 3), has_filter)
+    probe("exports_signals_to_handle", False, launch_fields)
     info["nccl_async_env"] = ("TORCH_NCCL_ASYNC_ERROR_HANDLING" if version >= (2, 2)
                               else "NCCL_ASYNC_ERROR_HANDLING")
-
-    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
-    info["lists_stopped_peers"] = hasattr(SubprocessContext, "_capture_process_failures")
-
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
-    info["c10d_agent_store"] = hasattr(DynamicRendezvousHandler, "use_agent_store")
-
-    from torch.distributed import TCPStore
-    info["tcpstore_use_libuv"] = "use_libuv" in (TCPStore.__init__.__doc__ or "")
-    info["tcpstore_queues"] = hasattr(TCPStore, "queue_push")
+    probe("lists_stopped_peers", False, repolls)
+    probe("c10d_agent_store", version >= (2, 4), c10d_shares)
+    probe("tcpstore_use_libuv", False, lambda: "use_libuv" in (tcpstore().__init__.__doc__ or ""))
+    probe("tcpstore_queues", False, lambda: hasattr(tcpstore(), "queue_push"))
 
     info["torchvision"] = version_of("torchvision")
     info["pillow"] = version_of("PIL")
     info["numpy"] = version_of("numpy")
 
-    info["cuda"] = bool(torch.cuda.is_available())
-    info["cuda_devices"] = torch.cuda.device_count() if info["cuda"] else 0
+    probe("cuda", False, lambda: bool(torch.cuda.is_available()))
+    info["cuda_devices"] = 0
     info["nccl"] = None
     if info["cuda"]:
-        try:
-            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception as e:
-            info["nccl"] = f"unknown ({type(e).__name__})"
+        probe("cuda_devices", 0, torch.cuda.device_count)
+        probe("nccl", "unknown", lambda: ".".join(map(str, torch.cuda.nccl.version())))
 
     info["fqdn"] = socket.getfqdn()
     try:
