@@ -40,6 +40,7 @@ import os
 import pathlib
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -237,8 +238,11 @@ class Runs:
         return rc, out, err, time.time() - t_launch, t_launch
 
     def write(self):
+        """Writes the JSON (which keeps what the runs showed) and removes the
+        runs' folder; the exit status."""
         with open(self.a.json, "w") as f:
             json.dump({"torch": self.info, "checks": self.checks}, f, indent=1)
+        shutil.rmtree(self.work, ignore_errors=True)
         return 1 if any(c["status"] == "failed" for c in self.checks) else 0
 
 
