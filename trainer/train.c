@@ -25,7 +25,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +56,7 @@
 #include "trainer/resume.h"         /* trn_resume: --checkpoint */
 #include "trainer/scaler.h"         /* --amp fp16: GradScaler */
 #include "trainer/schedule.h"       /* trn_lr_at */
+#include "trainer/stop.h"           /* SIGTERM/SIGINT: stop at the step's end */
 
 /* This build has the NCCL communicator (trainer/comm/nccl.c; meson sets it
  * in config.h when CUDA and NCCL are found). */
@@ -709,104 +709,27 @@ static void train_input_start(struct run *r)
     prefetch_start(r, r->train, trn_train_batches_next, &r->pf_train);
 }
 
-/* ---- SIGTERM / SIGINT with --checkpoint: stop at the step's end ----
- *
- * The launcher stops a worker group with SIGTERM (a restart, the job's
- * end, a preemption: Slurm and Kubernetes send it before SIGKILL). With
- * --checkpoint, the rank finishes the step it is in (every rank gets the
- * signal, so the step's collectives complete), rank 0 writes the
- * checkpoint at that step, and the rank then dies by the signal as it
- * would have at once: the restarted group resumes from the last step, not
- * from the last --ckpt-every. Bounded: a step that does not end within
- * its grace (three times the longest step so far plus the last checkpoint
- * write, plus 2 s; at most 30 s) is abandoned, as is a signal before the
- * first step ends (nothing newer to save); a second signal ends it at once. */
-static volatile sig_atomic_t stop_sig;       /* the signal to stop by, 0: none */
-static volatile sig_atomic_t stop_arm;       /* a step ended: worth finishing the next */
-static volatile sig_atomic_t stop_grace = 2; /* seconds */
-
-static void die_by(int sig)
+/* Where training stands after this rank's batches [0, b) of epoch, as a
+ * checkpoint records it: *rank_offset samples done of the epoch returned
+ * (an epoch's end is the next one's start). */
+static int position(const struct run *r, int epoch, long b, size_t *rank_offset)
 {
-    signal(sig, SIG_DFL);
-    raise(sig);
+    bool whole = b >= r->batches;
+    *rank_offset = whole ? 0 : (size_t)b * (size_t)r->batch;
+    return whole ? epoch + 1 : epoch;
 }
 
-static void on_stop_signal(int sig)
-{
-    if (stop_sig || !stop_arm) {
-        die_by(sig);
-        return;
-    }
-    stop_sig = sig;
-    alarm((unsigned)stop_grace);
-}
-
-static void on_stop_alarm(int sig)
-{
-    (void)sig;
-    die_by(stop_sig ? stop_sig : SIGTERM);
-}
-
-static void install_stop_handlers(const struct run *r)
-{
-    if (!r->cfg.checkpoint)
-        return; /* nothing to save: the default action, at once */
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    sa.sa_handler = on_stop_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sa.sa_handler = on_stop_alarm;
-    sigaction(SIGALRM, &sa, NULL);
-}
-
-/* After each step: how long the next may take to finish once signalled. */
-static void note_step_time(double step_s, double ckpt_s)
-{
-    static double longest;
-    if (step_s > longest)
-        longest = step_s;
-    double g = 3.0 * longest + ckpt_s + 2.0;
-    stop_grace = g > 30.0 ? 30 : (int)ceil(g);
-    stop_arm = 1;
-}
-
-/* A stop signal came during the step that just ended: rank 0 saves it. */
-static void stop_if_signalled(struct run *r, int epoch, long b1)
-{
-    if (!stop_sig)
-        return;
-    int sig = stop_sig;
-    if (r->rank == 0) {
-        char err[4096];
-        bool whole = b1 >= r->batches;
-        trn_resnet_pull(&r->model);
-        int rc = trn_resume_save(&r->ckpt, 0, whole ? epoch + 1 : epoch, r->step,
-                                 whole ? 0 : (size_t)b1 * (size_t)r->batch, err, sizeof(err));
-        if (rc < 0)
-            log_error("T2010", "%s: %s", strsignal(sig), err);
-        else
-            log_warn("T2011", "%s: checkpoint at step %ld %s; stopping", strsignal(sig), r->step,
-                     rc > 0 ? "written" : "already on disk");
-    } else {
-        log_info("T2012", "%s: stopping after step %ld", strsignal(sig), r->step);
-    }
-    fflush(stdout);
-    fflush(stderr);
-    die_by(sig);
-}
-
-/* Writes the checkpoint (rank 0) at `step` in `epoch` with rank_offset of
- * this rank's samples done; then nobody runs on before the checkpoint it
- * would restart from exists. */
-static void checkpoint(struct run *r, int epoch, size_t rank_offset)
+/* Writes the checkpoint (rank 0) at `step` after this rank's batches
+ * [0, b) of epoch; then nobody runs on before the checkpoint it would
+ * restart from exists. */
+static void checkpoint(struct run *r, int epoch, long b)
 {
     char err[4096];
+    size_t rank_offset;
+    int at = position(r, epoch, b, &rank_offset);
     if (r->cfg.checkpoint && r->rank == 0)
         trn_resnet_pull(&r->model);
-    int rc = trn_resume_save(&r->ckpt, r->rank, epoch, r->step, rank_offset, err, sizeof(err));
+    int rc = trn_resume_save(&r->ckpt, r->rank, at, r->step, rank_offset, err, sizeof(err));
     if (rc < 0)
         trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
     if (rc > 0 && r->world > 1)
@@ -1141,6 +1064,15 @@ static void release_graphs(struct run *r)
     free(r->step_losses);
 }
 
+/* A stop signal came during the step that just ended (stop.h): rank 0
+ * saves it, and the rank dies by the signal. */
+static void stop_if_signalled(struct run *r, int epoch, long b1)
+{
+    size_t rank_offset;
+    int at = position(r, epoch, b1, &rank_offset);
+    trn_stop_if_signalled(&r->ckpt, r->rank, at, r->step, rank_offset);
+}
+
 /* One epoch, from where the run starts in it: steps of --accum-steps
  * batches (the last may have fewer), checkpoints every --ckpt-every steps
  * and at the end (or where --steps stops it). False when training is over. */
@@ -1160,8 +1092,8 @@ static bool train_epoch(struct run *r, int epoch)
         uint64_t tc = cddp_mono_ns();
         /* (an epoch's last step is saved as the epoch's end, below) */
         if (c->ckpt_every && r->step % c->ckpt_every == 0 && b1 < r->batches)
-            checkpoint(r, epoch, (size_t)b1 * (size_t)r->batch);
-        note_step_time(step_s, (double)(cddp_mono_ns() - tc) * 1e-9);
+            checkpoint(r, epoch, b1);
+        trn_stop_note_step(step_s, (double)(cddp_mono_ns() - tc) * 1e-9);
     }
     if (t.batches == 0)
         return false;
@@ -1169,9 +1101,7 @@ static bool train_epoch(struct run *r, int epoch)
     if (r->rank == 0)
         printf("Epoch %d finished, avg loss: %.4f, time: %.2fs, throughput: %.1f img/s\n", epoch,
                t.loss_sum / (double)t.batches, secs, (double)t.images * r->world / secs);
-    bool whole = first + t.batches == r->batches;
-    checkpoint(r, whole ? epoch + 1 : epoch,
-               whole ? 0 : (size_t)(first + t.batches) * (size_t)r->batch);
+    checkpoint(r, epoch, first + t.batches);
     return !(c->steps && r->step >= c->steps);
 }
 
@@ -1340,7 +1270,8 @@ int main(int argc, char **argv)
     setup_graphs(&r);
     resume(&r);
     connect_ranks(&r);
-    install_stop_handlers(&r);
+    if (r.cfg.checkpoint)
+        trn_stop_install(); /* (nothing to save without it: the default actions, at once) */
     train_input_start(&r);
     for (int epoch = r.start.epoch; epoch < r.cfg.epochs; epoch++)
         if (!train_epoch(&r, epoch))
