@@ -50,8 +50,8 @@
 #include "trainer/fault.h"          /* --fault */
 #include "trainer/flags.h"          /* struct trn_config, trn_flags_parse */
 #include "trainer/graph_plan.h"     /* --cuda-graphs: when to capture and replay */
+#include "trainer/input.h"          /* the batches; --prefetch: the loader */
 #include "trainer/ops/ops.h"        /* trn_backend */
-#include "trainer/prefetch.h"       /* --prefetch: the loader thread */
 #include "trainer/resnet.h"         /* trn_resnet */
 #include "trainer/resume.h"         /* trn_resume: --checkpoint */
 #include "trainer/scaler.h"         /* --amp fp16: GradScaler */
@@ -84,20 +84,7 @@ struct run {
     int batch, last_batch; /* images per batch; in the epoch's last batch */
     long batches;          /* this rank's batches per epoch */
     struct trn_lr_schedule schedule;
-    float *x_host, *x_dev; /* (batch, 3, height, width) */
-    int32_t *labels;       /* (batch) */
-    /* --prefetch (prefetch.h): the loader, the batch computing and, with a
-     * device's upload, the next one (ahead, uploading into the other of the
-     * two input buffers, x_in[1 - slot]); NULL loader: load_batch. */
-    struct trn_prefetch *pf;
-    struct trn_train_batches pf_train; /* the loader's order for training */
-    struct trn_batch *cur, *ahead;
-    bool have_ahead;      /* ahead was fetched (NULL: the source's end) */
-    int slot;             /* cur's input buffer */
-    float *x_in[2];       /* x_dev, and a second with upload */
-    double input_wait_s;  /* the step loop's wait for batches (training) */
-    double input_first_s; /* of it, in the run's first step (the loader's start) */
-    long input_steps;     /* steps those were waited in */
+    struct trn_input input; /* the batches, --prefetch's loader */
 
     bool resuming; /* a checkpoint was there to resume when setup skipped --init for it */
     struct trn_resume ckpt;
@@ -437,17 +424,7 @@ static void setup_batches(struct run *r)
                    r->last_batch < r->batch ? r->last_batch : r->batch, r->height, r->width);
     long steps_per_epoch = (r->batches + c->accum_steps - 1) / c->accum_steps;
     r->schedule = trn_lr_schedule_make(c->lr_schedule, c->lr, steps_per_epoch, c->epochs, c->steps);
-
-    size_t xbytes = (size_t)r->batch * trn_dataset_sample_size(d) * sizeof(float);
-    r->x_host = trn_malloc(xbytes);
-    r->x_dev = r->be.ops->alloc(&r->be, xbytes);
-    TRN_CHECK(r->x_dev, "out of memory for the input batch (%zu bytes)", xbytes);
-    r->x_in[0] = r->x_dev;
-    if (c->prefetch && r->be.ops->upload) {
-        r->x_in[1] = r->be.ops->alloc(&r->be, xbytes);
-        TRN_CHECK(r->x_in[1], "out of memory for the second input batch (%zu bytes)", xbytes);
-    }
-    r->labels = trn_malloc((size_t)r->batch * sizeof(int32_t));
+    trn_input_init(&r->input, &r->be, d, r->batch, c->prefetch, c->threads);
 }
 
 /* Where to start: from scratch, or where --checkpoint left off. Every rank
@@ -558,157 +535,6 @@ static void connect_ranks(struct run *r)
 /* ------------------------------------------------------------------------ */
 /* Training                                                                  */
 
-/* Gathers samples idx[0..n) of d into the batch (x_host, labels), on all
- * threads (datasets are read-only after open). A sample that cannot be
- * read (a corrupt JPEG) stops the worker with the dataset's message. */
-static void load_batch(struct run *r, const struct trn_dataset *d, const uint32_t *idx, int n)
-{
-    size_t per = trn_dataset_sample_size(d);
-    char err[512];
-    if (trn_batch_load(d, idx, n, r->x_host, r->labels, NULL, err, sizeof(err)) != 0)
-        trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
-    r->be.ops->to_device(&r->be, r->x_dev, r->x_host, (size_t)n * per * sizeof(float));
-}
-
-/* ---- --prefetch: batches from the loader thread (prefetch.h) ----
- *
- * On the CPU the step reads the loader's buffer itself. On a device with
- * upload (CUDA), the batch after the current one is taken as soon as the
- * current one's backward is queued, and its upload queued on the copy
- * stream into the other input buffer, so it overlaps the rest of the
- * step; the forward waits for it on the device (ops.h: upload). */
-
-static void *pinned_alloc(void *arg, size_t bytes)
-{
-    struct trn_backend *be = arg;
-    return be->ops->host_alloc(be, bytes);
-}
-
-static void pinned_free(void *arg, void *p)
-{
-    struct trn_backend *be = arg;
-    be->ops->host_free(be, p);
-}
-
-/* Starts the loader on d in next's order. */
-static void prefetch_start(struct run *r, const struct trn_dataset *d, trn_batch_next_fn next,
-                           void *arg)
-{
-    struct trn_backend *be = &r->be;
-    TRN_CHECK(be->device == TRN_DEVICE_CPU || be->ops->upload,
-              "--prefetch: the %s backend has no upload", be->ops->name);
-    struct trn_prefetch_opts o = {.data = d,
-                                  .batch = r->batch,
-                                  .ahead = (int)r->cfg.prefetch,
-                                  .threads = (int)r->cfg.threads,
-                                  .next = next,
-                                  .next_arg = arg};
-    if (!o.threads && be->device == TRN_DEVICE_CUDA)
-        o.threads = -1; /* every core but the one the step loop launches from */
-    if (be->ops->host_alloc)
-        o.host = (struct trn_host_alloc){pinned_alloc, pinned_free, be};
-    char err[512];
-    if (trn_prefetch_start(&r->pf, &o, err, sizeof(err)) != 0)
-        trn_fatal("%s", err);
-    r->cur = r->ahead = NULL;
-    r->have_ahead = false;
-    r->slot = 0;
-}
-
-/* Stops and frees the loader (its batches held included). */
-static void prefetch_stop(struct run *r)
-{
-    trn_prefetch_free(r->pf);
-    r->pf = NULL;
-    r->cur = r->ahead = NULL;
-    r->have_ahead = false;
-}
-
-/* The loader's next batch; the step loop's wait for it is counted. */
-static struct trn_batch *prefetch_take(struct run *r)
-{
-    double w = trn_prefetch_wait_s(r->pf);
-    struct trn_batch *e = trn_prefetch_next(r->pf);
-    r->input_wait_s += trn_prefetch_wait_s(r->pf) - w;
-    return e;
-}
-
-static void upload(struct run *r, int slot, const struct trn_batch *e, const struct trn_dataset *d)
-{
-    size_t bytes = (size_t)e->n * trn_dataset_sample_size(d) * sizeof(float);
-    r->be.ops->upload(&r->be, slot, r->x_in[slot], e->x, bytes);
-}
-
-/* Samples idx[0..n) of d as the model's input (device memory), their
- * labels in r->labels: loaded now (no loader), or the loader's next batch,
- * which must be that one. A sample that could not be read stops the
- * worker here with the dataset's message, as load_batch would. */
-static const float *input_next(struct run *r, const struct trn_dataset *d, const uint32_t *idx,
-                               int n)
-{
-    if (!r->pf) {
-        uint64_t t0 = cddp_mono_ns();
-        load_batch(r, d, idx, n);
-        r->input_wait_s += (double)(cddp_mono_ns() - t0) * 1e-9;
-        return r->x_dev;
-    }
-    bool uploaded = r->have_ahead;
-    struct trn_batch *e = r->have_ahead ? r->ahead : prefetch_take(r);
-    int slot = r->have_ahead ? 1 - r->slot : r->slot;
-    r->have_ahead = false;
-    r->ahead = NULL;
-    TRN_CHECK(e, "--prefetch: the loader ended before the step loop");
-    if (e->rc) {
-        char err[sizeof(e->err)];
-        cddp_strlcpy(err, e->err, sizeof(err));
-        prefetch_stop(r);
-        trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
-    }
-    TRN_CHECK(e->n == n && memcmp(e->idx, idx, (size_t)n * sizeof(uint32_t)) == 0,
-              "--prefetch: the loader's batch is not the step loop's");
-    memcpy(r->labels, e->labels, (size_t)n * sizeof(int32_t));
-    r->cur = e;
-    r->slot = slot;
-    if (!r->be.ops->upload)
-        return e->x; /* the CPU reads the loader's buffer */
-    if (!uploaded)
-        upload(r, slot, e, d);
-    r->be.ops->input_wait(&r->be, slot);
-    return r->x_in[slot];
-}
-
-/* The current batch's last use is queued (after its backward): its buffer
- * goes back to the loader; with upload and `more` (the step loop goes on),
- * the next batch is taken and its upload queued. */
-static void input_done(struct run *r, const struct trn_dataset *d, bool more)
-{
-    if (!r->pf)
-        return;
-    if (r->be.ops->upload)
-        r->be.ops->input_done(&r->be, r->slot);
-    trn_prefetch_release(r->pf, r->cur);
-    r->cur = NULL;
-    if (!r->be.ops->upload || !more)
-        return;
-    r->ahead = prefetch_take(r);
-    r->have_ahead = true;
-    if (r->ahead && !r->ahead->rc)
-        upload(r, 1 - r->slot, r->ahead, d);
-}
-
-/* --prefetch: the loader for training, from where the run starts (a
- * resumed epoch's first batch) through the last epoch, in its own copy of
- * the sampler's order. */
-static void train_input_start(struct run *r)
-{
-    if (!r->cfg.prefetch)
-        return;
-    if (trn_train_batches_init(&r->pf_train, &r->sampler, r->batch, r->start.epoch,
-                               r->start.first_batch, (int)r->cfg.epochs) != 0)
-        trn_fatal("--prefetch: out of memory for the loader's sampler");
-    prefetch_start(r, r->train, trn_train_batches_next, &r->pf_train);
-}
-
 /* Where training stands after this rank's batches [0, b) of epoch, as a
  * checkpoint records it: *rank_offset samples done of the epoch returned
  * (an epoch's end is the next one's start). */
@@ -773,7 +599,7 @@ static bool amp_update(struct run *r, bool found_inf)
  * step_losses[i]; sync: the step's last, whose gradients DDP reduces. */
 static void micro_step(struct run *r, const float *x, int n, long i, float k, bool sync)
 {
-    float loss = trn_resnet_forward(&r->model, x, r->labels, n, r->height, r->width, true);
+    float loss = trn_resnet_forward(&r->model, x, r->input.labels, n, r->height, r->width, true);
     trn_ddp_begin_backward(&r->ddp, sync);
     /* (times the loss scale under --amp fp16: unscaled before the step) */
     trn_resnet_backward(&r->model, trn_scaler_loss_scale(&r->scaler) / k, i > 0);
@@ -801,6 +627,7 @@ static void graph_step_end(struct run *r, long micro_batches);
 static double train_step(struct run *r, int epoch, long b0, long b1, struct epoch_tally *t)
 {
     const struct trn_config *c = &r->cfg;
+    struct trn_input *in = &r->input;
     r->in_step = r->step;
     trn_comm_set_step(r->dist.comm, r->step); /* the watchdog's report names it */
     if (trn_fault_due(&c->fault, r->step, r->rank, r->env.restart_count))
@@ -813,16 +640,16 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
     for (long b = b0; b < b1; b++) {
         int n = b == r->batches - 1 ? r->last_batch : r->batch;
         const uint32_t *idx = r->sampler.indices + (size_t)b * (size_t)r->batch;
-        const float *x = input_next(r, r->train, idx, n);
+        const float *x = trn_input_next(in, r->train, idx, n);
         for (int i = 0; i < n; i++)
-            if (r->labels[i] < 0 || r->labels[i] >= r->num_classes)
-                trn_fatal("label %d of sample %u is outside [0, %d)", r->labels[i], idx[i],
+            if (in->labels[i] < 0 || in->labels[i] >= r->num_classes)
+                trn_fatal("label %d of sample %u is outside [0, %d)", in->labels[i], idx[i],
                           r->num_classes);
 
         trn_ddp_sync_buffers(&r->ddp);
         (c->cuda_graphs ? graph_micro : micro_step)(r, x, n, b - b0, k, b == b1 - 1);
         /* (no batch ahead after the last step --steps allows) */
-        input_done(r, r->train, b < b1 - 1 || !c->steps || r->step + 1 < c->steps);
+        trn_input_done(in, r->train, b < b1 - 1 || !c->steps || r->step + 1 < c->steps);
         t->batches++;
         t->images += n;
         step_images += n;
@@ -843,8 +670,7 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
             printf("Epoch %d [%ld/%ld] Loss: %.4f\n", epoch, b, r->batches, (double)loss);
     }
     r->step++;
-    if (r->input_steps++ == 0)
-        r->input_first_s = r->input_wait_s;
+    trn_input_count_step(in);
     double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
     log_debug("T0002", "step %ld loss %.9g time %.6f s", r->step, (double)step_loss, secs);
     progress_report(r, epoch, step_loss, (double)step_images / secs);
@@ -949,7 +775,7 @@ static void graph_micro(struct run *r, const float *x, int n, long i, float k, b
         graph_ran(r, &key, &before);
         return;
     }
-    trn_resnet_upload_labels(m, r->labels, n, r->height, r->width);
+    trn_resnet_upload_labels(m, r->input.labels, n, r->height, r->width);
     if (a == TRN_GRAPH_CAPTURE) {
         ops->graph_begin(&r->be);
         trn_resnet_forward_dev(m, x, n, r->height, r->width, r->gdev + GS_LOSS);
@@ -1110,15 +936,8 @@ static bool train_epoch(struct run *r, int epoch)
 static void finish_training(struct run *r)
 {
     r->in_step = -1;
-    prefetch_stop(r);
-    trn_train_batches_free(&r->pf_train);
-    long later = r->input_steps - 1;
-    log_info("T2600",
-             "input: %.3f s waiting for batches in %ld steps, %.3f s of it in the first, %.2f "
-             "ms/step after it (--prefetch %ld)",
-             r->input_wait_s, r->input_steps, r->input_first_s,
-             later > 0 ? (r->input_wait_s - r->input_first_s) * 1e3 / (double)later : 0.0,
-             r->cfg.prefetch);
+    trn_input_stop(&r->input);
+    trn_input_log(&r->input);
     trn_ddp_sync_buffers(&r->ddp);
     trn_resnet_pull(&r->model); /* the checksum and --save read the host copies */
     if (cddp_log_enabled(CDDP_LOG_INFO))
@@ -1159,16 +978,15 @@ static double accuracy(struct run *r, float *all_logits)
     struct trn_list_batches list = {.idx = mine, .batch = r->batch};
     for (size_t j = (size_t)r->rank; j < ds->len; j += stride)
         mine[list.len++] = (uint32_t)j;
-    if (r->cfg.prefetch)
-        prefetch_start(r, ds, trn_list_batches_next, &list);
+    trn_input_start(&r->input, ds, trn_list_batches_next, &list);
     for (size_t start = (size_t)r->rank; start < ds->len; start += (size_t)r->batch * stride) {
         int n = 0;
         for (size_t j = start; j < ds->len && n < r->batch; j += stride)
             idx[n++] = (uint32_t)j;
-        const float *x = input_next(r, ds, idx, n);
+        const float *x = trn_input_next(&r->input, ds, idx, n);
         trn_resnet_forward(&r->model, x, NULL, n, ds->height, ds->width, false);
         be->ops->to_host(be, logits, r->model.logits, (size_t)n * K * sizeof(float));
-        input_done(r, ds, true);
+        trn_input_done(&r->input, ds, true);
         for (int i = 0; i < n; i++) {
             const float *l = logits + (size_t)i * K;
             if (all_logits)
@@ -1177,11 +995,11 @@ static double accuracy(struct run *r, float *all_logits)
             for (size_t k = 1; k < K; k++)
                 if (l[k] > l[best])
                     best = k;
-            counts[0] += (int64_t)best == r->labels[i];
+            counts[0] += (int64_t)best == r->input.labels[i];
             counts[1]++;
         }
     }
-    prefetch_stop(r);
+    trn_input_stop(&r->input);
     free(mine);
     free(idx);
     free(logits);
@@ -1241,12 +1059,7 @@ static void save(struct run *r)
 static void release(struct run *r)
 {
     release_graphs(r);
-    prefetch_stop(r);
-    trn_train_batches_free(&r->pf_train);
-    r->be.ops->free(&r->be, r->x_dev);
-    r->be.ops->free(&r->be, r->x_in[1]);
-    free(r->x_host);
-    free(r->labels);
+    trn_input_free(&r->input);
     trn_ddp_free(&r->ddp);
     trn_dist_close(&r->dist);
     trn_resume_free(&r->ckpt);
@@ -1272,7 +1085,8 @@ int main(int argc, char **argv)
     connect_ranks(&r);
     if (r.cfg.checkpoint)
         trn_stop_install(); /* (nothing to save without it: the default actions, at once) */
-    train_input_start(&r);
+    trn_input_start_train(&r.input, r.train, &r.sampler, r.start.epoch, r.start.first_batch,
+                          (int)r.cfg.epochs);
     for (int epoch = r.start.epoch; epoch < r.cfg.epochs; epoch++)
         if (!train_epoch(&r, epoch))
             break;
