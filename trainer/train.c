@@ -49,13 +49,12 @@
 #include "trainer/fatal.h"          /* trn_refuse, trn_fatal, trn_malloc */
 #include "trainer/fault.h"          /* --fault */
 #include "trainer/flags.h"          /* struct trn_config, trn_flags_parse */
-#include "trainer/graph_plan.h"     /* --cuda-graphs: when to capture and replay */
 #include "trainer/input.h"          /* the batches; --prefetch: the loader */
 #include "trainer/ops/ops.h"        /* trn_backend */
 #include "trainer/resnet.h"         /* trn_resnet */
 #include "trainer/resume.h"         /* trn_resume: --checkpoint */
-#include "trainer/scaler.h"         /* --amp fp16: GradScaler */
 #include "trainer/schedule.h"       /* trn_lr_at */
+#include "trainer/step.h"           /* the step: micro-batches, SGD, GradScaler, --cuda-graphs */
 #include "trainer/stop.h"           /* SIGTERM/SIGINT: stop at the step's end */
 
 /* This build has the NCCL communicator (trainer/comm/nccl.c; meson sets it
@@ -73,7 +72,6 @@ struct run {
 
     struct trn_device_choice dev; /* --device, resolved */
     struct trn_backend be;
-    struct trn_scaler scaler;         /* --amp fp16's loss scaling (disabled otherwise) */
     struct trn_dataset *train, *test; /* test: --eval only */
     int num_classes;
     int height, width; /* of every image */
@@ -85,6 +83,7 @@ struct run {
     long batches;          /* this rank's batches per epoch */
     struct trn_lr_schedule schedule;
     struct trn_input input; /* the batches, --prefetch's loader */
+    struct trn_step engine; /* micro-batches, the optimizer step, the scaler, --cuda-graphs */
 
     bool resuming; /* a checkpoint was there to resume when setup skipped --init for it */
     struct trn_resume ckpt;
@@ -97,19 +96,6 @@ struct run {
     struct trn_dist dist;
     struct trn_ddp ddp;
     int rc; /* the exit status once training is done */
-
-    /* The step in progress: each micro-batch's loss (accum_steps). */
-    float *step_losses;
-    /* --cuda-graphs (the graph step, after train_step's helpers): the
-     * plan, the executable graphs by its slots, the device scalars the
-     * graphs read and write (GS_* below, then a loss per micro-batch) and
-     * their host copy, which micro-batches of this step left their loss
-     * there, and what the optimizer step was. */
-    struct trn_graph_plan gplan;
-    void *gexec[TRN_GRAPH_MAX];
-    float *gdev, *ghost;
-    bool *gpending;
-    enum trn_graph_action gopt;
 };
 
 /* ------------------------------------------------------------------------ */
@@ -294,7 +280,6 @@ static void setup_device(struct run *r)
                    "--amp %s: mixed precision needs --device cuda (the CPU backend computes in "
                    "fp32)",
                    trn_amp_names[c->amp]);
-    trn_scaler_init(&r->scaler, c->amp == TRN_AMP_FP16);
     /* --prefetch's default, measured (docs/trainer.md, "Input pipeline"): a
      * GPU step leaves the CPU cores idle for the loader; a CPU step uses
      * them all, and a loader beside it only slows it (oversubscribed
@@ -427,6 +412,24 @@ static void setup_batches(struct run *r)
     trn_input_init(&r->input, &r->be, d, r->batch, c->prefetch, c->threads);
 }
 
+/* The step engine (step.h): the loss scaler, and with --cuda-graphs the
+ * graphs' device memory (check_cuda_graphs said they can be). */
+static void setup_step(struct run *r)
+{
+    const struct trn_config *c = &r->cfg;
+    struct trn_step_opts o = {
+        .batch = r->batch,
+        .height = r->height,
+        .width = r->width,
+        .accum_steps = c->accum_steps,
+        .momentum = (float)c->momentum,
+        .weight_decay = (float)c->weight_decay,
+        .fp16 = c->amp == TRN_AMP_FP16,
+        .cuda_graphs = c->cuda_graphs,
+    };
+    trn_step_init(&r->engine, &o, &r->be, &r->model, &r->ddp);
+}
+
 /* Where to start: from scratch, or where --checkpoint left off. Every rank
  * reads the same file (on several nodes it must be on a shared filesystem;
  * connect() checks that the ranks agree). */
@@ -434,7 +437,7 @@ static void resume(struct run *r)
 {
     char err[4096];
     trn_resume_init(&r->ckpt, &r->cfg, &r->model, r->state, &r->sampler, &r->schedule);
-    r->ckpt.scaler = &r->scaler;
+    r->ckpt.scaler = &r->engine.scaler;
     int rc = trn_resume_load(&r->ckpt, r->rank, &r->start, err, sizeof(err));
     if (rc < 0)
         trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
@@ -568,62 +571,10 @@ struct epoch_tally {
     long images, batches;
 };
 
-static bool amp_update(struct run *r, bool found_inf);
-
-/* --amp fp16 (GradScaler): unscale the gradients, and whether the step is
- * to be taken (no inf or NaN among them); the scale backs off or grows.
- * Always true without loss scaling. */
-static bool amp_step_ok(struct run *r)
-{
-    struct trn_resnet *m = &r->model;
-    if (!r->scaler.enabled)
-        return true;
-    bool found_inf =
-        r->be.ops->unscale(&r->be, m->grads, m->num_params, trn_scaler_inv_scale(&r->scaler));
-    return amp_update(r, found_inf);
-}
-
-/* GradScaler's update once found_inf is known (here, or after a graph). */
-static bool amp_update(struct run *r, bool found_inf)
-{
-    if (trn_scaler_update(&r->scaler, found_inf))
-        return true;
-    log_warn("T2004",
-             "step %ld: inf/NaN gradients under --amp fp16: step skipped, loss scale now %g",
-             r->step, (double)r->scaler.scale);
-    return false;
-}
-
-/* One micro-batch (i of the step's k, the batch x already loaded):
- * forward and backward as the host drives them, the loss to
- * step_losses[i]; sync: the step's last, whose gradients DDP reduces. */
-static void micro_step(struct run *r, const float *x, int n, long i, float k, bool sync)
-{
-    float loss = trn_resnet_forward(&r->model, x, r->input.labels, n, r->height, r->width, true);
-    trn_ddp_begin_backward(&r->ddp, sync);
-    /* (times the loss scale under --amp fp16: unscaled before the step) */
-    trn_resnet_backward(&r->model, trn_scaler_loss_scale(&r->scaler) / k, i > 0);
-    r->step_losses[i] = loss;
-}
-
-/* The optimizer step at lr, as the host drives it: --amp fp16's unscale
- * and check, then SGD unless it found inf/NaN. */
-static void opt_step(struct run *r, double lr)
-{
-    const struct trn_config *c = &r->cfg;
-    if (amp_step_ok(r))
-        trn_resnet_sgd_step(&r->model, (float)lr, (float)c->momentum, (float)c->weight_decay);
-}
-
-static void graph_step_begin(struct run *r, double lr, float k);
-static void graph_micro(struct run *r, const float *x, int n, long i, float k, bool sync);
-static void graph_opt(struct run *r, double lr);
-static void graph_step_end(struct run *r, long micro_batches);
-
 /* One optimizer step over batches [b0, b1) of the epoch: each loss divided
  * by their number, gradients averaged across ranks only after the last one
- * (DDP's no_sync before it), then SGD at the schedule's rate. Returns the step's
- * seconds (what the progress line reports). */
+ * (DDP's no_sync before it), then SGD at the schedule's rate (step.h).
+ * Returns the step's seconds (what the progress line reports). */
 static double train_step(struct run *r, int epoch, long b0, long b1, struct epoch_tally *t)
 {
     const struct trn_config *c = &r->cfg;
@@ -635,8 +586,7 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
     float k = (float)(b1 - b0), step_loss = 0;
     long step_images = 0;
     uint64_t ts = cddp_mono_ns();
-    double lr = trn_lr_at(&r->schedule, r->step);
-    graph_step_begin(r, lr, k);
+    trn_step_begin(&r->engine, r->step, trn_lr_at(&r->schedule, r->step), b1 - b0);
     for (long b = b0; b < b1; b++) {
         int n = b == r->batches - 1 ? r->last_batch : r->batch;
         const uint32_t *idx = r->sampler.indices + (size_t)b * (size_t)r->batch;
@@ -645,23 +595,16 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
             if (in->labels[i] < 0 || in->labels[i] >= r->num_classes)
                 trn_fatal("label %d of sample %u is outside [0, %d)", in->labels[i], idx[i],
                           r->num_classes);
-
-        trn_ddp_sync_buffers(&r->ddp);
-        (c->cuda_graphs ? graph_micro : micro_step)(r, x, n, b - b0, k, b == b1 - 1);
+        trn_step_micro(&r->engine, x, in->labels, n, b - b0, b == b1 - 1);
         /* (no batch ahead after the last step --steps allows) */
         trn_input_done(in, r->train, b < b1 - 1 || !c->steps || r->step + 1 < c->steps);
         t->batches++;
         t->images += n;
         step_images += n;
     }
-    trn_ddp_finish_backward(&r->ddp);
-    if (c->cuda_graphs)
-        graph_opt(r, lr);
-    else
-        opt_step(r, lr);
-    graph_step_end(r, b1 - b0); /* (graphs: the losses are known from here) */
+    trn_step_end(&r->engine); /* (the losses are known from here) */
     for (long b = b0; b < b1; b++) {
-        float loss = r->step_losses[b - b0];
+        float loss = r->engine.losses[b - b0];
         t->loss_sum += loss;
         step_loss += loss / k;
         if (!isfinite(loss))
@@ -675,219 +618,6 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
     log_debug("T0002", "step %ld loss %.9g time %.6f s", r->step, (double)step_loss, secs);
     progress_report(r, epoch, step_loss, (double)step_images / secs);
     return secs;
-}
-
-/* ---- --cuda-graphs: the step captured once per shape and replayed ----
- *
- * A step is its micro-batches' forward and backward (one MICRO graph per
- * batch shape, accumulating or not, and input buffer) and the optimizer
- * step (one OPT graph: fp16's unscale and check, SGD); graph_plan.h
- * decides per launch whether it warms up (runs as micro_step and opt_step
- * do), is captured, or replays. What a graph reads that changes per step
- * lives in device memory the host writes first: the input batch (already
- * uploaded by input_next), the labels (trn_resnet_upload_labels), and the
- * scalars below (graph_step_begin). What it writes that the host wants is
- * read back once, after the step (graph_step_end): each micro-batch's loss
- * and found_inf, which then drives the loss scaler as amp_step_ok does.
- *
- * Host state a replay does not touch, advanced here by hand
- * (trn_graph_host_advance): every batch norm's num_batches_tracked (one
- * per replayed forward: trn_resnet_count_forward; a capture runs the host
- * code, which counts), the model's optimizer_steps (after the read-back,
- * when the step was taken: no inf/NaN), and DDP's per-backward
- * bookkeeping, which trn_ddp_begin_backward still does on the host (with
- * one rank it reduces nothing: check_cuda_graphs refuses more). The epoch's
- * last short batch runs uncaptured (not eligible), as does the optimizer
- * step until SGD's first step has filled the momentum (the graph bakes
- * first_step false).
- */
-enum { GS_LR, GS_LOSS_SCALE, GS_INV_SCALE, GS_FOUND_INF, GS_LOSS, GS_LOSSES = 8 };
-
-/* What the graphs point into (graph_plan.h): the backend's scratch, the
- * model's activation arena. */
-static struct trn_graph_env graph_env(struct run *r)
-{
-    struct trn_graph_env e = {r->be.ops->graph_gen(&r->be), (uint64_t)(uintptr_t)r->model.arena,
-                              (uint64_t)r->model.arena_bytes};
-    return e;
-}
-
-/* graph_plan's decision, after dropping the graphs the memory outgrew. */
-static enum trn_graph_action graph_decide(struct run *r, const struct trn_graph_key *key,
-                                          bool eligible, int *slot)
-{
-    struct trn_graph_env env = graph_env(r);
-    unsigned stale = trn_graph_check_env(&r->gplan, &env);
-    for (int i = 0; i < TRN_GRAPH_MAX; i++)
-        if (stale & (1u << i)) {
-            r->be.ops->graph_destroy(&r->be, r->gexec[i]);
-            r->gexec[i] = NULL;
-        }
-    if (stale)
-        log_info("T2501",
-                 "step %ld: CUDA graphs dropped (device memory moved); capturing again "
-                 "after warm-up",
-                 r->step);
-    return trn_graph_decide(&r->gplan, key, eligible, slot);
-}
-
-static void graph_ran(struct run *r, const struct trn_graph_key *key,
-                      const struct trn_graph_env *before)
-{
-    struct trn_graph_env after = graph_env(r);
-    trn_graph_ran(&r->gplan, key, trn_graph_env_same(before, &after));
-}
-
-/* End of a capture into slot: instantiate, note it, launch follows. */
-static void graph_captured(struct run *r, int slot, const char *what)
-{
-    r->gexec[slot] = r->be.ops->graph_end(&r->be);
-    struct trn_graph_env env = graph_env(r);
-    trn_graph_captured(&r->gplan, slot, &env);
-    log_info("T2500", "step %ld: captured the %s into a CUDA graph", r->step, what);
-}
-
-/* The step's scalars to the device before anything of it is queued. */
-static void graph_step_begin(struct run *r, double lr, float k)
-{
-    if (!r->cfg.cuda_graphs)
-        return;
-    r->ghost[GS_LR] = (float)lr;
-    r->ghost[GS_LOSS_SCALE] = trn_scaler_loss_scale(&r->scaler) / k; /* as micro_step's */
-    r->ghost[GS_INV_SCALE] = trn_scaler_inv_scale(&r->scaler);
-    r->be.ops->to_device(&r->be, r->gdev, r->ghost, (GS_INV_SCALE + 1) * sizeof(float));
-    memset(r->gpending, 0, (size_t)r->cfg.accum_steps * sizeof(bool));
-    r->gopt = TRN_GRAPH_RUN;
-}
-
-/* micro_step, by a graph when the plan says so. */
-static void graph_micro(struct run *r, const float *x, int n, long i, float k, bool sync)
-{
-    struct trn_resnet *m = &r->model;
-    const struct trn_ops *ops = r->be.ops;
-    struct trn_graph_key key = {TRN_GRAPH_MICRO, n,     r->height,
-                                r->width,        i > 0, (uint64_t)(uintptr_t)x};
-    int slot;
-    enum trn_graph_action a = graph_decide(r, &key, n == r->batch, &slot);
-    if (a == TRN_GRAPH_RUN) {
-        struct trn_graph_env before = graph_env(r);
-        micro_step(r, x, n, i, k, sync);
-        graph_ran(r, &key, &before);
-        return;
-    }
-    trn_resnet_upload_labels(m, r->input.labels, n, r->height, r->width);
-    if (a == TRN_GRAPH_CAPTURE) {
-        ops->graph_begin(&r->be);
-        trn_resnet_forward_dev(m, x, n, r->height, r->width, r->gdev + GS_LOSS);
-        trn_ddp_begin_backward(&r->ddp, sync);
-        trn_resnet_backward_dev(m, r->gdev + GS_LOSS_SCALE, i > 0);
-        graph_captured(r, slot,
-                       i > 0 ? "accumulating forward and backward" : "forward and backward");
-    } else {
-        trn_ddp_begin_backward(&r->ddp, sync);
-        trn_graph_replayed(&r->gplan, slot);
-    }
-    ops->graph_launch(&r->be, r->gexec[slot]);
-    struct trn_graph_host_step adv = trn_graph_host_advance(TRN_GRAPH_MICRO, a, true);
-    for (int j = 0; j < adv.bn_forwards; j++)
-        trn_resnet_count_forward(m);
-    /* the loss out of the graph's one scalar, in stream order */
-    ops->copy(&r->be, r->gdev + GS_LOSSES + i, r->gdev + GS_LOSS, sizeof(float));
-    r->gpending[i] = true;
-}
-
-/* opt_step, by a graph when the plan says so (found_inf stays on the
- * device until graph_step_end). */
-static void graph_opt(struct run *r, double lr)
-{
-    struct trn_resnet *m = &r->model;
-    const struct trn_ops *ops = r->be.ops;
-    const struct trn_config *c = &r->cfg;
-    struct trn_graph_key key = {TRN_GRAPH_OPT, 0, 0, 0, false, 0};
-    int slot;
-    r->gopt = graph_decide(r, &key, m->optimizer_steps > 0, &slot);
-    if (r->gopt == TRN_GRAPH_RUN) {
-        struct trn_graph_env before = graph_env(r);
-        opt_step(r, lr);
-        graph_ran(r, &key, &before);
-        return;
-    }
-    int32_t *found_inf = (int32_t *)(r->gdev + GS_FOUND_INF);
-    if (r->gopt == TRN_GRAPH_CAPTURE) {
-        ops->graph_begin(&r->be);
-        if (r->scaler.enabled)
-            ops->unscale_dev(&r->be, m->grads, m->num_params, r->gdev + GS_INV_SCALE, found_inf);
-        trn_resnet_sgd_step_dev(m, r->gdev + GS_LR, found_inf, (float)c->momentum,
-                                (float)c->weight_decay);
-        graph_captured(r, slot, r->scaler.enabled ? "unscale and SGD step" : "SGD step");
-    } else {
-        trn_graph_replayed(&r->gplan, slot);
-    }
-    ops->graph_launch(&r->be, r->gexec[slot]);
-}
-
-/* The step's one read-back when a graph ran in it: the losses the graphs
- * left, found_inf, and the host state the graphs did not advance. */
-static void graph_step_end(struct run *r, long micro_batches)
-{
-    if (!r->cfg.cuda_graphs)
-        return;
-    bool any = r->gopt != TRN_GRAPH_RUN;
-    for (long i = 0; i < micro_batches; i++)
-        any |= r->gpending[i];
-    if (!any)
-        return;
-    r->be.ops->to_host(&r->be, r->ghost + GS_FOUND_INF, r->gdev + GS_FOUND_INF,
-                       (size_t)(GS_LOSSES - GS_FOUND_INF + micro_batches) * sizeof(float));
-    for (long i = 0; i < micro_batches; i++)
-        if (r->gpending[i])
-            r->step_losses[i] = r->ghost[GS_LOSSES + i];
-    if (r->gopt == TRN_GRAPH_RUN)
-        return;
-    int32_t found_inf;
-    memcpy(&found_inf, &r->ghost[GS_FOUND_INF], sizeof(found_inf));
-    bool taken = r->scaler.enabled ? amp_update(r, found_inf != 0) : true;
-    r->model.optimizer_steps +=
-        trn_graph_host_advance(TRN_GRAPH_OPT, r->gopt, taken).optimizer_steps;
-}
-
-/* The step's buffers; with --cuda-graphs the device scalars and what
- * capture needs of the backend (check_cuda_graphs said it can). */
-static void setup_graphs(struct run *r)
-{
-    const struct trn_config *c = &r->cfg;
-    size_t k = (size_t)c->accum_steps;
-    r->step_losses = trn_calloc(k, sizeof(float));
-    if (!c->cuda_graphs)
-        return;
-    const struct trn_ops *ops = r->be.ops;
-    TRN_CHECK(ops->graph_setup && ops->graph_begin && ops->graph_end && ops->graph_launch &&
-                  ops->graph_destroy && ops->graph_gen && ops->xent_forward_dev &&
-                  ops->xent_backward_dev && ops->unscale_dev && ops->sgd_step_dev && ops->copy,
-              "--cuda-graphs: the %s backend has no graph ops", ops->name);
-    trn_graph_plan_init(&r->gplan, TRN_GRAPH_WARMUP);
-    ops->graph_setup(&r->be);
-    r->ghost = trn_calloc(GS_LOSSES + k, sizeof(float));
-    r->gdev = ops->alloc(&r->be, (GS_LOSSES + k) * sizeof(float)); /* zeroed: found_inf 0 */
-    TRN_CHECK(r->gdev, "out of device memory for the CUDA graphs' scalars");
-    r->gpending = trn_calloc(k, sizeof(bool));
-    log_info("T2502",
-             "--cuda-graphs: each step shape captured after %d clean warm-up runs, then replayed "
-             "(the last short batch of an epoch runs uncaptured)",
-             TRN_GRAPH_WARMUP);
-}
-
-static void release_graphs(struct run *r)
-{
-    if (r->cfg.cuda_graphs && r->be.ops) {
-        for (int i = 0; i < TRN_GRAPH_MAX; i++)
-            if (r->gexec[i])
-                r->be.ops->graph_destroy(&r->be, r->gexec[i]);
-        r->be.ops->free(&r->be, r->gdev);
-    }
-    free(r->ghost);
-    free(r->gpending);
-    free(r->step_losses);
 }
 
 /* A stop signal came during the step that just ended (stop.h): rank 0
@@ -943,11 +673,7 @@ static void finish_training(struct run *r)
     if (cddp_log_enabled(CDDP_LOG_INFO))
         log_info("T6202", "after %ld steps: state checksum %016" PRIx64, r->step,
                  trn_ddp_state_checksum(&r->model));
-    if (r->cfg.cuda_graphs)
-        log_info("T2503",
-                 "CUDA graphs: %ld captured, %ld replays, %ld launches run uncaptured, %ld "
-                 "invalidations",
-                 r->gplan.captures, r->gplan.replays, r->gplan.uncaptured, r->gplan.invalidations);
+    trn_step_log(&r->engine);
     const struct trn_ddp_stats *s = &r->ddp.stats;
     if (r->world > 1)
         log_info("T6203",
@@ -1058,7 +784,7 @@ static void save(struct run *r)
 /* Everything setup() and connect_ranks() made. */
 static void release(struct run *r)
 {
-    release_graphs(r);
+    trn_step_free(&r->engine);
     trn_input_free(&r->input);
     trn_ddp_free(&r->ddp);
     trn_dist_close(&r->dist);
@@ -1080,7 +806,7 @@ int main(int argc, char **argv)
     setup_flags(&r, argc, argv);
     setup_model(&r);
     setup_batches(&r);
-    setup_graphs(&r);
+    setup_step(&r);
     resume(&r);
     connect_ranks(&r);
     if (r.cfg.checkpoint)
