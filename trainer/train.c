@@ -39,13 +39,13 @@
 #include "common/strutil.h"         /* cddp_parse_long */
 #include "config.h"                 /* CDDP_VERSION */
 #include "proto/progress.h"         /* progress_format_line: CDDP_PROGRESS_FD */
+#include "trainer/backend.h"        /* --device: the device and its backend */
 #include "trainer/checkpoint.h"     /* trn_weights_load, trn_weights_save */
 #include "trainer/comm/bootstrap.h" /* trn_dist_init: torchrun's env -> communicator */
 #include "trainer/comm/failure.h"   /* trn_comm_fail: error file, exit 75 */
 #include "trainer/data/dataset.h"   /* trn_dataset: synthetic, idx, folder */
 #include "trainer/data/sampler.h"   /* trn_sampler: DistributedSampler semantics */
 #include "trainer/ddp.h"            /* trn_ddp: DDP buckets, SyncBatchNorm */
-#include "trainer/device.h"         /* --device: trn_device_choose */
 #include "trainer/fatal.h"          /* trn_refuse, trn_fatal, trn_malloc */
 #include "trainer/fault.h"          /* --fault */
 #include "trainer/flags.h"          /* struct trn_config, trn_flags_parse */
@@ -56,12 +56,6 @@
 #include "trainer/schedule.h"       /* trn_lr_at */
 #include "trainer/step.h"           /* the step: micro-batches, SGD, GradScaler, --cuda-graphs */
 #include "trainer/stop.h"           /* SIGTERM/SIGINT: stop at the step's end */
-
-/* This build has the NCCL communicator (trainer/comm/nccl.c; meson sets it
- * in config.h when CUDA and NCCL are found). */
-#ifndef CDDP_HAVE_NCCL
-#define CDDP_HAVE_NCCL 0
-#endif
 
 /* Everything one run holds, filled in main()'s order. */
 struct run {
@@ -216,130 +210,17 @@ static void setup_flags(struct run *r, int argc, char **argv)
     progress_open(r);
 }
 
-/* --cuda-graphs against the device and the run: one line, exit 2, where it
- * cannot be (docs/gpu.md, "CUDA graphs"). */
-static void check_cuda_graphs(const struct run *r)
-{
-    const struct trn_config *c = &r->cfg;
-    if (!c->cuda_graphs)
-        return;
-    if (r->dev.device == TRN_DEVICE_CPU)
-        trn_refuse(CDDP_EXIT_USAGE,
-                   "--cuda-graphs: CUDA graphs need --device cuda, and this rank computes on the "
-                   "CPU (%s)",
-                   r->dev.note[0] ? r->dev.note : "--device cpu");
-    if (r->world > 1 && strcmp(r->dev.comm, "gloo") == 0)
-        trn_refuse(CDDP_EXIT_USAGE,
-                   "--cuda-graphs: not with %d ranks over gloo: gloo stages the gradients through "
-                   "host memory, which a CUDA graph cannot capture",
-                   r->world);
-    if (c->sync_bn)
-        trn_refuse(CDDP_EXIT_USAGE,
-                   "--cuda-graphs: not with --sync-bn: SyncBatchNorm reads the gathered "
-                   "statistics back to the host in the middle of the forward, which a captured "
-                   "graph cannot do");
-    if (r->world > 1)
-        trn_refuse(CDDP_EXIT_USAGE,
-                   "--cuda-graphs: one rank only for now (this run has %d): the NCCL watchdog "
-                   "tracks every collective the host enqueues, and a replayed graph's allreduces "
-                   "are not (docs/gpu.md, \"CUDA graphs\")",
-                   r->world);
-}
-
-/* --device (else CDDP_DEVICE, else auto) resolved against this build, the
- * visible GPUs and torchrun's world (device.h); --amp against the device.
- * A request that cannot be met: one line, exit 2. */
+/* The device and the backend on it (backend.h: --device, what the flags
+ * ask of it; exit 2 where it cannot be), and --prefetch's default there. */
 static void setup_device(struct run *r)
 {
-    const struct trn_config *c = &r->cfg;
-    char err[512];
-    int req = c->device;
-    const char *env = getenv("CDDP_DEVICE");
-    if (req == TRN_DEVICE_REQ_UNSET && env && *env &&
-        trn_device_parse("CDDP_DEVICE", env, &req, err, sizeof(err)) != 0)
-        trn_refuse(CDDP_EXIT_USAGE, "%s", err);
-    if (req == TRN_DEVICE_REQ_UNSET)
-        req = TRN_DEVICE_REQ_AUTO;
-    bool built = CDDP_HAVE_CUDA;
-    int count = 0;
-#if CDDP_HAVE_CUDA
-    if (req != TRN_DEVICE_REQ_CPU)
-        count = trn_cuda_device_count();
-#endif
-    if (trn_device_choose_dist(req, c->backend, built, CDDP_HAVE_NCCL, count, r->world,
-                               r->env.local_rank, &r->dev, err, sizeof(err)) != 0 ||
-        trn_grad_reduce_check(c->grad_reduce, &r->dev, err, sizeof(err)) != 0)
-        trn_refuse(CDDP_EXIT_USAGE, "%s", err);
-    check_cuda_graphs(r);
-    if (r->dev.gpu_unused)
-        log_warn("T2001", "--device auto: the CPU although a GPU is visible (%s)", r->dev.note);
-    else if (r->dev.note[0])
-        log_info("T2001", "--device auto: the CPU (%s)", r->dev.note);
-    if (c->amp != TRN_AMP_OFF && r->dev.device == TRN_DEVICE_CPU)
-        trn_refuse(CDDP_EXIT_USAGE,
-                   "--amp %s: mixed precision needs --device cuda (the CPU backend computes in "
-                   "fp32)",
-                   trn_amp_names[c->amp]);
+    trn_backend_setup(&r->be, &r->dev, &r->cfg, r->world, r->env.local_rank);
     /* --prefetch's default, measured (docs/trainer.md, "Input pipeline"): a
      * GPU step leaves the CPU cores idle for the loader; a CPU step uses
      * them all, and a loader beside it only slows it (oversubscribed
      * OpenMP barriers). */
     if (r->cfg.prefetch == TRN_PREFETCH_AUTO)
         r->cfg.prefetch = r->dev.device == TRN_DEVICE_CUDA ? 2 : 0;
-}
-
-/* The backend --device chose: oneDNN and our kernels on --threads OpenMP
- * threads, or cuDNN, cuBLAS and our kernels on GPU LOCAL_RANK. */
-static void setup_backend(struct run *r)
-{
-    const struct trn_config *c = &r->cfg;
-    char err[4096];
-    if (r->dev.device == TRN_DEVICE_CPU) {
-        if (trn_backend_cpu_init(&r->be, (int)c->threads, err, sizeof(err)) != 0)
-            trn_fatal("%s", err);
-        return;
-    }
-#if CDDP_HAVE_CUDA
-    struct trn_cuda_options o = {
-        .device = r->dev.ordinal,
-        .workspace_bytes = (size_t)c->cudnn_workspace_mb << 20,
-        .deterministic = c->deterministic,
-        .tf32_conv = c->tf32 != TRN_TF32_OFF,
-        .tf32_matmul = c->tf32 == TRN_TF32_ALL,
-        .act_dtype = c->amp == TRN_AMP_BF16   ? TRN_BF16
-                     : c->amp == TRN_AMP_FP16 ? TRN_F16
-                                              : TRN_F32,
-    };
-    int rc = trn_backend_cuda_init(&r->be, &o, err, sizeof(err));
-    if (rc == CDDP_ECONFIG)
-        trn_refuse(CDDP_EXIT_USAGE, "--device cuda: %s", err);
-    if (rc != 0)
-        trn_fatal("%s", err);
-    log_info("T2000", "device: cuda:%d, --amp %s, --tf32 %s, cuDNN workspace %ld MiB%s",
-             r->dev.ordinal, trn_amp_names[c->amp], trn_tf32_names[c->tf32], c->cudnn_workspace_mb,
-             c->deterministic ? ", deterministic" : "");
-    if (c->amp != TRN_AMP_OFF)
-        log_info("T2400",
-                 "--amp %s: activations and convolution inputs %s (fp32 accumulation); master "
-                 "weights, gradients, BN statistics, fc and the loss fp32%s",
-                 trn_amp_names[c->amp], trn_amp_names[c->amp],
-                 c->amp == TRN_AMP_FP16 ? "; GradScaler's loss scaling" : "");
-#endif
-}
-
-static void release_backend(struct run *r)
-{
-    if (!r->be.ops)
-        return;
-#if CDDP_HAVE_CUDA
-    if (r->be.device == TRN_DEVICE_CUDA) {
-        log_info("T2002", "peak device memory %.1f MiB",
-                 (double)trn_backend_cuda_peak_bytes(&r->be) / 1048576.0);
-        trn_backend_cuda_free(&r->be);
-        return;
-    }
-#endif
-    trn_backend_cpu_free(&r->be);
 }
 
 /* The backend, the training split and, for --eval, the test split, and
@@ -351,7 +232,6 @@ static void setup_model(struct run *r)
     const struct trn_config *c = &r->cfg;
     char err[4096];
     setup_device(r);
-    setup_backend(r);
     r->train = open_data(c, TRN_SPLIT_TRAIN);
     r->test = c->eval ? open_data(c, TRN_SPLIT_TEST) : NULL;
     const struct trn_dataset *d = r->train;
@@ -413,7 +293,7 @@ static void setup_batches(struct run *r)
 }
 
 /* The step engine (step.h): the loss scaler, and with --cuda-graphs the
- * graphs' device memory (check_cuda_graphs said they can be). */
+ * graphs' device memory (backend.c refused the runs they cannot serve). */
 static void setup_step(struct run *r)
 {
     const struct trn_config *c = &r->cfg;
@@ -794,7 +674,7 @@ static void release(struct run *r)
     trn_resnet_free(&r->model);
     trn_dataset_close(r->train);
     trn_dataset_close(r->test);
-    release_backend(r);
+    trn_backend_release(&r->be);
 }
 
 int main(int argc, char **argv)
