@@ -18,11 +18,15 @@
  * run context, struct run. The pieces live beside it: flags.c (the flags
  * table), schedule.c (the learning rate), resume.c (the run's checkpoint),
  * resnet.c (the graph), ops/cpu/ and ops/cuda/ (the kernels, chosen by
- * --device: device.c), scaler.c (--amp fp16), data/ (datasets and the
- * sampler), ddp.c and comm/ (distributed).
+ * --device: device.c decides, backend.c sets up), input.c (the batches,
+ * --prefetch's loader: prefetch.c), step.c (a step's forward, backward and
+ * SGD, --amp fp16's scaler: scaler.c, --cuda-graphs: graph_plan.c),
+ * stop.c (SIGTERM's grace period), progress_fd.c (the progress line),
+ * data/ (datasets and the sampler), ddp.c and comm/ (distributed).
+ *
+ * A flag's runtime state lives in its own file, not here: struct run holds
+ * each feature's struct (input.h, step.h, ...) and main() calls them.
  */
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -36,9 +40,7 @@
 #include "common/errors.h"          /* error codes */
 #include "common/exitcodes.h"       /* CDDP_EXIT_* */
 #include "common/log.h"             /* log_info, log_debug */
-#include "common/strutil.h"         /* cddp_parse_long */
 #include "config.h"                 /* CDDP_VERSION */
-#include "proto/progress.h"         /* progress_format_line: CDDP_PROGRESS_FD */
 #include "trainer/backend.h"        /* --device: the device and its backend */
 #include "trainer/checkpoint.h"     /* trn_weights_load, trn_weights_save */
 #include "trainer/comm/bootstrap.h" /* trn_dist_init: torchrun's env -> communicator */
@@ -51,18 +53,22 @@
 #include "trainer/flags.h"          /* struct trn_config, trn_flags_parse */
 #include "trainer/input.h"          /* the batches; --prefetch: the loader */
 #include "trainer/ops/ops.h"        /* trn_backend */
+#include "trainer/progress_fd.h"    /* CDDP_PROGRESS_FD: a line per step to cddprun */
 #include "trainer/resnet.h"         /* trn_resnet */
 #include "trainer/resume.h"         /* trn_resume: --checkpoint */
 #include "trainer/schedule.h"       /* trn_lr_at */
 #include "trainer/step.h"           /* the step: micro-batches, SGD, GradScaler, --cuda-graphs */
 #include "trainer/stop.h"           /* SIGTERM/SIGINT: stop at the step's end */
 
-/* Everything one run holds, filled in main()'s order. */
+/* Everything one run holds, filled in main()'s order. A feature's runtime
+ * state is a struct of its own file: the progress channel (progress_fd.h),
+ * the input (input.h), the step engine with the loss scaler and the CUDA
+ * graphs (step.h); the grace period on SIGTERM is process-wide (stop.h). */
 struct run {
     struct trn_config cfg;
     struct trn_dist_env env; /* torchrun's environment: rank, world, error file, restarts */
     int rank, world;
-    int progress_fd; /* CDDP_PROGRESS_FD; -1: none */
+    struct trn_progress_fd progress; /* CDDP_PROGRESS_FD: a line per step to cddprun */
 
     struct trn_device_choice dev; /* --device, resolved */
     struct trn_backend be;
@@ -93,7 +99,7 @@ struct run {
 };
 
 /* ------------------------------------------------------------------------ */
-/* Collectives and progress                                                  */
+/* Collectives                                                               */
 
 /* A collective timed out or a peer failed: torchrun's error file, exit 75. */
 static void collective_failed(void *arg, const struct trn_comm_error *e)
@@ -118,33 +124,6 @@ static void check_collective(struct run *r, int rc)
 {
     if (rc < 0)
         collective_failed(r, trn_comm_last_error(r->dist.comm));
-}
-
-/* CDDP_PROGRESS_FD (cddprun's progress channel, docs/status.md): one JSON
- * line per step; dropped, never waited for, when the pipe is full. */
-static void progress_open(struct run *r)
-{
-    const char *v = getenv("CDDP_PROGRESS_FD");
-    long fd;
-    r->progress_fd = -1;
-    if (v && cddp_parse_long(v, 0, 1 << 20, &fd) == 0 && fcntl((int)fd, F_GETFD) != -1) {
-        r->progress_fd = (int)fd;
-        fcntl(r->progress_fd, F_SETFL, fcntl(r->progress_fd, F_GETFL) | O_NONBLOCK);
-    }
-}
-
-/* One progress line per step (proto/progress.h writes it; any line fits in
- * 256 bytes). A line the pipe has no room for is dropped, never waited for. */
-static void progress_report(struct run *r, int epoch, double loss, double samples_per_s)
-{
-    if (r->progress_fd < 0)
-        return;
-    struct cddp_buf line;
-    cddp_buf_init(&line, 256);
-    if (progress_format_line(&line, r->step, epoch, loss, samples_per_s) == 0 &&
-        write(r->progress_fd, line.data, line.len) < 0 && errno != EAGAIN && errno != EINTR)
-        r->progress_fd = -1; /* the agent went away: stop reporting */
-    cddp_buf_free(&line);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -207,7 +186,7 @@ static void setup_flags(struct run *r, int argc, char **argv)
           trn_flags_check_output("--eval-logits", r->cfg.eval_logits, err, sizeof(err)))))
         trn_refuse(CDDP_EXIT_USAGE, "%s", err);
     r->in_step = -1;
-    progress_open(r);
+    trn_progress_fd_open(&r->progress);
 }
 
 /* The device and the backend on it (backend.h: --device, what the flags
@@ -496,7 +475,7 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
     trn_input_count_step(in);
     double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
     log_debug("T0002", "step %ld loss %.9g time %.6f s", r->step, (double)step_loss, secs);
-    progress_report(r, epoch, step_loss, (double)step_images / secs);
+    trn_progress_fd_report(&r->progress, r->step, epoch, step_loss, (double)step_images / secs);
     return secs;
 }
 
