@@ -109,7 +109,7 @@ struct agent {
     void *ondemand_arg;
     bool handles_open;
 
-    char run_id[128];
+    char run_id[PROTO_MAX_ID + 1];
     const char *entry_name;
     double start_time;
 

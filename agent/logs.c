@@ -187,8 +187,10 @@ int agent_logs_init(struct agent_logs *l, const char *log_dir, const char *run_i
         }
     }
     /* tempfile.mkdtemp(prefix=f"{run_id}_", dir=root); a '/' in the id would
-     * make it a path, so it becomes '_'. */
-    l->run_dir = str_printf("%s/%s_XXXXXX", l->root, run_id);
+     * make it a path, so it becomes '_'. A file name holds 255 bytes: an id
+     * over 248 (run ids go up to 256) names the folder by its first 248
+     * (docs/cli.md); the workers' TORCHELASTIC_RUN_ID has it whole. */
+    l->run_dir = str_printf("%s/%.248s_XXXXXX", l->root, run_id);
     if (l->run_dir == NULL)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     for (char *p = l->run_dir + strlen(l->root) + 1; *p; p++) {

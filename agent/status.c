@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "proto/msg.h" /* PROTO_MAX_ID */
 #include "proto/progress.h"
 #include "rendezvous/view.h"
 #include "store/tcpstore.h"
@@ -61,7 +62,7 @@ struct agent_status {
     uint64_t last_publish_ms;
 
     /* The agent as its last snapshot showed it (strings copied). */
-    char run_id[128];
+    char run_id[PROTO_MAX_ID + 1];
     char master_addr[256];
     char hostname[256];
     char endpoint[300];

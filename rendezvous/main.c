@@ -332,6 +332,15 @@ int main(int argc, char **argv)
     o.token = token[0] ? token : NULL;
     int sport = args.status_port;
     const char *status_addr = args.status_addr;
+    if (sport > 0 && sport == o.port) {
+        /* The status port listens first: the rendezvous would then fail to
+         * bind with "address already in use", as if another program had it. */
+        fprintf(stderr,
+                "cddp-rdzv: --status-port=%d is the rendezvous port (--port %d): they cannot "
+                "share a port\n",
+                sport, o.port);
+        return CDDP_EXIT_USAGE;
+    }
 
     signal(SIGPIPE, SIG_IGN);
     raise_nofile(o.max_connections ? o.max_connections : 100000);

@@ -1,0 +1,181 @@
+"""Bad inputs and exhausted resources, as a new user or an attacker meets
+them (issue 28): each gets one clear line, fast, and the programs go on
+where they should.
+
+Every test drives the real binaries: cddprun, cddp-rdzv, cddpctl and
+cddp-train, over loopback.
+"""
+import os
+import pathlib
+import resource
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import Background, binary, free_port, run, wait_for
+
+
+def script(tmp_path, name, body):
+    p = tmp_path / name
+    p.write_text("#!/bin/sh\n" + body)
+    p.chmod(0o755)
+    return p
+
+
+def ok_sh(tmp_path):
+    return script(tmp_path, "ok.sh", "exit 0\n")
+
+
+def cddprun(*args, timeout=60, env=None, **kw):
+    e = dict(os.environ)
+    e.update(env or {})
+    return run([binary("cddprun"), *args], timeout=timeout, env=e, **kw)
+
+
+def error_lines(stderr):
+    return [ln for ln in stderr.splitlines() if ln.strip()]
+
+
+class HttpResponder:
+    """A server that answers anything with an HTTP 400, as nginx does to
+    bytes that are not a request line."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.stop = False
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        self.sock.settimeout(0.2)
+        while not self.stop:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            with c:
+                c.settimeout(2)
+                try:
+                    c.recv(4096)
+                    c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n"
+                              b"Connection: close\r\n\r\n")
+                except OSError:
+                    pass
+
+    def close(self):
+        self.stop = True
+        self.thread.join()
+        self.sock.close()
+
+
+# ---- 1: the status port on the rendezvous port ----
+
+def test_status_port_on_rendezvous_port_refused(tmp_path):
+    port = free_port()
+    t0 = time.monotonic()
+    r = cddprun("--nnodes=1:2", f"--rdzv_endpoint=127.0.0.1:{port}", f"--status_port={port}",
+                ok_sh(tmp_path), timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert time.monotonic() - t0 < 5
+    lines = error_lines(r.stderr)
+    assert len(lines) == 1, r.stderr
+    assert f"--status_port={port} is the rendezvous endpoint's port" in lines[0]
+    # The default endpoint, localhost:29400, is this host too.
+    r = cddprun("--nnodes=1:2", "--status_port=29400", ok_sh(tmp_path), timeout=30)
+    assert r.returncode == 2 and "rendezvous endpoint's port" in r.stderr, r.stderr
+    # Another host's port of the same number is that host's business.
+    r = cddprun("--nnodes=2", "--rdzv_endpoint=192.0.2.1:29400", "--status_port=29400",
+                "--rdzv_conf=join_timeout=0.3,read_timeout=0.3", ok_sh(tmp_path), timeout=30)
+    assert "rendezvous endpoint's port" not in r.stderr
+
+
+def test_static_status_port_on_agents_port_refused(tmp_path):
+    port = free_port()
+    r = cddprun("--nnodes=2", "--node_rank=0", "--rdzv_backend=static",
+                f"--master_port={port}", f"--status_port={port + 1}", ok_sh(tmp_path),
+                timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert "MASTER_PORT + 1" in r.stderr
+
+
+def test_rendezvous_peer_answering_http(tmp_path):
+    srv = HttpResponder()
+    try:
+        t0 = time.monotonic()
+        r = cddprun("--nnodes=2", f"--rdzv_endpoint=127.0.0.1:{srv.port}",
+                    "--rdzv_conf=is_host=0", ok_sh(tmp_path), timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        srv.close()
+    assert r.returncode == 1, r.stderr
+    assert took < 10, took
+    assert 'answered in HTTP ("HTTP/1.1 400 Bad Request")' in r.stderr, r.stderr
+    assert "not a cddp rendezvous server" in r.stderr
+
+
+def test_rdzv_daemon_status_port_on_its_port():
+    port = free_port()
+    r = run([binary("cddp-rdzv"), "--port", str(port), "--status-port", str(port)], timeout=10)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (f"cddp-rdzv: --status-port={port} is the rendezvous port "
+                                f"(--port {port}): they cannot share a port")
+
+
+# ---- 5: a bare IPv6 endpoint ----
+
+@pytest.mark.parametrize("endpoint", ["::1", "fe80::1"])
+def test_bare_ipv6_endpoint_refused(tmp_path, endpoint):
+    t0 = time.monotonic()
+    r = cddprun("--nnodes=2", f"--rdzv_endpoint={endpoint}", ok_sh(tmp_path), timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert time.monotonic() - t0 < 5
+    assert r.stderr.strip() == (f"cddprun: error: --rdzv_endpoint: endpoint '{endpoint}' is a "
+                                f"bare IPv6 address: write it in brackets, [{endpoint}]:PORT")
+
+
+# ---- 7: long run ids ----
+
+def test_long_run_id_kept_whole(tmp_path):
+    rid = "r" * 256
+    w = script(tmp_path, "w", f'echo "$TORCHELASTIC_RUN_ID" > "{tmp_path}/id"\n')
+    logs = tmp_path / "logs"
+    r = cddprun(f"--rdzv_id={rid}", f"--log_dir={logs}", w, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "id").read_text().strip() == rid
+    # A file name holds 255 bytes: the folder keeps the first 248 of the id.
+    (run_dir,) = logs.iterdir()
+    assert run_dir.name.startswith("r" * 248 + "_")
+    # The rendezvous carries it whole too (c10d, a hosted server).
+    r = cddprun("--nnodes=1:2", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+                "--rdzv_conf=last_call_timeout=0.1", f"--rdzv_id={rid}", w, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "id").read_text().strip() == rid
+
+
+def test_too_long_run_id_refused(tmp_path):
+    rid = "r" * 257
+    r = cddprun(f"--rdzv_id={rid}", ok_sh(tmp_path), timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("cddprun: error: --rdzv_id: 257 bytes long; a run id is at most "
+                                "256 bytes (the rendezvous protocol's limit)")
+    r = cddprun(ok_sh(tmp_path), env={"PET_RDZV_ID": rid}, timeout=30)
+    assert r.returncode == 2 and r.stderr.startswith("cddprun: error: PET_RDZV_ID: 257 bytes")
+
+
+# ---- 9: errors name the variable they came from ----
+
+def test_endpoint_error_names_the_variable(tmp_path):
+    r = cddprun("--nnodes=2", ok_sh(tmp_path), env={"PET_RDZV_ENDPOINT": "h:x"}, timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("cddprun: error: PET_RDZV_ENDPOINT: the port of endpoint 'h:x' "
+                                "must be an integer between 0 and 65536")
+    r = cddprun("--nnodes=2", "--rdzv-endpoint=h:x", ok_sh(tmp_path), timeout=30)
+    assert r.stderr.startswith("cddprun: error: --rdzv-endpoint: the port"), r.stderr
