@@ -1209,6 +1209,11 @@ bool rdzv_client_connected(const struct rdzv_client *c)
     return c->state == C_CONNECTED && c->welcomed;
 }
 
+bool rdzv_client_ever_welcomed(const struct rdzv_client *c)
+{
+    return c->ever_welcomed;
+}
+
 int64_t rdzv_client_quiet_ms(const struct rdzv_client *c)
 {
     if (!c->ever_welcomed || !c->server_acks || c->state == C_DEAD)

@@ -179,3 +179,46 @@ def test_endpoint_error_names_the_variable(tmp_path):
                                 "must be an integer between 0 and 65536")
     r = cddprun("--nnodes=2", "--rdzv-endpoint=h:x", ok_sh(tmp_path), timeout=30)
     assert r.stderr.startswith("cddprun: error: --rdzv-endpoint: the port"), r.stderr
+
+
+# ---- 6: Ctrl-C before any server was reached ----
+
+def test_sigint_with_no_server_reached_is_quick(tmp_path, background):
+    port = free_port()
+    p = background([binary("cddprun"), "--nnodes=2", f"--rdzv_endpoint=127.0.0.1:{port}",
+                    "--rdzv_conf=is_host=0", ok_sh(tmp_path)])
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    p.signal(signal.SIGINT)
+    rc = p.wait(timeout=30)
+    took = time.monotonic() - t0
+    assert rc == 130, p.err
+    assert took < 2.0, (took, p.err)
+    assert "A0713" not in p.err, p.err
+
+
+# ---- 8: a bare command is looked up in PATH only ----
+
+def test_bare_command_resolves_in_path_not_cwd(tmp_path):
+    script(tmp_path, "sh", f'echo WRONG > "{tmp_path}/ran"\n')
+    r = cddprun("--no_python", "sh", "-c", f'echo right > "{tmp_path}/ran"', cwd=tmp_path,
+                timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ran").read_text().strip() == "right"
+    # Without --no_python too (not .py: it runs directly).
+    r = cddprun("sh", "-c", f'echo right2 > "{tmp_path}/ran"', cwd=tmp_path, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ran").read_text().strip() == "right2"
+    # A name with a slash is a path in the working directory.
+    r = cddprun("./sh", cwd=tmp_path, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ran").read_text().strip() == "WRONG"
+
+
+def test_bare_name_only_in_cwd_refused_with_hint(tmp_path):
+    script(tmp_path, "myworker", "exit 0\n")
+    r = cddprun("myworker", cwd=tmp_path, timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (
+        "cddprun: error: entrypoint 'myworker': not found in PATH (a bare name is looked up "
+        "in PATH only; for the one in the working directory write ./myworker)")
