@@ -21,6 +21,7 @@
 #include "agent/env.h"
 #include "common/clock.h"
 #include "common/errors.h"
+#include "common/fdlimit.h"
 #include "common/exitcodes.h"
 #include "common/log.h"
 #include "common/signames.h"
@@ -362,8 +363,9 @@ static int start_worker(struct agent *a, int i)
     release_extras(&extras);
     agent_env_free(&env);
     if (rc) {
-        log_error("A0203", "starting local_rank %d (%s): %s", i, a->cfg->program,
-                  cddp_strerror(rc));
+        /* start_workers says it: once for a lack of file descriptors. */
+        snprintf(w->start_error, sizeof(w->start_error), "could not start %s: %s", a->cfg->program,
+                 cddp_strerror(rc));
         return rc;
     }
     w->pgid = pid;
@@ -396,10 +398,37 @@ static void start_workers(struct agent *a)
         open_filtered(a);
     log_info("A0207", "[%s] starting %d workers (attempt %d, restart count %d/%d)", a->cfg->role,
              a->nworkers, a->attempt, a->attempt, a->cfg->max_restarts);
+    int out_of_fds = -1; /* the first local rank that found no file descriptor */
     for (int i = 0; i < a->nworkers; i++) {
         struct agent_worker *w = &a->workers[i];
-        if (rc == 0 && start_worker(a, i) == 0)
-            continue;
+        w->start_error[0] = '\0';
+        w->not_started = false;
+        if (rc == 0 && out_of_fds < 0) {
+            int src = start_worker(a, i);
+            if (src == 0)
+                continue;
+            if (src == CDDP_ERR_FROM_ERRNO(EMFILE) || src == CDDP_ERR_FROM_ERRNO(ENFILE)) {
+                /* Every later worker would fail the same way (and each
+                 * try opens more): one line, and the rest are not started. */
+                out_of_fds = i;
+                uint64_t lim = cddp_fdlimit_soft();
+                snprintf(w->start_error, sizeof(w->start_error),
+                         "could not start: %s (the agent's open-file limit is %llu; raise it "
+                         "with ulimit -n)",
+                         cddp_strerror(src), (unsigned long long)lim);
+                log_error("A0203",
+                          "starting local_rank %d (%s): %s: the agent's open-file limit (%llu) "
+                          "holds the pipes and log files of %d workers; local_ranks %d..%d are "
+                          "not started (raise it with ulimit -n)",
+                          i, a->cfg->program, cddp_strerror(src), (unsigned long long)lim, i, i,
+                          a->nworkers - 1);
+            } else if (w->start_error[0]) {
+                log_error("A0203", "starting local_rank %d: %s", i, w->start_error);
+            }
+        } else if (out_of_fds >= 0) {
+            /* Failed for the policy; the table shows the one that says why. */
+            w->not_started = true;
+        }
         /* Could not start: counts as a failed worker (exit code 1); nothing
          * runs in its group. */
         rc = rc ? rc : -1;

@@ -44,6 +44,10 @@ struct agent_worker {
     char error_file[4096];
     char hang_note[512]; /* why the watchdog stopped it (this attempt); "" if it did not */
     double hung_at;      /* wall time the watchdog found it hung */
+    /* Why the agent could not start it (this attempt), for the failure
+     * table; "" when it started. */
+    char start_error[256];
+    bool not_started; /* skipped after another ran out of fds: not in the table */
 };
 
 struct agent {

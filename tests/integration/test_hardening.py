@@ -36,6 +36,11 @@ def cddprun(*args, timeout=60, env=None, **kw):
     return run([binary("cddprun"), *args], timeout=timeout, env=e, **kw)
 
 
+def listening(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def error_lines(stderr):
     return [ln for ln in stderr.splitlines() if ln.strip()]
 
@@ -222,3 +227,62 @@ def test_bare_name_only_in_cwd_refused_with_hint(tmp_path):
     assert r.stderr.strip() == (
         "cddprun: error: entrypoint 'myworker': not found in PATH (a bare name is looked up "
         "in PATH only; for the one in the working directory write ./myworker)")
+
+
+# ---- 3: file descriptors ----
+
+def nofile(soft, hard):
+    def set_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return set_limit
+
+
+def test_fd_limit_raised_workers_keep_theirs(tmp_path):
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"the hard open-file limit here is {hard}")
+    w = script(tmp_path, "w", f'ulimit -Sn > "{tmp_path}/lim.$LOCAL_RANK"\n')
+    # 100 teed workers hold about 400 fds in the agent: more than 256.
+    r = cddprun("--nproc_per_node=100", "-t", "3", w, env={"LOGLEVEL": "INFO"},
+                preexec_fn=nofile(256, 4096), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "C0002: open files: raised the soft limit from 256 to 4096 (hard limit 4096)" \
+        in r.stderr
+    # The workers get the limit cddprun was given, as under torchrun.
+    assert {(tmp_path / f"lim.{i}").read_text().strip() for i in range(100)} == {"256"}
+
+
+def test_out_of_fds_one_line_and_a_reason_in_the_table(tmp_path):
+    r = cddprun("--nproc_per_node=60", "-t", "3", "sh", "-c", "echo hi",
+                preexec_fn=nofile(128, 128), timeout=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if " ERROR " in ln]
+    assert len(errors) == 1, errors[:5]
+    assert "A0203" in errors[0] and "Too many open files" in errors[0], errors[0]
+    assert "open-file limit (128)" in errors[0] and "not started" in errors[0]
+    # Each entry of a worker that never ran (pid 0) says why.
+    lines = r.stderr.splitlines()
+    entries = [i for i, ln in enumerate(lines) if "(pid: 0)" in ln]
+    assert entries, r.stderr[-3000:]
+    for i in entries:
+        assert lines[i + 2].strip() == ("traceback : could not start: Too many open files (the "
+                                        "agent's open-file limit is 128; raise it with ulimit -n)")
+
+
+def test_rdzv_warns_near_its_fd_limit(background):
+    port = free_port()
+    d = background([binary("cddp-rdzv"), "--port", str(port)], preexec_fn=nofile(64, 64))
+    wait_for(lambda: listening(port), what="cddp-rdzv")
+    socks = []
+    try:
+        for _ in range(80):
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.3)
+    finally:
+        for s in socks:
+            s.close()
+    d.signal(signal.SIGTERM)
+    assert d.wait(timeout=30) == 0, d.err
+    warn = [ln for ln in d.err.splitlines() if "R0006" in ln]
+    assert len(warn) == 1, d.err
+    assert "of the open-file limit 64 in use" in warn[0]
