@@ -99,6 +99,8 @@ void agent_notify(struct agent *a)
         .ifname = a->ifname.ifname,
         .ifname_addr = a->ifname.addr,
         .ifname_source = agent_ifname_source_name(a->ifname.source),
+        .log_dropped_bytes = a->tees.dropped_bytes,
+        .log_dropped_files = a->tees.dropped_files,
     };
     a->hooks->state_changed(a->hooks->arg, &s);
     if (w != infos)
@@ -731,6 +733,13 @@ static void on_signal(uv_signal_t *h, int signum)
 
 /* ---- start and stop ---- */
 
+/* A log file lost bytes: the status port's counter follows (paced by the
+ * tee set). */
+static void on_log_drop(void *arg)
+{
+    agent_notify(arg);
+}
+
 static void on_closed(uv_handle_t *h)
 {
     (void)h;
@@ -747,6 +756,12 @@ static void agent_shutdown(struct agent *a)
             agent_signal_group(a->workers[i].pgid, SIGKILL);
     }
     agent_tee_set_close(&a->tees);
+    if (a->tees.dropped_bytes > 0)
+        log_warn("A0213",
+                 "the log files are incomplete: %llu bytes of the workers' output were dropped "
+                 "from %u file%s (%s; A0212 named each)",
+                 (unsigned long long)a->tees.dropped_bytes, a->tees.dropped_files,
+                 a->tees.dropped_files == 1 ? "" : "s", strerror(a->tees.dropped_errno));
     agent_stacks_job_finish(&a->ondemand);    /* a capture under way ends with what it has */
     agent_stacks_job_finish(&a->hung_stacks); /* its gdb does not outlive the agent */
     agent_filetimer_close(a->filetimer);      /* removes the pipe */
@@ -779,6 +794,8 @@ static int agent_open(struct agent *a)
     const struct launch_config *cfg = a->cfg;
     int rc;
     agent_tee_set_init(&a->tees, &a->loop);
+    a->tees.on_drop = on_log_drop;
+    a->tees.on_drop_arg = a;
     uv_signal_init(&a->loop, &a->sigchld);
     a->sigchld.data = a;
     uv_timer_init(&a->loop, &a->deadline);

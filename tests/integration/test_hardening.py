@@ -286,3 +286,62 @@ def test_rdzv_warns_near_its_fd_limit(background):
     warn = [ln for ln in d.err.splitlines() if "R0006" in ln]
     assert len(warn) == 1, d.err
     assert "of the open-file limit 64 in use" in warn[0]
+
+
+# ---- 2: a log disk that fills ----
+
+def can_mount_tmpfs(tmp_path):
+    d = tmp_path / "probe"
+    d.mkdir()
+    r = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {d}"],
+                       capture_output=True, text=True)
+    return r.returncode == 0
+
+
+def test_full_log_disk_is_said_counted_and_workers_go_on(tmp_path, background):
+    if not can_mount_tmpfs(tmp_path):
+        pytest.skip("cannot mount a tmpfs in a mount namespace here (needs CAP_SYS_ADMIN)")
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    port = free_port()
+    body = ('i=0; while [ $i -lt 20000 ]; do echo line-$i-xxxxxxxxxxxxxxxxxxxxxxxxxx; '
+            'i=$((i+1)); done')
+    console = open(tmp_path / "console", "w")  # 1.5 MB: more than a pipe holds unread
+    p = background(["unshare", "-m", "sh", "-c",
+                    f'mount -t tmpfs -o size=256k tmpfs "{tiny}" && exec "$@"', "sh",
+                    binary("cddprun"), "--nproc_per_node=2", "-t", "3", f"--log_dir={tiny}",
+                    f"--status_port={port}", "--status_linger=30", "sh", "-c", body],
+                   stdout=console)
+    console.close()
+
+    def final_metrics():
+        try:
+            import urllib.request
+            st = urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2).read()
+            if b'"state":"succeeded"' not in st.replace(b" ", b""):
+                return None
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                          timeout=2).read().decode()
+        except OSError:
+            return None
+
+    metrics = wait_for(final_metrics, timeout=60, interval=0.1, what="the run's final state")
+    p.signal(signal.SIGTERM)  # ends the linger
+    p.wait(timeout=30)
+    (dropped,) = [float(ln.split()[1]) for ln in metrics.splitlines()
+                  if ln.startswith("cddp_agent_log_dropped_bytes_total ")]
+    # Every line reached the console: the workers ran to the end.
+    out = (tmp_path / "console").read_text().splitlines()
+    assert len([ln for ln in out if "line-19999-" in ln]) == 2, p.err[-2000:]
+    assert len(out) == 40000
+    produced = sum(len(ln.split(":", 1)[1]) + 1 for ln in out)
+    # One warning per file that lost bytes, with its path; a summary line.
+    warns = [ln for ln in p.err.splitlines() if " A0212: " in ln]
+    assert len(warns) == 2, p.err[-3000:]
+    for lr in (0, 1):
+        assert [w for w in warns if f"/attempt_0/{lr}/stdout.log: No space left on device" in w]
+    (summary,) = [ln for ln in p.err.splitlines() if " A0213: " in ln]
+    assert f"{int(dropped)} bytes of the workers' output were dropped from 2 files" in summary
+    assert 0 < dropped < produced
+    assert dropped >= produced - 256 * 1024
+
