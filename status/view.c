@@ -493,11 +493,13 @@ int status_agent_render(const struct status_agent_view *v, double now_wall, uint
     bool have_round =
         v->round > 0 && v->state != STATUS_AGENT_INIT && v->state != STATUS_AGENT_RENDEZVOUS;
     char reason[96];
-    snprintf(reason, sizeof(reason), "agent is %s%s", status_agent_state_name(v->state),
+    /* The state's name as /status spells it ("succeeded" is not an
+     * adjective to put after "is"). */
+    snprintf(reason, sizeof(reason), "agent state: %s%s", status_agent_state_name(v->state),
              v->round == 0 ? ", no round yet" : "");
     int rc = status_snapshot_add_check(s, "rendezvous", have_round, have_round ? NULL : reason);
     if (rc == 0) {
-        snprintf(reason, sizeof(reason), "worker group is not running: agent is %s",
+        snprintf(reason, sizeof(reason), "worker group is not running (agent state: %s)",
                  status_agent_state_name(v->state));
         rc =
             status_snapshot_add_check(s, "workers", agent_ready(v), agent_ready(v) ? NULL : reason);

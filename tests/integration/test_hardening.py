@@ -5,18 +5,19 @@ where they should.
 Every test drives the real binaries: cddprun, cddp-rdzv, cddpctl and
 cddp-train, over loopback.
 """
+import json
 import os
-import pathlib
 import resource
 import signal
 import socket
 import subprocess
 import threading
 import time
+import urllib.request
 
 import pytest
 
-from conftest import Background, binary, free_port, run, wait_for
+from conftest import binary, free_port, run, wait_for
 
 
 def script(tmp_path, name, body):
@@ -316,7 +317,6 @@ def test_full_log_disk_is_said_counted_and_workers_go_on(tmp_path, background):
 
     def final_metrics():
         try:
-            import urllib.request
             st = urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2).read()
             if b'"state":"succeeded"' not in st.replace(b" ", b""):
                 return None
@@ -345,3 +345,127 @@ def test_full_log_disk_is_said_counted_and_workers_go_on(tmp_path, background):
     assert 0 < dropped < produced
     assert dropped >= produced - 256 * 1024
 
+
+
+# ---- 4: probes under slow and idle clients ----
+
+@pytest.fixture
+def many_fds():
+    """This process holds thousands of client sockets: its soft open-file
+    limit goes to the hard one for the test (as cddprun's does)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 3200:
+        pytest.skip(f"the hard open-file limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("kind,count", [("slow", 100), ("idle", 3000)])
+def test_probes_answered_under_hostile_clients(background, many_fds, kind, count):
+    from bench.status_probes import Load, probe  # the benchmark's clients and probe
+
+    port = free_port()
+    background([binary("cddprun"), f"--status_port={port}", "sleep", "600"],
+               stdout=subprocess.DEVNULL)
+    wait_for(lambda: probe(port, "/readyz", 1.0) is not None, what="the status port")
+    with Load(port, kind, count) as load:
+        wait_for(lambda: load.connects >= count, timeout=30, what="the clients")
+        time.sleep(0.5)
+        # Each probe must be answered; the figure against kubelet's 1 s is
+        # the benchmark's (docs/benchmarks.md). Before eviction they waited
+        # for the 10 s request timeout, or for ever behind idle clients.
+        for i in range(10):
+            t = probe(port, "/livez" if i % 2 == 0 else "/readyz", timeout=5.0)
+            assert t is not None, f"probe {i} got no answer within 5 s"
+            time.sleep(0.1)
+    assert load.cuts > 0  # they were evicted to make room
+
+
+# ---- 9: smaller ----
+
+def test_join_timeout_under_last_call_says_so(tmp_path):
+    r = cddprun("--nnodes=1:2", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+                "--rdzv_conf=join_timeout=1,last_call_timeout=3", ok_sh(tmp_path), timeout=60)
+    assert r.returncode == 1, r.stderr
+    (line,) = [ln for ln in r.stderr.splitlines() if " A0101: " in ln]
+    assert "1 node(s) joined, min_nodes=1; enough to start, but last_call_timeout=3.0 s, " \
+           "longer than join_timeout, was still waiting for more nodes" in line, line
+
+
+def test_cddpctl_on_a_rendezvous_port(background):
+    port = free_port()
+    background([binary("cddp-rdzv"), "--port", str(port)])
+    wait_for(lambda: listening(port), what="cddp-rdzv")
+    for cmd in ("status", "health"):
+        r = run([binary("cddpctl"), cmd, f"127.0.0.1:{port}"], timeout=30)
+        assert r.returncode == 2, r.stderr
+        assert "HTTP/0.9" not in r.stderr
+        assert f"K0009: 127.0.0.1:{port} did not answer in HTTP: it is not a status port" \
+            in r.stderr, r.stderr
+
+
+def test_restarted_running_worker_shows_no_exit(tmp_path, background):
+    # Local rank 1 fails on the first attempt; local rank 0 is stopped
+    # (SIGTERM) with it; on the second attempt both run.
+    w = script(tmp_path, "w", 'if [ "$LOCAL_RANK$TORCHELASTIC_RESTART_COUNT" = 10 ]; then '
+                              'exit 3; fi\nexec sleep 600\n')
+    port = free_port()
+    background([binary("cddprun"), "--nproc_per_node=2", "--max_restarts=1",
+                f"--status_port={port}", w])
+
+    def restarted():
+        r = run([binary("cddpctl"), "status", f"127.0.0.1:{port}", "--json"], timeout=30)
+        if r.returncode != 0:
+            return None
+        st = json.loads(r.stdout)
+        ok = st["restarts"]["count"] == 1 and all(x["state"] == "running" for x in st["workers"])
+        return st if ok else None
+
+    st = wait_for(restarted, timeout=30, what="the restarted group")
+    assert st["workers"][0]["signal_name"] == "SIGTERM"  # the JSON keeps the last exit
+    r = run([binary("cddpctl"), "status", f"127.0.0.1:{port}"], timeout=30)
+    assert r.returncode == 0, r.stderr
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] in (["0"], ["1"])]
+    assert len(rows) == 2, r.stdout
+    header = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("LOCAL")][0]
+    col = header.index("EXIT")
+    for row in rows:
+        assert row[header.index("STATE")] == "running"
+        assert row[col] == "-", r.stdout
+
+
+def test_watchdog_says_stopping_before_it_stops(tmp_path):
+    w = script(tmp_path, "w", 'echo \'{"step":1}\' >&$CDDP_PROGRESS_FD\nexec sleep 600\n')
+    r = cddprun("--watchdog_timeout=1", "--max_restarts=0", w, timeout=60)
+    assert r.returncode == 1, r.stderr
+    (hung,) = [ln for ln in r.stderr.splitlines() if " A0901: " in ln]
+    assert "was stopped" not in hung
+    assert hung.endswith("; taking its stacks, then stopping the worker group"), hung
+    assert "traceback : watchdog: no progress for" in r.stderr
+    assert "; the worker group was stopped" in r.stderr  # the table, after the stop
+
+
+@pytest.mark.parametrize("count,maximum,says", [
+    ("0", "0", "no restart is left (--max_restarts=0): the job fails"),
+    ("0", "2", "the agent restarts the group (restart 1 of --max_restarts=2)"),
+    (None, None, "a launcher that restarts failed workers restarts the group"),
+])
+def test_collective_error_file_says_what_comes_next(tmp_path, background, count, maximum, says):
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   TORCHELASTIC_ERROR_FILE=str(tmp_path / f"error-{rank}.json"))
+        for k in ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"):
+            env.pop(k, None)
+        if count is not None:
+            env.update(TORCHELASTIC_RESTART_COUNT=count, TORCHELASTIC_MAX_RESTARTS=maximum)
+        procs.append(background([binary("cddp-collbench"), "--check", "--collective-timeout=60",
+                                 "--fault=crash@step=2,rank=1"], env=env))
+    assert procs[0].wait(timeout=60) == 75, procs[0].err
+    procs[1].wait(timeout=60)
+    stack = json.loads((tmp_path / "error-0.json").read_text())["message"]["extraInfo"][
+        "py_callstack"]
+    assert f"exit 75 (collective timeout): {says}" in stack, stack
