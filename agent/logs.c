@@ -187,8 +187,10 @@ int agent_logs_init(struct agent_logs *l, const char *log_dir, const char *run_i
         }
     }
     /* tempfile.mkdtemp(prefix=f"{run_id}_", dir=root); a '/' in the id would
-     * make it a path, so it becomes '_'. */
-    l->run_dir = str_printf("%s/%s_XXXXXX", l->root, run_id);
+     * make it a path, so it becomes '_'. A file name holds 255 bytes: an id
+     * over 248 (run ids go up to 256) names the folder by its first 248
+     * (docs/cli.md); the workers' TORCHELASTIC_RUN_ID has it whole. */
+    l->run_dir = str_printf("%s/%.248s_XXXXXX", l->root, run_id);
     if (l->run_dir == NULL)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     for (char *p = l->run_dir + strlen(l->root) + 1; *p; p++) {
@@ -337,6 +339,8 @@ struct agent_tee {
     uv_pipe_t pipe;
     struct agent_tee_set *set;
     struct cddp_queue node; /* in set->tees */
+    char *file_path;        /* for the warning when its disk is full */
+    uint64_t dropped;       /* bytes that did not reach file_fd */
     int file_fd;
     int console_fd;
     int filtered_fd; /* a copy of the set's for this stream, or -1 */
@@ -347,9 +351,11 @@ struct agent_tee {
 };
 
 /* Blocking write of everything; a full console that is non-blocking gets a
- * bounded wait. Output nobody can take (EPIPE) is dropped. */
-static void write_all(int fd, const char *p, size_t n)
+ * bounded wait. Output nobody can take (EPIPE, ENOSPC, ...) is dropped:
+ * returns how many bytes were, with the error in *err. */
+static size_t write_all(int fd, const char *p, size_t n, int *err)
 {
+    *err = 0;
     while (n > 0) {
         ssize_t w = write(fd, p, n);
         if (w > 0) {
@@ -364,8 +370,54 @@ static void write_all(int fd, const char *p, size_t n)
             if (poll(&pfd, 1, 1000) > 0)
                 continue;
         }
+        *err = w < 0 ? errno : EIO;
+        return n;
+    }
+    return 0;
+}
+
+static void on_drop_timer(uv_timer_t *h)
+{
+    struct agent_tee_set *set = h->data;
+    if (!set->drop_pending)
+        return;
+    set->drop_pending = false;
+    set->on_drop(set->on_drop_arg);
+    uv_timer_start(&set->drop_timer, on_drop_timer, AGENT_TEE_DROP_REPORT_MS, 0);
+}
+
+/* Bytes that did not reach a log file: counted, and said once per file
+ * (path, error, bytes), since a full disk would otherwise cut the logs
+ * without a word while the run goes on and exits 0. */
+static void count_drop(struct agent_tee_set *set, bool *warned, const char *path, size_t lost,
+                       int err)
+{
+    if (lost == 0)
+        return;
+    set->dropped_bytes += lost;
+    if (!*warned) {
+        *warned = true;
+        set->dropped_files++;
+        if (set->dropped_errno == 0)
+            set->dropped_errno = err;
+        log_warn("A0212",
+                 "%s: %s: %zu bytes of a worker's output dropped from this file, and whatever "
+                 "more does not fit (the worker keeps running; the console still shows it)",
+                 path, strerror(err), lost);
+    }
+    if (set->on_drop == NULL)
+        return;
+    if (!set->drop_timer_open) {
+        uv_timer_init(set->loop, &set->drop_timer);
+        set->drop_timer.data = set;
+        set->drop_timer_open = true;
+    }
+    if (uv_is_active((uv_handle_t *)&set->drop_timer)) {
+        set->drop_pending = true; /* on_drop_timer reports it */
         return;
     }
+    set->on_drop(set->on_drop_arg);
+    uv_timer_start(&set->drop_timer, on_drop_timer, AGENT_TEE_DROP_REPORT_MS, 0);
 }
 
 bool agent_line_matches(const char *line, size_t len, const char *const *filters, int nfilters)
@@ -381,18 +433,28 @@ bool agent_line_matches(const char *line, size_t len, const char *const *filters
 static void console_emit(void *arg, const char *line, size_t len)
 {
     struct agent_tee *t = arg;
-    write_all(t->console_fd, line, len);
+    int err;
+    write_all(t->console_fd, line, len, &err); /* a console nobody reads is not a log */
     /* torchrun's tail_logfile matches the worker's text, then writes the
      * line behind its header: the prefix is not searched. */
     size_t pl = t->lines.prefix_len < len ? t->lines.prefix_len : len;
-    if (t->filtered_fd >= 0 && agent_line_matches(line + pl, len - pl, t->filters, t->nfilters))
-        write_all(t->filtered_fd, line, len);
+    if (t->filtered_fd >= 0 && agent_line_matches(line + pl, len - pl, t->filters, t->nfilters)) {
+        int k = t->console_fd == 2 ? 1 : 0;
+        size_t lost = write_all(t->filtered_fd, line, len, &err);
+        count_drop(t->set, &t->set->filtered_warned[k],
+                   k ? "filtered_stderr.log" : "filtered_stdout.log", lost, err);
+    }
 }
 
 static void tee_data(struct agent_tee *t, const char *buf, size_t n)
 {
-    if (t->file_fd >= 0)
-        write_all(t->file_fd, buf, n);
+    if (t->file_fd >= 0) {
+        int err;
+        size_t lost = write_all(t->file_fd, buf, n, &err);
+        bool warned = t->dropped > 0;
+        t->dropped += lost;
+        count_drop(t->set, &warned, t->file_path, lost, err);
+    }
     agent_lines_feed(&t->lines, buf, n, console_emit, t);
 }
 
@@ -400,6 +462,7 @@ static void tee_closed(uv_handle_t *h)
 {
     struct agent_tee *t = h->data;
     agent_lines_free(&t->lines);
+    free(t->file_path);
     free(t);
 }
 
@@ -447,6 +510,14 @@ void agent_tee_set_init(struct agent_tee_set *set, uv_loop_t *loop)
     set->loop = loop;
     cddp_queue_init(&set->tees);
     set->open = 0;
+    set->dropped_bytes = 0;
+    set->dropped_files = 0;
+    set->dropped_errno = 0;
+    set->filtered_warned[0] = set->filtered_warned[1] = false;
+    set->on_drop = NULL;
+    set->on_drop_arg = NULL;
+    set->drop_timer_open = false;
+    set->drop_pending = false;
     for (int i = 0; i < 2; i++) {
         set->filtered_fd[i] = -1;
         set->filters[i] = NULL;
@@ -461,6 +532,7 @@ void agent_tee_set_filtered(struct agent_tee_set *set, int stream, int fd,
     if (set->filtered_fd[k] >= 0)
         close(set->filtered_fd[k]);
     set->filtered_fd[k] = fd;
+    set->filtered_warned[k] = false; /* a new file: its losses are said again */
     set->filters[k] = filters;
     set->nfilters[k] = nfilters;
 }
@@ -474,9 +546,15 @@ int agent_tee_open(struct agent_tee_set *set, const char *file_path, int console
     t->set = set;
     t->console_fd = console_fd;
     t->filtered_fd = -1;
+    t->file_path = strdup(file_path);
+    if (t->file_path == NULL) {
+        free(t);
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    }
     t->file_fd = open(file_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (t->file_fd < 0) {
         int rc = CDDP_ERR_FROM_ERRNO(errno);
+        free(t->file_path);
         free(t);
         return rc;
     }
@@ -484,6 +562,7 @@ int agent_tee_open(struct agent_tee_set *set, const char *file_path, int console
     int rc = uv_pipe(fds, UV_NONBLOCK_PIPE, 0); /* read end non-blocking, both CLOEXEC */
     if (rc) {
         close(t->file_fd);
+        free(t->file_path);
         free(t);
         return rc;
     }
@@ -533,4 +612,9 @@ void agent_tee_set_close(struct agent_tee_set *set)
     }
     agent_tee_set_filtered(set, 1, -1, NULL, 0);
     agent_tee_set_filtered(set, 2, -1, NULL, 0);
+    if (set->drop_timer_open) {
+        /* What it had not reported yet reaches the agent's final state. */
+        set->drop_timer_open = false;
+        uv_close((uv_handle_t *)&set->drop_timer, NULL);
+    }
 }

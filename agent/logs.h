@@ -97,7 +97,24 @@ struct agent_tee_set {
     int filtered_fd[2]; /* owned; -1: none */
     const char *const *filters[2];
     int nfilters[2];
+    /* What a full disk (or any write error) kept out of the log files:
+     * bytes, and the files that lost some (the filtered files count once
+     * each). The console and the worker go on regardless. */
+    uint64_t dropped_bytes;
+    unsigned dropped_files;
+    int dropped_errno; /* the first write error */
+    bool filtered_warned[2];
+    /* Called on the loop at the first lost bytes, then at most every
+     * AGENT_TEE_DROP_REPORT_MS while more are lost, and once after the last
+     * (for the status port's counter). May be NULL. */
+    void (*on_drop)(void *arg);
+    void *on_drop_arg;
+    uv_timer_t drop_timer; /* paces on_drop; open once a drop was reported */
+    bool drop_timer_open;
+    bool drop_pending; /* bytes lost since on_drop was last called */
 };
+
+#define AGENT_TEE_DROP_REPORT_MS 250
 
 void agent_tee_set_init(struct agent_tee_set *set, uv_loop_t *loop);
 /* Opens file_path (truncating) and a pipe; *worker_fd is the write end to

@@ -104,9 +104,9 @@ int agent_failure_load(struct agent_failure *f, const char *error_file_path)
     if (error_file_path == NULL || error_file_path[0] == '\0' || stat(error_file_path, &st) != 0 ||
         !S_ISREG(st.st_mode)) {
         set_default_message(f);
-        if (f->watchdog) {
+        if (f->watchdog || f->note) {
             free(f->message);
-            f->message = strdup(f->watchdog);
+            f->message = strdup(f->watchdog ? f->watchdog : f->note);
         }
         return f->message ? 0 : CDDP_ERR_FROM_ERRNO(ENOMEM);
     }
@@ -288,6 +288,9 @@ int agent_write_error_file(const char *path, const struct agent_failure *root, c
             snprintf(text, sizeof(text),
                      "WatchdogTimeout: %s FAILED: local_rank %d (rank %d, pid %d) was hung: %s",
                      name, root->local_rank, root->rank, root->pid, root->watchdog);
+        else if (root->note)
+            snprintf(text, sizeof(text), "ChildFailedError: %s FAILED: local_rank %d (rank %d) %s",
+                     name, root->local_rank, root->rank, root->note);
         else if (root->exitcode < 0)
             snprintf(text, sizeof(text),
                      "ChildFailedError: %s FAILED: local_rank %d (rank %d, pid %d) was "
@@ -328,7 +331,7 @@ void agent_report_failures(struct agent *a)
     }
     for (int i = 0; i < a->nworkers; i++) {
         struct agent_worker *w = &a->workers[i];
-        if (w->info.exitcode == 0 && w->hang_note[0] == '\0')
+        if ((w->info.exitcode == 0 && w->hang_note[0] == '\0') || w->not_started)
             continue;
         f[n].local_rank = i;
         f[n].rank = w->info.rank;
@@ -340,6 +343,8 @@ void agent_report_failures(struct agent *a)
             f[n].observed = w->hung_at;
             f[n].watchdog = w->hang_note;
         }
+        if (w->start_error[0])
+            f[n].note = w->start_error;
         agent_failure_load(&f[n], w->error_file);
         n++;
     }

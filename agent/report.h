@@ -54,6 +54,9 @@ struct agent_failure {
      * watchdog stopped it (the table's traceback and the agent's error
      * file say so instead of the signal); NULL otherwise. Not owned. */
     const char *watchdog;
+    /* Set by the caller: why the agent could not start it (the traceback
+     * field says so); NULL otherwise. Not owned. */
+    const char *note;
 };
 
 /*

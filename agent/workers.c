@@ -18,6 +18,7 @@
 
 #include "agent/stacks.h"
 #include "common/errors.h"
+#include "common/fdlimit.h"
 #include "common/log.h"
 
 /* close_range(2), Linux 5.9+; the libc wrapper is recent, the syscall is not. */
@@ -108,6 +109,7 @@ static void child_exec(const struct agent_spawn *s, pid_t parent)
     for (int i = 0; i < nkeep; i++)
         dup2(keep[i], 3 + i);
     close_from(3 + nkeep);
+    cddp_fdlimit_restore(); /* the agent raised its own, not the worker's */
 
     execve(s->path, s->argv, s->envp);
     int e = errno;

@@ -151,12 +151,12 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
                              ep);
     }
     if (cfg->kind == LAUNCH_BINARY) {
-        /* A bare name that is a file in the working directory means that file
-         * (torchrun would open it relative to the working directory too);
-         * otherwise PATH is searched, as execvp. */
+        /* As execvp and torchrun (--no_python: subprocess, i.e. execvp): a
+         * name with a slash is a path, a bare name is looked up in PATH
+         * only. The working directory is never searched: `cddprun sh -c ..`
+         * must not run a ./sh that happens to be there (docs/cli.md). */
         struct stat st;
-        bool local = strchr(ep, '/') == NULL && stat(ep, &st) == 0;
-        if (strchr(ep, '/') || local) {
+        if (strchr(ep, '/')) {
             if (stat(ep, &st) != 0)
                 return cddp_fail(err, errlen, CDDP_ENOTFOUND, "entrypoint '%s': %s", ep,
                                  strerror(errno));
@@ -168,13 +168,16 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
                                  "entrypoint '%s': not executable (chmod +x it, or run a Python "
                                  "script named *.py)",
                                  ep);
-            struct cddp_buf b;
-            cddp_buf_init(&b, 8192);
-            if (cddp_buf_printf(&b, "%s%s", local ? "./" : "", ep) != 0)
-                return cddp_fail(err, errlen, CDDP_ETOOBIG, "entrypoint path too long");
-            cfg->program = b.data;
+            cfg->program = strdup(ep);
+            if (cfg->program == NULL)
+                return CDDP_ERR_FROM_ERRNO(ENOMEM);
         } else {
             cfg->program = find_program(ep, envp);
+            if (cfg->program == NULL && stat(ep, &st) == 0)
+                return cddp_fail(err, errlen, CDDP_ENOTFOUND,
+                                 "entrypoint '%s': not found in PATH (a bare name is looked up in "
+                                 "PATH only; for the one in the working directory write ./%s)",
+                                 ep, ep);
             if (cfg->program == NULL)
                 return cddp_fail(err, errlen, CDDP_ENOTFOUND,
                                  "entrypoint '%s': not found in PATH or not executable", ep);

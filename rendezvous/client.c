@@ -451,6 +451,26 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     c->last_rx = uv_now(c->loop);
     c->suspect = false;
+    if (!c->welcomed && proto_decoder_pending(&c->dec) == 0 && nread >= 5 &&
+        memcmp(buf->base, "HTTP/", 5) == 0) {
+        /* An HTTP server answered our hello (a status port, a proxy, a web
+         * server given as the endpoint): as a frame it would read as a
+         * gigabyte. Say what it is, with its status line, and stop: asking
+         * it again will not make it a rendezvous server. */
+        size_t n = 0;
+        char line[80];
+        while (n < (size_t)nread && n < sizeof(line) - 1 && buf->base[n] != '\r' &&
+               buf->base[n] != '\n') {
+            char ch = buf->base[n];
+            line[n++] = ch >= 0x20 && ch < 0x7f ? ch : '?';
+        }
+        line[n] = '\0';
+        client_fail(c, CDDP_EPROTO_TYPE,
+                    "%s:%d answered in HTTP (\"%s\"): it is a web server (a status port?), not a "
+                    "cddp rendezvous server",
+                    c->host, c->port, line);
+        return;
+    }
     int rc = proto_decoder_feed(&c->dec, buf->base, (size_t)nread, on_frame, c);
     if (rc == CDDP_ETOOBIG)
         client_fail(c, rc, "the server sent a frame over %u bytes", PROTO_FRAME_MAX);
@@ -1187,6 +1207,11 @@ void rdzv_client_close(struct rdzv_client *c, void (*close_cb)(void *arg), void 
 bool rdzv_client_connected(const struct rdzv_client *c)
 {
     return c->state == C_CONNECTED && c->welcomed;
+}
+
+bool rdzv_client_ever_welcomed(const struct rdzv_client *c)
+{
+    return c->ever_welcomed;
 }
 
 int64_t rdzv_client_quiet_ms(const struct rdzv_client *c)

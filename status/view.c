@@ -257,6 +257,11 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
         jsonw_int(j, exit_reason_names[i], (int64_t)v->worker_exits[i]);
     jsonw_object_end(j);
 
+    jsonw_object_begin(j, "logs");
+    jsonw_int(j, "dropped_bytes", (int64_t)v->log_dropped_bytes);
+    jsonw_int(j, "dropped_files", (int64_t)v->log_dropped_files);
+    jsonw_object_end(j);
+
     if (v->watchdog_mode) {
         jsonw_object_begin(j, "watchdog");
         jsonw_string(j, "mode", v->watchdog_mode);
@@ -381,6 +386,9 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
     prom_family(w, "cddp_agent_watchdog_kills_total", PROM_COUNTER,
                 "Worker groups the progress watchdog stopped because a worker was hung.");
     prom_sample0(w, (double)v->watchdog_kills);
+    prom_family(w, "cddp_agent_log_dropped_bytes_total", PROM_COUNTER,
+                "Bytes of teed worker output the log files could not take (a full disk).");
+    prom_sample0(w, (double)v->log_dropped_bytes);
     prom_family(w, "cddp_agent_workers", PROM_GAUGE, "Local worker processes, by state.");
     for (int st = 0; st < STATUS_WORKER_STATE_COUNT; st++) {
         unsigned n = 0;
@@ -485,11 +493,13 @@ int status_agent_render(const struct status_agent_view *v, double now_wall, uint
     bool have_round =
         v->round > 0 && v->state != STATUS_AGENT_INIT && v->state != STATUS_AGENT_RENDEZVOUS;
     char reason[96];
-    snprintf(reason, sizeof(reason), "agent is %s%s", status_agent_state_name(v->state),
+    /* The state's name as /status spells it ("succeeded" is not an
+     * adjective to put after "is"). */
+    snprintf(reason, sizeof(reason), "agent state: %s%s", status_agent_state_name(v->state),
              v->round == 0 ? ", no round yet" : "");
     int rc = status_snapshot_add_check(s, "rendezvous", have_round, have_round ? NULL : reason);
     if (rc == 0) {
-        snprintf(reason, sizeof(reason), "worker group is not running: agent is %s",
+        snprintf(reason, sizeof(reason), "worker group is not running (agent state: %s)",
                  status_agent_state_name(v->state));
         rc =
             status_snapshot_add_check(s, "workers", agent_ready(v), agent_ready(v) ? NULL : reason);

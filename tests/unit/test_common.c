@@ -116,8 +116,11 @@ static void test_hostport_dialects(void **state)
         {"host:7", "host", 7, "host", 7},
         {"[::1]:29401", "::1", 29401, "::1", 29401},
         {"[::1]", "::1", 29400, "::1", 29400},
-        {"::1", "::1", 29400, ":", 1},
+        {"::1", "::1", 29400, NULL, 0},
+        {"fe80::1", "fe80::1", 29400, NULL, 0},
         {"::1:29401", "::1:29401", 29400, "::1", 29401},
+        {"2001:db8::1:2", "2001:db8::1:2", 29400, "2001:db8::1", 2},
+        {"a:b:1", "a:b:1", 29400, NULL, 0},
         {"", NULL, 0, "localhost", 29400},
         {" h:1 ", NULL, 0, "h", 1},
         {"bad_host!:1", "bad_host!", 1, NULL, 0},
@@ -158,6 +161,9 @@ static void test_hostport_dialects(void **state)
     assert_int_equal(cddp_hostport_parse_torchrun("a b:1", 1, &hp, err, sizeof(err)), CDDP_EPARSE);
     assert_string_equal(err, "the host of endpoint 'a b:1' must be a host name, an IPv4 address or "
                              "an IPv6 address");
+    assert_int_equal(cddp_hostport_parse_torchrun("::1", 1, &hp, err, sizeof(err)), CDDP_EPARSE);
+    assert_string_equal(err, "endpoint '::1' is a bare IPv6 address: write it in brackets, "
+                             "[::1]:PORT");
     char big[600];
     memset(big, 'h', sizeof(big) - 1);
     big[sizeof(big) - 1] = '\0';
