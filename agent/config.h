@@ -180,6 +180,9 @@ struct launch_config {
     char *program; /* owned: path given to execve */
     char **argv;   /* owned: NULL-terminated; strings point into argv or the config */
     int argc;
+    /* Where a Python worker's interpreter came from, in words (PYTHON_EXEC,
+     * cddprun's own environment, PATH); static, NULL for a program. */
+    const char *python_from;
 };
 
 /* Which streams of local_rank the spec selects. */

@@ -785,8 +785,10 @@ static const char help_about[] =
     "--logs-specs and --numa-binding, a default from PET_<NAME> (PET_NPROC_PER_NODE).\n"
     "\n"
     "positional arguments:\n"
-    "  training_script       a .py file (run as python3 -u, PYTHON_EXEC overrides),\n"
-    "                        a module with -m, or an executable; then its arguments\n";
+    "  training_script       a .py file (run as python3 -u: PYTHON_EXEC, else the\n"
+    "                        python3 of the venv or conda environment cddprun is\n"
+    "                        in, else PATH's), a module with -m, or an executable;\n"
+    "                        then its arguments\n";
 
 static const char help_epilogue[] =
     "Environment: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"

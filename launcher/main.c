@@ -70,6 +70,9 @@ int main(int argc, char **argv)
 
     for (int i = 0; i < cfg.nnotes; i++)
         log_warn("L2001", "%s", cfg.notes[i]);
+    /* Said once: which Python every worker (and every restart) runs. */
+    if (cfg.kind != LAUNCH_BINARY)
+        log_info("L0004", "workers' Python: %s (from %s)", cfg.program, cfg.python_from);
     if (cfg.status_linger_ignored)
         log_warn("L0003",
                  "%s=%s has no effect without a status port (--status_port or "
