@@ -14,9 +14,9 @@ start is outside). The rows:
   /bin/true), the least that launching N workers can cost;
 - `cddprun --nproc_per_node=N --no_python /bin/true` (bench_spawn 1 ...;
   goal: within 1.5x of the baseline);
-- the same with TMPDIR on tmpfs (/dev/shm): cddprun makes its temporary
-  log directories there, as torchrun does, and removes them at the end;
-  the difference to the row above is the file system's share;
+- the same with TMPDIR on tmpfs (/dev/shm), for every build: cddprun makes
+  its temporary log directories there, as torchrun does, and removes them
+  at the end; the difference to the row above is the file system's share;
 - `cddprun --version` against `/bin/true` alone: what exec and the dynamic
   loader cost cddprun before main() does anything.
 
@@ -177,7 +177,7 @@ def startup(spawn, builds, nproc, runs, env, tmpfs, extra_rows=()):
             return [prog, f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
                     "--no_python", "/bin/true"]
         rows.append((f"`cddprun --nproc_per_node={nproc} /bin/true`, {name}", 0, run_cmd, 1, {}))
-        if k == 0 and tmpfs:
+        if tmpfs:
             rows.append((f"the same, {name}, TMPDIR on tmpfs", 0, run_cmd, 1, {"TMPDIR": tmpfs}))
         rows.append((f"`cddprun --version`, {name}", 1, [prog, "--version"], 1, {}))
     walls = [[] for _ in rows]
