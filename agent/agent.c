@@ -781,6 +781,10 @@ static void agent_shutdown(struct agent *a)
         uv_close((uv_handle_t *)&a->kill_wait, on_closed);
         agent_round_close(a);
     }
+    /* Every group is empty or SIGKILLed, and SIGCHLD is watched no more (so
+     * the guardian's exit is no death to restart it for): it can go now,
+     * and exit while the agent winds down; agent_run reaps it. */
+    agent_guardian_close(&a->guardian);
 }
 
 /* str(uuid.uuid4().int): what torchrun uses for an empty --rdzv_id. */
@@ -939,13 +943,13 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
         if (uv_loop_close(&a->loop) != 0)
             log_error("A0005", "handles left open at exit");
     }
-    agent_guardian_stop(&a->guardian);
     /* A temporary log directory nobody asked for goes away after a success;
      * after a failure it holds the error files the table points at. */
     bool asked_for_files =
         a->cfg->redirects.is_map || a->cfg->redirects.all || a->cfg->tee.is_map || a->cfg->tee.all;
     if (a->pol.state == AGENT_SUCCEEDED && !asked_for_files)
         agent_logs_remove_tmp(&a->logs);
+    agent_guardian_stop(&a->guardian); /* it has been exiting since the shutdown */
     agent_logs_free(&a->logs);
     int code = rc ? CDDP_EXIT_FAILURE : a->exit_code;
     if (code == CDDP_EXIT_FAILURE && !a->reported)

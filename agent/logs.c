@@ -2,17 +2,22 @@
 #include "agent/logs.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/array.h"
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
 
@@ -233,6 +238,10 @@ int agent_logs_attempt(struct agent_logs *l, int attempt, int nworkers, char *er
     if (rc)
         return rc;
     rm_rf(path);
+    if (attempt >= l->attempts)
+        l->attempts = attempt + 1;
+    if (nworkers > l->nworkers)
+        l->nworkers = nworkers;
     if (mkdir(path, 0777) != 0) {
         rc = CDDP_ERR_FROM_ERRNO(errno);
         snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
@@ -250,10 +259,216 @@ int agent_logs_attempt(struct agent_logs *l, int attempt, int nworkers, char *er
     return 0;
 }
 
+/*
+ * Removing the temporary tree, fast where every removal waits for the disk.
+ *
+ * An ext4 without a journal mounted with `discard` (this project's machine)
+ * issues a synchronous discard for each block it frees, so each rmdir of a
+ * directory waits for the device: 1-4 ms here, and a run's seven
+ * directories took 18-26 ms one after another, more than the whole run
+ * (docs/benchmarks.md, "Launcher start-up"). Elsewhere (tmpfs, a journaled
+ * ext4, which discards at commit) an rmdir takes microseconds.
+ *
+ * So the directories are removed one by one, deepest first, and the first
+ * removal is timed: when it was slow, the rest are removed together. Each
+ * directory below the run directory is renamed into the base directory (a
+ * rename frees nothing), so that every one holds files only, and threads
+ * remove them side by side, each waiting for its own discard. A directory
+ * that still holds files has them unlinked first (symbolic links are never
+ * followed). What a step leaves behind (a failed rename, a directory nobody
+ * listed) is found by the walk that ends every removal that was not
+ * complete, so this is never less thorough than rm -rf.
+ */
+#define RM_SLOW_NS 500000 /* an rmdir this slow waited for the device */
+#define RM_MAX_THREADS 8
+#define RM_MAX_DEPTH 16
+#define RM_MAX_DIRS (1 << 20)
+
+struct rm_dir {
+    char *path;
+    int level; /* 1: a child of the base */
+};
+
+typedef CDDP_ARRAY(struct rm_dir) rm_list;
+
+/* Takes path (freed when it cannot be listed). */
+static void rm_list_add(rm_list *d, char *path, int level)
+{
+    int rc;
+    struct rm_dir *e = path ? cddp_array_push(d, &rc) : NULL;
+    if (e == NULL) {
+        free(path); /* not listed: the walk at the end gets it */
+        return;
+    }
+    e->path = path;
+    e->level = level;
+}
+
+static void rm_list_free(rm_list *d)
+{
+    for (size_t i = 0; i < d->len; i++)
+        free(d->items[i].path);
+    cddp_array_free(d);
+}
+
+/* Lists the directories below path, each after its own subdirectories. */
+static void rm_collect(const char *path, int level, rm_list *d)
+{
+    if (level >= RM_MAX_DEPTH)
+        return;
+    DIR *dir = opendir(path);
+    if (dir == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN)
+            continue;
+        char *sub = str_printf("%s/%s", path, e->d_name);
+        struct stat st;
+        if (sub == NULL ||
+            (e->d_type == DT_UNKNOWN && (lstat(sub, &st) != 0 || !S_ISDIR(st.st_mode)))) {
+            free(sub);
+            continue;
+        }
+        rm_collect(sub, level + 1, d);
+        rm_list_add(d, sub, level + 1);
+    }
+    closedir(dir);
+}
+
+/* Removes the directory name (relative to dirfd), first unlinking the files
+ * in it if it holds any; one with a subdirectory left stays. */
+static void rm_dir_at(int dirfd, const char *name)
+{
+    if (unlinkat(dirfd, name, AT_REMOVEDIR) == 0 || errno != ENOTEMPTY)
+        return;
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    DIR *dir = fdopendir(fd);
+    if (dir == NULL) {
+        close(fd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL) {
+        if (e->d_type != DT_DIR)
+            unlinkat(fd, e->d_name, 0); /* "." and "..": EISDIR */
+    }
+    closedir(dir);
+    unlinkat(dirfd, name, AT_REMOVEDIR);
+}
+
+struct rm_pool {
+    int basefd;
+    char **names; /* relative to basefd */
+    size_t n;
+    atomic_size_t next;
+};
+
+static void *rm_pool_run(void *arg)
+{
+    struct rm_pool *p = arg;
+    size_t i;
+    while ((i = atomic_fetch_add(&p->next, 1)) < p->n)
+        rm_dir_at(p->basefd, p->names[i]);
+    return NULL;
+}
+
+/* The slow case: d->items[from..] flattened into base, then removed by up
+ * to RM_MAX_THREADS threads (this one among them). */
+static void rm_parallel(const char *base, const rm_list *d, size_t from)
+{
+    int basefd = open(base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    char **names = calloc(d->len, sizeof(*names));
+    if (basefd < 0 || names == NULL) {
+        if (basefd >= 0)
+            close(basefd);
+        free(names);
+        return;
+    }
+    size_t n = 0;
+    for (size_t i = from; i < d->len; i++) {
+        char *name = d->items[i].level == 1 ? strdup(strrchr(d->items[i].path, '/') + 1)
+                                            : str_printf(".cddp-rm-%zu", i);
+        if (name && (d->items[i].level == 1 ||
+                     renameat2(AT_FDCWD, d->items[i].path, basefd, name, RENAME_NOREPLACE) == 0))
+            names[n++] = name;
+        else
+            free(name); /* stays where it is; its parent stays too; the walk gets both */
+    }
+    struct rm_pool pool = {.basefd = basefd, .names = names, .n = n};
+    atomic_init(&pool.next, 0);
+    pthread_t tids[RM_MAX_THREADS];
+    size_t nt = 0;
+    while (nt < RM_MAX_THREADS && nt + 1 < n &&
+           pthread_create(&tids[nt], NULL, rm_pool_run, &pool) == 0)
+        nt++;
+    rm_pool_run(&pool); /* with none started, this thread does it all */
+    for (size_t t = 0; t < nt; t++)
+        pthread_join(tids[t], NULL);
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    close(basefd);
+}
+
+/* Removes the listed directories (each after its subdirectories, all below
+ * base), then base; true when base is gone. */
+static bool rm_listed(const char *base, const rm_list *d, uint64_t slow_ns)
+{
+    for (size_t i = 0; i < d->len; i++) {
+        uint64_t t0 = cddp_mono_ns();
+        rm_dir_at(AT_FDCWD, d->items[i].path);
+        if (i == 0 && d->len > 2 && cddp_mono_ns() - t0 >= slow_ns) {
+            rm_parallel(base, d, 1);
+            break;
+        }
+    }
+    return rmdir(base) == 0 || errno == ENOENT;
+}
+
+void agent_logs_remove_tree(const char *dir, uint64_t slow_ns)
+{
+    rm_list d;
+    cddp_array_init(&d, RM_MAX_DIRS);
+    rm_collect(dir, 0, &d);
+    bool gone = rm_listed(dir, &d, slow_ns);
+    rm_list_free(&d);
+    if (!gone)
+        rm_rf(dir); /* what is left */
+}
+
+/* The directories agent_logs_init and agent_logs_attempt made, each after
+ * its subdirectories: no walk needed for a tree that holds nothing else. */
+static void list_made(const struct agent_logs *l, rm_list *d)
+{
+    char path[4096];
+    for (int a = 0; a < l->attempts; a++) {
+        for (int r = 0; r < l->nworkers; r++) {
+            if (agent_logs_path(l, a, r, NULL, path, sizeof(path)) == 0)
+                rm_list_add(d, strdup(path), 3);
+        }
+        if (agent_logs_path(l, a, -1, NULL, path, sizeof(path)) == 0)
+            rm_list_add(d, strdup(path), 2);
+    }
+    rm_list_add(d, strdup(l->run_dir), 1);
+}
+
 void agent_logs_remove_tmp(struct agent_logs *l)
 {
-    if (l->root_is_ours && l->root)
-        rm_rf(l->root);
+    if (!l->root_is_ours || l->root == NULL)
+        return;
+    rm_list d;
+    cddp_array_init(&d, RM_MAX_DIRS);
+    if (l->run_dir)
+        list_made(l, &d);
+    bool gone = rm_listed(l->root, &d, RM_SLOW_NS);
+    rm_list_free(&d);
+    if (!gone)
+        agent_logs_remove_tree(l->root, RM_SLOW_NS); /* something else was put there */
 }
 
 void agent_logs_free(struct agent_logs *l)

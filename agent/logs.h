@@ -22,6 +22,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <uv.h>
 
 #include "agent/config.h"
@@ -50,6 +51,8 @@ struct agent_logs {
     bool root_is_ours; /* we created it (mkdtemp) */
     bool devnull;      /* --log_dir=/dev/null */
     char *run_dir;     /* <root>/<run_id>_XXXXXX */
+    int attempts;      /* attempt_<n>/ directories made: n < attempts */
+    int nworkers;      /* the most <local_rank>/ directories made in one */
 };
 
 /* Creates the base directory (mkdir -p, or mkdtemp) and the run directory.
@@ -64,6 +67,11 @@ int agent_logs_path(const struct agent_logs *l, int attempt, int local_rank, con
                     char *out, size_t len);
 /* Removes the base directory when it is a temporary one we created. */
 void agent_logs_remove_tmp(struct agent_logs *l);
+/* rm -rf dir, symbolic links not followed. When removing the first
+ * directory took slow_ns or more (a file system that waits for the disk on
+ * each removal), the rest are removed side by side by threads; see logs.c.
+ * agent_logs_remove_tmp's way, named for the tests (0 forces threads). */
+void agent_logs_remove_tree(const char *dir, uint64_t slow_ns);
 void agent_logs_free(struct agent_logs *l);
 
 /*
