@@ -73,16 +73,30 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static double lower_median(double *scratch, size_t k)
+{
+    if (k == 0)
+        return 0;
+    qsort(scratch, k, sizeof(*scratch), cmp_double);
+    return scratch[(k - 1) / 2];
+}
+
+double straggler_lower_median(const double *v, size_t n, double *scratch)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (measured(v[i]))
+            scratch[k++] = v[i];
+    return lower_median(scratch, k);
+}
+
 double straggler_median(const struct straggler_member *m, size_t n, double *scratch)
 {
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         if (measured(m[i].value))
             scratch[k++] = m[i].value;
-    if (k < 2)
-        return 0;
-    qsort(scratch, k, sizeof(*scratch), cmp_double);
-    return scratch[(k - 1) / 2];
+    return k < 2 ? 0 : lower_median(scratch, k);
 }
 
 size_t straggler_mark(struct straggler_member *m, size_t n, double median, double factor,

@@ -88,6 +88,10 @@ struct straggler_change {
     bool slow; /* true: named now; false: no longer */
 };
 
+/* The lower median of the values of v[0..n) that are > 0 (scratch: room
+ * for n doubles), or 0 when there is none. */
+double straggler_lower_median(const double *v, size_t n, double *scratch);
+
 /* The lower median of the measured values of m[0..n) (scratch: room for n
  * doubles), or 0 when fewer than two are measured. */
 double straggler_median(const struct straggler_member *m, size_t n, double *scratch);

@@ -139,6 +139,10 @@ static void test_median(void **state)
     assert_true(near(straggler_median(m, 4, scratch), 0.1));
     values(m, (double[]){0.4, 0, 0.2, 0.3, NAN, 0.1}, 6);
     assert_true(near(straggler_median(m, 6, scratch), 0.2)); /* of 0.1 0.2 0.3 0.4 */
+    /* Of plain values: one is its own median, none is 0. */
+    assert_true(near(straggler_lower_median((double[]){-1, 0.3, 0}, 3, scratch), 0.3));
+    assert_true(straggler_lower_median((double[]){-1, 0, NAN}, 3, scratch) == 0);
+    assert_true(near(straggler_lower_median((double[]){0.3, 0.1, 0.2, 0.4}, 4, scratch), 0.2));
     /* The members themselves are not reordered. */
     assert_true(m[0].value == 0.4 && m[5].value == 0.1);
 }
