@@ -327,6 +327,7 @@ static int start_worker(struct agent *a, int i)
     spec.nextra = extras.nenv;
     spec.virtual_local_rank = a->cfg->virtual_local_rank;
     spec.rdzv_round = a->round.round;
+    spec.pythonpath_first = a->cfg->kind != LAUNCH_BINARY ? a->cfg->auto_progress_dir : NULL;
     struct launch_kv more[AGENT_EXTRA_MAX + 1];
     if (a->filetimer && extras.nenv < AGENT_EXTRA_MAX + 1) {
         memcpy(more, extras.env, sizeof(extras.env[0]) * (size_t)extras.nenv);

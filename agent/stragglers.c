@@ -35,7 +35,8 @@ int agent_stragglers_init(struct agent *a)
     s->scratch = calloc(n, sizeof(*s->scratch));
     s->step_s = calloc(n, sizeof(*s->step_s));
     s->compute_s = calloc(n, sizeof(*s->compute_s));
-    if (!s->win || !s->m || !s->ch || !s->scratch || !s->step_s || !s->compute_s)
+    s->judged = calloc(n, sizeof(*s->judged));
+    if (!s->win || !s->m || !s->ch || !s->scratch || !s->step_s || !s->compute_s || !s->judged)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     for (size_t i = 0; i < n; i++)
         s->step_s[i] = s->compute_s[i] = -1;
@@ -51,6 +52,7 @@ void agent_stragglers_free(struct agent *a)
     free(s->scratch);
     free(s->step_s);
     free(s->compute_s);
+    free(s->judged);
     memset(s, 0, sizeof(*s));
 }
 
@@ -120,19 +122,22 @@ static void judge(struct agent *a, uint64_t now_ms)
     struct agent_stragglers *s = &a->strag;
     size_t n = (size_t)a->nworkers, measured = 0, with_compute = 0;
     s->judged_ms = now_ms;
+    /* Every rank's means are shown (an exited one's last); only the
+     * running ones are judged. */
+    bool *judged = s->judged;
     for (size_t i = 0; i < n; i++) {
         double st = -1, co = -1;
         bool running = a->pol.workers[i].state == WORKER_RUNNING;
-        if (running && straggler_window_mean(&s->win[i], STRAGGLER_MIN_STEPS, &st, &co)) {
-            measured++;
-            with_compute += co >= 0;
-        }
+        bool have = straggler_window_mean(&s->win[i], STRAGGLER_MIN_STEPS, &st, &co);
+        judged[i] = running && have;
+        measured += judged[i];
+        with_compute += judged[i] && co >= 0;
         s->step_s[i] = st;
         s->compute_s[i] = co;
     }
     s->compute = measured > 0 && with_compute == measured;
     for (size_t i = 0; i < n; i++)
-        s->m[i].value = s->compute ? s->compute_s[i] : s->step_s[i];
+        s->m[i].value = !judged[i] ? 0 : s->compute ? s->compute_s[i] : s->step_s[i];
     if (a->cfg->straggler_factor > 1) {
         s->median_s = straggler_median(s->m, n, s->scratch);
         size_t nch = straggler_mark(s->m, n, s->median_s, a->cfg->straggler_factor, now_ms, s->ch);

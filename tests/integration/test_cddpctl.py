@@ -48,14 +48,16 @@ def test_status_table_agent(background):
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("LOCAL"))
     assert lines[header].split() == ["LOCAL", "RANK", "PID", "STATE", "EXIT", "RESTARTS", "STEP",
-                                     "EPOCH", "LOSS", "SAMPLES/S", "LAST", "PROGRESS"]
+                                     "EPOCH", "LOSS", "SAMPLES/S", "STEP", "TIME", "LAST",
+                                     "PROGRESS"]
     for line in lines[header + 1:]:
         cells = line.split()
         rows[cells[0]] = cells
-    assert rows["0"][1:10] == ["0", "10000", "running", "-", "0", "120", "1", "2.31", "612.5"]
-    assert rows["0"][10].endswith("ms") or rows["0"][10].endswith("s")
+    assert rows["0"][1:11] == ["0", "10000", "running", "-", "0", "120", "1", "2.31", "612.5",
+                               "-"]
+    assert rows["0"][11].endswith("ms") or rows["0"][11].endswith("s")
     assert rows["1"][6:9] == ["7", "-", "NaN"]
-    assert rows["2"][10:] == ["never", "(1", "malformed)"]
+    assert rows["2"][11:] == ["never", "(1", "malformed)"]
     assert rows["3"][2:5] == ["-", "failed", "SIGKILL"]
     assert r.stderr == ""
 
