@@ -214,3 +214,129 @@ def test_non_ddp_slow_rank_named(background, tmp_path):
     assert promparse.value(m, "cddp_worker_straggler", local_rank="0") == 0
     log = log_of(tmp_path)
     assert re.search(r"A0910: \[default\] local_rank 1 \(rank 1\) is a straggler", log), log[-3000:]
+
+
+# ---- the hook alone: python3 with the bootstrap folder, a pipe as the agent ----
+
+
+def boot_dir():
+    from conftest import BUILD
+    d = BUILD / "python" / "autoprogress"
+    assert (d / "sitecustomize.py").is_file(), d
+    return d
+
+
+def hooked(code, tmp_path, extra_path=(), fd_kind="pipe", python=None):
+    """Runs code under a Python whose PYTHONPATH starts with the bootstrap
+    folder and whose CDDP_PROGRESS_FD is a pipe this test reads (or a file,
+    or closed): (exit code, stdout, stderr, the lines read)."""
+    from conftest import TORCH_PY
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(boot_dir()), *map(str, extra_path)])
+    r, w = os.pipe()
+    fds = ()
+    if fd_kind == "pipe":
+        env["CDDP_PROGRESS_FD"] = str(w)
+        fds = (w,)
+    elif fd_kind == "file":
+        f = open(tmp_path / "not_a_pipe", "w")
+        env["CDDP_PROGRESS_FD"] = str(f.fileno())
+        fds = (f.fileno(),)
+    else:
+        env["CDDP_PROGRESS_FD"] = "77"  # nothing open there
+    p = subprocess.Popen([python or TORCH_PY, "-c", code], env=env, pass_fds=fds,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(w)
+    data = b""
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(r)
+    out, err = p.communicate(timeout=120)
+    return p.returncode, out, err, [json.loads(x) for x in data.decode().splitlines()]
+
+
+STEPS = """
+import os, torch
+m = torch.nn.Linear(4, 2)
+class Nested(torch.optim.SGD):
+    def step(self, closure=None):      # a subclass's step calling its parent's
+        return super().step(closure)
+a = torch.optim.SGD(m.parameters(), lr=0.1)
+b = Nested(m.parameters(), lr=0.1)
+for i in range(3):
+    m(torch.randn(2, 4)).sum().backward()
+    a.step()
+    b.step()
+pid = os.fork()
+if pid == 0:            # a forked child's steps are not the worker's
+    a.step(); os._exit(0)
+os.waitpid(pid, 0)
+print("done", os.environ.get("PYTHONPATH"))
+"""
+
+
+def test_hook_counts_every_optimizer_step_once(tmp_path):
+    rc, out, err, lines = hooked(STEPS, tmp_path, extra_path=["/user/dir"])
+    assert rc == 0 and out == "done /user/dir\n" and err == "", (out, err)
+    assert [x["step"] for x in lines] == [1, 2, 3, 4, 5, 6], lines
+    assert all(x["auto"] is True for x in lines)
+    assert "step_time_s" not in lines[0] and all(x["step_time_s"] >= 0 for x in lines[1:])
+
+
+def test_hook_never_raises(tmp_path):
+    for kind in ("file", "closed"):
+        rc, out, err, lines = hooked(STEPS, tmp_path, fd_kind=kind)
+        assert rc == 0 and out.startswith("done") and err == "", (kind, out, err)
+        assert lines == []
+    assert (tmp_path / "not_a_pipe").read_text() == ""  # a file is never written to
+    # The agent gone mid-run (the pipe's reader closed): silent from then on.
+    gone = """
+import os, torch, time
+m = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+fd = int(os.environ["CDDP_PROGRESS_FD"])
+for i in range(5):
+    opt.step()
+os.close(fd)                            # the script closes it: EBADF from now on
+for i in range(5):
+    opt.step()
+print("ok")
+"""
+    rc, out, err, lines = hooked(gone, tmp_path)
+    assert (rc, out, err) == (0, "ok\n", ""), err
+    assert [x["step"] for x in lines] == [1, 2, 3, 4, 5]
+    # A user's sitecustomize that fails is reported as Python's site does;
+    # the start goes on, and so does the hook.
+    bad = tmp_path / "badsite"
+    bad.mkdir()
+    (bad / "sitecustomize.py").write_text("raise RuntimeError('user site broke')\n")
+    rc, out, err, lines = hooked(STEPS, tmp_path, extra_path=[bad])
+    assert rc == 0 and "Error in sitecustomize; set PYTHONVERBOSE for traceback:\n" \
+        "RuntimeError: user site broke" in err, err
+    assert len(lines) == 6
+
+
+def test_hook_on_torch_2_global_post_hook(tmp_path):
+    """torch >= 2.0's register_optimizer_step_post_hook, through a stand-in
+    torch package (torch 2 does not run on this machine: Debian 12 has
+    1.13) that has the hook API and calls hooks as torch 2's Optimizer does."""
+    fake = tmp_path / "fake" / "torch" / "optim"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("from torch import optim\n")
+    (fake / "__init__.py").write_text("from torch.optim.optimizer import Optimizer\n")
+    (fake / "optimizer.py").write_text(
+        "_hooks = []\n"
+        "def register_optimizer_step_post_hook(hook):\n"
+        "    _hooks.append(hook)\n"
+        "class Optimizer:\n"
+        "    def step(self, *args, **kwargs):\n"
+        "        for h in _hooks:\n"
+        "            h(self, args, kwargs)\n")
+    code = ("import torch\nopt = torch.optim.Optimizer()\nfor i in range(4):\n    opt.step()\n"
+            "assert type(opt).step is torch.optim.Optimizer.step\nprint('ok')\n")
+    rc, out, err, lines = hooked(code, tmp_path, extra_path=[tmp_path / "fake"])
+    assert (rc, out, err) == (0, "ok\n", ""), err
+    assert [x["step"] for x in lines] == [1, 2, 3, 4]
