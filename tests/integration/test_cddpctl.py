@@ -62,6 +62,22 @@ def test_status_table_agent(background):
     assert r.stderr == ""
 
 
+def test_status_table_step_time_and_straggler(background):
+    srv = StatusServer(background, "--workers", "2")
+    srv.cmd("state running")
+    srv.cmd('progress 0 {"step":40}')
+    srv.cmd('progress 1 {"step":40}')
+    srv.cmd("straggler 1 0.3")
+    r = cddpctl("status", f"127.0.0.1:{srv.port}")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("LOCAL"))
+    col = lines[header].index("STEP TIME")
+    rows = lines[header + 1:header + 3]
+    assert rows[0][col:].split()[0] == "-", rows
+    assert rows[1][col:].startswith("300ms STRAGGLER"), rows
+
+
 def test_status_json_is_the_served_json(background):
     srv = StatusServer(background)
     srv.cmd("state running")
