@@ -66,6 +66,10 @@ void agent_stragglers_start(struct agent *a, int i)
     straggler_window_reset(&s->win[i]);
     memset(&s->m[i], 0, sizeof(s->m[i]));
     s->step_s[i] = s->compute_s[i] = -1;
+    /* The last attempt's summary says nothing of this one: the heartbeats
+     * carry none until the ranks are measured again. */
+    if (a->rdzv && a->rdzv->ops->set_perf)
+        a->rdzv->ops->set_perf(a->rdzv, NULL);
 }
 
 /* The node's summary for the rendezvous server's judgement of the nodes. */

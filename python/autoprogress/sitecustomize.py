@@ -17,17 +17,22 @@ every sitecustomize, before the script runs. It:
      steps: with torch >= 2.0's global register_optimizer_step_post_hook,
      on older torch (1.13) by wrapping each optimizer class's step as its
      first instance is made;
-  4. after each step writes one line to the pipe,
+  4. writes one line to the pipe after a step,
      {"step":N,"step_time_s":S,"auto":true}: N counts the process's
-     optimizer steps (every optimizer's), S is the time since the previous
-     one. "auto" tells the agent the line is this hook's: once the script
-     writes lines of its own, the agent ignores these.
+     optimizer steps (every optimizer's), S is the mean time a step since
+     the previous line. A step that ends less than _LINE_EVERY_S after the
+     last line written is only counted; its line comes with the next step
+     at least that far on, or at exit, so a fast loop costs a clock read a
+     step and the agent at most 50 lines a second. "auto" tells the agent
+     the line is this hook's: once the script writes lines of its own, the
+     agent ignores these.
 
 Nothing here raises into the script: whatever goes wrong turns the hook off
 for the rest of the process, silently (a closed or foreign descriptor, an
 agent that is gone, a torch it does not know). The hook itself costs a
-clock read, a small bytes format and one write(2) a step (docs/benchmarks.md,
-"Automatic progress"). No loss is reported: the only loss an optimizer hook
+clock read a step, and a small bytes format and one write(2) a line
+(docs/benchmarks.md, "Automatic progress and stragglers"). No loss is
+reported: the only loss an optimizer hook
 sees is a closure's return value, and the value backward() was called on is
 scaled under AMP's GradScaler and divided under gradient accumulation, and
 reading it on a GPU synchronises the device every step.
@@ -84,10 +89,16 @@ def _site_error(e):
 
 # ---- the hook ----
 
+# Lines at most this often: a step sooner than this after the last line is
+# counted, and told with the next line (a hung rank's last few milliseconds
+# of steps may so go untold; the watchdog does not need them).
+_LINE_EVERY_S = 0.02
+
 _fd = -1  # CDDP_PROGRESS_FD while the hook writes; -1: off
 _pid = 0  # the worker's pid: a forked child's steps are not the worker's
-_steps = 0
-_last = 0.0
+_steps = 0  # optimizer steps so far
+_told = 0  # the steps the last line told
+_told_at = 0.0  # when that line was written (the clock's); 0: none yet
 _depth = [0]  # the 1.13 wrappers' nesting (a subclass's step calling its parent's)
 _clock = None
 _write = os.write
@@ -106,22 +117,43 @@ def _channel():
         return -1
 
 
+def _tell(now):
+    """A line for the steps not told yet, their mean time since the last."""
+    global _told, _told_at
+    if _told_at:
+        mean = (now - _told_at) / (_steps - _told)
+        line = b'{"step":%d,"step_time_s":%.6f,"auto":true}\n' % (_steps, mean)
+    else:
+        line = b'{"step":%d,"auto":true}\n' % _steps
+    _told = _steps
+    _told_at = now
+    _write(_fd, line)
+
+
 def _stepped():
-    """One optimizer step ended: one line to the agent."""
-    global _fd, _steps, _last
+    """One optimizer step ended: counted, and told when it is time."""
+    global _fd, _steps
     try:
-        if _fd < 0 or os.getpid() != _pid:
+        if _fd < 0:
             return
         now = _clock()
         _steps += 1
-        if _last:
-            line = b'{"step":%d,"step_time_s":%.6f,"auto":true}\n' % (_steps, now - _last)
-        else:
-            line = b'{"step":%d,"auto":true}\n' % _steps
-        _last = now
-        _write(_fd, line)
+        if _told_at and now - _told_at < _LINE_EVERY_S:
+            return
+        if os.getpid() == _pid:
+            _tell(now)
     except Exception:
         _fd = -1  # the agent is gone, or the descriptor is not its pipe any more
+
+
+def _tell_the_rest():
+    """At exit: the steps not told yet (the last ones of a fast loop)."""
+    global _fd
+    try:
+        if _fd >= 0 and _steps > _told and os.getpid() == _pid:
+            _tell(_clock())
+    except Exception:
+        _fd = -1
 
 
 def _post_hook(optimizer, args, kwargs):
@@ -174,10 +206,12 @@ def _arm(module):
     """torch.optim.optimizer is loaded: count its steps from now on."""
     global _clock, _pid, _fd
     try:
+        import atexit
         import time
 
         _clock = time.perf_counter
         _pid = os.getpid()
+        atexit.register(_tell_the_rest)
         register = getattr(module, "register_optimizer_step_post_hook", None)
         if register is not None:
             register(_post_hook)
