@@ -130,14 +130,10 @@ static void judge(struct agent *a, uint64_t now_ms)
      * running ones are judged. */
     bool *judged = s->judged;
     for (size_t i = 0; i < n; i++) {
-        double st = -1, co = -1;
         bool running = a->pol.workers[i].state == WORKER_RUNNING;
-        bool have = straggler_window_mean(&s->win[i], STRAGGLER_MIN_STEPS, &st, &co);
-        judged[i] = running && have;
+        judged[i] = running && s->step_s[i] > 0;
         measured += judged[i];
-        with_compute += judged[i] && co >= 0;
-        s->step_s[i] = st;
-        s->compute_s[i] = co;
+        with_compute += judged[i] && s->compute_s[i] >= 0;
     }
     s->compute = measured > 0 && with_compute == measured;
     for (size_t i = 0; i < n; i++)
@@ -159,6 +155,10 @@ void agent_stragglers_line(struct agent *a, int i, const struct progress_report 
     straggler_window_line(&s->win[i], now_ms, (r->fields & PROGRESS_STEP) != 0, r->step,
                           (r->fields & PROGRESS_STEP_TIME) ? r->step_time_s : -1,
                           (r->fields & PROGRESS_COMPUTE) ? r->compute_s : -1);
+    /* The means are kept current (a few dozen additions), so every
+     * snapshot shows a rank's latest, its last lines before it exits
+     * included; the judgement waits its turn. */
+    straggler_window_mean(&s->win[i], STRAGGLER_MIN_STEPS, &s->step_s[i], &s->compute_s[i]);
     if (now_ms - s->judged_ms < AGENT_STRAGGLER_JUDGE_MS)
         return;
     judge(a, now_ms);
