@@ -58,7 +58,7 @@ struct agent_stragglers {
     struct straggler_window *win;
     struct straggler_member *m; /* value: the time judged (compute or step) */
     struct straggler_change *ch;
-    double *scratch;
+    double *scratch, *vals;
     double *step_s, *compute_s; /* each rank's means now; -1: not measured */
     bool *judged;               /* the last judgement weighed it (running, measured) */
     double median_s;            /* the node's, at the last judgement; 0: none */

@@ -36,7 +36,9 @@ int agent_stragglers_init(struct agent *a)
     s->step_s = calloc(n, sizeof(*s->step_s));
     s->compute_s = calloc(n, sizeof(*s->compute_s));
     s->judged = calloc(n, sizeof(*s->judged));
-    if (!s->win || !s->m || !s->ch || !s->scratch || !s->step_s || !s->compute_s || !s->judged)
+    s->vals = calloc(n, sizeof(*s->vals));
+    if (!s->win || !s->m || !s->ch || !s->scratch || !s->step_s || !s->compute_s || !s->judged ||
+        !s->vals)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     for (size_t i = 0; i < n; i++)
         s->step_s[i] = s->compute_s[i] = -1;
@@ -53,6 +55,7 @@ void agent_stragglers_free(struct agent *a)
     free(s->step_s);
     free(s->compute_s);
     free(s->judged);
+    free(s->vals);
     memset(s, 0, sizeof(*s));
 }
 
@@ -85,9 +88,16 @@ static void tell_rendezvous(struct agent *a, size_t measured)
     size_t n = (size_t)a->nworkers;
     struct proto_perf p = {.factor = a->cfg->straggler_factor, .compute_s = -1};
     p.ranks = (int)measured;
-    p.step_s = straggler_lower_median(s->step_s, n, s->scratch);
-    if (s->compute)
-        p.compute_s = straggler_lower_median(s->compute_s, n, s->scratch);
+    /* The medians of the ranks judged (an exited rank's last means stay on
+     * the status page, not in the summary). */
+    for (size_t i = 0; i < n; i++)
+        s->vals[i] = s->judged[i] ? s->step_s[i] : 0;
+    p.step_s = straggler_lower_median(s->vals, n, s->scratch);
+    if (s->compute) {
+        for (size_t i = 0; i < n; i++)
+            s->vals[i] = s->judged[i] ? s->compute_s[i] : 0;
+        p.compute_s = straggler_lower_median(s->vals, n, s->scratch);
+    }
     double worst = -1;
     for (size_t i = 0; i < n; i++) {
         if (s->m[i].value > worst) {
