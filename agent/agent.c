@@ -59,10 +59,13 @@ void agent_notify(struct agent *a)
         a->nworkers <= 64 ? infos : malloc(sizeof(*w) * (size_t)a->nworkers);
     if (w == NULL)
         return;
+    uint64_t now_ms = cddp_mono_ms();
+    double now_wall = cddp_wall_time();
     for (int i = 0; i < a->nworkers; i++) {
         w[i] = a->workers[i].info;
         w[i].state = a->pol.workers[i].state;
         w[i].watchdog_timeout_ms = watchdog_timeout(&a->wd, i);
+        agent_stragglers_fill(a, i, &w[i], now_ms, now_wall);
     }
     struct agent_snapshot s = {
         .run_id = a->run_id,
@@ -94,6 +97,9 @@ void agent_notify(struct agent *a)
         .start_time = a->start_time,
         .watchdog_mode = a->cfg->watchdog.mode,
         .watchdog_kills = a->watchdog_kills,
+        .straggler_factor = a->cfg->straggler_factor,
+        .step_median_s = a->strag.median_s,
+        .step_compute = a->strag.compute,
         .nworkers = a->nworkers,
         .workers = w,
         .ifname = a->ifname.ifname,
@@ -321,6 +327,7 @@ static int start_worker(struct agent *a, int i)
     spec.nextra = extras.nenv;
     spec.virtual_local_rank = a->cfg->virtual_local_rank;
     spec.rdzv_round = a->round.round;
+    spec.pythonpath_first = a->cfg->kind != LAUNCH_BINARY ? a->cfg->auto_progress_dir : NULL;
     struct launch_kv more[AGENT_EXTRA_MAX + 1];
     if (a->filetimer && extras.nenv < AGENT_EXTRA_MAX + 1) {
         memcpy(more, extras.env, sizeof(extras.env[0]) * (size_t)extras.nenv);
@@ -382,6 +389,7 @@ static int start_worker(struct agent *a, int i)
     w->info.hung = false;
     w->hang_note[0] = '\0';
     watchdog_start(&a->wd, i, cddp_mono_ms());
+    agent_stragglers_start(a, i);
     if (agent_guardian_add(&a->guardian, pid) != 0)
         log_warn("A0204", "the guardian is gone; it is restarted when its exit is seen");
     log_debug("A0205", "started local_rank %d rank %d pid %d", i, spec.ranks.rank, (int)pid);
@@ -900,6 +908,8 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
                  : CDDP_ERR_FROM_ERRNO(ENOMEM);
     if (rc == 0)
         rc = watchdog_init(&a->wd, &cfg->watchdog, a->nworkers);
+    if (rc == 0)
+        rc = agent_stragglers_init(a);
     if (rc == 0 && cfg->numa_binding) {
         char why[512] = "";
         if ((rc = agent_numa_plan_group(cfg->numa_binding, a->nworkers, &a->numa, why,
@@ -956,6 +966,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
         agent_report_agent_error(a);
     policy_free(&a->pol);
     watchdog_free(&a->wd);
+    agent_stragglers_free(a);
     free(a->ondemand_targets);
     free(a->workers);
     free(a->numa);

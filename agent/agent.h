@@ -42,6 +42,15 @@ struct agent_worker_info {
      * stop (it was found hung). */
     uint64_t watchdog_timeout_ms;
     bool hung;
+    /* Its step time and compute time (the step outside collective waits),
+     * means over its last 20+ steps (-1: not measured, not reported), and
+     * the straggler judgement (agent/stragglers.c): named or not, since
+     * when (wall clock), its time over the node's median (0: not known). */
+    double step_time_s;
+    double compute_s;
+    bool straggler;
+    double straggler_since;
+    double straggler_ratio;
 };
 
 /* The agent's state. Valid only during the state_changed call: copy what you
@@ -83,6 +92,12 @@ struct agent_snapshot {
     double start_time; /* the agent's, wall clock */
     enum watchdog_mode watchdog_mode;
     unsigned watchdog_kills; /* worker groups stopped because a worker was hung */
+    /* Straggler detection: --straggler_factor (0: off), the node's median
+     * at the last judgement (0: fewer than two ranks measured), and whether
+     * it judged compute times (else step times). */
+    double straggler_factor;
+    double step_median_s;
+    bool step_compute;
     int nworkers;
     const struct agent_worker_info *workers;
     /* The workers' network interface (agent/ifname.h): ifname and its

@@ -9,6 +9,8 @@
  *               TCPStore per round, the exit barrier, the farewell
  *   progress.c  progress lines in: the watchdog's timer, a hung worker's
  *               stacks, then the stop
+ *   stragglers.c --straggler_factor: each rank's step time, the node's
+ *               median, who is a straggler, the rendezvous' summary
  *   filetimer.c torch's file timer (its second half: which worker a pid
  *               is, the hang note of an expired timer)
  *   report.c    the failure table and error files (its second half: from
@@ -34,6 +36,7 @@
 #include "agent/rdzv.h"
 #include "agent/stacks.h"
 #include "agent/workers.h"
+#include "common/straggler.h"
 
 struct agent_worker {
     struct agent_worker_info info;
@@ -48,6 +51,19 @@ struct agent_worker {
      * table; "" when it started. */
     char start_error[256];
     bool not_started; /* skipped after another ran out of fds: not in the table */
+};
+
+/* --straggler_factor's state (stragglers.c), one entry per local rank. */
+struct agent_stragglers {
+    struct straggler_window *win;
+    struct straggler_member *m; /* value: the time judged (compute or step) */
+    struct straggler_change *ch;
+    double *scratch, *vals;
+    double *step_s, *compute_s; /* each rank's means now; -1: not measured */
+    bool *judged;               /* the last judgement weighed it (running, measured) */
+    double median_s;            /* the node's, at the last judgement; 0: none */
+    bool compute;               /* judged on compute times */
+    uint64_t judged_ms;
 };
 
 struct agent {
@@ -92,6 +108,7 @@ struct agent {
     uv_timer_t watchdog_timer;
     struct watchdog wd;
     unsigned watchdog_kills;
+    struct agent_stragglers strag;
     int hung_rank;
     struct agent_stacks_target hung_target;
     struct agent_stacks_job hung_stacks;
@@ -195,6 +212,21 @@ void agent_report_failures(struct agent *a);
 /* The agent failed before any table was printed: its error file says why
  * (when it has one: --error_file / TORCHELASTIC_ERROR_FILE). */
 void agent_report_agent_error(const struct agent *a);
+
+/* ---- stragglers.c ---- */
+
+/* The windows and judge for every local rank. 0 or -ENOMEM. */
+int agent_stragglers_init(struct agent *a);
+void agent_stragglers_free(struct agent *a);
+/* Local rank i's worker started: its measure starts again. */
+void agent_stragglers_start(struct agent *a, int i);
+/* Local rank i wrote valid progress lines (r: its report, read at now_ms):
+ * its window takes them; the ranks are judged when it is time. */
+void agent_stragglers_line(struct agent *a, int i, const struct progress_report *r,
+                           uint64_t now_ms);
+/* Local rank i's step times and straggler state into w (the snapshot's). */
+void agent_stragglers_fill(const struct agent *a, int i, struct agent_worker_info *w,
+                           uint64_t now_ms, double now_wall);
 
 /* ---- progress.c ---- */
 

@@ -21,6 +21,8 @@ void launch_config_free(struct launch_config *cfg)
     free(cfg->ranks_filter);
     free(cfg->program);
     free(cfg->argv);
+    free(cfg->auto_progress_dir);
+    cfg->auto_progress_dir = NULL;
     for (int i = 0; i < 2; i++) {
         free(cfg->dup_filters[i]);
         free(cfg->dup_filters_buf[i]);

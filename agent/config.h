@@ -141,6 +141,16 @@ struct launch_config {
     double watchdog_floor;  /* --watchdog_floor, seconds; copied into watchdog.floor_ms */
     /* --max_no_progress_restarts (agent/policy.h); 0: off */
     int max_no_progress_restarts;
+    /* --no_auto_progress (CDDP_NO_AUTO_PROGRESS, PET_NO_AUTO_PROGRESS): no
+     * bootstrap folder on a Python worker's PYTHONPATH. */
+    bool no_auto_progress;
+    /* The bootstrap folder (launch_resolve: owned; NULL when off, for a
+     * program, or not found): put first on a Python worker's PYTHONPATH,
+     * its sitecustomize reports the optimizer's steps. */
+    char *auto_progress_dir;
+    /* --straggler_factor (CDDP_STRAGGLER_FACTOR): a rank this many times
+     * slower than the node's median is named (agent/stragglers.c); 0: off. */
+    double straggler_factor;
     /* --no_ifname (CDDP_NO_IFNAME, PET_NO_IFNAME): leave GLOO_SOCKET_IFNAME and
      * NCCL_SOCKET_IFNAME alone (agent/ifname.h) */
     bool no_ifname;

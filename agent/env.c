@@ -96,6 +96,8 @@ static bool overridden(const char *entry, const struct agent_env_spec *spec)
         return true;
     if (spec->rdzv_round > 0 && key_is(entry, RDZV_ROUND_VAR))
         return true;
+    if (spec->pythonpath_first && key_is(entry, "PYTHONPATH"))
+        return true;
     for (int i = 0; i < V_COUNT; i++) {
         if (key_is(entry, var_names[i]))
             return true;
@@ -164,9 +166,10 @@ int agent_env_build(char *const *base, const struct agent_env_spec *spec, struct
         }
     }
 
-    /* After torchrun's and the extras: the virtual local rank's device and
-     * the rendezvous round (when the agent knows it). */
-    struct launch_kv tail[2];
+    /* After torchrun's and the extras: the virtual local rank's device,
+     * the rendezvous round (when the agent knows it) and PYTHONPATH with
+     * the bootstrap folder first (the agent's own entries after it). */
+    struct launch_kv tail[3];
     int ntail = 0;
     if (nvirtual)
         tail[ntail++] = (struct launch_kv){"CUDA_VISIBLE_DEVICES", visible};
@@ -174,6 +177,17 @@ int agent_env_build(char *const *base, const struct agent_env_spec *spec, struct
     if (spec->rdzv_round > 0) {
         snprintf(round, sizeof(round), "%llu", (unsigned long long)spec->rdzv_round);
         tail[ntail++] = (struct launch_kv){RDZV_ROUND_VAR, round};
+    }
+    struct cddp_buf pythonpath = {0};
+    if (spec->pythonpath_first) {
+        const char *old = agent_env_get(base, "PYTHONPATH");
+        cddp_buf_init(&pythonpath, 1u << 20);
+        if (cddp_buf_printf(&pythonpath, "%s%s%s", spec->pythonpath_first, old && *old ? ":" : "",
+                            old && *old ? old : "") != 0) {
+            cddp_buf_free(&pythonpath);
+            return CDDP_ERR_FROM_ERRNO(ENOMEM);
+        }
+        tail[ntail++] = (struct launch_kv){"PYTHONPATH", pythonpath.data};
     }
 
     size_t nbase = 0;
@@ -192,6 +206,7 @@ int agent_env_build(char *const *base, const struct agent_env_spec *spec, struct
     out->strings = malloc(bytes);
     if (out->envp == NULL || out->strings == NULL) {
         agent_env_free(out);
+        cddp_buf_free(&pythonpath);
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     }
     size_t n = 0;
@@ -216,6 +231,7 @@ int agent_env_build(char *const *base, const struct agent_env_spec *spec, struct
         p += kl + vl + 2;
     }
     out->envp[n] = NULL;
+    cddp_buf_free(&pythonpath);
     return 0;
 }
 

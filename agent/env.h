@@ -11,7 +11,8 @@
  *   TORCHELASTIC_ERROR_FILE
  *
  * plus extras (CDDP_*) the agent's modules add, and cddp's own
- * CDDP_RDZV_ROUND (the rendezvous round, 1, 2, ...) after them. OMP_NUM_THREADS and
+ * CDDP_RDZV_ROUND (the rendezvous round, 1, 2, ...) after them; a Python
+ * worker's PYTHONPATH gets the automatic progress' folder first. OMP_NUM_THREADS and
  * CUDA_VISIBLE_DEVICES are inherited from the agent's environment, as in
  * torchrun (the launcher sets OMP_NUM_THREADS=1 there when it is unset).
  */
@@ -61,6 +62,10 @@ struct agent_env_spec {
     /* The rendezvous round, exported as CDDP_RDZV_ROUND (cddp's own, not
      * torchrun's: the NCCL unique id's store key names it); 0: not set. */
     uint64_t rdzv_round;
+    /* A folder put first on PYTHONPATH, before the agent's own entries
+     * (the automatic progress' bootstrap, which takes itself off again);
+     * NULL: PYTHONPATH is inherited as it is. */
+    const char *pythonpath_first;
 };
 
 /* A NULL-terminated envp and the memory behind it. */

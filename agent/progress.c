@@ -115,6 +115,7 @@ void agent_progress(struct agent *a, int local_rank, const struct progress_repor
         struct policy_event ev = {.type = POLICY_EV_PROGRESS, .step = r->step};
         agent_post_event(a, &ev);
     }
+    agent_stragglers_line(a, local_rank, r, now_ms);
     if (a->cfg->watchdog.mode == WATCHDOG_OFF)
         return;
     uint64_t before = watchdog_timeout(&a->wd, local_rank);

@@ -80,6 +80,8 @@ typedef void (*agent_round_cb)(struct agent_rdzv *r, int status, const struct ag
 typedef void (*agent_rdzv_status_cb)(struct agent_rdzv *r, int status);
 typedef void (*agent_rdzv_close_cb)(struct agent_rdzv *r);
 
+struct proto_perf; /* proto/msg.h */
+
 struct agent_rdzv_ops {
     const char *name;
     /* Joins the next round. One join at a time (CDDP_ESTATE otherwise). */
@@ -98,6 +100,10 @@ struct agent_rdzv_ops {
      * closes the rendezvous for every node first (the server goes). */
     void (*close)(struct agent_rdzv *r, enum agent_rdzv_farewell how, const char *reason,
                   agent_rdzv_close_cb cb);
+    /* Optional (NULL: the backend has no server to tell): what this node's
+     * heartbeats carry of its ranks' step times from now on (NULL:
+     * nothing), for the job-wide straggler judgement (docs/status.md). */
+    void (*set_perf)(struct agent_rdzv *r, const struct proto_perf *perf);
 };
 
 struct rdzv_server;

@@ -602,12 +602,22 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
 
 /* ---- start ---- */
 
+/* The summary rides on the client's heartbeats; a replacement client (a
+ * new member) gets it with the agent's next judgement. */
+static void c10d_set_perf(struct agent_rdzv *r, const struct proto_perf *perf)
+{
+    struct c10d *c = (struct c10d *)r;
+    if (c->client)
+        rdzv_client_set_perf(c->client, perf);
+}
+
 static const struct agent_rdzv_ops c10d_ops = {
     .name = "c10d",
     .join = c10d_join,
     .report_failure = c10d_report_failure,
     .exit_barrier = c10d_exit_barrier,
     .close = c10d_close,
+    .set_perf = c10d_set_perf,
 };
 
 static bool is_loopback_literal(const char *h)

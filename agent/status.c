@@ -74,6 +74,8 @@ struct agent_status {
     int restart_count, max_restarts, membership_restarts;
     enum watchdog_mode watchdog_mode;
     unsigned watchdog_kills;
+    double straggler_factor, step_median_s;
+    bool step_compute;
     uint64_t log_dropped_bytes;
     unsigned log_dropped_files;
     double start_time;
@@ -274,7 +276,15 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
         w->restarts = s->info.restarts > 0 ? (unsigned)s->info.restarts : 0;
         w->progress = s->parser.report;
         w->watchdog_timeout_s = (double)s->info.watchdog_timeout_ms / 1000.0;
+        w->step_time_s = s->info.step_time_s;
+        w->compute_s = s->info.compute_s;
+        w->straggler = s->info.straggler;
+        w->straggler_since = s->info.straggler_since;
+        w->straggler_ratio = s->info.straggler_ratio;
     }
+    v->straggler_factor = st->straggler_factor;
+    v->step_median_s = st->step_median_s;
+    v->step_compute = st->step_compute;
     v->watchdog_mode = watchdog_mode_name(st->watchdog_mode);
     v->watchdog_kills = st->watchdog_kills;
     v->log_dropped_bytes = st->log_dropped_bytes;
@@ -678,6 +688,9 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     st->membership_restarts = snap->membership_restarts;
     st->watchdog_mode = snap->watchdog_mode;
     st->watchdog_kills = snap->watchdog_kills;
+    st->straggler_factor = snap->straggler_factor;
+    st->step_median_s = snap->step_median_s;
+    st->step_compute = snap->step_compute;
     st->log_dropped_bytes = snap->log_dropped_bytes;
     st->log_dropped_files = snap->log_dropped_files;
     st->start_time = snap->start_time;
@@ -782,6 +795,7 @@ int agent_status_new(const struct launch_config *cfg, const char *version,
     st->state = AGENT_INIT;
     st->node_rank = -1;
     st->max_restarts = cfg->max_restarts;
+    st->straggler_factor = cfg->straggler_factor;
     st->start_time = cddp_wall_time();
     st->rdzv_connected = true;
     st->waiting_nodes = -1;

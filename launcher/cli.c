@@ -88,6 +88,8 @@ enum flag_id {
     F_WATCHDOG_SAFETY,
     F_WATCHDOG_FLOOR,
     F_MAX_NO_PROGRESS_RESTARTS,
+    F_NO_AUTO_PROGRESS,
+    F_STRAGGLER_FACTOR,
     F_NO_IFNAME,
     F_NO_SLURM,
     F_COUNT,
@@ -502,6 +504,22 @@ static int conv_watchdog_initial(const struct cddp_flag_arg *a, void *dst, void 
     return parse_watchdog_seconds(a, false, &w->initial_ms, err, errlen);
 }
 
+/* --straggler_factor: off, or a number in (1, 1000]. */
+static int conv_straggler_factor(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
+                                 size_t errlen)
+{
+    (void)ctx;
+    double *f = &((struct launch_config *)dst)->straggler_factor;
+    if (strcmp(a->text, "off") == 0) {
+        *f = 0;
+        return 0;
+    }
+    if (cddp_parse_double(a->text, 1, 1000, f) != 0 || *f <= 1)
+        return cddp_fail(err, errlen, CDDP_EPARSE, "%s: '%s' is not off or a number in (1, 1000]",
+                         a->name, a->text);
+    return 0;
+}
+
 /* torchrun's comma_separated_list: split on ',', ",," is a literal comma.
  * The row's offset says which stream (0 stdout, 1 stderr). An empty value
  * is no filter: torchrun's help says an empty list duplicates nothing
@@ -570,6 +588,7 @@ static const char *const numa_modes[] = {"node", "socket", "exclusive", "core-co
 #define STATUS "status port (cddp's own; docs/status.md):"
 #define STORE "the workers' store (cddp's own; docs/torchrun-compat.md):"
 #define WATCHDOG "progress watchdog (cddp's own; docs/cli.md):"
+#define PROGRESS "progress and stragglers (cddp's own; docs/status.md):"
 #define IFNAME "network interface (cddp's own; docs/multi-node.md, \"Network interfaces\"):"
 #define SLURM                                                                                      \
     "Slurm (cddp's own; docs/slurm.md): inside an srun step, flags left unset come from\n"         \
@@ -747,6 +766,20 @@ static const struct cddp_flag flag_rows[F_COUNT] = {
                                     .help = "stop the job (exit 1) when N restarts in a row\n"
                                             "fail before any worker reports a step beyond the\n"
                                             "best seen before them (default 0: off)"},
+    /* agent/stragglers.c; the bootstrap folder (launcher/resolve.c) */
+    [F_NO_AUTO_PROGRESS] = {"--no_auto_progress", "--no-auto-progress", 0, CDDP_FLAG_BOOL,
+                            AT(no_auto_progress), .env = "CDDP_NO_AUTO_PROGRESS", PET,
+                            .group = PROGRESS,
+                            .help = "do not report a Python worker's optimizer steps as its\n"
+                                    "progress (default: on, through a sitecustomize on\n"
+                                    "PYTHONPATH; docs/status.md, \"Progress without code\n"
+                                    "changes\")"},
+    [F_STRAGGLER_FACTOR] = {"--straggler_factor", "--straggler-factor", 0,
+                            CUSTOM(conv_straggler_factor), .env = "CDDP_STRAGGLER_FACTOR", PET,
+                            .defval = "1.5", .metavar = "X", .group = PROGRESS,
+                            .help = "name a rank whose step (compute when known) over its last\n"
+                                    "20+ steps is X times the node's median a straggler, and a\n"
+                                    "node X times the job's; report only (default 1.5; off)"},
     /* agent/ifname.h */
     [F_NO_IFNAME] = {"--no_ifname", "--no-ifname", 0, CDDP_FLAG_BOOL, AT(no_ifname),
                      .env = "CDDP_NO_IFNAME", PET, .group = IFNAME,

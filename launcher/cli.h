@@ -47,9 +47,12 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
  * --no_python or an executable that is not a .py file runs directly. The
  * Python is PYTHON_EXEC (in envp), else the python3 of the environment
  * this cddprun is installed in (launch_python_beside of /proc/self/exe),
- * else python3 on PATH; cfg->python_from says which. Checks that what will
- * be executed exists and is executable, and that --log_dir is not a file.
- * 0 or a negative code with a one-line reason in err.
+ * else python3 on PATH; cfg->python_from says which. For a Python worker,
+ * unless --no_auto_progress, cfg->auto_progress_dir is the bootstrap folder
+ * beside this cddprun (launch_auto_progress_dir; NULL when not found).
+ * Checks that what will be executed exists and is executable, and that
+ * --log_dir is not a file. 0 or a negative code with a one-line reason in
+ * err.
  */
 int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t errlen);
 
@@ -61,6 +64,16 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
  * an environment, or no executable python3 there.
  */
 char *launch_python_beside(const char *exe);
+
+/*
+ * The bootstrap folder of the automatic progress (a folder holding
+ * sitecustomize.py) that belongs to the program at exe (an absolute
+ * path): <exe's dir>/../share/cddp/autoprogress, where meson install, the
+ * .deb and the wheel put it, else <exe's dir>/../python/autoprogress, the
+ * build tree's. Returns an owned path (free it), or NULL when neither
+ * holds a readable sitecustomize.py.
+ */
+char *launch_auto_progress_dir(const char *exe);
 
 /* Refuses, by name, what this build parses but cannot honour (the etcd
  * backends, --standalone with several nodes, a MIN:MAX static run, ...),

@@ -73,6 +73,16 @@ int main(int argc, char **argv)
     /* Said once: which Python every worker (and every restart) runs. */
     if (cfg.kind != LAUNCH_BINARY)
         log_info("L0004", "workers' Python: %s (from %s)", cfg.program, cfg.python_from);
+    if (cfg.kind != LAUNCH_BINARY && cfg.auto_progress_dir)
+        log_info("L0005",
+                 "automatic progress is on: a worker's optimizer steps are its progress until it "
+                 "writes lines of its own (%s first on its PYTHONPATH; --no_auto_progress turns "
+                 "it off)",
+                 cfg.auto_progress_dir);
+    else if (cfg.kind != LAUNCH_BINARY && !cfg.no_auto_progress)
+        log_warn("L0006",
+                 "automatic progress is off: its bootstrap folder (share/cddp/autoprogress) is "
+                 "not beside this cddprun");
     if (cfg.status_linger_ignored)
         log_warn("L0003",
                  "%s=%s has no effect without a status port (--status_port or "

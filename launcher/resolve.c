@@ -76,6 +76,30 @@ char *launch_python_beside(const char *exe)
     return NULL;
 }
 
+char *launch_auto_progress_dir(const char *exe)
+{
+    static const char *const beside[] = {"../share/cddp/autoprogress", "../python/autoprogress"};
+    const char *slash = strrchr(exe, '/');
+    if (slash == NULL)
+        return NULL;
+    for (size_t i = 0; i < sizeof(beside) / sizeof(beside[0]); i++) {
+        struct cddp_buf b;
+        cddp_buf_init(&b, 8192);
+        if (cddp_buf_printf(&b, "%.*s/%s/sitecustomize.py", (int)(slash - exe), exe, beside[i]) ==
+                0 &&
+            access(b.data, R_OK) == 0) {
+            /* The folder, as an absolute path without "..": Python compares
+             * PYTHONPATH entries with its own __file__'s folder. */
+            b.data[b.len - strlen("/sitecustomize.py")] = '\0';
+            char *real = realpath(b.data, NULL);
+            cddp_buf_free(&b);
+            return real;
+        }
+        cddp_buf_free(&b);
+    }
+    return NULL;
+}
+
 static bool ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), m = strlen(suffix);
@@ -161,18 +185,19 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
 
     const char *python = NULL;
     if (cfg->kind != LAUNCH_BINARY) {
+        char self[4096];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+        self[n > 0 ? n : 0] = '\0';
+        if (!cfg->no_auto_progress && n > 0)
+            cfg->auto_progress_dir = launch_auto_progress_dir(self);
         /* PYTHON_EXEC, else the environment's own python3 when cddprun was
          * installed into one (pip: a venv's or conda environment's bin/),
          * else python3 from PATH. */
         python = cddp_flags_getenv(envp, "PYTHON_EXEC");
         cfg->python_from = "PYTHON_EXEC";
         if (python == NULL || *python == '\0') {
-            char self[4096];
-            ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-            if (n > 0) {
-                self[n] = '\0';
+            if (n > 0)
                 cfg->program = launch_python_beside(self);
-            }
             /* By its path, also as argv[0]: Python finds its environment
              * (pyvenv.cfg) from argv[0], and a bare name would be looked
              * up on PATH, which may hold another python3. */

@@ -342,6 +342,27 @@ static int get_small(struct dec *d, const char *name, bool required, int min, in
     return rc;
 }
 
+/* A finite number in [min, max] (optional: dflt when absent). */
+static int get_num(struct dec *d, const char *name, bool required, double min, double max,
+                   double dflt, double *out)
+{
+    const cJSON *it = field(d, name);
+    *out = dflt;
+    if (it == NULL || cJSON_IsNull(it)) {
+        if (required)
+            return bad_field(d, name, "is missing");
+        return 0;
+    }
+    double v = it->valuedouble;
+    if (!cJSON_IsNumber(it) || !isfinite(v) || v < min || v > max) {
+        char what[96];
+        snprintf(what, sizeof(what), "must be a number in %g..%g", min, max);
+        return bad_field(d, name, what);
+    }
+    *out = v;
+    return 0;
+}
+
 static int get_bool(struct dec *d, const char *name, bool *out)
 {
     const cJSON *it = field(d, name);
@@ -544,6 +565,31 @@ static int decode_round_into(struct dec *d, struct proto_round *r)
     return 0;
 }
 
+/* A heartbeat's optional "perf": an agent's summary of its ranks' step
+ * times (struct proto_perf). */
+static int decode_perf(struct dec *d)
+{
+    struct proto_msg *m = d->m;
+    const cJSON *perf = field(d, "perf");
+    if (perf == NULL || cJSON_IsNull(perf))
+        return 0;
+    if (!cJSON_IsObject(perf))
+        return bad_field(d, "perf", "must be an object");
+    struct dec sub = *d;
+    sub.obj = perf;
+    sub.type = "heartbeat.perf";
+    struct proto_perf *p = &m->heartbeat.perf;
+    int rc;
+    if ((rc = get_small(&sub, "ranks", true, 1, PROTO_MAX_NPROC, 1, &p->ranks)) ||
+        (rc = get_num(&sub, "step_s", true, 1e-9, PROTO_MAX_STEP_S, 0, &p->step_s)) ||
+        (rc = get_num(&sub, "compute_s", false, 0, PROTO_MAX_STEP_S, -1, &p->compute_s)) ||
+        (rc = get_small(&sub, "max_rank", true, 0, INT32_MAX, 0, &p->max_rank)) ||
+        (rc = get_num(&sub, "factor", true, 1.0, 1000.0, 1.5, &p->factor)))
+        return rc;
+    m->heartbeat.has_perf = true;
+    return 0;
+}
+
 /* A resume's optional rebuild part: "join" and "member", both objects. */
 static int decode_rebuild(struct dec *d)
 {
@@ -608,7 +654,7 @@ static int decode_fields(struct dec *d)
         if ((rc = get_int(d, "waiting", false, 0, PROTO_MAX_NODES, -1, &m->heartbeat.waiting)))
             return rc;
         m->heartbeat.has_waiting = m->heartbeat.waiting >= 0;
-        return 0;
+        return decode_perf(d);
     case PROTO_RESUME:
         if ((rc = get_id(d)) ||
             (rc = get_str(d, "node_id", true, PROTO_MAX_ID, STR_ID, &m->resume.node_id)) ||
@@ -812,6 +858,21 @@ static void put_int(struct enc *e, const char *name, int64_t v, int64_t min, int
     raw(e, buf, (size_t)n);
 }
 
+/* A finite number, to 9 significant digits. */
+static void put_num(struct enc *e, const char *name, double v, double min, double max)
+{
+    if (e->rc)
+        return;
+    if (!isfinite(v) || v < min || v > max) {
+        e->rc = CDDP_EPROTO_FIELD;
+        return;
+    }
+    char buf[32];
+    int n = snprintf(buf, sizeof(buf), "%.9g", v);
+    key(e, name);
+    raw(e, buf, (size_t)n);
+}
+
 static void put_bool(struct enc *e, const char *name, bool v)
 {
     if (e->rc)
@@ -941,6 +1002,17 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
     case PROTO_HEARTBEAT:
         if (m->heartbeat.has_waiting)
             put_int(e, "waiting", m->heartbeat.waiting, 0, PROTO_MAX_NODES);
+        if (m->heartbeat.has_perf) {
+            const struct proto_perf *p = &m->heartbeat.perf;
+            open_object(e, "perf");
+            put_int(e, "ranks", p->ranks, 1, PROTO_MAX_NPROC);
+            put_num(e, "step_s", p->step_s, 1e-9, PROTO_MAX_STEP_S);
+            if (p->compute_s >= 0)
+                put_num(e, "compute_s", p->compute_s, 0, PROTO_MAX_STEP_S);
+            put_int(e, "max_rank", p->max_rank, 0, INT32_MAX);
+            put_num(e, "factor", p->factor, 1.0, 1000.0);
+            close_object(e);
+        }
         break;
     case PROTO_RESUME:
         put_id(e, m->id);

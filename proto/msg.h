@@ -38,6 +38,7 @@
 #define PROTO_MAX_NPROC 65536        /* workers on one node */
 #define PROTO_MAX_TIMEOUT_MS (7LL * 24 * 3600 * 1000)
 #define PROTO_MAX_INT 9007199254740992LL /* 2^53: exact in a JSON number */
+#define PROTO_MAX_STEP_S 86400.0         /* a step time in a heartbeat's perf, seconds */
 
 /* XX(NAME, "wire name"). The order is not the wire format (names are). */
 #define PROTO_TYPES(XX)                                                                            \
@@ -124,6 +125,17 @@ struct proto_join {
     const struct proto_conf_kv *conf; /* rdzv_conf, values as strings */
 };
 
+/* An agent's summary of its ranks' step times, sent with its heartbeats
+ * (optional: older agents send none) so that the server can name a node
+ * slower than the job's others (docs/protocol.md, "heartbeat"). */
+struct proto_perf {
+    int ranks;        /* local ranks measured (1..PROTO_MAX_NPROC) */
+    double step_s;    /* their median seconds a step */
+    double compute_s; /* their median compute seconds a step; < 0: not reported */
+    int max_rank;     /* the global rank of its slowest one */
+    double factor;    /* the agent's --straggler_factor (> 1) */
+};
+
 struct proto_msg {
     enum proto_type type;
     /* Request id of store ops and status, echoed in their result. */
@@ -148,6 +160,9 @@ struct proto_msg {
              * length of the wait list of the connection's run. */
             bool has_waiting;
             int64_t waiting;
+            /* Agent to server only, optional: its ranks' step times. */
+            bool has_perf;
+            struct proto_perf perf;
         } heartbeat;
         struct {
             const char *node_id; /* the node, as it joined on a connection now lost */

@@ -5,7 +5,7 @@
  * Python's json.dumps writes NaN and Infinity for a diverged loss, which
  * cJSON (rightly, for JSON) refuses; a training script that reports its loss
  * must not go silent exactly when the loss goes bad. It accepts RFC 8259 plus
- * those three tokens, decodes only the four known numbers and skips the rest.
+ * those three tokens, decodes only the known fields and skips the rest.
  */
 #include "proto/progress.h"
 
@@ -200,7 +200,17 @@ static int skip_value(struct cursor *c, int depth)
     }
 }
 
-enum key { KEY_OTHER, KEY_STEP, KEY_EPOCH, KEY_LOSS, KEY_SPS };
+enum key {
+    KEY_OTHER,
+    KEY_STEP,
+    KEY_EPOCH,
+    KEY_LOSS,
+    KEY_SPS,
+    KEY_STEP_TIME,
+    KEY_COMPUTE,
+    KEY_WAIT,
+    KEY_AUTO,
+};
 
 static enum key key_of(const char *k, size_t len)
 {
@@ -212,6 +222,10 @@ static enum key key_of(const char *k, size_t len)
         {"epoch", KEY_EPOCH},
         {"loss", KEY_LOSS},
         {"samples_per_s", KEY_SPS},
+        {"step_time_s", KEY_STEP_TIME},
+        {"compute_s", KEY_COMPUTE},
+        {"wait_s", KEY_WAIT},
+        {"auto", KEY_AUTO},
     };
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
         if (strlen(known[i].name) == len && memcmp(known[i].name, k, len) == 0)
@@ -228,7 +242,17 @@ static int to_count(double d, int64_t *out)
     return 0;
 }
 
-static int parse_member(struct cursor *c, struct progress_report *r, unsigned *fields)
+/* A finite number >= 0 for a field of time or rate. */
+static int to_nonneg(double d, double *out)
+{
+    if (!isfinite(d) || d < 0)
+        return CDDP_EPARSE;
+    *out = d;
+    return 0;
+}
+
+static int parse_member(struct cursor *c, struct progress_report *r, unsigned *fields,
+                        bool *is_auto)
 {
     size_t ks, ke;
     int rc = parse_string(c, &ks, &ke);
@@ -244,6 +268,15 @@ static int parse_member(struct cursor *c, struct progress_report *r, unsigned *f
         return skip_value(c, 1);
     if (take_word(c, "null")) /* Python's None: not reported this time */
         return 0;
+    if (key == KEY_AUTO) {
+        if (take_word(c, "true"))
+            *is_auto = true;
+        else if (take_word(c, "false"))
+            *is_auto = false;
+        else
+            return CDDP_EPARSE;
+        return 0;
+    }
     double d;
     if ((rc = parse_number(c, &d)))
         return rc;
@@ -261,22 +294,35 @@ static int parse_member(struct cursor *c, struct progress_report *r, unsigned *f
         *fields |= PROGRESS_LOSS;
         break;
     case KEY_SPS:
-        if (!isfinite(d) || d < 0)
-            return CDDP_EPARSE;
-        r->samples_per_s = d;
+        rc = to_nonneg(d, &r->samples_per_s);
         *fields |= PROGRESS_SAMPLES_PER_S;
         break;
+    case KEY_STEP_TIME:
+        rc = to_nonneg(d, &r->step_time_s);
+        *fields |= PROGRESS_STEP_TIME;
+        break;
+    case KEY_COMPUTE:
+        rc = to_nonneg(d, &r->compute_s);
+        *fields |= PROGRESS_COMPUTE;
+        break;
+    case KEY_WAIT:
+        rc = to_nonneg(d, &r->wait_s);
+        *fields |= PROGRESS_WAIT;
+        break;
+    case KEY_AUTO:
     case KEY_OTHER:
         break;
     }
     return rc;
 }
 
-int progress_parse_line(const char *line, size_t len, struct progress_report *out, unsigned *fields)
+int progress_parse_line(const char *line, size_t len, struct progress_report *out, unsigned *fields,
+                        bool *is_auto)
 {
     struct cursor c = {line, len, 0};
     struct progress_report r = *out;
     unsigned f = 0;
+    bool a = false;
     skip_ws(&c);
     if (peek(&c) != '{')
         return CDDP_EPARSE;
@@ -286,7 +332,7 @@ int progress_parse_line(const char *line, size_t len, struct progress_report *ou
         c.i++;
     } else {
         for (;;) {
-            int rc = parse_member(&c, &r, &f);
+            int rc = parse_member(&c, &r, &f, &a);
             if (rc)
                 return rc;
             skip_ws(&c);
@@ -304,6 +350,7 @@ int progress_parse_line(const char *line, size_t len, struct progress_report *ou
         return CDDP_EPARSE;
     *out = r;
     *fields = f;
+    *is_auto = a;
     return 0;
 }
 
@@ -338,13 +385,27 @@ static unsigned take_line(struct progress_parser *p, const char *line, size_t le
     if (blank(line, len))
         return 0;
     struct progress_report *r = &p->report;
-    int64_t old_step = r->step;
-    bool had_step = (r->fields & PROGRESS_STEP) != 0;
+    /* Parsed into a copy: an "auto" line the script's own lines have
+     * replaced must leave every field as it was. */
+    struct progress_report next = *r;
     unsigned fields;
-    if (progress_parse_line(line, len, r, &fields) != 0) {
+    bool is_auto;
+    if (progress_parse_line(line, len, &next, &fields, &is_auto) != 0) {
         r->malformed++;
         return 0;
     }
+    if (is_auto && r->own)
+        return 0; /* the script reports for itself: the hook stands aside */
+    int64_t old_step = r->step;
+    bool had_step = (r->fields & PROGRESS_STEP) != 0;
+    if (!is_auto && !r->own) {
+        /* The script's first line: the hook's values give way to its own. */
+        next.own = true;
+        next.fields = 0;
+        had_step = false;
+    }
+    *r = next;
+    r->from_auto = is_auto;
     r->fields |= fields;
     r->lines++;
     r->mono_ms = now_mono_ms;
@@ -397,16 +458,21 @@ unsigned progress_eof(struct progress_parser *p, uint64_t now_mono_ms, double no
     return valid;
 }
 
-int progress_format_line(struct cddp_buf *out, int64_t step, int64_t epoch, double loss,
-                         double samples_per_s)
+int progress_format_line(struct cddp_buf *out, const struct progress_line *l)
 {
     struct jsonw w;
     jsonw_init(&w, out);
     jsonw_object_begin(&w, NULL);
-    jsonw_int(&w, "step", step);
-    jsonw_int(&w, "epoch", epoch);
-    jsonw_number_digits(&w, "loss", isfinite(loss) ? loss : 0.0, 6);
-    jsonw_number_fixed(&w, "samples_per_s", samples_per_s, 3);
+    jsonw_int(&w, "step", l->step);
+    jsonw_int(&w, "epoch", l->epoch);
+    jsonw_number_digits(&w, "loss", isfinite(l->loss) ? l->loss : 0.0, 6);
+    jsonw_number_fixed(&w, "samples_per_s", l->samples_per_s, 3);
+    if (l->step_time_s >= 0)
+        jsonw_number_fixed(&w, "step_time_s", l->step_time_s, 6);
+    if (l->compute_s >= 0)
+        jsonw_number_fixed(&w, "compute_s", l->compute_s, 6);
+    if (l->wait_s >= 0)
+        jsonw_number_fixed(&w, "wait_s", l->wait_s, 6);
     jsonw_object_end(&w);
     int rc = jsonw_finish(&w);
     return rc ? rc : cddp_buf_append(out, "\n", 1);

@@ -16,9 +16,19 @@
  *     loss           number; Python's NaN, Infinity and -Infinity are
  *                    accepted, because a diverging loss is when you want it
  *     samples_per_s  number >= 0
+ *     step_time_s    number >= 0: seconds a step took (the mean over the steps
+ *                    since the worker's previous line)
+ *     compute_s      number >= 0: of that, the time outside collective waits
+ *     wait_s         number >= 0: the time blocked in collectives
+ *     auto           true: the line comes from cddprun's automatic progress
+ *                    hook (a Python worker's optimizer steps), not from the
+ *                    script; false or absent: from the script
  *
  * A valid line updates the fields it carries; the others keep their last
- * value (so a script may report the loss less often than the step). Unknown
+ * value (so a script may report the loss less often than the step). Once a
+ * line without "auto" arrived in an attempt, lines with "auto" are ignored
+ * for the rest of it (not counted, no field taken): the hook stands aside
+ * for a script that writes its own progress. Unknown
  * keys are ignored, so scripts can send more. A line that is not a JSON
  * object, has a known field of the wrong type, or is longer than
  * PROGRESS_LINE_MAX is dropped whole and counted in `malformed`; blank
@@ -47,6 +57,9 @@ enum {
     PROGRESS_EPOCH = 1u << 1,
     PROGRESS_LOSS = 1u << 2,
     PROGRESS_SAMPLES_PER_S = 1u << 3,
+    PROGRESS_STEP_TIME = 1u << 4,
+    PROGRESS_COMPUTE = 1u << 5,
+    PROGRESS_WAIT = 1u << 6,
 };
 
 /* The latest values of one worker: plain data, copied into status views. */
@@ -56,8 +69,13 @@ struct progress_report {
     int64_t epoch;
     double loss;
     double samples_per_s;
-    double wall;           /* wall time of the last valid line; 0 = none yet */
-    uint64_t mono_ms;      /* monotonic ms of the last valid line; 0 = none yet */
+    double step_time_s;
+    double compute_s;
+    double wait_s;
+    bool from_auto;   /* the values came from "auto" lines (the hook), none yet from the script */
+    bool own;         /* this attempt sent a line without "auto": "auto" lines are ignored */
+    double wall;      /* wall time of the last valid line; 0 = none yet */
+    uint64_t mono_ms; /* monotonic ms of the last valid line; 0 = none yet */
     uint64_t step_mono_ms; /* monotonic ms when step last changed; 0 = never */
     uint64_t lines;        /* valid lines */
     uint64_t malformed;    /* dropped lines (bad JSON, bad field, too long) */
@@ -86,16 +104,28 @@ unsigned progress_feed(struct progress_parser *p, const char *data, size_t n, ui
 unsigned progress_eof(struct progress_parser *p, uint64_t now_mono_ms, double now_wall);
 
 /* Parses one line (no newline) into *out, leaving fields absent from the line
- * untouched and setting *fields to the ones present. 0, or CDDP_EPARSE. */
-int progress_parse_line(const char *line, size_t len, struct progress_report *out,
-                        unsigned *fields);
+ * untouched and setting *fields to the ones present; *is_auto says whether
+ * it carried "auto": true. 0, or CDDP_EPARSE. */
+int progress_parse_line(const char *line, size_t len, struct progress_report *out, unsigned *fields,
+                        bool *is_auto);
 
-/* The worker's end: appends one line (the object above and a newline) with
- * every known field to out: the step and epoch as integers, the loss to six
- * significant digits, samples_per_s to three decimals. A loss that is not
- * finite is written as 0, so the line stays JSON every reader takes.
- * 0, or out's error (CDDP_ETOOBIG past its maximum, CDDP_ENOMEM). */
-int progress_format_line(struct cddp_buf *out, int64_t step, int64_t epoch, double loss,
-                         double samples_per_s);
+/* What a worker writes in one line (cddp-train's every step). */
+struct progress_line {
+    int64_t step;
+    int64_t epoch;
+    double loss;
+    double samples_per_s;
+    /* Seconds; a negative value leaves the field out. */
+    double step_time_s;
+    double compute_s;
+    double wait_s;
+};
+
+/* The worker's end: appends one line (the object above and a newline) to
+ * out: the step and epoch as integers, the loss to six significant digits,
+ * samples_per_s to three decimals, the times (those >= 0) to six. A loss
+ * that is not finite is written as 0, so the line stays JSON every reader
+ * takes. 0, or out's error (CDDP_ETOOBIG past its maximum, CDDP_ENOMEM). */
+int progress_format_line(struct cddp_buf *out, const struct progress_line *l);
 
 #endif

@@ -80,6 +80,8 @@ struct rdzv_client {
     uint64_t resume_id; /* the resume request in flight; 0: none */
     int64_t waiting;    /* the run's wait list as the server last said; -1: unknown */
     int64_t restart_count;
+    bool has_perf; /* rdzv_client_set_perf: sent with every heartbeat */
+    struct proto_perf perf;
 
     /* What the agent's keep-alive watch asks (rdzv_client_quiet_ms). */
     uint64_t last_heard;    /* loop time of the host's last answer: bytes, a reset, a refusal */
@@ -485,8 +487,17 @@ static void on_beat(uv_timer_t *t)
 {
     struct rdzv_client *c = t->data;
     struct proto_msg m = {.type = PROTO_HEARTBEAT};
+    m.heartbeat.has_perf = c->has_perf;
+    m.heartbeat.perf = c->perf;
     if (c->state == C_CONNECTED && !c->hold)
         client_send(c, &m);
+}
+
+void rdzv_client_set_perf(struct rdzv_client *c, const struct proto_perf *perf)
+{
+    c->has_perf = perf != NULL;
+    if (perf)
+        c->perf = *perf;
 }
 
 static void on_watch(uv_timer_t *t)

@@ -169,6 +169,11 @@ int rdzv_client_compare_set(struct rdzv_client *c, const char *key, const void *
 int rdzv_client_barrier(struct rdzv_client *c, const char *prefix, int n, int64_t timeout_ms,
                         rdzv_done_cb cb, void *arg);
 
+/* What this node's heartbeats tell the server of its ranks' step times
+ * from now on (copied; NULL: nothing, until set again). The server names
+ * a node slower than the job's others from them (docs/protocol.md). */
+void rdzv_client_set_perf(struct rdzv_client *c, const struct proto_perf *perf);
+
 /* The last completed round (NULL before the first), valid until the next. */
 const struct proto_round *rdzv_client_round(const struct rdzv_client *c);
 /* One line about the last failure (the server's message if it sent one). */

@@ -293,12 +293,32 @@ static void write_out(struct conn *c)
     }
 }
 
+/* A node became, or stopped being, slower than the job's others
+ * (rdzv_state_heartbeat_perf): said once each way. */
+static void log_straggler(const struct rdzv_action *a)
+{
+    const char *what = a->straggler.compute ? "compute" : "step time";
+    if (a->straggler.slow)
+        log_warn("R0024",
+                 "run '%s': node %s is a straggler: %.3f s a step (%s, median of its ranks; "
+                 "slowest rank %d) against the job's median %.3f s (x%.2f)",
+                 a->straggler.run_id, a->straggler.node_id, a->straggler.time_s, what,
+                 a->straggler.max_rank, a->straggler.median_s, a->straggler.ratio);
+    else
+        log_info("R0025", "run '%s': node %s is no longer a straggler (x%.2f of the job's median)",
+                 a->straggler.run_id, a->straggler.node_id, a->straggler.ratio);
+}
+
 static void apply_actions(struct rdzv_server *srv)
 {
     const struct rdzv_action *acts;
     size_t n = rdzv_state_actions(srv->state, &acts);
     for (size_t i = 0; i < n; i++) {
         const struct rdzv_action *a = &acts[i];
+        if (a->kind == RDZV_ACT_STRAGGLER) {
+            log_straggler(a);
+            continue;
+        }
         struct conn *c = a->peer->data;
         struct proto_msg m = {0};
         switch (a->kind) {
@@ -359,6 +379,8 @@ static void apply_actions(struct rdzv_server *srv)
             m.result.has_number = a->result.has_number;
             m.result.number = a->result.number;
             break;
+        case RDZV_ACT_STRAGGLER: /* logged above, sends nothing */
+            continue;
         }
         send_msg(c, &m);
         if (a->kind == RDZV_ACT_ERROR && a->error.drop) {
@@ -529,7 +551,8 @@ static void dispatch(struct conn *c, const struct proto_msg *m)
         rdzv_state_join(srv->state, now, &c->peer, m);
         break;
     case PROTO_HEARTBEAT:
-        rdzv_state_heartbeat(srv->state, now, &c->peer);
+        rdzv_state_heartbeat_perf(srv->state, now, &c->peer,
+                                  m->heartbeat.has_perf ? &m->heartbeat.perf : NULL);
         break;
     case PROTO_RESUME:
         rdzv_state_resume(srv->state, now, &c->peer, m);

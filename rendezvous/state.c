@@ -23,6 +23,7 @@
 #include "common/errors.h"
 #include "common/heap.h"
 #include "common/queue.h"
+#include "common/straggler.h"
 #include "common/strmap.h"
 #include "common/strutil.h"
 #include "rendezvous/conf.h"
@@ -60,6 +61,9 @@ struct rdzv_node {
     int keep_alive_max;
     struct timer beat;
     struct timer join;
+    bool has_perf; /* its agent's summary of its ranks' step times, this round */
+    struct proto_perf perf;
+    struct straggler_member judged; /* the last straggler judgement of it */
     char *local_addr;
     char *hostname;
     size_t idlen;
@@ -99,6 +103,11 @@ struct rdzv_run {
     struct timer rebuild;
     struct rdzv_node **ranked; /* scratch for completing a round */
     size_t ranked_cap;
+    /* The last straggler judgement of the active members. */
+    uint64_t judged_at;
+    double step_median_s;
+    bool step_compute;
+    double straggler_factor;
     size_t idlen;
     char id[];
 };
@@ -552,6 +561,9 @@ static void complete_round(struct rdzv_state *st, struct rdzv_run *run, uint64_t
 
 static void join_as_participant(struct rdzv_state *st, struct rdzv_node *node, uint64_t now)
 {
+    /* The last round's step times say nothing of the next one's. */
+    node->has_perf = false;
+    memset(&node->judged, 0, sizeof(node->judged));
     node_set_state(node, N_PARTICIPANT);
     timer_arm(st, &node->join, add_ms(now, node->join_timeout_ms));
     struct rdzv_action *a = push_action(st, RDZV_ACT_JOINED, node->peer);
@@ -946,6 +958,85 @@ void rdzv_state_heartbeat(struct rdzv_state *st, uint64_t now, struct rdzv_peer 
     if (peer->heartbeat_ack)
         push_action(st, RDZV_ACT_HEARTBEAT, peer)->heartbeat.waiting =
             peer->run ? peer->run->count[N_WAITING] : 0;
+}
+
+/* ---- stragglers: nodes slower than the job's others ---- */
+
+#define STRAGGLER_JUDGE_MS 1000
+#define STRAGGLER_DEFAULT_FACTOR 1.5
+
+/* Judges the active members' summaries (common/straggler.h); every change
+ * is an RDZV_ACT_STRAGGLER, for the log. */
+static void judge_stragglers(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
+{
+    run->judged_at = now;
+    size_t n = run->count[N_ACTIVE];
+    struct rdzv_node **nodes = malloc(n * sizeof(*nodes) + 1);
+    struct straggler_member *m = malloc(n * sizeof(*m) + 1);
+    double *scratch = malloc(n * sizeof(*scratch) + 1);
+    struct straggler_change *ch = malloc(n * sizeof(*ch) + 1);
+    if (nodes == NULL || m == NULL || scratch == NULL || ch == NULL)
+        goto out; /* judged again at the next heartbeat */
+    size_t k = 0, measured = 0, with_compute = 0;
+    double factor = 0;
+    struct cddp_queue *q;
+    cddp_queue_foreach(q, &run->lists[N_ACTIVE])
+    {
+        struct rdzv_node *node = cddp_queue_data(q, struct rdzv_node, link);
+        nodes[k++] = node;
+        if (!node->has_perf)
+            continue;
+        measured++;
+        with_compute += node->perf.compute_s >= 0;
+        if (node->perf.factor > factor)
+            factor = node->perf.factor;
+    }
+    bool compute = measured > 0 && with_compute == measured;
+    for (size_t i = 0; i < k; i++) {
+        m[i] = nodes[i]->judged;
+        m[i].value = !nodes[i]->has_perf ? 0
+                     : compute           ? nodes[i]->perf.compute_s
+                                         : nodes[i]->perf.step_s;
+    }
+    run->step_median_s = straggler_median(m, k, scratch);
+    run->step_compute = compute;
+    run->straggler_factor = factor > 1 ? factor : STRAGGLER_DEFAULT_FACTOR;
+    size_t nch = straggler_mark(m, k, run->step_median_s, run->straggler_factor, now, ch);
+    for (size_t i = 0; i < k; i++)
+        nodes[i]->judged = m[i];
+    for (size_t i = 0; i < nch; i++) {
+        const struct rdzv_node *node = nodes[ch[i].index];
+        struct rdzv_action *a = push_action(st, RDZV_ACT_STRAGGLER, node->peer);
+        a->straggler.run_id = run->id;
+        a->straggler.node_id = node->id;
+        a->straggler.slow = ch[i].slow;
+        a->straggler.time_s = m[ch[i].index].value;
+        a->straggler.median_s = run->step_median_s;
+        a->straggler.ratio = m[ch[i].index].ratio;
+        a->straggler.compute = compute;
+        a->straggler.max_rank = node->has_perf ? node->perf.max_rank : -1;
+    }
+out:
+    free(nodes);
+    free(m);
+    free(scratch);
+    free(ch);
+}
+
+void rdzv_state_heartbeat_perf(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                               const struct proto_perf *perf)
+{
+    rdzv_state_heartbeat(st, now, peer);
+    struct rdzv_node *node = peer->node;
+    if (node == NULL)
+        return;
+    node->has_perf = perf != NULL;
+    if (perf)
+        node->perf = *perf;
+    struct rdzv_run *run = node->run;
+    if (run->phase == RDZV_RUNNING && node->state == N_ACTIVE &&
+        now - run->judged_at >= STRAGGLER_JUDGE_MS)
+        judge_stragglers(st, run, now);
 }
 
 /* The round is whole again: it runs on as if the server had never gone.
@@ -1493,6 +1584,9 @@ void rdzv_state_visit(const struct rdzv_state *st, size_t max_runs,
             .max_nodes = run->max_nodes,
             .round_at = run->had_round ? run->round_at : 0,
             .nnodes = run->nodes.len,
+            .step_median_s = run->step_median_s,
+            .step_compute = run->step_compute,
+            .straggler_factor = run->straggler_factor,
         };
         run_cb(arg, &ri);
         for (int k = 0; k < N_COUNT; k++) {
@@ -1510,6 +1604,11 @@ void rdzv_state_visit(const struct rdzv_state *st, size_t max_runs,
                     .addr = n->peer && n->peer->addr[0] ? n->peer->addr : NULL,
                     .joined_at = n->joined_at,
                     .last_seen = n->last_beat,
+                    .has_perf = n->has_perf,
+                    .perf = n->perf,
+                    .slow = n->state == N_ACTIVE && n->judged.slow,
+                    .slow_since = n->judged.since_ms,
+                    .slow_ratio = n->judged.ratio,
                 };
                 node_cb(arg, &ni);
             }

@@ -78,6 +78,7 @@ enum rdzv_action_kind {
     RDZV_ACT_ERROR,      /* an error for the peer; drop: close its connection after it */
     RDZV_ACT_RESULT,     /* the result of a store request (or of a resume) */
     RDZV_ACT_HEARTBEAT,  /* a heartbeat answered: the run's wait list length */
+    RDZV_ACT_STRAGGLER,  /* for the log: a node became, or stopped being, a slow node */
 };
 
 struct rdzv_action {
@@ -117,6 +118,16 @@ struct rdzv_action {
         struct {
             size_t waiting;
         } heartbeat;
+        struct {
+            const char *run_id;
+            const char *node_id;
+            bool slow;       /* true: named now; false: no longer */
+            double time_s;   /* its median seconds a step (compute, or step time) */
+            double median_s; /* the job's median of the nodes' */
+            double ratio;    /* time_s / median_s */
+            bool compute;    /* the times are compute times (else step times) */
+            int max_rank;    /* its slowest rank */
+        } straggler;
     };
 };
 
@@ -152,6 +163,16 @@ void rdzv_state_join(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer
  * from a peer with heartbeat_ack set is answered (RDZV_ACT_HEARTBEAT) with
  * the length of its run's wait list. */
 void rdzv_state_heartbeat(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer);
+/* A heartbeat message, with the agent's summary of its ranks' step times
+ * (perf; NULL when it had none: an older agent, or nothing measured yet),
+ * which replaces the node's last. At most once a second per run, the active
+ * members' summaries are judged (common/straggler.h): a node whose median
+ * step (compute when every node reports compute, else step time) is more
+ * than the largest factor the agents sent times the median of the nodes'
+ * medians is named slow, each change an RDZV_ACT_STRAGGLER. A node's
+ * summary and name are forgotten when it joins a new round. */
+void rdzv_state_heartbeat_perf(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                               const struct proto_perf *perf);
 /* A node whose connection broke asks to go on, on this new connection, in
  * the round it runs in (m->type == PROTO_RESUME; m->id the request id). If
  * the run is running that round and the node is still an active member of
@@ -234,6 +255,12 @@ struct rdzv_run_info {
     int min_nodes, max_nodes;
     uint64_t round_at; /* when the current round completed; 0: none yet */
     size_t nnodes;
+    /* The last straggler judgement: the median of the nodes' median steps
+     * (0: fewer than two nodes measured), whether they are compute times,
+     * and the factor it used. */
+    double step_median_s;
+    bool step_compute;
+    double straggler_factor;
 };
 struct rdzv_node_info {
     const char *node_id;
@@ -244,6 +271,14 @@ struct rdzv_node_info {
     const char *addr;   /* the address its connection comes from; NULL: not connected */
     uint64_t joined_at; /* when its last join was taken */
     uint64_t last_seen; /* its last frame */
+    /* Its agent's last summary of its ranks' step times (has_perf false:
+     * none this round), and whether the last judgement named it slow
+     * (since when, and its value over the job's median). */
+    bool has_perf;
+    struct proto_perf perf;
+    bool slow;
+    uint64_t slow_since;
+    double slow_ratio;
 };
 /* Calls run_cb for each run (at most max_runs; 0: all), each followed by
  * node_cb for each of its nodes: the round's (active, restarting,

@@ -31,6 +31,9 @@ static void visit_run(void *arg, const struct rdzv_run_info *ri)
     r->min_nodes = ri->min_nodes > 0 ? (unsigned)ri->min_nodes : 0;
     r->max_nodes = ri->max_nodes > 0 ? (unsigned)ri->max_nodes : 0;
     r->last_round_at = wall_of(b, ri->round_at);
+    r->step_median_s = ri->step_median_s;
+    r->step_compute = ri->step_compute;
+    r->straggler_factor = ri->straggler_factor;
     b->first.items[b->first.len++] = b->nodes.len;
 }
 
@@ -50,6 +53,12 @@ static void visit_node(void *arg, const struct rdzv_node_info *ni)
     n->addr = ni->addr;
     n->joined_at = wall_of(b, ni->joined_at);
     n->last_seen_at = wall_of(b, ni->last_seen);
+    n->step_time_s = ni->has_perf ? ni->perf.step_s : -1;
+    n->compute_s = ni->has_perf ? ni->perf.compute_s : -1;
+    n->slowest_rank = ni->has_perf ? ni->perf.max_rank : -1;
+    n->straggler = ni->slow;
+    n->straggler_since = ni->slow ? wall_of(b, ni->slow_since) : 0;
+    n->straggler_ratio = ni->slow_ratio;
     /* The visit gives the wait list last: members, then waiting. */
     struct status_rdzv_run_view *r = &b->runs.items[b->runs.len - 1];
     if (strcmp(ni->state, "waiting") == 0)

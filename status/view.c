@@ -190,9 +190,55 @@ static void agent_json_worker(struct jsonw *j, const struct status_worker_view *
                                                  : 0);
         jsonw_int(j, "lines", (int64_t)p->lines);
         jsonw_int(j, "malformed", (int64_t)p->malformed);
+        js_secs_if(j, "step_time_s", p->fields & PROGRESS_STEP_TIME, p->step_time_s);
+        js_secs_if(j, "compute_s", p->fields & PROGRESS_COMPUTE, p->compute_s);
+        js_secs_if(j, "wait_s", p->fields & PROGRESS_WAIT, p->wait_s);
+        /* Whose values these are: cddprun's automatic progress (the
+         * optimizer's steps) until the script writes lines of its own. */
+        jsonw_string(j, "source", p->from_auto ? "auto" : "worker");
         jsonw_object_end(j);
     }
+    js_secs_if(j, "step_time_s", wv->step_time_s > 0, wv->step_time_s);
+    js_secs_if(j, "compute_s", wv->compute_s > 0, wv->compute_s);
+    jsonw_bool(j, "straggler", wv->straggler);
     jsonw_object_end(j);
+}
+
+/* The ranks named stragglers, and what they were judged against. */
+static void agent_json_stragglers(struct jsonw *j, const struct status_agent_view *v)
+{
+    if (v->straggler_factor > 0) {
+        jsonw_object_begin(j, "straggler_detection");
+        jsonw_number(j, "factor", v->straggler_factor);
+        jsonw_int(j, "min_steps", STATUS_STRAGGLER_MIN_STEPS);
+        if (v->step_median_s > 0) {
+            jsonw_string(j, "basis", v->step_compute ? "compute" : "step_time");
+            jsonw_seconds(j, "median_s", v->step_median_s);
+        } else {
+            jsonw_null(j, "basis");
+            jsonw_null(j, "median_s");
+        }
+        jsonw_object_end(j);
+    } else {
+        jsonw_null(j, "straggler_detection");
+    }
+    jsonw_array_begin(j, "stragglers");
+    for (size_t i = 0; i < v->nworkers; i++) {
+        const struct status_worker_view *wv = &v->workers[i];
+        if (!wv->straggler)
+            continue;
+        jsonw_object_begin(j, NULL);
+        js_int_if(j, "rank", wv->rank >= 0, wv->rank);
+        jsonw_int(j, "local_rank", wv->local_rank);
+        jsonw_string(j, "node", v->hostname);
+        double t = v->step_compute ? wv->compute_s : wv->step_time_s;
+        js_secs_if(j, "time_s", t > 0, t);
+        js_secs_if(j, "median_s", v->step_median_s > 0, v->step_median_s);
+        jsonw_number(j, "factor", wv->straggler_ratio);
+        js_secs_if(j, "since", wv->straggler_since > 0, wv->straggler_since);
+        jsonw_object_end(j);
+    }
+    jsonw_array_end(j);
 }
 
 static bool agent_ready(const struct status_agent_view *v)
@@ -268,6 +314,8 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
         jsonw_int(j, "kills", (int64_t)v->watchdog_kills);
         jsonw_object_end(j);
     }
+
+    agent_json_stragglers(j, v);
 
     jsonw_array_begin(j, "workers");
     for (size_t i = 0; i < v->nworkers; i++)
@@ -383,6 +431,14 @@ static const struct {
      "Progress lines dropped as malformed or too long."},
     {"cddp_worker_watchdog_timeout_seconds", PROM_GAUGE,
      "The progress watchdog's timeout for the worker now (absent while not watched)."},
+    {"cddp_worker_step_seconds", PROM_GAUGE,
+     "The worker's mean step time over its last 20+ steps (absent until measured)."},
+    {"cddp_worker_compute_seconds", PROM_GAUGE,
+     "The worker's mean step time outside collective waits over its last 20+ steps (absent "
+     "unless reported)."},
+    {"cddp_worker_straggler", PROM_GAUGE,
+     "1 while the worker is named a straggler (--straggler_factor times the node's median), "
+     "else 0."},
 };
 
 /* Worker wv's value in family f of worker_families, into *val; *have is
@@ -417,6 +473,15 @@ static void worker_value(size_t f, const struct status_worker_view *wv, bool *ha
         break;
     case 9:
         *have = wv->watchdog_timeout_s > 0, *val = wv->watchdog_timeout_s;
+        break;
+    case 10:
+        *have = wv->step_time_s > 0, *val = wv->step_time_s;
+        break;
+    case 11:
+        *have = wv->compute_s > 0, *val = wv->compute_s;
+        break;
+    case 12:
+        *have = true, *val = wv->straggler;
         break;
     default:
         *have = true, *val = (double)p->malformed;
@@ -552,6 +617,36 @@ static void rdzv_json_nodes(struct jsonw *j, const char *key,
             jsonw_null(j, "addr");
         js_secs_if(j, "joined_at", nodes[i].joined_at > 0, nodes[i].joined_at);
         js_secs_if(j, "last_seen_at", nodes[i].last_seen_at > 0, nodes[i].last_seen_at);
+        js_secs_if(j, "step_time_s", nodes[i].step_time_s > 0, nodes[i].step_time_s);
+        js_secs_if(j, "compute_s", nodes[i].compute_s > 0, nodes[i].compute_s);
+        jsonw_bool(j, "straggler", nodes[i].straggler);
+        jsonw_object_end(j);
+    }
+    jsonw_array_end(j);
+}
+
+/* A run's slow nodes: each named against the median of the nodes' medians. */
+static void rdzv_json_stragglers(struct jsonw *j, const struct status_rdzv_run_view *r)
+{
+    js_secs_if(j, "step_median_s", r->step_median_s > 0, r->step_median_s);
+    if (r->step_median_s > 0)
+        jsonw_string(j, "step_basis", r->step_compute ? "compute" : "step_time");
+    else
+        jsonw_null(j, "step_basis");
+    jsonw_array_begin(j, "stragglers");
+    for (size_t i = 0; i < r->nmembers; i++) {
+        const struct status_rdzv_node_view *n = &r->members[i];
+        if (!n->straggler)
+            continue;
+        jsonw_object_begin(j, NULL);
+        jsonw_string(j, "node", n->node);
+        js_int_if(j, "node_rank", n->node_rank >= 0, n->node_rank);
+        js_int_if(j, "rank", n->slowest_rank >= 0, n->slowest_rank);
+        double t = r->step_compute ? n->compute_s : n->step_time_s;
+        js_secs_if(j, "time_s", t > 0, t);
+        js_secs_if(j, "median_s", r->step_median_s > 0, r->step_median_s);
+        jsonw_number(j, "factor", n->straggler_ratio);
+        js_secs_if(j, "since", n->straggler_since > 0, n->straggler_since);
         jsonw_object_end(j);
     }
     jsonw_array_end(j);
@@ -581,6 +676,7 @@ static void rdzv_json_fields(struct jsonw *j, const struct status_rdzv_view *v)
         jsonw_int(j, "min_nodes", r->min_nodes);
         jsonw_int(j, "max_nodes", r->max_nodes);
         js_secs_if(j, "last_round_at", r->last_round_at > 0, r->last_round_at);
+        rdzv_json_stragglers(j, r);
         rdzv_json_nodes(j, "members", r->members, r->nmembers);
         rdzv_json_nodes(j, "waiting", r->waiting, r->nwaiting);
         jsonw_object_end(j);
@@ -631,6 +727,22 @@ static void rdzv_metric_families(struct prom_writer *w, const struct status_rdzv
     for (size_t i = 0; i < v->nruns; i++)
         prom_sample1(w, "run_id", v->runs[i].run_id ? v->runs[i].run_id : "",
                      (double)v->runs[i].round);
+    prom_family(w, "cddp_rdzv_step_seconds", PROM_GAUGE,
+                "The median of the nodes' median step times (compute when every node reports "
+                "it), by run; absent until two nodes are measured.");
+    for (size_t i = 0; i < v->nruns; i++)
+        if (v->runs[i].step_median_s > 0)
+            prom_sample1(w, "run_id", v->runs[i].run_id ? v->runs[i].run_id : "",
+                         v->runs[i].step_median_s);
+    prom_family(w, "cddp_rdzv_stragglers", PROM_GAUGE,
+                "Nodes named stragglers (their median step --straggler_factor times the job's), "
+                "by run.");
+    for (size_t i = 0; i < v->nruns; i++) {
+        size_t slow = 0;
+        for (size_t k = 0; k < v->runs[i].nmembers; k++)
+            slow += v->runs[i].members[k].straggler;
+        prom_sample1(w, "run_id", v->runs[i].run_id ? v->runs[i].run_id : "", (double)slow);
+    }
 }
 
 static void rdzv_metrics(struct prom_writer *w, const struct status_rdzv_view *v)

@@ -27,6 +27,10 @@
 
 struct status_rdzv_view;
 
+/* The fewest steps a straggler judgement is made over (common/straggler.h's
+ * STRAGGLER_MIN_STEPS, shown on /status). */
+#define STATUS_STRAGGLER_MIN_STEPS 20
+
 /* ---- the agent (cddprun) --------------------------------------------- */
 
 /* The agent as a whole. Ready (for /readyz) only in RUNNING. */
@@ -88,6 +92,12 @@ struct status_worker_view {
     unsigned restarts;               /* times this local rank was started again */
     struct progress_report progress; /* progress.mono_ms == 0: never reported */
     double watchdog_timeout_s;       /* the progress watchdog's timeout now; 0: not watched */
+    /* Means over its last 20+ steps (agent/stragglers.c); < 0: not known. */
+    double step_time_s;
+    double compute_s;
+    bool straggler;         /* named a straggler */
+    double straggler_since; /* wall time it was named */
+    double straggler_ratio; /* its time over the node's median; 0: not known */
 };
 
 /* The agent's TCPStore (store/tcpstore.h's stats, as plain numbers). */
@@ -148,6 +158,12 @@ struct status_agent_view {
     uint64_t worker_exits[STATUS_EXIT_REASON_COUNT];
     const char *watchdog_mode; /* "off", "fixed", "auto"; NULL: no watchdog object */
     uint64_t watchdog_kills;   /* groups stopped because a worker was hung */
+    /* Straggler detection (docs/status.md, "Stragglers"): the factor (0:
+     * off), the node's median at the last judgement (0: not known), and
+     * whether it judged compute times (else step times). */
+    double straggler_factor;
+    double step_median_s;
+    bool step_compute;
     /* Teed output the log files could not take (a full disk): bytes, files. */
     uint64_t log_dropped_bytes;
     unsigned log_dropped_files;
@@ -190,6 +206,16 @@ struct status_rdzv_node_view {
     const char *state;   /* the state machine's name for it ("active", ...); NULL: not shown */
     int status_port;     /* its agent's status port; 0: none or not said */
     const char *addr;    /* where its connection comes from; NULL: not connected */
+    /* Its agent's summary of its ranks' step times (heartbeats): their
+     * median step and compute time (<= 0: not said), its slowest rank
+     * (shown with a straggler); and the job-wide judgement: named, since
+     * (wall), ratio. */
+    double step_time_s;
+    double compute_s;
+    int slowest_rank;
+    bool straggler;
+    double straggler_since;
+    double straggler_ratio;
 };
 
 struct status_rdzv_run_view {
@@ -202,6 +228,11 @@ struct status_rdzv_run_view {
     const struct status_rdzv_node_view *members;
     size_t nwaiting;
     const struct status_rdzv_node_view *waiting; /* the wait list */
+    /* The last straggler judgement of its members: the median of their
+     * medians (0: not known), compute times or step times, the factor. */
+    double step_median_s;
+    bool step_compute;
+    double straggler_factor;
 };
 
 struct status_rdzv_view {

@@ -17,7 +17,7 @@
 #define FAULT_SPEC_MAX 128
 #define FAULT_USAGE                                                                                \
     "use crash@step=N[,rank=R][,every], hang@step=N[,rank=R][,every] or "                          \
-    "slow@step=N,ms=M[,rank=R][,every]"
+    "slow@step=N,ms=M[,rank=R][,for=K][,every]"
 
 const char *trn_fault_kind_name(enum trn_fault_kind kind)
 {
@@ -57,7 +57,8 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
     if (at == NULL)
         return fail(out, err, errlen, CDDP_EPARSE, spec, "missing '@' (" FAULT_USAGE ")");
     *at = '\0';
-    struct trn_fault f = {.kind = TRN_FAULT_NONE, .step = -1, .rank = -1, .ms = 0, .every = false};
+    struct trn_fault f = {
+        .kind = TRN_FAULT_NONE, .step = -1, .rank = -1, .ms = 0, .count = 1, .every = false};
     if (strcmp(buf, "crash") == 0)
         f.kind = TRN_FAULT_CRASH;
     else if (strcmp(buf, "hang") == 0)
@@ -71,6 +72,7 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
 
     bool have_rank = false;
     bool have_ms = false;
+    bool have_for = false;
     char *p = at + 1;
     for (;;) {
         char *comma = strchr(p, ',');
@@ -81,8 +83,8 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
         char *eq = strchr(p, '=');
         if (eq == NULL) {
             if (strcmp(p, "every") != 0) {
-                snprintf(why, sizeof(why), "unknown field '%s' (fields: step=, rank=, ms=, every)",
-                         p);
+                snprintf(why, sizeof(why),
+                         "unknown field '%s' (fields: step=, rank=, ms=, for=, every)", p);
                 return fail(out, err, errlen, CDDP_EPARSE, spec, why);
             }
             if (f.every)
@@ -125,9 +127,21 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
                 }
                 f.ms = v;
                 have_ms = true;
+            } else if (strcmp(p, "for") == 0) {
+                if (f.kind != TRN_FAULT_SLOW)
+                    return fail(out, err, errlen, CDDP_EPARSE, spec, "for= applies to slow only");
+                if (have_for)
+                    return fail(out, err, errlen, CDDP_EPARSE, spec, "'for' given twice");
+                rc = cddp_parse_long(val, 1, (1L << 40), &v);
+                if (rc < 0) {
+                    snprintf(why, sizeof(why), "for must be a number of steps >= 1, not '%s'", val);
+                    return fail(out, err, errlen, rc, spec, why);
+                }
+                f.count = v;
+                have_for = true;
             } else {
-                snprintf(why, sizeof(why), "unknown field '%s' (fields: step=, rank=, ms=, every)",
-                         p);
+                snprintf(why, sizeof(why),
+                         "unknown field '%s' (fields: step=, rank=, ms=, for=, every)", p);
                 return fail(out, err, errlen, CDDP_EPARSE, spec, why);
             }
         }
@@ -145,7 +159,8 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
 
 bool trn_fault_due(const struct trn_fault *f, long step, int rank, long restart_count)
 {
-    if (f->kind == TRN_FAULT_NONE || step != f->step)
+    long count = f->count > 1 ? f->count : 1; /* (a struct not from the parser has 0) */
+    if (f->kind == TRN_FAULT_NONE || step < f->step || step - f->step >= count)
         return false;
     if (f->rank >= 0 && f->rank != rank)
         return false;
@@ -169,8 +184,14 @@ void trn_fault_fire(const struct trn_fault *f, long step, int rank)
         for (;;)
             pause();
     case TRN_FAULT_SLOW: {
-        log_warn("T6103", "fault injection: sleeping %ld ms at step %ld on rank %d (--fault)",
-                 f->ms, step, rank);
+        if (f->count > 1 && step == f->step)
+            log_warn("T6104",
+                     "fault injection: sleeping %ld ms in each of %ld steps from step %ld on "
+                     "rank %d (--fault)",
+                     f->ms, f->count, step, rank);
+        else if (f->count <= 1)
+            log_warn("T6103", "fault injection: sleeping %ld ms at step %ld on rank %d (--fault)",
+                     f->ms, step, rank);
         struct timespec ts = {.tv_sec = f->ms / 1000, .tv_nsec = (f->ms % 1000) * 1000000L};
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
         }

@@ -3,7 +3,9 @@
  *
  *     --fault crash@step=N[,rank=R][,every]     exit 1 when step N begins
  *     --fault hang@step=N[,rank=R][,every]      block forever before step N's first collective
- *     --fault slow@step=N,ms=M[,rank=R][,every] sleep M ms when step N begins (once)
+ *     --fault slow@step=N,ms=M[,rank=R][,for=K][,every]
+ *                                               sleep M ms as each of the K steps
+ *                                               from step N begins (K: 1 unless given)
  *
  * Steps are the training loop's global step counter (0-based, continued
  * across a resume). Without rank= the fault fires on every rank. A restarted
@@ -29,9 +31,10 @@ enum trn_fault_kind {
 
 struct trn_fault {
     enum trn_fault_kind kind;
-    long step; /* >= 0 */
-    int rank;  /* -1: every rank */
-    long ms;   /* slow only, > 0 */
+    long step;  /* >= 0 */
+    int rank;   /* -1: every rank */
+    long ms;    /* slow only, > 0 */
+    long count; /* slow only: the steps it lasts, from step (0 and 1: one) */
     bool every;
 };
 
@@ -41,14 +44,16 @@ struct trn_fault {
 int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t errlen);
 
 /* True when f fires on `rank` as step `step` begins in restart attempt
- * `restart_count` (TORCHELASTIC_RESTART_COUNT). Pure. */
+ * `restart_count` (TORCHELASTIC_RESTART_COUNT): at step f->step, and for a
+ * lasting slowdown at each of the f->count steps from there. Pure. */
 bool trn_fault_due(const struct trn_fault *f, long step, int rank, long restart_count);
 
 /* "crash", "hang", "slow" or "none". */
 const char *trn_fault_kind_name(enum trn_fault_kind kind);
 
 /* Carries out a due fault: crash exits 1 (after a log line), hang blocks
- * forever (until a signal ends the process), slow sleeps f->ms and returns. */
+ * forever (until a signal ends the process), slow sleeps f->ms and returns
+ * (its log line comes with the first step it slows). */
 void trn_fault_fire(const struct trn_fault *f, long step, int rank);
 
 #endif

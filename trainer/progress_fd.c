@@ -21,15 +21,14 @@ void trn_progress_fd_open(struct trn_progress_fd *p)
 }
 
 /* (any line fits in 256 bytes) */
-void trn_progress_fd_report(struct trn_progress_fd *p, long step, int epoch, double loss,
-                            double samples_per_s)
+void trn_progress_fd_report(struct trn_progress_fd *p, const struct progress_line *l)
 {
     if (p->fd < 0)
         return;
     struct cddp_buf line;
     cddp_buf_init(&line, 256);
-    if (progress_format_line(&line, step, epoch, loss, samples_per_s) == 0 &&
-        write(p->fd, line.data, line.len) < 0 && errno != EAGAIN && errno != EINTR)
+    if (progress_format_line(&line, l) == 0 && write(p->fd, line.data, line.len) < 0 &&
+        errno != EAGAIN && errno != EINTR)
         p->fd = -1; /* the agent went away: stop reporting */
     cddp_buf_free(&line);
 }

@@ -20,8 +20,11 @@ struct trn_progress_fd {
  * non-blocking. */
 void trn_progress_fd_open(struct trn_progress_fd *p);
 
-/* The progress line of step `step` of epoch `epoch`. */
-void trn_progress_fd_report(struct trn_progress_fd *p, long step, int epoch, double loss,
-                            double samples_per_s);
+struct progress_line;
+
+/* One step's progress line (proto/progress.h): the step and epoch, the
+ * loss, the throughput, and the step's time split into compute (outside
+ * collective waits) and wait. */
+void trn_progress_fd_report(struct trn_progress_fd *p, const struct progress_line *l);
 
 #endif

@@ -41,9 +41,11 @@
 #include "common/exitcodes.h"       /* CDDP_EXIT_* */
 #include "common/log.h"             /* log_info, log_debug */
 #include "config.h"                 /* CDDP_VERSION */
+#include "proto/progress.h"         /* struct progress_line */
 #include "trainer/backend.h"        /* --device: the device and its backend */
 #include "trainer/checkpoint.h"     /* trn_weights_load, trn_weights_save */
 #include "trainer/comm/bootstrap.h" /* trn_dist_init: torchrun's env -> communicator */
+#include "trainer/comm/comm.h"      /* trn_comm_wait_ns: the step's wait */
 #include "trainer/comm/failure.h"   /* trn_comm_fail: error file, exit 75 */
 #include "trainer/data/dataset.h"   /* trn_dataset: synthetic, idx, folder */
 #include "trainer/data/sampler.h"   /* trn_sampler: DistributedSampler semantics */
@@ -440,11 +442,13 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
     struct trn_input *in = &r->input;
     r->in_step = r->step;
     trn_comm_set_step(r->dist.comm, r->step); /* the watchdog's report names it */
+    /* (a slowdown the fault injects is this rank's own time: it counts as
+     * compute, as a slow rank's would, and the others wait for it) */
+    uint64_t ts = cddp_mono_ns(), wait0 = trn_comm_wait_ns(r->dist.comm);
     if (trn_fault_due(&c->fault, r->step, r->rank, r->env.restart_count))
         trn_fault_fire(&c->fault, r->step, r->rank);
     float k = (float)(b1 - b0), step_loss = 0;
     long step_images = 0;
-    uint64_t ts = cddp_mono_ns();
     trn_step_begin(&r->engine, r->step, trn_lr_at(&r->schedule, r->step), b1 - b0);
     for (long b = b0; b < b1; b++) {
         int n = b == r->batches - 1 ? r->last_batch : r->batch;
@@ -474,8 +478,18 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
     r->step++;
     trn_input_count_step(in);
     double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
+    double wait = (double)(trn_comm_wait_ns(r->dist.comm) - wait0) * 1e-9;
     log_debug("T0002", "step %ld loss %.9g time %.6f s", r->step, (double)step_loss, secs);
-    trn_progress_fd_report(&r->progress, r->step, epoch, step_loss, (double)step_images / secs);
+    struct progress_line line = {
+        .step = r->step,
+        .epoch = epoch,
+        .loss = step_loss,
+        .samples_per_s = (double)step_images / secs,
+        .step_time_s = secs,
+        .compute_s = secs > wait ? secs - wait : 0,
+        .wait_s = wait,
+    };
+    trn_progress_fd_report(&r->progress, &line);
     return secs;
 }
 

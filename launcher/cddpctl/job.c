@@ -246,8 +246,8 @@ static void job_table(FILE *out, const struct ctl_options *o, const cJSON *root,
             bar = true;
     fprintf(out, "\n");
     /* NODE RANK LOCAL PID STATE EXIT RESTARTS STEP LOSS SAMPLES/S LAST [BAR]:
-     * EPOCH is left out to stay within the table's 12 columns. */
-    static const int pick[] = {1, 0, 2, 3, 4, 5, 6, 8, 9, 10, 11};
+     * EPOCH and STEP TIME are left out to stay within 12 columns. */
+    static const int pick[] = {1, 0, 2, 3, 4, 5, 6, 8, 9, 11, 12};
     const char *row[CTL_MAX_COLS];
     size_t ncols = bar ? 12 : 11;
     row[0] = "NODE";

@@ -223,7 +223,17 @@ size_t ctl_worker_row(const struct ctl_options *o, const cJSON *w, bool bar,
     wc->p[7] = ctl_fmt_num(p, "epoch", "%.0f", wc->c[7], CTL_CELL);
     wc->p[8] = ctl_fmt_num(p, "loss", "%.4g", wc->c[8], CTL_CELL);
     wc->p[9] = ctl_fmt_num(p, "samples_per_s", "%.1f", wc->c[9], CTL_CELL);
-    wc->p[10] = "never";
+    /* The mean step over its last 20+ steps (the straggler judgement's),
+     * marked when the agent names it a straggler. */
+    wc->p[10] = "-";
+    if (ctl_num(w, "step_time_s", &v)) {
+        fmt_duration(v, wc->c[10], CTL_CELL);
+        size_t len = strlen(wc->c[10]);
+        if (cJSON_IsTrue(ctl_field(w, "straggler")))
+            snprintf(wc->c[10] + len, CTL_CELL - len, " STRAGGLER");
+        wc->p[10] = wc->c[10];
+    }
+    wc->p[11] = "never";
     double malformed = 0;
     ctl_num(p, "malformed", &malformed);
     if (cJSON_IsObject(p)) {
@@ -231,30 +241,30 @@ size_t ctl_worker_row(const struct ctl_options *o, const cJSON *w, bool bar,
         if (ctl_num(p, "age_s", &age)) {
             char dur[32];
             fmt_duration(age, dur, sizeof(dur));
-            snprintf(wc->c[10], CTL_CELL, "%s ago", dur);
-            wc->p[10] = wc->c[10];
+            snprintf(wc->c[11], CTL_CELL, "%s ago", dur);
+            wc->p[11] = wc->c[11];
         }
         if (malformed > 0) {
             char tmp[CTL_CELL + 32];
-            snprintf(tmp, sizeof(tmp), "%s (%.0f malformed)", wc->p[10], malformed);
-            cddp_strlcpy(wc->c[10], tmp, CTL_CELL);
-            wc->p[10] = wc->c[10];
+            snprintf(tmp, sizeof(tmp), "%s (%.0f malformed)", wc->p[11], malformed);
+            cddp_strlcpy(wc->c[11], tmp, CTL_CELL);
+            wc->p[11] = wc->c[11];
         }
     }
     if (!bar)
-        return 11;
+        return 12;
     double total = total_steps(o, p), step;
-    wc->p[11] = "";
+    wc->p[12] = "";
     if (total > 0 && ctl_num(p, "step", &step)) {
-        fmt_bar(step, total, wc->c[11], CTL_CELL);
-        wc->p[11] = wc->c[11];
+        fmt_bar(step, total, wc->c[12], CTL_CELL);
+        wc->p[12] = wc->c[12];
     }
-    return 12;
+    return 13;
 }
 
 const char *const ctl_worker_titles[CTL_WORKER_CELLS] = {
-    "LOCAL", "RANK",  "PID",  "STATE",     "EXIT",          "RESTARTS",
-    "STEP",  "EPOCH", "LOSS", "SAMPLES/S", "LAST PROGRESS", "PROGRESS"};
+    "LOCAL", "RANK", "PID",       "STATE",     "EXIT",          "RESTARTS", "STEP",
+    "EPOCH", "LOSS", "SAMPLES/S", "STEP TIME", "LAST PROGRESS", "PROGRESS"};
 
 void ctl_print_agent(const struct ctl_options *o, FILE *out, const cJSON *root)
 {
@@ -309,7 +319,7 @@ void ctl_print_agent(const struct ctl_options *o, FILE *out, const cJSON *root)
         fprintf(out, "\n");
         bool bar = ctl_workers_have_bar(o, workers);
         struct ctl_table t = {0};
-        ctl_table_rowv(&t, bar ? 12 : 11, ctl_worker_titles);
+        ctl_table_rowv(&t, bar ? 13 : 12, ctl_worker_titles);
         const cJSON *w;
         cJSON_ArrayForEach(w, workers)
         {

@@ -17,7 +17,7 @@
 
 #include "launcher/cddpctl/ctl.h"
 
-#define CTL_MAX_COLS 12
+#define CTL_MAX_COLS 13
 #define CTL_CELL 64
 
 /* Rows of cells, printed with every column as wide as its widest cell
@@ -42,8 +42,8 @@ const char *ctl_fmt_num(const cJSON *o, const char *key, const char *fmt, char *
 const char *ctl_fmt_ago(const cJSON *o, const char *key, double now, char *buf, size_t len);
 
 /* A worker's cells: LOCAL RANK PID STATE EXIT RESTARTS STEP EPOCH LOSS
- * SAMPLES/S LAST-PROGRESS [PROGRESS bar]. */
-#define CTL_WORKER_CELLS 12
+ * SAMPLES/S STEP-TIME LAST-PROGRESS [PROGRESS bar]. */
+#define CTL_WORKER_CELLS 13
 struct ctl_worker_cells {
     char c[CTL_WORKER_CELLS][CTL_CELL];
     const char *p[CTL_WORKER_CELLS];
@@ -52,7 +52,7 @@ extern const char *const ctl_worker_titles[CTL_WORKER_CELLS];
 
 /* Whether any worker has a total (--total-steps or its own), so a bar. */
 bool ctl_workers_have_bar(const struct ctl_options *o, const cJSON *workers);
-/* Fills wc for worker w; returns the number of cells (11, 12 with bar). */
+/* Fills wc for worker w; returns the number of cells (12, 13 with bar). */
 size_t ctl_worker_row(const struct ctl_options *o, const cJSON *w, bool bar,
                       struct ctl_worker_cells *wc);
 

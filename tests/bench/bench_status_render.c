@@ -86,13 +86,15 @@ static double rdzv(size_t nruns, size_t nodes_per_run, size_t *json_len, size_t 
         exit(1);
     for (size_t i = 0; i < nodes_per_run; i++) {
         snprintf(names[i], sizeof(names[i]), "10.0.%zu.%zu:40000", i / 250, i % 250);
-        nodes[i] = (struct status_rdzv_node_view){names[i],      (int)i,   8, 1712345600.5,
-                                                  1712345678.25, "active", 0, NULL};
+        nodes[i] = (struct status_rdzv_node_view){
+            names[i], (int)i, 8, 1712345600.5, 1712345678.25, "active", 0, NULL, 0, 0, 0,
+            false,    0,      0};
     }
     for (size_t r = 0; r < nruns; r++) {
         snprintf(ids[r], sizeof(ids[r]), "job%zu", r);
-        runs[r] = (struct status_rdzv_run_view){ids[r],       "running",     3,     1, 1024,
-                                                1712345600.0, nodes_per_run, nodes, 0, NULL};
+        runs[r] = (struct status_rdzv_run_view){
+            ids[r], "running", 3, 1,     1024, 1712345600.0, nodes_per_run, nodes,
+            0,      NULL,      0, false, 0};
     }
     struct status_rdzv_view v = {0};
     v.program = "cddp-rdzv";

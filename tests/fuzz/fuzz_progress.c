@@ -28,6 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     struct progress_report r = {0};
     unsigned fields;
-    progress_parse_line((const char *)data, size, &r, &fields);
+    bool is_auto;
+    progress_parse_line((const char *)data, size, &r, &fields, &is_auto);
     return 0;
 }

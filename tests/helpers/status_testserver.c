@@ -20,6 +20,9 @@
  *   exit LR CODE|SIGNAME   worker LR exits
  *   progress LR TEXT       TEXT and a newline into worker LR's progress channel
  *   progress-long LR N     a line of N bytes into it
+ *   straggler LR STEP_S    worker LR's mean step time (seconds), and it is
+ *                          named a straggler (a factor of 1.5, the others'
+ *                          median a third of STEP_S)
  *   run_id TEXT            the run id (label escaping)
  *   hostname TEXT          the host name the views report (any bytes but a
  *                          newline: what a client must print safely)
@@ -310,6 +313,20 @@ static void command(struct app *a, char *line)
             }
         }
         progress_feed(&a->progress[lr], "\n", 1, now, wall);
+    } else if (strcmp(cmd, "straggler") == 0) {
+        int lr = worker_of(a, arg2(rest, &second));
+        double step;
+        if (lr < 0 || second == NULL || cddp_parse_double(second, 1e-6, 1e6, &step) != 0) {
+            say("error usage: straggler LR STEP_S");
+            return;
+        }
+        struct status_worker_view *w = &a->workers[lr];
+        w->step_time_s = step;
+        w->straggler = true;
+        w->straggler_since = cddp_wall_time();
+        w->straggler_ratio = 3;
+        a->agent.straggler_factor = 1.5;
+        a->agent.step_median_s = step / 3;
     } else if (strcmp(cmd, "run_id") == 0) {
         cddp_strlcpy(a->run_id, rest, sizeof(a->run_id));
     } else if (strcmp(cmd, "hostname") == 0) {

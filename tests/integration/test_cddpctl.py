@@ -48,16 +48,34 @@ def test_status_table_agent(background):
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("LOCAL"))
     assert lines[header].split() == ["LOCAL", "RANK", "PID", "STATE", "EXIT", "RESTARTS", "STEP",
-                                     "EPOCH", "LOSS", "SAMPLES/S", "LAST", "PROGRESS"]
+                                     "EPOCH", "LOSS", "SAMPLES/S", "STEP", "TIME", "LAST",
+                                     "PROGRESS"]
     for line in lines[header + 1:]:
         cells = line.split()
         rows[cells[0]] = cells
-    assert rows["0"][1:10] == ["0", "10000", "running", "-", "0", "120", "1", "2.31", "612.5"]
-    assert rows["0"][10].endswith("ms") or rows["0"][10].endswith("s")
+    assert rows["0"][1:11] == ["0", "10000", "running", "-", "0", "120", "1", "2.31", "612.5",
+                               "-"]
+    assert rows["0"][11].endswith("ms") or rows["0"][11].endswith("s")
     assert rows["1"][6:9] == ["7", "-", "NaN"]
-    assert rows["2"][10:] == ["never", "(1", "malformed)"]
+    assert rows["2"][11:] == ["never", "(1", "malformed)"]
     assert rows["3"][2:5] == ["-", "failed", "SIGKILL"]
     assert r.stderr == ""
+
+
+def test_status_table_step_time_and_straggler(background):
+    srv = StatusServer(background, "--workers", "2")
+    srv.cmd("state running")
+    srv.cmd('progress 0 {"step":40}')
+    srv.cmd('progress 1 {"step":40}')
+    srv.cmd("straggler 1 0.3")
+    r = cddpctl("status", f"127.0.0.1:{srv.port}")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("LOCAL"))
+    col = lines[header].index("STEP TIME")
+    rows = lines[header + 1:header + 3]
+    assert rows[0][col:].split()[0] == "-", rows
+    assert rows[1][col:].startswith("300ms STRAGGLER"), rows
 
 
 def test_status_json_is_the_served_json(background):

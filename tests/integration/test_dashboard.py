@@ -251,3 +251,25 @@ def test_dashboard_in_chromium(background, tmp_path, browser):
     for e in logged:
         assert e["source"] == "network" and "ERR_CONNECTION_REFUSED" in e["message"], e
     b.quit()
+
+
+@pytest.mark.heavy
+def test_dashboard_marks_a_straggler(background, browser):
+    """A rank the agent names a straggler gets a badge in the workers table
+    (its factor in the tooltip); the others do not."""
+    srv = StatusServer(background, "--workers", "3")
+    srv.cmd("state running")
+    for lr in range(3):
+        srv.cmd(f'progress {lr} {{"step":{40 + lr}}}')
+    srv.cmd("straggler 2 0.3")
+    browser.go(srv.base + "/?interval=0.5")
+    st = wait_page(browser, lambda s: s["polls"] >= 1 and len(s["workers"]) == 3,
+                   "the workers table")
+    marks = browser.js("""
+        return Array.from(document.querySelectorAll('#workers tbody tr')).map(r => ({
+            straggler: r.dataset.straggler,
+            badges: Array.from(r.querySelectorAll('.st.straggler')).map(b => b.title)}));""")
+    assert [m["straggler"] for m in marks] == ["0", "0", "1"], marks
+    assert marks[2]["badges"] == ["x3.00 the median step"] and marks[0]["badges"] == [], marks
+    assert [w["state"] for w in st["workers"]] == ["running"] * 3
+    assert errors(browser.console()) == []

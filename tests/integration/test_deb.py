@@ -164,7 +164,7 @@ kill -TERM $pid
 wait $pid && echo "SMOKE rdzv exit 0"
 ls /usr/share/man/man1/cddprun.1.gz /usr/share/man/man8/cddp-rdzv.8.gz \
    /usr/share/bash-completion/completions/cddprun /lib/systemd/system/cddp-rdzv.service \
-   /etc/default/cddp-rdzv
+   /etc/default/cddp-rdzv /usr/share/cddp/autoprogress/sitecustomize.py
 """
         r = in_root(rootfs, smoke, 300, net=True)
         out = r.stdout

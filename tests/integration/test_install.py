@@ -50,11 +50,12 @@ def test_layout(installed):
         assert r.returncode == 0 and r.stdout.split()[0] == prog, (prog, r.stdout, r.stderr)
     found = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     # Nothing but these: the programs, man pages, docs (and what else goes in the
-    # doc directory), completion, the unit.
+    # doc directory), completion, the unit, the automatic progress' bootstrap.
     allowed = re.compile(r".*/(bin/(cddprun|cddpctl|cddp-train|cddp-rdzv)"
                          r"|share/man/man[18]/cddp[-a-z]*\.[18]"
                          r"|share/doc/cddp/.+"
                          r"|share/bash-completion/completions/(cddprun|cddpctl|cddp-train|cddp-rdzv)"
+                         r"|share/cddp/autoprogress/sitecustomize\.py"
                          r"|lib/systemd/system/cddp-rdzv\.service)$")
     assert [f for f in found if not allowed.match("/" + f)] == []
     doc = prefix / opts["datadir"] / "doc" / "cddp"
@@ -66,6 +67,25 @@ def test_layout(installed):
         unit = next(dest.rglob("cddp-rdzv.service"))
     text = unit.read_text()
     assert f"ExecStart={opts['prefix']}/{opts['bindir']}/cddp-rdzv $CDDP_RDZV_OPTS" in text
+
+
+def test_auto_progress_bootstrap_found_beside_cddprun(installed, tmp_path):
+    """The installed cddprun finds its bootstrap folder (as the .deb puts
+    it: <datadir>/cddp/autoprogress, beside <bindir>) and a Python worker's
+    optimizer steps come through it."""
+    dest, prefix, opts = installed
+    boot = prefix / opts["datadir"] / "cddp" / "autoprogress"
+    assert (boot / "sitecustomize.py").read_bytes() == \
+        (ROOT / "python" / "autoprogress" / "sitecustomize.py").read_bytes()
+    script = tmp_path / "steps.py"
+    script.write_text("import torch\n"
+                      "opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)\n"
+                      "for i in range(3):\n    opt.step()\n")
+    r = run([prefix / opts["bindir"] / "cddprun", "--nproc_per_node=1", script], timeout=120,
+            env=dict(os.environ, LOGLEVEL="INFO"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"L0005: automatic progress is on: " in r.stderr, r.stderr[-3000:]
+    assert f"({boot.resolve()} first on its PYTHONPATH" in r.stderr, r.stderr[-3000:]
 
 
 def test_man_pages(installed):

@@ -149,6 +149,8 @@ def test_wheel_name_tag_and_files(wheel):
     scripts = {n.split("/")[-1] for n in names if n.startswith(f"{base}.data/scripts/")}
     package = {n.split("/")[-1] for n in names if n.startswith(f"{base}.data/purelib/cddp/")}
     libs = {n.split("/")[-1] for n in names if n.startswith(f"{base}.data/data/lib/cddp/")}
+    boot = f"{base}.data/data/share/cddp/autoprogress/sitecustomize.py"
+    assert boot in names  # <prefix>/share/cddp/autoprogress, beside bin/ as in a system install
     assert scripts == PROGRAMS
     assert package == PACKAGE
     assert libs and all(re.fullmatch(r"lib[\w+.-]*\.so(\.\d+)*", x) for x in libs), libs
@@ -156,7 +158,7 @@ def test_wheel_name_tag_and_files(wheel):
     # nothing else: no man pages, docs, completion, systemd unit, headers, tests
     rest = [n for n in names if not n.startswith((f"{base}.data/scripts/",
                                                  f"{base}.data/purelib/cddp/",
-                                                 f"{base}.data/data/lib/cddp/"))]
+                                                 f"{base}.data/data/lib/cddp/")) and n != boot]
     assert all(n.startswith(f"{base}.dist-info/") for n in rest), rest
     assert {n.split("/", 1)[1] for n in rest if "/licenses/" not in n} == \
         {"METADATA", "WHEEL", "RECORD"}
@@ -262,6 +264,10 @@ def test_seed_ddp_script_through_the_venvs_cddprun(venv, notorch, tmp_path):
     said = check_seed_run(r, out, venv / "bin" / "python3")
     assert said.endswith(f"workers' Python: {venv}/bin/python3 "
                          "(from the Python environment cddprun is installed in)"), said
+    # The automatic progress' bootstrap, from the venv's share/ (pip's place).
+    boot = (venv / "share" / "cddp" / "autoprogress").resolve()
+    assert f"L0005: automatic progress is on: " in r.stderr and f"({boot} first" in r.stderr, \
+        r.stderr[-3000:]
 
 
 def test_seed_ddp_script_through_python_m_cddp_run(venv, notorch, tmp_path):

@@ -643,6 +643,41 @@ static void test_status_flags(void **state)
     launch_config_free(&c);
 }
 
+/* --straggler_factor (off or a number above 1; default 1.5) and
+ * --no_auto_progress, from the command line and the variables. */
+static void test_progress_flags(void **state)
+{
+    (void)state;
+    struct launch_config c = {0};
+    assert_int_equal(parse(&c, "w"), 0);
+    assert_true(c.straggler_factor == 1.5);
+    assert_false(c.no_auto_progress);
+    assert_int_equal(parse(&c, "--straggler_factor=off", "--no_auto_progress", "w"), 0);
+    assert_true(c.straggler_factor == 0);
+    assert_true(c.no_auto_progress);
+    assert_int_equal(parse(&c, "--straggler-factor", "3", "--no-auto-progress", "w"), 0);
+    assert_true(c.straggler_factor == 3);
+    char *env[] = {(char *)"CDDP_STRAGGLER_FACTOR=2.5", (char *)"CDDP_NO_AUTO_PROGRESS=1", NULL};
+    assert_int_equal(parse_env(&c, env, "w", NULL), 0);
+    assert_true(c.straggler_factor == 2.5);
+    assert_true(c.no_auto_progress);
+    char *pet[] = {(char *)"PET_STRAGGLER_FACTOR=off", (char *)"PET_NO_AUTO_PROGRESS=1", NULL};
+    assert_int_equal(parse_env(&c, pet, "w", NULL), 0);
+    assert_true(c.straggler_factor == 0);
+    assert_true(c.no_auto_progress);
+    char *zero[] = {(char *)"CDDP_NO_AUTO_PROGRESS=0", NULL};
+    assert_int_equal(parse_env(&c, zero, "w", NULL), 0);
+    assert_false(c.no_auto_progress);
+    assert_bad("--straggler_factor", "--straggler_factor=1", "w");
+    assert_bad("--straggler_factor", "--straggler_factor=0.5", "w");
+    assert_bad("--straggler_factor", "--straggler_factor=fast", "w");
+    assert_bad("--straggler_factor", "--straggler_factor=1001", "w");
+    char *bad[] = {(char *)"CDDP_STRAGGLER_FACTOR=x", NULL};
+    assert_true(parse_env(&c, bad, "w", NULL) < 0);
+    assert_non_null(strstr(err, "CDDP_STRAGGLER_FACTOR"));
+    launch_config_free(&c);
+}
+
 static void test_validate_multinode(void **state)
 {
     (void)state;
@@ -986,6 +1021,52 @@ static void test_python_beside(void **state)
     launch_config_free(&c);
 }
 
+/* The automatic progress' bootstrap folder beside cddprun: installed
+ * (../share/cddp/autoprogress) before the build tree's (../python/...);
+ * a folder without sitecustomize.py is none. */
+static void test_auto_progress_dir(void **state)
+{
+    (void)state;
+    char path[512], exe[512], want[600];
+    const char *dirs[] = {"inst",
+                          "inst/bin",
+                          "inst/share",
+                          "inst/share/cddp",
+                          "inst/share/cddp/autoprogress",
+                          "tree",
+                          "tree/launcher",
+                          "tree/python",
+                          "tree/python/autoprogress",
+                          "empty",
+                          "empty/bin",
+                          "empty/share",
+                          "empty/share/cddp",
+                          "empty/share/cddp/autoprogress"};
+    for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", tmpdir, dirs[i]);
+        assert_int_equal(mkdir(path, 0755), 0);
+    }
+    write_file("inst/share/cddp/autoprogress/sitecustomize.py", "", 0644, path, sizeof(path));
+    write_file("inst/bin/cddprun", "", 0755, exe, sizeof(exe));
+    char *got = launch_auto_progress_dir(exe);
+    assert_non_null(got);
+    char *real = realpath(tmpdir, NULL);
+    snprintf(want, sizeof(want), "%s/inst/share/cddp/autoprogress", real);
+    assert_string_equal(got, want);
+    free(got);
+    write_file("tree/python/autoprogress/sitecustomize.py", "", 0644, path, sizeof(path));
+    write_file("tree/launcher/cddprun", "", 0755, exe, sizeof(exe));
+    got = launch_auto_progress_dir(exe);
+    snprintf(want, sizeof(want), "%s/tree/python/autoprogress", real);
+    assert_non_null(got);
+    assert_string_equal(got, want);
+    free(got);
+    write_file("empty/bin/cddprun", "", 0755, exe, sizeof(exe));
+    assert_null(launch_auto_progress_dir(exe));
+    assert_null(launch_auto_progress_dir("cddprun"));
+    free(real);
+}
+
 /* torchrun's newest flags (run.py on main), both spellings and PET_. */
 static void test_newest_flags(void **state)
 {
@@ -1167,6 +1248,7 @@ int main(void)
         cmocka_unit_test(test_help_lists_every_flag),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_status_flags),
+        cmocka_unit_test(test_progress_flags),
         cmocka_unit_test(test_refused_until_supported),
         cmocka_unit_test(test_validate_multinode),
         cmocka_unit_test(test_newest_flags),
@@ -1174,6 +1256,7 @@ int main(void)
         cmocka_unit_test(test_rdzv_conf_quotes),
         cmocka_unit_test_setup_teardown(test_resolve, resolve_setup, resolve_teardown),
         cmocka_unit_test_setup_teardown(test_python_beside, resolve_setup, resolve_teardown),
+        cmocka_unit_test_setup_teardown(test_auto_progress_dir, resolve_setup, resolve_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -227,6 +227,38 @@ static void test_env_extras(void **state)
     agent_env_free(&env);
 }
 
+/* The automatic progress' folder goes first on PYTHONPATH, the agent's
+ * own entries after it; without one, PYTHONPATH is inherited untouched. */
+static void test_env_pythonpath_first(void **state)
+{
+    (void)state;
+    char *base[] = {(char *)"PYTHONPATH=/a:/b", (char *)"A=1", NULL};
+    struct agent_env_spec s = spec_for(0);
+    s.pythonpath_first = "/usr/share/cddp/autoprogress";
+    struct agent_env env;
+    assert_int_equal(agent_env_build(base, &s, &env), 0);
+    assert_string_equal(agent_env_get(env.envp, "PYTHONPATH"),
+                        "/usr/share/cddp/autoprogress:/a:/b");
+    assert_int_equal(count_key(env.envp, "PYTHONPATH"), 1);
+    assert_string_equal(agent_env_get(env.envp, "A"), "1");
+    agent_env_free(&env);
+    /* Unset or empty in the agent: the folder alone (an empty entry would
+     * put the working directory on sys.path). */
+    char *none[] = {(char *)"A=1", NULL};
+    assert_int_equal(agent_env_build(none, &s, &env), 0);
+    assert_string_equal(agent_env_get(env.envp, "PYTHONPATH"), "/usr/share/cddp/autoprogress");
+    agent_env_free(&env);
+    char *empty[] = {(char *)"PYTHONPATH=", NULL};
+    assert_int_equal(agent_env_build(empty, &s, &env), 0);
+    assert_string_equal(agent_env_get(env.envp, "PYTHONPATH"), "/usr/share/cddp/autoprogress");
+    assert_int_equal(count_key(env.envp, "PYTHONPATH"), 1);
+    agent_env_free(&env);
+    s.pythonpath_first = NULL;
+    assert_int_equal(agent_env_build(base, &s, &env), 0);
+    assert_string_equal(agent_env_get(env.envp, "PYTHONPATH"), "/a:/b");
+    agent_env_free(&env);
+}
+
 /* --virtual_local_rank (torchrun's _set_local_rank_env): LOCAL_RANK=0 and
  * the local rank's own entry of the agent's CUDA_VISIBLE_DEVICES. */
 static void test_env_virtual_local_rank(void **state)
@@ -273,6 +305,7 @@ int main(void)
         cmocka_unit_test(test_ranks_invalid),           cmocka_unit_test(test_env_values),
         cmocka_unit_test(test_env_nccl_kept_and_store), cmocka_unit_test(test_env_extras),
         cmocka_unit_test(test_env_virtual_local_rank),  cmocka_unit_test(test_env_rdzv_round),
+        cmocka_unit_test(test_env_pythonpath_first),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,6 +41,13 @@ static void test_parse_ok(void **state)
     assert_int_equal(f.ms, 1);
     assert_true(f.every);
     assert_string_equal(trn_fault_kind_name(f.kind), "slow");
+    assert_int_equal(f.count, 1);
+
+    /* A lasting slowdown. */
+    assert_int_equal(trn_fault_parse("slow@step=3,ms=20,rank=1,for=5", &f, err, sizeof(err)), 0);
+    assert_int_equal(f.count, 5);
+    assert_int_equal(f.ms, 20);
+    assert_int_equal(f.rank, 1);
 }
 
 static void expect_bad(const char *spec, int code, const char *needle)
@@ -73,6 +80,10 @@ static void test_parse_bad(void **state)
     expect_bad("slow@step=1,ms=0", CDDP_ERANGE_ARG, "ms must be");
     expect_bad("hang@step=1,often", CDDP_EPARSE, "unknown field 'often'");
     expect_bad("hang@step=1,when=2", CDDP_EPARSE, "unknown field 'when'");
+    expect_bad("hang@step=1,for=2", CDDP_EPARSE, "for= applies to slow only");
+    expect_bad("slow@step=1,ms=1,for=0", CDDP_ERANGE_ARG, "for must be");
+    expect_bad("slow@step=1,ms=1,for=x", CDDP_EPARSE, "for must be");
+    expect_bad("slow@step=1,ms=1,for=2,for=3", CDDP_EPARSE, "'for' given twice");
     char longspec[300];
     memset(longspec, 'a', sizeof(longspec) - 1);
     longspec[sizeof(longspec) - 1] = '\0';
@@ -102,6 +113,14 @@ static void test_due(void **state)
         assert_true(trn_fault_due(&f, 2, r, 0));
     struct trn_fault none = {0};
     assert_false(trn_fault_due(&none, 0, 0, 0));
+    /* for=K: each of the K steps from step N, and no other. */
+    assert_int_equal(trn_fault_parse("slow@step=10,ms=5,rank=2,for=3", &f, err, sizeof(err)), 0);
+    assert_false(trn_fault_due(&f, 9, 2, 0));
+    for (long s = 10; s < 13; s++)
+        assert_true(trn_fault_due(&f, s, 2, 0));
+    assert_false(trn_fault_due(&f, 13, 2, 0));
+    assert_false(trn_fault_due(&f, 11, 1, 0));
+    assert_false(trn_fault_due(&f, 11, 2, 1));
 }
 
 static void on_alarm(int sig)

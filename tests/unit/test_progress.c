@@ -156,7 +156,8 @@ static void test_malformed(void **state)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         struct progress_report r = {0};
         unsigned f;
-        if (progress_parse_line(bad[i], strlen(bad[i]), &r, &f) == 0)
+        bool a;
+        if (progress_parse_line(bad[i], strlen(bad[i]), &r, &f, &a) == 0)
             fail_msg("accepted: %s", bad[i]);
         feed(p, bad[i], 1);
         feed(p, "\n", 1);
@@ -190,7 +191,8 @@ static void test_nesting_bound(void **state)
         line[n] = '\0';
         struct progress_report r = {0};
         unsigned f;
-        int rc = progress_parse_line(line, n, &r, &f);
+        bool a;
+        int rc = progress_parse_line(line, n, &r, &f, &a);
         assert_int_equal(rc, depth < PROGRESS_MAX_DEPTH ? 0 : CDDP_EPARSE);
     }
 }
@@ -301,14 +303,16 @@ static void test_format_line(void **state)
                  (long long)cases[i].step, (long long)cases[i].epoch, cases[i].loss, cases[i].sps);
         struct cddp_buf b;
         cddp_buf_init(&b, 256);
-        assert_int_equal(
-            progress_format_line(&b, cases[i].step, cases[i].epoch, cases[i].loss, cases[i].sps),
-            0);
+        struct progress_line l = {
+            cases[i].step, cases[i].epoch, cases[i].loss, cases[i].sps, -1, -1, -1};
+        assert_int_equal(progress_format_line(&b, &l), 0);
         assert_int_equal(b.len, strlen(want));
         assert_memory_equal(b.data, want, b.len);
         struct progress_report r = {0};
         unsigned fields = 0;
-        assert_int_equal(progress_parse_line(b.data, b.len - 1, &r, &fields), 0);
+        bool is_auto = true;
+        assert_int_equal(progress_parse_line(b.data, b.len - 1, &r, &fields, &is_auto), 0);
+        assert_false(is_auto);
         assert_int_equal(fields,
                          PROGRESS_STEP | PROGRESS_EPOCH | PROGRESS_LOSS | PROGRESS_SAMPLES_PER_S);
         assert_true(r.step == cases[i].step && r.epoch == cases[i].epoch);
@@ -317,24 +321,103 @@ static void test_format_line(void **state)
     /* A loss that is not finite is written as 0: the line stays JSON. */
     struct cddp_buf b;
     cddp_buf_init(&b, 256);
-    assert_int_equal(progress_format_line(&b, 5, 0, NAN, 1.0), 0);
+    struct progress_line nan_loss = {5, 0, NAN, 1.0, -1, -1, -1};
+    assert_int_equal(progress_format_line(&b, &nan_loss), 0);
     assert_string_equal(b.data, "{\"step\":5,\"epoch\":0,\"loss\":0,\"samples_per_s\":1.000}\n");
+    cddp_buf_free(&b);
+    /* The times, to the microsecond, and read back. */
+    cddp_buf_init(&b, 256);
+    struct progress_line timed = {9, 1, 0.5, 100.0, 0.0123456, 0.01, 0.0023456};
+    assert_int_equal(progress_format_line(&b, &timed), 0);
+    assert_string_equal(b.data, "{\"step\":9,\"epoch\":1,\"loss\":0.5,\"samples_per_s\":100.000,"
+                                "\"step_time_s\":0.012346,\"compute_s\":0.010000,"
+                                "\"wait_s\":0.002346}\n");
+    struct progress_report r = {0};
+    unsigned fields = 0;
+    bool is_auto;
+    assert_int_equal(progress_parse_line(b.data, b.len - 1, &r, &fields, &is_auto), 0);
+    assert_true(fields & PROGRESS_STEP_TIME && fields & PROGRESS_COMPUTE && fields & PROGRESS_WAIT);
+    assert_true(fabs(r.step_time_s - 0.012346) < 1e-12 && fabs(r.compute_s - 0.01) < 1e-12 &&
+                fabs(r.wait_s - 0.002346) < 1e-12);
     cddp_buf_free(&b);
     /* Past the buffer's maximum: its error, nothing half-written counted. */
     cddp_buf_init(&b, 16);
-    assert_int_equal(progress_format_line(&b, 5, 0, 1.0, 1.0), CDDP_ETOOBIG);
+    struct progress_line one = {5, 0, 1.0, 1.0, -1, -1, -1};
+    assert_int_equal(progress_format_line(&b, &one), CDDP_ETOOBIG);
     cddp_buf_free(&b);
+}
+
+/* The times: finite numbers >= 0, or the line is dropped. */
+static void test_times(void **state)
+{
+    (void)state;
+    struct progress_parser *p = new_parser();
+    assert_int_equal(feed(p,
+                          "{\"step\":1,\"step_time_s\":0.25,\"compute_s\":0.2,"
+                          "\"wait_s\":0.05}\n",
+                          10),
+                     1);
+    assert_true(p->report.step_time_s == 0.25 && p->report.compute_s == 0.2 &&
+                p->report.wait_s == 0.05);
+    const char *bad[] = {
+        "{\"step_time_s\":-1}",    "{\"compute_s\":NaN}", "{\"wait_s\":Infinity}",
+        "{\"step_time_s\":\"1\"}", "{\"auto\":1}",        "{\"auto\":\"yes\"}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        feed(p, bad[i], 11);
+        feed(p, "\n", 11);
+    }
+    assert_int_equal(p->report.malformed, sizeof(bad) / sizeof(bad[0]));
+    assert_true(p->report.step_time_s == 0.25);
+    free(p);
+}
+
+/* "auto" lines (cddprun's hook) count until the script sends a line of its
+ * own; from then on, for the rest of the attempt, they are ignored whole. */
+static void test_auto_stands_aside(void **state)
+{
+    (void)state;
+    struct progress_parser *p = new_parser();
+    assert_int_equal(feed(p, "{\"step\":1,\"auto\":true}\n", 10), 1);
+    assert_int_equal(feed(p, "{\"step\":2,\"step_time_s\":0.1,\"auto\":true}\n", 20), 1);
+    const struct progress_report *r = &p->report;
+    assert_true(r->from_auto);
+    assert_false(r->own);
+    assert_int_equal(r->step, 2);
+    assert_int_equal(r->fields, PROGRESS_STEP | PROGRESS_STEP_TIME);
+    assert_int_equal(r->lines, 2);
+    /* The script's first line: its values replace the hook's. */
+    assert_int_equal(feed(p, "{\"loss\":3.5,\"auto\":false}\n", 30), 1);
+    assert_true(r->own);
+    assert_false(r->from_auto);
+    assert_int_equal(r->fields, PROGRESS_LOSS);
+    assert_int_equal(r->step_mono_ms, 20);
+    /* The hook's later lines change nothing and are not counted. */
+    assert_int_equal(feed(p, "{\"step\":3,\"step_time_s\":0.1,\"auto\":true}\n", 40), 0);
+    assert_int_equal(r->fields, PROGRESS_LOSS);
+    assert_int_equal(r->lines, 3);
+    assert_int_equal(r->mono_ms, 30);
+    assert_int_equal(feed(p, "{\"step\":100}\n", 50), 1);
+    assert_int_equal(r->step, 100);
+    assert_int_equal(r->step_mono_ms, 50);
+    /* A new attempt: the hook counts again until the script speaks. */
+    progress_restart(p);
+    assert_false(r->own);
+    assert_int_equal(feed(p, "{\"step\":1,\"auto\":true}\n", 60), 1);
+    assert_true(r->from_auto && r->step == 1);
+    free(p);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_one_line),        cmocka_unit_test(test_split_and_batched),
-        cmocka_unit_test(test_partial_updates), cmocka_unit_test(test_python_nonfinite),
-        cmocka_unit_test(test_unknown_keys),    cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_nesting_bound),   cmocka_unit_test(test_line_too_long),
-        cmocka_unit_test(test_eof_and_restart), cmocka_unit_test(test_random_input),
-        cmocka_unit_test(test_format_line),
+        cmocka_unit_test(test_one_line),          cmocka_unit_test(test_split_and_batched),
+        cmocka_unit_test(test_partial_updates),   cmocka_unit_test(test_python_nonfinite),
+        cmocka_unit_test(test_unknown_keys),      cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_nesting_bound),     cmocka_unit_test(test_line_too_long),
+        cmocka_unit_test(test_eof_and_restart),   cmocka_unit_test(test_random_input),
+        cmocka_unit_test(test_format_line),       cmocka_unit_test(test_times),
+        cmocka_unit_test(test_auto_stands_aside),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -210,6 +210,24 @@ static void test_msg_roundtrip(void **state)
     m.heartbeat.waiting = 3;
     roundtrip(&m, &o);
     assert_int_equal(o.heartbeat.waiting, 3);
+    assert_false(o.heartbeat.has_perf);
+    proto_msg_free(&o);
+    /* An agent's summary of its ranks' step times (optional). */
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_HEARTBEAT;
+    m.heartbeat.has_perf = true;
+    m.heartbeat.perf = (struct proto_perf){
+        .ranks = 4, .step_s = 0.125, .compute_s = 0.1, .max_rank = 7, .factor = 1.5};
+    roundtrip(&m, &o);
+    assert_true(o.heartbeat.has_perf);
+    assert_int_equal(o.heartbeat.perf.ranks, 4);
+    assert_true(o.heartbeat.perf.step_s == 0.125 && o.heartbeat.perf.compute_s == 0.1);
+    assert_int_equal(o.heartbeat.perf.max_rank, 7);
+    assert_true(o.heartbeat.perf.factor == 1.5);
+    proto_msg_free(&o);
+    m.heartbeat.perf.compute_s = -1; /* not reported: left out, and read back as absent */
+    roundtrip(&m, &o);
+    assert_true(o.heartbeat.perf.compute_s < 0);
     proto_msg_free(&o);
     memset(&m, 0, sizeof(m));
     m.type = PROTO_RESUME;
@@ -476,6 +494,27 @@ static void test_msg_decode_errors(void **state)
     assert_int_equal(decode_str("{\"v\":1,\"type\":\"heartbeat\"} x", err, sizeof(err)),
                      CDDP_EPARSE);
     assert_int_equal(decode_str("{\"v\":1,\"type\":\"heartbeat\"}  \n", err, sizeof(err)), 0);
+    /* A heartbeat's perf: an object of checked numbers. */
+    assert_int_equal(decode_str("{\"v\":1,\"type\":\"heartbeat\",\"perf\":null}", err, sizeof(err)),
+                     0);
+    const char *bad_perf[] = {
+        "[]",
+        "{}",
+        "{\"ranks\":0,\"step_s\":0.1,\"max_rank\":0,\"factor\":1.5}",
+        "{\"ranks\":1,\"step_s\":0,\"max_rank\":0,\"factor\":1.5}",
+        "{\"ranks\":1,\"step_s\":1e9,\"max_rank\":0,\"factor\":1.5}",
+        "{\"ranks\":1,\"step_s\":0.1,\"compute_s\":-1,\"max_rank\":0,\"factor\":1.5}",
+        "{\"ranks\":1,\"step_s\":0.1,\"max_rank\":-1,\"factor\":1.5}",
+        "{\"ranks\":1,\"step_s\":0.1,\"max_rank\":0,\"factor\":0.5}",
+        "{\"ranks\":1,\"step_s\":\"0.1\",\"max_rank\":0,\"factor\":1.5}",
+    };
+    for (size_t i = 0; i < sizeof(bad_perf) / sizeof(bad_perf[0]); i++) {
+        char json[256];
+        snprintf(json, sizeof(json), "{\"v\":1,\"type\":\"heartbeat\",\"perf\":%s}", bad_perf[i]);
+        if (decode_str(json, err, sizeof(err)) != CDDP_EPROTO_FIELD)
+            fail_msg("accepted: %s", json);
+        assert_non_null(strstr(err, "perf"));
+    }
     assert_int_equal(decode_str("{\"type\":\"heartbeat\"}", err, sizeof(err)), CDDP_EPROTO_FIELD);
     assert_int_equal(decode_str("{\"v\":2,\"type\":\"heartbeat\"}", err, sizeof(err)),
                      CDDP_EPROTO_VERSION);

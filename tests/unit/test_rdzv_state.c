@@ -468,6 +468,100 @@ static void test_heartbeat_timeout(void **state)
     sim_free(s);
 }
 
+static void beat_perf(struct sim *s, int i, double step_s, double compute_s, int max_rank)
+{
+    struct proto_perf p = {
+        .ranks = 2, .step_s = step_s, .compute_s = compute_s, .max_rank = max_rank, .factor = 1.5};
+    rdzv_state_heartbeat_perf(s->st, s->now, &s->peer[i], step_s > 0 ? &p : NULL);
+    collect(s);
+}
+
+struct perf_seen {
+    bool slow[3];
+    double median_s;
+    bool compute;
+};
+
+static void perf_run(void *arg, const struct rdzv_run_info *r)
+{
+    struct perf_seen *p = arg;
+    p->median_s = r->step_median_s;
+    p->compute = r->step_compute;
+}
+
+static void perf_node(void *arg, const struct rdzv_node_info *n)
+{
+    struct perf_seen *p = arg;
+    p->slow[n->node_id[0] - 'a'] = n->slow;
+}
+
+static struct perf_seen perf_seen(struct sim *s)
+{
+    struct perf_seen p = {0};
+    rdzv_state_visit(s->st, 0, perf_run, perf_node, &p);
+    return p;
+}
+
+/* Heartbeats carry the agents' summaries; once a second the active nodes
+ * are judged: one whose median is factor times the job's is a straggler
+ * (an action for the log, each way), and a new round forgets it. */
+static void test_stragglers(void **state)
+{
+    (void)state;
+    struct sim *s = running3(NULL, 2, 3);
+    beat_perf(s, 0, 0.10, 0.08, 1);
+    assert_int_equal(count(s, RDZV_ACT_STRAGGLER), 0);
+    assert_true(perf_seen(s).median_s == 0); /* one node measured: no median */
+    s->now += 500;
+    beat_perf(s, 1, 0.30, 0.28, 3);
+    beat_perf(s, 2, 0.30, 0.09, 5);                    /* slow in step time, not in compute */
+    assert_int_equal(count(s, RDZV_ACT_STRAGGLER), 0); /* judged at most once a second */
+    s->now += 500;
+    beat_perf(s, 0, 0.10, 0.08, 1);
+    assert_int_equal(s->nacts, 1);
+    const struct rdzv_action *a = find(s, 1, RDZV_ACT_STRAGGLER);
+    assert_non_null(a);
+    assert_true(a->straggler.slow && a->straggler.compute);
+    assert_string_equal(a->straggler.node_id, "b");
+    assert_string_equal(a->straggler.run_id, "job");
+    assert_true(a->straggler.time_s == 0.28 && a->straggler.median_s == 0.09);
+    assert_int_equal(a->straggler.max_rank, 3);
+    struct perf_seen p = perf_seen(s);
+    assert_true(p.slow[1] && !p.slow[0] && !p.slow[2]);
+    assert_true(p.compute && p.median_s == 0.09);
+    /* A node without compute times: the job is judged by step time. */
+    s->now += 1000;
+    struct proto_perf no_compute = {
+        .ranks = 1, .step_s = 0.1, .compute_s = -1, .max_rank = 0, .factor = 2.5};
+    rdzv_state_heartbeat_perf(s->st, s->now, &s->peer[0], &no_compute);
+    collect(s);
+    p = perf_seen(s);
+    assert_false(p.compute);
+    assert_true(p.median_s == 0.30);
+    /* The largest factor sent (2.5): b at x1 of the median is cleared. */
+    assert_non_null(find(s, 1, RDZV_ACT_STRAGGLER));
+    assert_false(find(s, 1, RDZV_ACT_STRAGGLER)->straggler.slow);
+    /* A heartbeat without perf takes the node out of the judgement: b and
+     * c both have compute times again, and b is named again. */
+    s->now += 1000;
+    beat_perf(s, 0, 0, 0, 0);
+    p = perf_seen(s);
+    assert_true(p.compute && p.median_s == 0.09);
+    assert_true(find(s, 1, RDZV_ACT_STRAGGLER)->straggler.slow);
+    /* A new round: every summary and name forgotten. */
+    drop(s, 2);
+    join(s, 0, "a", 2, 3, NULL);
+    join(s, 1, "b", 2, 3, NULL);
+    check_round(s, 2);
+    p = perf_seen(s);
+    assert_false(p.slow[0] || p.slow[1]);
+    s->now += 1000;
+    beat_perf(s, 0, 0.10, 0.08, 1);
+    assert_int_equal(count(s, RDZV_ACT_STRAGGLER), 0);
+    assert_true(perf_seen(s).median_s == 0);
+    sim_free(s);
+}
+
 static void test_waiting_node_scale_up(void **state)
 {
     (void)state;
@@ -1741,6 +1835,7 @@ int main(void)
         cmocka_unit_test(test_disconnect_restarts_survivors),
         cmocka_unit_test(test_rank0_lost_ranks_stable),
         cmocka_unit_test(test_heartbeat_timeout),
+        cmocka_unit_test(test_stragglers),
         cmocka_unit_test(test_waiting_node_scale_up),
         cmocka_unit_test(test_waiting_at_max),
         cmocka_unit_test(test_heartbeat_ack),

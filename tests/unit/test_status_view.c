@@ -255,14 +255,14 @@ static void test_rdzv(void **state)
 {
     (void)state;
     struct status_rdzv_node_view members[2] = {
-        {"10.0.0.2:40000", 0, 4, 1000, 1005, "active", 29501, "10.0.0.2"},
-        {"10.0.0.3:40000", 1, 4, 1001, 1005, NULL, 0, NULL},
+        {"10.0.0.2:40000", 0, 4, 1000, 1005, "active", 29501, "10.0.0.2", 0, 0, 0, false, 0, 0},
+        {"10.0.0.3:40000", 1, 4, 1001, 1005, NULL, 0, NULL, 0, 0, 0, false, 0, 0},
     };
     struct status_rdzv_node_view waiting[1] = {
-        {"10.0.0.4:40000", -1, 4, 1004, 1005, "waiting", 0, NULL}};
+        {"10.0.0.4:40000", -1, 4, 1004, 1005, "waiting", 0, NULL, 0, 0, 0, false, 0, 0}};
     struct status_rdzv_run_view runs[2] = {
-        {"job7", "running", 2, 1, 4, 1002, 2, members, 1, waiting},
-        {"job8", "joining", 0, 2, 2, 0, 0, NULL, 0, NULL},
+        {"job7", "running", 2, 1, 4, 1002, 2, members, 1, waiting, 0, false, 0},
+        {"job8", "joining", 0, 2, 2, 0, 0, NULL, 0, NULL, 0, false, 0},
     };
     struct status_rdzv_view v = {0};
     v.program = "cddp-rdzv";
@@ -326,6 +326,123 @@ static void test_rdzv(void **state)
     v.accepting = false;
     assert_int_equal(status_rdzv_render(&v, 1010, &s), 0);
     assert_false(status_snapshot_ready(s));
+    status_snapshot_unref(s);
+}
+
+/* Straggler detection: each worker's step times and mark, the list of
+ * stragglers with what they were judged against, the metric families;
+ * the progress line's raw times and whose they are. */
+static void test_agent_stragglers(void **state)
+{
+    (void)state;
+    struct status_agent_view v;
+    fill_agent(&v);
+    struct progress_parser p;
+    progress_init(&p);
+    const char *line = "{\"step\":7,\"step_time_s\":0.5,\"compute_s\":0.4,\"wait_s\":0.1,"
+                       "\"auto\":true}\n";
+    progress_feed(&p, line, strlen(line), 5000, 1020.0);
+    workers[1].progress = p.report;
+    v.straggler_factor = 1.5;
+    v.step_median_s = 0.1;
+    v.step_compute = true;
+    workers[0].step_time_s = 0.2;
+    workers[0].compute_s = 0.1;
+    workers[1].step_time_s = 0.5;
+    workers[1].compute_s = 0.4;
+    workers[1].straggler = true;
+    workers[1].straggler_since = 1025.5;
+    workers[1].straggler_ratio = 4;
+    struct status_snapshot *s;
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    cJSON *root = status_json(s);
+    assert_true(num(root, "straggler_detection.factor") == 1.5);
+    assert_true(num(root, "straggler_detection.min_steps") == 20);
+    assert_true(num(root, "straggler_detection.median_s") == 0.1);
+    assert_string_equal(str(cJSON_GetObjectItem(root, "straggler_detection"), "basis"), "compute");
+    const cJSON *list = cJSON_GetObjectItem(root, "stragglers");
+    assert_int_equal(cJSON_GetArraySize(list), 1);
+    const cJSON *e = cJSON_GetArrayItem(list, 0);
+    assert_true(num(e, "rank") == 3 && num(e, "local_rank") == 1);
+    assert_string_equal(str(e, "node"), "node1");
+    assert_true(num(e, "time_s") == 0.4 && num(e, "median_s") == 0.1);
+    assert_true(num(e, "factor") == 4 && num(e, "since") == 1025.5);
+    const cJSON *ws = cJSON_GetObjectItem(root, "workers");
+    const cJSON *w0 = cJSON_GetArrayItem(ws, 0), *w1 = cJSON_GetArrayItem(ws, 1);
+    assert_true(num(w0, "step_time_s") == 0.2 && num(w0, "compute_s") == 0.1);
+    assert_false(cJSON_IsTrue(cJSON_GetObjectItem(w0, "straggler")));
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(w1, "straggler")));
+    assert_string_equal(str(cJSON_GetObjectItem(w0, "progress"), "source"), "worker");
+    assert_string_equal(str(cJSON_GetObjectItem(w1, "progress"), "source"), "auto");
+    assert_true(num(w1, "progress.step_time_s") == 0.5 && num(w1, "progress.wait_s") == 0.1);
+    assert_true(is_null(cJSON_GetObjectItem(w0, "progress"), "step_time_s"));
+    cJSON_Delete(root);
+    size_t len;
+    const char *m = status_snapshot_metrics(s, &len);
+    static const char *const want[] = {
+        "cddp_worker_step_seconds{local_rank=\"1\"} 0.5\n",
+        "cddp_worker_compute_seconds{local_rank=\"0\"} 0.1\n",
+        "cddp_worker_straggler{local_rank=\"0\"} 0\n",
+        "cddp_worker_straggler{local_rank=\"1\"} 1\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        if (strstr(m, want[i]) == NULL)
+            fail_msg("missing from /metrics: %s\n%s", want[i], m);
+    status_snapshot_unref(s);
+
+    /* Off: no detection object, no stragglers, no means. */
+    fill_agent(&v);
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    root = status_json(s);
+    assert_true(is_null(root, "straggler_detection"));
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(root, "stragglers")), 0);
+    assert_true(
+        is_null(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "workers"), 0), "step_time_s"));
+    cJSON_Delete(root);
+    m = status_snapshot_metrics(s, &len);
+    assert_null(strstr(m, "cddp_worker_step_seconds{"));
+    status_snapshot_unref(s);
+}
+
+/* The server names slow nodes of a run: the list, each member's times. */
+static void test_rdzv_stragglers(void **state)
+{
+    (void)state;
+    struct status_rdzv_node_view members[2] = {
+        {"a_1_0", 0, 4, 1000, 1005, "active", 0, NULL, 0.1, 0.08, 1, false, 0, 0.9},
+        {"b_2_0", 1, 4, 1001, 1005, "active", 0, NULL, 0.5, 0.45, 6, true, 1003.5, 5},
+    };
+    struct status_rdzv_run_view runs[1] = {
+        {"job7", "running", 2, 1, 4, 1002, 2, members, 0, NULL, 0.09, true, 1.5}};
+    struct status_rdzv_view v = {0};
+    v.program = "cddp-rdzv";
+    v.version = "0.1.0";
+    v.hostname = "head";
+    v.endpoint = "0.0.0.0:29400";
+    v.accepting = true;
+    v.nruns = 1;
+    v.runs = runs;
+    struct status_snapshot *s;
+    assert_int_equal(status_rdzv_render(&v, 1010, &s), 0);
+    cJSON *root = status_json(s);
+    const cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(root, "runs"), 0);
+    assert_true(num(r0, "step_median_s") == 0.09);
+    assert_string_equal(str(r0, "step_basis"), "compute");
+    const cJSON *list = cJSON_GetObjectItem(r0, "stragglers");
+    assert_int_equal(cJSON_GetArraySize(list), 1);
+    const cJSON *e = cJSON_GetArrayItem(list, 0);
+    assert_string_equal(str(e, "node"), "b_2_0");
+    assert_true(num(e, "rank") == 6 && num(e, "node_rank") == 1);
+    assert_true(num(e, "time_s") == 0.45 && num(e, "median_s") == 0.09);
+    assert_true(num(e, "factor") == 5 && num(e, "since") == 1003.5);
+    const cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(r0, "members"), 0);
+    assert_true(num(m0, "step_time_s") == 0.1 && num(m0, "compute_s") == 0.08);
+    assert_false(cJSON_IsTrue(cJSON_GetObjectItem(m0, "straggler")));
+    cJSON_Delete(root);
+    size_t len;
+    const char *m = status_snapshot_metrics(s, &len);
+    assert_non_null(strstr(m, "cddp_rdzv_step_seconds{run_id=\"job7\"} 0.09\n"));
+    assert_non_null(strstr(m, "cddp_rdzv_stragglers{run_id=\"job7\"} 1\n"));
     status_snapshot_unref(s);
 }
 
@@ -406,10 +523,12 @@ static void test_agent_rdzv(void **state)
     assert_null(strstr(m, "cddp_rdzv_")); /* hosts nothing */
     status_snapshot_unref(s);
 
-    struct status_rdzv_node_view members[1] = {{"a_1_0", 0, 2, 1000, 1005, "active", 0, NULL}};
-    struct status_rdzv_node_view waiting[1] = {{"b_2_0", -1, 2, 1004, 1005, "waiting", 0, NULL}};
+    struct status_rdzv_node_view members[1] = {
+        {"a_1_0", 0, 2, 1000, 1005, "active", 0, NULL, 0, 0, 0, false, 0, 0}};
+    struct status_rdzv_node_view waiting[1] = {
+        {"b_2_0", -1, 2, 1004, 1005, "waiting", 0, NULL, 0, 0, 0, false, 0, 0}};
     struct status_rdzv_run_view runs[1] = {
-        {"job\"7", "running", 3, 1, 1, 1002, 1, members, 1, waiting}};
+        {"job\"7", "running", 3, 1, 1, 1002, 1, members, 1, waiting, 0, false, 0}};
     struct status_rdzv_view srv = {.program = "cddprun",
                                    .endpoint = "[::]:29400",
                                    .accepting = true,
@@ -470,10 +589,11 @@ static void test_names(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_agent_json),    cmocka_unit_test(test_agent_not_ready),
-        cmocka_unit_test(test_agent_metrics), cmocka_unit_test(test_rdzv),
-        cmocka_unit_test(test_agent_rdzv),    cmocka_unit_test(test_agent_store),
-        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_agent_json),      cmocka_unit_test(test_agent_not_ready),
+        cmocka_unit_test(test_agent_metrics),   cmocka_unit_test(test_rdzv),
+        cmocka_unit_test(test_agent_rdzv),      cmocka_unit_test(test_agent_store),
+        cmocka_unit_test(test_names),           cmocka_unit_test(test_agent_stragglers),
+        cmocka_unit_test(test_rdzv_stragglers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,6 +29,7 @@ struct trn_comm {
     bool on_device;            /* nccl (world 1 included: the trainer passes device memory) */
     void *cuda_stream;         /* world 1 on the device: the allgather's copy is ordered on it */
     long step;                 /* trn_comm_set_step */
+    uint64_t wait_ns;          /* trn_comm_wait_ns */
     struct trn_comm_error err; /* the first failure */
 };
 
@@ -258,11 +259,21 @@ static int start(struct trn_comm *c, struct trn_comm_work *w, int bucket)
 
 int trn_comm_wait(struct trn_comm *c, struct trn_comm_work *w)
 {
-    int rc = w->state == TRN_WORK_DONE ? w->rc : c->be->wait(c->impl, w);
+    int rc = w->rc;
+    if (w->state != TRN_WORK_DONE) {
+        uint64_t t0 = cddp_mono_ns();
+        rc = c->be->wait(c->impl, w);
+        c->wait_ns += cddp_mono_ns() - t0;
+    }
     w->state = TRN_WORK_IDLE;
     if (rc < 0)
         record(c, w, rc);
     return rc;
+}
+
+uint64_t trn_comm_wait_ns(const struct trn_comm *c)
+{
+    return c->wait_ns;
 }
 
 static int run_sync(struct trn_comm *c, struct trn_comm_work *w)

@@ -184,6 +184,13 @@ void trn_comm_set_step(struct trn_comm *c, long step);
 /* Waits for w. 0, or the collective's error (trn_comm_last_error says more). */
 int trn_comm_wait(struct trn_comm *c, struct trn_comm_work *w);
 
+/* Nanoseconds the calling thread has spent blocked in trn_comm_wait (the
+ * synchronous calls included) since the communicator was made: the time a
+ * rank waited for its peers and the wire, which the progress line reports
+ * as wait_s. With NCCL a wait is stream-ordered and returns at once, so
+ * this counts only what the host itself waited for. */
+uint64_t trn_comm_wait_ns(const struct trn_comm *c);
+
 /* The first failure (code 0 if none). */
 const struct trn_comm_error *trn_comm_last_error(const struct trn_comm *c);
 
