@@ -36,6 +36,8 @@ test_pkgs="python3 python3-pytest python3-torch python3-torchvision python3-nump
 test_pkgs="$test_pkgs python3.11-dbg"
 # tests/integration/test_etcd.py makes its TLS test CA with openssl.
 test_pkgs="$test_pkgs openssl"
+# tests/netns.py drops packets with nftables (loss without sch_netem).
+test_pkgs="$test_pkgs nftables"
 [ $want_test -eq 1 ] && pkgs="$pkgs $test_pkgs"
 
 # Packaging: scdoc turns docs/man/*.scd into man pages at build time; the
