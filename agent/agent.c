@@ -21,6 +21,7 @@
 #include "agent/env.h"
 #include "common/clock.h"
 #include "common/errors.h"
+#include "common/fdlimit.h"
 #include "common/exitcodes.h"
 #include "common/log.h"
 #include "common/signames.h"
@@ -98,6 +99,8 @@ void agent_notify(struct agent *a)
         .ifname = a->ifname.ifname,
         .ifname_addr = a->ifname.addr,
         .ifname_source = agent_ifname_source_name(a->ifname.source),
+        .log_dropped_bytes = a->tees.dropped_bytes,
+        .log_dropped_files = a->tees.dropped_files,
     };
     a->hooks->state_changed(a->hooks->arg, &s);
     if (w != infos)
@@ -362,8 +365,9 @@ static int start_worker(struct agent *a, int i)
     release_extras(&extras);
     agent_env_free(&env);
     if (rc) {
-        log_error("A0203", "starting local_rank %d (%s): %s", i, a->cfg->program,
-                  cddp_strerror(rc));
+        /* start_workers says it: once for a lack of file descriptors. */
+        snprintf(w->start_error, sizeof(w->start_error), "could not start %s: %s", a->cfg->program,
+                 cddp_strerror(rc));
         return rc;
     }
     w->pgid = pid;
@@ -396,10 +400,37 @@ static void start_workers(struct agent *a)
         open_filtered(a);
     log_info("A0207", "[%s] starting %d workers (attempt %d, restart count %d/%d)", a->cfg->role,
              a->nworkers, a->attempt, a->attempt, a->cfg->max_restarts);
+    int out_of_fds = -1; /* the first local rank that found no file descriptor */
     for (int i = 0; i < a->nworkers; i++) {
         struct agent_worker *w = &a->workers[i];
-        if (rc == 0 && start_worker(a, i) == 0)
-            continue;
+        w->start_error[0] = '\0';
+        w->not_started = false;
+        if (rc == 0 && out_of_fds < 0) {
+            int src = start_worker(a, i);
+            if (src == 0)
+                continue;
+            if (src == CDDP_ERR_FROM_ERRNO(EMFILE) || src == CDDP_ERR_FROM_ERRNO(ENFILE)) {
+                /* Every later worker would fail the same way (and each
+                 * try opens more): one line, and the rest are not started. */
+                out_of_fds = i;
+                uint64_t lim = cddp_fdlimit_soft();
+                snprintf(w->start_error, sizeof(w->start_error),
+                         "could not start: %s (the agent's open-file limit is %llu; raise it "
+                         "with ulimit -n)",
+                         cddp_strerror(src), (unsigned long long)lim);
+                log_error("A0203",
+                          "starting local_rank %d (%s): %s: the agent's open-file limit (%llu) "
+                          "holds the pipes and log files of %d workers; local_ranks %d..%d are "
+                          "not started (raise it with ulimit -n)",
+                          i, a->cfg->program, cddp_strerror(src), (unsigned long long)lim, i, i,
+                          a->nworkers - 1);
+            } else if (w->start_error[0]) {
+                log_error("A0203", "starting local_rank %d: %s", i, w->start_error);
+            }
+        } else if (out_of_fds >= 0) {
+            /* Failed for the policy; the table shows the one that says why. */
+            w->not_started = true;
+        }
         /* Could not start: counts as a failed worker (exit code 1); nothing
          * runs in its group. */
         rc = rc ? rc : -1;
@@ -702,6 +733,13 @@ static void on_signal(uv_signal_t *h, int signum)
 
 /* ---- start and stop ---- */
 
+/* A log file lost bytes: the status port's counter follows (paced by the
+ * tee set). */
+static void on_log_drop(void *arg)
+{
+    agent_notify(arg);
+}
+
 static void on_closed(uv_handle_t *h)
 {
     (void)h;
@@ -718,6 +756,12 @@ static void agent_shutdown(struct agent *a)
             agent_signal_group(a->workers[i].pgid, SIGKILL);
     }
     agent_tee_set_close(&a->tees);
+    if (a->tees.dropped_bytes > 0)
+        log_warn("A0213",
+                 "the log files are incomplete: %llu bytes of the workers' output were dropped "
+                 "from %u file%s (%s; A0212 named each)",
+                 (unsigned long long)a->tees.dropped_bytes, a->tees.dropped_files,
+                 a->tees.dropped_files == 1 ? "" : "s", strerror(a->tees.dropped_errno));
     agent_stacks_job_finish(&a->ondemand);    /* a capture under way ends with what it has */
     agent_stacks_job_finish(&a->hung_stacks); /* its gdb does not outlive the agent */
     agent_filetimer_close(a->filetimer);      /* removes the pipe */
@@ -737,6 +781,10 @@ static void agent_shutdown(struct agent *a)
         uv_close((uv_handle_t *)&a->kill_wait, on_closed);
         agent_round_close(a);
     }
+    /* Every group is empty or SIGKILLed, and SIGCHLD is watched no more (so
+     * the guardian's exit is no death to restart it for): it can go now,
+     * and exit while the agent winds down; agent_run reaps it. */
+    agent_guardian_close(&a->guardian);
 }
 
 /* str(uuid.uuid4().int): what torchrun uses for an empty --rdzv_id. */
@@ -750,6 +798,8 @@ static int agent_open(struct agent *a)
     const struct launch_config *cfg = a->cfg;
     int rc;
     agent_tee_set_init(&a->tees, &a->loop);
+    a->tees.on_drop = on_log_drop;
+    a->tees.on_drop_arg = a;
     uv_signal_init(&a->loop, &a->sigchld);
     a->sigchld.data = a;
     uv_timer_init(&a->loop, &a->deadline);
@@ -893,13 +943,13 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
         if (uv_loop_close(&a->loop) != 0)
             log_error("A0005", "handles left open at exit");
     }
-    agent_guardian_stop(&a->guardian);
     /* A temporary log directory nobody asked for goes away after a success;
      * after a failure it holds the error files the table points at. */
     bool asked_for_files =
         a->cfg->redirects.is_map || a->cfg->redirects.all || a->cfg->tee.is_map || a->cfg->tee.all;
     if (a->pol.state == AGENT_SUCCEEDED && !asked_for_files)
         agent_logs_remove_tmp(&a->logs);
+    agent_guardian_stop(&a->guardian); /* it has been exiting since the shutdown */
     agent_logs_free(&a->logs);
     int code = rc ? CDDP_EXIT_FAILURE : a->exit_code;
     if (code == CDDP_EXIT_FAILURE && !a->reported)

@@ -91,6 +91,10 @@ struct agent_snapshot {
     const char *ifname;
     const char *ifname_addr;
     const char *ifname_source;
+    /* Bytes of the workers' output the log files could not take (a full
+     * disk), and the files that lost some (agent/logs.h). */
+    uint64_t log_dropped_bytes;
+    unsigned log_dropped_files;
 };
 
 /* Extra inheritance for one worker, filled by the prepare_worker hook. */

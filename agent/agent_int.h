@@ -44,6 +44,10 @@ struct agent_worker {
     char error_file[4096];
     char hang_note[512]; /* why the watchdog stopped it (this attempt); "" if it did not */
     double hung_at;      /* wall time the watchdog found it hung */
+    /* Why the agent could not start it (this attempt), for the failure
+     * table; "" when it started. */
+    char start_error[256];
+    bool not_started; /* skipped after another ran out of fds: not in the table */
 };
 
 struct agent {
@@ -109,7 +113,7 @@ struct agent {
     void *ondemand_arg;
     bool handles_open;
 
-    char run_id[128];
+    char run_id[PROTO_MAX_ID + 1];
     const char *entry_name;
     double start_time;
 

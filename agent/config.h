@@ -60,6 +60,9 @@ struct launch_config {
     /* rendezvous */
     const char *rdzv_backend; /* static, c10d, etcd, etcd-v2 */
     const char *rdzv_endpoint;
+    /* What errors about the endpoint name: the option as typed, or the
+     * variable it came from (PET_RDZV_ENDPOINT, a SLURM_* one). */
+    char rdzv_endpoint_src[48];
     const char *rdzv_id;         /* run id; "" means generate one */
     struct launch_kv *rdzv_conf; /* owned */
     int rdzv_conf_len;
@@ -177,6 +180,9 @@ struct launch_config {
     char *program; /* owned: path given to execve */
     char **argv;   /* owned: NULL-terminated; strings point into argv or the config */
     int argc;
+    /* Where a Python worker's interpreter came from, in words (PYTHON_EXEC,
+     * cddprun's own environment, PATH); static, NULL for a program. */
+    const char *python_from;
 };
 
 /* Which streams of local_rank the spec selects. */

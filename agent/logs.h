@@ -22,6 +22,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <uv.h>
 
 #include "agent/config.h"
@@ -50,6 +51,8 @@ struct agent_logs {
     bool root_is_ours; /* we created it (mkdtemp) */
     bool devnull;      /* --log_dir=/dev/null */
     char *run_dir;     /* <root>/<run_id>_XXXXXX */
+    int attempts;      /* attempt_<n>/ directories made: n < attempts */
+    int nworkers;      /* the most <local_rank>/ directories made in one */
 };
 
 /* Creates the base directory (mkdir -p, or mkdtemp) and the run directory.
@@ -64,6 +67,11 @@ int agent_logs_path(const struct agent_logs *l, int attempt, int local_rank, con
                     char *out, size_t len);
 /* Removes the base directory when it is a temporary one we created. */
 void agent_logs_remove_tmp(struct agent_logs *l);
+/* rm -rf dir, symbolic links not followed. When removing the first
+ * directory took slow_ns or more (a file system that waits for the disk on
+ * each removal), the rest are removed side by side by threads; see logs.c.
+ * agent_logs_remove_tmp's way, named for the tests (0 forces threads). */
+void agent_logs_remove_tree(const char *dir, uint64_t slow_ns);
 void agent_logs_free(struct agent_logs *l);
 
 /*
@@ -97,7 +105,24 @@ struct agent_tee_set {
     int filtered_fd[2]; /* owned; -1: none */
     const char *const *filters[2];
     int nfilters[2];
+    /* What a full disk (or any write error) kept out of the log files:
+     * bytes, and the files that lost some (the filtered files count once
+     * each). The console and the worker go on regardless. */
+    uint64_t dropped_bytes;
+    unsigned dropped_files;
+    int dropped_errno; /* the first write error */
+    bool filtered_warned[2];
+    /* Called on the loop at the first lost bytes, then at most every
+     * AGENT_TEE_DROP_REPORT_MS while more are lost, and once after the last
+     * (for the status port's counter). May be NULL. */
+    void (*on_drop)(void *arg);
+    void *on_drop_arg;
+    uv_timer_t drop_timer; /* paces on_drop; open once a drop was reported */
+    bool drop_timer_open;
+    bool drop_pending; /* bytes lost since on_drop was last called */
 };
+
+#define AGENT_TEE_DROP_REPORT_MS 250
 
 void agent_tee_set_init(struct agent_tee_set *set, uv_loop_t *loop);
 /* Opens file_path (truncating) and a pipe; *worker_fd is the write end to

@@ -70,19 +70,23 @@ static void on_watchdog_timer(uv_timer_t *t)
     else if (ww->lines > 0)
         snprintf(last, sizeof(last), "after %llu progress lines", (unsigned long long)ww->lines);
     uint64_t since = now - (ww->lines > 0 ? ww->last_ms : ww->started_ms);
-    snprintf(w->hang_note, sizeof(w->hang_note),
-             "watchdog: no progress for %.1f s %s (timeout %.1f s, %s%s); the worker group was "
-             "stopped",
+    char what[400];
+    snprintf(what, sizeof(what), "watchdog: no progress for %.1f s %s (timeout %.1f s, %s%s)",
              (double)since / 1000.0, last, (double)timeout / 1000.0,
              ww->lines == 0 ? "--watchdog_initial" : watchdog_mode_name(a->cfg->watchdog.mode),
              ww->lines > 0 && a->cfg->watchdog.mode == WATCHDOG_AUTO && ww->learned_ms == 0
                  ? ", warming up"
                  : "");
+    /* The table reads it after the stop; the log line comes before the
+     * stacks are taken (up to 5 s), and the stop after them. */
+    snprintf(w->hang_note, sizeof(w->hang_note), "%s; the worker group was stopped", what);
     w->hung_at = cddp_wall_time();
     w->exit_seq = ++a->exit_seq; /* found before the exits the stop causes: the root cause */
     a->watchdog_kills++;
-    log_error("A0901", "[%s] local_rank %d (pid %d) is hung: %s", a->cfg->role, i, (int)w->pgid,
-              w->hang_note);
+    log_error("A0901",
+              "[%s] local_rank %d (pid %d) is hung: %s; taking its stacks, then stopping "
+              "the worker group",
+              a->cfg->role, i, (int)w->pgid, what);
     capture_hung(a, i);
 }
 

@@ -48,7 +48,7 @@ struct agent_round {
     int rank_offset; /* RANK of this node's local rank 0 (prefix sum of nproc) */
     char master_addr[256];
     int master_port;
-    char run_id[128];    /* TORCHELASTIC_RUN_ID */
+    char run_id[PROTO_MAX_ID + 1]; /* TORCHELASTIC_RUN_ID */
     int use_agent_store; /* TORCHELASTIC_USE_AGENT_STORE (0: workers' rank 0 serves the store) */
 };
 

@@ -224,7 +224,10 @@ static void c10d_close(struct agent_rdzv *r, enum agent_rdzv_farewell how, const
     if (!rdzv_calls_close(&c->calls, how, reason, cb))
         return;
     uv_timer_stop(&c->timer);
-    if (c->client == NULL) {
+    /* A server that never welcomed this node has nothing to hear from it
+     * (and may not exist: waiting for its answer would only delay the
+     * exit). A hosting agent still closes its own server's run. */
+    if (c->client == NULL || (c->server == NULL && !rdzv_client_ever_welcomed(c->client))) {
         close_client(c);
         return;
     }

@@ -671,8 +671,12 @@ static void on_join_timer(uv_timer_t *t)
                  (double)e->conf.join_timeout_ms / 1000.0, ed_last_error(e));
     else
         snprintf(why, sizeof(why),
-                 "the round of run '%s' did not complete within join_timeout (%.0f s)", e->run_id,
-                 (double)e->conf.join_timeout_ms / 1000.0);
+                 "the round of run '%s' did not complete within join_timeout (%.0f s)%s", e->run_id,
+                 (double)e->conf.join_timeout_ms / 1000.0,
+                 e->conf.last_call_timeout_ms >= e->conf.join_timeout_ms
+                     ? "; last_call_timeout is not shorter than join_timeout, so a round that "
+                       "waits for more nodes cannot complete in time"
+                     : "");
     fail_join(e, CDDP_ETIMEOUT, why);
 }
 

@@ -4,10 +4,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,6 +25,8 @@
 #include "proto/errorfile.h"
 
 #define ERROR_FILE_MAX (4u << 20)
+
+extern char **environ;
 
 /* "\n" -> "\n  ", as torch indents a traceback under its field. */
 static char *indent(const char *s)
@@ -92,7 +99,7 @@ static void set_default_message(struct agent_failure *f)
     f->message = strdup(buf);
 }
 
-int agent_failure_load(struct agent_failure *f, const char *error_file_path)
+static int load(struct agent_failure *f, const char *error_file_path)
 {
     f->message = NULL;
     f->error_json = NULL;
@@ -104,9 +111,9 @@ int agent_failure_load(struct agent_failure *f, const char *error_file_path)
     if (error_file_path == NULL || error_file_path[0] == '\0' || stat(error_file_path, &st) != 0 ||
         !S_ISREG(st.st_mode)) {
         set_default_message(f);
-        if (f->watchdog) {
+        if (f->watchdog || f->note) {
             free(f->message);
-            f->message = strdup(f->watchdog);
+            f->message = strdup(f->watchdog ? f->watchdog : f->note);
         }
         return f->message ? 0 : CDDP_ERR_FROM_ERRNO(ENOMEM);
     }
@@ -140,6 +147,130 @@ int agent_failure_load(struct agent_failure *f, const char *error_file_path)
         f->message = strdup(f->watchdog);
     }
     return f->message ? 0 : CDDP_ERR_FROM_ERRNO(ENOMEM);
+}
+
+/* What Python prints when torch is not there (a name after it, as in
+ * 'torch.distributed', would be another problem). */
+#define TORCH_MISSING "ModuleNotFoundError: No module named 'torch'"
+#define TAIL_BYTES 16384
+#define PROBE_MS 10000
+
+/* The last TAIL_BYTES of the stderr.log beside error_file_path (the logs
+ * layout: attempt_<n>/<local_rank>/), in *len bytes; NULL when there is
+ * none: the worker's stderr was not redirected or teed (then the agent
+ * never saw it), or the logs go to /dev/null. */
+static char *read_tail(const char *error_file_path, size_t *len)
+{
+    const char *slash = error_file_path ? strrchr(error_file_path, '/') : NULL;
+    if (slash == NULL)
+        return NULL;
+    struct cddp_buf path;
+    cddp_buf_init(&path, 8192);
+    int fd = -1;
+    if (cddp_buf_printf(&path, "%.*s/stderr.log", (int)(slash - error_file_path),
+                        error_file_path) == 0)
+        fd = open(path.data, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    cddp_buf_free(&path);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    char *tail = NULL;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (tail = malloc(TAIL_BYTES)) != NULL) {
+        off_t from = st.st_size > TAIL_BYTES ? st.st_size - TAIL_BYTES : 0;
+        ssize_t n;
+        do {
+            n = pread(fd, tail, TAIL_BYTES, from);
+        } while (n < 0 && errno == EINTR);
+        *len = n > 0 ? (size_t)n : 0;
+    }
+    close(fd);
+    return tail;
+}
+
+/* Whether python finds torch (importlib's find_spec: located, not
+ * imported, so it is quick either way), asked by running it with the
+ * agent's environment, as the workers were: 1 it does, 0 it does not, -1
+ * it could not tell (would not start, failed otherwise, took longer than
+ * PROBE_MS). The answer for the last interpreter asked is kept: a table
+ * of many failures asks once. */
+static int python_finds_torch(const char *python)
+{
+    static char asked[4096];
+    static int answer = -1;
+    if (strcmp(asked, python) == 0)
+        return answer;
+    static const char code[] = "import importlib.util, sys\n"
+                               "sys.exit(0 if importlib.util.find_spec('torch') else 3)\n";
+    char *argv[] = {(char *)python, (char *)"-c", (char *)code, NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawn_file_actions_init(&fa);
+    for (int fd = 0; fd < 3; fd++)
+        posix_spawn_file_actions_addopen(&fa, fd, "/dev/null", fd ? O_WRONLY : O_RDONLY, 0);
+    posix_spawnattr_init(&attr);
+    /* The agent's signal dispositions and mask are its own. */
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    pid_t pid;
+    int rc = posix_spawn(&pid, python, &fa, &attr, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    int result = -1;
+    if (rc == 0) {
+        int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+        if (pfd >= 0) {
+            struct pollfd p = {.fd = pfd, .events = POLLIN};
+            int r;
+            do {
+                r = poll(&p, 1, PROBE_MS);
+            } while (r < 0 && errno == EINTR);
+            if (r <= 0)
+                kill(pid, SIGKILL);
+            close(pfd);
+        }
+        int status;
+        pid_t w;
+        do {
+            w = waitpid(pid, &status, 0);
+        } while (w < 0 && errno == EINTR);
+        if (w == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+            result = 1;
+        else if (w == pid && WIFEXITED(status) && WEXITSTATUS(status) == 3)
+            result = 0;
+    }
+    cddp_strlcpy(asked, python, sizeof(asked));
+    answer = result;
+    return result;
+}
+
+/* agent_failure_load's no_torch (report.h). */
+static bool torch_missing(const struct agent_failure *f, const char *error_file_path)
+{
+    if (f->python == NULL || f->watchdog)
+        return false;
+    if (f->has_error_file && f->message && strstr(f->message, TORCH_MISSING))
+        return true;
+    size_t len = 0;
+    char *tail = read_tail(error_file_path, &len);
+    if (tail) {
+        bool hit = memmem(tail, len, TORCH_MISSING, strlen(TORCH_MISSING)) != NULL;
+        free(tail);
+        return hit;
+    }
+    /* Nothing of the worker's output to read: an uncaught exception
+     * (exit 1) in a Python that has no torch is taken for this one. */
+    return !f->has_error_file && f->exitcode == 1 && python_finds_torch(f->python) == 0;
+}
+
+int agent_failure_load(struct agent_failure *f, const char *error_file_path)
+{
+    int rc = load(f, error_file_path);
+    f->no_torch = rc == 0 && torch_missing(f, error_file_path);
+    return rc;
 }
 
 void agent_failure_free(struct agent_failure *f)
@@ -259,6 +390,16 @@ int agent_failure_table(const char *name, const struct agent_failure *f, int n, 
         rc = repeat(out, '-', width);
     if (rc == 0)
         rc = cddp_buf_printf(out, "Root Cause (first observed failure):\n%s\n", rootb.data);
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (f[i].no_torch) {
+            rc = cddp_buf_printf(
+                out,
+                "hint: %s, the workers' Python, has no torch (ModuleNotFoundError); "
+                "set PYTHON_EXEC to a Python that has PyTorch\n",
+                f[i].python);
+            break;
+        }
+    }
     if (rc == 0)
         rc = repeat(out, '=', width);
     cddp_buf_free(&others);
@@ -288,6 +429,9 @@ int agent_write_error_file(const char *path, const struct agent_failure *root, c
             snprintf(text, sizeof(text),
                      "WatchdogTimeout: %s FAILED: local_rank %d (rank %d, pid %d) was hung: %s",
                      name, root->local_rank, root->rank, root->pid, root->watchdog);
+        else if (root->note)
+            snprintf(text, sizeof(text), "ChildFailedError: %s FAILED: local_rank %d (rank %d) %s",
+                     name, root->local_rank, root->rank, root->note);
         else if (root->exitcode < 0)
             snprintf(text, sizeof(text),
                      "ChildFailedError: %s FAILED: local_rank %d (rank %d, pid %d) was "
@@ -328,7 +472,7 @@ void agent_report_failures(struct agent *a)
     }
     for (int i = 0; i < a->nworkers; i++) {
         struct agent_worker *w = &a->workers[i];
-        if (w->info.exitcode == 0 && w->hang_note[0] == '\0')
+        if ((w->info.exitcode == 0 && w->hang_note[0] == '\0') || w->not_started)
             continue;
         f[n].local_rank = i;
         f[n].rank = w->info.rank;
@@ -340,6 +484,9 @@ void agent_report_failures(struct agent *a)
             f[n].observed = w->hung_at;
             f[n].watchdog = w->hang_note;
         }
+        if (w->start_error[0])
+            f[n].note = w->start_error;
+        f[n].python = a->cfg->kind != LAUNCH_BINARY ? a->cfg->program : NULL;
         agent_failure_load(&f[n], w->error_file);
         n++;
     }

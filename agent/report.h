@@ -54,6 +54,21 @@ struct agent_failure {
      * watchdog stopped it (the table's traceback and the agent's error
      * file say so instead of the signal); NULL otherwise. Not owned. */
     const char *watchdog;
+    /* Set by the caller: why the agent could not start it (the traceback
+     * field says so); NULL otherwise. Not owned. */
+    const char *note;
+    /* Set by the caller before agent_failure_load: the worker's Python
+     * (launch_config's program) for a script, -m or --run_path; NULL for
+     * a program. Not owned. */
+    const char *python;
+    /* Set by agent_failure_load: that Python could not import torch. The
+     * worker's tail says so (the end of its stderr.log, beside its error
+     * file, or its error file's message: "ModuleNotFoundError: No module
+     * named 'torch'"); or, where the agent holds neither (stderr inherited,
+     * as by default), a worker that exited with 1 ran a Python that
+     * importlib cannot find torch in (asked once per interpreter). The
+     * table then adds a line naming the interpreter and PYTHON_EXEC. */
+    bool no_torch;
 };
 
 /*
@@ -68,7 +83,9 @@ void agent_failure_free(struct agent_failure *f);
 /* Index of the root cause among n > 0 failures. */
 int agent_failure_root(const struct agent_failure *f, int n);
 
-/* Appends the table for failures f[0..n) (in local-rank order) to out. */
+/* Appends the table for failures f[0..n) (in local-rank order) to out;
+ * when a failure has no_torch, a last line before the closing rule names
+ * its Python and PYTHON_EXEC. */
 int agent_failure_table(const char *name, const struct agent_failure *f, int n, const char *host,
                         struct cddp_buf *out);
 

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "proto/msg.h" /* PROTO_MAX_ID */
 #include "proto/progress.h"
 #include "rendezvous/view.h"
 #include "store/tcpstore.h"
@@ -61,7 +62,7 @@ struct agent_status {
     uint64_t last_publish_ms;
 
     /* The agent as its last snapshot showed it (strings copied). */
-    char run_id[128];
+    char run_id[PROTO_MAX_ID + 1];
     char master_addr[256];
     char hostname[256];
     char endpoint[300];
@@ -73,6 +74,8 @@ struct agent_status {
     int restart_count, max_restarts, membership_restarts;
     enum watchdog_mode watchdog_mode;
     unsigned watchdog_kills;
+    uint64_t log_dropped_bytes;
+    unsigned log_dropped_files;
     double start_time;
     bool rdzv_connected;
     double rdzv_disconnected_at;
@@ -274,6 +277,8 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
     }
     v->watchdog_mode = watchdog_mode_name(st->watchdog_mode);
     v->watchdog_kills = st->watchdog_kills;
+    v->log_dropped_bytes = st->log_dropped_bytes;
+    v->log_dropped_files = st->log_dropped_files;
     v->nworkers = (size_t)st->nslots;
     v->workers = st->views;
 }
@@ -673,6 +678,8 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     st->membership_restarts = snap->membership_restarts;
     st->watchdog_mode = snap->watchdog_mode;
     st->watchdog_kills = snap->watchdog_kills;
+    st->log_dropped_bytes = snap->log_dropped_bytes;
+    st->log_dropped_files = snap->log_dropped_files;
     st->start_time = snap->start_time;
     st->rdzv_connected = snap->rdzv_connected;
     st->rdzv_disconnected_at = snap->rdzv_disconnected_at;

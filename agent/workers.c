@@ -18,6 +18,7 @@
 
 #include "agent/stacks.h"
 #include "common/errors.h"
+#include "common/fdlimit.h"
 #include "common/log.h"
 
 /* close_range(2), Linux 5.9+; the libc wrapper is recent, the syscall is not. */
@@ -76,10 +77,11 @@ static void write_str(int fd, const char *s)
     }
 }
 
-/* In the child, between fork and exec: only async-signal-safe calls. Every
- * signal is blocked on entry (see agent_spawn), so none can run the agent's
- * handlers here; one sent meanwhile stays pending and is delivered with its
- * default action when reset_signals() unblocks. */
+/* In the child, between fork and exec: only async-signal-safe calls (the
+ * child of _Fork() in a process with threads may find any lock taken).
+ * Every signal is blocked on entry (see fork_blocked), so none can run the
+ * agent's handlers here; one sent meanwhile stays pending and is delivered
+ * with its default action when reset_signals() unblocks. */
 static void child_exec(const struct agent_spawn *s, pid_t parent)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -108,27 +110,31 @@ static void child_exec(const struct agent_spawn *s, pid_t parent)
     for (int i = 0; i < nkeep; i++)
         dup2(keep[i], 3 + i);
     close_from(3 + nkeep);
+    cddp_fdlimit_restore(); /* the agent raised its own, not the worker's */
 
     execve(s->path, s->argv, s->envp);
     int e = errno;
+    const char *why = strerrordesc_np(e); /* strerror may translate, and allocate */
     write_str(2, "cddprun: cannot execute ");
     write_str(2, s->path);
     write_str(2, ": ");
-    write_str(2, strerror(e));
+    write_str(2, why ? why : "unknown error");
     write_str(2, "\n");
     _exit(127);
 }
 
-/* fork() with every signal blocked in both processes until the parent
+/* A fork with every signal blocked in both processes until the parent
  * restores its mask: the child must not run the agent's signal handlers
  * (libuv's write into a pipe the agent reads, so the agent would think the
- * signal was its own). */
-static pid_t fork_blocked(sigset_t *saved)
+ * signal was its own). bare: _Fork(), which runs no pthread_atfork handler,
+ * for a child that only execs (libuv's handler would make it a new signal
+ * pipe just for execve to close); otherwise fork(). */
+static pid_t fork_blocked(sigset_t *saved, bool bare)
 {
     sigset_t all;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, saved);
-    pid_t p = fork();
+    pid_t p = bare ? _Fork() : fork();
     int e = errno;
     if (p != 0)
         sigprocmask(SIG_SETMASK, saved, NULL);
@@ -136,11 +142,17 @@ static pid_t fork_blocked(sigset_t *saved)
     return p;
 }
 
+/* Workers are forked, not made as posix_spawn makes them (clone with
+ * CLONE_VM | CLONE_VFORK), though that costs less CPU: the agent would wait
+ * for each child until its execve, and a child that calls setsid() (a new
+ * scheduler autogroup) can wait milliseconds for a CPU on a busy machine,
+ * so four workers' waits came one after another (docs/benchmarks.md,
+ * "Launcher start-up"). Forked, they wait side by side. */
 int agent_spawn(const struct agent_spawn *s, pid_t *pid)
 {
     pid_t parent = getpid();
     sigset_t saved;
-    pid_t p = fork_blocked(&saved);
+    pid_t p = fork_blocked(&saved, true);
     if (p < 0)
         return CDDP_ERR_FROM_ERRNO(errno);
     if (p == 0)
@@ -248,7 +260,7 @@ int agent_guardian_start(struct agent_guardian *g)
     if (pipe2(fds, O_CLOEXEC) != 0)
         return CDDP_ERR_FROM_ERRNO(errno);
     sigset_t saved;
-    pid_t p = fork_blocked(&saved);
+    pid_t p = fork_blocked(&saved, false);
     if (p < 0) {
         int e = errno;
         close(fds[0]);
@@ -290,11 +302,16 @@ int agent_guardian_remove(struct agent_guardian *g, pid_t pgid)
     return guardian_send(g, 'D', pgid);
 }
 
-void agent_guardian_stop(struct agent_guardian *g)
+void agent_guardian_close(struct agent_guardian *g)
 {
     if (g->fd >= 0)
         close(g->fd);
     g->fd = -1;
+}
+
+void agent_guardian_stop(struct agent_guardian *g)
+{
+    agent_guardian_close(g);
     if (g->pid > 0) {
         while (waitpid(g->pid, NULL, 0) < 0 && errno == EINTR)
             ;

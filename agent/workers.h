@@ -48,10 +48,9 @@ void agent_inherited_ignored(sigset_t *out);
 /*
  * Forks and execs one worker: own session (setsid), PR_SET_PDEATHSIG=SIGKILL,
  * default signal dispositions (but s->ignored) and an empty signal mask,
- * stdin inherited,
- * every other fd closed. If execve fails the child writes one line to its
- * stderr and exits 127. Returns 0 and the pid (which is also its process
- * group id), or -errno when fork fails.
+ * stdin inherited, every other fd closed. If execve fails the child writes
+ * one line to its stderr and exits 127. Returns 0 and the pid (which is also
+ * its process group id), or -errno when fork fails.
  */
 int agent_spawn(const struct agent_spawn *s, pid_t *pid);
 
@@ -81,8 +80,9 @@ int agent_guardian_start(struct agent_guardian *g);
  * is gone. 0 or -errno (the guardian died; restart it). */
 int agent_guardian_add(struct agent_guardian *g, pid_t pgid);
 int agent_guardian_remove(struct agent_guardian *g, pid_t pgid);
-/* Closes the pipe (the guardian kills what it still knows, then exits) and
- * reaps it. */
+/* Closes the pipe: the guardian kills what it still knows, then exits. */
+void agent_guardian_close(struct agent_guardian *g);
+/* Closes the pipe if still open, and reaps the guardian. */
 void agent_guardian_stop(struct agent_guardian *g);
 
 #endif

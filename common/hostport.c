@@ -1,6 +1,7 @@
 /* hostport.c: see hostport.h. */
 #include "common/hostport.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <stdio.h>
 #include <string.h>
@@ -82,12 +83,31 @@ int cddp_hostport_parse_torchrun(const char *s, int default_port, struct cddp_ho
     }
     size_t n = strlen(e);
     char *h = e, *p = NULL;
-    if (!(e[0] == '[' && e[n - 1] == ']')) {
+    bool bracketed = e[0] == '[' && e[n - 1] == ']';
+    if (!bracketed) {
         char *colon = strrchr(e, ':');
         if (colon) {
             *colon = '\0';
             p = colon + 1;
         }
+    }
+    /* Without brackets, torch splits an IPv6 address at its last colon:
+     * "::1" becomes host ':' and port 1, which fails only when nothing
+     * answers there. A host that keeps a colon must be an IPv6 address
+     * itself ("::1:29400" is ::1, port 29400, as in torch). */
+    struct in6_addr a6;
+    if (!bracketed && p && h[0] != '[' && strchr(h, ':') && inet_pton(AF_INET6, h, &a6) != 1) {
+        p[-1] = ':';
+        if (inet_pton(AF_INET6, e, &a6) == 1)
+            return cddp_fail(err, errlen, CDDP_EPARSE,
+                             "endpoint '%s' is a bare IPv6 address: write it in brackets, "
+                             "[%s]:PORT",
+                             s, e);
+        p[-1] = '\0';
+        return cddp_fail(err, errlen, CDDP_EPARSE,
+                         "the host of endpoint '%s' ('%s') has a colon but is not an IPv6 "
+                         "address: write IPv6 addresses in brackets, [ADDR]:PORT",
+                         s, h);
     }
     size_t hl = strlen(h);
     if (hl > 1 && h[0] == '[' && h[hl - 1] == ']') {

@@ -16,17 +16,26 @@
  *     host:port         host, port                host, port
  *     [::1]:29400       ::1, 29400                ::1, 29400
  *     [::1]             ::1, D                    ::1, D
- *     ::1               ::1, D (two colons or     ":", 1 (the last colon splits:
- *                       more: all of it a host)   host ":" and port 1)
+ *     ::1               ::1, D (two colons or     an error: a bare IPv6 address, with
+ *                       more: all of it a host)   the hint "[::1]:PORT" (torch: host
+ *                                                 ":" and port 1; see below)
  *     ::1:29400         "::1:29400", D            ::1, 29400
+ *     a:b:1             "a:b:1", D                an error: the host 'a:b' has a colon
+ *                                                 and is not an IPv6 address
  *     "" or " h:1 "     an error (empty host;     localhost, D; h, 1 (torch strips
  *                       spaces are not removed)   whitespace first)
  *     bad_host!:1       host "bad_host!", 1       an error: a host is letters,
  *                                                 digits and _ . : - only
  *     h:+1              h, 1 (strtol)             an error: 1-5 digits only
  *
- * What a bare "::1" endpoint should mean to cddprun is not settled; both
- * keep the behaviour of the code they came from.
+ * cddprun refuses a bare IPv6 address where torch would split it at its
+ * last colon: torch reads "::1" as host ":" and port 1 and fails only when
+ * the connection times out; reading it as ::1 would make "fe80::1:2" mean
+ * one thing here and another in torchrun. So without brackets, the host
+ * torch's split leaves must be a host name, an IPv4 address or a whole
+ * IPv6 address ("::1:29400" is still ::1 and port 29400, as in torch;
+ * "2001:db8::1:2" is 2001:db8::1 and port 2, as in torch). Every endpoint
+ * torch reads and can reach means the same here (docs/torchrun-compat.md).
  */
 #ifndef CDDP_COMMON_HOSTPORT_H
 #define CDDP_COMMON_HOSTPORT_H

@@ -40,6 +40,7 @@
 #include "common/strutil.h"
 #include "common/uuid.h"
 #include "launcher/slurm.h"
+#include "proto/msg.h" /* PROTO_MAX_ID */
 #include "rendezvous/conf.h"
 
 /* Row indexes of the flags table, for what launch_parse reads after the
@@ -351,6 +352,39 @@ static int conv_ranks_filter(const struct cddp_flag_arg *a, void *dst, void *ctx
     return rc;
 }
 
+/* --rdzv_endpoint: the text, parsed by launch_validate, which names in its
+ * errors where the text came from (the option as typed, PET_RDZV_ENDPOINT,
+ * or the Slurm variable it was derived from). */
+static int conv_rdzv_endpoint(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
+                              size_t errlen)
+{
+    (void)ctx;
+    (void)err;
+    (void)errlen;
+    struct launch_config *cfg = dst;
+    cfg->rdzv_endpoint = a->text;
+    cddp_strlcpy(cfg->rdzv_endpoint_src, a->source ? a->name : "--rdzv_endpoint",
+                 sizeof(cfg->rdzv_endpoint_src));
+    return 0;
+}
+
+/* --rdzv_id: kept whole in TORCHELASTIC_RUN_ID, the log folder and the
+ * rendezvous, up to the protocol's limit on ids; a longer one is refused
+ * rather than cut. */
+static int conv_rdzv_id(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
+                        size_t errlen)
+{
+    (void)ctx;
+    size_t n = strlen(a->text);
+    if (n > PROTO_MAX_ID)
+        return cddp_fail(err, errlen, CDDP_ERANGE_ARG,
+                         "%s: %zu bytes long; a run id is at most %d bytes (the rendezvous "
+                         "protocol's limit)",
+                         a->name, n, PROTO_MAX_ID);
+    ((struct launch_config *)dst)->rdzv_id = a->text;
+    return 0;
+}
+
 static int conv_master_addr(const struct cddp_flag_arg *a, void *dst, void *ctx, char *err,
                             size_t errlen)
 {
@@ -564,14 +598,14 @@ static const struct cddp_flag flag_rows[F_COUNT] = {
                         .help = "static (default: fixed node ranks), c10d (elastic, cddp's\n"
                                 "rendezvous) or etcd-v3 (etcd and etcd-v2 name it). Unset,\n"
                                 "several nodes without --node-rank, or MIN:MAX, are c10d"},
-    [F_RDZV_ENDPOINT] = {"--rdzv_endpoint", "--rdzv-endpoint", 0, CDDP_FLAG_STRING,
-                         AT(rdzv_endpoint), PET, .defval = "", .metavar = "H:P",
+    [F_RDZV_ENDPOINT] = {"--rdzv_endpoint", "--rdzv-endpoint", 0, CUSTOM(conv_rdzv_endpoint), PET,
+                         .defval = "", .metavar = "H:P",
                          .help = "c10d: the rendezvous server (default port 29400; the agent\n"
                                  "on that host serves it unless cddp-rdzv does); static:\n"
                                  "the master address"},
-    [F_RDZV_ID] = {"--rdzv_id", "--rdzv-id", 0, CDDP_FLAG_STRING, AT(rdzv_id), PET,
-                   .defval = "none", .metavar = "ID",
-                   .help = "run id, TORCHELASTIC_RUN_ID (default none)"},
+    [F_RDZV_ID] = {"--rdzv_id", "--rdzv-id", 0, CUSTOM(conv_rdzv_id), PET, .defval = "none",
+                   .metavar = "ID",
+                   .help = "run id, TORCHELASTIC_RUN_ID (default none; at most 256 bytes)"},
     [F_RDZV_CONF] = {"--rdzv_conf", "--rdzv-conf", 0, CUSTOM(conv_rdzv_conf), PET, .defval = "",
                      .metavar = "K=V,...",
                      .help = "rendezvous options (join_timeout, last_call_timeout,\n"
@@ -751,8 +785,10 @@ static const char help_about[] =
     "--logs-specs and --numa-binding, a default from PET_<NAME> (PET_NPROC_PER_NODE).\n"
     "\n"
     "positional arguments:\n"
-    "  training_script       a .py file (run as python3 -u, PYTHON_EXEC overrides),\n"
-    "                        a module with -m, or an executable; then its arguments\n";
+    "  training_script       a .py file (run as python3 -u: PYTHON_EXEC, else the\n"
+    "                        python3 of the venv or conda environment cddprun is\n"
+    "                        in, else PATH's), a module with -m, or an executable;\n"
+    "                        then its arguments\n";
 
 static const char help_epilogue[] =
     "Environment: LOGLEVEL (DEBUG, INFO, WARNING, ERROR), TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"

@@ -43,13 +43,24 @@ int launch_parse(int argc, char **argv, char **envp, const struct launch_probe *
 
 /*
  * Forms the worker command (cfg->kind, program, argv) from the entrypoint:
- * a .py file runs as `python3 -u script` (PYTHON_EXEC in envp overrides
- * python3), -m as `python3 -u -m module`, --no_python or an executable that
- * is not a .py file runs directly. Checks that what will be executed exists
- * and is executable, and that --log_dir is not a file. 0 or a negative code
- * with a one-line reason in err.
+ * a .py file runs as `python3 -u script`, -m as `python3 -u -m module`,
+ * --no_python or an executable that is not a .py file runs directly. The
+ * Python is PYTHON_EXEC (in envp), else the python3 of the environment
+ * this cddprun is installed in (launch_python_beside of /proc/self/exe),
+ * else python3 on PATH; cfg->python_from says which. Checks that what will
+ * be executed exists and is executable, and that --log_dir is not a file.
+ * 0 or a negative code with a one-line reason in err.
  */
 int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t errlen);
+
+/*
+ * The python3 beside the program at exe (an absolute path) when that
+ * program lives in a Python environment's bin/: a venv (pyvenv.cfg in the
+ * directory above, PEP 405) or a conda environment (conda-meta/ there), as
+ * pip installs cddprun. Returns an owned path (free it), or NULL: not in
+ * an environment, or no executable python3 there.
+ */
+char *launch_python_beside(const char *exe);
 
 /* Refuses, by name, what this build parses but cannot honour (the etcd
  * backends, --standalone with several nodes, a MIN:MAX static run, ...),

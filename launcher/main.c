@@ -17,6 +17,7 @@
 #include "agent/status.h"
 #include "common/errors.h"
 #include "common/exitcodes.h"
+#include "common/fdlimit.h"
 #include "common/log.h"
 #include "launcher/cli.h"
 
@@ -69,6 +70,9 @@ int main(int argc, char **argv)
 
     for (int i = 0; i < cfg.nnotes; i++)
         log_warn("L2001", "%s", cfg.notes[i]);
+    /* Said once: which Python every worker (and every restart) runs. */
+    if (cfg.kind != LAUNCH_BINARY)
+        log_info("L0004", "workers' Python: %s (from %s)", cfg.program, cfg.python_from);
     if (cfg.status_linger_ignored)
         log_warn("L0003",
                  "%s=%s has no effect without a status port (--status_port or "
@@ -86,6 +90,11 @@ int main(int argc, char **argv)
     }
     /* launcher/api.py exports the list for the agent; workers inherit it. */
     setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", cfg.signals_arg, 1);
+
+    /* Pipes and log files per worker, a socket per status client: the
+     * soft limit most shells give (1024) is not enough for a big node.
+     * The workers get the old limit back (common/fdlimit.h). */
+    cddp_fdlimit_raise(NULL);
 
     /* The status port listens before anything starts, so a port in use or an
      * address that does not resolve is reported before any worker runs. */

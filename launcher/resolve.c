@@ -1,8 +1,10 @@
 /*
  * resolve.c: launch_resolve (cli.h), the worker command from the
- * entrypoint: which program runs (python3 for a script, a module or
- * --run_path; the entrypoint itself otherwise), found as execvp would,
- * checked to exist and be executable before anything starts, and its argv.
+ * entrypoint: which program runs (a Python for a script, a module or
+ * --run_path: PYTHON_EXEC, the python3 of the environment cddprun is
+ * installed in, or python3 on PATH; the entrypoint itself otherwise),
+ * found as execvp would, checked to exist and be executable before
+ * anything starts, and its argv.
  */
 #include "launcher/cli.h"
 
@@ -45,6 +47,33 @@ static char *find_program(const char *name, char **envp)
             return NULL;
         p = colon + 1;
     }
+}
+
+char *launch_python_beside(const char *exe)
+{
+    const char *slash = strrchr(exe, '/');
+    if (slash == NULL || slash == exe)
+        return NULL;
+    size_t bin_len = (size_t)(slash - exe);
+    /* The environment's root: the parent of the directory cddprun is in. */
+    const char *up = exe + bin_len;
+    while (up > exe && up[-1] != '/')
+        up--;
+    size_t root_len = up > exe ? (size_t)(up - exe - 1) : 0;
+    struct cddp_buf b;
+    cddp_buf_init(&b, 8192);
+    struct stat st;
+    bool env = false;
+    if (cddp_buf_printf(&b, "%.*s/pyvenv.cfg", (int)root_len, exe) == 0)
+        env = stat(b.data, &st) == 0 && S_ISREG(st.st_mode);
+    cddp_buf_reset(&b);
+    if (!env && cddp_buf_printf(&b, "%.*s/conda-meta", (int)root_len, exe) == 0)
+        env = stat(b.data, &st) == 0 && S_ISDIR(st.st_mode);
+    cddp_buf_reset(&b);
+    if (env && cddp_buf_printf(&b, "%.*s/python3", (int)bin_len, exe) == 0 && is_exec_file(b.data))
+        return b.data;
+    cddp_buf_free(&b);
+    return NULL;
 }
 
 static bool ends_with(const char *s, const char *suffix)
@@ -132,10 +161,27 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
 
     const char *python = NULL;
     if (cfg->kind != LAUNCH_BINARY) {
+        /* PYTHON_EXEC, else the environment's own python3 when cddprun was
+         * installed into one (pip: a venv's or conda environment's bin/),
+         * else python3 from PATH. */
         python = cddp_flags_getenv(envp, "PYTHON_EXEC");
-        if (python == NULL || *python == '\0')
-            python = "python3";
-        cfg->program = find_program(python, envp);
+        cfg->python_from = "PYTHON_EXEC";
+        if (python == NULL || *python == '\0') {
+            char self[4096];
+            ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+            if (n > 0) {
+                self[n] = '\0';
+                cfg->program = launch_python_beside(self);
+            }
+            /* By its path, also as argv[0]: Python finds its environment
+             * (pyvenv.cfg) from argv[0], and a bare name would be looked
+             * up on PATH, which may hold another python3. */
+            python = cfg->program ? cfg->program : "python3";
+            cfg->python_from =
+                cfg->program ? "the Python environment cddprun is installed in" : "python3 on PATH";
+        }
+        if (cfg->program == NULL)
+            cfg->program = find_program(python, envp);
         if (cfg->program == NULL)
             return cddp_fail(err, errlen, CDDP_ENOTFOUND,
                              "%s: Python interpreter not found or not executable (set PYTHON_EXEC)",
@@ -151,12 +197,12 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
                              ep);
     }
     if (cfg->kind == LAUNCH_BINARY) {
-        /* A bare name that is a file in the working directory means that file
-         * (torchrun would open it relative to the working directory too);
-         * otherwise PATH is searched, as execvp. */
+        /* As execvp and torchrun (--no_python: subprocess, i.e. execvp): a
+         * name with a slash is a path, a bare name is looked up in PATH
+         * only. The working directory is never searched: `cddprun sh -c ..`
+         * must not run a ./sh that happens to be there (docs/cli.md). */
         struct stat st;
-        bool local = strchr(ep, '/') == NULL && stat(ep, &st) == 0;
-        if (strchr(ep, '/') || local) {
+        if (strchr(ep, '/')) {
             if (stat(ep, &st) != 0)
                 return cddp_fail(err, errlen, CDDP_ENOTFOUND, "entrypoint '%s': %s", ep,
                                  strerror(errno));
@@ -168,13 +214,16 @@ int launch_resolve(struct launch_config *cfg, char **envp, char *err, size_t err
                                  "entrypoint '%s': not executable (chmod +x it, or run a Python "
                                  "script named *.py)",
                                  ep);
-            struct cddp_buf b;
-            cddp_buf_init(&b, 8192);
-            if (cddp_buf_printf(&b, "%s%s", local ? "./" : "", ep) != 0)
-                return cddp_fail(err, errlen, CDDP_ETOOBIG, "entrypoint path too long");
-            cfg->program = b.data;
+            cfg->program = strdup(ep);
+            if (cfg->program == NULL)
+                return CDDP_ERR_FROM_ERRNO(ENOMEM);
         } else {
             cfg->program = find_program(ep, envp);
+            if (cfg->program == NULL && stat(ep, &st) == 0)
+                return cddp_fail(err, errlen, CDDP_ENOTFOUND,
+                                 "entrypoint '%s': not found in PATH (a bare name is looked up in "
+                                 "PATH only; for the one in the working directory write ./%s)",
+                                 ep, ep);
             if (cfg->program == NULL)
                 return cddp_fail(err, errlen, CDDP_ENOTFOUND,
                                  "entrypoint '%s': not found in PATH or not executable", ep);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/hostname.h"
 #include "common/hostport.h"
 #include "common/strutil.h"
 
@@ -34,6 +35,12 @@ static int endpoint(const char *text, int default_port, char host[256], int *por
     return rc;
 }
 
+/* What an endpoint error names: the option as typed, or the variable. */
+static const char *endpoint_name(const struct launch_config *cfg)
+{
+    return cfg->rdzv_endpoint_src[0] ? cfg->rdzv_endpoint_src : "--rdzv_endpoint";
+}
+
 /* etcd-v3 (etcd and etcd-v2 name it, with a notice from the agent): one
  * or more members, "h1:2379,h2:2379" (docs/etcd.md); each is checked, and
  * the last one's host and port are kept. */
@@ -44,9 +51,10 @@ static int etcd_members(struct launch_config *cfg, char *err, size_t errlen)
                          "--rdzv_backend=%s needs --rdzv_endpoint=HOST:PORT[,HOST:PORT...] "
                          "(the etcd members)",
                          cfg->rdzv_backend);
+    const char *name = endpoint_name(cfg);
     char copy[1024];
     if (strlen(cfg->rdzv_endpoint) >= sizeof(copy))
-        return cddp_fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: too long");
+        return cddp_fail(err, errlen, CDDP_EPARSE, "%s: too long", name);
     cddp_strlcpy(copy, cfg->rdzv_endpoint, sizeof(copy));
     for (char *p = copy;;) {
         char *comma = strchr(p, ',');
@@ -60,8 +68,8 @@ static int etcd_members(struct launch_config *cfg, char *err, size_t errlen)
         char why[256];
         if (*item == '\0' ||
             endpoint(item, 2379, cfg->rdzv_host, &cfg->rdzv_port, why, sizeof(why)) != 0)
-            return cddp_fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: etcd member '%s': %s",
-                             item, *item ? why : "empty");
+            return cddp_fail(err, errlen, CDDP_EPARSE, "%s: etcd member '%s': %s", name, item,
+                             *item ? why : "empty");
         if (comma == NULL)
             break;
         p = comma + 1;
@@ -74,7 +82,7 @@ static int etcd_members(struct launch_config *cfg, char *err, size_t errlen)
 static int static_master(struct launch_config *cfg, char *err, size_t errlen)
 {
     char ep[512];
-    const char *what = "--rdzv_endpoint";
+    const char *what = endpoint_name(cfg);
     if (cfg->rdzv_endpoint[0]) {
         cddp_strlcpy(ep, cfg->rdzv_endpoint, sizeof(ep));
     } else {
@@ -87,8 +95,7 @@ static int static_master(struct launch_config *cfg, char *err, size_t errlen)
         return cddp_fail(err, errlen, CDDP_EPARSE, "%s: %s", what, why);
     if (port <= 0)
         return cddp_fail(err, errlen, CDDP_EPARSE,
-                         "--rdzv_endpoint=%s: the static backend needs HOST:PORT (port is missing "
-                         "or 0)",
+                         "%s=%s: the static backend needs HOST:PORT (port is missing or 0)", what,
                          cfg->rdzv_endpoint);
     cfg->static_port = port;
     /* Several static nodes meet on the port after MASTER_PORT, which
@@ -98,6 +105,23 @@ static int static_master(struct launch_config *cfg, char *err, size_t errlen)
                          "--master_port=65535: with --nnodes > 1 the static backend also needs "
                          "the next port, for the agents");
     return 0;
+}
+
+/* The status port must not be a port this node's agent serves the
+ * rendezvous on: it listens first (before the agent starts), so the agent
+ * would take it for a rendezvous served already and join its own HTTP
+ * server. A port on another host is another machine's business. */
+static int status_port_clash(const struct launch_config *cfg, const char *host, int port,
+                             const char *what, char *err, size_t errlen)
+{
+    if (cfg->status_port <= 0 || cfg->status_port != port || !cddp_host_is_local(host))
+        return 0;
+    char hp[300];
+    cddp_hostport_format(host, port, hp, sizeof(hp));
+    return cddp_fail(err, errlen, CDDP_ECONFIG,
+                     "--status_port=%d is %s (%s, this host): the status port and the "
+                     "rendezvous cannot share a port; pick another status port",
+                     cfg->status_port, what, hp);
 }
 
 int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
@@ -145,8 +169,9 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
         char why[256];
         if (endpoint(cfg->rdzv_endpoint, 29400, cfg->rdzv_host, &cfg->rdzv_port, why,
                      sizeof(why)) != 0)
-            return cddp_fail(err, errlen, CDDP_EPARSE, "--rdzv_endpoint: %s", why);
-        return 0;
+            return cddp_fail(err, errlen, CDDP_EPARSE, "%s: %s", endpoint_name(cfg), why);
+        return status_port_clash(cfg, cfg->rdzv_host, cfg->rdzv_port,
+                                 "the rendezvous endpoint's port", err, errlen);
     }
     /* static */
     if (cfg->node_rank >= cfg->nnodes_max)
@@ -159,5 +184,10 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
             "--nnodes=%s: the static backend runs a fixed number of nodes (--nnodes=N); "
             "for MIN:MAX use --rdzv_backend=c10d",
             cfg->nnodes_arg);
-    return static_master(cfg, err, errlen);
+    int rc = static_master(cfg, err, errlen);
+    if (rc == 0 && cfg->node_rank == 0 && cfg->nnodes_max > 1)
+        rc = status_port_clash(cfg, cfg->static_addr, cfg->static_port + 1,
+                               "the port the static backend's agents meet on (MASTER_PORT + 1)",
+                               err, errlen);
+    return rc;
 }

@@ -1,4 +1,6 @@
-/* client.c: see client.h.
+/* client.c: see client.h. The connection, membership (join, resume, leave,
+ * close) and the matching of results to requests; the store calls and the
+ * exit barrier, made of requests, are client_kv.c's.
  *
  * Connection life: resolve (uv_getaddrinfo) -> try each address -> on
  * failure back off (10 ms doubling to 1 s, with jitter) and resolve again,
@@ -14,6 +16,7 @@
  * (at least two heartbeat periods) between any two frames; past that the
  * connection counts as lost, as if it had broken. */
 #include "rendezvous/client.h"
+#include "rendezvous/client_request.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -451,6 +454,26 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     c->last_rx = uv_now(c->loop);
     c->suspect = false;
+    if (!c->welcomed && proto_decoder_pending(&c->dec) == 0 && nread >= 5 &&
+        memcmp(buf->base, "HTTP/", 5) == 0) {
+        /* An HTTP server answered our hello (a status port, a proxy, a web
+         * server given as the endpoint): as a frame it would read as a
+         * gigabyte. Say what it is, with its status line, and stop: asking
+         * it again will not make it a rendezvous server. */
+        size_t n = 0;
+        char line[80];
+        while (n < (size_t)nread && n < sizeof(line) - 1 && buf->base[n] != '\r' &&
+               buf->base[n] != '\n') {
+            char ch = buf->base[n];
+            line[n++] = ch >= 0x20 && ch < 0x7f ? ch : '?';
+        }
+        line[n] = '\0';
+        client_fail(c, CDDP_EPROTO_TYPE,
+                    "%s:%d answered in HTTP (\"%s\"): it is a web server (a status port?), not a "
+                    "cddp rendezvous server",
+                    c->host, c->port, line);
+        return;
+    }
     int rc = proto_decoder_feed(&c->dec, buf->base, (size_t)nread, on_frame, c);
     if (rc == CDDP_ETOOBIG)
         client_fail(c, rc, "the server sent a frame over %u bytes", PROTO_FRAME_MAX);
@@ -878,8 +901,6 @@ int rdzv_client_join(struct rdzv_client *c, int master_port, rdzv_join_cb cb, vo
 
 /* ---- after a lost connection: resume, or join again ---- */
 
-static int request(struct rdzv_client *c, struct proto_msg *m, rdzv_store_cb cb, void *arg);
-
 static void on_resumed(struct rdzv_client *c, int status, const struct rdzv_store_result *r,
                        void *arg)
 {
@@ -942,7 +963,7 @@ static void after_reconnect(struct rdzv_client *c)
             fill_join(c, &m.resume.join, &jc, true);
             m.resume.member = c->round;
         }
-        resume = request(c, &m, on_resumed, NULL) == 0;
+        resume = rdzv_client_request(c, &m, on_resumed, NULL) == 0;
         if (resume)
             c->resume_id = m.id;
     }
@@ -1000,8 +1021,7 @@ int rdzv_client_close_rendezvous(struct rdzv_client *c, const char *reason)
     return send_simple(c, PROTO_CLOSE, 0, reason, false);
 }
 
-/* Sends m as a request whose result goes to cb. */
-static int request(struct rdzv_client *c, struct proto_msg *m, rdzv_store_cb cb, void *arg)
+int rdzv_client_request(struct rdzv_client *c, struct proto_msg *m, rdzv_store_cb cb, void *arg)
 {
     if (c->closing || c->state == C_DEAD)
         return CDDP_ECLOSED;
@@ -1019,136 +1039,6 @@ static int request(struct rdzv_client *c, struct proto_msg *m, rdzv_store_cb cb,
     r->arg = arg;
     cddp_queue_insert_tail(&c->reqs, &r->link);
     return 0;
-}
-
-int rdzv_client_set(struct rdzv_client *c, const char *key, const void *val, size_t len,
-                    rdzv_store_cb cb, void *arg)
-{
-    struct proto_msg m = {.type = PROTO_SET};
-    m.set.key = key;
-    m.set.value = (struct proto_bytes){val, len};
-    return request(c, &m, cb, arg);
-}
-
-int rdzv_client_get(struct rdzv_client *c, const char *key, int64_t timeout_ms, rdzv_store_cb cb,
-                    void *arg)
-{
-    struct proto_msg m = {.type = PROTO_GET};
-    m.get.key = key;
-    m.get.timeout_ms = timeout_ms;
-    return request(c, &m, cb, arg);
-}
-
-int rdzv_client_wait(struct rdzv_client *c, const char *const *keys, size_t n, int64_t timeout_ms,
-                     rdzv_store_cb cb, void *arg)
-{
-    struct proto_msg m = {.type = PROTO_WAIT};
-    m.wait.keys = keys;
-    m.wait.nkeys = n;
-    m.wait.timeout_ms = timeout_ms;
-    return request(c, &m, cb, arg);
-}
-
-int rdzv_client_add(struct rdzv_client *c, const char *key, int64_t delta, rdzv_store_cb cb,
-                    void *arg)
-{
-    struct proto_msg m = {.type = PROTO_ADD};
-    m.add.key = key;
-    m.add.delta = delta;
-    return request(c, &m, cb, arg);
-}
-
-int rdzv_client_compare_set(struct rdzv_client *c, const char *key, const void *expected,
-                            size_t elen, const void *desired, size_t dlen, rdzv_store_cb cb,
-                            void *arg)
-{
-    struct proto_msg m = {.type = PROTO_COMPARE_SET};
-    m.compare_set.key = key;
-    m.compare_set.expected = (struct proto_bytes){expected, elen};
-    m.compare_set.desired = (struct proto_bytes){desired, dlen};
-    return request(c, &m, cb, arg);
-}
-
-/* ---- the exit barrier: add -> (set) -> wait ---- */
-
-struct barrier {
-    int n;
-    int64_t timeout_ms;
-    rdzv_done_cb cb;
-    void *arg;
-    char members[PROTO_MAX_KEY + 1];
-    char last[PROTO_MAX_KEY + 1];
-};
-
-static void barrier_done(struct rdzv_client *c, struct barrier *b, int status)
-{
-    rdzv_done_cb cb = b->cb;
-    void *arg = b->arg;
-    free(b);
-    cb(c, status, arg);
-}
-
-static void barrier_waited(struct rdzv_client *c, int status, const struct rdzv_store_result *r,
-                           void *arg)
-{
-    (void)r;
-    barrier_done(c, arg, status);
-}
-
-static void barrier_wait(struct rdzv_client *c, struct barrier *b)
-{
-    const char *keys[1] = {b->last};
-    int rc = rdzv_client_wait(c, keys, 1, b->timeout_ms, barrier_waited, b);
-    if (rc)
-        barrier_done(c, b, rc);
-}
-
-static void barrier_set(struct rdzv_client *c, int status, const struct rdzv_store_result *r,
-                        void *arg)
-{
-    (void)r;
-    struct barrier *b = arg;
-    if (status)
-        barrier_done(c, b, status);
-    else
-        barrier_wait(c, b);
-}
-
-static void barrier_added(struct rdzv_client *c, int status, const struct rdzv_store_result *r,
-                          void *arg)
-{
-    struct barrier *b = arg;
-    if (status) {
-        barrier_done(c, b, status);
-        return;
-    }
-    if (r->number == b->n) {
-        int rc = rdzv_client_set(c, b->last, "1", 1, barrier_set, b);
-        if (rc)
-            barrier_done(c, b, rc);
-        return;
-    }
-    barrier_wait(c, b);
-}
-
-int rdzv_client_barrier(struct rdzv_client *c, const char *prefix, int n, int64_t timeout_ms,
-                        rdzv_done_cb cb, void *arg)
-{
-    if (n < 1 || strlen(prefix) + 16 > PROTO_MAX_KEY)
-        return CDDP_ECONFIG;
-    struct barrier *b = calloc(1, sizeof(*b));
-    if (b == NULL)
-        return CDDP_ERR_FROM_ERRNO(ENOMEM);
-    b->n = n;
-    b->timeout_ms = timeout_ms;
-    b->cb = cb;
-    b->arg = arg;
-    snprintf(b->members, sizeof(b->members), "%s/num_members", prefix);
-    snprintf(b->last, sizeof(b->last), "%s/last_member", prefix);
-    int rc = rdzv_client_add(c, b->members, 1, barrier_added, b);
-    if (rc)
-        free(b);
-    return rc;
 }
 
 const struct proto_round *rdzv_client_round(const struct rdzv_client *c)
@@ -1187,6 +1077,11 @@ void rdzv_client_close(struct rdzv_client *c, void (*close_cb)(void *arg), void 
 bool rdzv_client_connected(const struct rdzv_client *c)
 {
     return c->state == C_CONNECTED && c->welcomed;
+}
+
+bool rdzv_client_ever_welcomed(const struct rdzv_client *c)
+{
+    return c->ever_welcomed;
 }
 
 int64_t rdzv_client_quiet_ms(const struct rdzv_client *c)

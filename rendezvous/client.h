@@ -177,6 +177,8 @@ const char *rdzv_client_last_error(const struct rdzv_client *c);
 const char *rdzv_client_node_id(const struct rdzv_client *c);
 /* Connected and welcomed now. */
 bool rdzv_client_connected(const struct rdzv_client *c);
+/* Some connection was welcomed: the server has heard of this node. */
+bool rdzv_client_ever_welcomed(const struct rdzv_client *c);
 /* Milliseconds since the server's host last answered: bytes from the
  * server, or a reset or refusal from its host (the server is gone, so it
  * is not removing anyone; 0 while its host keeps refusing the reconnect

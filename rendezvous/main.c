@@ -23,6 +23,7 @@
 #include <uv.h>
 
 #include "common/errors.h"
+#include "common/fdlimit.h"
 #include "common/exitcodes.h"
 #include "common/flags.h"
 #include "common/hostport.h"
@@ -124,21 +125,17 @@ static int read_token_file(const char *path, char *out, size_t len, char *err, s
     return 0;
 }
 
-/* Raises the open-file soft limit to the hard limit: one fd per agent. */
+/* Raises the open-file soft limit toward the hard limit (one fd per agent),
+ * and says when what it got still caps the connections. */
 static void raise_nofile(size_t want)
 {
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
-        return;
-    if (rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
+    struct cddp_fdlimit l;
+    cddp_fdlimit_raise(&l);
+    if (l.soft != UINT64_MAX && l.soft < want)
         log_info("R0102",
                  "open-file limit is %llu: at most about that many agents can connect "
                  "(raise it with ulimit -n)",
-                 (unsigned long long)rl.rlim_cur);
+                 (unsigned long long)l.soft);
 }
 
 /* What the command line sets; the flags table below stores into it. */
@@ -332,6 +329,15 @@ int main(int argc, char **argv)
     o.token = token[0] ? token : NULL;
     int sport = args.status_port;
     const char *status_addr = args.status_addr;
+    if (sport > 0 && sport == o.port) {
+        /* The status port listens first: the rendezvous would then fail to
+         * bind with "address already in use", as if another program had it. */
+        fprintf(stderr,
+                "cddp-rdzv: --status-port=%d is the rendezvous port (--port %d): they cannot "
+                "share a port\n",
+                sport, o.port);
+        return CDDP_EXIT_USAGE;
+    }
 
     signal(SIGPIPE, SIG_IGN);
     raise_nofile(o.max_connections ? o.max_connections : 100000);

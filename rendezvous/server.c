@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 
 #include "common/errors.h"
+#include "common/fdlimit.h"
 #include "common/hostport.h"
 #include "common/log.h"
 #include "common/queue.h"
@@ -68,6 +69,11 @@ struct rdzv_server {
     struct cddp_queue drops;
     struct cddp_queue dirty;
     size_t nconns;
+    /* The open-file soft limit at start: near it, libuv accepts and closes
+     * new connections at once without telling us (its EMFILE trick), so the
+     * server says so before that happens (near_fd_limit). */
+    uint64_t fd_soft;
+    bool fd_warned;
     int open_handles;
     bool shutting_down;
     bool keep_runs; /* stopping for a successor: connections close, the state hears nothing */
@@ -638,6 +644,30 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
 /* ---- accepting ---- */
 
+/* Called with each accepted socket's fd number. At the open-file limit
+ * libuv takes its reserved fd, accepts every waiting connection and closes
+ * it (uv__emfile_trick) and calls us for none of them: agents only read
+ * "closed by the server". The fd numbers tell us the limit is near, so
+ * say it once, while there is still room, and again after the count has
+ * fallen well below. */
+static void near_fd_limit(struct rdzv_server *srv, uv_os_fd_t fd)
+{
+    if (srv->fd_soft == 0 || srv->fd_soft == UINT64_MAX || fd < 0)
+        return;
+    uint64_t margin = srv->fd_soft / 64 > 8 ? srv->fd_soft / 64 : 8;
+    uint64_t f = (uint64_t)fd;
+    if (f + margin >= srv->fd_soft && !srv->fd_warned) {
+        srv->fd_warned = true;
+        log_warn("R0006",
+                 "%zu connections open, fd %llu of the open-file limit %llu in use: connections "
+                 "beyond the limit are closed as soon as they are accepted (peers read \"closed "
+                 "by the server\"); raise the limit (ulimit -n, systemd's LimitNOFILE=)",
+                 srv->nconns, (unsigned long long)f, (unsigned long long)srv->fd_soft);
+    } else if (f + 4 * margin < srv->fd_soft) {
+        srv->fd_warned = false;
+    }
+}
+
 static void on_connection(uv_stream_t *listener, int status)
 {
     struct rdzv_server *srv = listener->data;
@@ -668,6 +698,9 @@ static void on_connection(uv_stream_t *listener, int status)
         return;
     }
     srv->stats.accepted++;
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
+        near_fd_limit(srv, fd);
 
     struct sockaddr_storage ss;
     int sl = sizeof(ss);
@@ -782,6 +815,7 @@ int rdzv_server_start(uv_loop_t *loop, const struct rdzv_server_options *o,
     }
     srv->loop = loop;
     srv->opt = *o;
+    srv->fd_soft = cddp_fdlimit_soft();
     if (srv->opt.read_timeout_ms == 0)
         srv->opt.read_timeout_ms = 60000;
     if (srv->opt.max_connections == 0)

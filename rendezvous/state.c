@@ -1336,13 +1336,22 @@ static void fire_timer(struct rdzv_state *st, struct timer *t, uint64_t now)
         struct rdzv_run *run = node->run;
         if (node->state != N_PARTICIPANT || run->phase != RDZV_FORMING)
             return;
+        /* Enough nodes, but the last call (waiting for more, up to
+         * max_nodes) outlasts this node's join_timeout: say that, or the
+         * user reads "1 node(s) joined, min_nodes=1" and sees no cause. */
+        char why[160] = "";
+        if (timer_armed(&run->last_call) && run->count[N_PARTICIPANT] >= (size_t)run->min_nodes)
+            snprintf(why, sizeof(why),
+                     "; enough to start, but last_call_timeout=%.1f s, longer than join_timeout, "
+                     "was still waiting for more nodes",
+                     (double)run->last_call_ms / 1000.0);
         emit_error(st, node->peer, CDDP_ETIMEOUT, false,
                    scratch_printf(st,
                                   "rendezvous '%s' round %llu did not complete within "
-                                  "join_timeout=%.1f s: %zu node(s) joined, min_nodes=%d",
+                                  "join_timeout=%.1f s: %zu node(s) joined, min_nodes=%d%s",
                                   run->id, (unsigned long long)run->round,
                                   (double)node->join_timeout_ms / 1000.0, run->count[N_PARTICIPANT],
-                                  run->min_nodes));
+                                  run->min_nodes, why));
         node_remove(st, node, now, "join_timeout");
         return;
     }

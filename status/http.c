@@ -12,6 +12,18 @@
  * Because the list and MHD_run live on the same thread, and MHD reports a
  * connection closed before it closes the fd, every fd in the list is open.
  *
+ * Clients cannot keep a probe out either. At max_connections MHD would
+ * stop accepting and a probe would wait in the listen backlog behind every
+ * idle or trickling connection (kubelet gives it 1 s). So MHD's own limit
+ * is set above ours, and a connection that takes us past max_connections
+ * evicts the one whose request (or idle wait) began longest ago: the same
+ * list, its head, shut down the same way. A probe sends its request at
+ * once and is answered in the turn that reads it, long before it could
+ * become the oldest; slow and idle clients are the old ones. A per-IP
+ * limit would not do this: every client of a loopback or node-local port
+ * (kubelet, a scraper, an attacker behind the same NAT) shares one address,
+ * and MHD refuses the newest, which is the probe.
+ *
  * libmicrohttpd is not linked: its functions are called through
  * status_mhd, a table filled when the first server starts (mhd.h), so the
  * programs that serve no status port never load it.
@@ -260,6 +272,7 @@ struct status_server {
 
     /* Owned by the HTTP thread. */
     struct cddp_queue deadlines; /* struct conn, by t0_ms */
+    unsigned tracked;            /* connections in deadlines (not cut yet) */
     unsigned closed_in_run;      /* connections MHD closed during the last MHD_run */
 
     /* Written by the HTTP thread, read by status_server_stats(). */
@@ -267,6 +280,7 @@ struct status_server {
     atomic_uint_fast64_t connections_open;
     atomic_uint_fast64_t requests_total;
     atomic_uint_fast64_t slow_closed_total;
+    atomic_uint_fast64_t evicted_total;
     atomic_uint_fast64_t responses[6];
 };
 
@@ -294,6 +308,15 @@ static uint64_t get_stat(atomic_uint_fast64_t *v)
     return atomic_load_explicit(v, memory_order_relaxed);
 }
 
+/* Cuts c off: MHD sees the hang-up on its next turn and closes it (and
+ * reports the close, which frees c). Only for a connection in the list. */
+static void cut(struct status_server *s, struct conn *c)
+{
+    cddp_queue_remove(&c->node); /* and empty: cut once */
+    s->tracked--;
+    shutdown(c->fd, SHUT_RDWR);
+}
+
 static void on_connection(void *cls, struct MHD_Connection *connection, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
@@ -308,14 +331,24 @@ static void on_connection(void *cls, struct MHD_Connection *connection, void **s
         c->fd = ci ? ci->connect_fd : -1;
         c->t0_ms = cddp_mono_ms();
         cddp_queue_init(&c->node);
-        if (c->fd >= 0)
+        if (c->fd >= 0) {
             cddp_queue_insert_tail(&s->deadlines, &c->node);
+            s->tracked++;
+        }
         add_stat(&s->connections_total, 1);
         add_stat(&s->connections_open, 1);
+        /* Past our limit: the oldest goes, never the newcomer (see above). */
+        while (s->tracked > s->opt.max_connections) {
+            struct conn *old = cddp_queue_data(cddp_queue_head(&s->deadlines), struct conn, node);
+            add_stat(&s->evicted_total, 1);
+            cut(s, old);
+        }
     } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
         struct conn *c = *socket_context;
         if (c == NULL)
             return;
+        if (!cddp_queue_empty(&c->node))
+            s->tracked--;
         cddp_queue_remove(&c->node);
         free(c);
         *socket_context = NULL;
@@ -358,9 +391,8 @@ static int reap(struct status_server *s)
             uint64_t wait = due - now;
             return wait > INT_MAX ? INT_MAX : (int)wait;
         }
-        cddp_queue_remove(&c->node);        /* cut once; freed when MHD reports the close */
         add_stat(&s->slow_closed_total, 1); /* counted before the peer can see the cut */
-        shutdown(c->fd, SHUT_RDWR);
+        cut(s, c);                          /* freed when MHD reports the close */
         log_debug("S0004", "status port: closed a connection that had no answer after %u ms",
                   s->opt.request_timeout_ms);
     }
@@ -637,6 +669,9 @@ static int render_self_metrics(struct status_server *s, const struct status_snap
     prom_family(&w, "cddp_status_slow_clients_closed_total", PROM_COUNTER,
                 "Connections cut off because their request took longer than the limit.");
     prom_sample0(&w, (double)get_stat(&s->slow_closed_total));
+    prom_family(&w, "cddp_status_evicted_connections_total", PROM_COUNTER,
+                "Connections cut off to make room for a new one at the connection limit.");
+    prom_sample0(&w, (double)get_stat(&s->evicted_total));
     prom_family(&w, "cddp_status_snapshots_published_total", PROM_COUNTER,
                 "Status snapshots published by the event loop.");
     prom_sample0(&w, (double)generation);
@@ -823,8 +858,9 @@ static void *http_main(void *arg)
     struct status_server *s = arg;
     const union MHD_DaemonInfo *di = status_mhd.get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD);
     struct pollfd pfd[2] = {{di->epoll_fd, POLLIN, 0}, {s->wake_fd, POLLIN, 0}};
+    bool again = false; /* the last turns kept closing connections: do not sleep */
     for (;;) {
-        int timeout = reap(s);
+        int timeout = again ? 0 : reap(s);
         MHD_UNSIGNED_LONG_LONG mhd_to;
         if (status_mhd.get_timeout(s->mhd, &mhd_to) == MHD_YES) {
             int t = mhd_to > INT_MAX ? INT_MAX : (int)mhd_to;
@@ -839,14 +875,22 @@ static void *http_main(void *arg)
         }
         if (pfd[1].revents)
             break;
-        /* At max_connections MHD takes its listening socket out of its epoll
-         * set and puts it back only at the start of its next turn: after a
-         * turn that closed connections, take that turn at once, or a client
-         * waiting in the backlog would wait for some unrelated event. */
+        /* At its connection limit MHD takes its listening socket out of its
+         * epoll set and puts it back only at the start of its next turn:
+         * after a turn that closed connections, take that turn at once, or a
+         * client waiting in the backlog would wait for some unrelated event.
+         * A few at most: clients that reconnect as fast as they are evicted
+         * would keep this going for ever, and the stop (wake_fd) and the
+         * slow-client deadlines must still be seen; the next poll then does
+         * not wait. */
+        int turns = 0;
         do {
             s->closed_in_run = 0;
             status_mhd.run(s->mhd);
-        } while (s->closed_in_run > 0);
+        } while (s->closed_in_run > 0 && ++turns < 8);
+        again = s->closed_in_run > 0;
+        if (again)
+            reap(s);
     }
     return NULL;
 }
@@ -1003,17 +1047,22 @@ int status_server_start(const struct status_server_options *o, struct status_ser
     size_t pool = 2 * s->opt.max_header_bytes + 16384;
     if (pool < 32768)
         pool = 32768;
+    /* Room above ours for the connections evicted but not closed yet (MHD
+     * closes them on its next turn): MHD never stops accepting because of
+     * them. */
+    unsigned mhd_limit = s->opt.max_connections +
+                         (s->opt.max_connections / 2 > 32 ? s->opt.max_connections / 2 : 32);
     unsigned flags = MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
     if (family == AF_INET6)
         flags |= MHD_USE_IPv6;
     s->mhd = status_mhd.start_daemon(
         flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, (MHD_LogCallback)mhd_log,
         (void *)NULL, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)s->listen_fd,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)s->opt.max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)s->opt.idle_timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool, MHD_OPTION_NOTIFY_CONNECTION,
-        (MHD_NotifyConnectionCallback)on_connection, (void *)s, MHD_OPTION_NOTIFY_COMPLETED,
-        (MHD_RequestCompletedCallback)on_completed, (void *)s, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned int)s->opt.idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
+        MHD_OPTION_NOTIFY_CONNECTION, (MHD_NotifyConnectionCallback)on_connection, (void *)s,
+        MHD_OPTION_NOTIFY_COMPLETED, (MHD_RequestCompletedCallback)on_completed, (void *)s,
+        MHD_OPTION_END);
     if (s->mhd == NULL) {
         rc = CDDP_ECONFIG;
         snprintf(err, errlen, "status port: libmicrohttpd did not start on %s", s->addr);
@@ -1078,6 +1127,7 @@ void status_server_stats(struct status_server *s, struct status_server_stats *ou
     out->connections_open = get_stat(&s->connections_open);
     out->requests_total = get_stat(&s->requests_total);
     out->slow_closed_total = get_stat(&s->slow_closed_total);
+    out->evicted_total = get_stat(&s->evicted_total);
     for (int i = 0; i < 6; i++)
         out->responses[i] = get_stat(&s->responses[i]);
 }

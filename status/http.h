@@ -34,10 +34,12 @@
  * older than live_timeout_ms, i.e. when the loop is wedged. /readyz includes
  * that "loop" check too: a wedged owner's last snapshot is not to be trusted.
  *
- * Clients cannot pin the server: at most max_connections at a time,
- * connections idle for idle_timeout_s are closed, and a request that has not
- * been answered within request_timeout_ms of its first byte (a slowloris
- * trickling headers, or a reader that never drains the response) is cut off.
+ * Clients cannot pin the server: at most max_connections at a time (one
+ * more evicts the connection whose request or idle wait began longest ago,
+ * so a new probe is always let in and answered), connections idle for
+ * idle_timeout_s are closed, and a request that has not been answered
+ * within request_timeout_ms of its first byte (a slowloris trickling
+ * headers, or a reader that never drains the response) is cut off.
  * Nothing a client sends makes the server exit.
  */
 #ifndef CDDP_STATUS_HTTP_H
@@ -136,6 +138,7 @@ struct status_server_stats {
     uint64_t connections_open;
     uint64_t requests_total;    /* answered by the handler (all codes) */
     uint64_t slow_closed_total; /* cut off by request_timeout_ms */
+    uint64_t evicted_total;     /* cut off to let a newer one in (max_connections) */
     uint64_t responses[6];      /* by class: index 2 = 2xx ... 5 = 5xx */
 };
 

@@ -257,6 +257,11 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
         jsonw_int(j, exit_reason_names[i], (int64_t)v->worker_exits[i]);
     jsonw_object_end(j);
 
+    jsonw_object_begin(j, "logs");
+    jsonw_int(j, "dropped_bytes", (int64_t)v->log_dropped_bytes);
+    jsonw_int(j, "dropped_files", (int64_t)v->log_dropped_files);
+    jsonw_object_end(j);
+
     if (v->watchdog_mode) {
         jsonw_object_begin(j, "watchdog");
         jsonw_string(j, "mode", v->watchdog_mode);
@@ -310,26 +315,10 @@ static void store_metrics(struct prom_writer *w, const struct status_store_view 
     prom_sample0(w, (double)s->queries);
 }
 
-static void agent_metrics(struct prom_writer *w, const struct status_agent_view *v)
+/* The agent's place in the rendezvous: its round, the nodes waiting, the
+ * connection to the server (and to etcd, with the etcd-v3 backend). */
+static void agent_rdzv_metrics(struct prom_writer *w, const struct status_agent_view *v)
 {
-    prom_build_info(w, v->program, v->version);
-    struct prom_label info[] = {
-        {"run_id", v->run_id ? v->run_id : ""},
-        {"hostname", v->hostname ? v->hostname : ""},
-        {"rdzv_backend", v->rdzv_backend ? v->rdzv_backend : ""},
-        {"rdzv_endpoint", v->rdzv_endpoint ? v->rdzv_endpoint : ""},
-    };
-    prom_family(w, "cddp_agent_info", PROM_GAUGE, "Always 1; the run this agent belongs to.");
-    prom_sample(w, info, 4, 1);
-    prom_family(w, "cddp_agent_start_time_seconds", PROM_GAUGE,
-                "When the agent started, in seconds since the epoch.");
-    prom_sample0(w, v->started_at);
-    prom_family(w, "cddp_agent_state", PROM_GAUGE, "1 for the agent's current state, else 0.");
-    for (int i = 0; i < STATUS_AGENT_STATE_COUNT; i++)
-        prom_sample1(w, "state", agent_state_names[i], v->state == (enum status_agent_state)i);
-    prom_family(w, "cddp_agent_ready", PROM_GAUGE,
-                "1 when the worker group runs in a complete round (as /readyz).");
-    prom_sample0(w, agent_ready(v));
     prom_family(w, "cddp_agent_node_rank", PROM_GAUGE,
                 "This node's rank in the current round; -1 before the first round.");
     prom_sample0(w, v->node_rank);
@@ -368,6 +357,111 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
                     "etcd-v3: how often the member in use changed.");
         prom_sample0(w, v->etcd_failovers);
     }
+}
+
+/* Per local rank: bounded by --nproc_per_node, stable across rounds. The
+ * order is worker_value's. */
+static const struct {
+    const char *name;
+    enum prom_type type;
+    const char *help;
+} worker_families[] = {
+    {"cddp_worker_start_time_seconds", PROM_GAUGE,
+     "When the worker's current process started, in seconds since the epoch."},
+    {"cddp_worker_last_exit_timestamp_seconds", PROM_GAUGE,
+     "When the agent saw the worker's last process exit, in seconds since the epoch."},
+    {"cddp_worker_progress_step", PROM_GAUGE, "The last step the worker reported."},
+    {"cddp_worker_progress_epoch", PROM_GAUGE, "The last epoch the worker reported."},
+    {"cddp_worker_loss", PROM_GAUGE, "The last loss the worker reported."},
+    {"cddp_worker_samples_per_second", PROM_GAUGE,
+     "The last throughput the worker reported, in samples per second."},
+    {"cddp_worker_last_progress_timestamp_seconds", PROM_GAUGE,
+     "When the worker last reported progress, in seconds since the epoch."},
+    {"cddp_worker_progress_lines_total", PROM_COUNTER,
+     "Valid progress lines read from the worker."},
+    {"cddp_worker_progress_malformed_lines_total", PROM_COUNTER,
+     "Progress lines dropped as malformed or too long."},
+    {"cddp_worker_watchdog_timeout_seconds", PROM_GAUGE,
+     "The progress watchdog's timeout for the worker now (absent while not watched)."},
+};
+
+/* Worker wv's value in family f of worker_families, into *val; *have is
+ * false where the worker has none yet (its sample is left out). */
+static void worker_value(size_t f, const struct status_worker_view *wv, bool *have, double *val)
+{
+    const struct progress_report *p = &wv->progress;
+    switch (f) {
+    case 0:
+        *have = wv->started_at > 0, *val = wv->started_at;
+        break;
+    case 1:
+        *have = wv->exited_at > 0, *val = wv->exited_at;
+        break;
+    case 2:
+        *have = p->fields & PROGRESS_STEP, *val = (double)p->step;
+        break;
+    case 3:
+        *have = p->fields & PROGRESS_EPOCH, *val = (double)p->epoch;
+        break;
+    case 4:
+        *have = p->fields & PROGRESS_LOSS, *val = p->loss;
+        break;
+    case 5:
+        *have = p->fields & PROGRESS_SAMPLES_PER_S, *val = p->samples_per_s;
+        break;
+    case 6:
+        *have = p->mono_ms > 0, *val = p->wall;
+        break;
+    case 7:
+        *have = true, *val = (double)p->lines;
+        break;
+    case 9:
+        *have = wv->watchdog_timeout_s > 0, *val = wv->watchdog_timeout_s;
+        break;
+    default:
+        *have = true, *val = (double)p->malformed;
+        break;
+    }
+}
+
+static void worker_metrics(struct prom_writer *w, const struct status_agent_view *v)
+{
+    char lr[16];
+    for (size_t f = 0; f < sizeof(worker_families) / sizeof(worker_families[0]); f++) {
+        prom_family(w, worker_families[f].name, worker_families[f].type, worker_families[f].help);
+        for (size_t i = 0; i < v->nworkers; i++) {
+            const struct status_worker_view *wv = &v->workers[i];
+            prom_format_value(wv->local_rank, lr, sizeof(lr));
+            bool have;
+            double val;
+            worker_value(f, wv, &have, &val);
+            if (have)
+                prom_sample1(w, "local_rank", lr, val);
+        }
+    }
+}
+
+static void agent_metrics(struct prom_writer *w, const struct status_agent_view *v)
+{
+    prom_build_info(w, v->program, v->version);
+    struct prom_label info[] = {
+        {"run_id", v->run_id ? v->run_id : ""},
+        {"hostname", v->hostname ? v->hostname : ""},
+        {"rdzv_backend", v->rdzv_backend ? v->rdzv_backend : ""},
+        {"rdzv_endpoint", v->rdzv_endpoint ? v->rdzv_endpoint : ""},
+    };
+    prom_family(w, "cddp_agent_info", PROM_GAUGE, "Always 1; the run this agent belongs to.");
+    prom_sample(w, info, 4, 1);
+    prom_family(w, "cddp_agent_start_time_seconds", PROM_GAUGE,
+                "When the agent started, in seconds since the epoch.");
+    prom_sample0(w, v->started_at);
+    prom_family(w, "cddp_agent_state", PROM_GAUGE, "1 for the agent's current state, else 0.");
+    for (int i = 0; i < STATUS_AGENT_STATE_COUNT; i++)
+        prom_sample1(w, "state", agent_state_names[i], v->state == (enum status_agent_state)i);
+    prom_family(w, "cddp_agent_ready", PROM_GAUGE,
+                "1 when the worker group runs in a complete round (as /readyz).");
+    prom_sample0(w, agent_ready(v));
+    agent_rdzv_metrics(w, v);
     prom_family(w, "cddp_agent_restarts_total", PROM_COUNTER,
                 "Worker group restarts, by reason (worker_failure counts against max_restarts).");
     for (int i = 0; i < STATUS_RESTART_REASON_COUNT; i++)
@@ -381,6 +475,9 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
     prom_family(w, "cddp_agent_watchdog_kills_total", PROM_COUNTER,
                 "Worker groups the progress watchdog stopped because a worker was hung.");
     prom_sample0(w, (double)v->watchdog_kills);
+    prom_family(w, "cddp_agent_log_dropped_bytes_total", PROM_COUNTER,
+                "Bytes of teed worker output the log files could not take (a full disk).");
+    prom_sample0(w, (double)v->log_dropped_bytes);
     prom_family(w, "cddp_agent_workers", PROM_GAUGE, "Local worker processes, by state.");
     for (int st = 0; st < STATUS_WORKER_STATE_COUNT; st++) {
         unsigned n = 0;
@@ -389,75 +486,7 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
         prom_sample1(w, "state", worker_state_names[st], n);
     }
 
-    /* Per local rank: bounded by --nproc_per_node, stable across rounds. */
-    static const struct {
-        const char *name;
-        enum prom_type type;
-        const char *help;
-    } fam[] = {
-        {"cddp_worker_start_time_seconds", PROM_GAUGE,
-         "When the worker's current process started, in seconds since the epoch."},
-        {"cddp_worker_last_exit_timestamp_seconds", PROM_GAUGE,
-         "When the agent saw the worker's last process exit, in seconds since the epoch."},
-        {"cddp_worker_progress_step", PROM_GAUGE, "The last step the worker reported."},
-        {"cddp_worker_progress_epoch", PROM_GAUGE, "The last epoch the worker reported."},
-        {"cddp_worker_loss", PROM_GAUGE, "The last loss the worker reported."},
-        {"cddp_worker_samples_per_second", PROM_GAUGE,
-         "The last throughput the worker reported, in samples per second."},
-        {"cddp_worker_last_progress_timestamp_seconds", PROM_GAUGE,
-         "When the worker last reported progress, in seconds since the epoch."},
-        {"cddp_worker_progress_lines_total", PROM_COUNTER,
-         "Valid progress lines read from the worker."},
-        {"cddp_worker_progress_malformed_lines_total", PROM_COUNTER,
-         "Progress lines dropped as malformed or too long."},
-        {"cddp_worker_watchdog_timeout_seconds", PROM_GAUGE,
-         "The progress watchdog's timeout for the worker now (absent while not watched)."},
-    };
-    char lr[16];
-    for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
-        prom_family(w, fam[f].name, fam[f].type, fam[f].help);
-        for (size_t i = 0; i < v->nworkers; i++) {
-            const struct status_worker_view *wv = &v->workers[i];
-            const struct progress_report *p = &wv->progress;
-            prom_format_value(wv->local_rank, lr, sizeof(lr));
-            bool have;
-            double val;
-            switch (f) {
-            case 0:
-                have = wv->started_at > 0, val = wv->started_at;
-                break;
-            case 1:
-                have = wv->exited_at > 0, val = wv->exited_at;
-                break;
-            case 2:
-                have = p->fields & PROGRESS_STEP, val = (double)p->step;
-                break;
-            case 3:
-                have = p->fields & PROGRESS_EPOCH, val = (double)p->epoch;
-                break;
-            case 4:
-                have = p->fields & PROGRESS_LOSS, val = p->loss;
-                break;
-            case 5:
-                have = p->fields & PROGRESS_SAMPLES_PER_S, val = p->samples_per_s;
-                break;
-            case 6:
-                have = p->mono_ms > 0, val = p->wall;
-                break;
-            case 7:
-                have = true, val = (double)p->lines;
-                break;
-            case 9:
-                have = wv->watchdog_timeout_s > 0, val = wv->watchdog_timeout_s;
-                break;
-            default:
-                have = true, val = (double)p->malformed;
-                break;
-            }
-            if (have)
-                prom_sample1(w, "local_rank", lr, val);
-        }
-    }
+    worker_metrics(w, v);
     if (v->rdzv_server)
         rdzv_metric_families(w, v->rdzv_server);
     if (v->agent_store)
@@ -485,11 +514,13 @@ int status_agent_render(const struct status_agent_view *v, double now_wall, uint
     bool have_round =
         v->round > 0 && v->state != STATUS_AGENT_INIT && v->state != STATUS_AGENT_RENDEZVOUS;
     char reason[96];
-    snprintf(reason, sizeof(reason), "agent is %s%s", status_agent_state_name(v->state),
+    /* The state's name as /status spells it ("succeeded" is not an
+     * adjective to put after "is"). */
+    snprintf(reason, sizeof(reason), "agent state: %s%s", status_agent_state_name(v->state),
              v->round == 0 ? ", no round yet" : "");
     int rc = status_snapshot_add_check(s, "rendezvous", have_round, have_round ? NULL : reason);
     if (rc == 0) {
-        snprintf(reason, sizeof(reason), "worker group is not running: agent is %s",
+        snprintf(reason, sizeof(reason), "worker group is not running (agent state: %s)",
                  status_agent_state_name(v->state));
         rc =
             status_snapshot_add_check(s, "workers", agent_ready(v), agent_ready(v) ? NULL : reason);

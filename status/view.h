@@ -148,6 +148,9 @@ struct status_agent_view {
     uint64_t worker_exits[STATUS_EXIT_REASON_COUNT];
     const char *watchdog_mode; /* "off", "fixed", "auto"; NULL: no watchdog object */
     uint64_t watchdog_kills;   /* groups stopped because a worker was hung */
+    /* Teed output the log files could not take (a full disk): bytes, files. */
+    uint64_t log_dropped_bytes;
+    unsigned log_dropped_files;
 
     size_t nworkers;
     const struct status_worker_view *workers;

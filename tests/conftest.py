@@ -21,8 +21,11 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUILD = pathlib.Path(os.environ.get("CDDP_BUILD_DIR", ROOT / "build")).resolve()
-# Debian's interpreter: python3-torch lives there, whatever python3 is first on PATH.
-TORCH_PY = "/usr/bin/python3"
+# The Python whose torch is the oracle. Debian's interpreter by default
+# (python3-torch 1.13.1 lives there, whatever python3 is first on PATH);
+# CDDP_TORCH_PYTHON points the suite at another torch, such as the device
+# machine's 2.11 (tools/torch-check). torch_info() says what it is.
+TORCH_PY = os.environ.get("CDDP_TORCH_PYTHON") or "/usr/bin/python3"
 
 
 def _sanitized():
@@ -247,17 +250,43 @@ def background():
         b.kill()
 
 
+_torch_info = []
+
+
+def torch_info():
+    """What TORCH_PY's torch is and does (tests/compat/torch_probe.py's JSON),
+    probed once a session; {"error": ...} when it has no torch."""
+    if not _torch_info:
+        from compat import side_by_side
+        _torch_info.append(side_by_side.probe(TORCH_PY))
+    return _torch_info[0]
+
+
+def torchrun_cmd():
+    """The command that starts TORCH_PY's torchrun the way its version needs
+    (tests/compat/side_by_side.py's torchrun_cmd says how and why)."""
+    from compat import side_by_side
+    return side_by_side.torchrun_cmd(TORCH_PY, torch_info())
+
+
 @pytest.fixture
 def torch_python():
-    """Debian's python3 with torch; skips the test if python3-torch is missing."""
+    """The oracle's Python (TORCH_PY: Debian's python3 unless CDDP_TORCH_PYTHON
+    says otherwise); skips the test if its torch is missing."""
     r = subprocess.run([TORCH_PY, "-c", "import torch, torch.distributed"], capture_output=True)
     if r.returncode != 0:
-        pytest.skip("python3-torch is not installed (tools/setup.sh --test installs it)")
+        pytest.skip(f"no torch in {TORCH_PY} (Debian's: tools/setup.sh --test installs "
+                    "python3-torch; or set CDDP_TORCH_PYTHON)")
     return TORCH_PY
 
 
 def pytest_report_header(config):
-    return [f"cddp build: {BUILD}" + (" (ASan/UBSan)" if SANITIZED else "")]
+    lines = [f"cddp build: {BUILD}" + (" (ASan/UBSan)" if SANITIZED else "")]
+    if os.environ.get("CDDP_TORCH_PYTHON"):
+        info = torch_info()
+        lines.append(f"oracle: {TORCH_PY}: " + (info.get("error") or
+                     f"torch {info.get('torch')}, Python {info.get('python')}"))
+    return lines
 
 
 sys.path.insert(0, str(ROOT / "tests"))

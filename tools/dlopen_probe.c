@@ -1,8 +1,9 @@
 /*
  * dlopen_probe.c: a program that links the libraries cddprun and cddp-rdzv
  * open on first use (common/dl.h), referring to exactly the functions
- * their tables call (rendezvous/etcd_curl.h, status/mhd.h). It is never
- * installed and never needs to run; two tools read its ELF header:
+ * their tables call (rendezvous/etcd_curl.h, status/mhd.h). It is not
+ * installed (but for the wheel's build) and never needs to run; tools read
+ * its ELF header:
  *
  *  - tools/mkdeb.sh hands it to dpkg-shlibdeps with the programs, which
  *    cannot see a dlopen: the package then depends on libcurl4 and
@@ -10,7 +11,10 @@
  *    programs still linked them;
  *  - tools/lazylibs.sh (meson test --suite lint) checks that it links the
  *    very sonames the programs open (config.h's CDDP_*_SONAME), so the
- *    names opened and the libraries compiled against cannot drift apart.
+ *    names opened and the libraries compiled against cannot drift apart;
+ *  - tools/wheel_backend.py carries the libraries it loads into the Python
+ *    wheel beside those the programs link (-Dwheel=true installs it for
+ *    that; the wheel does not keep it).
  */
 #include <stddef.h>
 

@@ -4,7 +4,10 @@
 #  2. banned functions (atoi, strtok, sprintf, strcpy, strcat, gets): use
 #     common/strutil.h's checked replacements and snprintf;
 #  3. log message ids against their registry, tools/logcodes.txt
-#     (tools/logcodes.sh says what it checks).
+#     (tools/logcodes.sh says what it checks);
+#  4. size limits on product source (outside tests/): no file over 1,200
+#     lines, no function over 150 (tools/sizes.py; docs/architecture.md,
+#     "Size limits", names the one file allowed past the first and why).
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top" || exit 2
@@ -31,5 +34,12 @@ if [ -n "$banned" ]; then
     status=1
 fi
 tools/logcodes.sh >/dev/null || { tools/logcodes.sh; status=1; }
+# shellcheck disable=SC2086
+product=$(printf '%s\n' $files | grep -v '^tests/')
+# shellcheck disable=SC2086
+if ! python3 tools/sizes.py $product; then
+    echo "lint: size limits above (split the file by what it holds, the function by its steps)"
+    status=1
+fi
 [ $status -eq 0 ] && echo "lint: ok"
 exit $status

@@ -38,6 +38,10 @@ test_pkgs="$test_pkgs python3.11-dbg"
 test_pkgs="$test_pkgs openssl"
 # tests/netns.py drops packets with nftables (loss without sch_netem).
 test_pkgs="$test_pkgs nftables"
+# The Python wheel (pyproject.toml): meson-python and build to make it
+# offline, patchelf for its RUNPATHs (strip, readelf: binutils), venv and pip
+# to install it (tests/integration/test_wheel.py, test_interpreter.py).
+test_pkgs="$test_pkgs python3-mesonpy python3-build python3-venv python3-pip patchelf binutils"
 [ $want_test -eq 1 ] && pkgs="$pkgs $test_pkgs"
 
 # Packaging: scdoc turns docs/man/*.scd into man pages at build time; the

@@ -18,14 +18,17 @@
  * run context, struct run. The pieces live beside it: flags.c (the flags
  * table), schedule.c (the learning rate), resume.c (the run's checkpoint),
  * resnet.c (the graph), ops/cpu/ and ops/cuda/ (the kernels, chosen by
- * --device: device.c), scaler.c (--amp fp16), data/ (datasets and the
- * sampler), ddp.c and comm/ (distributed).
+ * --device: device.c decides, backend.c sets up), input.c (the batches,
+ * --prefetch's loader: prefetch.c), step.c (a step's forward, backward and
+ * SGD, --amp fp16's scaler: scaler.c, --cuda-graphs: graph_plan.c),
+ * stop.c (SIGTERM's grace period), progress_fd.c (the progress line),
+ * data/ (datasets and the sampler), ddp.c and comm/ (distributed).
+ *
+ * A flag's runtime state lives in its own file, not here: struct run holds
+ * each feature's struct (input.h, step.h, ...) and main() calls them.
  */
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,43 +40,38 @@
 #include "common/errors.h"          /* error codes */
 #include "common/exitcodes.h"       /* CDDP_EXIT_* */
 #include "common/log.h"             /* log_info, log_debug */
-#include "common/strutil.h"         /* cddp_parse_long */
 #include "config.h"                 /* CDDP_VERSION */
-#include "proto/progress.h"         /* progress_format_line: CDDP_PROGRESS_FD */
+#include "trainer/backend.h"        /* --device: the device and its backend */
 #include "trainer/checkpoint.h"     /* trn_weights_load, trn_weights_save */
 #include "trainer/comm/bootstrap.h" /* trn_dist_init: torchrun's env -> communicator */
 #include "trainer/comm/failure.h"   /* trn_comm_fail: error file, exit 75 */
 #include "trainer/data/dataset.h"   /* trn_dataset: synthetic, idx, folder */
 #include "trainer/data/sampler.h"   /* trn_sampler: DistributedSampler semantics */
 #include "trainer/ddp.h"            /* trn_ddp: DDP buckets, SyncBatchNorm */
-#include "trainer/device.h"         /* --device: trn_device_choose */
 #include "trainer/fatal.h"          /* trn_refuse, trn_fatal, trn_malloc */
 #include "trainer/fault.h"          /* --fault */
 #include "trainer/flags.h"          /* struct trn_config, trn_flags_parse */
-#include "trainer/graph_plan.h"     /* --cuda-graphs: when to capture and replay */
+#include "trainer/input.h"          /* the batches; --prefetch: the loader */
 #include "trainer/ops/ops.h"        /* trn_backend */
-#include "trainer/prefetch.h"       /* --prefetch: the loader thread */
+#include "trainer/progress_fd.h"    /* CDDP_PROGRESS_FD: a line per step to cddprun */
 #include "trainer/resnet.h"         /* trn_resnet */
 #include "trainer/resume.h"         /* trn_resume: --checkpoint */
-#include "trainer/scaler.h"         /* --amp fp16: GradScaler */
 #include "trainer/schedule.h"       /* trn_lr_at */
+#include "trainer/step.h"           /* the step: micro-batches, SGD, GradScaler, --cuda-graphs */
+#include "trainer/stop.h"           /* SIGTERM/SIGINT: stop at the step's end */
 
-/* This build has the NCCL communicator (trainer/comm/nccl.c; meson sets it
- * in config.h when CUDA and NCCL are found). */
-#ifndef CDDP_HAVE_NCCL
-#define CDDP_HAVE_NCCL 0
-#endif
-
-/* Everything one run holds, filled in main()'s order. */
+/* Everything one run holds, filled in main()'s order. A feature's runtime
+ * state is a struct of its own file: the progress channel (progress_fd.h),
+ * the input (input.h), the step engine with the loss scaler and the CUDA
+ * graphs (step.h); the grace period on SIGTERM is process-wide (stop.h). */
 struct run {
     struct trn_config cfg;
     struct trn_dist_env env; /* torchrun's environment: rank, world, error file, restarts */
     int rank, world;
-    int progress_fd; /* CDDP_PROGRESS_FD; -1: none */
+    struct trn_progress_fd progress; /* CDDP_PROGRESS_FD: a line per step to cddprun */
 
     struct trn_device_choice dev; /* --device, resolved */
     struct trn_backend be;
-    struct trn_scaler scaler;         /* --amp fp16's loss scaling (disabled otherwise) */
     struct trn_dataset *train, *test; /* test: --eval only */
     int num_classes;
     int height, width; /* of every image */
@@ -84,20 +82,8 @@ struct run {
     int batch, last_batch; /* images per batch; in the epoch's last batch */
     long batches;          /* this rank's batches per epoch */
     struct trn_lr_schedule schedule;
-    float *x_host, *x_dev; /* (batch, 3, height, width) */
-    int32_t *labels;       /* (batch) */
-    /* --prefetch (prefetch.h): the loader, the batch computing and, with a
-     * device's upload, the next one (ahead, uploading into the other of the
-     * two input buffers, x_in[1 - slot]); NULL loader: load_batch. */
-    struct trn_prefetch *pf;
-    struct trn_train_batches pf_train; /* the loader's order for training */
-    struct trn_batch *cur, *ahead;
-    bool have_ahead;      /* ahead was fetched (NULL: the source's end) */
-    int slot;             /* cur's input buffer */
-    float *x_in[2];       /* x_dev, and a second with upload */
-    double input_wait_s;  /* the step loop's wait for batches (training) */
-    double input_first_s; /* of it, in the run's first step (the loader's start) */
-    long input_steps;     /* steps those were waited in */
+    struct trn_input input; /* the batches, --prefetch's loader */
+    struct trn_step engine; /* micro-batches, the optimizer step, the scaler, --cuda-graphs */
 
     bool resuming; /* a checkpoint was there to resume when setup skipped --init for it */
     struct trn_resume ckpt;
@@ -110,23 +96,10 @@ struct run {
     struct trn_dist dist;
     struct trn_ddp ddp;
     int rc; /* the exit status once training is done */
-
-    /* The step in progress: each micro-batch's loss (accum_steps). */
-    float *step_losses;
-    /* --cuda-graphs (the graph step, after train_step's helpers): the
-     * plan, the executable graphs by its slots, the device scalars the
-     * graphs read and write (GS_* below, then a loss per micro-batch) and
-     * their host copy, which micro-batches of this step left their loss
-     * there, and what the optimizer step was. */
-    struct trn_graph_plan gplan;
-    void *gexec[TRN_GRAPH_MAX];
-    float *gdev, *ghost;
-    bool *gpending;
-    enum trn_graph_action gopt;
 };
 
 /* ------------------------------------------------------------------------ */
-/* Collectives and progress                                                  */
+/* Collectives                                                               */
 
 /* A collective timed out or a peer failed: torchrun's error file, exit 75. */
 static void collective_failed(void *arg, const struct trn_comm_error *e)
@@ -151,33 +124,6 @@ static void check_collective(struct run *r, int rc)
 {
     if (rc < 0)
         collective_failed(r, trn_comm_last_error(r->dist.comm));
-}
-
-/* CDDP_PROGRESS_FD (cddprun's progress channel, docs/status.md): one JSON
- * line per step; dropped, never waited for, when the pipe is full. */
-static void progress_open(struct run *r)
-{
-    const char *v = getenv("CDDP_PROGRESS_FD");
-    long fd;
-    r->progress_fd = -1;
-    if (v && cddp_parse_long(v, 0, 1 << 20, &fd) == 0 && fcntl((int)fd, F_GETFD) != -1) {
-        r->progress_fd = (int)fd;
-        fcntl(r->progress_fd, F_SETFL, fcntl(r->progress_fd, F_GETFL) | O_NONBLOCK);
-    }
-}
-
-/* One progress line per step (proto/progress.h writes it; any line fits in
- * 256 bytes). A line the pipe has no room for is dropped, never waited for. */
-static void progress_report(struct run *r, int epoch, double loss, double samples_per_s)
-{
-    if (r->progress_fd < 0)
-        return;
-    struct cddp_buf line;
-    cddp_buf_init(&line, 256);
-    if (progress_format_line(&line, r->step, epoch, loss, samples_per_s) == 0 &&
-        write(r->progress_fd, line.data, line.len) < 0 && errno != EAGAIN && errno != EINTR)
-        r->progress_fd = -1; /* the agent went away: stop reporting */
-    cddp_buf_free(&line);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -240,134 +186,20 @@ static void setup_flags(struct run *r, int argc, char **argv)
           trn_flags_check_output("--eval-logits", r->cfg.eval_logits, err, sizeof(err)))))
         trn_refuse(CDDP_EXIT_USAGE, "%s", err);
     r->in_step = -1;
-    progress_open(r);
+    trn_progress_fd_open(&r->progress);
 }
 
-/* --cuda-graphs against the device and the run: one line, exit 2, where it
- * cannot be (docs/gpu.md, "CUDA graphs"). */
-static void check_cuda_graphs(const struct run *r)
-{
-    const struct trn_config *c = &r->cfg;
-    if (!c->cuda_graphs)
-        return;
-    if (r->dev.device == TRN_DEVICE_CPU)
-        trn_refuse(CDDP_EXIT_USAGE,
-                   "--cuda-graphs: CUDA graphs need --device cuda, and this rank computes on the "
-                   "CPU (%s)",
-                   r->dev.note[0] ? r->dev.note : "--device cpu");
-    if (r->world > 1 && strcmp(r->dev.comm, "gloo") == 0)
-        trn_refuse(CDDP_EXIT_USAGE,
-                   "--cuda-graphs: not with %d ranks over gloo: gloo stages the gradients through "
-                   "host memory, which a CUDA graph cannot capture",
-                   r->world);
-    if (c->sync_bn)
-        trn_refuse(CDDP_EXIT_USAGE,
-                   "--cuda-graphs: not with --sync-bn: SyncBatchNorm reads the gathered "
-                   "statistics back to the host in the middle of the forward, which a captured "
-                   "graph cannot do");
-    if (r->world > 1)
-        trn_refuse(CDDP_EXIT_USAGE,
-                   "--cuda-graphs: one rank only for now (this run has %d): the NCCL watchdog "
-                   "tracks every collective the host enqueues, and a replayed graph's allreduces "
-                   "are not (docs/gpu.md, \"CUDA graphs\")",
-                   r->world);
-}
-
-/* --device (else CDDP_DEVICE, else auto) resolved against this build, the
- * visible GPUs and torchrun's world (device.h); --amp against the device.
- * A request that cannot be met: one line, exit 2. */
+/* The device and the backend on it (backend.h: --device, what the flags
+ * ask of it; exit 2 where it cannot be), and --prefetch's default there. */
 static void setup_device(struct run *r)
 {
-    const struct trn_config *c = &r->cfg;
-    char err[512];
-    int req = c->device;
-    const char *env = getenv("CDDP_DEVICE");
-    if (req == TRN_DEVICE_REQ_UNSET && env && *env &&
-        trn_device_parse("CDDP_DEVICE", env, &req, err, sizeof(err)) != 0)
-        trn_refuse(CDDP_EXIT_USAGE, "%s", err);
-    if (req == TRN_DEVICE_REQ_UNSET)
-        req = TRN_DEVICE_REQ_AUTO;
-    bool built = CDDP_HAVE_CUDA;
-    int count = 0;
-#if CDDP_HAVE_CUDA
-    if (req != TRN_DEVICE_REQ_CPU)
-        count = trn_cuda_device_count();
-#endif
-    if (trn_device_choose_dist(req, c->backend, built, CDDP_HAVE_NCCL, count, r->world,
-                               r->env.local_rank, &r->dev, err, sizeof(err)) != 0 ||
-        trn_grad_reduce_check(c->grad_reduce, &r->dev, err, sizeof(err)) != 0)
-        trn_refuse(CDDP_EXIT_USAGE, "%s", err);
-    check_cuda_graphs(r);
-    if (r->dev.gpu_unused)
-        log_warn("T2001", "--device auto: the CPU although a GPU is visible (%s)", r->dev.note);
-    else if (r->dev.note[0])
-        log_info("T2001", "--device auto: the CPU (%s)", r->dev.note);
-    if (c->amp != TRN_AMP_OFF && r->dev.device == TRN_DEVICE_CPU)
-        trn_refuse(CDDP_EXIT_USAGE,
-                   "--amp %s: mixed precision needs --device cuda (the CPU backend computes in "
-                   "fp32)",
-                   trn_amp_names[c->amp]);
-    trn_scaler_init(&r->scaler, c->amp == TRN_AMP_FP16);
+    trn_backend_setup(&r->be, &r->dev, &r->cfg, r->world, r->env.local_rank);
     /* --prefetch's default, measured (docs/trainer.md, "Input pipeline"): a
      * GPU step leaves the CPU cores idle for the loader; a CPU step uses
      * them all, and a loader beside it only slows it (oversubscribed
      * OpenMP barriers). */
     if (r->cfg.prefetch == TRN_PREFETCH_AUTO)
         r->cfg.prefetch = r->dev.device == TRN_DEVICE_CUDA ? 2 : 0;
-}
-
-/* The backend --device chose: oneDNN and our kernels on --threads OpenMP
- * threads, or cuDNN, cuBLAS and our kernels on GPU LOCAL_RANK. */
-static void setup_backend(struct run *r)
-{
-    const struct trn_config *c = &r->cfg;
-    char err[4096];
-    if (r->dev.device == TRN_DEVICE_CPU) {
-        if (trn_backend_cpu_init(&r->be, (int)c->threads, err, sizeof(err)) != 0)
-            trn_fatal("%s", err);
-        return;
-    }
-#if CDDP_HAVE_CUDA
-    struct trn_cuda_options o = {
-        .device = r->dev.ordinal,
-        .workspace_bytes = (size_t)c->cudnn_workspace_mb << 20,
-        .deterministic = c->deterministic,
-        .tf32_conv = c->tf32 != TRN_TF32_OFF,
-        .tf32_matmul = c->tf32 == TRN_TF32_ALL,
-        .act_dtype = c->amp == TRN_AMP_BF16   ? TRN_BF16
-                     : c->amp == TRN_AMP_FP16 ? TRN_F16
-                                              : TRN_F32,
-    };
-    int rc = trn_backend_cuda_init(&r->be, &o, err, sizeof(err));
-    if (rc == CDDP_ECONFIG)
-        trn_refuse(CDDP_EXIT_USAGE, "--device cuda: %s", err);
-    if (rc != 0)
-        trn_fatal("%s", err);
-    log_info("T2000", "device: cuda:%d, --amp %s, --tf32 %s, cuDNN workspace %ld MiB%s",
-             r->dev.ordinal, trn_amp_names[c->amp], trn_tf32_names[c->tf32], c->cudnn_workspace_mb,
-             c->deterministic ? ", deterministic" : "");
-    if (c->amp != TRN_AMP_OFF)
-        log_info("T2400",
-                 "--amp %s: activations and convolution inputs %s (fp32 accumulation); master "
-                 "weights, gradients, BN statistics, fc and the loss fp32%s",
-                 trn_amp_names[c->amp], trn_amp_names[c->amp],
-                 c->amp == TRN_AMP_FP16 ? "; GradScaler's loss scaling" : "");
-#endif
-}
-
-static void release_backend(struct run *r)
-{
-    if (!r->be.ops)
-        return;
-#if CDDP_HAVE_CUDA
-    if (r->be.device == TRN_DEVICE_CUDA) {
-        log_info("T2002", "peak device memory %.1f MiB",
-                 (double)trn_backend_cuda_peak_bytes(&r->be) / 1048576.0);
-        trn_backend_cuda_free(&r->be);
-        return;
-    }
-#endif
-    trn_backend_cpu_free(&r->be);
 }
 
 /* The backend, the training split and, for --eval, the test split, and
@@ -379,7 +211,6 @@ static void setup_model(struct run *r)
     const struct trn_config *c = &r->cfg;
     char err[4096];
     setup_device(r);
-    setup_backend(r);
     r->train = open_data(c, TRN_SPLIT_TRAIN);
     r->test = c->eval ? open_data(c, TRN_SPLIT_TEST) : NULL;
     const struct trn_dataset *d = r->train;
@@ -437,17 +268,25 @@ static void setup_batches(struct run *r)
                    r->last_batch < r->batch ? r->last_batch : r->batch, r->height, r->width);
     long steps_per_epoch = (r->batches + c->accum_steps - 1) / c->accum_steps;
     r->schedule = trn_lr_schedule_make(c->lr_schedule, c->lr, steps_per_epoch, c->epochs, c->steps);
+    trn_input_init(&r->input, &r->be, d, r->batch, c->prefetch, c->threads);
+}
 
-    size_t xbytes = (size_t)r->batch * trn_dataset_sample_size(d) * sizeof(float);
-    r->x_host = trn_malloc(xbytes);
-    r->x_dev = r->be.ops->alloc(&r->be, xbytes);
-    TRN_CHECK(r->x_dev, "out of memory for the input batch (%zu bytes)", xbytes);
-    r->x_in[0] = r->x_dev;
-    if (c->prefetch && r->be.ops->upload) {
-        r->x_in[1] = r->be.ops->alloc(&r->be, xbytes);
-        TRN_CHECK(r->x_in[1], "out of memory for the second input batch (%zu bytes)", xbytes);
-    }
-    r->labels = trn_malloc((size_t)r->batch * sizeof(int32_t));
+/* The step engine (step.h): the loss scaler, and with --cuda-graphs the
+ * graphs' device memory (backend.c refused the runs they cannot serve). */
+static void setup_step(struct run *r)
+{
+    const struct trn_config *c = &r->cfg;
+    struct trn_step_opts o = {
+        .batch = r->batch,
+        .height = r->height,
+        .width = r->width,
+        .accum_steps = c->accum_steps,
+        .momentum = (float)c->momentum,
+        .weight_decay = (float)c->weight_decay,
+        .fp16 = c->amp == TRN_AMP_FP16,
+        .cuda_graphs = c->cuda_graphs,
+    };
+    trn_step_init(&r->engine, &o, &r->be, &r->model, &r->ddp);
 }
 
 /* Where to start: from scratch, or where --checkpoint left off. Every rank
@@ -457,7 +296,7 @@ static void resume(struct run *r)
 {
     char err[4096];
     trn_resume_init(&r->ckpt, &r->cfg, &r->model, r->state, &r->sampler, &r->schedule);
-    r->ckpt.scaler = &r->scaler;
+    r->ckpt.scaler = &r->engine.scaler;
     int rc = trn_resume_load(&r->ckpt, r->rank, &r->start, err, sizeof(err));
     if (rc < 0)
         trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
@@ -558,255 +397,27 @@ static void connect_ranks(struct run *r)
 /* ------------------------------------------------------------------------ */
 /* Training                                                                  */
 
-/* Gathers samples idx[0..n) of d into the batch (x_host, labels), on all
- * threads (datasets are read-only after open). A sample that cannot be
- * read (a corrupt JPEG) stops the worker with the dataset's message. */
-static void load_batch(struct run *r, const struct trn_dataset *d, const uint32_t *idx, int n)
+/* Where training stands after this rank's batches [0, b) of epoch, as a
+ * checkpoint records it: *rank_offset samples done of the epoch returned
+ * (an epoch's end is the next one's start). */
+static int position(const struct run *r, int epoch, long b, size_t *rank_offset)
 {
-    size_t per = trn_dataset_sample_size(d);
-    char err[512];
-    if (trn_batch_load(d, idx, n, r->x_host, r->labels, NULL, err, sizeof(err)) != 0)
-        trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
-    r->be.ops->to_device(&r->be, r->x_dev, r->x_host, (size_t)n * per * sizeof(float));
+    bool whole = b >= r->batches;
+    *rank_offset = whole ? 0 : (size_t)b * (size_t)r->batch;
+    return whole ? epoch + 1 : epoch;
 }
 
-/* ---- --prefetch: batches from the loader thread (prefetch.h) ----
- *
- * On the CPU the step reads the loader's buffer itself. On a device with
- * upload (CUDA), the batch after the current one is taken as soon as the
- * current one's backward is queued, and its upload queued on the copy
- * stream into the other input buffer, so it overlaps the rest of the
- * step; the forward waits for it on the device (ops.h: upload). */
-
-static void *pinned_alloc(void *arg, size_t bytes)
-{
-    struct trn_backend *be = arg;
-    return be->ops->host_alloc(be, bytes);
-}
-
-static void pinned_free(void *arg, void *p)
-{
-    struct trn_backend *be = arg;
-    be->ops->host_free(be, p);
-}
-
-/* Starts the loader on d in next's order. */
-static void prefetch_start(struct run *r, const struct trn_dataset *d, trn_batch_next_fn next,
-                           void *arg)
-{
-    struct trn_backend *be = &r->be;
-    TRN_CHECK(be->device == TRN_DEVICE_CPU || be->ops->upload,
-              "--prefetch: the %s backend has no upload", be->ops->name);
-    struct trn_prefetch_opts o = {.data = d,
-                                  .batch = r->batch,
-                                  .ahead = (int)r->cfg.prefetch,
-                                  .threads = (int)r->cfg.threads,
-                                  .next = next,
-                                  .next_arg = arg};
-    if (!o.threads && be->device == TRN_DEVICE_CUDA)
-        o.threads = -1; /* every core but the one the step loop launches from */
-    if (be->ops->host_alloc)
-        o.host = (struct trn_host_alloc){pinned_alloc, pinned_free, be};
-    char err[512];
-    if (trn_prefetch_start(&r->pf, &o, err, sizeof(err)) != 0)
-        trn_fatal("%s", err);
-    r->cur = r->ahead = NULL;
-    r->have_ahead = false;
-    r->slot = 0;
-}
-
-/* Stops and frees the loader (its batches held included). */
-static void prefetch_stop(struct run *r)
-{
-    trn_prefetch_free(r->pf);
-    r->pf = NULL;
-    r->cur = r->ahead = NULL;
-    r->have_ahead = false;
-}
-
-/* The loader's next batch; the step loop's wait for it is counted. */
-static struct trn_batch *prefetch_take(struct run *r)
-{
-    double w = trn_prefetch_wait_s(r->pf);
-    struct trn_batch *e = trn_prefetch_next(r->pf);
-    r->input_wait_s += trn_prefetch_wait_s(r->pf) - w;
-    return e;
-}
-
-static void upload(struct run *r, int slot, const struct trn_batch *e, const struct trn_dataset *d)
-{
-    size_t bytes = (size_t)e->n * trn_dataset_sample_size(d) * sizeof(float);
-    r->be.ops->upload(&r->be, slot, r->x_in[slot], e->x, bytes);
-}
-
-/* Samples idx[0..n) of d as the model's input (device memory), their
- * labels in r->labels: loaded now (no loader), or the loader's next batch,
- * which must be that one. A sample that could not be read stops the
- * worker here with the dataset's message, as load_batch would. */
-static const float *input_next(struct run *r, const struct trn_dataset *d, const uint32_t *idx,
-                               int n)
-{
-    if (!r->pf) {
-        uint64_t t0 = cddp_mono_ns();
-        load_batch(r, d, idx, n);
-        r->input_wait_s += (double)(cddp_mono_ns() - t0) * 1e-9;
-        return r->x_dev;
-    }
-    bool uploaded = r->have_ahead;
-    struct trn_batch *e = r->have_ahead ? r->ahead : prefetch_take(r);
-    int slot = r->have_ahead ? 1 - r->slot : r->slot;
-    r->have_ahead = false;
-    r->ahead = NULL;
-    TRN_CHECK(e, "--prefetch: the loader ended before the step loop");
-    if (e->rc) {
-        char err[sizeof(e->err)];
-        cddp_strlcpy(err, e->err, sizeof(err));
-        prefetch_stop(r);
-        trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
-    }
-    TRN_CHECK(e->n == n && memcmp(e->idx, idx, (size_t)n * sizeof(uint32_t)) == 0,
-              "--prefetch: the loader's batch is not the step loop's");
-    memcpy(r->labels, e->labels, (size_t)n * sizeof(int32_t));
-    r->cur = e;
-    r->slot = slot;
-    if (!r->be.ops->upload)
-        return e->x; /* the CPU reads the loader's buffer */
-    if (!uploaded)
-        upload(r, slot, e, d);
-    r->be.ops->input_wait(&r->be, slot);
-    return r->x_in[slot];
-}
-
-/* The current batch's last use is queued (after its backward): its buffer
- * goes back to the loader; with upload and `more` (the step loop goes on),
- * the next batch is taken and its upload queued. */
-static void input_done(struct run *r, const struct trn_dataset *d, bool more)
-{
-    if (!r->pf)
-        return;
-    if (r->be.ops->upload)
-        r->be.ops->input_done(&r->be, r->slot);
-    trn_prefetch_release(r->pf, r->cur);
-    r->cur = NULL;
-    if (!r->be.ops->upload || !more)
-        return;
-    r->ahead = prefetch_take(r);
-    r->have_ahead = true;
-    if (r->ahead && !r->ahead->rc)
-        upload(r, 1 - r->slot, r->ahead, d);
-}
-
-/* --prefetch: the loader for training, from where the run starts (a
- * resumed epoch's first batch) through the last epoch, in its own copy of
- * the sampler's order. */
-static void train_input_start(struct run *r)
-{
-    if (!r->cfg.prefetch)
-        return;
-    if (trn_train_batches_init(&r->pf_train, &r->sampler, r->batch, r->start.epoch,
-                               r->start.first_batch, (int)r->cfg.epochs) != 0)
-        trn_fatal("--prefetch: out of memory for the loader's sampler");
-    prefetch_start(r, r->train, trn_train_batches_next, &r->pf_train);
-}
-
-/* ---- SIGTERM / SIGINT with --checkpoint: stop at the step's end ----
- *
- * The launcher stops a worker group with SIGTERM (a restart, the job's
- * end, a preemption: Slurm and Kubernetes send it before SIGKILL). With
- * --checkpoint, the rank finishes the step it is in (every rank gets the
- * signal, so the step's collectives complete), rank 0 writes the
- * checkpoint at that step, and the rank then dies by the signal as it
- * would have at once: the restarted group resumes from the last step, not
- * from the last --ckpt-every. Bounded: a step that does not end within
- * its grace (three times the longest step so far plus the last checkpoint
- * write, plus 2 s; at most 30 s) is abandoned, as is a signal before the
- * first step ends (nothing newer to save); a second signal ends it at once. */
-static volatile sig_atomic_t stop_sig;       /* the signal to stop by, 0: none */
-static volatile sig_atomic_t stop_arm;       /* a step ended: worth finishing the next */
-static volatile sig_atomic_t stop_grace = 2; /* seconds */
-
-static void die_by(int sig)
-{
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-static void on_stop_signal(int sig)
-{
-    if (stop_sig || !stop_arm) {
-        die_by(sig);
-        return;
-    }
-    stop_sig = sig;
-    alarm((unsigned)stop_grace);
-}
-
-static void on_stop_alarm(int sig)
-{
-    (void)sig;
-    die_by(stop_sig ? stop_sig : SIGTERM);
-}
-
-static void install_stop_handlers(const struct run *r)
-{
-    if (!r->cfg.checkpoint)
-        return; /* nothing to save: the default action, at once */
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    sa.sa_handler = on_stop_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sa.sa_handler = on_stop_alarm;
-    sigaction(SIGALRM, &sa, NULL);
-}
-
-/* After each step: how long the next may take to finish once signalled. */
-static void note_step_time(double step_s, double ckpt_s)
-{
-    static double longest;
-    if (step_s > longest)
-        longest = step_s;
-    double g = 3.0 * longest + ckpt_s + 2.0;
-    stop_grace = g > 30.0 ? 30 : (int)ceil(g);
-    stop_arm = 1;
-}
-
-/* A stop signal came during the step that just ended: rank 0 saves it. */
-static void stop_if_signalled(struct run *r, int epoch, long b1)
-{
-    if (!stop_sig)
-        return;
-    int sig = stop_sig;
-    if (r->rank == 0) {
-        char err[4096];
-        bool whole = b1 >= r->batches;
-        trn_resnet_pull(&r->model);
-        int rc = trn_resume_save(&r->ckpt, 0, whole ? epoch + 1 : epoch, r->step,
-                                 whole ? 0 : (size_t)b1 * (size_t)r->batch, err, sizeof(err));
-        if (rc < 0)
-            log_error("T2010", "%s: %s", strsignal(sig), err);
-        else
-            log_warn("T2011", "%s: checkpoint at step %ld %s; stopping", strsignal(sig), r->step,
-                     rc > 0 ? "written" : "already on disk");
-    } else {
-        log_info("T2012", "%s: stopping after step %ld", strsignal(sig), r->step);
-    }
-    fflush(stdout);
-    fflush(stderr);
-    die_by(sig);
-}
-
-/* Writes the checkpoint (rank 0) at `step` in `epoch` with rank_offset of
- * this rank's samples done; then nobody runs on before the checkpoint it
- * would restart from exists. */
-static void checkpoint(struct run *r, int epoch, size_t rank_offset)
+/* Writes the checkpoint (rank 0) at `step` after this rank's batches
+ * [0, b) of epoch; then nobody runs on before the checkpoint it would
+ * restart from exists. */
+static void checkpoint(struct run *r, int epoch, long b)
 {
     char err[4096];
+    size_t rank_offset;
+    int at = position(r, epoch, b, &rank_offset);
     if (r->cfg.checkpoint && r->rank == 0)
         trn_resnet_pull(&r->model);
-    int rc = trn_resume_save(&r->ckpt, r->rank, epoch, r->step, rank_offset, err, sizeof(err));
+    int rc = trn_resume_save(&r->ckpt, r->rank, at, r->step, rank_offset, err, sizeof(err));
     if (rc < 0)
         trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
     if (rc > 0 && r->world > 1)
@@ -819,65 +430,14 @@ struct epoch_tally {
     long images, batches;
 };
 
-static bool amp_update(struct run *r, bool found_inf);
-
-/* --amp fp16 (GradScaler): unscale the gradients, and whether the step is
- * to be taken (no inf or NaN among them); the scale backs off or grows.
- * Always true without loss scaling. */
-static bool amp_step_ok(struct run *r)
-{
-    struct trn_resnet *m = &r->model;
-    if (!r->scaler.enabled)
-        return true;
-    bool found_inf =
-        r->be.ops->unscale(&r->be, m->grads, m->num_params, trn_scaler_inv_scale(&r->scaler));
-    return amp_update(r, found_inf);
-}
-
-/* GradScaler's update once found_inf is known (here, or after a graph). */
-static bool amp_update(struct run *r, bool found_inf)
-{
-    if (trn_scaler_update(&r->scaler, found_inf))
-        return true;
-    log_warn("T2004",
-             "step %ld: inf/NaN gradients under --amp fp16: step skipped, loss scale now %g",
-             r->step, (double)r->scaler.scale);
-    return false;
-}
-
-/* One micro-batch (i of the step's k, the batch x already loaded):
- * forward and backward as the host drives them, the loss to
- * step_losses[i]; sync: the step's last, whose gradients DDP reduces. */
-static void micro_step(struct run *r, const float *x, int n, long i, float k, bool sync)
-{
-    float loss = trn_resnet_forward(&r->model, x, r->labels, n, r->height, r->width, true);
-    trn_ddp_begin_backward(&r->ddp, sync);
-    /* (times the loss scale under --amp fp16: unscaled before the step) */
-    trn_resnet_backward(&r->model, trn_scaler_loss_scale(&r->scaler) / k, i > 0);
-    r->step_losses[i] = loss;
-}
-
-/* The optimizer step at lr, as the host drives it: --amp fp16's unscale
- * and check, then SGD unless it found inf/NaN. */
-static void opt_step(struct run *r, double lr)
-{
-    const struct trn_config *c = &r->cfg;
-    if (amp_step_ok(r))
-        trn_resnet_sgd_step(&r->model, (float)lr, (float)c->momentum, (float)c->weight_decay);
-}
-
-static void graph_step_begin(struct run *r, double lr, float k);
-static void graph_micro(struct run *r, const float *x, int n, long i, float k, bool sync);
-static void graph_opt(struct run *r, double lr);
-static void graph_step_end(struct run *r, long micro_batches);
-
 /* One optimizer step over batches [b0, b1) of the epoch: each loss divided
  * by their number, gradients averaged across ranks only after the last one
- * (DDP's no_sync before it), then SGD at the schedule's rate. Returns the step's
- * seconds (what the progress line reports). */
+ * (DDP's no_sync before it), then SGD at the schedule's rate (step.h).
+ * Returns the step's seconds (what the progress line reports). */
 static double train_step(struct run *r, int epoch, long b0, long b1, struct epoch_tally *t)
 {
     const struct trn_config *c = &r->cfg;
+    struct trn_input *in = &r->input;
     r->in_step = r->step;
     trn_comm_set_step(r->dist.comm, r->step); /* the watchdog's report names it */
     if (trn_fault_due(&c->fault, r->step, r->rank, r->env.restart_count))
@@ -885,33 +445,25 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
     float k = (float)(b1 - b0), step_loss = 0;
     long step_images = 0;
     uint64_t ts = cddp_mono_ns();
-    double lr = trn_lr_at(&r->schedule, r->step);
-    graph_step_begin(r, lr, k);
+    trn_step_begin(&r->engine, r->step, trn_lr_at(&r->schedule, r->step), b1 - b0);
     for (long b = b0; b < b1; b++) {
         int n = b == r->batches - 1 ? r->last_batch : r->batch;
         const uint32_t *idx = r->sampler.indices + (size_t)b * (size_t)r->batch;
-        const float *x = input_next(r, r->train, idx, n);
+        const float *x = trn_input_next(in, r->train, idx, n);
         for (int i = 0; i < n; i++)
-            if (r->labels[i] < 0 || r->labels[i] >= r->num_classes)
-                trn_fatal("label %d of sample %u is outside [0, %d)", r->labels[i], idx[i],
+            if (in->labels[i] < 0 || in->labels[i] >= r->num_classes)
+                trn_fatal("label %d of sample %u is outside [0, %d)", in->labels[i], idx[i],
                           r->num_classes);
-
-        trn_ddp_sync_buffers(&r->ddp);
-        (c->cuda_graphs ? graph_micro : micro_step)(r, x, n, b - b0, k, b == b1 - 1);
+        trn_step_micro(&r->engine, x, in->labels, n, b - b0, b == b1 - 1);
         /* (no batch ahead after the last step --steps allows) */
-        input_done(r, r->train, b < b1 - 1 || !c->steps || r->step + 1 < c->steps);
+        trn_input_done(in, r->train, b < b1 - 1 || !c->steps || r->step + 1 < c->steps);
         t->batches++;
         t->images += n;
         step_images += n;
     }
-    trn_ddp_finish_backward(&r->ddp);
-    if (c->cuda_graphs)
-        graph_opt(r, lr);
-    else
-        opt_step(r, lr);
-    graph_step_end(r, b1 - b0); /* (graphs: the losses are known from here) */
+    trn_step_end(&r->engine); /* (the losses are known from here) */
     for (long b = b0; b < b1; b++) {
-        float loss = r->step_losses[b - b0];
+        float loss = r->engine.losses[b - b0];
         t->loss_sum += loss;
         step_loss += loss / k;
         if (!isfinite(loss))
@@ -920,225 +472,20 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
             printf("Epoch %d [%ld/%ld] Loss: %.4f\n", epoch, b, r->batches, (double)loss);
     }
     r->step++;
-    if (r->input_steps++ == 0)
-        r->input_first_s = r->input_wait_s;
+    trn_input_count_step(in);
     double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
     log_debug("T0002", "step %ld loss %.9g time %.6f s", r->step, (double)step_loss, secs);
-    progress_report(r, epoch, step_loss, (double)step_images / secs);
+    trn_progress_fd_report(&r->progress, r->step, epoch, step_loss, (double)step_images / secs);
     return secs;
 }
 
-/* ---- --cuda-graphs: the step captured once per shape and replayed ----
- *
- * A step is its micro-batches' forward and backward (one MICRO graph per
- * batch shape, accumulating or not, and input buffer) and the optimizer
- * step (one OPT graph: fp16's unscale and check, SGD); graph_plan.h
- * decides per launch whether it warms up (runs as micro_step and opt_step
- * do), is captured, or replays. What a graph reads that changes per step
- * lives in device memory the host writes first: the input batch (already
- * uploaded by input_next), the labels (trn_resnet_upload_labels), and the
- * scalars below (graph_step_begin). What it writes that the host wants is
- * read back once, after the step (graph_step_end): each micro-batch's loss
- * and found_inf, which then drives the loss scaler as amp_step_ok does.
- *
- * Host state a replay does not touch, advanced here by hand
- * (trn_graph_host_advance): every batch norm's num_batches_tracked (one
- * per replayed forward: trn_resnet_count_forward; a capture runs the host
- * code, which counts), the model's optimizer_steps (after the read-back,
- * when the step was taken: no inf/NaN), and DDP's per-backward
- * bookkeeping, which trn_ddp_begin_backward still does on the host (with
- * one rank it reduces nothing: check_cuda_graphs refuses more). The epoch's
- * last short batch runs uncaptured (not eligible), as does the optimizer
- * step until SGD's first step has filled the momentum (the graph bakes
- * first_step false).
- */
-enum { GS_LR, GS_LOSS_SCALE, GS_INV_SCALE, GS_FOUND_INF, GS_LOSS, GS_LOSSES = 8 };
-
-/* What the graphs point into (graph_plan.h): the backend's scratch, the
- * model's activation arena. */
-static struct trn_graph_env graph_env(struct run *r)
+/* A stop signal came during the step that just ended (stop.h): rank 0
+ * saves it, and the rank dies by the signal. */
+static void stop_if_signalled(struct run *r, int epoch, long b1)
 {
-    struct trn_graph_env e = {r->be.ops->graph_gen(&r->be), (uint64_t)(uintptr_t)r->model.arena,
-                              (uint64_t)r->model.arena_bytes};
-    return e;
-}
-
-/* graph_plan's decision, after dropping the graphs the memory outgrew. */
-static enum trn_graph_action graph_decide(struct run *r, const struct trn_graph_key *key,
-                                          bool eligible, int *slot)
-{
-    struct trn_graph_env env = graph_env(r);
-    unsigned stale = trn_graph_check_env(&r->gplan, &env);
-    for (int i = 0; i < TRN_GRAPH_MAX; i++)
-        if (stale & (1u << i)) {
-            r->be.ops->graph_destroy(&r->be, r->gexec[i]);
-            r->gexec[i] = NULL;
-        }
-    if (stale)
-        log_info("T2501",
-                 "step %ld: CUDA graphs dropped (device memory moved); capturing again "
-                 "after warm-up",
-                 r->step);
-    return trn_graph_decide(&r->gplan, key, eligible, slot);
-}
-
-static void graph_ran(struct run *r, const struct trn_graph_key *key,
-                      const struct trn_graph_env *before)
-{
-    struct trn_graph_env after = graph_env(r);
-    trn_graph_ran(&r->gplan, key, trn_graph_env_same(before, &after));
-}
-
-/* End of a capture into slot: instantiate, note it, launch follows. */
-static void graph_captured(struct run *r, int slot, const char *what)
-{
-    r->gexec[slot] = r->be.ops->graph_end(&r->be);
-    struct trn_graph_env env = graph_env(r);
-    trn_graph_captured(&r->gplan, slot, &env);
-    log_info("T2500", "step %ld: captured the %s into a CUDA graph", r->step, what);
-}
-
-/* The step's scalars to the device before anything of it is queued. */
-static void graph_step_begin(struct run *r, double lr, float k)
-{
-    if (!r->cfg.cuda_graphs)
-        return;
-    r->ghost[GS_LR] = (float)lr;
-    r->ghost[GS_LOSS_SCALE] = trn_scaler_loss_scale(&r->scaler) / k; /* as micro_step's */
-    r->ghost[GS_INV_SCALE] = trn_scaler_inv_scale(&r->scaler);
-    r->be.ops->to_device(&r->be, r->gdev, r->ghost, (GS_INV_SCALE + 1) * sizeof(float));
-    memset(r->gpending, 0, (size_t)r->cfg.accum_steps * sizeof(bool));
-    r->gopt = TRN_GRAPH_RUN;
-}
-
-/* micro_step, by a graph when the plan says so. */
-static void graph_micro(struct run *r, const float *x, int n, long i, float k, bool sync)
-{
-    struct trn_resnet *m = &r->model;
-    const struct trn_ops *ops = r->be.ops;
-    struct trn_graph_key key = {TRN_GRAPH_MICRO, n,     r->height,
-                                r->width,        i > 0, (uint64_t)(uintptr_t)x};
-    int slot;
-    enum trn_graph_action a = graph_decide(r, &key, n == r->batch, &slot);
-    if (a == TRN_GRAPH_RUN) {
-        struct trn_graph_env before = graph_env(r);
-        micro_step(r, x, n, i, k, sync);
-        graph_ran(r, &key, &before);
-        return;
-    }
-    trn_resnet_upload_labels(m, r->labels, n, r->height, r->width);
-    if (a == TRN_GRAPH_CAPTURE) {
-        ops->graph_begin(&r->be);
-        trn_resnet_forward_dev(m, x, n, r->height, r->width, r->gdev + GS_LOSS);
-        trn_ddp_begin_backward(&r->ddp, sync);
-        trn_resnet_backward_dev(m, r->gdev + GS_LOSS_SCALE, i > 0);
-        graph_captured(r, slot,
-                       i > 0 ? "accumulating forward and backward" : "forward and backward");
-    } else {
-        trn_ddp_begin_backward(&r->ddp, sync);
-        trn_graph_replayed(&r->gplan, slot);
-    }
-    ops->graph_launch(&r->be, r->gexec[slot]);
-    struct trn_graph_host_step adv = trn_graph_host_advance(TRN_GRAPH_MICRO, a, true);
-    for (int j = 0; j < adv.bn_forwards; j++)
-        trn_resnet_count_forward(m);
-    /* the loss out of the graph's one scalar, in stream order */
-    ops->copy(&r->be, r->gdev + GS_LOSSES + i, r->gdev + GS_LOSS, sizeof(float));
-    r->gpending[i] = true;
-}
-
-/* opt_step, by a graph when the plan says so (found_inf stays on the
- * device until graph_step_end). */
-static void graph_opt(struct run *r, double lr)
-{
-    struct trn_resnet *m = &r->model;
-    const struct trn_ops *ops = r->be.ops;
-    const struct trn_config *c = &r->cfg;
-    struct trn_graph_key key = {TRN_GRAPH_OPT, 0, 0, 0, false, 0};
-    int slot;
-    r->gopt = graph_decide(r, &key, m->optimizer_steps > 0, &slot);
-    if (r->gopt == TRN_GRAPH_RUN) {
-        struct trn_graph_env before = graph_env(r);
-        opt_step(r, lr);
-        graph_ran(r, &key, &before);
-        return;
-    }
-    int32_t *found_inf = (int32_t *)(r->gdev + GS_FOUND_INF);
-    if (r->gopt == TRN_GRAPH_CAPTURE) {
-        ops->graph_begin(&r->be);
-        if (r->scaler.enabled)
-            ops->unscale_dev(&r->be, m->grads, m->num_params, r->gdev + GS_INV_SCALE, found_inf);
-        trn_resnet_sgd_step_dev(m, r->gdev + GS_LR, found_inf, (float)c->momentum,
-                                (float)c->weight_decay);
-        graph_captured(r, slot, r->scaler.enabled ? "unscale and SGD step" : "SGD step");
-    } else {
-        trn_graph_replayed(&r->gplan, slot);
-    }
-    ops->graph_launch(&r->be, r->gexec[slot]);
-}
-
-/* The step's one read-back when a graph ran in it: the losses the graphs
- * left, found_inf, and the host state the graphs did not advance. */
-static void graph_step_end(struct run *r, long micro_batches)
-{
-    if (!r->cfg.cuda_graphs)
-        return;
-    bool any = r->gopt != TRN_GRAPH_RUN;
-    for (long i = 0; i < micro_batches; i++)
-        any |= r->gpending[i];
-    if (!any)
-        return;
-    r->be.ops->to_host(&r->be, r->ghost + GS_FOUND_INF, r->gdev + GS_FOUND_INF,
-                       (size_t)(GS_LOSSES - GS_FOUND_INF + micro_batches) * sizeof(float));
-    for (long i = 0; i < micro_batches; i++)
-        if (r->gpending[i])
-            r->step_losses[i] = r->ghost[GS_LOSSES + i];
-    if (r->gopt == TRN_GRAPH_RUN)
-        return;
-    int32_t found_inf;
-    memcpy(&found_inf, &r->ghost[GS_FOUND_INF], sizeof(found_inf));
-    bool taken = r->scaler.enabled ? amp_update(r, found_inf != 0) : true;
-    r->model.optimizer_steps +=
-        trn_graph_host_advance(TRN_GRAPH_OPT, r->gopt, taken).optimizer_steps;
-}
-
-/* The step's buffers; with --cuda-graphs the device scalars and what
- * capture needs of the backend (check_cuda_graphs said it can). */
-static void setup_graphs(struct run *r)
-{
-    const struct trn_config *c = &r->cfg;
-    size_t k = (size_t)c->accum_steps;
-    r->step_losses = trn_calloc(k, sizeof(float));
-    if (!c->cuda_graphs)
-        return;
-    const struct trn_ops *ops = r->be.ops;
-    TRN_CHECK(ops->graph_setup && ops->graph_begin && ops->graph_end && ops->graph_launch &&
-                  ops->graph_destroy && ops->graph_gen && ops->xent_forward_dev &&
-                  ops->xent_backward_dev && ops->unscale_dev && ops->sgd_step_dev && ops->copy,
-              "--cuda-graphs: the %s backend has no graph ops", ops->name);
-    trn_graph_plan_init(&r->gplan, TRN_GRAPH_WARMUP);
-    ops->graph_setup(&r->be);
-    r->ghost = trn_calloc(GS_LOSSES + k, sizeof(float));
-    r->gdev = ops->alloc(&r->be, (GS_LOSSES + k) * sizeof(float)); /* zeroed: found_inf 0 */
-    TRN_CHECK(r->gdev, "out of device memory for the CUDA graphs' scalars");
-    r->gpending = trn_calloc(k, sizeof(bool));
-    log_info("T2502",
-             "--cuda-graphs: each step shape captured after %d clean warm-up runs, then replayed "
-             "(the last short batch of an epoch runs uncaptured)",
-             TRN_GRAPH_WARMUP);
-}
-
-static void release_graphs(struct run *r)
-{
-    if (r->cfg.cuda_graphs && r->be.ops) {
-        for (int i = 0; i < TRN_GRAPH_MAX; i++)
-            if (r->gexec[i])
-                r->be.ops->graph_destroy(&r->be, r->gexec[i]);
-        r->be.ops->free(&r->be, r->gdev);
-    }
-    free(r->ghost);
-    free(r->gpending);
-    free(r->step_losses);
+    size_t rank_offset;
+    int at = position(r, epoch, b1, &rank_offset);
+    trn_stop_if_signalled(&r->ckpt, r->rank, at, r->step, rank_offset);
 }
 
 /* One epoch, from where the run starts in it: steps of --accum-steps
@@ -1160,8 +507,8 @@ static bool train_epoch(struct run *r, int epoch)
         uint64_t tc = cddp_mono_ns();
         /* (an epoch's last step is saved as the epoch's end, below) */
         if (c->ckpt_every && r->step % c->ckpt_every == 0 && b1 < r->batches)
-            checkpoint(r, epoch, (size_t)b1 * (size_t)r->batch);
-        note_step_time(step_s, (double)(cddp_mono_ns() - tc) * 1e-9);
+            checkpoint(r, epoch, b1);
+        trn_stop_note_step(step_s, (double)(cddp_mono_ns() - tc) * 1e-9);
     }
     if (t.batches == 0)
         return false;
@@ -1169,9 +516,7 @@ static bool train_epoch(struct run *r, int epoch)
     if (r->rank == 0)
         printf("Epoch %d finished, avg loss: %.4f, time: %.2fs, throughput: %.1f img/s\n", epoch,
                t.loss_sum / (double)t.batches, secs, (double)t.images * r->world / secs);
-    bool whole = first + t.batches == r->batches;
-    checkpoint(r, whole ? epoch + 1 : epoch,
-               whole ? 0 : (size_t)(first + t.batches) * (size_t)r->batch);
+    checkpoint(r, epoch, first + t.batches);
     return !(c->steps && r->step >= c->steps);
 }
 
@@ -1180,25 +525,14 @@ static bool train_epoch(struct run *r, int epoch)
 static void finish_training(struct run *r)
 {
     r->in_step = -1;
-    prefetch_stop(r);
-    trn_train_batches_free(&r->pf_train);
-    long later = r->input_steps - 1;
-    log_info("T2600",
-             "input: %.3f s waiting for batches in %ld steps, %.3f s of it in the first, %.2f "
-             "ms/step after it (--prefetch %ld)",
-             r->input_wait_s, r->input_steps, r->input_first_s,
-             later > 0 ? (r->input_wait_s - r->input_first_s) * 1e3 / (double)later : 0.0,
-             r->cfg.prefetch);
+    trn_input_stop(&r->input);
+    trn_input_log(&r->input);
     trn_ddp_sync_buffers(&r->ddp);
     trn_resnet_pull(&r->model); /* the checksum and --save read the host copies */
     if (cddp_log_enabled(CDDP_LOG_INFO))
         log_info("T6202", "after %ld steps: state checksum %016" PRIx64, r->step,
                  trn_ddp_state_checksum(&r->model));
-    if (r->cfg.cuda_graphs)
-        log_info("T2503",
-                 "CUDA graphs: %ld captured, %ld replays, %ld launches run uncaptured, %ld "
-                 "invalidations",
-                 r->gplan.captures, r->gplan.replays, r->gplan.uncaptured, r->gplan.invalidations);
+    trn_step_log(&r->engine);
     const struct trn_ddp_stats *s = &r->ddp.stats;
     if (r->world > 1)
         log_info("T6203",
@@ -1229,16 +563,15 @@ static double accuracy(struct run *r, float *all_logits)
     struct trn_list_batches list = {.idx = mine, .batch = r->batch};
     for (size_t j = (size_t)r->rank; j < ds->len; j += stride)
         mine[list.len++] = (uint32_t)j;
-    if (r->cfg.prefetch)
-        prefetch_start(r, ds, trn_list_batches_next, &list);
+    trn_input_start(&r->input, ds, trn_list_batches_next, &list);
     for (size_t start = (size_t)r->rank; start < ds->len; start += (size_t)r->batch * stride) {
         int n = 0;
         for (size_t j = start; j < ds->len && n < r->batch; j += stride)
             idx[n++] = (uint32_t)j;
-        const float *x = input_next(r, ds, idx, n);
+        const float *x = trn_input_next(&r->input, ds, idx, n);
         trn_resnet_forward(&r->model, x, NULL, n, ds->height, ds->width, false);
         be->ops->to_host(be, logits, r->model.logits, (size_t)n * K * sizeof(float));
-        input_done(r, ds, true);
+        trn_input_done(&r->input, ds, true);
         for (int i = 0; i < n; i++) {
             const float *l = logits + (size_t)i * K;
             if (all_logits)
@@ -1247,11 +580,11 @@ static double accuracy(struct run *r, float *all_logits)
             for (size_t k = 1; k < K; k++)
                 if (l[k] > l[best])
                     best = k;
-            counts[0] += (int64_t)best == r->labels[i];
+            counts[0] += (int64_t)best == r->input.labels[i];
             counts[1]++;
         }
     }
-    prefetch_stop(r);
+    trn_input_stop(&r->input);
     free(mine);
     free(idx);
     free(logits);
@@ -1310,13 +643,8 @@ static void save(struct run *r)
 /* Everything setup() and connect_ranks() made. */
 static void release(struct run *r)
 {
-    release_graphs(r);
-    prefetch_stop(r);
-    trn_train_batches_free(&r->pf_train);
-    r->be.ops->free(&r->be, r->x_dev);
-    r->be.ops->free(&r->be, r->x_in[1]);
-    free(r->x_host);
-    free(r->labels);
+    trn_step_free(&r->engine);
+    trn_input_free(&r->input);
     trn_ddp_free(&r->ddp);
     trn_dist_close(&r->dist);
     trn_resume_free(&r->ckpt);
@@ -1325,7 +653,7 @@ static void release(struct run *r)
     trn_resnet_free(&r->model);
     trn_dataset_close(r->train);
     trn_dataset_close(r->test);
-    release_backend(r);
+    trn_backend_release(&r->be);
 }
 
 int main(int argc, char **argv)
@@ -1337,11 +665,13 @@ int main(int argc, char **argv)
     setup_flags(&r, argc, argv);
     setup_model(&r);
     setup_batches(&r);
-    setup_graphs(&r);
+    setup_step(&r);
     resume(&r);
     connect_ranks(&r);
-    install_stop_handlers(&r);
-    train_input_start(&r);
+    if (r.cfg.checkpoint)
+        trn_stop_install(); /* (nothing to save without it: the default actions, at once) */
+    trn_input_start_train(&r.input, r.train, &r.sampler, r.start.epoch, r.start.first_batch,
+                          (int)r.cfg.epochs);
     for (int epoch = r.start.epoch; epoch < r.cfg.epochs; epoch++)
         if (!train_epoch(&r, epoch))
             break;

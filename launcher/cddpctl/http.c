@@ -116,6 +116,16 @@ void ctl_transfer_error(const struct ctl_reply *r, const char *url, const char *
     case CURLE_ABORTED_BY_CALLBACK:
         snprintf(msg, len, "%s: interrupted", shown);
         break;
+    case CURLE_UNSUPPORTED_PROTOCOL: /* "Received HTTP/0.9 when not allowed" */
+    case CURLE_WEIRD_SERVER_REPLY:
+        /* Bytes that are not an HTTP status line: another protocol
+         * answered, most often cddp's rendezvous (cddp-rdzv's --port, or
+         * the port cddprun hosts it on), whose status port is another. */
+        snprintf(msg, len,
+                 "%s did not answer in HTTP: it is not a status port (a rendezvous port? "
+                 "cddp-rdzv serves its status on --status-port, cddprun on --status_port)",
+                 shown);
+        break;
     case CURLE_FAILED_INIT:
         snprintf(msg, len, "%s", detail);
         break;
@@ -139,6 +149,9 @@ static const char *transfer_id(CURLcode rc)
         return "K0006";
     case CURLE_WRITE_ERROR:
         return "K0007";
+    case CURLE_UNSUPPORTED_PROTOCOL:
+    case CURLE_WEIRD_SERVER_REPLY:
+        return "K0009";
     default:
         return "K0008";
     }

@@ -209,10 +209,13 @@ size_t ctl_worker_row(const struct ctl_options *o, const cJSON *w, bool bar,
     wc->p[2] = ctl_fmt_num(w, "pid", "%.0f", wc->c[2], CTL_CELL);
     wc->p[3] = ctl_str(w, "state", "-");
     wc->p[4] = "-";
-    if (ctl_num(w, "exit_code", &v)) {
+    /* The JSON keeps a rank's last exit after it is started again (until
+     * its next exit); the table's EXIT is the running process's: none. */
+    bool running = strcmp(wc->p[3], "running") == 0;
+    if (!running && ctl_num(w, "exit_code", &v)) {
         snprintf(wc->c[4], CTL_CELL, "%.0f", v);
         wc->p[4] = wc->c[4];
-    } else if (ctl_str(w, "signal_name", NULL)) {
+    } else if (!running && ctl_str(w, "signal_name", NULL)) {
         wc->p[4] = ctl_str(w, "signal_name", "-");
     }
     wc->p[5] = ctl_fmt_num(w, "restarts", "%.0f", wc->c[5], CTL_CELL);

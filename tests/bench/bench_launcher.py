@@ -12,11 +12,17 @@ start is outside). The rows:
 
 - baseline: a bare fork+exec of N /bin/true and a wait (bench_spawn N
   /bin/true), the least that launching N workers can cost;
+- the same with each child in a session of its own (bench_spawn --setsid:
+  torchrun 2.2+ and cddprun give every worker its own session, and with
+  the kernel's autogroup scheduling a new session is a new scheduling
+  group), and the same again from a program of its own (bench_spawn 1
+  bench_spawn --setsid N /bin/true: one exec more, the least any launcher
+  that is a program of its own costs); both against the baseline;
 - `cddprun --nproc_per_node=N --no_python /bin/true` (bench_spawn 1 ...;
   goal: within 1.5x of the baseline);
-- the same with TMPDIR on tmpfs (/dev/shm): cddprun makes its temporary
-  log directories there, as torchrun does, and removes them at the end;
-  the difference to the row above is the file system's share;
+- the same with TMPDIR on tmpfs (/dev/shm), for every build: cddprun makes
+  its temporary log directories there, as torchrun does, and removes them
+  at the end; the difference to the row above is the file system's share;
 - `cddprun --version` against `/bin/true` alone: what exec and the dynamic
   loader cost cddprun before main() does anything.
 
@@ -129,9 +135,10 @@ def restart_latencies(cmd, env, attempts, out):
     return [(starts[a + 1] - exits[a]) / 1e9 for a in sorted(exits) if a + 1 in starts]
 
 
-def spawn_once(spawn, n, cmd, env):
-    """bench_spawn n cmd...: (wall seconds, largest ru_maxrss KiB, CPU seconds)."""
-    r = subprocess.run([str(spawn), str(n), *cmd], env=env, capture_output=True, text=True)
+def spawn_once(spawn, n, cmd, env, flags=()):
+    """bench_spawn [flags] n cmd...: (wall seconds, largest ru_maxrss KiB, CPU seconds)."""
+    r = subprocess.run([str(spawn), *flags, str(n), *cmd], env=env, capture_output=True,
+                       text=True)
     if r.returncode != 0:
         # the children's output went to /dev/null: run one again to show it
         again = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -165,9 +172,13 @@ def startup(spawn, builds, nproc, runs, env, tmpfs, extra_rows=()):
     """The start-up figures (module docstring): one table, rows in the
     order measured, every row's runs interleaved with every other's. Each
     row: (label, the row its ratio is to, command (or a function making
-    it), copies started at once, extra environment)."""
+    it), copies started at once, extra environment[, bench_spawn's flags])."""
     rows = [(f"bare fork+exec of {nproc} x /bin/true (baseline)", None, ["/bin/true"], nproc, {}),
-            ("/bin/true alone (exec floor)", None, ["/bin/true"], 1, {})]
+            ("/bin/true alone (exec floor)", None, ["/bin/true"], 1, {}),
+            ("the baseline, each child in a session of its own (setsid)", 0, ["/bin/true"], nproc,
+             {}, ["--setsid"]),
+            ("the same from a program of its own (`bench_spawn 1 bench_spawn --setsid ...`)", 0,
+             [str(spawn), "--setsid", str(nproc), "/bin/true"], 1, {})]
     rows += extra_rows
     for k, (name, build) in enumerate(builds):
         prog = str(build / "launcher" / "cddprun")
@@ -177,15 +188,16 @@ def startup(spawn, builds, nproc, runs, env, tmpfs, extra_rows=()):
             return [prog, f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
                     "--no_python", "/bin/true"]
         rows.append((f"`cddprun --nproc_per_node={nproc} /bin/true`, {name}", 0, run_cmd, 1, {}))
-        if k == 0 and tmpfs:
+        if tmpfs:
             rows.append((f"the same, {name}, TMPDIR on tmpfs", 0, run_cmd, 1, {"TMPDIR": tmpfs}))
         rows.append((f"`cddprun --version`, {name}", 1, [prog, "--version"], 1, {}))
     walls = [[] for _ in rows]
     rss = [[] for _ in rows]
     cpus = [[] for _ in rows]
     for _ in range(runs):
-        for i, (_, _, cmd, n, extra) in enumerate(rows):
-            w, r, c = spawn_once(spawn, n, cmd() if callable(cmd) else cmd, dict(env, **extra))
+        for i, (_, _, cmd, n, extra, *flags) in enumerate(rows):
+            w, r, c = spawn_once(spawn, n, cmd() if callable(cmd) else cmd, dict(env, **extra),
+                                 *flags)
             walls[i].append(w)
             rss[i].append(r)
             cpus[i].append(c)
@@ -197,7 +209,7 @@ def startup(spawn, builds, nproc, runs, env, tmpfs, extra_rows=()):
     print()
     print("| command | wall | wall ratio | CPU | CPU ratio | peak RSS |")
     print("|---|---|---|---|---|---|")
-    for i, (label, ref, _, _, _) in enumerate(rows):
+    for i, (label, ref, *_) in enumerate(rows):
         wr = "-" if ref is None else f"{med(walls[i]) / med(walls[ref]):.2f}x"
         cr = "-" if ref is None else f"{med(cpus[i]) / med(cpus[ref]):.2f}x"
         print(f"| {label} | {fmt_ms(med(walls[i]))}; {fmt_ms(min(walls[i]))} | {wr} "

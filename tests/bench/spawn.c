@@ -2,10 +2,12 @@
  * spawn.c: bench_spawn, the launcher benchmark's stopwatch and baseline
  * (tests/bench/bench_launcher.py).
  *
- *   bench_spawn N PROGRAM [ARG...]
+ *   bench_spawn [--setsid] N PROGRAM [ARG...]
  *
  * Forks N children, each of which execs PROGRAM (stdin, stdout and stderr
- * on /dev/null), waits for all of them, and prints one line on stdout:
+ * on /dev/null; with --setsid, in a session of its own first, as torchrun
+ * 2.2+ and cddprun start workers), waits for all of them, and prints one
+ * line on stdout:
  *
  *   <wall us> <largest ru_maxrss of a child, KiB> <CPU us of all> <failed children>
  *
@@ -28,6 +30,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -39,8 +42,11 @@
 int main(int argc, char **argv)
 {
     long n = 0;
+    int new_session = argc > 1 && strcmp(argv[1], "--setsid") == 0;
+    argc -= new_session;
+    argv += new_session;
     if (argc < 3 || cddp_parse_long(argv[1], 1, 1024, &n) != 0) {
-        fprintf(stderr, "usage: bench_spawn N PROGRAM [ARG...]   (N in 1..1024)\n");
+        fprintf(stderr, "usage: bench_spawn [--setsid] N PROGRAM [ARG...]   (N in 1..1024)\n");
         return 2;
     }
     struct timespec t0, t1;
@@ -54,6 +60,8 @@ int main(int argc, char **argv)
             break;
         }
         if (pid == 0) {
+            if (new_session)
+                setsid();
             int null = open("/dev/null", O_RDWR);
             if (null >= 0) {
                 dup2(null, 0);

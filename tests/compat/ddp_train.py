@@ -9,31 +9,67 @@ Run it under any launcher:
 Rank 0 writes DIR/result.json: the launcher-visible environment, the loss
 per epoch and a digest of the final weights. Launchers that give the same
 environment give byte-identical results.
+
+For side-by-side runs (tests/compat/side_by_side.py):
+  --env-out DIR    every rank writes DIR/rank<R>.json: its whole environment
+                   and the wall-clock times (time.time()) it entered the
+                   script, before importing torch (t_enter), finished
+                   init_process_group (t_init) and ended (t_end)
+  --crash-rank R   rank R raises ValueError as it starts, under torch's
+                   @record (so it leaves an error file); the other ranks
+                   wait, without touching the network, until the launcher
+                   stops them: a failure whose table does not depend on
+                   which collective noticed it first
 """
-import argparse
-import hashlib
-import json
-import os
+import time
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
+T_ENTER = time.time()
+
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
 
+def write_env(args, rank, **times):
+    """--env-out: this rank's environment and times, written whole (rename)."""
+    if not args.env_out:
+        return
+    path = os.path.join(args.env_out, f"rank{rank}.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump({"env": dict(os.environ), "t_enter": T_ENTER, **times}, fh, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+@record
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--env-out")
+    ap.add_argument("--crash-rank", type=int)
     args = ap.parse_args()
 
     local_rank = int(os.environ["LOCAL_RANK"])
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
+    if args.crash_rank is not None:
+        write_env(args, rank)
+        if rank == args.crash_rank:
+            raise ValueError(f"rank {rank} failed on purpose")
+        time.sleep(300)
+        return
     dist.init_process_group(backend="gloo", init_method="env://")
+    t_init = time.time()
     assert dist.get_rank() == rank and dist.get_world_size() == world_size
 
     torch.manual_seed(0)
@@ -82,6 +118,7 @@ def main():
             json.dump(result, fh, sort_keys=True)
     dist.barrier()
     dist.destroy_process_group()
+    write_env(args, rank, t_init=t_init, t_end=time.time())
 
 
 if __name__ == "__main__":

@@ -30,11 +30,10 @@ import re
 
 import pytest
 
-from conftest import ROOT, binary, free_port, run
+from conftest import ROOT, binary, free_port, run, torchrun_cmd
 from test_trainer_parity import ABS_TOL, REL_TOL, write_idx
 
 TORCH_SCRIPT = ROOT / "tests" / "compat" / "torch_ddp_resnet.py"
-TORCHRUN = ROOT / "tests" / "compat" / "torchrun_py311.py"
 SIZE, CLASSES = 32, 10
 
 
@@ -167,7 +166,7 @@ def test_ddp_equals_pytorch_ddp(torch_python, tmp_path, accum):
                 env=dict(os.environ, LOGLEVEL="DEBUG"))
     assert r.returncode == 0, r.stderr[-3000:]
     env = dict(os.environ, OMP_NUM_THREADS="1", LC_ALL="C.UTF-8")
-    t = run([torch_python, TORCHRUN, "--nproc_per_node=2", f"--master_port={free_port()}",
+    t = run(torchrun_cmd() + ["--nproc_per_node=2", f"--master_port={free_port()}",
              TORCH_SCRIPT, "--init", w0, "--data", data, "--batch-size", batch, "--steps", steps,
              "--accum-steps", accum, "--out", theirs], env=env, timeout=600, cwd=tmp_path)
     assert t.returncode == 0, t.stdout[-2000:] + t.stderr[-3000:]

@@ -1,10 +1,14 @@
-"""cddprun side by side with Debian's torchrun (torch 1.13.1, through
-tests/compat/torchrun_py311.py): the same command under both, compared.
+"""cddprun side by side with the oracle's torchrun (Debian's torch 1.13.1
+through tests/compat/torchrun_py311.py, or CDDP_TORCH_PYTHON's, e.g. the
+device machine's 2.11, unpatched: conftest.torchrun_cmd()): the same command
+under both, compared.
 
 - the workers' environment, key by key, on the first attempt and after a
   failure restart; the only differences allowed are the ones
-  docs/torchrun-compat.md documents (DOCUMENTED below);
-- tee prefixes and the log directory layout;
+  docs/torchrun-compat.md documents for the oracle's torch version
+  (side_by_side.documented_env);
+- tee prefixes and the log directory layout, and --local-ranks-filter
+  where the oracle's torchrun has it (torch >= 2.3);
 - the failure table and the agent's error file for a worker that raises
   under @record;
 - a real PyTorch DDP script (gloo, env://, DistributedSampler, DDP) giving
@@ -13,25 +17,13 @@ tests/compat/torchrun_py311.py): the same command under both, compared.
 """
 import json
 import os
-import pathlib
 import re
 
 import pytest
 
-from conftest import ROOT, TORCH_PY, binary, free_port, run
+from conftest import ROOT, binary, free_port, run, torch_info, torchrun_cmd
+from side_by_side import env_differences, mask_table
 
-TORCHRUN = [TORCH_PY, str(ROOT / "tests" / "compat" / "torchrun_py311.py")]
-
-# Keys whose value differs on purpose (docs/torchrun-compat.md, "Environment").
-DOCUMENTED = {
-    # torch 1.13 sets the old name; torch >= 2.2 (and cddprun) the TORCH_ one.
-    "NCCL_ASYNC_ERROR_HANDLING": ("1", None),
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": (None, "1"),
-    # exported by torch 2.x's launcher (after #154849), not by 1.13.
-    "TORCHELASTIC_SIGNALS_TO_HANDLE": (None, "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
-    # cddp's progress channel (docs/status.md): the pipe is the worker's fd 3.
-    "CDDP_PROGRESS_FD": (None, "3"),
-}
 # Same layout, different temporary directory: compared by shape.
 ERROR_FILE_RE = r"/logs/cmp_[^/]+/attempt_{attempt}/{lr}/error\.json$"
 
@@ -49,7 +41,7 @@ def base_env(tmp_path, **extra):
 
 
 def launch(which, args, env, timeout=300):
-    cmd = TORCHRUN if which == "torchrun" else [binary("cddprun")]
+    cmd = torchrun_cmd() if which == "torchrun" else [binary("cddprun")]
     return run(cmd + [str(a) for a in args], env=env, timeout=timeout)
 
 
@@ -91,23 +83,10 @@ exit 0
         for lr in (0, 1):
             te = read_env(t_out / f"env.{attempt}.{lr}")
             ce = read_env(c_out / f"env.{attempt}.{lr}")
-            for k in sorted(set(te) | set(ce)):
-                if k in ("OUT", "_"):
-                    continue
-                tv, cv = te.get(k), ce.get(k)
-                if k in DOCUMENTED:
-                    assert (tv, cv) == DOCUMENTED[k], (k, tv, cv)
-                elif k == "TORCHELASTIC_ERROR_FILE":
-                    for v in (tv, cv):
-                        assert re.search(ERROR_FILE_RE.format(attempt=attempt, lr=lr), v), v
-                elif k == "MASTER_PORT":
-                    assert tv.isdigit() and cv.isdigit()
-                elif k == "CDDP_RDZV_ROUND":
-                    # cddp's own (docs/torchrun-compat.md): the rendezvous
-                    # round, a new one each attempt; torchrun has none.
-                    assert tv is None and cv.isdigit() and int(cv) >= attempt + 1, (k, tv, cv)
-                else:
-                    assert tv == cv, f"attempt {attempt} rank {lr}: {k}: torchrun {tv!r}, cddprun {cv!r}"
+            # every key equal but the ones docs/torchrun-compat.md documents
+            # for this torch version (side_by_side.documented_env)
+            diffs = env_differences(te, ce, torch_info(), attempt, lr, ERROR_FILE_RE)
+            assert not diffs, f"attempt {attempt} rank {lr}: " + "; ".join(diffs)
             assert ce["TORCHELASTIC_RESTART_COUNT"] == str(attempt)
             assert ce["OMP_NUM_THREADS"] == "1"
 
@@ -120,12 +99,48 @@ exit 0
     assert "[tr0]:oops from 0" in teed(c_r.stderr)
 
     # log layout: <log_dir>/cmp_<random>/attempt_<n>/<lr>/{stdout,stderr}.log, same files
-    def layout(root):
-        (run_dir,) = (root / "logs").iterdir()
-        assert run_dir.name.startswith("cmp_")
-        return sorted((str(p.relative_to(run_dir)), p.read_text() if p.is_file() else None)
-                      for p in run_dir.rglob("*"))
-    assert layout(t_out) == layout(c_out)
+    assert log_layout(t_out) == log_layout(c_out)
+
+
+def log_layout(root):
+    """Every path under root/logs/cmp_<random>/ with its text (None for a
+    folder)."""
+    (run_dir,) = (root / "logs").iterdir()
+    assert run_dir.name.startswith("cmp_")
+    return sorted((str(p.relative_to(run_dir)), p.read_text() if p.is_file() else None)
+                  for p in run_dir.rglob("*"))
+
+
+def test_local_ranks_filter_matches_torchrun(tmp_path, torch_python):
+    """--local-ranks-filter: the console shows only the listed local ranks,
+    teed (prefixed) or inherited; the log files keep every rank's lines."""
+    info = torch_info()
+    if not info["local_ranks_filter"]:
+        pytest.skip(f"torch {info['torch']}'s torchrun has no --local-ranks-filter "
+                    "(torch 2.3 added it)")
+    worker = tmp_path / "w"
+    worker.write_text('#!/bin/sh\necho "hello from $LOCAL_RANK"\n'
+                      'echo "oops from $LOCAL_RANK" >&2\n')
+    worker.chmod(0o755)
+
+    def lines(text):
+        return sorted(l for l in text.splitlines()
+                      if re.match(r"^(\[tr\d\]:)?(hello|oops) from", l))
+
+    for extra, ranks, want in ((["--tee=3"], "0,2", ["[tr0]:hello from 0", "[tr2]:hello from 2"]),
+                               ([], "1", ["hello from 1"])):
+        seen = {}
+        for which in ("torchrun", "cddprun"):
+            out = tmp_path / f"{which}-{ranks}"
+            out.mkdir()
+            r = launch(which, ["--nproc_per_node=3", "--rdzv_id=cmp", "--role=tr",
+                               f"--master_port={free_port()}", "--monitor_interval=0.1",
+                               f"--log_dir={out / 'logs'}", f"--local_ranks_filter={ranks}",
+                               *extra, "--no_python", worker], base_env(tmp_path))
+            assert r.returncode == 0, f"{which}: {r.stderr}"
+            seen[which] = (lines(r.stdout), lines(r.stderr), log_layout(out))
+        assert seen["cddprun"] == seen["torchrun"], (ranks, seen)
+        assert seen["cddprun"][0] == want, (ranks, seen["cddprun"][0])
 
 
 RAISER = """
@@ -140,21 +155,6 @@ if __name__ == "__main__":
 """
 
 
-def table_of(stderr):
-    lines = stderr.splitlines()
-    start = next(i for i, l in enumerate(lines) if l.startswith("====="))
-    end = max(i for i, l in enumerate(lines) if l.startswith("====="))
-    masked = []
-    for l in lines[start:end + 1]:
-        l = re.sub(r"time      : \S+", "time      : T", l)
-        l = re.sub(r"host      : \S+", "host      : H", l)
-        l = re.sub(r"\(pid: \d+\)", "(pid: P)", l)
-        l = re.sub(r"/\S*/attempt_", "DIR/attempt_", l)
-        l = re.sub(r'File "[^"]*"', 'File "F"', l)
-        masked.append(l)
-    return masked
-
-
 def test_failure_table_and_error_file_match_torchrun(tmp_path, torch_python):
     script = tmp_path / "raiser.py"
     script.write_text(RAISER)
@@ -165,7 +165,7 @@ def test_failure_table_and_error_file_match_torchrun(tmp_path, torch_python):
                            "--monitor_interval=0.1", script],
                    base_env(tmp_path, TORCHELASTIC_ERROR_FILE=str(agent_file)))
         assert r.returncode == 1, f"{which}: {r.stderr}"
-        tables[which] = table_of(r.stderr)
+        tables[which] = mask_table(r.stderr)
         files[which] = json.loads(agent_file.read_text())
     assert tables["cddprun"] == tables["torchrun"], "\n".join(
         ["torchrun:"] + tables["torchrun"] + ["cddprun:"] + tables["cddprun"])

@@ -28,7 +28,7 @@
  *   wait RUN NODE          rdzv: NODE waits for RUN's next round
  *   wedge / unwedge        stop / restart the heartbeat timer
  *   block MS               block the loop for MS (the HTTP thread must not care)
- *   stats                  "ok stats open=N total=N requests=N slow_closed=N"
+ *   stats                  "ok stats open=N total=N requests=N slow_closed=N evicted=N"
  *   publish                render and publish again
  *   quit                   stop the server, exit 0 (so does EOF on stdin)
  *
@@ -356,9 +356,10 @@ static void command(struct app *a, char *line)
     } else if (strcmp(cmd, "stats") == 0) {
         struct status_server_stats st;
         status_server_stats(a->srv, &st);
-        say("ok stats open=%llu total=%llu requests=%llu slow_closed=%llu",
+        say("ok stats open=%llu total=%llu requests=%llu slow_closed=%llu evicted=%llu",
             (unsigned long long)st.connections_open, (unsigned long long)st.connections_total,
-            (unsigned long long)st.requests_total, (unsigned long long)st.slow_closed_total);
+            (unsigned long long)st.requests_total, (unsigned long long)st.slow_closed_total,
+            (unsigned long long)st.evicted_total);
         return;
     } else if (strcmp(cmd, "publish") != 0) {
         say("error unknown command '%s'", cmd);

@@ -97,7 +97,7 @@ def test_health_exit_codes(background):
     r = cddpctl("health", target)
     assert r.returncode == 1
     assert r.stdout.splitlines()[0] == f"{target} not ready (HTTP 503)"
-    assert "  [-]rendezvous failed: agent is rendezvous, no round yet" in r.stdout
+    assert "  [-]rendezvous failed: agent state: rendezvous, no round yet" in r.stdout
     assert "[+]loop ok" not in r.stdout  # only the failed checks without --verbose
     srv.cmd("state running")
     r = cddpctl("health", target)
@@ -399,7 +399,7 @@ def test_health_json(background):
     checks = {c["name"]: c for c in h["checks"]}
     assert checks["loop"] == {"name": "loop", "ok": True, "reason": None}
     assert checks["rendezvous"]["ok"] is False
-    assert checks["rendezvous"]["reason"] == "agent is rendezvous, no round yet"
+    assert checks["rendezvous"]["reason"] == "agent state: rendezvous, no round yet"
     srv.cmd("state running")
     r = cddpctl("health", target, "--json", "--live")
     h = json.loads(r.stdout)

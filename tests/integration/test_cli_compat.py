@@ -2,8 +2,9 @@
 line drive it, with real processes: the PET_* variables as the operator
 sets them, quotes around --rdzv_conf that survived into argv,
 --virtual-local-rank, --duplicate-*-filters, --shutdown-timeout,
---numa-binding, and how a --run_path worker ends (its exit code, and that
-it leaves through os._exit after the script's own atexit handlers).
+--numa-binding, and how a --run_path worker ends (its exit code, that it
+leaves through os._exit after the script's own atexit handlers, and that a
+gloo group left without destroy_process_group does not abort at exit).
 """
 import ctypes.util
 import json
@@ -257,6 +258,21 @@ def test_run_path_exit_codes(tmp_path, body, code, text):
         msg = json.loads(err[0].read_text())["message"]
         assert msg["message"] == "ValueError: boom"
         assert "py_callstack" in msg["extraInfo"]
+
+
+@pytest.mark.heavy
+def test_run_path_gloo_tcp_init(tmp_path):
+    """Issue 17's script: four ranks join gloo through tcp://, all-reduce
+    and end without destroy_process_group. Every rank finishes and none
+    aborts at exit (tests/bench/bench_run_path_soak.py counts how often
+    over many runs, beside torchrun)."""
+    script = pathlib.Path(__file__).resolve().parent.parent / "compat" / "gloo_tcp_init.py"
+    r = cddprun("--standalone", "--nproc_per_node=4", "--run_path", str(script), timeout=300,
+                env={"PYTHON_EXEC": TORCH_PY, "GLOO_SOCKET_IFNAME": "lo"}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "terminate called" not in r.stderr, r.stderr
+    done = sorted(l for l in r.stdout.splitlines() if l.endswith(" done"))
+    assert done == [f"rank {i} done" for i in range(4)], r.stdout
 
 
 def test_run_path_keyboard_interrupt(tmp_path):

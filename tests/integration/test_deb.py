@@ -72,15 +72,48 @@ exec chroot '{rootfs}' /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/
     return sh(["unshare", *flags, "sh", "-c", outer, script], timeout)
 
 
-@pytest.mark.heavy
-def test_deb_in_a_clean_debian_12_root(tmp_path):
+def need_roots(*tools):
+    """Skips the test where clean roots cannot be made here."""
     if os.geteuid() != 0:
         pytest.skip("needs root (debootstrap, chroot, mounts)")
-    for tool in ("debootstrap", "unshare", "chroot", "dpkg-deb", "dpkg-shlibdeps", "ip"):
+    for tool in ("debootstrap", "unshare", "chroot", "ip", *tools):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed (tools/setup.sh --test)")
     if sh(["unshare", "--mount", "--pid", "--fork", "true"], 30).returncode != 0:
         pytest.skip("cannot make mount and PID namespaces here (unshare failed)")
+
+
+def minbase_root(tmp_path):
+    """A clean Debian 12 root (debootstrap's minbase) at tmp_path/root, from
+    the base system cached as a tarball (made on first use); skips the test
+    when the archive cannot be reached. The caller removes it."""
+    url = mirror()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tarball = CACHE / f"{SUITE}-minbase.tgz"
+    if not tarball.exists():
+        work = tmp_path / "dbs-work"
+        part = CACHE / f"{SUITE}-minbase.part.tgz"  # debootstrap wants .tgz
+        r = sh(["debootstrap", "--variant=minbase", f"--make-tarball={part}", SUITE, str(work),
+                url], 900)
+        shutil.rmtree(work, ignore_errors=True)
+        if r.returncode != 0:
+            pytest.skip(f"debootstrap cannot fetch {SUITE} from {url}: "
+                        f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+        os.rename(part, tarball)
+    rootfs = tmp_path / "root"
+    r = sh(["debootstrap", "--variant=minbase", f"--unpack-tarball={tarball}", SUITE,
+            str(rootfs), url], 900)
+    if r.returncode != 0:
+        shutil.rmtree(rootfs, ignore_errors=True)
+        pytest.skip(f"debootstrap cannot make a root here: "
+                    f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    shutil.copy("/etc/resolv.conf", rootfs / "etc" / "resolv.conf")
+    return rootfs
+
+
+@pytest.mark.heavy
+def test_deb_in_a_clean_debian_12_root(tmp_path):
+    need_roots("dpkg-deb", "dpkg-shlibdeps")
     times = {}
     t0 = time.monotonic()
 
@@ -99,29 +132,10 @@ def test_deb_in_a_clean_debian_12_root(tmp_path):
 
     # ---- a clean root (the base system cached as a tarball) ----
     t1 = time.monotonic()
-    url = mirror()
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tarball = CACHE / f"{SUITE}-minbase.tgz"
-    if not tarball.exists():
-        work = tmp_path / "dbs-work"
-        part = CACHE / f"{SUITE}-minbase.part.tgz"  # debootstrap wants .tgz
-        r = sh(["debootstrap", "--variant=minbase", f"--make-tarball={part}", SUITE, str(work),
-                url], 900)
-        shutil.rmtree(work, ignore_errors=True)
-        if r.returncode != 0:
-            pytest.skip(f"debootstrap cannot fetch {SUITE} from {url}: "
-                        f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
-        os.rename(part, tarball)
-    rootfs = tmp_path / "root"
+    rootfs = minbase_root(tmp_path)
     try:
-        r = sh(["debootstrap", "--variant=minbase", f"--unpack-tarball={tarball}", SUITE,
-                str(rootfs), url], 900)
-        if r.returncode != 0:
-            pytest.skip(f"debootstrap cannot make a root here: "
-                        f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
         times["debootstrap (minbase, cached tarball)"] = time.monotonic() - t1
         shutil.copy(deb, rootfs / "tmp" / "cddp.deb")
-        shutil.copy("/etc/resolv.conf", rootfs / "etc" / "resolv.conf")
         assert not (rootfs / "usr" / "bin" / "cddprun").exists()
 
         # ---- apt-get install ./cddp.deb: its dependencies from the archive ----

@@ -194,7 +194,7 @@ def test_endpoints_through_a_run(background, tmp_path):
     code, _, body = curl(a.url("/readyz?verbose"))
     assert code == 503
     assert b"[+]loop ok\n" in body and b"[+]rendezvous ok\n" in body
-    assert b"[-]workers failed: worker group is not running: agent is restarting\n" in body
+    assert b"[-]workers failed: worker group is not running (agent state: restarting)\n" in body
     assert a.code("/livez") == 200
     m = metrics(port)
     assert promparse.value(m, "cddp_agent_state", state="restarting") == 1
@@ -232,7 +232,7 @@ def test_endpoints_through_a_run(background, tmp_path):
     touch(tmp_path / "exit.0.1", "5")
     st = a.wait_state("stopping", lambda s: (tmp_path / "term.1.1").exists())
     code, _, body = curl(a.url("/readyz?verbose"))
-    assert code == 503 and b"agent is stopping" in body
+    assert code == 503 and b"(agent state: stopping)" in body
 
     # ---- failed: the final status is served while the agent lingers ----
     touch(tmp_path / "release.1")
@@ -242,7 +242,7 @@ def test_endpoints_through_a_run(background, tmp_path):
     assert (w1["state"], w1["exit_code"]) == ("stopped", 143)
     assert st["worker_exits"]["failure"] == 2 and st["worker_exits"]["stopped"] == 2
     code, _, body = curl(a.url("/readyz?verbose"))
-    assert code == 503 and b"[-]workers failed: worker group is not running: agent is failed" \
+    assert code == 503 and b"[-]workers failed: worker group is not running (agent state: failed)" \
         in body
     assert a.code("/livez") == 200  # alive while it lingers
     m = metrics(port)
@@ -314,7 +314,7 @@ report(step=41 + rank, loss=float("nan") if rank == 1 else 0.25)
     assert m["cddp_worker_loss"].samples[1].value != m["cddp_worker_loss"].samples[1].value  # NaN
     assert promparse.value(m, "cddp_agent_state", state="succeeded") == 1
     code, _, body = curl(a.url("/readyz?verbose"))
-    assert code == 503 and b"agent is succeeded" in body
+    assert code == 503 and b"(agent state: succeeded)" in body
     assert a.code("/livez") == 200
     a.bg.signal(signal.SIGINT)
     assert a.bg.wait(20) == 0

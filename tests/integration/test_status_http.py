@@ -62,7 +62,7 @@ def test_endpoints_through_a_run(background):
     assert [w["state"] for w in st["workers"]] == ["init", "init"]
     code, _, body = curl(srv.base + "/readyz?verbose")
     assert b"[+]loop ok\n" in body
-    assert b"[-]rendezvous failed: agent is rendezvous, no round yet\n" in body
+    assert b"[-]rendezvous failed: agent state: rendezvous, no round yet\n" in body
     assert b"[-]workers failed" in body and body.endswith(b"readyz check failed\n")
 
     srv.cmd("state running")
@@ -299,8 +299,9 @@ def test_progress_channel_values(background):
 
 
 def test_connection_limit_and_slow_clients(background):
-    """max_connections slow clients fill the server; others wait in the
-    backlog, and are served once the slow ones are cut off."""
+    """max_connections slow clients fill the server; a new client evicts the
+    oldest and is served at once; the rest are cut off after the request
+    timeout."""
     srv = StatusServer(background, "--max-connections", "4", "--request-timeout", "3000",
                        "--idle-timeout", "60")
     held = []
@@ -308,25 +309,37 @@ def test_connection_limit_and_slow_clients(background):
         s = socket.create_connection(("127.0.0.1", srv.port))
         s.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n")  # never finished
         held.append(s)
-    wait_for(lambda: srv.stats()["open"] == 4, timeout=5, what="4 open connections")
-    waiting = socket.create_connection(("127.0.0.1", srv.port), timeout=15)
-    waiting.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-    assert srv.stats()["open"] == 4  # at the limit, not served yet
-    # The slow clients are cut off after request_timeout; then it is served.
+        wait_for(lambda: srv.stats()["open"] == len(held), timeout=5, what="an open connection")
+    t0 = time.monotonic()
+    probe = socket.create_connection(("127.0.0.1", srv.port), timeout=15)
+    probe.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     reply = b""
     while True:
-        chunk = waiting.recv(4096)
+        chunk = probe.recv(4096)
         if not chunk:
             break
         reply += chunk
-    waiting.close()
+    probe.close()
     assert reply.startswith(b"HTTP/1.1 200 ")
-    for s in held:
+    assert time.monotonic() - t0 < 2.5  # before any request timeout cut (3 s)
+    # The oldest made room; the others are still there.
+    held[0].settimeout(10)
+    assert held[0].recv(100) == b""
+    held[0].close()
+    for s in held[1:]:
+        s.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            s.recv(100)
+    assert srv.stats()["evicted"] == 1
+    assert promparse.value(metrics(srv), "cddp_status_evicted_connections_total") == 1
+    # The slow clients are cut off after request_timeout.
+    for s in held[1:]:
+        s.setblocking(True)
         s.settimeout(10)
         assert s.recv(100) == b""  # closed by the server
         s.close()
-    assert srv.stats()["slow_closed"] >= 4
-    assert promparse.value(metrics(srv), "cddp_status_slow_clients_closed_total") >= 4
+    assert srv.stats()["slow_closed"] >= 3
+    assert promparse.value(metrics(srv), "cddp_status_slow_clients_closed_total") >= 3
 
 
 def test_slowloris_is_cut_off_and_others_are_served(background):

@@ -82,8 +82,8 @@ def test_rendezvous_wait_list_and_hosted_server(cluster):
     code, body = readyz(sport)
     assert code == 503
     assert "[+]loop ok\n" in body
-    assert "[-]rendezvous failed: agent is rendezvous, no round yet\n" in body
-    assert "[-]workers failed: worker group is not running: agent is rendezvous\n" in body
+    assert "[-]rendezvous failed: agent state: rendezvous, no round yet\n" in body
+    assert "[-]workers failed: worker group is not running (agent state: rendezvous)\n" in body
     assert curl(f"http://127.0.0.1:{sport}/livez")[0] == 200
     r = cddpctl("health", f"127.0.0.1:{sport}")
     assert r.returncode == 1 and "[-]rendezvous failed" in r.stdout
@@ -165,7 +165,7 @@ def test_exit_barrier_then_serving_the_others(cluster):
     assert [x["state"] for x in st["workers"]] == ["succeeded", "succeeded"]
     code, body = readyz(sport)
     assert code == 503
-    assert "[-]workers failed: worker group is not running: agent is exit_barrier\n" in body
+    assert "[-]workers failed: worker group is not running (agent state: exit_barrier)\n" in body
     assert "[+]rendezvous ok\n" in body
     assert curl(f"http://127.0.0.1:{sport}/livez")[0] == 200
 

@@ -98,7 +98,7 @@ def test_plan_is_one_call_per_issue_within_the_tools_limits():
     assert r.returncode in (0, 1), r.stdout + r.stderr  # 1: a problem, e.g. no bundle yet
     plan = plan_of(r)
     calls = {c["set"]: c for c in plan["calls"]}
-    assert set(calls) == {"single-gpu", "ddp"}, calls
+    assert set(calls) == {"single-gpu", "ddp", "compat"}, calls
     for c in calls.values():
         assert c["carry"] == ["build/gpu-bundle.tar.xz"]
         assert c["timeout_s"] <= 600 and len(c["command"]) <= 2000
@@ -110,6 +110,8 @@ def test_plan_is_one_call_per_issue_within_the_tools_limits():
     assert list(calls["single-gpu"]["bounds"]) == ["environment", "ops", "parity", "amp",
                                                    "throughput", "graphs", "store"]
     assert list(calls["ddp"]["bounds"]) == ["environment", "ddp"]
+    assert list(calls["compat"]["bounds"]) == ["environment", "compat"]
+    assert "torch-check.xml" in calls["compat"]["out_files"]
     bundle = BUILD / "gpu-bundle.tar.xz"
     assert (r.returncode == 1) == bool(plan["problems"])
     if not bundle.exists():
@@ -262,7 +264,10 @@ def test_pack_bundles_both_binaries(tmp_path):
     unpack(bundle, dest)
     for b in (dest / "bin").iterdir():
         assert runpath(b)[0] == "$ORIGIN/../lib", (b, runpath(b))
-    for lib in ("libcjson.so.1", "libgloo.so.0", "libcurl.so.4"):
+    # (no libcurl: cddprun opens it for the etcd backend only, so ldd does
+    # not list it and the bundle does not carry it)
+    assert "libcurl.so.4" not in libs, libs
+    for lib in ("libcjson.so.1", "libgloo.so.0", "libuv.so.1"):
         assert runpath(dest / "lib" / lib) == ["$ORIGIN"], lib
 
 

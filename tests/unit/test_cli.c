@@ -926,6 +926,66 @@ static void test_resolve(void **state)
     launch_config_free(&c);
 }
 
+/* The workers' Python beside a cddprun installed in a venv or a conda
+ * environment (pip's layout), and nowhere else. */
+static void test_python_beside(void **state)
+{
+    (void)state;
+    char path[512], want[512], exe[512];
+    const char *dirs[] = {"venv",      "venv/bin",  "conda", "conda/bin", "conda/conda-meta",
+                          "plain",     "plain/bin", "nopy",  "nopy/bin",  "noexec",
+                          "noexec/bin"};
+    for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", tmpdir, dirs[i]);
+        assert_int_equal(mkdir(path, 0755), 0);
+    }
+    write_file("venv/pyvenv.cfg", "home = /usr/bin\n", 0644, path, sizeof(path));
+    write_file("venv/bin/python3", "#!/bin/sh\n", 0755, want, sizeof(want));
+    write_file("venv/bin/cddprun", "", 0755, exe, sizeof(exe));
+    char *got = launch_python_beside(exe);
+    assert_non_null(got);
+    assert_string_equal(got, want);
+    free(got);
+    write_file("conda/bin/python3", "#!/bin/sh\n", 0755, want, sizeof(want));
+    write_file("conda/bin/cddprun", "", 0755, exe, sizeof(exe));
+    got = launch_python_beside(exe);
+    assert_non_null(got);
+    assert_string_equal(got, want);
+    free(got);
+    /* a bin/ with a python3 that is no environment's (/usr/bin): PATH decides */
+    write_file("plain/bin/python3", "#!/bin/sh\n", 0755, path, sizeof(path));
+    write_file("plain/bin/cddprun", "", 0755, exe, sizeof(exe));
+    assert_null(launch_python_beside(exe));
+    /* an environment without a usable python3 */
+    write_file("nopy/pyvenv.cfg", "", 0644, path, sizeof(path));
+    write_file("nopy/bin/cddprun", "", 0755, exe, sizeof(exe));
+    assert_null(launch_python_beside(exe));
+    write_file("noexec/pyvenv.cfg", "", 0644, path, sizeof(path));
+    write_file("noexec/bin/python3", "", 0644, path, sizeof(path));
+    write_file("noexec/bin/cddprun", "", 0755, exe, sizeof(exe));
+    assert_null(launch_python_beside(exe));
+    assert_null(launch_python_beside("cddprun"));
+    assert_null(launch_python_beside("/cddprun"));
+
+    /* launch_resolve says where the Python came from (this test program is
+     * in no environment) */
+    struct launch_config c = {0};
+    char py[256];
+    write_file("t.py", "print(1)\n", 0644, py, sizeof(py));
+    char *env[] = {(char *)"PATH=/usr/bin:/bin", NULL};
+    char *env_py[] = {(char *)"PATH=/usr/bin:/bin", (char *)"PYTHON_EXEC=/bin/sh", NULL};
+    assert_int_equal(parse_env(&c, env_py, py, NULL), 0);
+    assert_int_equal(launch_resolve(&c, env_py, err, sizeof(err)), 0);
+    assert_string_equal(c.python_from, "PYTHON_EXEC");
+    if (access("/usr/bin/python3", X_OK) == 0 || access("/bin/python3", X_OK) == 0) {
+        assert_int_equal(parse_env(&c, env, py, NULL), 0);
+        assert_int_equal(launch_resolve(&c, env, err, sizeof(err)), 0);
+        assert_string_equal(c.python_from, "python3 on PATH");
+        assert_string_equal(c.argv[0], "python3");
+    }
+    launch_config_free(&c);
+}
+
 /* torchrun's newest flags (run.py on main), both spellings and PET_. */
 static void test_newest_flags(void **state)
 {
@@ -1113,6 +1173,7 @@ int main(void)
         cmocka_unit_test(test_kubeflow_pet),
         cmocka_unit_test(test_rdzv_conf_quotes),
         cmocka_unit_test_setup_teardown(test_resolve, resolve_setup, resolve_teardown),
+        cmocka_unit_test_setup_teardown(test_python_beside, resolve_setup, resolve_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,8 +5,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <signal.h>
 #include <string.h>
+#include <sys/time.h>
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "trainer/fault.h"
 
@@ -101,11 +104,33 @@ static void test_due(void **state)
     assert_false(trn_fault_due(&none, 0, 0, 0));
 }
 
-static void test_fire_slow_returns(void **state)
+static void on_alarm(int sig)
+{
+    (void)sig;
+}
+
+/* A slow fault sleeps at least its ms and returns, also when a signal cuts
+ * the sleep short (the rest is slept). Only lower bounds: a loaded machine
+ * may sleep longer, never shorter. */
+static void test_fire_slow_sleeps(void **state)
 {
     (void)state;
-    struct trn_fault f = {.kind = TRN_FAULT_SLOW, .step = 0, .rank = -1, .ms = 5};
+    struct trn_fault f = {.kind = TRN_FAULT_SLOW, .step = 0, .rank = -1, .ms = 40};
+    uint64_t t0 = cddp_mono_ns();
     trn_fault_fire(&f, 0, 0);
+    assert_true(cddp_mono_ns() - t0 >= 40 * 1000000ull);
+
+    /* A handled signal 10 ms in (no SA_RESTART: nanosleep returns EINTR). */
+    struct sigaction sa = {.sa_handler = on_alarm}, old;
+    sigemptyset(&sa.sa_mask);
+    assert_int_equal(sigaction(SIGALRM, &sa, &old), 0);
+    struct itimerval it = {.it_value = {.tv_usec = 10000}};
+    t0 = cddp_mono_ns();
+    assert_int_equal(setitimer(ITIMER_REAL, &it, NULL), 0);
+    trn_fault_fire(&f, 0, 0);
+    assert_true(cddp_mono_ns() - t0 >= 40 * 1000000ull);
+    assert_int_equal(sigaction(SIGALRM, &old, NULL), 0);
+
     struct trn_fault none = {0};
     trn_fault_fire(&none, 0, 0);
 }
@@ -116,7 +141,7 @@ int main(void)
         cmocka_unit_test(test_parse_ok),
         cmocka_unit_test(test_parse_bad),
         cmocka_unit_test(test_due),
-        cmocka_unit_test(test_fire_slow_returns),
+        cmocka_unit_test(test_fire_slow_sleeps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
-/* Unit tests for common/jsonw.c (the string escaping and the streaming JSON
- * writer) and common/numfmt.c (numbers as text). */
+/* Unit tests for common/jsonw.c: the string escaping and the streaming JSON
+ * writer. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,7 +14,6 @@
 
 #include "common/errors.h"
 #include "common/jsonw.h"
-#include "common/numfmt.h"
 
 static void test_document(void **state)
 {
@@ -169,24 +168,6 @@ static void test_escape_modes(void **state)
 static void test_numbers(void **state)
 {
     (void)state;
-    char buf[40];
-    assert_int_equal(cddp_format_double(0, buf, sizeof(buf)), 1);
-    assert_string_equal(buf, "0");
-    cddp_format_double(-42, buf, sizeof(buf));
-    assert_string_equal(buf, "-42");
-    cddp_format_double(-0.0, buf, sizeof(buf));
-    assert_string_equal(buf, "-0");
-    cddp_format_double(0.1, buf, sizeof(buf));
-    assert_string_equal(buf, "0.1");
-    cddp_format_double(1.0 / 3.0, buf, sizeof(buf));
-    assert_true(strtod(buf, NULL) == 1.0 / 3.0);
-    cddp_format_double(9007199254740993.0 * 4, buf, sizeof(buf)); /* past 2^53: %g */
-    assert_true(strtod(buf, NULL) == 9007199254740993.0 * 4);
-    assert_int_equal(cddp_format_double(NAN, buf, sizeof(buf)), 0);
-    assert_string_equal(buf, "");
-    assert_int_equal(cddp_format_double(-INFINITY, buf, sizeof(buf)), 0);
-    assert_int_equal(cddp_format_double(12345, buf, 3), 0); /* does not fit */
-
     struct cddp_buf b;
     cddp_buf_init(&b, 256);
     struct jsonw w;

@@ -2,7 +2,7 @@
  * Unit tests for agent/logs.c: where each stream of each rank goes (-r, -t,
  * maps, --local_ranks_filter, /dev/null), the line prefix template, the line
  * splitter over every way a stream can be cut into reads, the directory
- * layout, and a real tee (pipe, libuv loop, file and console).
+ * layout and its removal, and a real tee (pipe, libuv loop, file and console).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -253,6 +253,90 @@ static void test_layout(void **state)
     agent_logs_free(&l);
 }
 
+static void touch(const char *dir, const char *name)
+{
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("x\n", f);
+    fclose(f);
+}
+
+/* A run's tree after a restart, with files at every level and a link to a
+ * directory outside it. */
+static void make_tree(const char *root, const char *outside)
+{
+    char p[4200];
+    assert_int_equal(mkdir(root, 0700), 0);
+    snprintf(p, sizeof(p), "%s/run_x", root);
+    assert_int_equal(mkdir(p, 0700), 0);
+    touch(root, "stray.txt");
+    for (int a = 0; a < 2; a++) {
+        snprintf(p, sizeof(p), "%s/run_x/attempt_%d", root, a);
+        assert_int_equal(mkdir(p, 0777), 0);
+        touch(p, "filtered_stdout.log");
+        for (int r = 0; r < 3; r++) {
+            snprintf(p, sizeof(p), "%s/run_x/attempt_%d/%d", root, a, r);
+            assert_int_equal(mkdir(p, 0777), 0);
+            touch(p, "error.json");
+            touch(p, "stdout.log");
+        }
+    }
+    snprintf(p, sizeof(p), "%s/run_x/attempt_1/2/link", root);
+    assert_int_equal(symlink(outside, p), 0);
+    snprintf(p, sizeof(p), "%s/run_x/attempt_1/2/deeper", root);
+    assert_int_equal(mkdir(p, 0777), 0);
+    touch(p, "more");
+}
+
+/* Both ways of removing a tree (one by one, and side by side as when each
+ * removal waits for the disk) remove all of it, and nothing a link points at. */
+static void test_remove_tree(void **state)
+{
+    (void)state;
+    char outside[300], keep[400];
+    snprintf(outside, sizeof(outside), "%s/outside", tmp);
+    assert_int_equal(mkdir(outside, 0700), 0);
+    touch(outside, "keep");
+    snprintf(keep, sizeof(keep), "%s/keep", outside);
+    const uint64_t ways[2] = {0, UINT64_MAX}; /* threads at once; never */
+    for (int w = 0; w < 2; w++) {
+        char root[300];
+        snprintf(root, sizeof(root), "%s/tree%d", tmp, w);
+        make_tree(root, outside);
+        agent_logs_remove_tree(root, ways[w]);
+        assert_int_not_equal(access(root, F_OK), 0);
+        assert_int_equal(access(keep, F_OK), 0);
+        assert_true(is_dir(outside));
+    }
+
+    /* The temporary tree of a run with a restart: what the agent made is
+     * removed by name, and what a worker added besides by the walk. */
+    struct agent_logs l;
+    char err[256], path[4096];
+    setenv("TMPDIR", tmp, 1);
+    assert_int_equal(agent_logs_init(&l, NULL, "job", err, sizeof(err)), 0);
+    unsetenv("TMPDIR");
+    assert_int_equal(agent_logs_attempt(&l, 0, 3, err, sizeof(err)), 0);
+    assert_int_equal(agent_logs_attempt(&l, 1, 2, err, sizeof(err)), 0);
+    assert_int_equal(agent_logs_path(&l, 0, 2, NULL, path, sizeof(path)), 0);
+    touch(path, "error.json");
+    assert_int_equal(agent_logs_path(&l, 1, -1, NULL, path, sizeof(path)), 0);
+    touch(path, "filtered_stdout.log");
+    assert_int_equal(agent_logs_path(&l, 1, 1, "extra", path, sizeof(path)), 0);
+    assert_int_equal(mkdir(path, 0777), 0);
+    touch(path, "more");
+    assert_int_equal(agent_logs_path(&l, 1, 0, "link", path, sizeof(path)), 0);
+    assert_int_equal(symlink(outside, path), 0);
+    char root[4096];
+    snprintf(root, sizeof(root), "%s", l.root);
+    agent_logs_remove_tmp(&l);
+    assert_int_not_equal(access(root, F_OK), 0);
+    assert_int_equal(access(keep, F_OK), 0);
+    agent_logs_free(&l);
+}
+
 static void test_tee_roundtrip(void **state)
 {
     (void)state;
@@ -322,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_lines_every_split),
         cmocka_unit_test(test_lines_too_long),
         cmocka_unit_test_setup_teardown(test_layout, tmp_setup, tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_remove_tree, tmp_setup, tmp_teardown),
         cmocka_unit_test_setup_teardown(test_tee_roundtrip, tmp_setup, tmp_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,5 +1,5 @@
-/* Unit tests for proto/ (frames, messages, base64, error names, the store
- * engine) and the common pieces it stands on (queue, strmap). */
+/* Unit tests for proto/frame.c and proto/msg.c: frames, messages, base64,
+ * error names. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,89 +11,9 @@
 #include <string.h>
 
 #include "common/errors.h"
-#include "common/queue.h"
-#include "common/strmap.h"
 #include "common/strutil.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
-#include "store/kvstore.h"
-
-/* ---- strmap ---- */
-
-static void test_siphash_vectors(void **state)
-{
-    (void)state;
-    /* The SipHash-2-4 paper's test key 00..0f. */
-    uint64_t k0 = 0x0706050403020100ull, k1 = 0x0f0e0d0c0b0a0908ull;
-    unsigned char msg[15];
-    for (int i = 0; i < 15; i++)
-        msg[i] = (unsigned char)i;
-    assert_true(cddp_siphash("", 0, k0, k1) == 0x726fdb47dd0e0e31ull);
-    assert_true(cddp_siphash(msg, 15, k0, k1) == 0xa129ca6149be45e5ull);
-}
-
-static void test_strmap(void **state)
-{
-    (void)state;
-    enum { N = 5000 };
-    static char keys[N][16];
-    struct cddp_strmap m;
-    cddp_strmap_init(&m, 1, 2);
-    for (int i = 0; i < N; i++) {
-        snprintf(keys[i], sizeof(keys[i]), "k%d", i);
-        assert_int_equal(cddp_strmap_put(&m, keys[i], strlen(keys[i]), keys[i]), 0);
-    }
-    assert_int_equal(m.len, N);
-    /* Delete every third key; the rest must stay reachable (backward shift). */
-    for (int i = 0; i < N; i += 3)
-        assert_ptr_equal(cddp_strmap_del(&m, keys[i], strlen(keys[i])), keys[i]);
-    for (int i = 0; i < N; i++) {
-        void *v = cddp_strmap_get(&m, keys[i], strlen(keys[i]));
-        if (i % 3 == 0)
-            assert_null(v);
-        else
-            assert_ptr_equal(v, keys[i]);
-    }
-    assert_null(cddp_strmap_del(&m, "absent", 6));
-    size_t it = 0, count = 0, kl;
-    const char *k;
-    void *v;
-    while (cddp_strmap_next(&m, &it, &k, &kl, &v))
-        count++;
-    assert_int_equal(count, m.len);
-    /* Replace keeps the count. */
-    assert_int_equal(cddp_strmap_put(&m, keys[1], strlen(keys[1]), keys[2]), 0);
-    assert_int_equal(count, m.len);
-    assert_ptr_equal(cddp_strmap_get(&m, keys[1], strlen(keys[1])), keys[2]);
-    cddp_strmap_free(&m);
-}
-
-struct item {
-    int v;
-    struct cddp_queue link;
-};
-
-static void test_queue(void **state)
-{
-    (void)state;
-    struct cddp_queue h;
-    struct item it[3] = {{.v = 0}, {.v = 1}, {.v = 2}};
-    cddp_queue_init(&h);
-    assert_true(cddp_queue_empty(&h));
-    cddp_queue_insert_tail(&h, &it[1].link);
-    cddp_queue_insert_tail(&h, &it[2].link);
-    cddp_queue_insert_head(&h, &it[0].link);
-    int expect = 0;
-    struct cddp_queue *q;
-    cddp_queue_foreach(q, &h)
-    {
-        assert_int_equal(cddp_queue_data(q, struct item, link)->v, expect++);
-    }
-    cddp_queue_remove(&it[1].link);
-    cddp_queue_remove(&it[1].link); /* twice is harmless */
-    assert_ptr_equal(cddp_queue_data(cddp_queue_head(&h), struct item, link), &it[0]);
-    assert_ptr_equal(h.prev, &it[2].link);
-}
 
 /* ---- frames ---- */
 
@@ -812,215 +732,9 @@ static void test_error_names(void **state)
 #undef XX
 }
 
-/* ---- store ---- */
-
-static void test_store_basic(void **state)
-{
-    (void)state;
-    struct kvstore *s = kvstore_new(NULL, 1, 2);
-    const void *v;
-    size_t vl;
-    int64_t n;
-    assert_int_equal(kvstore_get(s, "a", &v, &vl), CDDP_ENOTFOUND);
-    assert_int_equal(kvstore_set(s, "a", "x\0y", 3), 0);
-    assert_int_equal(kvstore_get(s, "a", &v, &vl), 0);
-    assert_int_equal(vl, 3);
-    assert_memory_equal(v, "x\0y", 3);
-    assert_int_equal(kvstore_set(s, "a", "", 0), 0);
-    assert_int_equal(kvstore_get(s, "a", &v, &vl), 0);
-    assert_int_equal(vl, 0);
-
-    assert_int_equal(kvstore_add(s, "cnt", 1, &n), 0);
-    assert_int_equal(n, 1);
-    assert_int_equal(kvstore_add(s, "cnt", 41, &n), 0);
-    assert_int_equal(n, 42);
-    assert_int_equal(kvstore_add(s, "cnt", -50, &n), 0);
-    assert_int_equal(n, -8);
-    assert_int_equal(kvstore_get(s, "cnt", &v, &vl), 0);
-    assert_memory_equal(v, "-8", 2);
-    assert_int_equal(kvstore_add(s, "a", 1, &n), CDDP_EPARSE);
-    assert_int_equal(kvstore_add(s, "cnt", PROTO_MAX_INT, &n), 0);
-    assert_int_equal(kvstore_add(s, "cnt", 9, &n), CDDP_ERANGE_ARG);
-    assert_int_equal(kvstore_add(s, "fresh", PROTO_MAX_INT + 1, &n), CDDP_ERANGE_ARG);
-    assert_int_equal(kvstore_get(s, "fresh", &v, &vl), CDDP_ENOTFOUND);
-    assert_int_equal(kvstore_num_keys(s), 2);
-    kvstore_free(s);
-}
-
-static void test_store_compare_set(void **state)
-{
-    (void)state;
-    struct kvstore *s = kvstore_new(NULL, 1, 2);
-    const void *cur;
-    size_t cl;
-    /* Missing key, non-empty expected: nothing stored, expected returned. */
-    assert_int_equal(kvstore_compare_set(s, "k", "e", 1, "d", 1, &cur, &cl), 0);
-    assert_int_equal(cl, 1);
-    assert_memory_equal(cur, "e", 1);
-    assert_int_equal(kvstore_num_keys(s), 0);
-    /* Missing key, empty expected: set. */
-    assert_int_equal(kvstore_compare_set(s, "k", "", 0, "d1", 2, &cur, &cl), 0);
-    assert_memory_equal(cur, "d1", 2);
-    /* Mismatch: current value back, unchanged. */
-    assert_int_equal(kvstore_compare_set(s, "k", "zz", 2, "d2", 2, &cur, &cl), 0);
-    assert_memory_equal(cur, "d1", 2);
-    /* Match: replaced. */
-    assert_int_equal(kvstore_compare_set(s, "k", "d1", 2, "d2", 2, &cur, &cl), 0);
-    assert_memory_equal(cur, "d2", 2);
-    /* Torch's rendezvous sentinel dance. */
-    assert_int_equal(kvstore_compare_set(s, "k", "", 0, "x", 1, &cur, &cl), 0);
-    assert_memory_equal(cur, "d2", 2);
-    kvstore_free(s);
-}
-
-static void test_store_wait(void **state)
-{
-    (void)state;
-    struct kvstore *s = kvstore_new(NULL, 1, 2);
-    struct kvstore_owner a, b;
-    struct kvstore_event ev;
-    bool ready;
-    kvstore_owner_init(&a);
-    kvstore_owner_init(&b);
-
-    const char *k1[] = {"x", "y", "x"};
-    assert_int_equal(kvstore_wait(s, k1, 3, 1000, &a, 1, false, &ready), 0);
-    assert_false(ready);
-    assert_int_equal(a.nwaiters, 1);
-    const char *k2[] = {"y"};
-    assert_int_equal(kvstore_wait(s, k2, 1, KVSTORE_NEVER, &b, 2, true, &ready), 0);
-    assert_false(ready);
-    assert_int_equal(kvstore_next_deadline(s), 1000);
-
-    assert_int_equal(kvstore_set(s, "x", "1", 1), 0);
-    assert_false(kvstore_next_event(s, &ev)); /* a still misses y */
-    assert_int_equal(kvstore_set(s, "y", "2", 1), 0);
-    assert_true(kvstore_next_event(s, &ev));
-    assert_int_equal(ev.kind, KVSTORE_READY);
-    assert_ptr_equal(ev.owner, &a);
-    assert_int_equal(ev.req_id, 1);
-    assert_false(ev.is_get);
-    assert_true(kvstore_next_event(s, &ev));
-    assert_ptr_equal(ev.owner, &b);
-    assert_true(ev.is_get);
-    assert_string_equal(ev.key, "y");
-    assert_false(kvstore_next_event(s, &ev));
-    assert_int_equal(a.nwaiters, 0);
-    assert_int_equal(kvstore_next_deadline(s), KVSTORE_NEVER);
-
-    /* Already set: ready at once, nothing registered. */
-    assert_int_equal(kvstore_wait(s, k1, 2, 5, &a, 3, false, &ready), 0);
-    assert_true(ready);
-    assert_int_equal(a.nwaiters, 0);
-
-    /* Timeouts fire in deadline order; entries of missing keys go away. */
-    size_t bytes0 = kvstore_bytes(s);
-    const char *kz[] = {"z"};
-    assert_int_equal(kvstore_wait(s, kz, 1, 300, &a, 10, false, &ready), 0);
-    assert_int_equal(kvstore_wait(s, kz, 1, 100, &b, 11, false, &ready), 0);
-    assert_int_equal(kvstore_wait(s, kz, 1, 200, &a, 12, false, &ready), 0);
-    assert_true(kvstore_bytes(s) > bytes0);
-    kvstore_expire(s, 99);
-    assert_false(kvstore_next_event(s, &ev));
-    kvstore_expire(s, 250);
-    assert_true(kvstore_next_event(s, &ev));
-    assert_int_equal(ev.req_id, 11);
-    assert_int_equal(ev.kind, KVSTORE_TIMEOUT);
-    assert_true(kvstore_next_event(s, &ev));
-    assert_int_equal(ev.req_id, 12);
-    assert_false(kvstore_next_event(s, &ev));
-    assert_int_equal(kvstore_next_deadline(s), 300);
-
-    /* Cancelling an owner drops its waiters without events. */
-    kvstore_cancel_owner(s, &a);
-    assert_int_equal(a.nwaiters, 0);
-    assert_int_equal(kvstore_next_deadline(s), KVSTORE_NEVER);
-    assert_int_equal(kvstore_bytes(s), bytes0);
-    kvstore_expire(s, 1000);
-    assert_false(kvstore_next_event(s, &ev));
-
-    /* Free with waiters still registered (with and without deadlines). */
-    const char *kq[] = {"q", "r"};
-    assert_int_equal(kvstore_wait(s, kq, 2, KVSTORE_NEVER, &a, 20, false, &ready), 0);
-    assert_int_equal(kvstore_wait(s, kq, 1, 50, &b, 21, false, &ready), 0);
-    kvstore_free(s);
-}
-
-static void test_store_limits(void **state)
-{
-    (void)state;
-    struct kvstore_limits lim = {.max_bytes = 4096, .max_keys = 3, .max_waiters = 2};
-    struct kvstore *s = kvstore_new(&lim, 1, 2);
-    char big[5000] = {0};
-    bool ready;
-    int64_t n;
-    assert_int_equal(kvstore_set(s, "a", big, sizeof(big)), CDDP_ETOOBIG);
-    assert_int_equal(kvstore_num_keys(s), 0);
-    assert_int_equal(kvstore_set(s, "a", "1", 1), 0);
-    assert_int_equal(kvstore_set(s, "b", "1", 1), 0);
-    assert_int_equal(kvstore_add(s, "c", 1, &n), 0);
-    assert_int_equal(kvstore_set(s, "d", "1", 1), CDDP_ETOOBIG);
-    assert_int_equal(kvstore_set(s, "a", "22", 2), 0); /* replacing is fine */
-
-    struct kvstore_owner o;
-    kvstore_owner_init(&o);
-    const char *k[] = {"a"};
-    const char *m[] = {"zz"};
-    assert_int_equal(kvstore_wait(s, k, 1, 1, &o, 1, false, &ready), 0);
-    assert_true(ready);
-    /* A new key for a waiter counts against max_keys too. */
-    assert_int_equal(kvstore_wait(s, m, 1, 1, &o, 1, false, &ready), CDDP_ETOOBIG);
-    assert_int_equal(o.nwaiters, 0);
-    kvstore_free(s);
-
-    lim.max_keys = 100;
-    s = kvstore_new(&lim, 1, 2);
-    assert_int_equal(kvstore_wait(s, m, 1, 1, &o, 1, false, &ready), 0);
-    assert_int_equal(kvstore_wait(s, m, 1, 1, &o, 2, false, &ready), 0);
-    assert_int_equal(kvstore_wait(s, m, 1, 1, &o, 3, false, &ready), CDDP_ETOOBIG);
-    kvstore_cancel_owner(s, &o);
-    kvstore_free(s);
-}
-
-/* Many waiters on one key (an exit barrier of 10,000 nodes) all wake. */
-static void test_store_barrier(void **state)
-{
-    (void)state;
-    enum { N = 10000 };
-    struct kvstore *s = kvstore_new(NULL, 3, 4);
-    struct kvstore_owner *o = calloc(N, sizeof(*o));
-    const char *k[] = {"last_member"};
-    bool ready;
-    int64_t n = 0;
-    for (int i = 0; i < N; i++) {
-        kvstore_owner_init(&o[i]);
-        assert_int_equal(kvstore_add(s, "num_members", 1, &n), 0);
-        if (n == N)
-            break;
-        assert_int_equal(kvstore_wait(s, k, 1, 60000, &o[i], (uint64_t)i, false, &ready), 0);
-        assert_false(ready);
-    }
-    assert_int_equal(n, N);
-    assert_int_equal(kvstore_set(s, "last_member", "1", 1), 0);
-    struct kvstore_event ev;
-    int woke = 0;
-    while (kvstore_next_event(s, &ev)) {
-        assert_int_equal(ev.kind, KVSTORE_READY);
-        assert_int_equal(ev.req_id, (uint64_t)woke);
-        woke++;
-    }
-    assert_int_equal(woke, N - 1);
-    assert_int_equal(kvstore_next_deadline(s), KVSTORE_NEVER);
-    kvstore_free(s);
-    free(o);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_siphash_vectors),
-        cmocka_unit_test(test_strmap),
-        cmocka_unit_test(test_queue),
         cmocka_unit_test(test_frame_split),
         cmocka_unit_test(test_frame_oversized),
         cmocka_unit_test(test_msg_roundtrip),
@@ -1029,11 +743,6 @@ int main(void)
         cmocka_unit_test(test_msg_decode_errors),
         cmocka_unit_test(test_base64),
         cmocka_unit_test(test_error_names),
-        cmocka_unit_test(test_store_basic),
-        cmocka_unit_test(test_store_compare_set),
-        cmocka_unit_test(test_store_wait),
-        cmocka_unit_test(test_store_limits),
-        cmocka_unit_test(test_store_barrier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

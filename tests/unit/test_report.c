@@ -1,7 +1,8 @@
 /*
  * Unit tests for agent/report.c: reading error.json in both of torch's
  * formats (and surviving broken ones), the root cause choice, the failure
- * table byte for byte, and the agent's own error file.
+ * table byte for byte, the agent's own error file, and the hint for a
+ * Python without torch (from the worker's tail, or from asking it).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -287,6 +289,144 @@ static void test_agent_error_file(void **state)
     assert_true(agent_write_error_file("/nonexistent/dir/e.json", &f, "w", "t") < 0);
 }
 
+static void write_file(const char *path, const char *text, mode_t mode)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    assert_int_equal(chmod(path, mode), 0);
+}
+
+/* A worker rank's log directory under tmp, as agent/logs.c lays it out;
+ * returns its error.json path (the file itself is not written). */
+static const char *rank_dir(const char *name, const char *stderr_text)
+{
+    static char path[512];
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s/%s", tmp, name);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    if (stderr_text) {
+        snprintf(path, sizeof(path), "%s/stderr.log", dir);
+        write_file(path, stderr_text, 0644);
+    }
+    snprintf(path, sizeof(path), "%s/error.json", dir);
+    return path;
+}
+
+static bool no_torch(const char *python, int code, const char *error_file)
+{
+    struct agent_failure f = failure(0, 0, 7, code, 1700000000.0, 1);
+    f.python = python;
+    assert_int_equal(agent_failure_load(&f, error_file), 0);
+    bool r = f.no_torch;
+    agent_failure_free(&f);
+    return r;
+}
+
+#define TB "Traceback (most recent call last):\n  File \"t.py\", line 1, in <module>\n"
+
+static void test_no_torch_from_the_tail(void **state)
+{
+    (void)state;
+    const char *py = "/env/bin/python3";
+    /* the worker's stderr.log (-r 2, -t 2) */
+    assert_true(
+        no_torch(py, 1, rank_dir("r0", TB "ModuleNotFoundError: No module named 'torch'\n")));
+    assert_false(no_torch(py, 1,
+                          rank_dir("r1", TB "ModuleNotFoundError: No module named "
+                                            "'torchvision'\n")));
+    assert_false(no_torch(py, 1, rank_dir("r2", TB "ValueError: boom\n")));
+    /* a program, not a Python worker: never */
+    assert_false(
+        no_torch(NULL, 1, rank_dir("r3", "ModuleNotFoundError: No module named 'torch'\n")));
+    /* only the tail is read: the line early in a long log does not count,
+     * late in it it does */
+    char *big = malloc(200000);
+    assert_non_null(big);
+    snprintf(big, 200000, "%s", "ModuleNotFoundError: No module named 'torch'\n");
+    size_t n = strlen(big);
+    memset(big + n, 'x', 100000);
+    big[n + 100000] = '\0';
+    assert_false(no_torch(py, 1, rank_dir("r4", big)));
+    memset(big, 'x', 100000);
+    snprintf(big + 100000, 100000, "\nModuleNotFoundError: No module named 'torch'\n");
+    assert_true(no_torch(py, 1, rank_dir("r5", big)));
+    free(big);
+    /* the error file's message (--run_path's bootstrap writes one) */
+    const char *p = rank_dir("r6", NULL);
+    write_file(p,
+               "{\"message\": {\"message\": \"ModuleNotFoundError: No module named 'torch'\", "
+               "\"extraInfo\": {\"py_callstack\": \"Traceback (most recent call last):\\n"
+               "ModuleNotFoundError: No module named 'torch'\\n\", \"timestamp\": \"1\"}}}",
+               0644);
+    assert_true(no_torch(py, 1, p));
+}
+
+static void test_no_torch_asks_the_interpreter(void **state)
+{
+    (void)state;
+    /* No stderr.log (inherited, as by default, or /dev/null): an exit 1
+     * from a Python in which importlib finds no torch. */
+    char py[256], with[256], broken[256];
+    snprintf(py, sizeof(py), "%s/notorch", tmp);
+    snprintf(with, sizeof(with), "%s/withtorch", tmp);
+    snprintf(broken, sizeof(broken), "%s/broken", tmp);
+    write_file(py, "#!/bin/sh\nexit 3\n", 0755);     /* what the probe's "not found" exits with */
+    write_file(with, "#!/bin/sh\nexit 0\n", 0755);   /* found */
+    write_file(broken, "#!/bin/sh\nexit 1\n", 0755); /* failed otherwise: cannot tell */
+    const char *none = rank_dir("p0", NULL);
+    assert_true(no_torch(py, 1, none));
+    assert_true(no_torch(py, 1, ""));     /* --log_dir=/dev/null */
+    assert_false(no_torch(py, 2, none));  /* not an uncaught exception */
+    assert_false(no_torch(py, -9, none)); /* a signal */
+    assert_false(no_torch(with, 1, none));
+    assert_false(no_torch(broken, 1, none));
+    assert_false(no_torch("/nonexistent/python3", 1, none));
+    /* a real Python that cannot see Debian's packages (no site) */
+    if (access("/usr/bin/python3", X_OK) == 0) {
+        char nosite[256];
+        snprintf(nosite, sizeof(nosite), "%s/nosite", tmp);
+        write_file(nosite, "#!/bin/sh\nexec /usr/bin/python3 -S \"$@\"\n", 0755);
+        assert_true(no_torch(nosite, 1, none));
+    }
+}
+
+static void test_table_hint(void **state)
+{
+    (void)state;
+    struct agent_failure f[2] = {failure(0, 0, 9, 1, 0, 1), failure(1, 1, 10, -15, 1, 2)};
+    for (int i = 0; i < 2; i++) {
+        f[i].message = strdup("x");
+        cddp_strlcpy(f[i].error_file, "<N/A>", sizeof(f[i].error_file));
+        f[i].timestamp = i;
+        f[i].python = "/v/bin/python3";
+    }
+    f[0].no_torch = true;
+    struct cddp_buf b;
+    cddp_buf_init(&b, 1 << 20);
+    assert_int_equal(agent_failure_table("t.py", f, 2, "h", &b), 0);
+    const char *hint = "  traceback : x\n"
+                       "hint: /v/bin/python3, the workers' Python, has no torch "
+                       "(ModuleNotFoundError); set PYTHON_EXEC to a Python that has PyTorch\n"
+                       "=================================\n";
+    assert_true(b.len > strlen(hint));
+    assert_string_equal(b.data + b.len - strlen(hint), hint);
+    /* one line however many failures have it; none when none has it */
+    f[1].no_torch = true;
+    cddp_buf_reset(&b);
+    assert_int_equal(agent_failure_table("t.py", f, 2, "h", &b), 0);
+    assert_non_null(strstr(b.data, "hint: "));
+    assert_null(strstr(strstr(b.data, "hint: ") + 1, "hint: "));
+    f[0].no_torch = f[1].no_torch = false;
+    cddp_buf_reset(&b);
+    assert_int_equal(agent_failure_table("t.py", f, 2, "h", &b), 0);
+    assert_null(strstr(b.data, "hint: "));
+    cddp_buf_free(&b);
+    free(f[0].message);
+    free(f[1].message);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -298,6 +438,9 @@ int main(void)
         cmocka_unit_test(test_table_exact),
         cmocka_unit_test(test_table_narrow_and_alone),
         cmocka_unit_test(test_agent_error_file),
+        cmocka_unit_test(test_no_torch_from_the_tail),
+        cmocka_unit_test(test_no_torch_asks_the_interpreter),
+        cmocka_unit_test(test_table_hint),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

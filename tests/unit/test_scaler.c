@@ -134,7 +134,7 @@ static void test_restore(void **state)
     assert_true(s.scale == 1024.0f); /* a refused state leaves it */
 }
 
-/* A whole fp16 step over a gradient vector as train.c runs it: the kernel's
+/* A whole fp16 step over a gradient vector as step.c runs it: the kernel's
  * per-element unscale, then the scaler's decision. */
 static void test_unscale_one(void **state)
 {

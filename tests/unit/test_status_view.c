@@ -178,7 +178,8 @@ static void test_agent_not_ready(void **state)
     assert_int_equal(status_agent_render(&v, 1001, 1, &s), 0);
     assert_false(status_snapshot_ready(s));
     assert_false(status_snapshot_check(s, 0)->ok);
-    assert_string_equal(status_snapshot_check(s, 0)->reason, "agent is rendezvous, no round yet");
+    assert_string_equal(status_snapshot_check(s, 0)->reason,
+                        "agent state: rendezvous, no round yet");
     assert_false(status_snapshot_check(s, 1)->ok);
     cJSON *root = status_json(s);
     assert_true(is_null(root, "node_rank"));

@@ -56,6 +56,24 @@ int trn_error_file_write(const char *path, const char *type, const char *message
     return rc;
 }
 
+/* What the agent does next, from the restart budget torchrun's agents
+ * give their workers (TORCHELASTIC_RESTART_COUNT, _MAX_RESTARTS): a claim
+ * that the group is restarted would be wrong with --max_restarts=0. */
+static void next_step(char *buf, size_t len)
+{
+    const char *count = getenv("TORCHELASTIC_RESTART_COUNT");
+    const char *max = getenv("TORCHELASTIC_MAX_RESTARTS");
+    long c, m;
+    if (count == NULL || max == NULL || cddp_parse_long(count, 0, 1L << 30, &c) != 0 ||
+        cddp_parse_long(max, 0, 1L << 30, &m) != 0)
+        snprintf(buf, len, "a launcher that restarts failed workers restarts the group");
+    else if (c < m)
+        snprintf(buf, len, "the agent restarts the group (restart %ld of --max_restarts=%ld)",
+                 c + 1, m);
+    else
+        snprintf(buf, len, "no restart is left (--max_restarts=%ld): the job fails", m);
+}
+
 void trn_comm_fail(const struct trn_comm_error *e, long step, int rank, const char *error_file)
 {
     /* Once per process: the NCCL watchdog's thread and the training thread
@@ -70,13 +88,13 @@ void trn_comm_fail(const struct trn_comm_error *e, long step, int rank, const ch
     trn_comm_failure_message(e, step, rank, msg, sizeof(msg));
     log_error("T6010", "%s", msg);
     if (error_file != NULL && *error_file != '\0') {
-        char stack[1400];
+        char next[128], stack[1600];
+        next_step(next, sizeof(next));
         snprintf(stack, sizeof(stack),
-                 "%s rank %d (pid %ld): %s%s\n  exit %d (collective timeout): the agent "
-                 "restarts the group\n",
+                 "%s rank %d (pid %ld): %s%s\n  exit %d (collective timeout): %s\n",
                  program_invocation_short_name, rank, (long)getpid(),
                  e->code == CDDP_ETIMEOUT ? "CollectiveTimeoutError: " : "CollectiveError: ", msg,
-                 CDDP_EXIT_COLLECTIVE_TIMEOUT);
+                 CDDP_EXIT_COLLECTIVE_TIMEOUT, next);
         int rc = trn_error_file_write(
             error_file, e->code == CDDP_ETIMEOUT ? "CollectiveTimeoutError" : "CollectiveError",
             msg, stack, (long)time(NULL));

@@ -1,7 +1,6 @@
-/* Unit tests for store/tcpstore_wire.c (the TCPStore codec: every query in
+/* Unit tests for store/tcpstore_wire.c, the TCPStore codec: every query in
  * both numberings, the dialect choice, truncation at every byte, the
- * limits, replies) and the kvstore additions the TCPStore server uses
- * (delete, append, check, queues, add64, key iteration). */
+ * limits, replies. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -423,123 +422,6 @@ static void test_replies(void **state)
     cddp_buf_free(&b);
 }
 
-/* ---- the kvstore additions ---- */
-
-static struct kvstore_owner owner_a, owner_b;
-
-static void test_kv_delete_append_check(void **state)
-{
-    (void)state;
-    struct kvstore *s = kvstore_new(NULL, 3, 4);
-    const void *v;
-    size_t vl;
-    assert_int_equal(kvstore_delete(s, "a"), 0);
-    assert_int_equal(kvstore_append(s, "a", "x", 1), 0);
-    assert_int_equal(kvstore_append(s, "a", "yz", 2), 0);
-    assert_int_equal(kvstore_get(s, "a", &v, &vl), 0);
-    assert_int_equal(vl, 3);
-    assert_memory_equal(v, "xyz", 3);
-    const char *ks[] = {"a", "b"};
-    assert_true(kvstore_check(s, ks, 1));
-    assert_false(kvstore_check(s, ks, 2));
-    assert_int_equal(kvstore_num_keys(s), 1);
-    assert_int_equal(kvstore_delete(s, "a"), 1);
-    assert_int_equal(kvstore_delete(s, "a"), 0);
-    assert_int_equal(kvstore_num_keys(s), 0);
-    assert_int_equal(kvstore_get(s, "a", &v, &vl), CDDP_ENOTFOUND);
-    assert_int_equal(kvstore_bytes(s), 0);
-
-    /* add64: TCPStore's full int64 range; kvstore_add keeps its 2^53. */
-    int64_t out;
-    assert_int_equal(kvstore_add64(s, "c", 9000000000000000000LL, &out), 0);
-    assert_true(out == 9000000000000000000LL);
-    assert_int_equal(kvstore_add64(s, "c", 9000000000000000000LL, &out), CDDP_ERANGE_ARG);
-    assert_int_equal(kvstore_add(s, "d", 9000000000000000000LL, &out), CDDP_ERANGE_ARG);
-    assert_int_equal(kvstore_set(s, "e", "abc", 3), 0);
-    assert_int_equal(kvstore_add64(s, "e", 1, &out), CDDP_EPARSE);
-
-    /* Deleting a key someone waits for keeps the waiter; setting it fires. */
-    kvstore_owner_init(&owner_a);
-    bool ready;
-    const char *w[] = {"f"};
-    assert_int_equal(kvstore_wait(s, w, 1, KVSTORE_NEVER, &owner_a, 1, false, &ready), 0);
-    assert_false(ready);
-    assert_int_equal(kvstore_delete(s, "f"), 0);
-    assert_int_equal(kvstore_set(s, "f", "1", 1), 0);
-    struct kvstore_event ev;
-    assert_true(kvstore_next_event(s, &ev));
-    assert_ptr_equal(ev.owner, &owner_a);
-    assert_false(kvstore_next_event(s, &ev));
-
-    /* Key iteration sees keys with values only. */
-    size_t it = 0, n = 0, kl;
-    const char *k;
-    while (kvstore_next_key(s, &it, &k, &kl))
-        n++;
-    assert_int_equal(n, kvstore_num_keys(s));
-    kvstore_free(s);
-}
-
-static void test_kv_queues(void **state)
-{
-    (void)state;
-    struct kvstore *s = kvstore_new(NULL, 5, 6);
-    kvstore_owner_init(&owner_a);
-    kvstore_owner_init(&owner_b);
-    void *v;
-    size_t vl, before;
-    assert_int_equal(kvstore_queue_pop(s, "q", &v, &vl, &before), CDDP_ENOTFOUND);
-    assert_int_equal(before, 0);
-    /* Two waiters on a queue: one push wakes only the oldest. */
-    bool ready;
-    const char *q[] = {"q"};
-    assert_int_equal(kvstore_wait(s, q, 1, KVSTORE_NEVER, &owner_a, 1, false, &ready), 0);
-    assert_false(ready);
-    assert_int_equal(kvstore_wait(s, q, 1, KVSTORE_NEVER, &owner_b, 2, false, &ready), 0);
-    assert_int_equal(kvstore_queue_push(s, "q", "one", 3), 0);
-    struct kvstore_event ev;
-    assert_true(kvstore_next_event(s, &ev));
-    assert_ptr_equal(ev.owner, &owner_a);
-    assert_false(kvstore_next_event(s, &ev));
-    assert_true(kvstore_check(s, q, 1)); /* a non-empty queue counts */
-    assert_int_equal(kvstore_queue_push(s, "q", "", 0), 0);
-    assert_true(kvstore_next_event(s, &ev));
-    assert_ptr_equal(ev.owner, &owner_b);
-    assert_int_equal(kvstore_queue_len(s, "q"), 2);
-    /* A wait on a non-empty queue is ready at once. */
-    assert_int_equal(kvstore_wait(s, q, 1, KVSTORE_NEVER, &owner_a, 3, false, &ready), 0);
-    assert_true(ready);
-    assert_int_equal(kvstore_queue_pop(s, "q", &v, &vl, &before), 0);
-    assert_int_equal(before, 2);
-    assert_int_equal(vl, 3);
-    assert_memory_equal(v, "one", 4);
-    free(v);
-    assert_int_equal(kvstore_queue_pop(s, "q", &v, &vl, &before), 0);
-    assert_int_equal(vl, 0);
-    free(v);
-    assert_int_equal(kvstore_queue_len(s, "q"), 0);
-    /* Queues are not keys. */
-    assert_int_equal(kvstore_num_keys(s), 0);
-    assert_int_equal(kvstore_bytes(s), 0);
-    /* Freed with items left. */
-    assert_int_equal(kvstore_queue_push(s, "r", "left", 4), 0);
-    kvstore_free(s);
-}
-
-static void test_kv_queue_limit(void **state)
-{
-    (void)state;
-    struct kvstore_limits lim = {.max_bytes = 4096};
-    struct kvstore *s = kvstore_new(&lim, 7, 8);
-    char big[5000] = {0};
-    assert_int_equal(kvstore_queue_push(s, "q", big, sizeof(big)), CDDP_ETOOBIG);
-    assert_int_equal(kvstore_queue_len(s, "q"), 0);
-    assert_int_equal(kvstore_bytes(s), 0);
-    assert_int_equal(kvstore_set(s, "a", "x", 1), 0);
-    assert_int_equal(kvstore_append(s, "a", big, sizeof(big)), CDDP_ETOOBIG);
-    kvstore_free(s);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -550,9 +432,6 @@ int main(void)
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_pipelined_stream),
         cmocka_unit_test(test_replies),
-        cmocka_unit_test(test_kv_delete_append_check),
-        cmocka_unit_test(test_kv_queues),
-        cmocka_unit_test(test_kv_queue_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,35 @@
+/* progress_fd.c: the progress line per step to cddprun; see progress_fd.h. */
+#include "trainer/progress_fd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "common/strutil.h" /* cddp_parse_long, cddp_buf */
+#include "proto/progress.h" /* progress_format_line */
+
+void trn_progress_fd_open(struct trn_progress_fd *p)
+{
+    const char *v = getenv("CDDP_PROGRESS_FD");
+    long fd;
+    p->fd = -1;
+    if (v && cddp_parse_long(v, 0, 1 << 20, &fd) == 0 && fcntl((int)fd, F_GETFD) != -1) {
+        p->fd = (int)fd;
+        fcntl(p->fd, F_SETFL, fcntl(p->fd, F_GETFL) | O_NONBLOCK);
+    }
+}
+
+/* (any line fits in 256 bytes) */
+void trn_progress_fd_report(struct trn_progress_fd *p, long step, int epoch, double loss,
+                            double samples_per_s)
+{
+    if (p->fd < 0)
+        return;
+    struct cddp_buf line;
+    cddp_buf_init(&line, 256);
+    if (progress_format_line(&line, step, epoch, loss, samples_per_s) == 0 &&
+        write(p->fd, line.data, line.len) < 0 && errno != EAGAIN && errno != EINTR)
+        p->fd = -1; /* the agent went away: stop reporting */
+    cddp_buf_free(&line);
+}
