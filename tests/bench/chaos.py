@@ -650,11 +650,12 @@ def run_backend(build, backend, faults, seed, work, reference, steps, nproc, tag
         if problems:
             problems.append("last lines:\n" + j.tail())
         return {"backend": backend, "rows": rows, "checksums": sums, "problems": problems,
-                "other_rounds": len(other), "counted_restarts": counted}
+                "other_rounds": len(other), "counted_restarts": counted, "journal": j}
     except (ChaosError, netns.pytest.skip.Exception) as e:
         if isinstance(e, ChaosError):
             problems.append(f"{e}\nlast lines:\n{job.journal.tail()}")
-            return {"backend": backend, "rows": rows, "checksums": {}, "problems": problems}
+            return {"backend": backend, "rows": rows, "checksums": {}, "problems": problems,
+                    "journal": job.journal}
         raise
     finally:
         job.teardown()
@@ -698,7 +699,7 @@ def analyse(j, name, target, t_inj, t_end, hw):
             "by": det[2].group(0) if det else "-",
             "again": again, "back": back, "pause": max(gaps) if gaps else None,
             "redone": redone, "restarts": len(resumes),
-            "duration": t_end - t_inj, "fallback": fallback, "step": hw}
+            "duration": t_end - t_inj, "fallback": fallback, "step": hw, "t": t_inj}
 
 
 def fmt_s(v):
