@@ -8,6 +8,8 @@
         p = background(c.prefix(0) + [binary("cddprun"), ...])
         c.partition(1); c.heal(1)     # host 1's link down / up (the others keep theirs)
         c.netem("delay 50ms loss 1%") # on every host's link (skips without sch_netem)
+        c.loss(1); c.rate("10mbit")   # nftables random drop, tc tbf: what kernels without
+                                      # netem have (c.dropped(i), c.qdisc_stats(i) count)
         c.crash(2)                    # SIGKILL everything in host 2, then cut its link
 
 What a host is: a network namespace with lo up and one veth, named eth0
@@ -31,6 +33,7 @@ removed the same way when the next cluster is made.
 Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and iproute2; where `ip netns add`
 fails the fixture skips the test with the reason.
 """
+import json
 import os
 import re
 import signal
@@ -219,6 +222,82 @@ class Cluster:
                                capture_output=True, text=True, timeout=30)
             if r.returncode != 0:
                 pytest.skip(f"tc netem is not available here: {r.stderr.strip()}")
+
+    def _in(self, i, *args, stdin=None):
+        return subprocess.run(["ip", "netns", "exec", self.hosts[i].ns, *args], input=stdin,
+                              capture_output=True, text=True, timeout=30)
+
+    def loss(self, percent, hosts=None):
+        """Drops each packet into or out of eth0 with probability percent/100
+        (nftables: numgen random, in steps of 0.01%), on the hosts (all by
+        default). A packet between two lossy hosts passes the sender's output
+        and the receiver's input, so it is lost with about twice that, as
+        with netem on both ends. Loopback is untouched. The rules live in the
+        host's namespace (table inet cddp_loss) and go with it; clear_loss()
+        removes them earlier. Skips the test where nft or the kernel's
+        nf_tables is missing."""
+        per = round(percent * 100)
+        if not 0 <= per <= 10000:
+            raise ValueError(f"loss {percent}% is not a percentage")
+        rules = ("table inet cddp_loss {\n"
+                 "  counter dropped { }\n"
+                 "  chain in { type filter hook input priority 0; policy accept;\n"
+                 f'    iifname "eth0" numgen random mod 10000 < {per} counter name dropped drop\n'
+                 "  }\n"
+                 "  chain out { type filter hook output priority 0; policy accept;\n"
+                 f'    oifname "eth0" numgen random mod 10000 < {per} counter name dropped drop\n'
+                 "  }\n"
+                 "}\n")
+        for i in hosts if hosts is not None else range(len(self.hosts)):
+            self.clear_loss([i])
+            try:
+                r = self._in(i, "nft", "-f", "-", stdin=rules)
+            except FileNotFoundError:
+                pytest.skip("nft is not installed (tools/setup.sh installs nftables)")
+            if r.returncode != 0:
+                if "No such file" in r.stderr or "not found" in r.stderr:
+                    pytest.skip(f"nft is not available here: {r.stderr.strip()}")
+                raise RuntimeError(f"nft on host {i}: {r.stderr.strip()}")
+
+    def clear_loss(self, hosts=None):
+        for i in hosts if hosts is not None else range(len(self.hosts)):
+            self._in(i, "nft", "delete", "table", "inet", "cddp_loss")
+
+    def dropped(self, i):
+        """Packets host i's loss rules have dropped so far (0 without rules)."""
+        r = self._in(i, "nft", "-j", "list", "counter", "inet", "cddp_loss", "dropped")
+        if r.returncode != 0:
+            return 0
+        for item in json.loads(r.stdout).get("nftables", []):
+            if "counter" in item:
+                return int(item["counter"]["packets"])
+        return 0
+
+    def rate(self, rate, hosts=None, burst="64kb", latency="100ms"):
+        """A token bucket (tc tbf) on eth0 of the hosts (all by default):
+        what they send leaves at `rate` ("10mbit"), bursts of `burst`, and
+        a packet that would wait longer than `latency` in the queue is
+        dropped. Outgoing only: a link between two limited hosts is limited
+        in both directions. clear_rate() removes it."""
+        for i in hosts if hosts is not None else range(len(self.hosts)):
+            r = self._in(i, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate,
+                         "burst", burst, "latency", latency)
+            if r.returncode != 0:
+                pytest.skip(f"tc tbf is not available here: {r.stderr.strip()}")
+
+    def clear_rate(self, hosts=None):
+        for i in hosts if hosts is not None else range(len(self.hosts)):
+            self._in(i, "tc", "qdisc", "del", "dev", "eth0", "root")
+
+    def qdisc_stats(self, i):
+        """tc's statistics of host i's root qdisc on eth0: bytes, packets,
+        drops, overlimits (a dict; empty when there is none)."""
+        r = self._in(i, "tc", "-s", "-j", "qdisc", "show", "dev", "eth0", "root")
+        try:
+            q = json.loads(r.stdout)[0]
+        except (ValueError, IndexError):
+            return {}
+        return {k: q.get(k, 0) for k in ("kind", "bytes", "packets", "drops", "overlimits")}
 
     def pids(self, i):
         return _ns_pids(self.hosts[i].ns)

@@ -36,6 +36,8 @@ test_pkgs="python3 python3-pytest python3-torch python3-torchvision python3-nump
 test_pkgs="$test_pkgs python3.11-dbg"
 # tests/integration/test_etcd.py makes its TLS test CA with openssl.
 test_pkgs="$test_pkgs openssl"
+# tests/netns.py drops packets with nftables (loss without sch_netem).
+test_pkgs="$test_pkgs nftables"
 # The Python wheel (pyproject.toml): meson-python and build to make it
 # offline, patchelf for its RUNPATHs (strip, readelf: binutils), venv and pip
 # to install it (tests/integration/test_wheel.py, test_interpreter.py).

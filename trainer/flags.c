@@ -109,8 +109,9 @@ static const struct trn_flag table[] = {
      .help = "with --eval, also write the test logits (N, classes) to PATH"},
 
     {"checkpoint", "PATH", TRN_FLAG_STRING, AT(checkpoint), .agree = TRN_AGREE_GIVEN, .group = CKPT,
-     .help = "resume from PATH if it exists; write it at the end of every\n"
-             "epoch, every --ckpt-every steps and when training stops"},
+     .help = "resume from PATH if it exists (from PATH.prev, the one before,\n"
+             "if PATH is damaged); write it at the end of every epoch, every\n"
+             "--ckpt-every steps and when training stops"},
     {"ckpt-every", "N", TRN_FLAG_LONG, AT(ckpt_every), 1, (double)(1L << 40), .needs = "checkpoint",
      .agree = TRN_AGREE_VALUE, .group = CKPT, .help = "also write the checkpoint every N steps",
      .shown = ""},

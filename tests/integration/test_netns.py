@@ -19,6 +19,10 @@ What is asserted:
   - 50 ms latency and 1% loss on every link (tc netem; skipped where the
     kernel has no sch_netem): the round forms, the job completes, nothing
     restarts;
+  - what kernels without netem have: random loss (nftables numgen) and a
+    rate limit (tc tbf) on every link: a bulk transfer shows both bite,
+    the round forms, the job completes, nothing restarts; cddp-train
+    under loss and a rate limit ends with the clean run's checksum;
   - a host that crashes (everything SIGKILLed, link cut): the others go on;
   - a rendezvous server that is down while its host is up (connections
     refused) is not a partition: the workers run on past the window.
@@ -355,6 +359,86 @@ def test_latency_and_loss_on_every_link(job):
     assert len(starts(out)) == 6
     for n in nodes:
         assert "will restart worker group" not in n.text(), n.text()[-2000:]
+
+
+SINK = ("import socket,sys\n"
+        "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(); print('ready', flush=True)\n"
+        "c, _ = s.accept(); n = 0\n"
+        "while True:\n"
+        "    d = c.recv(65536)\n"
+        "    if not d: break\n"
+        "    n += len(d)\n"
+        "print(n, flush=True)\n")
+
+
+def bulk(cluster, background, src, dst, nbytes, port=5999):
+    """Sends nbytes from host src to host dst over TCP; the bytes received."""
+    sink = background(cluster.prefix(dst) + ["/usr/bin/python3", "-c", SINK, str(port)])
+    assert sink.proc.stdout.readline().strip() == "ready"
+    r = cluster.run(src, "/usr/bin/python3", "-c",
+                    "import socket,sys; s=socket.create_connection((sys.argv[1], int(sys.argv[2])));"
+                    "s.sendall(b'x' * int(sys.argv[3])); s.close()",
+                    cluster.hosts[dst].addr, port, nbytes, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert sink.wait(timeout=60) == 0
+    return int(sink.out.split()[0])
+
+
+def test_loss_and_rate_limit_on_every_link(job, background):
+    """What this kernel has instead of netem (no sch_netem): nftables drops
+    1% of the packets into and out of every host's eth0 (about 2% between
+    two hosts), and tc tbf holds what each host sends to 10 mbit/s. A bulk
+    transfer shows both bite (packets dropped, the bucket over its limit)
+    and TCP still delivers every byte; then 3 hosts form their round and
+    finish, with no restart and nobody removed."""
+    c, start, out = job(3)
+    c.loss(1)
+    c.rate("10mbit")
+    assert bulk(c, background, 1, 0, 1_000_000) == 1_000_000
+    assert c.dropped(0) + c.dropped(1) > 0, "the loss rules dropped nothing"
+    assert c.qdisc_stats(1)["overlimits"] > 0, c.qdisc_stats(1)
+    t0 = time.monotonic()
+    nodes = [start(i, *c10d(3, conf="keep_alive_interval=0.5,keep_alive_max_attempt=6"),
+                   env={"LIFETIME": "5"}) for i in range(3)]
+    wait_world(out, 6)
+    figure("1% loss per host, 10 mbit/s: the first round of 3 hosts started after",
+           time.monotonic() - t0)
+    for n in nodes:
+        assert n.wait(timeout=90) == 0, n.text()[-3000:]
+    assert len(starts(out)) == 6
+    for n in nodes:
+        assert "will restart worker group" not in n.text(), n.text()[-2000:]
+        assert "heard nothing" not in n.text() and "removed" not in n.text(), n.text()[-2000:]
+    print(f"netns figure: packets dropped by the loss rules: {sum(c.dropped(i) for i in range(3))}")
+
+
+@pytest.mark.heavy
+def test_cddp_train_under_loss_and_a_rate_limit_is_bit_exact(job, tmp_path):
+    """cddp-train, 2 hosts x 1 rank: with 2% loss per host and 200 mbit/s
+    on every link the gradients arrive late but whole: the same state
+    checksum as the same run on clean links."""
+    c, start, out = job(2)
+    script = tmp_path / "train.sh"
+    script.write_text(f"#!/bin/sh\nexec {binary('cddp-train')} {' '.join(SMALL)} "
+                      "--num-samples 16 --batch-size 4 --steps 2\n")
+    script.chmod(0o755)
+
+    def checksum(run_id):
+        nodes = [start(i, *c10d(2, nproc=1, run_id=run_id), script=script) for i in range(2)]
+        for n in nodes:
+            assert n.wait(timeout=300) == 0, n.text()[-3000:]
+        text = "".join(n.text() for n in nodes[-2:])
+        sums = set(re.findall(r"T6202: after 2 steps: state checksum (\w+)", text))
+        assert len(sums) == 1, text[-3000:]
+        return sums.pop()
+    clean = checksum("clean")
+    c.loss(2)
+    c.rate("200mbit", burst="256kb")
+    t0 = time.monotonic()
+    assert checksum("lossy") == clean
+    figure("cddp-train, 2 steps under 2% loss and 200 mbit/s", time.monotonic() - t0)
+    assert c.dropped(0) + c.dropped(1) > 0
 
 
 @pytest.mark.heavy

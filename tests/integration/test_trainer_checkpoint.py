@@ -13,9 +13,12 @@ for byte (--save), however it is interrupted:
     afterwards): the previous checkpoint loads and the rerun still ends with
     the reference's weights.
 
-A damaged, truncated or foreign file, or one from another model, seed or
-(mid-epoch) batch size, stops the trainer before any training: exit 1, one
-line naming the file and the problem, the file byte for byte as it was.
+A damaged newest checkpoint (a flipped bit) sends the rerun to the one
+before it (PATH.prev), which still ends with the reference's weights. A
+damaged, truncated or foreign file with no previous one to fall back on, or
+one from another model, seed or (mid-epoch) batch size, stops the trainer
+before any training: exit 1, one line naming the file and the problem, the
+file byte for byte as it was.
 --no-resume trains from scratch over such a file and replaces it. At an
 epoch boundary the batch size may change. Flags that need --checkpoint,
 a checkpoint in a missing directory and missing data are usage errors
@@ -167,6 +170,30 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one(tmp_path, bac
     assert f"step {before})" in r.stdout.splitlines()[0], r.stdout
     assert read_bytes(out) == reference
     assert not tmp.exists()  # the stale temporary file was reused and renamed
+
+
+def test_damaged_newest_checkpoint_resumes_from_the_previous(tmp_path, reference):
+    """PATH.prev is the checkpoint PATH replaced (a hard link, no copy); a
+    flipped bit in PATH sends the rerun to it, with one warning, and the run
+    still ends with the reference's weights."""
+    ck, out = tmp_path / "ck.safetensors", tmp_path / "out.safetensors"
+    prev = tmp_path / "ck.safetensors.prev"
+    r = train("--checkpoint", ck, "--ckpt-every", 2, "--steps", 8)
+    assert r.returncode == 0, r.stderr
+    assert (meta_of(ck)["step"], meta_of(prev)["step"]) == ("8", "6")
+    blob = bytearray(ck.read_bytes())
+    blob[len(blob) // 2] ^= 0x01
+    ck.write_bytes(bytes(blob))
+
+    r = train("--checkpoint", ck, "--ckpt-every", 2, "--save", out)
+    assert r.returncode == 0, r.stderr
+    warn = [line for line in r.stderr.splitlines() if "T0506" in line]
+    assert len(warn) == 1 and "corrupt: the data's CRC-32" in warn[0] and str(prev) in warn[0], \
+        r.stderr
+    assert r.stdout.startswith(f"=> resumed from checkpoint '{prev}' (epoch 1, batch 0, step 6)"), \
+        r.stdout
+    assert read_bytes(out) == reference
+    assert meta_of(ck)["step"] == str(STEPS)  # the damaged file was replaced
 
 
 @pytest.fixture(scope="module")

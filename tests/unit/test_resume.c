@@ -2,6 +2,7 @@
  * on a real ResNet-18 (10 classes) and sampler. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "trainer/resume.h"
@@ -170,6 +172,136 @@ static void test_a_checkpoint_of_another_run_is_refused(void **state)
     fixture_close(&a);
 }
 
+/* Overwrites 64 bytes in the middle of the file (the data: the CRC-32
+ * catches it). */
+static void damage(const char *path)
+{
+    FILE *fh = fopen(path, "r+b");
+    assert_non_null(fh);
+    assert_int_equal(fseek(fh, 0, SEEK_END), 0);
+    long size = ftell(fh);
+    assert_true(size > 4096);
+    assert_int_equal(fseek(fh, size / 2, SEEK_SET), 0);
+    static const char junk[64] = "a flipped sector, a bad cable, a neighbour's write";
+    assert_int_equal(fwrite(junk, 1, sizeof(junk), fh), sizeof(junk));
+    assert_int_equal(fclose(fh), 0);
+}
+
+static bool same_file(const char *a, const char *b)
+{
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_ino == y.st_ino && x.st_dev == y.st_dev;
+}
+
+static void test_a_damaged_checkpoint_falls_back_on_the_previous(void **state)
+{
+    (void)state;
+    struct fixture a, b;
+    char err[4096];
+    fixture_open(&a, 7, 0.5f);
+    char prev[320];
+    snprintf(prev, sizeof(prev), "%s.prev", a.path);
+    unlink(prev);
+    assert_int_equal(trn_resume_save(&a.k, 0, 0, 1, 4, err, sizeof(err)), 1);
+    assert_int_equal(access(prev, F_OK), -1); /* nothing to keep yet */
+    float *at1 = malloc(a.model.num_params * sizeof(float));
+    memcpy(at1, a.model.params, a.model.num_params * sizeof(float));
+    struct stat first;
+    assert_int_equal(stat(a.path, &first), 0);
+    a.model.params[0] += 1.0f; /* a step later */
+    assert_int_equal(trn_resume_save(&a.k, 0, 0, 2, 8, err, sizeof(err)), 1);
+    struct stat kept;
+    assert_int_equal(stat(prev, &kept), 0);
+    assert_int_equal(kept.st_ino, first.st_ino); /* the file replaced, not a copy */
+    damage(a.path);
+
+    /* Every rank resumes from step 1, the file before the damaged one. */
+    fixture_open(&b, 7, 9.0f);
+    struct trn_resume_point at;
+    int rc = trn_resume_load(&b.k, 1, &at, err, sizeof(err));
+    if (rc != 1)
+        fail_msg("%s", err);
+    assert_int_equal(at.step, 1);
+    assert_int_equal(at.first_batch, 1);
+    assert_memory_equal(b.model.params, at1, a.model.num_params * sizeof(float));
+    /* Its next write replaces the damaged file and leaves PATH.prev alone;
+     * the one after that rotates again. */
+    assert_int_equal(trn_resume_save(&b.k, 0, 0, 2, 8, err, sizeof(err)), 1);
+    assert_int_equal(stat(prev, &kept), 0);
+    assert_int_equal(kept.st_ino, first.st_ino);
+    struct stat second;
+    assert_int_equal(stat(b.path, &second), 0);
+    assert_int_equal(trn_resume_save(&b.k, 0, 0, 3, 12, err, sizeof(err)), 1);
+    assert_int_equal(stat(prev, &kept), 0);
+    assert_int_equal(kept.st_ino, second.st_ino);
+    fixture_close(&b);
+
+    /* Another run's checkpoint (--seed) is refused, not skipped for the previous. */
+    fixture_open(&b, 8, 0);
+    assert_int_equal(trn_resume_load(&b.k, 0, &at, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "seed"));
+    fixture_close(&b);
+    free(at1);
+    fixture_close(&a);
+}
+
+static void test_damaged_with_nothing_to_fall_back_on_is_one_line(void **state)
+{
+    (void)state;
+    struct fixture a, b;
+    char err[4096];
+    fixture_open(&a, 7, 0);
+    char prev[320];
+    snprintf(prev, sizeof(prev), "%s.prev", a.path);
+    unlink(prev);
+    assert_int_equal(trn_resume_save(&a.k, 0, 0, 1, 4, err, sizeof(err)), 1);
+    damage(a.path);
+    fixture_open(&b, 7, 0);
+    struct trn_resume_point at;
+    assert_int_equal(trn_resume_load(&b.k, 0, &at, err, sizeof(err)), -1);
+    assert_true(strncmp(err, "--checkpoint: ", 14) == 0);
+    assert_non_null(strstr(err, "CRC-32"));
+    assert_non_null(strstr(err, "no previous checkpoint"));
+    assert_null(strchr(err, '\n'));
+
+    /* Both damaged: both named, one line. */
+    assert_int_equal(trn_resume_save(&a.k, 0, 0, 2, 8, err, sizeof(err)), 1);
+    damage(a.path);
+    damage(prev);
+    assert_int_equal(trn_resume_load(&b.k, 0, &at, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "unusable too"));
+    assert_non_null(strstr(err, prev));
+    assert_null(strchr(err, '\n'));
+    fixture_close(&b);
+    fixture_close(&a);
+}
+
+static void test_another_runs_previous_is_not_kept(void **state)
+{
+    (void)state;
+    struct fixture a, b;
+    char err[4096];
+    fixture_open(&a, 7, 0);
+    char prev[320];
+    snprintf(prev, sizeof(prev), "%s.prev", a.path);
+    assert_int_equal(trn_resume_save(&a.k, 0, 0, 1, 4, err, sizeof(err)), 1);
+    assert_int_equal(trn_resume_save(&a.k, 0, 0, 2, 8, err, sizeof(err)), 1);
+    assert_int_equal(access(prev, F_OK), 0);
+    /* --no-resume: the first write drops PATH.prev and keeps nothing of the
+     * old run, so a damaged PATH can never send this run back to it. */
+    fixture_open(&b, 7, 0);
+    b.cfg.no_resume = true;
+    struct trn_resume_point at;
+    assert_int_equal(trn_resume_load(&b.k, 0, &at, err, sizeof(err)), 0);
+    assert_int_equal(trn_resume_save(&b.k, 0, 0, 1, 4, err, sizeof(err)), 1);
+    assert_int_equal(access(prev, F_OK), -1);
+    assert_int_equal(trn_resume_save(&b.k, 0, 0, 2, 8, err, sizeof(err)), 1);
+    assert_int_equal(access(prev, F_OK), 0);
+    assert_false(same_file(prev, b.path));
+    fixture_close(&b);
+    fixture_close(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -177,6 +309,9 @@ int main(void)
         cmocka_unit_test(test_nothing_to_resume),
         cmocka_unit_test(test_save_then_resume_where_it_stood),
         cmocka_unit_test(test_a_checkpoint_of_another_run_is_refused),
+        cmocka_unit_test(test_a_damaged_checkpoint_falls_back_on_the_previous),
+        cmocka_unit_test(test_damaged_with_nothing_to_fall_back_on_is_one_line),
+        cmocka_unit_test(test_another_runs_previous_is_not_kept),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
