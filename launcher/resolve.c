@@ -78,7 +78,8 @@ char *launch_python_beside(const char *exe)
 
 char *launch_auto_progress_dir(const char *exe)
 {
-    static const char *const beside[] = {"../share/cddp/autoprogress", "../python/autoprogress"};
+    static const char *const beside[] = {"../share/cddp/autoprogress", "../lib/cddp/autoprogress",
+                                         "../python/autoprogress"};
     const char *slash = strrchr(exe, '/');
     if (slash == NULL)
         return NULL;

@@ -99,10 +99,15 @@ def test_plan_is_one_call_per_issue_within_the_tools_limits():
     plan = plan_of(r)
     calls = {c["set"]: c for c in plan["calls"]}
     assert set(calls) == {"single-gpu", "ddp", "compat"}, calls
+    # The bundle of the build directory under test (build-asan/ under ASan),
+    # named relative to the checkout as the device tool's carry wants it.
+    bundle = os.path.relpath(os.path.join(BUILD, "gpu-bundle.tar.xz"), ROOT)
+    prefix = "" if os.path.relpath(BUILD, ROOT) == "build" else \
+        f"CDDP_BUILD_DIR={os.path.relpath(BUILD, ROOT)} "
     for c in calls.values():
-        assert c["carry"] == ["build/gpu-bundle.tar.xz"]
+        assert c["carry"] == [bundle]
         assert c["timeout_s"] <= 600 and len(c["command"]) <= 2000
-        assert c["command"].startswith("python3 tools/gpu-check --stages ")
+        assert c["command"].startswith(prefix + "python3 tools/gpu-check --stages ")
         assert len(c["out_files"]) <= 8
         assert c["must_run_s"] <= c["budget_s"] < c["timeout_s"], c
         assert f"run(command={json.dumps(c['command'])}" in r.stdout

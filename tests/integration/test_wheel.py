@@ -149,8 +149,9 @@ def test_wheel_name_tag_and_files(wheel):
     scripts = {n.split("/")[-1] for n in names if n.startswith(f"{base}.data/scripts/")}
     package = {n.split("/")[-1] for n in names if n.startswith(f"{base}.data/purelib/cddp/")}
     libs = {n.split("/")[-1] for n in names if n.startswith(f"{base}.data/data/lib/cddp/")}
-    boot = f"{base}.data/data/share/cddp/autoprogress/sitecustomize.py"
-    assert boot in names  # <prefix>/share/cddp/autoprogress, beside bin/ as in a system install
+    boot = f"{base}.data/data/lib/cddp/autoprogress/sitecustomize.py"
+    assert boot in names  # <prefix>/lib/cddp/autoprogress, beside the vendored libraries
+    assert not any("/data/share/" in n for n in names), names  # pip would leave share/ behind
     assert scripts == PROGRAMS
     assert package == PACKAGE
     assert libs and all(re.fullmatch(r"lib[\w+.-]*\.so(\.\d+)*", x) for x in libs), libs
@@ -265,7 +266,7 @@ def test_seed_ddp_script_through_the_venvs_cddprun(venv, notorch, tmp_path):
     assert said.endswith(f"workers' Python: {venv}/bin/python3 "
                          "(from the Python environment cddprun is installed in)"), said
     # The automatic progress' bootstrap, from the venv's share/ (pip's place).
-    boot = (venv / "share" / "cddp" / "autoprogress").resolve()
+    boot = (venv / "lib" / "cddp" / "autoprogress").resolve()
     assert f"L0005: automatic progress is on: " in r.stderr and f"({boot} first" in r.stderr, \
         r.stderr[-3000:]
 

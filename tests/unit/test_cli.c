@@ -1022,7 +1022,8 @@ static void test_python_beside(void **state)
 }
 
 /* The automatic progress' bootstrap folder beside cddprun: installed
- * (../share/cddp/autoprogress) before the build tree's (../python/...);
+ * (../share/cddp/autoprogress), the wheel's (../lib/cddp/autoprogress), the
+ * build tree's (../python/...);
  * a folder without sitecustomize.py is none. */
 static void test_auto_progress_dir(void **state)
 {
@@ -1041,7 +1042,12 @@ static void test_auto_progress_dir(void **state)
                           "empty/bin",
                           "empty/share",
                           "empty/share/cddp",
-                          "empty/share/cddp/autoprogress"};
+                          "empty/share/cddp/autoprogress",
+                          "whl",
+                          "whl/bin",
+                          "whl/lib",
+                          "whl/lib/cddp",
+                          "whl/lib/cddp/autoprogress"};
     for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
         snprintf(path, sizeof(path), "%s/%s", tmpdir, dirs[i]);
         assert_int_equal(mkdir(path, 0755), 0);
@@ -1058,6 +1064,14 @@ static void test_auto_progress_dir(void **state)
     write_file("tree/launcher/cddprun", "", 0755, exe, sizeof(exe));
     got = launch_auto_progress_dir(exe);
     snprintf(want, sizeof(want), "%s/tree/python/autoprogress", real);
+    assert_non_null(got);
+    assert_string_equal(got, want);
+    free(got);
+    /* the wheel's: beside the libraries it vendors */
+    write_file("whl/lib/cddp/autoprogress/sitecustomize.py", "", 0644, path, sizeof(path));
+    write_file("whl/bin/cddprun", "", 0755, exe, sizeof(exe));
+    got = launch_auto_progress_dir(exe);
+    snprintf(want, sizeof(want), "%s/whl/lib/cddp/autoprogress", real);
     assert_non_null(got);
     assert_string_equal(got, want);
     free(got);
