@@ -8,7 +8,9 @@
 #include <errno.h>
 #include <pthread.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -26,6 +28,7 @@
 #include "proto/progress.h"
 #include "rendezvous/view.h"
 #include "store/tcpstore.h"
+#include "status/history.h"
 #include "status/http.h"
 #include "status/view.h"
 
@@ -46,6 +49,10 @@ struct status_slot {
     unsigned exits_counted; /* info.exits already counted in worker_exits */
     int last_exitcode;      /* of the last exit counted (torchrun's: -N for signal N) */
     double last_exit_at;    /* 0: none yet */
+    /* The history (under hist_mu): this slot's attempt (starts before it),
+     * and the last step it added in this attempt (-1: none yet). */
+    uint32_t attempt;
+    int64_t hist_step;
 };
 
 struct agent_status {
@@ -119,6 +126,14 @@ struct agent_status {
     long long stacks_taken; /* the highest request a capture was started for */
     char *stacks_text;      /* the last capture, as served */
     size_t stacks_len;
+
+    /* The run's history (GET /history; status/history.h): the loop adds,
+     * the HTTP thread copies, both under hist_mu, held only for that. */
+    pthread_mutex_t hist_mu;
+    bool hist_ready;
+    struct status_history hist;
+    double hist_started_at;
+    char stop_words[STATUS_HISTORY_REASON_MAX]; /* why the group last stopped */
 };
 
 /* ---- publishing ---- */
@@ -346,6 +361,149 @@ static void on_tick(uv_timer_t *t)
     publish(st);
 }
 
+/* ---- the history ---- */
+
+/* A progress line changed local_rank's values: a point when its step moved. */
+static void history_sample(struct agent_status *st, int local_rank)
+{
+    struct status_slot *s = &st->slots[local_rank];
+    const struct progress_report *r = &s->parser.report;
+    if (!st->hist_ready || !(r->fields & PROGRESS_STEP) || r->step == s->hist_step)
+        return;
+    struct status_history_point p = {
+        .t = r->wall,
+        .step = r->step,
+        .loss = r->fields & PROGRESS_LOSS ? r->loss : NAN,
+        .samples_per_s = r->fields & PROGRESS_SAMPLES_PER_S ? r->samples_per_s : NAN,
+        .step_time_s = r->fields & PROGRESS_STEP_TIME ? r->step_time_s : NAN,
+        .attempt = s->attempt,
+    };
+    s->hist_step = r->step;
+    pthread_mutex_lock(&st->hist_mu);
+    status_history_add_point(&st->hist, local_rank, s->info.rank, &p);
+    pthread_mutex_unlock(&st->hist_mu);
+}
+
+static void history_event(struct agent_status *st, enum status_history_event_kind kind,
+                          int local_rank, double value, const char *reason)
+{
+    if (!st->hist_ready)
+        return;
+    struct status_history_event e = {
+        .t = cddp_wall_time(), .kind = kind, .local_rank = local_rank, .step = -1, .value = value};
+    /* The highest step of the attempt now running (where a restart cuts it). */
+    for (int i = 0; i < st->nslots; i++) {
+        if (st->slots[i].hist_step > e.step)
+            e.step = st->slots[i].hist_step;
+        if (st->slots[i].attempt > e.attempt)
+            e.attempt = st->slots[i].attempt;
+    }
+    cddp_strlcpy(e.reason, reason, sizeof(e.reason));
+    pthread_mutex_lock(&st->hist_mu);
+    status_history_add_event(&st->hist, &e);
+    pthread_mutex_unlock(&st->hist_mu);
+}
+
+/* Why the group stops, in words: the first worker that failed, else the
+ * policy's reason. */
+static void stop_words(struct agent_status *st, const struct agent_snapshot *snap, char *out,
+                       size_t len)
+{
+    if (snap->watchdog_kills > st->watchdog_kills) {
+        snprintf(out, len, "a worker hung (no progress within the watchdog timeout)");
+        return;
+    }
+    if (snap->stop_reason == STOP_MEMBERSHIP) {
+        snprintf(out, len, "membership change: the rendezvous asked for a new round");
+        return;
+    }
+    const struct agent_worker_info *first = NULL;
+    for (int i = 0; i < snap->nworkers; i++) {
+        const struct agent_worker_info *w = &snap->workers[i];
+        if (w->state == WORKER_FAILED && (first == NULL || w->exit_time < first->exit_time))
+            first = w;
+    }
+    if (first && first->hung)
+        snprintf(out, len, "local_rank %d (rank %d) hung: stopped by the watchdog",
+                 first->local_rank, first->rank);
+    else if (first && first->exitcode < 0)
+        snprintf(out, len, "local_rank %d (rank %d) killed by %s", first->local_rank, first->rank,
+                 cddp_signal_name(-first->exitcode));
+    else if (first)
+        snprintf(out, len, "local_rank %d (rank %d) exited with code %d", first->local_rank,
+                 first->rank, first->exitcode);
+    else
+        snprintf(out, len, "%s", stop_reason_name(snap->stop_reason));
+}
+
+static bool stopping(enum agent_state s)
+{
+    return s == AGENT_STOPPING || s == AGENT_KILLING;
+}
+
+static bool ended(enum agent_state s)
+{
+    return s == AGENT_SUCCEEDED || s == AGENT_FAILED || s == AGENT_TERMINATED;
+}
+
+/* Events from one agent state change to the next (before st takes snap). */
+static void history_changes(struct agent_status *st, const struct agent_snapshot *snap)
+{
+    char why[STATUS_HISTORY_REASON_MAX];
+    if (stopping(snap->state) && !stopping(st->state) &&
+        (snap->stop_reason == STOP_FAILURE || snap->stop_reason == STOP_MEMBERSHIP)) {
+        stop_words(st, snap, why, sizeof(why));
+        /* A restart when the policy will start the group again (view_state). */
+        if (snap->stop_reason == STOP_MEMBERSHIP || snap->restart_count < snap->max_restarts)
+            history_event(st, STATUS_HISTORY_RESTART, -1, 0, why);
+        cddp_strlcpy(st->stop_words, why, sizeof(st->stop_words));
+    }
+    if (snap->round != st->round && snap->round > 0) {
+        snprintf(why, sizeof(why), "round %llu: node %d of %d, world size %d",
+                 (unsigned long long)snap->round, snap->node_rank, snap->nnodes, snap->world_size);
+        history_event(st, STATUS_HISTORY_ROUND, -1, (double)snap->round, why);
+    }
+    int n = snap->nworkers < st->nslots ? snap->nworkers : st->nslots;
+    for (int i = 0; i < n; i++) {
+        const struct agent_worker_info *w = &snap->workers[i];
+        if (w->straggler == st->slots[i].info.straggler)
+            continue;
+        if (w->straggler)
+            snprintf(why, sizeof(why), "local_rank %d (rank %d) a straggler: x%.2f the median", i,
+                     w->rank, w->straggler_ratio);
+        else
+            snprintf(why, sizeof(why), "local_rank %d (rank %d) no longer a straggler", i, w->rank);
+        history_event(st, w->straggler ? STATUS_HISTORY_STRAGGLER : STATUS_HISTORY_STRAGGLER_END, i,
+                      w->straggler ? w->straggler_ratio : 0, why);
+    }
+    if (ended(snap->state) && !ended(st->state)) {
+        if (snap->state == AGENT_SUCCEEDED)
+            snprintf(why, sizeof(why), "succeeded");
+        else if (snap->state == AGENT_TERMINATED)
+            snprintf(why, sizeof(why), "terminated by a signal");
+        else
+            snprintf(why, sizeof(why), "failed: %.150s",
+                     st->stop_words[0] ? st->stop_words : stop_reason_name(snap->stop_reason));
+        history_event(st, STATUS_HISTORY_END, -1, 0, why);
+    }
+}
+
+/* HTTP thread: GET /history. Copies what is newer than since under the
+ * lock, renders the copy outside it. */
+static int on_history_request(void *arg, uint64_t since, struct cddp_buf *out)
+{
+    struct agent_status *st = arg;
+    struct status_history copy;
+    pthread_mutex_lock(&st->hist_mu);
+    int rc = status_history_clone(&copy, &st->hist, since);
+    pthread_mutex_unlock(&st->hist_mu);
+    if (rc)
+        return rc;
+    rc = status_history_render(&copy, since, cddp_wall_time(), st->hist_started_at, out);
+    status_history_free(&copy);
+    return rc;
+}
+
 /* ---- the progress channel ---- */
 
 static void on_chan_closed(uv_handle_t *h)
@@ -365,16 +523,20 @@ static void chan_feed(struct progress_chan *c, const char *data, size_t n)
 {
     struct status_slot *s = &c->st->slots[c->local_rank];
     uint64_t now = cddp_mono_ms();
-    if (progress_feed(&s->parser, data, n, now, cddp_wall_time()) > 0)
+    if (progress_feed(&s->parser, data, n, now, cddp_wall_time()) > 0) {
         agent_progress(c->st->agent, c->local_rank, &s->parser.report, now);
+        history_sample(c->st, c->local_rank);
+    }
 }
 
 static void chan_eof(struct progress_chan *c)
 {
     struct status_slot *s = &c->st->slots[c->local_rank];
     uint64_t now = cddp_mono_ms();
-    if (progress_eof(&s->parser, now, cddp_wall_time()) > 0)
+    if (progress_eof(&s->parser, now, cddp_wall_time()) > 0) {
         agent_progress(c->st->agent, c->local_rank, &s->parser.report, now);
+        history_sample(c->st, c->local_rank);
+    }
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -665,6 +827,7 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     struct agent_status *st = arg;
     double now = cddp_wall_time();
 
+    history_changes(st, snap);
     if (snap->state == AGENT_RENDEZVOUS && st->state != AGENT_RENDEZVOUS)
         st->join_started_at = now;
     if (snap->round != st->round && snap->round > 0) {
@@ -743,9 +906,12 @@ static int on_prepare_worker(void *arg, int local_rank, int restart_count,
         chan_drain(s->chan);
         chan_close(s->chan);
     }
-    if (s->prepared)
+    if (s->prepared) {
         progress_restart(&s->parser);
+        s->attempt++;
+    }
     s->prepared = true;
+    s->hist_step = -1;
     if (x->nfds >= AGENT_EXTRA_MAX || x->nenv >= AGENT_EXTRA_MAX)
         return 0;
     int wfd = -1;
@@ -790,8 +956,10 @@ int agent_status_new(const struct launch_config *cfg, const char *version,
     st->cfg = cfg;
     st->version = version;
     st->nslots = n;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         progress_init(&st->slots[i].parser);
+        st->slots[i].hist_step = -1;
+    }
     st->state = AGENT_INIT;
     st->node_rank = -1;
     st->max_restarts = cfg->max_restarts;
@@ -818,6 +986,18 @@ int agent_status_new(const struct launch_config *cfg, const char *version,
         o.on_stacks_arg = st;
         pthread_mutex_init(&st->stacks_mu, NULL);
         st->stacks_mu_init = true;
+        /* The history is kept only where it is served. */
+        int hrc = status_history_init(&st->hist, n, STATUS_HISTORY_POINTS, STATUS_HISTORY_EVENTS);
+        if (hrc) {
+            snprintf(err, errlen, "status: out of memory for the run's history");
+            agent_status_free(st);
+            return hrc;
+        }
+        pthread_mutex_init(&st->hist_mu, NULL);
+        st->hist_ready = true;
+        st->hist_started_at = st->start_time;
+        o.on_history = on_history_request;
+        o.on_history_arg = st;
         int rc = status_server_start(&o, &st->server, err, errlen);
         if (rc) {
             agent_status_free(st);
@@ -883,6 +1063,10 @@ void agent_status_free(struct agent_status *st)
     status_server_stop(st->server);
     if (st->stacks_mu_init)
         pthread_mutex_destroy(&st->stacks_mu);
+    if (st->hist_ready) {
+        pthread_mutex_destroy(&st->hist_mu);
+        status_history_free(&st->hist);
+    }
     free(st->stacks_text);
     rdzv_view_builder_free(&st->rdzv_view_builder);
     free(st->slots);

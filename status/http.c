@@ -774,6 +774,32 @@ static enum MHD_Result serve_stacks(struct status_server *s, struct MHD_Connecti
     return reply(s, connection, MHD_HTTP_OK, TEXT, snap->stacks, snap->stacks_len, snap);
 }
 
+/* ---- /history: the run's history ------------------------------------ */
+
+#define HISTORY_MAX ((size_t)256 << 20)
+
+/* Rendered by the owner on request (it grows with the run, so it is not in
+ * every snapshot); ?since=N keeps only what is newer than N. */
+static enum MHD_Result serve_history(struct status_server *s, struct MHD_Connection *connection)
+{
+    const char *v = status_mhd.lookup_connection_value(connection, MHD_GET_ARGUMENT_KIND, "since");
+    long since = 0;
+    if (v && cddp_parse_long(v, 0, LONG_MAX, &since) != 0)
+        return reply(s, connection, MHD_HTTP_BAD_REQUEST, JSON,
+                     "{\"error\":\"since= must be a sequence number (0 or more)\"}\n", 57, NULL);
+    struct cddp_buf b;
+    cddp_buf_init(&b, HISTORY_MAX);
+    int rc = s->opt.on_history(s->opt.on_history_arg, (uint64_t)since, &b);
+    if (rc == 0)
+        rc = cddp_buf_append(&b, "\n", 1);
+    if (rc) {
+        cddp_buf_free(&b);
+        log_error("S0007", "status port: cannot render /history: %s", cddp_strerror(rc));
+        return reply_text(s, connection, MHD_HTTP_INTERNAL_SERVER_ERROR, "cannot render history\n");
+    }
+    return reply_owned(s, connection, MHD_HTTP_OK, JSON, &b);
+}
+
 /* ---- the request handler --------------------------------------------- */
 
 static enum MHD_Result route(struct status_server *s, struct MHD_Connection *connection,
@@ -799,6 +825,8 @@ static enum MHD_Result route(struct status_server *s, struct MHD_Connection *con
         return serve_dashboard(s, connection, false);
     if (strcmp(url, "/stacks") == 0 && s->opt.on_stacks)
         return serve_stacks(s, connection, false);
+    if (strcmp(url, "/history") == 0 && s->opt.on_history)
+        return serve_history(s, connection);
     return reply_text(s, connection, MHD_HTTP_NOT_FOUND, "not found\n");
 }
 

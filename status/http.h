@@ -16,6 +16,8 @@
  *     POST /stacks, GET /stacks  only with on_stacks: ask the owner for a
  *                              stack capture (202 {"capture":N}), read the
  *                              last one it published (text)
+ *     GET /history[?since=N]   only with on_history: the run's history
+ *                              (status/history.h), rendered on request
  *
  * HEAD works wherever GET does. Anything else: 405 with Allow; unknown
  * paths 404; headers past max_header_bytes 431 (or 414 for the URL, both
@@ -63,6 +65,7 @@ struct status_check {
 };
 
 struct status_snapshot;
+struct cddp_buf;
 
 /* A new, empty, mutable snapshot holding one reference (the caller's), or
  * NULL when out of memory. An empty snapshot serves "{}", no metrics, and is
@@ -130,6 +133,12 @@ struct status_server_options {
      * capture's number (> 0), or <= 0 with a reason in why. */
     long long (*on_stacks)(void *arg, char *why, size_t whylen);
     void *on_stacks_arg;
+    /* GET /history (NULL: no such endpoint). Called on the HTTP thread, per
+     * request: appends the JSON of what is newer than `since` to out. It
+     * must hold the owner's data only briefly (copy under the owner's lock,
+     * render the copy). 0, or an error (then the server answers 500). */
+    int (*on_history)(void *arg, uint64_t since, struct cddp_buf *out);
+    void *on_history_arg;
 };
 
 /* Counters kept by the HTTP thread (also served as cddp_status_* metrics). */

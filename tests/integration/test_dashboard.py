@@ -5,9 +5,15 @@ urllib) the page of an agent and of cddp-rdzv loads with no console errors,
 shows the workers, the job and its nodes, and its plots grow as the run
 progresses.
 
+The whole run (GET /history): a real cddp-train run with one crash and a
+restart, kept on the status port by --status_linger; its history read with
+a plain HTTP GET, and a page opened after the run shows every step and the
+restart marker.
+
 CDDP_DASHBOARD_SCREENSHOT=PATH saves the agent page's screenshot there,
 after 20 s more of history, and cddp-rdzv's beside it (PATH-rdzv.png):
-docs/img/dashboard.png and dashboard-rdzv.png were made so.
+docs/img/dashboard-rdzv.png was made so. CDDP_DASHBOARD_RUN_SCREENSHOT=PATH
+saves the page of a longer run with a restart: docs/img/dashboard.png.
 """
 import base64
 import json
@@ -21,7 +27,7 @@ import urllib.request
 
 import pytest
 
-from conftest import free_port, wait_for
+from conftest import binary, free_port, wait_for
 from statusserver import StatusServer, curl
 from test_prometheus import Job
 
@@ -54,7 +60,7 @@ def test_root_negotiates_text_or_html(background):
     page = pages[0][2].decode()
     assert pages[0][1]["vary"] == "Accept" and "vary" not in pages[2][1]
     assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
-    assert len(page) < 16 * 1024, len(page)
+    assert len(page) < 32 * 1024, len(page)
     # Self-contained: no src= or stylesheet, and no URL but the SVG namespace.
     assert not re.search(r"\bsrc\s*=", page) and "stylesheet" not in page
     assert re.findall(r"https?://[^\s\"']+", page) == ["http://www.w3.org/2000/svg"]
@@ -170,7 +176,7 @@ def page_state(b):
                     cells: Array.from(r.cells).map(c => c.textContent)})),
                 loss: Number(document.getElementById('loss').dataset.points),
                 tput: Number(document.getElementById('tput').dataset.points),
-                lines: q('#loss polyline').length,
+                lines: q('#loss polyline[data-ema]').length,
                 agentShown: !document.getElementById('agent').classList.contains('hidden'),
                 runs: Array.from(q('#runs [data-run]')).map(d => ({
                     run: d.dataset.run, heading: d.querySelector('h3').textContent,
@@ -272,4 +278,160 @@ def test_dashboard_marks_a_straggler(background, browser):
     assert [m["straggler"] for m in marks] == ["0", "0", "1"], marks
     assert marks[2]["badges"] == ["x3.00 the median step"] and marks[0]["badges"] == [], marks
     assert [w["state"] for w in st["workers"]] == ["running"] * 3
+    assert errors(browser.console()) == []
+
+
+# ---- the whole run: /history ----
+
+def tiny_run(background, tmp_path, steps=6, crash_step=3):
+    """cddprun (2 ranks, --max_restarts=1, its status port kept 60 s after
+    the run) over a tiny CPU cddp-train whose rank 1 crashes at crash_step;
+    returns the status port once the run has succeeded."""
+    port = free_port()
+    args = [binary("cddprun"), "--nproc_per_node=2", "--standalone", "--max_restarts=1",
+            f"--status_port={port}", "--status_linger=60", f"--log_dir={tmp_path / 'logs'}",
+            binary("cddp-train"), "--arch", "resnet18", "--data", "synthetic", "--image-size", "32",
+            "--num-classes", "10", "--num-samples", str(8 * steps), "--batch-size", "4",
+            "--epochs", "1", "--log-every", "1", "--threads", "1",
+            "--fault", f"crash@step={crash_step},rank=1"]
+    err = tmp_path / "cddprun.err"
+    env = dict(os.environ, TORCH_ELASTIC_SHUTDOWN_TIMEOUT="10")
+    with open(err, "w") as fh:
+        background(args, env=env, stdout=subprocess.DEVNULL, stderr=fh)
+
+    def done():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:
+                st = json.loads(r.read())
+        except OSError:
+            return None
+        assert st["state"] not in ("failed", "terminated"), err.read_text()[-3000:]
+        return st if st["state"] == "succeeded" else None
+    try:
+        wait_for(done, timeout=120, interval=0.2, what="the run to succeed")
+    except BaseException:
+        print(err.read_text()[-3000:])
+        raise
+    return port
+
+
+def http_get(url):
+    """(code, content type, body) by a plain HTTP GET."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read()
+
+
+def test_history_of_a_run_with_a_restart(background, tmp_path):
+    """After the run: /history holds every step of both attempts of both
+    ranks (nothing decimated in a short run), in order, numbered; the
+    restart with its reason and the highest step before it, the rounds and
+    the end; ?since= gives only what is newer; a bad since= is a 400 with a
+    one-line reason; /status does not carry the history."""
+    port = tiny_run(background, tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    code, ctype, body = http_get(base + "/history")
+    assert code == 200 and ctype == "application/json", (code, body)
+    h = json.loads(body)
+    assert h["columns"] == ["seq", "t", "step", "loss", "samples_per_s", "step_time_s", "attempt"]
+    assert h["capacity"] == 2048 and h["since"] == 0 and h["events_dropped"] == 0
+    assert [s["local_rank"] for s in h["series"]] == [0, 1]
+    assert [s["rank"] for s in h["series"]] == [0, 1]
+    seqs = []
+    for s in h["series"]:
+        pts = s["points"] + ([s["latest"]] if s["latest"] else [])
+        assert s["stride"] == 1 and s["latest"] is None and s["samples"] == len(pts), s
+        first = [p[2] for p in pts if p[6] == 0]
+        second = [p[2] for p in pts if p[6] == 1]
+        # The first attempt got to the crash (rank 1 dies at step 3, rank 0
+        # within it), the second ran from the start to the end.
+        assert first in ([1, 2], [1, 2, 3]), pts
+        assert second == [1, 2, 3, 4, 5, 6], pts
+        assert all(isinstance(p[3], float) and p[3] > 0 for p in pts), pts  # loss
+        assert all(isinstance(p[4], (int, float)) and p[4] > 0 for p in pts), pts  # samples/s
+        ts = [p[1] for p in pts]
+        assert ts == sorted(ts) and h["started_at"] <= ts[0] <= h["generated_at"]
+        seqs += [p[0] for p in pts]
+    kinds = [e["kind"] for e in h["events"]]
+    assert kinds == ["round", "restart", "round", "end"], h["events"]
+    restart = h["events"][1]
+    assert restart["reason"] == "local_rank 1 (rank 1) exited with code 1", restart
+    top = max(p[2] for s in h["series"] for p in s["points"] if p[6] == 0)
+    assert restart["step"] == top and restart["attempt"] == 0, restart
+    assert h["events"][3]["reason"] == "succeeded" and h["events"][2]["value"] == 2
+    seqs += [e["seq"] for e in h["events"]]
+    assert sorted(seqs) == list(range(1, h["seq"] + 1)), "every number once"
+
+    code, _, body = http_get(f"{base}/history?since={h['seq']}")
+    news = json.loads(body)
+    assert code == 200 and news["seq"] == h["seq"] and news["events"] == []
+    assert all(s["points"] == [] for s in news["series"]), news
+    news = json.loads(http_get(f"{base}/history?since={restart['seq']}")[2])
+    assert [e["kind"] for e in news["events"]] == ["round", "end"]
+    assert all(p[6] == 1 for s in news["series"] for p in s["points"])
+    for bad in ("x", "-1", "1e3", ""):
+        code, ctype, body = http_get(f"{base}/history?since={bad}")
+        assert code == 400 and ctype == "application/json", (bad, code, body)
+        assert json.loads(body) == {"error": "since= must be a sequence number (0 or more)"}
+    code, _, body = http_get(base + "/status")
+    assert code == 200 and "history" not in json.loads(body) and b"\"columns\"" not in body
+
+
+@pytest.mark.heavy
+def test_dashboard_shows_the_whole_run(background, tmp_path, browser):
+    """A page opened after a run with one restart plots every step of both
+    attempts (against step, and against time), the restart as a marked line
+    with its reason on hover, the loss smoothed over its faint raw values,
+    and lists the events. No console errors."""
+    shot = os.environ.get("CDDP_DASHBOARD_RUN_SCREENSHOT")
+    steps, crash = (40, 25) if shot else (6, 3)
+    port = tiny_run(background, tmp_path, steps=steps, crash_step=crash)
+    h = json.loads(http_get(f"http://127.0.0.1:{port}/history")[2])
+    npts = sum(len(s["points"]) for s in h["series"])
+    browser.go(f"http://127.0.0.1:{port}/?interval=0.5")
+    st = wait_page(browser, lambda s: s["polls"] >= 2 and s["loss"] > 0, "the page's first polls")
+    assert not st["connError"] and [w["state"] for w in st["workers"]] == ["succeeded"] * 2, st
+
+    def plots():
+        return browser.js("""
+            const out = {};
+            for (const id of ['loss', 'tput', 'stime']) {
+                const s = document.getElementById(id);
+                out[id] = {points: Number(s.dataset.points), mode: s.dataset.mode,
+                           min: s.dataset.stepMin, max: s.dataset.stepMax,
+                           restarts: Number(s.dataset.restarts),
+                           raw: s.querySelectorAll('polyline[data-raw]').length,
+                           ema: s.querySelectorAll('polyline[data-ema]').length,
+                           marks: Array.from(s.querySelectorAll('g.restart')).map(g => ({
+                               reason: g.dataset.reason, title: g.querySelector('title').textContent,
+                               label: g.querySelector('text').textContent}))};
+            }
+            out.events = Array.from(document.querySelectorAll('#events tbody tr')).map(
+                r => r.dataset.kind);
+            out.info = document.getElementById('histinfo').textContent;
+            return out;""")
+    p = plots()
+    for mode in ("step", "time"):
+        loss = p["loss"]
+        # Every step of both ranks and attempts, from the first step to the last.
+        assert loss["points"] == npts and p["tput"]["points"] == npts, (p, npts)
+        assert (loss["mode"], loss["min"], loss["max"]) == (mode, "1", str(steps)), loss
+        # A line per rank and attempt: raw (faint) and smoothed.
+        assert loss["raw"] == 4 and loss["ema"] == 4 and p["tput"]["ema"] == 0, loss
+        assert loss["restarts"] == 1 and len(loss["marks"]) == 1, loss
+        (m,) = loss["marks"]
+        assert m["reason"] == "local_rank 1 (rank 1) exited with code 1" and m["label"] == "restart 1"
+        assert m["title"].startswith("restart after step ") and m["title"].endswith(m["reason"]), m
+        assert p["events"] == ["end", "round", "restart", "round"], p["events"]
+        assert p["info"] == f" ({npts} points of the whole run)", p["info"]
+        if mode == "step":
+            browser.js("document.querySelector('#xaxis button[data-x=time]').click();")
+            p = plots()
+    if shot:
+        browser.js("document.querySelector('#xaxis button[data-x=step]').click();")
+        browser.s("POST", "/window/rect", {"width": 1280, "height": 1400})
+        with open(shot, "wb") as fh:
+            fh.write(browser.screenshot())
     assert errors(browser.console()) == []
