@@ -304,6 +304,9 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
     v->watchdog_kills = st->watchdog_kills;
     v->log_dropped_bytes = st->log_dropped_bytes;
     v->log_dropped_files = st->log_dropped_files;
+    /* The loop is the only writer of the history: it reads it unlocked. */
+    v->history = st->hist_ready;
+    v->history_seq = st->hist.seq;
     v->nworkers = (size_t)st->nslots;
     v->workers = st->views;
 }

@@ -317,6 +317,17 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
 
     agent_json_stragglers(j, v);
 
+    /* Where the run's history is (GET /history), and its last number, so
+     * a reader asks for it only when there is news. */
+    if (v->history) {
+        jsonw_object_begin(j, "history");
+        jsonw_string(j, "path", "/history");
+        jsonw_int(j, "seq", (int64_t)v->history_seq);
+        jsonw_object_end(j);
+    } else {
+        jsonw_null(j, "history");
+    }
+
     jsonw_array_begin(j, "workers");
     for (size_t i = 0; i < v->nworkers; i++)
         agent_json_worker(j, &v->workers[i], now_mono_ms);

@@ -164,6 +164,10 @@ struct status_agent_view {
     double straggler_factor;
     double step_median_s;
     bool step_compute;
+    /* GET /history is served (status/history.h), and its last sequence
+     * number. */
+    bool history;
+    uint64_t history_seq;
     /* Teed output the log files could not take (a full disk): bytes, files. */
     uint64_t log_dropped_bytes;
     unsigned log_dropped_files;

@@ -329,7 +329,7 @@ def test_history_of_a_run_with_a_restart(background, tmp_path):
     ranks (nothing decimated in a short run), in order, numbered; the
     restart with its reason and the highest step before it, the rounds and
     the end; ?since= gives only what is newer; a bad since= is a 400 with a
-    one-line reason; /status does not carry the history."""
+    one-line reason; /status names it, without its points."""
     port = tiny_run(background, tmp_path)
     base = f"http://127.0.0.1:{port}"
     code, ctype, body = http_get(base + "/history")
@@ -375,8 +375,10 @@ def test_history_of_a_run_with_a_restart(background, tmp_path):
         code, ctype, body = http_get(f"{base}/history?since={bad}")
         assert code == 400 and ctype == "application/json", (bad, code, body)
         assert json.loads(body) == {"error": "since= must be a sequence number (0 or more)"}
+    # /status names it and its last number only, not its points.
     code, _, body = http_get(base + "/status")
-    assert code == 200 and "history" not in json.loads(body) and b"\"columns\"" not in body
+    assert code == 200 and json.loads(body)["history"] == {"path": "/history", "seq": h["seq"]}
+    assert b"\"columns\"" not in body and b"\"series\"" not in body
 
 
 @pytest.mark.heavy

@@ -151,6 +151,7 @@ static void test_agent_json(void **state)
     assert_true(is_null(p1, "step"));
     assert_true(is_null(p1, "time"));
     assert_true(num(p1, "malformed") == 1);
+    assert_true(is_null(root, "history")); /* none kept */
     cJSON_Delete(root);
 
     /* Ready with both checks. */
@@ -158,6 +159,16 @@ static void test_agent_json(void **state)
     assert_int_equal(status_snapshot_check_count(s), 2);
     assert_string_equal(status_snapshot_check(s, 0)->name, "rendezvous");
     assert_string_equal(status_snapshot_check(s, 1)->name, "workers");
+    status_snapshot_unref(s);
+
+    /* A history kept: where, and its last number. */
+    v.history = true;
+    v.history_seq = 42;
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    root = status_json(s);
+    assert_string_equal(str(cJSON_GetObjectItem(root, "history"), "path"), "/history");
+    assert_true(num(root, "history.seq") == 42);
+    cJSON_Delete(root);
     status_snapshot_unref(s);
 }
 
