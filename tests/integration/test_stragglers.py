@@ -58,6 +58,11 @@ def test_slowed_rank_named_on_its_agent(background, tmp_path):
 
     st = wait_for(named, timeout=150, interval=0.2, what="rank 1 named a straggler")
     m = metrics(port)
+    # The run's history has the mark (the dashboard draws it).
+    code, _, body = curl(f"http://127.0.0.1:{port}/history", timeout=5)
+    marks = [e for e in json.loads(body)["events"] if e["kind"] == "straggler"]
+    assert code == 200 and marks and marks[0]["local_rank"] == 1, marks
+    assert marks[0]["value"] > 1.5 and "local_rank 1 (rank 1) a straggler" in marks[0]["reason"]
     assert agent.wait(150) == 0, log.read_text()[-3000:]
     (e,) = st["stragglers"]
     assert (e["rank"], e["local_rank"]) == (1, 1), e
