@@ -729,15 +729,18 @@ static enum MHD_Result serve_index(struct status_server *s, struct MHD_Connectio
         status_mhd.lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
     if (status_dashboard_wants_html(accept))
         return serve_dashboard(s, connection, true);
-    char text[512];
+    char text[640];
     int n = snprintf(text, sizeof(text),
                      "%s status port\n"
                      "  /livez      200 while the event loop turns (/healthz is an alias)\n"
                      "  /readyz     200 when ready; ?verbose lists the checks\n"
                      "  /status     JSON\n"
                      "  /metrics    Prometheus text format 0.0.4\n"
-                     "  /dashboard  the job dashboard, for a browser (also / for browsers)\n",
-                     s->program);
+                     "  /dashboard  the job dashboard, for a browser (also / for browsers)\n%s",
+                     s->program,
+                     s->opt.on_history
+                         ? "  /history    the run's history, JSON; ?since=N: what is newer\n"
+                         : "");
     struct MHD_Response *r =
         status_mhd.create_response_from_buffer((size_t)n, text, MHD_RESPMEM_MUST_COPY);
     if (r)

@@ -379,6 +379,8 @@ def test_history_of_a_run_with_a_restart(background, tmp_path):
     code, _, body = http_get(base + "/status")
     assert code == 200 and json.loads(body)["history"] == {"path": "/history", "seq": h["seq"]}
     assert b"\"columns\"" not in body and b"\"series\"" not in body
+    code, ctype, body = http_get(base + "/")  # the plain-text index lists it
+    assert code == 200 and ctype.startswith("text/plain") and b"\n  /history    " in body, body
 
 
 @pytest.mark.heavy
