@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 import urllib.error
@@ -286,7 +287,8 @@ def test_dashboard_marks_a_straggler(background, browser):
 def tiny_run(background, tmp_path, steps=6, crash_step=3):
     """cddprun (2 ranks, --max_restarts=1, its status port kept 60 s after
     the run) over a tiny CPU cddp-train whose rank 1 crashes at crash_step;
-    returns the status port once the run has succeeded."""
+    returns (status port, the agent's Background, its stderr's path) once
+    the run has succeeded."""
     port = free_port()
     args = [binary("cddprun"), "--nproc_per_node=2", "--standalone", "--max_restarts=1",
             f"--status_port={port}", "--status_linger=60", f"--log_dir={tmp_path / 'logs'}",
@@ -297,7 +299,7 @@ def tiny_run(background, tmp_path, steps=6, crash_step=3):
     err = tmp_path / "cddprun.err"
     env = dict(os.environ, TORCH_ELASTIC_SHUTDOWN_TIMEOUT="10")
     with open(err, "w") as fh:
-        background(args, env=env, stdout=subprocess.DEVNULL, stderr=fh)
+        agent = background(args, env=env, stdout=subprocess.DEVNULL, stderr=fh)
 
     def done():
         try:
@@ -312,7 +314,7 @@ def tiny_run(background, tmp_path, steps=6, crash_step=3):
     except BaseException:
         print(err.read_text()[-3000:])
         raise
-    return port
+    return port, agent, err
 
 
 def http_get(url):
@@ -330,7 +332,7 @@ def test_history_of_a_run_with_a_restart(background, tmp_path):
     restart with its reason and the highest step before it, the rounds and
     the end; ?since= gives only what is newer; a bad since= is a 400 with a
     one-line reason; /status names it, without its points."""
-    port = tiny_run(background, tmp_path)
+    port, agent, err = tiny_run(background, tmp_path)
     base = f"http://127.0.0.1:{port}"
     code, ctype, body = http_get(base + "/history")
     assert code == 200 and ctype == "application/json", (code, body)
@@ -381,6 +383,11 @@ def test_history_of_a_run_with_a_restart(background, tmp_path):
     assert b"\"columns\"" not in body and b"\"series\"" not in body
     code, ctype, body = http_get(base + "/")  # the plain-text index lists it
     assert code == 200 and ctype.startswith("text/plain") and b"\n  /history    " in body, body
+    # SIGTERM ends the linger; the run's status stands (under ASan: no report).
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(30) == 0
+    text = err.read_text()
+    assert "Sanitizer" not in text and "runtime error:" not in text, text[-3000:]
 
 
 @pytest.mark.heavy
@@ -391,7 +398,7 @@ def test_dashboard_shows_the_whole_run(background, tmp_path, browser):
     and lists the events. No console errors."""
     shot = os.environ.get("CDDP_DASHBOARD_RUN_SCREENSHOT")
     steps, crash = (40, 25) if shot else (6, 3)
-    port = tiny_run(background, tmp_path, steps=steps, crash_step=crash)
+    port, _, _ = tiny_run(background, tmp_path, steps=steps, crash_step=crash)
     h = json.loads(http_get(f"http://127.0.0.1:{port}/history")[2])
     npts = sum(len(s["points"]) for s in h["series"])
     browser.go(f"http://127.0.0.1:{port}/?interval=0.5")
