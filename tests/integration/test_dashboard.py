@@ -292,7 +292,7 @@ def tiny_run(background, tmp_path, steps=6, crash_step=3):
     port = free_port()
     args = [binary("cddprun"), "--nproc_per_node=2", "--standalone", "--max_restarts=1",
             f"--status_port={port}", "--status_linger=60", f"--log_dir={tmp_path / 'logs'}",
-            binary("cddp-train"), "--arch", "resnet18", "--data", "synthetic", "--image-size", "32",
+            binary("cddp-train"), "--arch", "resnet18", "--data", "synthetic", "--image-size", "16",
             "--num-classes", "10", "--num-samples", str(8 * steps), "--batch-size", "4",
             "--epochs", "1", "--log-every", "1", "--threads", "1",
             "--fault", f"crash@step={crash_step},rank=1"]
