@@ -284,11 +284,11 @@ def test_dashboard_marks_a_straggler(background, browser):
 
 # ---- the whole run: /history ----
 
-def tiny_run(background, tmp_path, steps=6, crash_step=3):
+def tiny_run(background, tmp_path, steps=6, crash_step=3, wait=True):
     """cddprun (2 ranks, --max_restarts=1, its status port kept 60 s after
     the run) over a tiny CPU cddp-train whose rank 1 crashes at crash_step;
     returns (status port, the agent's Background, its stderr's path) once
-    the run has succeeded."""
+    the run has succeeded (wait), or once its status port answers."""
     port = free_port()
     args = [binary("cddprun"), "--nproc_per_node=2", "--standalone", "--max_restarts=1",
             f"--status_port={port}", "--status_linger=60", f"--log_dir={tmp_path / 'logs'}",
@@ -308,9 +308,9 @@ def tiny_run(background, tmp_path, steps=6, crash_step=3):
         except OSError:
             return None
         assert st["state"] not in ("failed", "terminated"), err.read_text()[-3000:]
-        return st if st["state"] == "succeeded" else None
+        return st if st["state"] == "succeeded" or not wait else None
     try:
-        wait_for(done, timeout=120, interval=0.2, what="the run to succeed")
+        wait_for(done, timeout=120, interval=0.1, what="the run to succeed")
     except BaseException:
         print(err.read_text()[-3000:])
         raise
@@ -390,6 +390,27 @@ def test_history_of_a_run_with_a_restart(background, tmp_path):
     assert "Sanitizer" not in text and "runtime error:" not in text, text[-3000:]
 
 
+def plots(browser):
+    """What the history plots show (their data attributes) and the events."""
+    return browser.js("""
+        const out = {};
+        for (const id of ['loss', 'tput', 'stime']) {
+            const s = document.getElementById(id);
+            out[id] = {points: Number(s.dataset.points), mode: s.dataset.mode,
+                       min: s.dataset.stepMin, max: s.dataset.stepMax,
+                       restarts: Number(s.dataset.restarts),
+                       raw: s.querySelectorAll('polyline[data-raw]').length,
+                       ema: s.querySelectorAll('polyline[data-ema]').length,
+                       marks: Array.from(s.querySelectorAll('g.restart')).map(g => ({
+                           reason: g.dataset.reason, title: g.querySelector('title').textContent,
+                           label: g.querySelector('text').textContent}))};
+        }
+        out.events = Array.from(document.querySelectorAll('#events tbody tr')).map(
+            r => r.dataset.kind);
+        out.info = document.getElementById('histinfo').textContent;
+        return out;""")
+
+
 @pytest.mark.heavy
 def test_dashboard_shows_the_whole_run(background, tmp_path, browser):
     """A page opened after a run with one restart plots every step of both
@@ -405,25 +426,7 @@ def test_dashboard_shows_the_whole_run(background, tmp_path, browser):
     st = wait_page(browser, lambda s: s["polls"] >= 2 and s["loss"] > 0, "the page's first polls")
     assert not st["connError"] and [w["state"] for w in st["workers"]] == ["succeeded"] * 2, st
 
-    def plots():
-        return browser.js("""
-            const out = {};
-            for (const id of ['loss', 'tput', 'stime']) {
-                const s = document.getElementById(id);
-                out[id] = {points: Number(s.dataset.points), mode: s.dataset.mode,
-                           min: s.dataset.stepMin, max: s.dataset.stepMax,
-                           restarts: Number(s.dataset.restarts),
-                           raw: s.querySelectorAll('polyline[data-raw]').length,
-                           ema: s.querySelectorAll('polyline[data-ema]').length,
-                           marks: Array.from(s.querySelectorAll('g.restart')).map(g => ({
-                               reason: g.dataset.reason, title: g.querySelector('title').textContent,
-                               label: g.querySelector('text').textContent}))};
-            }
-            out.events = Array.from(document.querySelectorAll('#events tbody tr')).map(
-                r => r.dataset.kind);
-            out.info = document.getElementById('histinfo').textContent;
-            return out;""")
-    p = plots()
+    p = plots(browser)
     for mode in ("step", "time"):
         loss = p["loss"]
         # Every step of both ranks and attempts, from the first step to the last.
@@ -439,10 +442,33 @@ def test_dashboard_shows_the_whole_run(background, tmp_path, browser):
         assert p["info"] == f" ({npts} points of the whole run)", p["info"]
         if mode == "step":
             browser.js("document.querySelector('#xaxis button[data-x=time]').click();")
-            p = plots()
+            p = plots(browser)
     if shot:
         browser.js("document.querySelector('#xaxis button[data-x=step]').click();")
         browser.s("POST", "/window/rect", {"width": 1280, "height": 1400})
         with open(shot, "wb") as fh:
             fh.write(browser.screenshot())
     assert errors(browser.console()) == []
+
+
+@pytest.mark.heavy
+def test_dashboard_follows_a_run_from_its_start(background, tmp_path, browser):
+    """A page opened while the run starts, polling as it goes (the history
+    in pieces, ?since=), ends with what a fresh load of /history has: every
+    point once, the restart marked."""
+    port, _, err = tiny_run(background, tmp_path, wait=False)
+    browser.go(f"http://127.0.0.1:{port}/?interval=0.2")
+    st = wait_page(browser, lambda s: s["workers"] and s["workers"][0]["state"] == "succeeded",
+                   "the run to succeed on the page", timeout=120)
+    h = json.loads(http_get(f"http://127.0.0.1:{port}/history")[2])
+    npts = sum(len(s["points"]) for s in h["series"])
+    polls = st["polls"]
+    wait_page(browser, lambda s: s["polls"] >= polls + 2, "two more polls")
+    p = plots(browser)
+    # It came in pieces: the whole history once, then news (the run lasts seconds).
+    fetches = int(browser.js("return document.body.dataset.historyFetches;"))
+    assert fetches >= 3, fetches
+    assert p["loss"]["points"] == npts and p["loss"]["restarts"] == 1, (p, npts)
+    assert (p["loss"]["min"], p["loss"]["max"]) == ("1", "6"), p["loss"]
+    assert p["events"] == ["end", "round", "restart", "round"], p["events"]
+    assert errors(browser.console()) == [], err.read_text()[-2000:]
