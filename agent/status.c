@@ -49,8 +49,9 @@ struct status_slot {
     unsigned exits_counted; /* info.exits already counted in worker_exits */
     int last_exitcode;      /* of the last exit counted (torchrun's: -N for signal N) */
     double last_exit_at;    /* 0: none yet */
-    /* The history (under hist_mu): this slot's attempt (starts before it),
-     * and the last step it added in this attempt (-1: none yet). */
+    /* For the history (the loop's own, no lock): this slot's attempt
+     * (starts before it), and the last step it added in this attempt (-1:
+     * none yet). */
     uint32_t attempt;
     int64_t hist_step;
 };

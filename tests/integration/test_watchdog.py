@@ -234,6 +234,11 @@ def test_status_and_metrics_show_the_watchdog(tmp_path):
         m = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         assert "cddp_agent_watchdog_kills_total 1" in m
         assert 'cddp_agent_worker_exits_total{reason="watchdog"} 1' in m
+        # The run's history says why it restarted (the dashboard's marker).
+        h = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/history",
+                                              timeout=5).read())
+        (restart,) = [e for e in h["events"] if e["kind"] == "restart"]
+        assert "hung" in restart["reason"] and restart["step"] is not None, restart
     finally:
         p.send_signal(15)
         p.communicate(timeout=20)
