@@ -22,6 +22,7 @@
 #include <uv.h>
 
 #include "agent/config.h"
+#include "agent/goodput.h"
 #include "agent/policy.h"
 #include "agent/watchdog.h"
 #include "proto/progress.h"
@@ -90,6 +91,13 @@ struct agent_snapshot {
     const struct tcpstore_server *agent_store;
     uint64_t agent_store_round;
     double start_time; /* the agent's, wall clock */
+    /* cddprun's exit code once the run has ended (common/exitcodes.h); -1
+     * before. */
+    int exit_code;
+    /* Where the wall time went (agent/goodput.h), up to goodput_ms
+     * (monotonic); valid during the call only. */
+    const struct goodput_totals *goodput;
+    uint64_t goodput_ms;
     enum watchdog_mode watchdog_mode;
     unsigned watchdog_kills; /* worker groups stopped because a worker was hung */
     /* Straggler detection: --straggler_factor (0: off), the node's median

@@ -132,9 +132,15 @@ static void on_rdzv_restart(struct agent_rdzv *r, const char *reason, bool count
     agent_post(a, POLICY_EV_RDZV_RESTART, 0, 0, 0);
 }
 
+/* How a node whose worker groups used up the restarts closes the
+ * rendezvous (agent_round_farewell), and how the others recognise it: for
+ * them the job failed (exit 1), the rendezvous did not (exit 5). */
+#define JOB_FAILED_REASON "worker groups failed and no restarts are left"
+
 static void on_rdzv_closed(struct agent_rdzv *r, int status, const char *reason)
 {
     struct agent *a = r->data;
+    bool job_failed = status == 0 && reason && strstr(reason, JOB_FAILED_REASON);
     if (status == 0 && a->pol.state == AGENT_EXIT_BARRIER)
         log_info("A0108", "the rendezvous closed: %s", reason ? reason : "closed");
     else if (status == 0)
@@ -142,7 +148,7 @@ static void on_rdzv_closed(struct agent_rdzv *r, int status, const char *reason)
     else
         agent_failed(a, "A0109", "lost the rendezvous: %s",
                      reason ? reason : cddp_strerror(status));
-    agent_post(a, POLICY_EV_RDZV_CLOSED, 0, 0, 0);
+    agent_post(a, POLICY_EV_RDZV_CLOSED, 0, job_failed, 0);
 }
 
 /* The connection, the wait list or the hosted server changed: show it. */
@@ -233,8 +239,7 @@ void agent_round_farewell(struct agent *a, const struct policy_action *act)
                  a->this_node);
     else if (act->end_job)
         snprintf(a->rdzv_reason, sizeof(a->rdzv_reason),
-                 "%s: worker groups failed and no restarts are left (max_restarts=%d)",
-                 a->this_node, a->cfg->max_restarts);
+                 "%s: " JOB_FAILED_REASON " (max_restarts=%d)", a->this_node, a->cfg->max_restarts);
     else if (a->pol.state == AGENT_TERMINATED)
         snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s received %s", a->this_node,
                  cddp_signal_name(a->pol.term_signal));
