@@ -113,7 +113,7 @@ static void fail_run(struct agent_policy *p, struct out *o, enum stop_reason rea
     p->stop_reason = reason;
     if (any_failed(p))
         emit(o, POLICY_ACT_FAILURE_REPORT);
-    bool infra = reason == STOP_RDZV_CLOSED && !p->closed_job_failed;
+    bool infra = reason == STOP_RDZV_CLOSED && !p->rdzv_job_fault;
     finish(p, o, AGENT_FAILED, infra ? CDDP_EXIT_INFRA : failure_code(p));
 }
 
@@ -330,6 +330,7 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
         break;
     case POLICY_EV_ROUND_FAILED:
         if (p->state == AGENT_RENDEZVOUS) {
+            p->rdzv_job_fault = ev->exitcode != 0;
             if (ev->graceful) {
                 p->stop_reason = STOP_NONE;
                 finish(p, &o, AGENT_SUCCEEDED, CDDP_EXIT_OK);
@@ -379,7 +380,7 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
         break;
     case POLICY_EV_RDZV_CLOSED:
         if (!policy_finished(p))
-            p->closed_job_failed = ev->exitcode != 0;
+            p->rdzv_job_fault = ev->exitcode != 0;
         if (p->state == AGENT_RUNNING) {
             begin_stop(p, &o, STOP_RDZV_CLOSED, SIGTERM, now_ms);
         } else if (p->state == AGENT_RENDEZVOUS) {

@@ -99,9 +99,10 @@ struct policy_event {
     enum policy_event_type type;
     int local_rank;
     /* WORKER_EXIT: torchrun's convention, the exit status or -N for death
-     * by signal N. RDZV_CLOSED: 1 when another node closed the rendezvous
-     * because the job's worker groups used up the restarts (the run then
-     * ends as a failure, 1, not the infrastructure's 5), else 0. */
+     * by signal N. RDZV_CLOSED and ROUND_FAILED: 1 when the rendezvous
+     * ended the run for a reason of the job's (another node's worker groups
+     * used up the restarts; a join refused for its token or configuration):
+     * the run ends as a failure, 1, not as the infrastructure's 5; else 0. */
     int exitcode;
     bool group_empty; /* WORKER_EXIT: nothing else was left in its group */
     int sig;
@@ -177,7 +178,7 @@ struct agent_policy {
     bool attempt_is_restart; /* the current attempt followed a failure or a new round */
     unsigned attempts;       /* attempts started */
     bool no_progress_stop;   /* the run ended for it */
-    bool closed_job_failed;  /* RDZV_CLOSED said the job failed on another node */
+    bool rdzv_job_fault;     /* the last RDZV_CLOSED or ROUND_FAILED was the job's */
 };
 
 #define POLICY_MAX_ACTIONS 8

@@ -504,6 +504,13 @@ static void test_rendezvous_closed(void **state)
     EXPECT(POLICY_ACT_EXIT);
     assert_int_equal(acts[0].exit_code, CDDP_EXIT_INFRA);
     policy_free(&p);
+    /* a join refused for the job's own reason (a token, its configuration) */
+    assert_int_equal(policy_init(&p, 1, 0, TIMEOUT), 0);
+    step(&p, POLICY_EV_START, 0, 0, 0);
+    step(&p, POLICY_EV_ROUND_FAILED, 0, 1, 1);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, CDDP_EXIT_FAILURE);
+    policy_free(&p);
     /* at the exit barrier the workers already succeeded */
     running(&p, 1, 0);
     exit_clean(&p, 0, 0, 1);
