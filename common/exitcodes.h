@@ -1,6 +1,6 @@
 /*
  * exitcodes.h: every exit status a cddp program gives or interprets, in one
- * place. docs/reliability.md documents them for users.
+ * place. docs/cli.md ("Exit status") documents cddprun's for users.
  */
 #ifndef CDDP_COMMON_EXITCODES_H
 #define CDDP_COMMON_EXITCODES_H
