@@ -175,8 +175,10 @@ void agent_progress(struct agent *a, int local_rank, const struct progress_repor
 int agent_capture_stacks(struct agent *a, void (*done)(void *arg, int rc, const char *path),
                          void *arg);
 
-/* Runs the job described by cfg to the end. Returns the process exit status:
- * 0, 1 (failed), or 128+N (stopped by signal N). hooks may be NULL. */
+/* Runs the job described by cfg to the end. Returns the process exit status
+ * (common/exitcodes.h): 0, 1 (failed), 3 (hung past the restarts), 4 (no
+ * progress across restarts), 5 (the rendezvous lost), or 128+N (stopped by
+ * signal N). hooks may be NULL. */
 int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks);
 
 #endif
