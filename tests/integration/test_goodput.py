@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 import urllib.request
 
@@ -54,6 +55,8 @@ def test_crash_and_resume_counts_the_redone_steps(background, tmp_path):
         wait_for(lambda: (st.update(status(port) or {}) or st.get("exit_code") is not None),
                  timeout=150, what="the run's end on /status")
         ran = time.monotonic() - t0
+        ctl = subprocess.run([binary("cddpctl"), "status", f"127.0.0.1:{port}"],
+                             capture_output=True, text=True, timeout=30)
         p.signal(signal.SIGTERM)  # ends the linger; the exit status is the run's
         assert p.wait(20) == 0
     text = (tmp_path / "err").read_text()
@@ -76,6 +79,14 @@ def test_crash_and_resume_counts_the_redone_steps(background, tmp_path):
     assert s["productive"] > 0 and s["lost"] > 0 and s["restart"] > 0 and s["init"] > 0, g
     assert abs(g["ratio"] - s["productive"] / g["wall_s"]) < 1e-3, g
     assert g["phase"] == "stopped"
+
+    # cddpctl status shows it, and the exit code
+    assert ctl.returncode == 0, ctl.stderr
+    row = re.search(r"^goodput +(\d+\.\d)% of \S+: \S+ productive, \S+ lost \((\d+) steps?\)",
+                    ctl.stdout, re.M)
+    assert row and int(row.group(2)) == high - 4, ctl.stdout
+    assert abs(float(row.group(1)) - 100 * g["ratio"]) <= 0.1, (row.group(0), g)
+    assert re.search(r"^exit +0 \(success\)$", ctl.stdout, re.M), ctl.stdout
 
     # the summary line at exit says the same
     line = [ln for ln in text.splitlines() if "A0420" in ln]

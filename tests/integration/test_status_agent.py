@@ -260,6 +260,8 @@ def test_endpoints_through_a_run(background, tmp_path):
     r = cddpctl("status", target)
     assert r.returncode == 0 and re.search(r"^state +failed \(not ready\)$", r.stdout, re.M), r.stdout
     assert re.search(r"^restarts +1 of 1$", r.stdout, re.M)
+    assert re.search(r"^exit +1 \(failure\)$", r.stdout, re.M), r.stdout
+    assert re.search(r"^goodput +\d+\.\d% of ", r.stdout, re.M), r.stdout
 
     # A handled signal ends the wait; the exit status is the run's.
     a.bg.signal(signal.SIGTERM)
