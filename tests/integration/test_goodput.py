@@ -74,7 +74,7 @@ def test_crash_and_resume_counts_the_redone_steps(background, tmp_path):
     assert g["lost_steps"] == high - 4, (g, high)
     assert set(g["seconds"]) == PHASES
     assert abs(sum(g["seconds"].values()) - g["wall_s"]) < 0.01, g
-    assert abs(g["wall_s"] - ran) < 1.5, (g, ran)  # the agent's life, as the test saw it
+    assert abs(g["wall_s"] - ran) < 2.5, (g, ran)  # the agent's life, as the test saw it
     s = g["seconds"]
     assert s["productive"] > 0 and s["lost"] > 0 and s["restart"] > 0 and s["init"] > 0, g
     assert abs(g["ratio"] - s["productive"] / g["wall_s"]) < 1e-3, g
