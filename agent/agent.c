@@ -50,6 +50,33 @@ void agent_failed(struct agent *a, const char *id, const char *fmt, ...)
 
 /* ---- events ---- */
 
+void agent_goodput_update(struct agent *a, uint64_t now_ms)
+{
+    const struct agent_policy *p = &a->pol;
+    enum goodput_mode m = GOODPUT_MODE_STOPPED;
+    switch (p->state) {
+    case AGENT_INIT:
+        m = GOODPUT_MODE_INIT;
+        break;
+    case AGENT_RENDEZVOUS:
+        m = GOODPUT_MODE_RENDEZVOUS;
+        break;
+    case AGENT_RUNNING:
+        m = GOODPUT_MODE_RUNNING;
+        break;
+    case AGENT_STOPPING:
+    case AGENT_KILLING:
+        /* To start again (status.c's RESTARTING), or for good. */
+        if (p->stop_reason == STOP_MEMBERSHIP ||
+            (p->stop_reason == STOP_FAILURE && (p->coordinated || p->remaining_restarts > 0)))
+            m = GOODPUT_MODE_RESTARTING;
+        break;
+    default:
+        break;
+    }
+    goodput_mode(&a->gp, m, now_ms);
+}
+
 void agent_notify(struct agent *a)
 {
     if (a->hooks == NULL || a->hooks->state_changed == NULL)
@@ -61,6 +88,8 @@ void agent_notify(struct agent *a)
         return;
     uint64_t now_ms = cddp_mono_ms();
     double now_wall = cddp_wall_time();
+    struct goodput_totals gp;
+    goodput_totals(&a->gp, now_ms, &gp);
     for (int i = 0; i < a->nworkers; i++) {
         w[i] = a->workers[i].info;
         w[i].state = a->pol.workers[i].state;
@@ -95,6 +124,8 @@ void agent_notify(struct agent *a)
         .agent_store = a->store,
         .agent_store_round = a->store_round,
         .start_time = a->start_time,
+        .exit_code = policy_finished(&a->pol) ? a->pol.exit_code : -1,
+        .goodput_ms = now_ms,
         .watchdog_mode = a->cfg->watchdog.mode,
         .watchdog_kills = a->watchdog_kills,
         .straggler_factor = a->cfg->straggler_factor,
@@ -107,6 +138,7 @@ void agent_notify(struct agent *a)
         .ifname_source = agent_ifname_source_name(a->ifname.source),
         .log_dropped_bytes = a->tees.dropped_bytes,
         .log_dropped_files = a->tees.dropped_files,
+        .goodput = &gp,
     };
     a->hooks->state_changed(a->hooks->arg, &s);
     if (w != infos)
@@ -152,9 +184,11 @@ void agent_post_event(struct agent *a, const struct policy_event *in)
         struct policy_event e = a->queue[a->qhead++];
         struct policy_action acts[POLICY_MAX_ACTIONS];
         enum agent_state before = a->pol.state;
-        int n = policy_step(&a->pol, &e, cddp_mono_ms(), acts);
+        uint64_t now = cddp_mono_ms();
+        int n = policy_step(&a->pol, &e, now, acts);
         if (n > 0 || before != a->pol.state || e.type == POLICY_EV_WORKER_EXIT)
             a->changed = true;
+        agent_goodput_update(a, now);
         for (int i = 0; i < n; i++)
             do_action(a, &acts[i]);
     }
@@ -577,6 +611,17 @@ static void arm_deadline(struct agent *a, uint64_t deadline_ms)
     uv_timer_start(&a->deadline, on_deadline, delay + (delay ? 1 : 0), 0);
 }
 
+/* The summary line at exit (docs/status.md, "Goodput"). */
+static void log_goodput(struct agent *a)
+{
+    struct goodput_totals t;
+    char line[512];
+    goodput_mode(&a->gp, GOODPUT_MODE_STOPPED, cddp_mono_ms());
+    goodput_totals(&a->gp, cddp_mono_ms(), &t);
+    goodput_summary(&t, line, sizeof(line));
+    log_info("A0420", "[%s] %s", a->cfg->role, line);
+}
+
 static void do_action(struct agent *a, const struct policy_action *act)
 {
     switch (act->type) {
@@ -620,6 +665,10 @@ static void do_action(struct agent *a, const struct policy_action *act)
         agent_round_farewell(a, act);
         if (act->exit_code == CDDP_EXIT_OK)
             log_info("A0405", "[%s] worker group successfully finished", a->cfg->role);
+        log_goodput(a);
+        if (act->exit_code != CDDP_EXIT_OK)
+            log_info("A0421", "[%s] exiting with %d (%s)", a->cfg->role, act->exit_code,
+                     cddp_exit_name(act->exit_code));
         agent_shutdown(a);
         break;
     }
@@ -899,6 +948,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     a->nworkers = cfg->nproc_per_node;
     a->entry_name = entry_name(cfg);
     a->start_time = cddp_wall_time();
+    goodput_init(&a->gp, cddp_mono_ms());
     a->exit_code = CDDP_EXIT_FAILURE;
     a->guardian.fd = -1;
     a->hung_rank = -1;

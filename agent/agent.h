@@ -22,6 +22,7 @@
 #include <uv.h>
 
 #include "agent/config.h"
+#include "agent/goodput.h"
 #include "agent/policy.h"
 #include "agent/watchdog.h"
 #include "proto/progress.h"
@@ -90,6 +91,13 @@ struct agent_snapshot {
     const struct tcpstore_server *agent_store;
     uint64_t agent_store_round;
     double start_time; /* the agent's, wall clock */
+    /* cddprun's exit code once the run has ended (common/exitcodes.h); -1
+     * before. */
+    int exit_code;
+    /* Where the wall time went (agent/goodput.h), up to goodput_ms
+     * (monotonic); valid during the call only. */
+    const struct goodput_totals *goodput;
+    uint64_t goodput_ms;
     enum watchdog_mode watchdog_mode;
     unsigned watchdog_kills; /* worker groups stopped because a worker was hung */
     /* Straggler detection: --straggler_factor (0: off), the node's median
@@ -167,8 +175,10 @@ void agent_progress(struct agent *a, int local_rank, const struct progress_repor
 int agent_capture_stacks(struct agent *a, void (*done)(void *arg, int rc, const char *path),
                          void *arg);
 
-/* Runs the job described by cfg to the end. Returns the process exit status:
- * 0, 1 (failed), or 128+N (stopped by signal N). hooks may be NULL. */
+/* Runs the job described by cfg to the end. Returns the process exit status
+ * (common/exitcodes.h): 0, 1 (failed), 3 (hung past the restarts), 4 (no
+ * progress across restarts), 5 (the rendezvous lost), or 128+N (stopped by
+ * signal N). hooks may be NULL. */
 int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks);
 
 #endif

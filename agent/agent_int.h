@@ -15,6 +15,8 @@
  *               is, the hang note of an expired timer)
  *   report.c    the failure table and error files (its second half: from
  *               the workers' exits)
+ *   goodput.c   where the wall time went (pure; fed from agent.c's events
+ *               and progress.c's steps)
  *
  * Everything here runs on the agent's loop thread. A flag's runtime state
  * lives in the file of its own, not in agent.c (docs/architecture.md).
@@ -30,6 +32,7 @@
 
 #include "agent/agent.h"
 #include "agent/filetimer.h"
+#include "agent/goodput.h"
 #include "agent/ifname.h"
 #include "agent/logs.h"
 #include "agent/numa.h"
@@ -133,6 +136,9 @@ struct agent {
     char run_id[PROTO_MAX_ID + 1];
     const char *entry_name;
     double start_time;
+    /* Where the wall time went (goodput.h): the mode follows the policy's
+     * state after every event, the steps come from progress lines. */
+    struct goodput gp;
 
     /* Events raised while actions run are queued, so the policy never sees
      * one event inside another. */
@@ -164,6 +170,9 @@ void agent_failed(struct agent *a, const char *id, const char *fmt, ...)
 void agent_post_event(struct agent *a, const struct policy_event *ev);
 void agent_post(struct agent *a, enum policy_event_type type, int local_rank, int exitcode,
                 int sig);
+
+/* The goodput accounting's mode for the policy's state now. */
+void agent_goodput_update(struct agent *a, uint64_t now_ms);
 
 /* The hooks' state_changed with a snapshot of now. */
 void agent_notify(struct agent *a);

@@ -94,14 +94,27 @@ static void finish(struct agent_policy *p, struct out *o, enum agent_state state
     a->finished = !a->end_job && p->group_succeeded;
 }
 
+/* Workers failed past the restarts: 3 when the last failure was a worker
+ * the watchdog found hung, else torchrun's 1. */
+static int failure_code(const struct agent_policy *p)
+{
+    for (int i = 0; i < p->nworkers; i++) {
+        if (p->workers[i].hung)
+            return CDDP_EXIT_HUNG;
+    }
+    return CDDP_EXIT_FAILURE;
+}
+
 /* The run ends without a new round: the failure table when this node's
- * workers failed (in the attempt that just ended), then exit 1. */
+ * workers failed (in the attempt that just ended), then the exit: 5 when
+ * the rendezvous is gone, else failure_code's. */
 static void fail_run(struct agent_policy *p, struct out *o, enum stop_reason reason)
 {
     p->stop_reason = reason;
     if (any_failed(p))
         emit(o, POLICY_ACT_FAILURE_REPORT);
-    finish(p, o, AGENT_FAILED, CDDP_EXIT_FAILURE);
+    bool infra = reason == STOP_RDZV_CLOSED && !p->rdzv_job_fault;
+    finish(p, o, AGENT_FAILED, infra ? CDDP_EXIT_INFRA : failure_code(p));
 }
 
 /* A failed attempt that would restart: with --max_no_progress_restarts, is
@@ -115,7 +128,7 @@ static bool no_progress_stop(struct agent_policy *p, struct out *o)
         return false;
     p->no_progress_stop = true;
     emit(o, POLICY_ACT_FAILURE_REPORT);
-    finish(p, o, AGENT_FAILED, CDDP_EXIT_FAILURE);
+    finish(p, o, AGENT_FAILED, CDDP_EXIT_NO_PROGRESS);
     return true;
 }
 
@@ -144,7 +157,7 @@ static void stopped(struct agent_policy *p, struct out *o)
             a->attempts_left = p->remaining_restarts;
         } else {
             emit(o, POLICY_ACT_FAILURE_REPORT);
-            finish(p, o, AGENT_FAILED, CDDP_EXIT_FAILURE);
+            finish(p, o, AGENT_FAILED, failure_code(p));
         }
         break;
     case STOP_SUCCESS:
@@ -317,6 +330,7 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
         break;
     case POLICY_EV_ROUND_FAILED:
         if (p->state == AGENT_RENDEZVOUS) {
+            p->rdzv_job_fault = ev->exitcode != 0;
             if (ev->graceful) {
                 p->stop_reason = STOP_NONE;
                 finish(p, &o, AGENT_SUCCEEDED, CDDP_EXIT_OK);
@@ -365,6 +379,8 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
         }
         break;
     case POLICY_EV_RDZV_CLOSED:
+        if (!policy_finished(p))
+            p->rdzv_job_fault = ev->exitcode != 0;
         if (p->state == AGENT_RUNNING) {
             begin_stop(p, &o, STOP_RDZV_CLOSED, SIGTERM, now_ms);
         } else if (p->state == AGENT_RENDEZVOUS) {

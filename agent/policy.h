@@ -11,7 +11,9 @@
  *     process group gets SIGTERM, then SIGKILL at the shutdown deadline.
  *     Once every group is empty the group restarts (a new rendezvous round)
  *     while restarts remain, TORCHELASTIC_RESTART_COUNT counting them;
- *     otherwise the agent reports the failures and exits 1.
+ *     otherwise the agent reports the failures and exits 1 (3 when the
+ *     last failure was a worker the watchdog found hung; 5 when the
+ *     rendezvous was lost or closed: common/exitcodes.h).
  *   - All workers exiting 0 is success: exit barrier, then exit 0. Processes
  *     a worker left behind in its group are stopped first.
  *   - A handled signal is forwarded to every group, then the same stop
@@ -96,7 +98,12 @@ enum policy_event_type {
 struct policy_event {
     enum policy_event_type type;
     int local_rank;
-    int exitcode;     /* torchrun's convention: the exit status, or -N for death by signal N */
+    /* WORKER_EXIT: torchrun's convention, the exit status or -N for death
+     * by signal N. RDZV_CLOSED and ROUND_FAILED: 1 when the rendezvous
+     * ended the run for a reason of the job's (another node's worker groups
+     * used up the restarts; a join refused for its token or configuration):
+     * the run ends as a failure, 1, not as the infrastructure's 5; else 0. */
+    int exitcode;
     bool group_empty; /* WORKER_EXIT: nothing else was left in its group */
     int sig;
     /* ROUND, coordinated mode: counted restarts the job had before this
@@ -160,7 +167,7 @@ struct agent_policy {
     /* The no-progress stop (--max_no_progress_restarts; 0: off). Set after
      * policy_init. When that many restarts in a row end in a failure before
      * any worker reports a step beyond the highest one seen before they
-     * started, the run ends (FAILURE_REPORT, EXIT 1, no_progress_stop set)
+     * started, the run ends (FAILURE_REPORT, EXIT 4, no_progress_stop set)
      * instead of restarting again. The first attempt is not a restart and
      * never counts; a job that reports no steps makes no progress. */
     int max_no_progress;
@@ -171,6 +178,7 @@ struct agent_policy {
     bool attempt_is_restart; /* the current attempt followed a failure or a new round */
     unsigned attempts;       /* attempts started */
     bool no_progress_stop;   /* the run ended for it */
+    bool rdzv_job_fault;     /* the last RDZV_CLOSED or ROUND_FAILED was the job's */
 };
 
 #define POLICY_MAX_ACTIONS 8

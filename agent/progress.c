@@ -115,6 +115,12 @@ void agent_progress(struct agent *a, int local_rank, const struct progress_repor
         struct policy_event ev = {.type = POLICY_EV_PROGRESS, .step = r->step};
         agent_post_event(a, &ev);
     }
+    if (r->fields & PROGRESS_STEP) {
+        enum goodput_phase was = a->gp.phase;
+        goodput_step(&a->gp, r->step, now_ms);
+        if (a->gp.phase != was)
+            agent_show(a); /* the attempt's first step: /status shows its phase */
+    }
     agent_stragglers_line(a, local_rank, r, now_ms);
     if (a->cfg->watchdog.mode == WATCHDOG_OFF)
         return;

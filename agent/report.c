@@ -18,6 +18,7 @@
 
 #include "agent/agent_int.h"
 #include "common/errors.h"
+#include "common/exitcodes.h"
 #include "common/hostname.h"
 #include "common/log.h"
 #include "common/file.h"
@@ -347,7 +348,7 @@ static int repeat(struct cddp_buf *b, char c, size_t n)
 }
 
 int agent_failure_table(const char *name, const struct agent_failure *f, int n, const char *host,
-                        struct cddp_buf *out)
+                        const char *exit_note, struct cddp_buf *out)
 {
     if (n <= 0)
         return CDDP_ESTATE;
@@ -400,6 +401,8 @@ int agent_failure_table(const char *name, const struct agent_failure *f, int n, 
             break;
         }
     }
+    if (rc == 0 && exit_note)
+        rc = cddp_buf_printf(out, "%s\n", exit_note);
     if (rc == 0)
         rc = repeat(out, '=', width);
     cddp_buf_free(&others);
@@ -499,7 +502,14 @@ void agent_report_failures(struct agent *a)
     struct cddp_buf table;
     cddp_buf_init(&table, 256u << 20);
     int root = agent_failure_root(f, n);
-    if (agent_failure_table(a->entry_name, f, n, host, &table) == 0) {
+    /* The policy has decided the exit by now; torchrun's 1 keeps its table. */
+    char note[160], *exit_note = NULL;
+    if (policy_finished(&a->pol) && a->pol.exit_code != CDDP_EXIT_FAILURE) {
+        snprintf(note, sizeof(note), "exit code: %d (%s; docs/cli.md, \"Exit codes\")",
+                 a->pol.exit_code, cddp_exit_name(a->pol.exit_code));
+        exit_note = note;
+    }
+    if (agent_failure_table(a->entry_name, f, n, host, exit_note, &table) == 0) {
         /* torchrun prints it as the uncaught ChildFailedError's message. */
         cddp_buf_append(&table, "\n", 1);
         const char *p = table.data;

@@ -85,9 +85,10 @@ int agent_failure_root(const struct agent_failure *f, int n);
 
 /* Appends the table for failures f[0..n) (in local-rank order) to out;
  * when a failure has no_torch, a last line before the closing rule names
- * its Python and PYTHON_EXEC. */
+ * its Python and PYTHON_EXEC; exit_note (NULL: none), cddprun's exit code
+ * when it is not torchrun's 1, is the line after it. */
 int agent_failure_table(const char *name, const struct agent_failure *f, int n, const char *host,
-                        struct cddp_buf *out);
+                        const char *exit_note, struct cddp_buf *out);
 
 /*
  * The agent's own error file (its TORCHELASTIC_ERROR_FILE): the root cause's

@@ -85,12 +85,30 @@ static int store_for_round(struct agent *a, struct agent_round *r)
 
 /* ---- the backend's answers ---- */
 
+/* How a node whose worker groups used up the restarts closes the
+ * rendezvous (agent_round_farewell), and how the others recognise it: for
+ * them the job failed (exit 1), the rendezvous did not (exit 5). */
+#define JOB_FAILED_REASON "worker groups failed and no restarts are left"
+
+/* Did the rendezvous end this node's run for a reason of the job's (its
+ * restarts used up on another node; a join refused for its token or its
+ * configuration) rather than the infrastructure's? The policy's
+ * ROUND_FAILED and RDZV_CLOSED carry it as exitcode 1 (exit 1, not 5). */
+static int job_fault(int status, const char *reason)
+{
+    if (status == CDDP_ETOKEN || status == CDDP_ECONFIG || status == CDDP_EMISMATCH)
+        return 1;
+    return (status == 0 || status == CDDP_ECLOSED) && reason && strstr(reason, JOB_FAILED_REASON);
+}
+
 static void on_round(struct agent_rdzv *r, int status, const struct agent_round *round,
                      const char *reason)
 {
     struct agent *a = r->data;
     if (status != 0) {
-        struct policy_event ev = {.type = POLICY_EV_ROUND_FAILED, .graceful = r->was_waiting};
+        struct policy_event ev = {.type = POLICY_EV_ROUND_FAILED,
+                                  .graceful = r->was_waiting,
+                                  .exitcode = job_fault(status, reason)};
         if (r->was_waiting)
             log_warn("A0106",
                      "[%s] the job ended while this node waited for a place (%s); nothing ran "
@@ -142,7 +160,7 @@ static void on_rdzv_closed(struct agent_rdzv *r, int status, const char *reason)
     else
         agent_failed(a, "A0109", "lost the rendezvous: %s",
                      reason ? reason : cddp_strerror(status));
-    agent_post(a, POLICY_EV_RDZV_CLOSED, 0, 0, 0);
+    agent_post(a, POLICY_EV_RDZV_CLOSED, 0, job_fault(status, reason), 0);
 }
 
 /* The connection, the wait list or the hosted server changed: show it. */
@@ -233,8 +251,7 @@ void agent_round_farewell(struct agent *a, const struct policy_action *act)
                  a->this_node);
     else if (act->end_job)
         snprintf(a->rdzv_reason, sizeof(a->rdzv_reason),
-                 "%s: worker groups failed and no restarts are left (max_restarts=%d)",
-                 a->this_node, a->cfg->max_restarts);
+                 "%s: " JOB_FAILED_REASON " (max_restarts=%d)", a->this_node, a->cfg->max_restarts);
     else if (a->pol.state == AGENT_TERMINATED)
         snprintf(a->rdzv_reason, sizeof(a->rdzv_reason), "%s received %s", a->this_node,
                  cddp_signal_name(a->pol.term_signal));

@@ -87,6 +87,12 @@ struct agent_status {
     uint64_t log_dropped_bytes;
     unsigned log_dropped_files;
     double start_time;
+    int exit_code; /* -1: running */
+    /* Where the wall time went, as the last snapshot said at goodput_ms
+     * (monotonic); the phase it was in runs on until the next. */
+    struct goodput_totals goodput;
+    uint64_t goodput_ms;
+    bool have_goodput;
     bool rdzv_connected;
     double rdzv_disconnected_at;
     unsigned rdzv_reconnects;
@@ -206,6 +212,30 @@ static enum status_exit_reason exit_reason(enum worker_state s, int exitcode, bo
     return STATUS_EXIT_FAILURE;
 }
 
+/* The last snapshot's goodput, its current phase run on to now_ms while
+ * the agent runs. */
+static void fill_goodput(const struct agent_status *st, struct status_goodput_view *g,
+                         uint64_t now_ms)
+{
+    const struct goodput_totals *t = &st->goodput;
+    memset(g, 0, sizeof(*g));
+    if (!st->have_goodput)
+        return;
+    _Static_assert((int)STATUS_GOODPUT_PHASE_COUNT == (int)GOODPUT_PHASE_COUNT, "goodput phases");
+    g->known = true;
+    for (int i = 0; i < GOODPUT_PHASE_COUNT; i++)
+        g->s[i] = t->s[i];
+    g->wall_s = t->wall_s;
+    g->phase = (enum status_goodput_phase)t->phase;
+    g->lost_steps = t->lost_steps;
+    if (st->exit_code < 0 && now_ms > st->goodput_ms) {
+        double more = (double)(now_ms - st->goodput_ms) / 1000.0;
+        g->s[t->phase] += more;
+        g->wall_s += more;
+    }
+    g->ratio = g->wall_s > 0 ? g->s[GOODPUT_PRODUCTIVE] / g->wall_s : 0;
+}
+
 static void fill_view(struct agent_status *st, struct status_agent_view *v, double now_wall)
 {
     const struct launch_config *cfg = st->cfg;
@@ -218,6 +248,9 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
     v->run_id = st->run_id;
     v->started_at = st->start_time;
     v->state = view_state(st);
+    v->exit_code = st->exit_code;
+    v->exit_reason = st->exit_code >= 0 ? cddp_exit_name(st->exit_code) : NULL;
+    fill_goodput(st, &v->goodput, cddp_mono_ms());
     v->node_rank = have_round ? st->node_rank : -1;
     v->nnodes = have_round ? st->nnodes : 0;
     v->world_size = have_round ? st->world_size : 0;
@@ -861,6 +894,12 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     st->log_dropped_bytes = snap->log_dropped_bytes;
     st->log_dropped_files = snap->log_dropped_files;
     st->start_time = snap->start_time;
+    st->exit_code = snap->exit_code;
+    if (snap->goodput) {
+        st->goodput = *snap->goodput;
+        st->goodput_ms = snap->goodput_ms;
+        st->have_goodput = true;
+    }
     st->rdzv_connected = snap->rdzv_connected;
     st->rdzv_disconnected_at = snap->rdzv_disconnected_at;
     st->rdzv_reconnects = snap->rdzv_reconnects;
@@ -958,6 +997,7 @@ int agent_status_new(const struct launch_config *cfg, const char *version,
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     }
     st->cfg = cfg;
+    st->exit_code = -1;
     st->version = version;
     st->nslots = n;
     for (int i = 0; i < n; i++) {

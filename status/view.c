@@ -31,6 +31,9 @@ static const char *const restart_reason_names[] = {
 static const char *const exit_reason_names[] = {
     "success", "failure", "signal", "collective_timeout", "watchdog", "stopped",
 };
+static const char *const goodput_phase_names[] = {
+    "init", "productive", "lost", "restart", "rendezvous", "stopped",
+};
 static const char *const refusal_names[] = {
     "limit",
     "token",
@@ -47,6 +50,9 @@ _Static_assert(sizeof(restart_reason_names) / sizeof(restart_reason_names[0]) ==
                "restart reason names");
 _Static_assert(sizeof(exit_reason_names) / sizeof(exit_reason_names[0]) == STATUS_EXIT_REASON_COUNT,
                "exit reason names");
+_Static_assert(sizeof(goodput_phase_names) / sizeof(goodput_phase_names[0]) ==
+                   STATUS_GOODPUT_PHASE_COUNT,
+               "goodput phase names");
 _Static_assert(sizeof(refusal_names) / sizeof(refusal_names[0]) == STATUS_REFUSAL_COUNT,
                "refusal names");
 
@@ -67,6 +73,10 @@ const char *status_restart_reason_name(enum status_restart_reason r)
 const char *status_exit_reason_name(enum status_exit_reason r)
 {
     return NAME_OF(exit_reason_names, r, STATUS_EXIT_REASON_COUNT);
+}
+const char *status_goodput_phase_name(enum status_goodput_phase p)
+{
+    return NAME_OF(goodput_phase_names, p, STATUS_GOODPUT_PHASE_COUNT);
 }
 const char *status_refusal_name(enum status_refusal r)
 {
@@ -241,6 +251,44 @@ static void agent_json_stragglers(struct jsonw *j, const struct status_agent_vie
     jsonw_array_end(j);
 }
 
+/* Where the wall time went (docs/status.md, "Goodput"). */
+static void agent_json_goodput(struct jsonw *j, const struct status_agent_view *v)
+{
+    const struct status_goodput_view *g = &v->goodput;
+    if (!g->known) {
+        jsonw_null(j, "goodput");
+        return;
+    }
+    jsonw_object_begin(j, "goodput");
+    jsonw_number(j, "ratio", g->ratio);
+    jsonw_seconds(j, "wall_s", g->wall_s);
+    jsonw_string(j, "phase", status_goodput_phase_name(g->phase));
+    jsonw_int(j, "lost_steps", (int64_t)g->lost_steps);
+    jsonw_object_begin(j, "seconds");
+    for (int i = 0; i < STATUS_GOODPUT_PHASE_COUNT; i++)
+        jsonw_seconds(j, goodput_phase_names[i], g->s[i]);
+    jsonw_object_end(j);
+    jsonw_object_end(j);
+}
+
+static void goodput_metrics(struct prom_writer *w, const struct status_agent_view *v)
+{
+    const struct status_goodput_view *g = &v->goodput;
+    if (!g->known)
+        return;
+    prom_family(w, "cddp_time_seconds_total", PROM_COUNTER,
+                "The agent's wall time by phase (init, productive, lost, restart, rendezvous, "
+                "stopped); the phases add up to the agent's uptime.");
+    for (int i = 0; i < STATUS_GOODPUT_PHASE_COUNT; i++)
+        prom_sample1(w, "phase", goodput_phase_names[i], g->s[i]);
+    prom_family(w, "cddp_goodput_ratio", PROM_GAUGE,
+                "Productive time over wall time (steps kept, not redone after a restart).");
+    prom_sample0(w, g->ratio);
+    prom_family(w, "cddp_lost_steps_total", PROM_COUNTER,
+                "Steps computed and then redone after a restart.");
+    prom_sample0(w, (double)g->lost_steps);
+}
+
 static bool agent_ready(const struct status_agent_view *v)
 {
     return v->state == STATUS_AGENT_RUNNING;
@@ -254,6 +302,12 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
     jsonw_string(j, "run_id", v->run_id);
     jsonw_string(j, "state", status_agent_state_name(v->state));
     jsonw_bool(j, "ready", agent_ready(v));
+    js_int_if(j, "exit_code", v->exit_code >= 0, v->exit_code);
+    if (v->exit_code >= 0 && v->exit_reason)
+        jsonw_string(j, "exit_reason", v->exit_reason);
+    else
+        jsonw_null(j, "exit_reason");
+    agent_json_goodput(j, v);
     js_int_if(j, "node_rank", v->node_rank >= 0, v->node_rank);
     js_int_if(j, "nnodes", v->nnodes > 0, v->nnodes);
     js_int_if(j, "world_size", v->world_size > 0, v->world_size);
@@ -562,6 +616,7 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
         prom_sample1(w, "state", worker_state_names[st], n);
     }
 
+    goodput_metrics(w, v);
     worker_metrics(w, v);
     if (v->rdzv_server)
         rdzv_metric_families(w, v->rdzv_server);

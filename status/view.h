@@ -75,6 +75,29 @@ enum status_exit_reason {
     STATUS_EXIT_REASON_COUNT
 };
 
+/* Where the agent's wall time went (agent/goodput.h's phases, in its
+ * order; label of cddp_time_seconds_total). */
+enum status_goodput_phase {
+    STATUS_GOODPUT_INIT,
+    STATUS_GOODPUT_PRODUCTIVE,
+    STATUS_GOODPUT_LOST,
+    STATUS_GOODPUT_RESTART,
+    STATUS_GOODPUT_RENDEZVOUS,
+    STATUS_GOODPUT_STOPPED,
+    STATUS_GOODPUT_PHASE_COUNT
+};
+
+struct status_goodput_view {
+    bool known; /* false: not shown */
+    double s[STATUS_GOODPUT_PHASE_COUNT];
+    double wall_s; /* their sum */
+    double ratio;  /* productive / wall */
+    uint64_t lost_steps;
+    enum status_goodput_phase phase; /* now */
+};
+
+const char *status_goodput_phase_name(enum status_goodput_phase p);
+
 const char *status_agent_state_name(enum status_agent_state s);
 const char *status_worker_state_name(enum status_worker_state s);
 const char *status_restart_reason_name(enum status_restart_reason r);
@@ -171,6 +194,12 @@ struct status_agent_view {
     /* Teed output the log files could not take (a full disk): bytes, files. */
     uint64_t log_dropped_bytes;
     unsigned log_dropped_files;
+
+    /* cddprun's exit code once the run ended (common/exitcodes.h) and its
+     * name; exit_code < 0: still running. */
+    int exit_code;
+    const char *exit_reason;
+    struct status_goodput_view goodput;
 
     size_t nworkers;
     const struct status_worker_view *workers;

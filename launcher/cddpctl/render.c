@@ -188,6 +188,35 @@ static void print_counts(FILE *out, int width, const char *title, const cJSON *o
 
 static void print_runs(FILE *out, const cJSON *root, double now);
 
+/* "goodput   91.2% of 1m18s: 1m11s productive, 1.3s lost (6 steps), ..."
+ * (docs/status.md, "Goodput"), and the exit code once the run has ended. */
+static void print_goodput(FILE *out, const cJSON *root)
+{
+    const cJSON *g = ctl_field(root, "goodput");
+    const cJSON *sec = ctl_field(g, "seconds");
+    double ratio, wall, v;
+    if (cJSON_IsObject(g) && ctl_num(g, "ratio", &ratio) && ctl_num(g, "wall_s", &wall)) {
+        char d[32];
+        fmt_duration(wall, d, sizeof(d));
+        fprintf(out, "%-10s%.1f%% of %s:", "goodput", ratio * 100, d);
+        static const char *const phases[] = {"productive", "lost",       "restart",
+                                             "init",       "rendezvous", "stopped"};
+        bool first = true;
+        for (size_t i = 0; i < sizeof(phases) / sizeof(phases[0]); i++) {
+            if (!ctl_num(sec, phases[i], &v) || (i > 0 && v < 0.05))
+                continue;
+            fmt_duration(v, d, sizeof(d));
+            fprintf(out, "%s %s %s", first ? "" : ",", d, phases[i]);
+            first = false;
+            if (i == 1 && ctl_num(g, "lost_steps", &v))
+                fprintf(out, " (%.0f step%s)", v, v == 1 ? "" : "s");
+        }
+        fprintf(out, "\n");
+    }
+    if (ctl_num(root, "exit_code", &v))
+        fprintf(out, "%-10s%.0f (%s)\n", "exit", v, ctl_str(root, "exit_reason", "-"));
+}
+
 bool ctl_workers_have_bar(const struct ctl_options *o, const cJSON *workers)
 {
     const cJSON *w;
@@ -313,6 +342,7 @@ void ctl_print_agent(const struct ctl_options *o, FILE *out, const cJSON *root)
         fprintf(out, " (and %.0f for membership changes)", mc);
     fprintf(out, "\n");
     print_counts(out, 10, "exits", ctl_field(root, "worker_exits"));
+    print_goodput(out, root);
 
     const cJSON *workers = ctl_field(root, "workers");
     if (cJSON_IsArray(workers) && cJSON_GetArraySize(workers) > 0) {

@@ -36,6 +36,8 @@ from conftest import ROOT, binary, free_port, wait_for
 from test_elastic import (alive, check_world, cluster, envs, rounds, snapshot,  # noqa: F401
                           wait_round)
 
+EXIT_INFRA = 5  # cddprun: the rendezvous lost or closed under the node (docs/cli.md)
+
 ETCD = "/usr/bin/etcd"
 # TTL = keep_alive_interval x keep_alive_max_attempt = 3 s.
 FAST = "keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1"
@@ -248,7 +250,7 @@ def test_closed_run_refuses_late_agents_then_expires(etcd, cluster):
     a = cluster.agent("0", *v3(e.endpoints, 1, conf=conf), env={"LIFETIME": "0.2"})
     assert a.wait() == 0, a.text()[-2000:]
     late = cluster.agent("1", *v3(e.endpoints, 1, conf=conf))
-    assert late.wait() == 1
+    assert late.wait() == EXIT_INFRA
     assert "closed" in late.text(), late.text()[-2000:]
     # after close_timeout the run id is free again
     wait_for(lambda: e.get("/cddp/rdzv/job/state") is None, timeout=15,
@@ -337,7 +339,7 @@ def test_worker_failure_restarts_every_node_counted_once(etcd, cluster):
 def test_unreachable_etcd_is_a_clear_error(cluster):
     port = free_port()
     a = cluster.agent("0", *v3(f"127.0.0.1:{port}", 2, conf="join_timeout=3"))
-    assert a.wait(timeout=60) == 1
+    assert a.wait(timeout=60) == EXIT_INFRA
     text = a.text()
     assert "within join_timeout (3 s)" in text, text[-2000:]
     assert f"127.0.0.1:{port}" in text
@@ -399,7 +401,7 @@ def test_misbehaving_endpoint_is_an_error_not_a_crash(cluster, answer):
     t.start()
     try:
         a = cluster.agent("0", *v3(f"127.0.0.1:{srv.server_port}", 1, conf="join_timeout=2"))
-        assert a.wait(timeout=60) == 1
+        assert a.wait(timeout=60) == EXIT_INFRA
         text = a.text()
         assert "within join_timeout (2 s)" in text, text[-2000:]
         said = {"junk": "not a JSON object", "deep": "nested deeper",
@@ -451,12 +453,12 @@ def test_tls_with_client_certificates(etcd, cluster, tmp_path):
     bad = FAST + (f",join_timeout=2,protocol=https,cacert={tls['other_ca']},"
                   f"cert={tls['client_cert']},key={tls['client_key']}")
     x = cluster.agent("x", *v3(e.endpoints, 2, conf=bad, run_id="tlsbad"))
-    assert x.wait(timeout=60) == 1
+    assert x.wait(timeout=60) == EXIT_INFRA  # the member refused the TLS handshake
     assert "TLS certificate not accepted" in x.text(), x.text()[-2000:]
     # no client certificate: the member refuses the handshake
     nocert = FAST + f",join_timeout=2,protocol=https,cacert={tls['ca']}"
     y = cluster.agent("y", *v3(e.endpoints, 2, conf=nocert, run_id="tlsbad2"))
-    assert y.wait(timeout=60) == 1
+    assert y.wait(timeout=60) == EXIT_INFRA
     assert "etcd member 127.0.0.1:" in y.text(), y.text()[-2000:]
 
 
@@ -480,7 +482,7 @@ def test_prefix_permissions_and_passwords(etcd, cluster):
     conf = FAST + ",join_timeout=5,user=cddp"
     pw = {"CDDP_ETCD_PASSWORD": "s3cret"}
     x = cluster.agent("x", *v3(e.endpoints, 1, conf=conf), env=pw)
-    assert x.wait(timeout=60) == 1
+    assert x.wait(timeout=60) == 1  # refused for the job's own configuration
     bad = [ln for ln in x.text().splitlines() if "A0101" in ln]
     assert len(bad) == 1 and "permission denied" in bad[0], x.text()[-2000:]
     wrong = cluster.agent("w", *v3(e.endpoints, 1, conf=conf + ",password=nope"))
@@ -547,7 +549,7 @@ def test_no_quorum_past_join_timeout_is_a_clear_error(etcd, cluster):
     for m in e.members[1:]:
         m.kill()
     for a in agents:
-        assert a.wait(timeout=60) == 1
+        assert a.wait(timeout=60) == EXIT_INFRA
         assert "no keep-alive answered" in a.text(), a.text()[-2000:]
     wait_for(lambda: not any(alive(int(x["PID"])) for x in first), timeout=10,
              what="the workers to go")

@@ -121,7 +121,7 @@ def test_rendezvous_peer_answering_http(tmp_path):
         took = time.monotonic() - t0
     finally:
         srv.close()
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 5, r.stderr  # infrastructure: no rendezvous there
     assert took < 10, took
     assert 'answered in HTTP ("HTTP/1.1 400 Bad Request")' in r.stderr, r.stderr
     assert "not a cddp rendezvous server" in r.stderr
@@ -387,7 +387,7 @@ def test_probes_answered_under_hostile_clients(background, many_fds, kind, count
 def test_join_timeout_under_last_call_says_so(tmp_path):
     r = cddprun("--nnodes=1:2", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
                 "--rdzv_conf=join_timeout=1,last_call_timeout=3", ok_sh(tmp_path), timeout=60)
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 5, r.stderr  # infrastructure: no round within join_timeout
     (line,) = [ln for ln in r.stderr.splitlines() if " A0101: " in ln]
     assert "1 node(s) joined, min_nodes=1; enough to start, but last_call_timeout=3.0 s, " \
            "longer than join_timeout, was still waiting for more nodes" in line, line
@@ -438,7 +438,7 @@ def test_restarted_running_worker_shows_no_exit(tmp_path, background):
 def test_watchdog_says_stopping_before_it_stops(tmp_path):
     w = script(tmp_path, "w", 'echo \'{"step":1}\' >&$CDDP_PROGRESS_FD\nexec sleep 600\n')
     r = cddprun("--watchdog_timeout=1", "--max_restarts=0", w, timeout=60)
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 3, r.stderr  # hung past its restarts
     (hung,) = [ln for ln in r.stderr.splitlines() if " A0901: " in ln]
     assert "was stopped" not in hung
     assert hung.endswith("; taking its stacks, then stopping the worker group"), hung

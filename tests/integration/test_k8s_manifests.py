@@ -9,6 +9,7 @@ and the scrape path answer on the live status port.
 """
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import time
@@ -100,6 +101,45 @@ def test_manifests_parse_and_say_what_they_must():
     assert rc["command"] == ["cddp-rdzv"]
     assert int(flag(rc["args"], "--port")) == {p["name"]: p["port"]
                                                for p in rsvc["spec"]["ports"]}["rdzv"]
+
+
+def exit_codes():
+    """{name: value} of cddprun's exit codes, from common/exitcodes.h."""
+    text = (K8S.parent.parent / "common" / "exitcodes.h").read_text()
+    return {m[0]: int(m[1]) for m in re.findall(r"CDDP_EXIT_(\w+) = (\d+),", text)}
+
+
+def test_job_pod_failure_policy(tmp_path):
+    """The Indexed Job retries a pod only where another try can help: it
+    fails the job on a usage error and on no progress, ignores a pod the
+    cluster disrupted (preemption, a drain), and counts the rest against a
+    backoffLimit that allows retries. The codes are cddprun's own, and a
+    usage error of its command line does exit with one that ends the job."""
+    job = find("Job")[0]
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"  # podFailurePolicy requires it
+    assert spec["backoffLimit"] > 0
+    rules = spec["podFailurePolicy"]["rules"]
+    codes = exit_codes()
+    fail = [r for r in rules if r["action"] == "FailJob"]
+    assert len(fail) == 1 and fail[0]["onExitCodes"]["operator"] == "In"
+    assert fail[0]["onExitCodes"]["containerName"] == pod["containers"][0]["name"]
+    assert sorted(fail[0]["onExitCodes"]["values"]) == sorted([codes["USAGE"], codes["NO_PROGRESS"]])
+    for kept in ("OK", "FAILURE", "HUNG", "INFRA"):  # retried (or success): never FailJob
+        assert codes[kept] not in fail[0]["onExitCodes"]["values"]
+    assert 128 not in fail[0]["onExitCodes"]["values"]
+    ignore = [r for r in rules if r["action"] == "Ignore"]
+    assert ignore and ignore[0]["onPodConditions"] == [{"type": "DisruptionTarget"}]
+    assert {r["action"] for r in rules} <= {"FailJob", "Ignore", "Count"}
+    # the container's own command line with one bad flag: the FailJob code
+    c = pod["containers"][0]
+    args = list(c["args"])
+    at = args.index("cddp-train")  # the bad flag last among cddprun's, so it wins
+    env = dict(os.environ, PATH=f"{os.path.dirname(binary('cddp-train'))}:{os.environ['PATH']}")
+    r = subprocess.run([binary("cddprun"), *args[:at], "--max_restarts=-1", *args[at:]],
+                       capture_output=True, text=True, timeout=30, env=env)
+    assert r.returncode in fail[0]["onExitCodes"]["values"], r.stderr
+    assert r.returncode == codes["USAGE"] and "--max_restarts" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("kind,name,tmpl", pod_templates(), ids=lambda v: v if isinstance(v, str)

@@ -201,3 +201,28 @@ def test_failure_is_not_preemption(tmp_path):
     r = run([binary("cddprun"), str(w)], timeout=60,
             env=slurm_env(4242, 0, nnodes=1, nodelist="localhost"))
     assert r.returncode == 1, r.stderr
+
+
+SBATCH = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "slurm", "train.sbatch")
+
+
+def test_example_sbatch_requeues_on_preemption_and_infrastructure_only(tmp_path):
+    """examples/slurm/train.sbatch's exit handling, its srun and scontrol
+    replaced by stand-ins on PATH (srun exits with cddprun's code, scontrol
+    records what it was asked): the job is requeued on preemption (128 +
+    signal) and on the infrastructure's 5, never on a failure, a usage
+    error, a hang or no progress (docs/cli.md, "Exit codes"); the script
+    exits with cddprun's code either way."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    script(bin_, "srun", 'exit "$FAKE_RC"\n')
+    script(bin_, "scontrol", 'echo "$@" >> "$LOG"\n')
+    for rc, requeued in ((0, False), (1, False), (2, False), (3, False), (4, False), (5, True),
+                         (138, True), (143, True)):
+        log = tmp_path / f"scontrol.{rc}"
+        env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", FAKE_RC=str(rc),
+                   SLURM_JOB_ID="77", LOG=str(log))
+        r = run(["bash", SBATCH], env=env)
+        assert r.returncode == rc, (rc, r.stdout, r.stderr)
+        assert (log.read_text() if log.exists() else "") == ("requeue 77\n" if requeued else ""), \
+            (rc, r.stdout)

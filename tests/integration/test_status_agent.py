@@ -140,6 +140,10 @@ def test_endpoints_through_a_run(background, tmp_path):
     assert st["restarts"] == {"count": 0, "max": 1, "remaining": 1,
                               "by_reason": {"worker_failure": 0, "membership_change": 0}}
     assert st["last_round_duration_s"] >= 0 and st["last_round_at"] >= st["started_at"]
+    assert (st["exit_code"], st["exit_reason"]) == (None, None)  # still running
+    g = st["goodput"]  # steps reported: the group is productive
+    assert g["phase"] == "productive" and g["lost_steps"] == 0, g
+    assert abs(sum(g["seconds"].values()) - g["wall_s"]) < 0.01, g
     pids0 = []
     for lr, wk in enumerate(st["workers"]):
         assert (wk["local_rank"], wk["rank"], wk["state"], wk["exit_code"], wk["signal"],
@@ -237,6 +241,7 @@ def test_endpoints_through_a_run(background, tmp_path):
     # ---- failed: the final status is served while the agent lingers ----
     touch(tmp_path / "release.1")
     st = a.wait_state("failed")
+    assert (st["exit_code"], st["exit_reason"]) == (1, "failure")  # a worker, past its restarts
     w0, w1 = st["workers"]
     assert (w0["state"], w0["exit_code"]) == ("failed", 5)
     assert (w1["state"], w1["exit_code"]) == ("stopped", 143)
@@ -255,6 +260,8 @@ def test_endpoints_through_a_run(background, tmp_path):
     r = cddpctl("status", target)
     assert r.returncode == 0 and re.search(r"^state +failed \(not ready\)$", r.stdout, re.M), r.stdout
     assert re.search(r"^restarts +1 of 1$", r.stdout, re.M)
+    assert re.search(r"^exit +1 \(failure\)$", r.stdout, re.M), r.stdout
+    assert re.search(r"^goodput +\d+\.\d% of ", r.stdout, re.M), r.stdout
 
     # A handled signal ends the wait; the exit status is the run's.
     a.bg.signal(signal.SIGTERM)
@@ -390,6 +397,7 @@ def test_signal_terminates_and_linger_expires(background, tmp_path):
     t0 = time.monotonic()
     a.bg.signal(signal.SIGTERM)
     st = a.wait_state("terminated")
+    assert (st["exit_code"], st["exit_reason"]) == (143, "signal")  # preempted: 128+15
     assert st["worker_exits"]["stopped"] == 2
     for wk in st["workers"]:
         assert (wk["state"], wk["signal"], wk["signal_name"], wk["exit_code"]) == (

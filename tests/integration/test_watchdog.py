@@ -18,6 +18,10 @@ import pytest
 
 from conftest import binary, free_port, run
 
+# cddprun's exit codes (docs/cli.md, "Exit codes")
+EXIT_HUNG = 3
+EXIT_NO_PROGRESS = 4
+
 PY_WORKER = """
 import json, os, sys, time
 fd = int(os.environ.get("CDDP_PROGRESS_FD", "-1"))
@@ -91,7 +95,8 @@ def test_python_worker_hang_out_of_restarts(tmp_path):
         ["--nproc_per_node=1", "--max_restarts=1", "--watchdog_timeout=1", script],
         {"HANG_STEPS": "3", "HANG_PERIOD_MS": "100", "HANG_ATTEMPTS": "0,1",
          "TORCHELASTIC_ERROR_FILE": str(errfile)})
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == EXIT_HUNG, r.stderr  # hung past its restarts
+    assert 'exit code: 3 (hung; docs/cli.md' in r.stderr, r.stderr  # in the failure table
     lines = hung_lines(r.stderr)
     assert len(lines) == 2, r.stderr
     for l in lines:
@@ -120,7 +125,7 @@ def test_python_worker_stacks_name_the_python_function(tmp_path):
          "--log_dir", tmp_path / "logs", script],
         {"HANG_STEPS": "2", "HANG_PERIOD_MS": "100", "HANG_ATTEMPTS": "0",
          "HANG_FORK": "1", "PYTHON_EXEC": "/usr/bin/python3"})
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == EXIT_HUNG, r.stderr
     stacks = list((tmp_path / "logs").glob("*/attempt_0/0/stacks.txt"))
     assert len(stacks) == 1, stacks
     text = stacks[0].read_text()
@@ -144,7 +149,7 @@ def test_initial_timeout_covers_startup(tmp_path):
         ["--nproc_per_node=1", "--watchdog_timeout=5", "--watchdog_initial=1",
          binary("cddp-hang-worker")],
         {"HANG_STEPS": "0", "HANG_ATTEMPTS": "0"})
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == EXIT_HUNG, r.stderr
     lines = hung_lines(r.stderr)
     assert len(lines) == 1 and "before its first progress line" in lines[0], r.stderr
     assert "--watchdog_initial" in lines[0]
@@ -252,7 +257,8 @@ def test_no_progress_restarts_stop_the_job(tmp_path):
         ["--nproc_per_node=1", "--max_restarts=5", "--max_no_progress_restarts=2",
          "--watchdog_timeout=1", binary("cddp-hang-worker")],
         {"HANG_STEPS": "3", "HANG_PERIOD_MS": "50", "HANG_ATTEMPTS": "0,1,2,3,4,5"})
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == EXIT_NO_PROGRESS, r.stderr
+    assert 'exit code: 4 (no_progress; docs/cli.md' in r.stderr, r.stderr
     assert len(hung_lines(r.stderr)) == 3, r.stderr
     stop = [l for l in r.stderr.splitlines() if "A0903" in l]
     assert len(stop) == 1 and "2 restarts in a row" in stop[0] and "beyond 2" in stop[0], r.stderr

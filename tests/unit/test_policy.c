@@ -112,13 +112,13 @@ static void test_watchdog_fails_group(void **state)
     step(&p, POLICY_EV_ROUND, 0, 0, 130);
     EXPECT(POLICY_ACT_START_WORKERS);
     assert_false(p.workers[1].hung);
-    /* out of restarts: the failure table, exit 1 (even if it exits 0 on SIGTERM) */
+    /* out of restarts: the failure table, exit 3: hung (even if it exits 0 on SIGTERM) */
     step(&p, POLICY_EV_WATCHDOG, 0, 0, 200);
     exit_clean(&p, 1, -SIGTERM, 210);
     exit_clean(&p, 0, 0, 220);
     assert_int_equal(p.workers[0].state, WORKER_FAILED);
     EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT);
-    assert_int_equal(acts[2].exit_code, CDDP_EXIT_FAILURE);
+    assert_int_equal(acts[2].exit_code, CDDP_EXIT_HUNG);
     /* stale outside RUNNING, and for ranks out of range */
     step(&p, POLICY_EV_WATCHDOG, 0, 0, 300);
     EXPECT_NONE();
@@ -174,7 +174,7 @@ static void test_no_progress_stop(void **state)
     assert_int_equal(p.state, AGENT_RUNNING);
     exit_clean(&p, 0, 1, 50);
     EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT);
-    assert_int_equal(acts[2].exit_code, CDDP_EXIT_FAILURE);
+    assert_int_equal(acts[2].exit_code, CDDP_EXIT_NO_PROGRESS);
     assert_true(acts[2].end_job);
     assert_true(p.no_progress_stop);
     assert_int_equal(p.state, AGENT_FAILED);
@@ -478,7 +478,7 @@ static void test_rendezvous_closed(void **state)
     EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
     exit_clean(&p, 0, -SIGTERM, 2);
     EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_EXIT);
-    assert_int_equal(acts[1].exit_code, CDDP_EXIT_FAILURE);
+    assert_int_equal(acts[1].exit_code, CDDP_EXIT_INFRA);
     policy_free(&p);
     /* during a failure stop: no restart is possible any more */
     running(&p, 2, 3);
@@ -494,12 +494,20 @@ static void test_rendezvous_closed(void **state)
     EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_JOIN);
     step(&p, POLICY_EV_RDZV_CLOSED, 0, 0, 2);
     EXPECT(POLICY_ACT_FAILURE_REPORT, POLICY_ACT_EXIT); /* the failure that led here */
+    assert_int_equal(acts[1].exit_code, CDDP_EXIT_INFRA);
     assert_int_equal(p.state, AGENT_FAILED);
     assert_false(acts[1].end_job);
     policy_free(&p);
     assert_int_equal(policy_init(&p, 1, 0, TIMEOUT), 0);
     step(&p, POLICY_EV_START, 0, 0, 0);
     step(&p, POLICY_EV_ROUND_FAILED, 0, 0, 1);
+    EXPECT(POLICY_ACT_EXIT);
+    assert_int_equal(acts[0].exit_code, CDDP_EXIT_INFRA);
+    policy_free(&p);
+    /* a join refused for the job's own reason (a token, its configuration) */
+    assert_int_equal(policy_init(&p, 1, 0, TIMEOUT), 0);
+    step(&p, POLICY_EV_START, 0, 0, 0);
+    step(&p, POLICY_EV_ROUND_FAILED, 0, 1, 1);
     EXPECT(POLICY_ACT_EXIT);
     assert_int_equal(acts[0].exit_code, CDDP_EXIT_FAILURE);
     policy_free(&p);

@@ -166,7 +166,7 @@ static void test_table_exact(void **state)
     assert_int_equal(agent_failure_load(&f[1], NULL), 0);
     struct cddp_buf b;
     cddp_buf_init(&b, 1 << 20);
-    assert_int_equal(agent_failure_table("train.py", f, 2, "node1.example", &b), 0);
+    assert_int_equal(agent_failure_table("train.py", f, 2, "node1.example", NULL, &b), 0);
     const char *want = "============================================================\n"
                        "train.py FAILED\n"
                        "------------------------------------------------------------\n"
@@ -205,7 +205,7 @@ static void test_table_narrow_and_alone(void **state)
     f.timestamp = 0;
     struct cddp_buf b;
     cddp_buf_init(&b, 1 << 20);
-    assert_int_equal(agent_failure_table("w", &f, 1, "h", &b), 0);
+    assert_int_equal(agent_failure_table("w", &f, 1, "h", NULL, &b), 0);
     /* the longest line is "  time      : 1970-01-01_00:00:00" (33) */
     const char *want = "=================================\n"
                        "w FAILED\n"
@@ -405,7 +405,7 @@ static void test_table_hint(void **state)
     f[0].no_torch = true;
     struct cddp_buf b;
     cddp_buf_init(&b, 1 << 20);
-    assert_int_equal(agent_failure_table("t.py", f, 2, "h", &b), 0);
+    assert_int_equal(agent_failure_table("t.py", f, 2, "h", NULL, &b), 0);
     const char *hint = "  traceback : x\n"
                        "hint: /v/bin/python3, the workers' Python, has no torch "
                        "(ModuleNotFoundError); set PYTHON_EXEC to a Python that has PyTorch\n"
@@ -415,12 +415,12 @@ static void test_table_hint(void **state)
     /* one line however many failures have it; none when none has it */
     f[1].no_torch = true;
     cddp_buf_reset(&b);
-    assert_int_equal(agent_failure_table("t.py", f, 2, "h", &b), 0);
+    assert_int_equal(agent_failure_table("t.py", f, 2, "h", NULL, &b), 0);
     assert_non_null(strstr(b.data, "hint: "));
     assert_null(strstr(strstr(b.data, "hint: ") + 1, "hint: "));
     f[0].no_torch = f[1].no_torch = false;
     cddp_buf_reset(&b);
-    assert_int_equal(agent_failure_table("t.py", f, 2, "h", &b), 0);
+    assert_int_equal(agent_failure_table("t.py", f, 2, "h", NULL, &b), 0);
     assert_null(strstr(b.data, "hint: "));
     cddp_buf_free(&b);
     free(f[0].message);

@@ -27,6 +27,7 @@ static void fill_agent(struct status_agent_view *v)
     v->hostname = "node1";
     v->run_id = "job\"7";
     v->started_at = 1000.0;
+    v->exit_code = -1;
     v->state = STATUS_AGENT_RUNNING;
     v->node_rank = 1;
     v->nnodes = 2;
@@ -505,6 +506,65 @@ static void test_agent_store(void **state)
     status_snapshot_unref(s);
 }
 
+/* Goodput and the exit code: absent or null until known, then every phase
+ * by name on /status and on /metrics. */
+static void test_agent_goodput_and_exit(void **state)
+{
+    (void)state;
+    struct status_agent_view v;
+    fill_agent(&v);
+    struct status_snapshot *s;
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    cJSON *root = status_json(s);
+    assert_true(is_null(root, "goodput") && is_null(root, "exit_code") &&
+                is_null(root, "exit_reason"));
+    cJSON_Delete(root);
+    size_t len;
+    assert_null(strstr(status_snapshot_metrics(s, &len), "cddp_goodput_ratio"));
+    status_snapshot_unref(s);
+
+    v.exit_code = 3;
+    v.exit_reason = "hung";
+    v.state = STATUS_AGENT_FAILED;
+    v.goodput = (struct status_goodput_view){
+        .known = true,
+        .s = {1.5, 20, 2.5, 1, 0.5, 0.5},
+        .wall_s = 26,
+        .ratio = 20.0 / 26,
+        .lost_steps = 7,
+        .phase = STATUS_GOODPUT_STOPPED,
+    };
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    root = status_json(s);
+    assert_true(num(root, "exit_code") == 3);
+    assert_string_equal(cJSON_GetObjectItem(root, "exit_reason")->valuestring, "hung");
+    const cJSON *g = cJSON_GetObjectItem(root, "goodput");
+    assert_non_null(g);
+    assert_true(num(g, "wall_s") == 26 && num(g, "lost_steps") == 7);
+    assert_true(fabs(num(g, "ratio") - 20.0 / 26) < 1e-9);
+    assert_string_equal(cJSON_GetObjectItem(g, "phase")->valuestring, "stopped");
+    const cJSON *sec = cJSON_GetObjectItem(g, "seconds");
+    assert_true(num(sec, "init") == 1.5 && num(sec, "productive") == 20 && num(sec, "lost") == 2.5);
+    assert_true(num(sec, "restart") == 1 && num(sec, "rendezvous") == 0.5 &&
+                num(sec, "stopped") == 0.5);
+    cJSON_Delete(root);
+    const char *m = status_snapshot_metrics(s, &len);
+    static const char *const want[] = {
+        "# TYPE cddp_time_seconds_total counter\n",
+        "cddp_time_seconds_total{phase=\"productive\"} 20\n",
+        "cddp_time_seconds_total{phase=\"lost\"} 2.5\n",
+        "cddp_time_seconds_total{phase=\"rendezvous\"} 0.5\n",
+        "# TYPE cddp_goodput_ratio gauge\n",
+        "cddp_lost_steps_total 7\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        if (strstr(m, want[i]) == NULL)
+            fail_msg("missing from /metrics: %s\n%s", want[i], m);
+    status_snapshot_unref(s);
+    for (int p = 0; p < STATUS_GOODPUT_PHASE_COUNT; p++)
+        assert_string_not_equal(status_goodput_phase_name((enum status_goodput_phase)p), "unknown");
+}
+
 /* An agent reconnecting to its rendezvous server, and one hosting it. */
 static void test_agent_rdzv(void **state)
 {
@@ -604,7 +664,7 @@ int main(void)
         cmocka_unit_test(test_agent_metrics),   cmocka_unit_test(test_rdzv),
         cmocka_unit_test(test_agent_rdzv),      cmocka_unit_test(test_agent_store),
         cmocka_unit_test(test_names),           cmocka_unit_test(test_agent_stragglers),
-        cmocka_unit_test(test_rdzv_stragglers),
+        cmocka_unit_test(test_rdzv_stragglers), cmocka_unit_test(test_agent_goodput_and_exit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
