@@ -478,7 +478,9 @@ static void start_workers(struct agent *a)
 
 /* The new membership generation on the store the workers use: first the
  * ranks it replaces, then the generation itself (docs/distributed.md,
- * "Recovering in place"). The survivors wait for the first key. */
+ * "Recovering in place"). The survivors wait for the first key. The keys
+ * are as torch's TCPStore client names them (it puts "/" before every
+ * key): a script reads them with store.get("cddp/gen"). */
 static void publish_generation(struct agent *a, int64_t gen, int rank)
 {
     if (a->store == NULL) {
@@ -488,12 +490,12 @@ static void publish_generation(struct agent *a, int64_t gen, int rank)
         return;
     }
     char key[64], val[32];
-    snprintf(key, sizeof(key), "cddp/gen/%lld/replaced", (long long)gen);
+    snprintf(key, sizeof(key), "/cddp/gen/%lld/replaced", (long long)gen);
     int n = snprintf(val, sizeof(val), "%d", rank);
     int rc = tcpstore_server_set(a->store, key, val, (size_t)n);
     if (rc == 0) {
         n = snprintf(val, sizeof(val), "%lld", (long long)gen);
-        rc = tcpstore_server_set(a->store, "cddp/gen", val, (size_t)n);
+        rc = tcpstore_server_set(a->store, "/cddp/gen", val, (size_t)n);
     }
     if (rc)
         log_warn("A0222", "[%s] announcing generation %lld on the agent store: %s", a->cfg->role,

@@ -396,13 +396,16 @@ void trn_dist_close(struct trn_dist *d)
 
 /* ---- recovering in place (--restart_scope=worker) ---- */
 
-/* Key, bare (not under the attempt's prefix: a replacement's
- * TORCHELASTIC_RESTART_COUNT differs from the survivors'). */
+/* Key as torch's TCPStore names it ("/" + key), not under the attempt's
+ * prefix (a replacement's TORCHELASTIC_RESTART_COUNT differs from the
+ * survivors'). */
 static int bare_get(struct trn_dist *d, const char *key, double timeout_s, char *out, size_t len)
 {
     void *val = NULL;
     size_t n = 0;
-    int rc = tcpstore_client_get(d->store.client, key, timeout_s, &val, &n);
+    char k[128];
+    snprintf(k, sizeof(k), "/%s", key);
+    int rc = tcpstore_client_get(d->store.client, k, timeout_s, &val, &n);
     if (rc)
         return rc;
     if (n >= len)
@@ -474,7 +477,7 @@ int trn_dist_reform(struct trn_dist *d, const struct trn_dist_options *o, long g
     d->comm = NULL;
     double init_s = o->init_timeout_s > 0 ? o->init_timeout_s : TRN_DEFAULT_INIT_TIMEOUT_S;
     char prefix[64];
-    snprintf(prefix, sizeof(prefix), "cddp/gen/%ld/gloo", gen);
+    snprintf(prefix, sizeof(prefix), "/cddp/gen/%ld/gloo", gen);
     struct trn_comm_options co = {
         .rank = d->env.rank,
         .world = d->env.world,
