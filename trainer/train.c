@@ -125,8 +125,8 @@ struct run {
 /* Collectives                                                               */
 
 /* A collective timed out or a peer failed: torchrun's error file, exit 75;
- * in the training loop under --restart_scope=worker, back to main()'s
- * recovery point instead (recover_in_place). The calls that fail come
+ * a peer gone in the training loop under --restart_scope=worker: back to
+ * main()'s recovery point instead (recover_in_place). The calls that fail come
  * from the training thread's own serial code (a wait, a synchronous
  * collective), never from inside a parallel region, so the jump leaves
  * no lock held; the broken communicator's queued work is drained when it
@@ -134,7 +134,9 @@ struct run {
 static void collective_failed(void *arg, const struct trn_comm_error *e)
 {
     struct run *r = arg;
-    if (r->in_place && r->recover_armed) {
+    /* (a peer that is gone; a timeout may be a hung peer the agent does
+     * not replace: exit 75, and the agent restarts the group) */
+    if (r->in_place && r->recover_armed && e->code == CDDP_EPEER) {
         char msg[1024];
         trn_comm_failure_message(e, r->in_step, r->rank, msg, sizeof(msg));
         log_warn("T6210", "%s; re-forming in place (--restart_scope=worker, generation %ld)", msg,

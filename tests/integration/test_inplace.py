@@ -26,7 +26,7 @@ import pytest
 from conftest import TORCH_PY, binary, free_port, run
 
 TINY = ["--arch", "resnet18", "--data", "synthetic", "--image-size", "32", "--num-classes",
-        "10", "--epochs", "2", "--log-every", "1", "--num-samples", "32", "--batch-size", "4"]
+        "10", "--epochs", "4", "--log-every", "1", "--num-samples", "32", "--batch-size", "4"]
 
 
 def status(port):
@@ -117,14 +117,27 @@ def pids_by_rank(text, code):
                                                   text)}
 
 
-@pytest.mark.heavy
-def test_cddp_train_crash_recovers_in_place_bit_for_bit(tmp_path, background):
+@pytest.fixture(scope="module")
+def reference():
+    """The no-fault run's checksum (4 ranks, CPU gloo, 8 steps)."""
     ref = run([binary("cddprun"), "--nproc_per_node=4", f"--master_port={free_port()}",
                binary("cddp-train"), *TINY], env=env(), timeout=300)
     assert ref.returncode == 0, ref.stderr[-3000:]
     want = checksums(ref.stderr)
-    assert len(want) == 1 and ref.stderr.count("T6202") == 4
+    assert len(want) == 1 and ref.stderr.count("T6202: after 8 steps") == 4, ref.stderr[-3000:]
+    return want
 
+
+def survivors_kept(err, replaced):
+    """The ranks not replaced are the processes that started; the others new."""
+    before, after = pids_by_rank(err, "T6201"), pids_by_rank(err, "T6202")
+    assert sorted(after) == [0, 1, 2, 3], err[-5000:]
+    for r in range(4):
+        assert (before.get(r) == after[r]) == (r not in replaced), (r, before, after)
+
+
+@pytest.mark.heavy
+def test_cddp_train_crash_recovers_in_place_bit_for_bit(background, reference):
     sport = free_port()
     agent = background([binary("cddprun"), "--nproc_per_node=4", f"--master_port={free_port()}",
                         "--max_restarts=1", "--restart_scope=worker", f"--status_port={sport}",
@@ -145,11 +158,37 @@ def test_cddp_train_crash_recovers_in_place_bit_for_bit(tmp_path, background):
     # every rank re-formed generation 1 with rank 0's state, and redid step 2
     assert len(re.findall(r"T6212: generation 1: state from rank 0, checksum \w+; running step 2",
                           err)) == 4, err[-5000:]
-    assert err.count("T6202") == 4 and checksums(err) == want, err[-5000:]
-    # the survivors are the processes that started; rank 2 is a new one
-    before, after = pids_by_rank(err, "T6201"), pids_by_rank(err, "T6202")
-    assert {r: before[r] for r in (0, 1, 3)} == {r: after[r] for r in (0, 1, 3)}
-    assert after[2] != before[2]
+    assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
+    survivors_kept(err, {2})
+
+
+@pytest.mark.heavy
+def test_cddp_train_two_failures_in_a_row(background, reference):
+    """Rank 2 crashes at step 2 and is replaced alone; once the group has
+    re-formed (the replacement's first step, past the settle window), rank 3
+    is SIGKILLed wherever it is: generation 2. The run ends on the no-fault
+    checksum, ranks 0 and 1 in their first processes."""
+    sport = free_port()
+    agent = background([binary("cddprun"), "--nproc_per_node=4", f"--master_port={free_port()}",
+                        "--max_restarts=2", "--restart_scope=worker", f"--status_port={sport}",
+                        "--status_linger=60", binary("cddp-train"), *TINY,
+                        "--fault", "crash@step=2,rank=2"], env=env())
+    st = wait_status(sport, lambda s: s["restarts"].get("last_recovery_s") is not None,
+                     timeout=120)
+    assert st["restarts"]["generation"] == 1
+    os.kill(st["workers"][3]["pid"], signal.SIGKILL)
+    st = wait_status(sport, lambda s: s["state"] in ("succeeded", "failed", "terminated"),
+                     timeout=300)
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(60) == 0, agent.err[-5000:]
+    err = agent.err
+    assert st["state"] == "succeeded", json.dumps(st)[:3000]
+    assert [w["restarts"] for w in st["workers"]] == [0, 0, 1, 1]
+    assert st["restarts"]["by_scope"] == {"worker": 2, "group": 0}
+    assert st["restarts"]["generation"] == 2
+    assert err.count("A0220") == 2 and err.count("A0207") == 1, err[-5000:]
+    assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
+    survivors_kept(err, {2, 3})
 
 
 # Every rank runs allreduces; rank 1 dies in the first attempt, and with it
