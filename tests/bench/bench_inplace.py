@@ -26,6 +26,7 @@ import datetime
 import os
 import pathlib
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -51,8 +52,15 @@ def lines(err, pattern):
     return out
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run(build, args, extra, env):
-    cmd = [str(build / "launcher" / "cddprun"), "--nproc_per_node=4", "--max_restarts=1", *extra,
+    cmd = [str(build / "launcher" / "cddprun"), "--nproc_per_node=4", "--max_restarts=1",
+           f"--master_port={free_port()}", *extra,
            str(build / "trainer" / "cddp-train"), *args]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
@@ -60,12 +68,19 @@ def run(build, args, extra, env):
     return r.stderr
 
 
-def measure(err, crash_step):
+def measure(err, crash_step, group):
+    """(crash time, the recovered group's first step's end, checksums): in
+    place, the first end of the step that failed (T0002 counts steps done);
+    a group restart, the first step's end of the new attempt's processes."""
     crash = lines(err, rf"T6101: fault injection: crash at step {crash_step}")[0][0]
-    first = [t for t, m in lines(err, r"T0002: step (\d+) loss") if t > crash][0]
+    steps = lines(err, r"T0002: step (\d+) loss")
+    if group:
+        restart = lines(err, r"A0207: .*\(attempt 1,")[0][0]
+        first = min(t for t, m in steps if t > restart)
+    else:
+        first = min(t for t, m in steps if int(m.group(1)) == crash_step + 1)
     sums = {m.group(1) for _, m in lines(err, r"T6202: after \d+ steps: state checksum (\w+)")}
-    done = [int(m.group(1)) for t, m in lines(err, r"T0002: step (\d+) loss") if t < crash]
-    return crash, first, sums, done
+    return crash, first, sums
 
 
 def main():
@@ -89,8 +104,8 @@ def main():
             ckpt = os.path.join(tmp, "ck.safetensors")
             err_g = run(build, base + ["--checkpoint", ckpt, "--ckpt-every", str(o.ckpt_every)],
                         ["--restart_scope=group"], env)
-        cw, fw, sw, _ = measure(err_w, o.crash_step)
-        cg, fg, sg, _ = measure(err_g, o.crash_step)
+        cw, fw, sw = measure(err_w, o.crash_step, False)
+        cg, fg, sg = measure(err_g, o.crash_step, True)
         started = lines(err_w, r"A0220: .*restarting local_rank")[0][0]
         joined = lines(err_w, r"T6211: rank 2 replaced in generation 1: joined the group in "
                               r"([\d.]+) s")
