@@ -538,6 +538,14 @@ static void connect_ranks(struct run *r)
 {
     const struct trn_config *c = &r->cfg;
     char err[8192];
+    if (r->in_place && r->dev.comm && strcmp(r->dev.comm, "gloo") != 0) {
+        /* (the NCCL path is not written to the contract yet: fail as under
+         * group, and the agent restarts the group) */
+        log_warn("T6213", "--restart_scope=worker: re-forming in place is not done on %s yet; a "
+                          "failed collective exits 75 and the group restarts", r->dev.comm);
+        r->in_place = false;
+        r->generation = 0;
+    }
     /* nccl orders its collectives with the compute stream (comm.h);
      * restart_count and rdzv_round come from the environment bootstrap.c
      * reads (TORCHELASTIC_RESTART_COUNT, CDDP_RDZV_ROUND). */
