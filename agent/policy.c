@@ -133,6 +133,7 @@ static void stopped(struct agent_policy *p, struct out *o)
             break;
         if (p->coordinated) {
             /* The next round says whether this failure counts. */
+            p->group_restarts++;
             p->state = AGENT_RENDEZVOUS;
             struct policy_action *a = emit(o, POLICY_ACT_JOIN);
             a->reason = STOP_FAILURE;

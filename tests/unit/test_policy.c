@@ -1055,6 +1055,8 @@ static void test_worker_scope_one_node_coordinated(void **state)
     nacts = policy_step(&p, &ev, 40, acts);
     EXPECT(POLICY_ACT_START_WORKERS);
     assert_int_equal(policy_restart_count(&p), 2);
+    assert_int_equal(p.group_restarts, 1);
+    assert_int_equal(p.worker_restarts, 1);
     /* one node still: one worker again, the job's count plus both */
     exit_clean(&p, 0, 1, 5000);
     EXPECT(POLICY_ACT_RESTART_WORKER);
