@@ -279,12 +279,16 @@ static void setup_model(struct run *r)
     if (trn_resnet_create(&r->model, &r->be, trn_arch_find(c->arch), r->num_classes, err,
                           sizeof(err)))
         trn_fatal("%s", err);
-    trn_resnet_init(&r->model, (uint64_t)c->seed, c->zero_init_residual);
+    /* A replacement re-forming in place takes every weight from a peer
+     * (take_state): no initialisation, no --init to read. */
+    bool replacement = r->in_place && r->generation > 0 && strcmp(r->dev.comm, "gloo") == 0;
+    if (!replacement)
+        trn_resnet_init(&r->model, (uint64_t)c->seed, c->zero_init_residual);
     trn_resnet_pull(&r->model); /* the host copies start equal (a device backend) */
     r->state = trn_state_table(&r->model);
     /* A checkpoint to resume replaces these weights: --init is not read then. */
     r->resuming = c->checkpoint && !c->no_resume && access(c->checkpoint, F_OK) == 0;
-    if (c->init && !r->resuming &&
+    if (c->init && !r->resuming && !replacement &&
         trn_weights_load(c->init, r->state, r->model.n_state, err, sizeof(err)) != 0)
         trn_refuse(CDDP_EXIT_FAILURE, "--init: %s", err);
     log_info("T0001", "%s: %zu parameters, %d classes, %s backend, %d threads", c->arch,
