@@ -210,6 +210,7 @@ os.write(1, ("DONE %d %d\n" % (r, a)).encode())
 """
 
 
+@pytest.mark.heavy
 def test_torch_script_falls_back_to_a_group_restart(tmp_path, torch_python):
     script = tmp_path / "t.py"
     script.write_text(TORCH_SCRIPT)
