@@ -73,6 +73,19 @@ struct agent_snapshot {
     /* Why the group is stopping (STOPPING, KILLING) or was last stopped. */
     enum stop_reason stop_reason;
     int membership_restarts; /* new rounds the rendezvous asked for (not in restart_count) */
+    /* --restart_scope (agent/policy.h): "group" or "worker"; the membership
+     * generation of the running group (0 at its start, one more for each
+     * worker restarted alone); restarts of one worker and of the whole
+     * group (both in restart_count); worker-scope failures that fell back
+     * to a group restart; wall time of the last worker restarted alone (0:
+     * none). */
+    const char *restart_scope;
+    int64_t generation;
+    int worker_restarts;
+    int group_restarts;
+    int scope_fallbacks;
+    double recovery_started;
+    double last_recovery_s; /* from it to the replacement's first step; < 0: none yet */
     /* The rendezvous beyond rounds (agent/rdzv.h's agent_rdzv_info): the
      * connection to its server, the run's wait list, the server this agent
      * hosts (rdzv_server: NULL when none; valid during the call only). */

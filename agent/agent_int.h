@@ -93,6 +93,8 @@ struct agent {
     int attempt; /* restart count of the running attempt */
     uint64_t exit_seq;
     int membership_restarts; /* rounds joined because the rendezvous asked */
+    double recovery_started; /* wall time the last worker was restarted alone; 0: never */
+    double last_recovery_s;  /* from then to the replacement's first step; < 0: none yet */
 
     struct agent_numa_plan *numa; /* --numa_binding: one per local rank, or NULL */
 

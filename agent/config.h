@@ -141,6 +141,10 @@ struct launch_config {
     double watchdog_floor;  /* --watchdog_floor, seconds; copied into watchdog.floor_ms */
     /* --max_no_progress_restarts (agent/policy.h); 0: off */
     int max_no_progress_restarts;
+    /* --restart_scope (CDDP_RESTART_SCOPE, PET_RESTART_SCOPE): "group"
+     * (default, torchrun's) or "worker" (agent/policy.h; docs/distributed.md
+     * "Recovering in place"). */
+    const char *restart_scope;
     /* --no_auto_progress (CDDP_NO_AUTO_PROGRESS, PET_NO_AUTO_PROGRESS): no
      * bootstrap folder on a Python worker's PYTHONPATH. */
     bool no_auto_progress;

@@ -24,6 +24,7 @@ int policy_init(struct agent_policy *p, int nworkers, int max_restarts,
     p->shutdown_timeout_ms = shutdown_timeout_ms;
     p->best_step = -1;
     p->attempt_base = -1;
+    p->settle_ms = POLICY_DEFAULT_SETTLE_MS;
     return 0;
 }
 
@@ -145,12 +146,14 @@ static void stopped(struct agent_policy *p, struct out *o)
             break;
         if (p->coordinated) {
             /* The next round says whether this failure counts. */
+            p->group_restarts++;
             p->state = AGENT_RENDEZVOUS;
             struct policy_action *a = emit(o, POLICY_ACT_JOIN);
             a->reason = STOP_FAILURE;
             a->attempts_left = p->remaining_restarts - 1;
         } else if (p->remaining_restarts > 0) {
             p->remaining_restarts--;
+            p->group_restarts++;
             p->state = AGENT_RENDEZVOUS;
             struct policy_action *a = emit(o, POLICY_ACT_JOIN);
             a->reason = STOP_FAILURE;
@@ -206,6 +209,48 @@ static void begin_stop(struct agent_policy *p, struct out *o, enum stop_reason r
     emit(o, POLICY_ACT_SET_DEADLINE)->deadline_ms = p->deadline_ms;
 }
 
+/* Worker scope: is a replacement still settling? One is while it has not
+ * reported a step (its group has not re-formed), and for settle_ms after
+ * it started whatever it reported. */
+static bool replacement_pending(const struct agent_policy *p, uint64_t now_ms)
+{
+    for (int i = 0; i < p->nworkers; i++) {
+        if (p->workers[i].replacing)
+            return true;
+    }
+    return p->last_replace_ms != 0 && now_ms < p->last_replace_ms + p->settle_ms;
+}
+
+/* Worker scope: local rank i failed (exitcode != 0) while the group runs.
+ * Restarts it alone when that is allowed (policy.h); false: the caller
+ * fails the group as under group scope. */
+static bool replace_worker(struct agent_policy *p, int i, uint64_t now_ms, struct out *o)
+{
+    if (p->scope != RESTART_SCOPE_WORKER || !p->one_node)
+        return false;
+    struct policy_worker *w = &p->workers[i];
+    if (p->nworkers < 2 || p->remaining_restarts <= 0)
+        return false; /* no peer to re-form with / the run ends as under group */
+    if (w->hung || replacement_pending(p, now_ms)) {
+        p->scope_fallbacks++;
+        return false;
+    }
+    p->remaining_restarts--;
+    p->worker_restarts++;
+    p->generation++;
+    p->last_replace_ms = now_ms ? now_ms : 1;
+    w->state = WORKER_RUNNING;
+    w->exitcode = 0;
+    w->group_alive = true; /* its new process; what the old one left is killed */
+    w->replacing = true;
+    w->restarts++;
+    struct policy_action *a = emit(o, POLICY_ACT_RESTART_WORKER);
+    a->local_rank = i;
+    a->generation = p->generation;
+    a->attempts_left = p->remaining_restarts;
+    return true;
+}
+
 static void on_worker_exit(struct agent_policy *p, const struct policy_event *ev, uint64_t now_ms,
                            struct out *o)
 {
@@ -219,6 +264,8 @@ static void on_worker_exit(struct agent_policy *p, const struct policy_event *ev
         w->group_alive = false;
     if (p->state == AGENT_RUNNING) {
         if (ev->exitcode != 0) {
+            if (replace_worker(p, ev->local_rank, now_ms, o))
+                return;
             w->state = WORKER_FAILED;
             begin_stop(p, o, STOP_FAILURE, SIGTERM, now_ms);
             return;
@@ -300,9 +347,12 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
             if (p->coordinated) {
                 /* restart_count is at most 2^53; keep max - remaining (the
                  * count policy_restart_count gives) within an int. */
-                int64_t count = ev->restart_count < 0         ? 0
-                                : ev->restart_count > INT_MAX ? INT_MAX
-                                                              : ev->restart_count;
+                /* (plus the workers this node restarted alone, which the
+                 * rendezvous never heard of) */
+                int64_t count = ev->restart_count < 0 ? 0 : ev->restart_count;
+                count += p->worker_restarts;
+                if (count > INT_MAX)
+                    count = INT_MAX;
                 int64_t left = (int64_t)p->max_restarts - count;
                 if (left < (int64_t)p->max_restarts - INT_MAX)
                     left = (int64_t)p->max_restarts - INT_MAX;
@@ -317,7 +367,11 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
                 p->workers[i].exitcode = 0;
                 p->workers[i].group_alive = true;
                 p->workers[i].hung = false;
+                p->workers[i].replacing = false;
             }
+            p->generation = 0; /* a new group: a fresh store, generation 0 */
+            p->one_node = ev->nnodes <= 1;
+            p->last_replace_ms = 0;
             p->stop_reason = STOP_NONE;
             p->state = AGENT_RUNNING;
             p->attempt_is_restart = p->attempts++ > 0;
@@ -405,6 +459,9 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
         }
         break;
     case POLICY_EV_PROGRESS:
+        /* A replacement's first step: its group has re-formed. */
+        if (ev->local_rank >= 0 && ev->local_rank < p->nworkers)
+            p->workers[ev->local_rank].replacing = false;
         if (ev->step > p->best_step)
             p->best_step = ev->step;
         if (ev->step > p->attempt_base)
@@ -461,6 +518,11 @@ const char *worker_state_name(enum worker_state s)
         return "STOPPED";
     }
     return "UNKNOWN";
+}
+
+const char *restart_scope_name(enum restart_scope s)
+{
+    return s == RESTART_SCOPE_WORKER ? "worker" : "group";
 }
 
 const char *stop_reason_name(enum stop_reason r)

@@ -44,6 +44,24 @@
  *     on undisturbed, as torch's); otherwise it only leaves (a signal, a
  *     closed or unreachable rendezvous: the other nodes restart without it
  *     if they can).
+ *
+ * --restart_scope=worker (scope; rounds of one node only, coordinated or
+ * not: a restart of one worker is this node's own, and in coordinated mode
+ * the job's count from the rendezvous is taken plus these): the first
+ * worker to fail is started again alone (POLICY_ACT_RESTART_WORKER: same
+ * RANK and LOCAL_RANK, a new membership generation announced on the
+ * agent store, docs/distributed.md "Recovering in place"); the others run
+ * on and re-form their group with it. It counts against --max_restarts.
+ * The group falls back to torchrun's whole-group restart when:
+ *   - another worker fails while a replacement is pending: within
+ *     settle_ms of the replacement's start, or before the replacement
+ *     reports its first step (the group has not re-formed yet);
+ *   - the replacement itself fails before it reports a step (it could not
+ *     re-form: cddp-train exits 75 then);
+ *   - it was a hung worker (the watchdog) or the restarts are used up
+ *     (then the run ends as under group).
+ * An unmodified PyTorch script, whose ranks all die when one dies, thus
+ * behaves under worker as under group.
  */
 #ifndef CDDP_AGENT_POLICY_H
 #define CDDP_AGENT_POLICY_H
@@ -92,7 +110,7 @@ enum policy_event_type {
     POLICY_EV_RDZV_CLOSED,
     POLICY_EV_BARRIER_DONE, /* exitcode: 0, or the barrier's error (timed out, ...) */
     POLICY_EV_WATCHDOG,     /* local_rank is hung (agent/watchdog.h): a failure of the group */
-    POLICY_EV_PROGRESS,     /* a worker reported step (for the no-progress stop) */
+    POLICY_EV_PROGRESS,     /* local_rank reported step (no-progress stop, re-formed group) */
 };
 
 struct policy_event {
@@ -109,6 +127,7 @@ struct policy_event {
     /* ROUND, coordinated mode: counted restarts the job had before this
      * round (ignored otherwise: one node counts its own). */
     int64_t restart_count;
+    int nnodes; /* ROUND: the nodes in it (0: not said, one) */
     /* ROUND_FAILED: the job ended while this node waited for a place (the
      * round was full): nothing ran here, exit 0 (torch's graceful exit). */
     bool graceful;
@@ -125,6 +144,15 @@ enum policy_action_type {
     POLICY_ACT_EXIT_BARRIER,
     POLICY_ACT_FAILURE_REPORT, /* print the failure table; write the agent's error file */
     POLICY_ACT_EXIT,           /* stop the loop and exit with exit_code */
+    /* --restart_scope=worker: kill what is left of local_rank's process
+     * group, announce generation (replacing local_rank) on the agent
+     * store, start local_rank alone again (attempt = policy_restart_count) */
+    POLICY_ACT_RESTART_WORKER,
+};
+
+enum restart_scope {
+    RESTART_SCOPE_GROUP = 0, /* torchrun's: every worker, on any failure */
+    RESTART_SCOPE_WORKER,    /* only the failed worker (see above) */
 };
 
 struct policy_action {
@@ -139,6 +167,8 @@ struct policy_action {
                                 over) rather than only leave it */
     bool finished;           /* EXIT, !end_job: this node's workers succeeded; leave
                                 without disturbing the others */
+    int local_rank;          /* RESTART_WORKER */
+    int64_t generation;      /* RESTART_WORKER: the new membership generation */
 };
 
 struct policy_worker {
@@ -146,6 +176,8 @@ struct policy_worker {
     int exitcode;
     bool group_alive;
     bool hung; /* the watchdog found it hung: it counts as failed when it exits */
+    bool replacing;  /* restarted alone and has not reported a step yet (worker scope) */
+    int restarts;    /* times it was restarted alone (worker scope) */
 };
 
 struct agent_policy {
@@ -179,7 +211,20 @@ struct agent_policy {
     unsigned attempts;       /* attempts started */
     bool no_progress_stop;   /* the run ended for it */
     bool rdzv_job_fault;     /* the last RDZV_CLOSED or ROUND_FAILED was the job's */
+    /* --restart_scope (set after policy_init; worker scope is only taken
+     * in a round of one node). */
+    enum restart_scope scope;
+    bool one_node;               /* the current round has one node */
+    uint64_t settle_ms;          /* POLICY_DEFAULT_SETTLE_MS */
+    uint64_t last_replace_ms;    /* when the last worker was restarted alone; 0: never */
+    int64_t generation;          /* membership generation of this attempt's group; 0 at start */
+    int worker_restarts;         /* restarts of one worker (worker scope) */
+    int group_restarts;          /* failure restarts of the whole group */
+    int scope_fallbacks;         /* worker-scope failures that became group restarts */
 };
+
+/* A second failure this soon after a worker was replaced restarts the group. */
+#define POLICY_DEFAULT_SETTLE_MS 1000
 
 #define POLICY_MAX_ACTIONS 8
 
@@ -210,5 +255,6 @@ static inline bool policy_finished(const struct agent_policy *p)
 const char *agent_state_name(enum agent_state s);
 const char *worker_state_name(enum worker_state s);
 const char *stop_reason_name(enum stop_reason r);
+const char *restart_scope_name(enum restart_scope s);
 
 #endif

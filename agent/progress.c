@@ -111,8 +111,18 @@ void agent_progress(struct agent *a, int local_rank, const struct progress_repor
 {
     if (a == NULL || a->shutting_down || local_rank < 0 || local_rank >= a->nworkers)
         return;
-    if ((r->fields & PROGRESS_STEP) && r->step > a->pol.best_step && a->pol.max_no_progress > 0) {
-        struct policy_event ev = {.type = POLICY_EV_PROGRESS, .step = r->step};
+    /* (worker scope: a replacement's first step says its group re-formed) */
+    if ((r->fields & PROGRESS_STEP) &&
+        ((r->step > a->pol.best_step && a->pol.max_no_progress > 0) ||
+         a->pol.workers[local_rank].replacing)) {
+        if (a->pol.workers[local_rank].replacing && a->recovery_started > 0) {
+            a->last_recovery_s = cddp_wall_time() - a->recovery_started;
+            log_info("A0223", "[%s] local_rank %d re-formed the group: its first step (%lld) %.3f s "
+                              "after it was restarted alone",
+                     a->cfg->role, local_rank, (long long)r->step, a->last_recovery_s);
+        }
+        struct policy_event ev = {
+            .type = POLICY_EV_PROGRESS, .local_rank = local_rank, .step = r->step};
         agent_post_event(a, &ev);
     }
     if (r->fields & PROGRESS_STEP) {

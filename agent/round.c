@@ -137,7 +137,8 @@ static void on_round(struct agent_rdzv *r, int status, const struct agent_round 
                      "[%s] worker groups of this job failed %lld times and max_restarts is %d: no "
                      "restarts left",
                      a->cfg->role, (long long)round->restart_count, a->cfg->max_restarts);
-    struct policy_event ev = {.type = POLICY_EV_ROUND, .restart_count = round->restart_count};
+    struct policy_event ev = {
+        .type = POLICY_EV_ROUND, .restart_count = round->restart_count, .nnodes = round->nnodes};
     agent_post_event(a, &ev);
 }
 

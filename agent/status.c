@@ -80,6 +80,10 @@ struct agent_status {
     uint64_t round;
     int node_rank, nnodes, world_size, master_port;
     int restart_count, max_restarts, membership_restarts;
+    char restart_scope[8];
+    int64_t generation;
+    int worker_restarts, group_restarts, scope_fallbacks;
+    double last_recovery_s;
     enum watchdog_mode watchdog_mode;
     unsigned watchdog_kills;
     double straggler_factor, step_median_s;
@@ -309,6 +313,12 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
     v->max_restarts = (unsigned)st->max_restarts;
     v->restarts[STATUS_RESTART_WORKER_FAILURE] = (uint64_t)st->restart_count;
     v->restarts[STATUS_RESTART_MEMBERSHIP_CHANGE] = (uint64_t)st->membership_restarts;
+    v->restart_scope = st->restart_scope[0] ? st->restart_scope : NULL;
+    v->restarts_worker = (uint64_t)st->worker_restarts;
+    v->restarts_group = (uint64_t)st->group_restarts;
+    v->scope_fallbacks = (uint64_t)st->scope_fallbacks;
+    v->generation = st->generation;
+    v->last_recovery_s = st->last_recovery_s;
     memcpy(v->worker_exits, st->worker_exits, sizeof(v->worker_exits));
     for (int i = 0; i < st->nslots; i++) {
         const struct status_slot *s = &st->slots[i];
@@ -886,6 +896,13 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     st->restart_count = snap->restart_count;
     st->max_restarts = snap->max_restarts;
     st->membership_restarts = snap->membership_restarts;
+    cddp_strlcpy(st->restart_scope, snap->restart_scope ? snap->restart_scope : "",
+                 sizeof(st->restart_scope));
+    st->generation = snap->generation;
+    st->worker_restarts = snap->worker_restarts;
+    st->group_restarts = snap->group_restarts;
+    st->scope_fallbacks = snap->scope_fallbacks;
+    st->last_recovery_s = snap->last_recovery_s;
     st->watchdog_mode = snap->watchdog_mode;
     st->watchdog_kills = snap->watchdog_kills;
     st->straggler_factor = snap->straggler_factor;

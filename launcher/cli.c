@@ -88,6 +88,7 @@ enum flag_id {
     F_WATCHDOG_SAFETY,
     F_WATCHDOG_FLOOR,
     F_MAX_NO_PROGRESS_RESTARTS,
+    F_RESTART_SCOPE,
     F_NO_AUTO_PROGRESS,
     F_STRAGGLER_FACTOR,
     F_NO_IFNAME,
@@ -580,6 +581,7 @@ static int conv_shutdown_timeout(const struct cddp_flag_arg *a, void *dst, void 
 
 static const char *const backends[] = {"static", "c10d", "etcd", "etcd-v2", "etcd-v3", NULL};
 static const char *const methods[] = {"spawn", "fork", "forkserver", NULL};
+static const char *const restart_scopes[] = {"group", "worker", NULL};
 static const char *const numa_modes[] = {"node", "socket", "exclusive", "core-complex", NULL};
 
 #define AT(field) offsetof(struct launch_config, field)
@@ -766,6 +768,13 @@ static const struct cddp_flag flag_rows[F_COUNT] = {
                                     .help = "stop the job (exit 1) when N restarts in a row\n"
                                             "fail before any worker reports a step beyond the\n"
                                             "best seen before them (default 0: off)"},
+    [F_RESTART_SCOPE] = {"--restart_scope", "--restart-scope", 0, CDDP_FLAG_CHOICE,
+                         AT(restart_scope), .env = "CDDP_RESTART_SCOPE", PET, .defval = "group",
+                         .choices = restart_scopes, .metavar = "S", .group = WATCHDOG,
+                         .help = "group (default, torchrun's): a failure restarts every\n"
+                                 "worker; worker: restart only the failed one, the others\n"
+                                 "re-form with it (one node; docs/distributed.md,\n"
+                                 "\"Recovering in place\"; env CDDP_RESTART_SCOPE)"},
     /* agent/stragglers.c; the bootstrap folder (launcher/resolve.c) */
     [F_NO_AUTO_PROGRESS] = {"--no_auto_progress", "--no-auto-progress", 0, CDDP_FLAG_BOOL,
                             AT(no_auto_progress), .env = "CDDP_NO_AUTO_PROGRESS", PET,

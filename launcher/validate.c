@@ -140,6 +140,10 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
         cfg->status_linger_s = 0;
         cfg->status_linger_ignored = true;
     }
+    if (cfg->restart_scope && strcmp(cfg->restart_scope, "worker") == 0 && !cfg->agent_store)
+        return cddp_fail(err, errlen, CDDP_ECONFIG,
+                         "--restart_scope=worker needs --agent_store=true: the agent announces "
+                         "each new membership generation on the store it serves the workers");
     if (cfg->logs_specs)
         return cddp_fail(err, errlen, CDDP_ECONFIG,
                          "--logs_specs=%s: logs_specs plugins are Python entry points; cddprun has "

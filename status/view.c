@@ -350,6 +350,19 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
     for (int i = 0; i < STATUS_RESTART_REASON_COUNT; i++)
         jsonw_int(j, restart_reason_names[i], (int64_t)v->restarts[i]);
     jsonw_object_end(j);
+    if (v->restart_scope) {
+        jsonw_string(j, "scope", v->restart_scope);
+        jsonw_object_begin(j, "by_scope");
+        jsonw_int(j, "worker", (int64_t)v->restarts_worker);
+        jsonw_int(j, "group", (int64_t)v->restarts_group);
+        jsonw_object_end(j);
+        jsonw_int(j, "scope_fallbacks", (int64_t)v->scope_fallbacks);
+        jsonw_int(j, "generation", v->generation);
+        if (v->last_recovery_s >= 0)
+            jsonw_seconds(j, "last_recovery_s", v->last_recovery_s);
+        else
+            jsonw_null(j, "last_recovery_s");
+    }
     jsonw_object_end(j);
 
     jsonw_object_begin(j, "worker_exits");
@@ -596,6 +609,20 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
                 "Worker group restarts, by reason (worker_failure counts against max_restarts).");
     for (int i = 0; i < STATUS_RESTART_REASON_COUNT; i++)
         prom_sample1(w, "reason", restart_reason_names[i], (double)v->restarts[i]);
+    if (v->restart_scope) {
+        prom_family(w, "cddp_agent_restarts_by_scope_total", PROM_COUNTER,
+                    "Failure restarts by --restart_scope: one worker, or the whole group.");
+        prom_sample1(w, "scope", "worker", (double)v->restarts_worker);
+        prom_sample1(w, "scope", "group", (double)v->restarts_group);
+        prom_family(w, "cddp_agent_generation", PROM_GAUGE,
+                    "The running group's membership generation (workers restarted alone).");
+        prom_sample0(w, (double)v->generation);
+        if (v->last_recovery_s >= 0) {
+            prom_family(w, "cddp_agent_last_recovery_seconds", PROM_GAUGE,
+                        "From the last worker restarted alone to its first step.");
+            prom_sample0(w, v->last_recovery_s);
+        }
+    }
     prom_family(w, "cddp_agent_max_restarts", PROM_GAUGE, "The --max_restarts budget.");
     prom_sample0(w, v->max_restarts);
     prom_family(w, "cddp_agent_worker_exits_total", PROM_COUNTER,

@@ -178,6 +178,15 @@ struct status_agent_view {
     unsigned restart_count; /* restarts that counted against max_restarts */
     unsigned max_restarts;
     uint64_t restarts[STATUS_RESTART_REASON_COUNT]; /* all restarts, by reason */
+    /* --restart_scope (agent/policy.h): "group" or "worker" (NULL: not
+     * shown); failure restarts of one worker and of the whole group;
+     * worker-scope failures that fell back to a group restart; the running
+     * group's membership generation; seconds from the last worker restarted
+     * alone to its first step (< 0: none yet). */
+    const char *restart_scope;
+    uint64_t restarts_worker, restarts_group, scope_fallbacks;
+    int64_t generation;
+    double last_recovery_s;
     uint64_t worker_exits[STATUS_EXIT_REASON_COUNT];
     const char *watchdog_mode; /* "off", "fixed", "auto"; NULL: no watchdog object */
     uint64_t watchdog_kills;   /* groups stopped because a worker was hung */

@@ -1024,6 +1024,22 @@ int tcpstore_server_start(uv_loop_t *loop, const struct tcpstore_server_options 
     return 0;
 }
 
+int tcpstore_server_set(struct tcpstore_server *srv, const char *key, const void *val,
+                        size_t len)
+{
+    struct before b;
+    before_change(srv, key, &b);
+    int rc = kvstore_set(srv->store, key, val, len);
+    if (rc) {
+        free(b.val);
+        return rc;
+    }
+    after_change(srv, key, &b);
+    drain_events(srv);
+    flush(srv);
+    return 0;
+}
+
 int tcpstore_server_port(const struct tcpstore_server *s)
 {
     return s->port;

@@ -61,6 +61,10 @@ struct tcpstore_server;
 int tcpstore_server_start(uv_loop_t *loop, const struct tcpstore_server_options *o,
                           struct tcpstore_server **out, char *err, size_t errlen);
 
+/* Sets key as a client's SET would, from the server's own thread: waits
+ * on it are answered, watchers told. 0 or a negative code (a full store). */
+int tcpstore_server_set(struct tcpstore_server *s, const char *key, const void *val, size_t len);
+
 /* The port it listens on. */
 int tcpstore_server_port(const struct tcpstore_server *s);
 

@@ -1210,6 +1210,34 @@ static void test_rdzv_conf_quotes(void **state)
 /* Every flag of the table is in --help (the help is written from the
  * table: --no_ifname was once missing from a hand-written one), with its
  * short letter, and says something. */
+/* --restart_scope: group (default) or worker; CDDP_RESTART_SCOPE beats
+ * PET_RESTART_SCOPE; worker needs the agent store (launch_validate). */
+static void test_restart_scope(void **state)
+{
+    (void)state;
+    struct launch_config c = {0};
+    assert_int_equal(parse(&c, "w"), 0);
+    assert_string_equal(c.restart_scope, "group");
+    assert_int_equal(parse(&c, "--restart_scope=worker", "w"), 0);
+    assert_string_equal(c.restart_scope, "worker");
+    assert_int_equal(parse(&c, "--restart-scope", "group", "w"), 0);
+    assert_string_equal(c.restart_scope, "group");
+    char *env[] = {(char *)"CDDP_RESTART_SCOPE=worker", (char *)"PET_RESTART_SCOPE=group", NULL};
+    assert_int_equal(parse_env(&c, env, "w", NULL), 0);
+    assert_string_equal(c.restart_scope, "worker");
+    char *pet[] = {(char *)"PET_RESTART_SCOPE=worker", NULL};
+    assert_int_equal(parse_env(&c, pet, "w", NULL), 0);
+    assert_string_equal(c.restart_scope, "worker");
+    assert_bad("--restart_scope", "--restart_scope=node", "w");
+    char verr[512];
+    assert_int_equal(parse(&c, "--restart_scope=worker", "w"), 0);
+    assert_int_equal(launch_validate(&c, verr, sizeof(verr)), 0);
+    assert_int_equal(parse(&c, "--restart_scope=worker", "--agent_store=false", "w"), 0);
+    assert_true(launch_validate(&c, verr, sizeof(verr)) < 0);
+    assert_non_null(strstr(verr, "--restart_scope=worker needs --agent_store=true"));
+    launch_config_free(&c);
+}
+
 static void test_help_lists_every_flag(void **state)
 {
     (void)state;
@@ -1263,6 +1291,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_status_flags),
         cmocka_unit_test(test_progress_flags),
+        cmocka_unit_test(test_restart_scope),
         cmocka_unit_test(test_refused_until_supported),
         cmocka_unit_test(test_validate_multinode),
         cmocka_unit_test(test_newest_flags),

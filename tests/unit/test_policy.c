@@ -932,6 +932,193 @@ static void test_random_walk_coordinated(void **state)
     }
 }
 
+/* ---- --restart_scope=worker ---- */
+
+static void progress_of(struct agent_policy *p, int rank, int64_t stepno, uint64_t now)
+{
+    struct policy_event ev = {.type = POLICY_EV_PROGRESS, .local_rank = rank, .step = stepno};
+    nacts = policy_step(p, &ev, now, acts);
+}
+
+/* One failure: only that worker starts again, a new generation, one
+ * restart of the budget; once it has reported a step and the settle window
+ * is over, the next failure is again one worker's. */
+static void test_worker_scope_replaces_one(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 4, 3);
+    p.scope = RESTART_SCOPE_WORKER;
+    exit_clean(&p, 2, 1, 100);
+    EXPECT(POLICY_ACT_RESTART_WORKER);
+    assert_int_equal(acts[0].local_rank, 2);
+    assert_int_equal(acts[0].generation, 1);
+    assert_int_equal(acts[0].attempts_left, 2);
+    assert_int_equal(p.state, AGENT_RUNNING);
+    assert_int_equal(p.workers[2].state, WORKER_RUNNING);
+    assert_true(p.workers[2].replacing);
+    assert_int_equal(p.workers[2].restarts, 1);
+    assert_int_equal(p.workers[1].restarts, 0);
+    assert_int_equal(policy_restart_count(&p), 1);
+    assert_int_equal(p.worker_restarts, 1);
+    assert_int_equal(p.group_restarts, 0);
+    /* its first step: re-formed */
+    progress_of(&p, 2, 7, 300);
+    EXPECT_NONE();
+    assert_false(p.workers[2].replacing);
+    /* (a signal-killed worker, later: one worker again, generation 2) */
+    exit_clean(&p, 0, -SIGKILL, 100 + POLICY_DEFAULT_SETTLE_MS + 1);
+    EXPECT(POLICY_ACT_RESTART_WORKER);
+    assert_int_equal(acts[0].local_rank, 0);
+    assert_int_equal(acts[0].generation, 2);
+    assert_int_equal(policy_restart_count(&p), 2);
+    /* the workers succeed: the usual end */
+    progress_of(&p, 0, 9, 5000);
+    for (int i = 0; i < 4; i++)
+        exit_clean(&p, i, 0, 6000);
+    EXPECT(POLICY_ACT_EXIT_BARRIER);
+    policy_free(&p);
+}
+
+/* A second failure within the settle window: the whole group restarts (an
+ * unmodified PyTorch script's ranks all die), counted once more; the new
+ * round starts at generation 0. */
+static void test_worker_scope_falls_back_in_window(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 4, 3);
+    p.scope = RESTART_SCOPE_WORKER;
+    exit_clean(&p, 1, 1, 1000);
+    EXPECT(POLICY_ACT_RESTART_WORKER);
+    exit_clean(&p, 3, 1, 1000 + POLICY_DEFAULT_SETTLE_MS - 1);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(p.scope_fallbacks, 1);
+    assert_int_equal(p.workers[3].state, WORKER_FAILED);
+    for (int i = 0; i < 3; i++)
+        exit_clean(&p, i, -SIGTERM, 1200);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    assert_int_equal(acts[1].reason, STOP_FAILURE);
+    assert_int_equal(policy_restart_count(&p), 2);
+    assert_int_equal(p.group_restarts, 1);
+    assert_int_equal(p.worker_restarts, 1);
+    step(&p, POLICY_EV_ROUND, 0, 0, 1300);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(p.generation, 0);
+    assert_false(p.workers[1].replacing);
+    /* the new group: a failure is one worker's again */
+    exit_clean(&p, 2, 75, 9000);
+    EXPECT(POLICY_ACT_RESTART_WORKER);
+    assert_int_equal(acts[0].generation, 1);
+    policy_free(&p);
+}
+
+/* A replacement that fails before its first step could not re-form (it
+ * exits 75), however late: the group restarts. So does any other worker
+ * failing before the replacement reports a step. */
+static void test_worker_scope_replacement_fails(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 2, 5);
+    p.scope = RESTART_SCOPE_WORKER;
+    exit_clean(&p, 0, 1, 10);
+    EXPECT(POLICY_ACT_RESTART_WORKER);
+    exit_clean(&p, 0, CDDP_EXIT_COLLECTIVE_TIMEOUT, 60000);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(p.scope_fallbacks, 1);
+    policy_free(&p);
+
+    running(&p, 2, 5);
+    p.scope = RESTART_SCOPE_WORKER;
+    exit_clean(&p, 0, 1, 10);
+    EXPECT(POLICY_ACT_RESTART_WORKER);
+    exit_clean(&p, 1, 75, 60000); /* the survivor gave up waiting */
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    policy_free(&p);
+}
+
+/* A rendezvous of one node (--standalone: coordinated): a worker restarted
+ * alone counts here, and the next round's job count is taken plus it. */
+static void test_worker_scope_one_node_coordinated(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    assert_int_equal(policy_init(&p, 2, 3, TIMEOUT), 0);
+    p.coordinated = true;
+    p.scope = RESTART_SCOPE_WORKER;
+    step(&p, POLICY_EV_START, 0, 0, 0);
+    struct policy_event ev = {.type = POLICY_EV_ROUND, .restart_count = 0, .nnodes = 1};
+    nacts = policy_step(&p, &ev, 0, acts);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    exit_clean(&p, 1, 1, 10);
+    EXPECT(POLICY_ACT_RESTART_WORKER);
+    assert_int_equal(policy_restart_count(&p), 1);
+    /* the replacement fails: the group goes back to the rendezvous */
+    exit_clean(&p, 1, 75, 20);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    exit_clean(&p, 0, -SIGTERM, 30);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_JOIN);
+    ev.restart_count = 1; /* the rendezvous counted the group's failure */
+    nacts = policy_step(&p, &ev, 40, acts);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(policy_restart_count(&p), 2);
+    assert_int_equal(p.group_restarts, 1);
+    assert_int_equal(p.worker_restarts, 1);
+    /* one node still: one worker again, the job's count plus both */
+    exit_clean(&p, 0, 1, 5000);
+    EXPECT(POLICY_ACT_RESTART_WORKER);
+    assert_int_equal(policy_restart_count(&p), 3);
+    /* the budget is spent: the next failure ends the run as under group */
+    progress_of(&p, 0, 5, 6000);
+    exit_clean(&p, 1, 1, 9000);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    policy_free(&p);
+}
+
+/* Where worker scope does not apply it behaves as group: no restart left,
+ * one worker, several nodes (the rendezvous counts restarts), a hung
+ * worker. */
+static void test_worker_scope_not_taken(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 4, 0);
+    p.scope = RESTART_SCOPE_WORKER;
+    exit_clean(&p, 1, 1, 10);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    policy_free(&p);
+
+    running(&p, 1, 3);
+    p.scope = RESTART_SCOPE_WORKER;
+    exit_clean(&p, 0, 1, 10);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_JOIN);
+    policy_free(&p);
+
+    running(&p, 4, 3);
+    p.scope = RESTART_SCOPE_WORKER;
+    p.coordinated = true;
+    p.one_node = false; /* a round of several nodes */
+    exit_clean(&p, 1, 1, 10);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    policy_free(&p);
+
+    running(&p, 4, 3);
+    p.scope = RESTART_SCOPE_WORKER;
+    step(&p, POLICY_EV_WATCHDOG, 2, 0, 10);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    policy_free(&p);
+
+    /* group scope, the default: unchanged */
+    running(&p, 4, 3);
+    assert_int_equal(p.scope, RESTART_SCOPE_GROUP);
+    exit_clean(&p, 1, 1, 10);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_string_equal(restart_scope_name(RESTART_SCOPE_WORKER), "worker");
+    assert_string_equal(restart_scope_name(RESTART_SCOPE_GROUP), "group");
+    policy_free(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -960,6 +1147,11 @@ int main(void)
         cmocka_unit_test(test_finished_states_are_final),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_random_walk_invariants),
+        cmocka_unit_test(test_worker_scope_replaces_one),
+        cmocka_unit_test(test_worker_scope_falls_back_in_window),
+        cmocka_unit_test(test_worker_scope_replacement_fails),
+        cmocka_unit_test(test_worker_scope_not_taken),
+        cmocka_unit_test(test_worker_scope_one_node_coordinated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -657,11 +657,50 @@ static void test_names(void **state)
     assert_string_equal(status_refusal_name(STATUS_REFUSED_PROTOCOL), "protocol");
 }
 
+/* --restart_scope: shown only when the agent says its scope; restarts by
+ * scope, the generation, the last recovery in both formats. */
+static void test_agent_restart_scope(void **state)
+{
+    (void)state;
+    struct status_agent_view v;
+    fill_agent(&v);
+    struct status_snapshot *s;
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    size_t len;
+    assert_null(strstr(status_snapshot_status(s, &len), "by_scope"));
+    assert_null(strstr(status_snapshot_metrics(s, &len), "cddp_agent_generation"));
+    status_snapshot_unref(s);
+    v.restart_scope = "worker";
+    v.restarts_worker = 2;
+    v.restarts_group = 1;
+    v.scope_fallbacks = 1;
+    v.generation = 2;
+    v.last_recovery_s = 0.25;
+    assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
+    const char *j = status_snapshot_status(s, &len);
+    static const char *const wj[] = {
+        "\"scope\":\"worker\"", "\"by_scope\":{\"worker\":2,\"group\":1}",
+        "\"scope_fallbacks\":1", "\"generation\":2", "\"last_recovery_s\":0.25"};
+    for (size_t i = 0; i < sizeof(wj) / sizeof(wj[0]); i++)
+        if (strstr(j, wj[i]) == NULL)
+            fail_msg("missing from /status: %s\n%s", wj[i], j);
+    const char *m = status_snapshot_metrics(s, &len);
+    static const char *const wm[] = {
+        "cddp_agent_restarts_by_scope_total{scope=\"worker\"} 2\n",
+        "cddp_agent_restarts_by_scope_total{scope=\"group\"} 1\n", "cddp_agent_generation 2\n",
+        "cddp_agent_last_recovery_seconds 0.25\n"};
+    for (size_t i = 0; i < sizeof(wm) / sizeof(wm[0]); i++)
+        if (strstr(m, wm[i]) == NULL)
+            fail_msg("missing from /metrics: %s\n%s", wm[i], m);
+    status_snapshot_unref(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agent_json),      cmocka_unit_test(test_agent_not_ready),
-        cmocka_unit_test(test_agent_metrics),   cmocka_unit_test(test_rdzv),
+        cmocka_unit_test(test_agent_metrics),
+        cmocka_unit_test(test_agent_restart_scope),   cmocka_unit_test(test_rdzv),
         cmocka_unit_test(test_agent_rdzv),      cmocka_unit_test(test_agent_store),
         cmocka_unit_test(test_names),           cmocka_unit_test(test_agent_stragglers),
         cmocka_unit_test(test_rdzv_stragglers), cmocka_unit_test(test_agent_goodput_and_exit),

@@ -321,6 +321,19 @@ int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
         .rdzv_round = d->env.rdzv_round,
     };
     struct trn_comm_error ce;
+    if (o->generation > 0 && d->env.world > 1) {
+        /* A replacement: the store now, the communicator with the others
+         * in trn_dist_reform. */
+        if (!d->env.use_agent_store) {
+            snprintf(err, errlen, "CDDP_GENERATION=%ld: re-forming in place needs the agent's "
+                     "store (TORCHELASTIC_USE_AGENT_STORE=True)", o->generation);
+            return CDDP_ECONFIG;
+        }
+        rc = connect_agent_store(d, deadline, err, errlen);
+        if (rc)
+            trn_dist_close(d);
+        return rc;
+    }
     if (d->env.world == 1) {
         rc = trn_comm_create(&co, NULL, &d->comm, &ce);
         if (rc)
@@ -379,4 +392,122 @@ void trn_dist_close(struct trn_dist *d)
     d->store.client = NULL;
     d->progress_store.client = NULL;
     d->server = NULL;
+}
+
+/* ---- recovering in place (--restart_scope=worker) ---- */
+
+/* Key as torch's TCPStore names it ("/" + key), not under the attempt's
+ * prefix (a replacement's TORCHELASTIC_RESTART_COUNT differs from the
+ * survivors'). */
+static int bare_get(struct trn_dist *d, const char *key, double timeout_s, char *out, size_t len)
+{
+    void *val = NULL;
+    size_t n = 0;
+    char k[128];
+    snprintf(k, sizeof(k), "/%s", key);
+    int rc = tcpstore_client_get(d->store.client, k, timeout_s, &val, &n);
+    if (rc)
+        return rc;
+    if (n >= len)
+        n = len - 1;
+    memcpy(out, val, n);
+    out[n] = '\0';
+    free(val);
+    return 0;
+}
+
+int trn_dist_wait_generation(struct trn_dist *d, long after, double timeout_s, long *gen,
+                             int *root, char *err, size_t errlen)
+{
+    if (d->store.client == NULL || !d->store.agent) {
+        snprintf(err, errlen, "re-forming in place needs the agent's store "
+                              "(TORCHELASTIC_USE_AGENT_STORE=True)");
+        return CDDP_ECONFIG;
+    }
+    char key[64], val[256];
+    snprintf(key, sizeof(key), "cddp/gen/%ld/replaced", after + 1);
+    int rc = bare_get(d, key, timeout_s, val, sizeof(val));
+    if (rc == 0)
+        rc = bare_get(d, "cddp/gen", timeout_s, val, sizeof(val));
+    if (rc) {
+        snprintf(err, errlen, "generation %ld did not come within %.1f s: %s", after + 1,
+                 timeout_s, tcpstore_client_last_error(d->store.client));
+        return rc;
+    }
+    char *end;
+    long g = strtol(val, &end, 10);
+    if (end == val || g <= after) {
+        snprintf(err, errlen, "the agent store's cddp/gen is '%.32s', not a generation after %ld",
+                 val, after);
+        return CDDP_EPARSE;
+    }
+    snprintf(key, sizeof(key), "cddp/gen/%ld/replaced", g);
+    if ((rc = bare_get(d, key, timeout_s, val, sizeof(val))) != 0) {
+        snprintf(err, errlen, "%s: %s", key, tcpstore_client_last_error(d->store.client));
+        return rc;
+    }
+    /* The lowest rank not replaced holds the state. */
+    bool replaced[4096] = {false};
+    for (char *p = val; *p;) {
+        long r = strtol(p, &end, 10);
+        if (end == p || r < 0 || r >= d->env.world || r >= 4096) {
+            snprintf(err, errlen, "%s is '%.64s', not a list of ranks", key, val);
+            return CDDP_EPARSE;
+        }
+        replaced[r] = true;
+        p = *end == ',' ? end + 1 : end;
+    }
+    int lowest = -1;
+    for (int r = 0; r < d->env.world && r < 4096 && lowest < 0; r++)
+        if (!replaced[r])
+            lowest = r;
+    if (lowest < 0) {
+        snprintf(err, errlen, "generation %ld replaced every rank: no state to take", g);
+        return CDDP_ESTATE;
+    }
+    *gen = g;
+    *root = lowest;
+    return 0;
+}
+
+int trn_dist_reform(struct trn_dist *d, const struct trn_dist_options *o, long gen, char *err,
+                    size_t errlen)
+{
+    trn_comm_destroy(d->comm);
+    d->comm = NULL;
+    double init_s = o->init_timeout_s > 0 ? o->init_timeout_s : TRN_DEFAULT_INIT_TIMEOUT_S;
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), "/cddp/gen/%ld/gloo", gen);
+    struct trn_comm_options co = {
+        .rank = d->env.rank,
+        .world = d->env.world,
+        .timeout_s = o->collective_timeout_s,
+        .init_timeout_s = init_s,
+        .backend = o->backend,
+        .route_to = d->env.master_addr,
+        .cuda_device = o->cuda_device,
+        .cuda_stream = o->cuda_stream,
+        .restart_count = gen, /* nccl: the unique id under the generation's key */
+        .rdzv_round = d->env.rdzv_round,
+        .store_prefix = prefix,
+    };
+    /* The keys are bare: every rank of the generation meets under them. */
+    char saved[sizeof(d->store.prefix)];
+    memcpy(saved, d->store.prefix, sizeof(saved));
+    d->store.prefix[0] = '\0';
+    struct trn_comm_error ce;
+    int rc = trn_comm_create(&co, &d->store.kv, &d->comm, &ce);
+    memcpy(d->store.prefix, saved, sizeof(saved));
+    if (rc) {
+        snprintf(err, errlen, "re-forming generation %ld: connecting %s failed after %.1f s: %s",
+                 gen, o->backend ? o->backend : "gloo", ce.waited_s, ce.detail);
+        return rc;
+    }
+    rc = trn_comm_barrier(d->comm);
+    if (rc) {
+        snprintf(err, errlen, "re-forming generation %ld: the first barrier failed: %s", gen,
+                 trn_comm_last_error(d->comm)->detail);
+        return rc;
+    }
+    return 0;
 }

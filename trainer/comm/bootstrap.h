@@ -41,6 +41,10 @@ struct trn_dist_options {
     /* nccl: the CUDA device and the compute stream (trn_comm_options). */
     int cuda_device;
     void *cuda_stream;
+    /* --restart_scope=worker's replacement (CDDP_GENERATION > 0): connect
+     * to the agent's store only; the communicator comes from
+     * trn_dist_reform (the survivors are not in trn_dist_init). */
+    long generation;
 };
 
 /* store/tcpstore_client.h's client as the communicator's struct trn_kv. */
@@ -70,5 +74,27 @@ int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
 
 /* Destroys the communicator, then the client, then (rank 0) the store. */
 void trn_dist_close(struct trn_dist *d);
+
+/*
+ * Recovering in place (--restart_scope=worker; docs/distributed.md). The
+ * agent announces generation N on its store as the bare keys
+ * "cddp/gen/N/replaced" (the global ranks it restarted, "3" or "1,3")
+ * and then "cddp/gen" (N); these calls read them and re-form the group.
+ *
+ * trn_dist_wait_generation: waits up to timeout_s for the generation after
+ * `after`, and returns the newest one announced in *gen and the lowest
+ * rank it did not replace in *root (who holds the state). 0, or a code
+ * with err filled (CDDP_ETIMEOUT: none came; CDDP_ECONFIG: not the
+ * agent's store).
+ *
+ * trn_dist_reform: drops the communicator (a broken one included) and
+ * connects a new one through the store under "cddp/gen/N/" keys, then a
+ * barrier: every rank of the world, survivors and replacements, calls it
+ * with the same N. 0, or a code with err filled.
+ */
+int trn_dist_wait_generation(struct trn_dist *d, long after, double timeout_s, long *gen,
+                             int *root, char *err, size_t errlen);
+int trn_dist_reform(struct trn_dist *d, const struct trn_dist_options *o, long gen, char *err,
+                    size_t errlen);
 
 #endif

@@ -1,0 +1,237 @@
+"""Recovering in place: cddprun --restart_scope=worker (docs/distributed.md,
+"Recovering in place").
+
+Real processes and sockets. The agent restarts only the failed worker (same
+RANK and LOCAL_RANK), announces the new generation on its store
+(cddp/gen/N/replaced, then cddp/gen), and the others keep their processes:
+  - a plain program (torch's TCPStore as the store client) sees the keys
+    and keeps its pid; /status shows restarts 0 for the survivors, 1 for
+    the replaced worker, restarts by scope and the generation;
+  - cddp-train (4 ranks, CPU gloo) re-forms its group in place after
+    --fault crash@step=N,rank=R and, without --checkpoint, ends on the same
+    state checksum (T6202) as a run with no fault;
+  - an unmodified PyTorch script, whose ranks die when one dies, falls back
+    to a whole-group restart and still finishes;
+  - a bad value is one line and exit 2.
+"""
+import json
+import os
+import re
+import signal
+import time
+import urllib.request
+
+import pytest
+
+from conftest import TORCH_PY, binary, free_port, run
+
+TINY = ["--arch", "resnet18", "--data", "synthetic", "--image-size", "32", "--num-classes",
+        "10", "--epochs", "4", "--log-every", "1", "--num-samples", "32", "--batch-size", "4"]
+
+
+def status(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:
+            return json.loads(r.read())
+    except OSError:
+        return None
+
+
+def wait_status(port, pred, timeout=60):
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        last = status(port)
+        if last is not None and pred(last):
+            return last
+        time.sleep(0.1)
+    pytest.fail(f"/status never matched: {json.dumps(last)[:3000]}")
+
+
+def env(**kw):
+    e = dict(os.environ, PYTHON_EXEC=TORCH_PY, LOGLEVEL="INFO")
+    e.update(kw)
+    return e
+
+
+# Rank 1 fails in generation 0. The others wait for the generation on the
+# agent's store (bare keys, as any script may read them) and then for the
+# replacement; the replacement waits for the test's go.
+PLAIN = r"""
+import datetime, os, sys, time
+import torch.distributed as dist
+r = int(os.environ["RANK"]); g = int(os.environ["CDDP_GENERATION"])
+os.write(1, ("START %d %d %d %s %s\n" % (r, g, os.getpid(), os.environ["CDDP_RESTART_SCOPE"],
+             os.environ["TORCHELASTIC_RESTART_COUNT"])).encode())
+s = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                  timeout=datetime.timedelta(seconds=30))
+if r == 1 and g == 0:
+    sys.exit(3)
+if g == 0:
+    s.wait(["cddp/gen/1/replaced"])
+    os.write(1, ("SAW %d %s %s\n" % (r, s.get("cddp/gen/1/replaced").decode(),
+                                     s.get("cddp/gen").decode())).encode())
+    s.wait(["done"])
+else:
+    while not os.path.exists(os.environ["GO"]):
+        time.sleep(0.05)
+    s.set("done", b"1")
+os.write(1, ("END %d %d\n" % (r, os.getpid())).encode())
+"""
+
+
+def test_plain_program_only_the_failed_worker_restarts(tmp_path, background, torch_python):
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN)
+    go = tmp_path / "go"
+    sport = free_port()
+    agent = background([binary("cddprun"), "--nproc_per_node=3", f"--master_port={free_port()}",
+                        "--max_restarts=1", "--restart_scope=worker", f"--status_port={sport}",
+                        script], env=env(GO=str(go)))
+    st = wait_status(sport, lambda s: s["restarts"].get("generation") == 1 and all(
+        w.get("pid") for w in s["workers"]))
+    assert st["restarts"]["scope"] == "worker"
+    assert st["restarts"]["by_scope"] == {"worker": 1, "group": 0}
+    assert st["restarts"]["count"] == 1
+    assert [w["restarts"] for w in st["workers"]] == [0, 1, 0]
+    go.write_text("")
+    assert agent.wait(60) == 0, agent.err[-3000:]
+    out = agent.out
+    starts = re.findall(r"START (\d) (\d) (\d+) (\w+) (\d+)", out)
+    assert sorted((r, g, scope, count) for r, g, _, scope, count in starts) == [
+        ("0", "0", "worker", "0"), ("1", "0", "worker", "0"), ("1", "1", "worker", "1"),
+        ("2", "0", "worker", "0")], out
+    # the survivors saw the generation and kept their processes
+    assert sorted(re.findall(r"SAW (\d) (\S+) (\S+)", out)) == [("0", "1", "1"), ("2", "1", "1")]
+    pids = {r: p for r, g, p, _, _ in starts if not (r == "1" and g == "0")}
+    assert dict(re.findall(r"END (\d) (\d+)", out)) == pids
+    assert agent.err.count("A0220") == 1 and "attempt 1, restart count" not in agent.err
+
+
+def checksums(text):
+    return set(re.findall(r"T6202: after \d+ steps: state checksum (\w+)", text))
+
+
+def pids_by_rank(text, code):
+    return {int(r): int(p) for p, r in re.findall(rf"cddp-train\[(\d+)\] rank(\d) \S+ \w+ {code}:",
+                                                  text)}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The no-fault run's checksum (4 ranks, CPU gloo, 8 steps)."""
+    ref = run([binary("cddprun"), "--nproc_per_node=4", f"--master_port={free_port()}",
+               binary("cddp-train"), *TINY], env=env(), timeout=300)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    want = checksums(ref.stderr)
+    assert len(want) == 1 and ref.stderr.count("T6202: after 8 steps") == 4, ref.stderr[-3000:]
+    return want
+
+
+def survivors_kept(err, replaced):
+    """The ranks not replaced are the processes that started; the others new."""
+    before, after = pids_by_rank(err, "T6201"), pids_by_rank(err, "T6202")
+    assert sorted(after) == [0, 1, 2, 3], err[-5000:]
+    for r in range(4):
+        assert (before.get(r) == after[r]) == (r not in replaced), (r, before, after)
+
+
+@pytest.mark.heavy
+def test_cddp_train_crash_recovers_in_place_bit_for_bit(background, reference):
+    sport = free_port()
+    agent = background([binary("cddprun"), "--nproc_per_node=4", f"--master_port={free_port()}",
+                        "--max_restarts=1", "--restart_scope=worker", f"--status_port={sport}",
+                        "--status_linger=60", binary("cddp-train"), *TINY,
+                        "--fault", "crash@step=2,rank=2"], env=env())
+    st = wait_status(sport, lambda s: s["state"] in ("succeeded", "failed", "terminated"),
+                     timeout=300)
+    agent.signal(signal.SIGTERM)  # ends the linger; the exit status stays the run's
+    assert agent.wait(60) == 0, agent.err[-5000:]
+    err = agent.err
+    assert st["state"] == "succeeded", json.dumps(st)[:3000]
+    assert [w["restarts"] for w in st["workers"]] == [0, 0, 1, 0]
+    assert st["restarts"]["by_scope"] == {"worker": 1, "group": 0}
+    assert st["restarts"]["generation"] == 1 and st["restarts"]["last_recovery_s"] > 0
+    # one start of the group, one worker restarted alone, no checkpoint
+    assert err.count("A0207") == 1 and err.count("A0220") == 1, err[-5000:]
+    assert "fault injection: crash at step 2 on rank 2" in err
+    # every rank re-formed generation 1 with rank 0's state, and redid step 2
+    assert len(re.findall(r"T6212: generation 1: state from rank 0, checksum \w+; running step 2",
+                          err)) == 4, err[-5000:]
+    assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
+    survivors_kept(err, {2})
+
+
+@pytest.mark.heavy
+def test_cddp_train_two_failures_in_a_row(background, reference):
+    """Rank 2 crashes at step 2 and is replaced alone; once the group has
+    re-formed (the replacement's first step, past the settle window), rank 3
+    is SIGKILLed wherever it is: generation 2. The run ends on the no-fault
+    checksum, ranks 0 and 1 in their first processes."""
+    sport = free_port()
+    agent = background([binary("cddprun"), "--nproc_per_node=4", f"--master_port={free_port()}",
+                        "--max_restarts=2", "--restart_scope=worker", f"--status_port={sport}",
+                        "--status_linger=60", binary("cddp-train"), *TINY,
+                        "--fault", "crash@step=2,rank=2"], env=env())
+    st = wait_status(sport, lambda s: s["restarts"].get("last_recovery_s") is not None,
+                     timeout=120)
+    assert st["restarts"]["generation"] == 1
+    os.kill(st["workers"][3]["pid"], signal.SIGKILL)
+    st = wait_status(sport, lambda s: s["state"] in ("succeeded", "failed", "terminated"),
+                     timeout=300)
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(60) == 0, agent.err[-5000:]
+    err = agent.err
+    assert st["state"] == "succeeded", json.dumps(st)[:3000]
+    assert [w["restarts"] for w in st["workers"]] == [0, 0, 1, 1]
+    assert st["restarts"]["by_scope"] == {"worker": 2, "group": 0}
+    assert st["restarts"]["generation"] == 2
+    assert err.count("A0220") == 2 and err.count("A0207") == 1, err[-5000:]
+    assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
+    survivors_kept(err, {2, 3})
+
+
+# Every rank runs allreduces; rank 1 dies in the first attempt, and with it
+# (gloo raises in the peers) the others: the replacement is not yet
+# re-formed, so the agent restarts the whole group, which then finishes.
+TORCH_SCRIPT = r"""
+import os, sys, time, torch, torch.distributed as dist
+a = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+dist.init_process_group("gloo", init_method="env://")
+r = dist.get_rank()
+for i in range(40):
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if i == 5 and r == 1 and a == 0:
+        os._exit(1)
+    time.sleep(0.02)
+dist.destroy_process_group()
+os.write(1, ("DONE %d %d\n" % (r, a)).encode())
+"""
+
+
+@pytest.mark.heavy
+def test_torch_script_falls_back_to_a_group_restart(tmp_path, torch_python):
+    script = tmp_path / "t.py"
+    script.write_text(TORCH_SCRIPT)
+    r = run([binary("cddprun"), "--nproc_per_node=3", f"--master_port={free_port()}",
+             "--max_restarts=3", "--restart_scope=worker", script], env=env(), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    # the first failure restarted rank 1 alone; the others' failures (in the
+    # settle window, before the replacement re-formed) restarted the group
+    assert r.stderr.count("A0220") == 1, r.stderr[-5000:]
+    assert re.search(r"A0207: \[default\] starting 3 workers \(attempt 2, restart count 2/3\)",
+                     r.stderr), r.stderr[-5000:]
+    assert sorted(re.findall(r"DONE (\d) (\d)", r.stdout)) == [("0", "2"), ("1", "2"),
+                                                               ("2", "2")], r.stdout
+
+
+def test_bad_scope_is_one_line():
+    r = run([binary("cddprun"), "--restart_scope=node", "true"])
+    assert r.returncode == 2
+    assert "--restart_scope" in r.stderr and "group" in r.stderr and "worker" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = run([binary("cddprun"), "--agent_store=false", "true"], env=dict(
+        os.environ, CDDP_RESTART_SCOPE="worker"))
+    assert r.returncode == 2
+    assert "--restart_scope=worker needs --agent_store=true" in r.stderr, r.stderr
