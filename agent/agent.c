@@ -518,8 +518,9 @@ static void start_workers(struct agent *a)
 static void publish_generation(struct agent *a, int64_t gen, int rank)
 {
     if (a->store == NULL) {
-        log_warn("A0221", "[%s] no agent store to announce generation %lld on: the survivors "
-                          "cannot re-form and the group will restart",
+        log_warn("A0221",
+                 "[%s] no agent store to announce generation %lld on: the survivors "
+                 "cannot re-form and the group will restart",
                  a->cfg->role, (long long)gen);
         return;
     }

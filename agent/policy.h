@@ -175,9 +175,9 @@ struct policy_worker {
     enum worker_state state;
     int exitcode;
     bool group_alive;
-    bool hung; /* the watchdog found it hung: it counts as failed when it exits */
-    bool replacing;  /* restarted alone and has not reported a step yet (worker scope) */
-    int restarts;    /* times it was restarted alone (worker scope) */
+    bool hung;      /* the watchdog found it hung: it counts as failed when it exits */
+    bool replacing; /* restarted alone and has not reported a step yet (worker scope) */
+    int restarts;   /* times it was restarted alone (worker scope) */
 };
 
 struct agent_policy {
@@ -214,13 +214,13 @@ struct agent_policy {
     /* --restart_scope (set after policy_init; worker scope is only taken
      * in a round of one node). */
     enum restart_scope scope;
-    bool one_node;               /* the current round has one node */
-    uint64_t settle_ms;          /* POLICY_DEFAULT_SETTLE_MS */
-    uint64_t last_replace_ms;    /* when the last worker was restarted alone; 0: never */
-    int64_t generation;          /* membership generation of this attempt's group; 0 at start */
-    int worker_restarts;         /* restarts of one worker (worker scope) */
-    int group_restarts;          /* failure restarts of the whole group */
-    int scope_fallbacks;         /* worker-scope failures that became group restarts */
+    bool one_node;            /* the current round has one node */
+    uint64_t settle_ms;       /* POLICY_DEFAULT_SETTLE_MS */
+    uint64_t last_replace_ms; /* when the last worker was restarted alone; 0: never */
+    int64_t generation;       /* membership generation of this attempt's group; 0 at start */
+    int worker_restarts;      /* restarts of one worker (worker scope) */
+    int group_restarts;       /* failure restarts of the whole group */
+    int scope_fallbacks;      /* worker-scope failures that became group restarts */
 };
 
 /* A second failure this soon after a worker was replaced restarts the group. */

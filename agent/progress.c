@@ -117,8 +117,9 @@ void agent_progress(struct agent *a, int local_rank, const struct progress_repor
          a->pol.workers[local_rank].replacing)) {
         if (a->pol.workers[local_rank].replacing && a->recovery_started > 0) {
             a->last_recovery_s = cddp_wall_time() - a->recovery_started;
-            log_info("A0223", "[%s] local_rank %d re-formed the group: its first step (%lld) %.3f s "
-                              "after it was restarted alone",
+            log_info("A0223",
+                     "[%s] local_rank %d re-formed the group: its first step (%lld) %.3f s "
+                     "after it was restarted alone",
                      a->cfg->role, local_rank, (long long)r->step, a->last_recovery_s);
         }
         struct policy_event ev = {

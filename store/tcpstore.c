@@ -1024,8 +1024,7 @@ int tcpstore_server_start(uv_loop_t *loop, const struct tcpstore_server_options 
     return 0;
 }
 
-int tcpstore_server_set(struct tcpstore_server *srv, const char *key, const void *val,
-                        size_t len)
+int tcpstore_server_set(struct tcpstore_server *srv, const char *key, const void *val, size_t len)
 {
     struct before b;
     before_change(srv, key, &b);

@@ -116,8 +116,8 @@ struct run {
         bool in_step;
         int epoch;
         long b0, step;
-        float *buffers;     /* (num_buffers), host */
-        int64_t *nbt;       /* (num_bn) */
+        float *buffers; /* (num_buffers), host */
+        int64_t *nbt;   /* (num_bn) */
     } redo;
 };
 
@@ -447,8 +447,8 @@ static void take_state(struct run *r, int root)
     check_collective(r, trn_comm_broadcast(comm, pos, 5, TRN_COMM_I64, root));
     check_collective(r, trn_comm_broadcast(comm, m->params, m->num_params, TRN_COMM_F32, root));
     check_collective(r, trn_comm_broadcast(comm, m->buffers, m->num_buffers, TRN_COMM_F32, root));
-    check_collective(r, trn_comm_broadcast(comm, m->num_batches_tracked, (size_t)m->num_bn,
-                                           TRN_COMM_I64, root));
+    check_collective(
+        r, trn_comm_broadcast(comm, m->num_batches_tracked, (size_t)m->num_bn, TRN_COMM_I64, root));
     check_collective(r, trn_comm_broadcast(comm, m->momentum, m->num_params, TRN_COMM_F32, root));
     check_collective(r, trn_comm_broadcast(comm, &scale, 1, TRN_COMM_F32, root));
     r->step = (long)pos[0];
@@ -466,7 +466,8 @@ static void take_state(struct run *r, int root)
     int64_t v = (int64_t)sum;
     if (trn_ddp_check_same(&r->ddp, &v, 1) != 0)
         reform_failed(r, CDDP_EMISMATCH, "the ranks hold different states after the transfer");
-    log_info("T6212", "generation %ld: state from rank %d, checksum %016" PRIx64
+    log_info("T6212",
+             "generation %ld: state from rank %d, checksum %016" PRIx64
              "; running step %ld (epoch %d, batch %ld)",
              r->generation, root, sum, r->step, r->start.epoch, r->start.first_batch);
 }
@@ -487,8 +488,8 @@ static void rejoin(struct run *r)
     uint64_t t0 = cddp_mono_ns();
     long gen;
     int root;
-    int rc = trn_dist_wait_generation(&r->dist, r->generation - 1, r->cfg.init_timeout, &gen,
-                                      &root, err, sizeof(err));
+    int rc = trn_dist_wait_generation(&r->dist, r->generation - 1, r->cfg.init_timeout, &gen, &root,
+                                      err, sizeof(err));
     if (rc == 0)
         rc = trn_dist_reform(&r->dist, &r->dopts, gen, err, sizeof(err));
     if (rc)
@@ -545,8 +546,10 @@ static void connect_ranks(struct run *r)
     if (r->in_place && r->dev.comm && strcmp(r->dev.comm, "gloo") != 0) {
         /* (the NCCL path is not written to the contract yet: fail as under
          * group, and the agent restarts the group) */
-        log_warn("T6213", "--restart_scope=worker: re-forming in place is not done on %s yet; a "
-                          "failed collective exits 75 and the group restarts", r->dev.comm);
+        log_warn("T6213",
+                 "--restart_scope=worker: re-forming in place is not done on %s yet; a "
+                 "failed collective exits 75 and the group restarts",
+                 r->dev.comm);
         r->in_place = false;
         r->generation = 0;
     }

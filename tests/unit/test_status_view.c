@@ -679,16 +679,16 @@ static void test_agent_restart_scope(void **state)
     assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
     const char *j = status_snapshot_status(s, &len);
     static const char *const wj[] = {
-        "\"scope\":\"worker\"", "\"by_scope\":{\"worker\":2,\"group\":1}",
-        "\"scope_fallbacks\":1", "\"generation\":2", "\"last_recovery_s\":0.25"};
+        "\"scope\":\"worker\"", "\"by_scope\":{\"worker\":2,\"group\":1}", "\"scope_fallbacks\":1",
+        "\"generation\":2", "\"last_recovery_s\":0.25"};
     for (size_t i = 0; i < sizeof(wj) / sizeof(wj[0]); i++)
         if (strstr(j, wj[i]) == NULL)
             fail_msg("missing from /status: %s\n%s", wj[i], j);
     const char *m = status_snapshot_metrics(s, &len);
-    static const char *const wm[] = {
-        "cddp_agent_restarts_by_scope_total{scope=\"worker\"} 2\n",
-        "cddp_agent_restarts_by_scope_total{scope=\"group\"} 1\n", "cddp_agent_generation 2\n",
-        "cddp_agent_last_recovery_seconds 0.25\n"};
+    static const char *const wm[] = {"cddp_agent_restarts_by_scope_total{scope=\"worker\"} 2\n",
+                                     "cddp_agent_restarts_by_scope_total{scope=\"group\"} 1\n",
+                                     "cddp_agent_generation 2\n",
+                                     "cddp_agent_last_recovery_seconds 0.25\n"};
     for (size_t i = 0; i < sizeof(wm) / sizeof(wm[0]); i++)
         if (strstr(m, wm[i]) == NULL)
             fail_msg("missing from /metrics: %s\n%s", wm[i], m);
@@ -698,12 +698,17 @@ static void test_agent_restart_scope(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_agent_json),      cmocka_unit_test(test_agent_not_ready),
+        cmocka_unit_test(test_agent_json),
+        cmocka_unit_test(test_agent_not_ready),
         cmocka_unit_test(test_agent_metrics),
-        cmocka_unit_test(test_agent_restart_scope),   cmocka_unit_test(test_rdzv),
-        cmocka_unit_test(test_agent_rdzv),      cmocka_unit_test(test_agent_store),
-        cmocka_unit_test(test_names),           cmocka_unit_test(test_agent_stragglers),
-        cmocka_unit_test(test_rdzv_stragglers), cmocka_unit_test(test_agent_goodput_and_exit),
+        cmocka_unit_test(test_agent_restart_scope),
+        cmocka_unit_test(test_rdzv),
+        cmocka_unit_test(test_agent_rdzv),
+        cmocka_unit_test(test_agent_store),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_agent_stragglers),
+        cmocka_unit_test(test_rdzv_stragglers),
+        cmocka_unit_test(test_agent_goodput_and_exit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -325,8 +325,10 @@ int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
         /* A replacement: the store now, the communicator with the others
          * in trn_dist_reform. */
         if (!d->env.use_agent_store) {
-            snprintf(err, errlen, "CDDP_GENERATION=%ld: re-forming in place needs the agent's "
-                     "store (TORCHELASTIC_USE_AGENT_STORE=True)", o->generation);
+            snprintf(err, errlen,
+                     "CDDP_GENERATION=%ld: re-forming in place needs the agent's "
+                     "store (TORCHELASTIC_USE_AGENT_STORE=True)",
+                     o->generation);
             return CDDP_ECONFIG;
         }
         rc = connect_agent_store(d, deadline, err, errlen);
@@ -416,12 +418,13 @@ static int bare_get(struct trn_dist *d, const char *key, double timeout_s, char 
     return 0;
 }
 
-int trn_dist_wait_generation(struct trn_dist *d, long after, double timeout_s, long *gen,
-                             int *root, char *err, size_t errlen)
+int trn_dist_wait_generation(struct trn_dist *d, long after, double timeout_s, long *gen, int *root,
+                             char *err, size_t errlen)
 {
     if (d->store.client == NULL || !d->store.agent) {
-        snprintf(err, errlen, "re-forming in place needs the agent's store "
-                              "(TORCHELASTIC_USE_AGENT_STORE=True)");
+        snprintf(err, errlen,
+                 "re-forming in place needs the agent's store "
+                 "(TORCHELASTIC_USE_AGENT_STORE=True)");
         return CDDP_ECONFIG;
     }
     char key[64], val[256];
@@ -430,8 +433,8 @@ int trn_dist_wait_generation(struct trn_dist *d, long after, double timeout_s, l
     if (rc == 0)
         rc = bare_get(d, "cddp/gen", timeout_s, val, sizeof(val));
     if (rc) {
-        snprintf(err, errlen, "generation %ld did not come within %.1f s: %s", after + 1,
-                 timeout_s, tcpstore_client_last_error(d->store.client));
+        snprintf(err, errlen, "generation %ld did not come within %.1f s: %s", after + 1, timeout_s,
+                 tcpstore_client_last_error(d->store.client));
         return rc;
     }
     char *end;

@@ -92,8 +92,8 @@ void trn_dist_close(struct trn_dist *d);
  * barrier: every rank of the world, survivors and replacements, calls it
  * with the same N. 0, or a code with err filled.
  */
-int trn_dist_wait_generation(struct trn_dist *d, long after, double timeout_s, long *gen,
-                             int *root, char *err, size_t errlen);
+int trn_dist_wait_generation(struct trn_dist *d, long after, double timeout_s, long *gen, int *root,
+                             char *err, size_t errlen);
 int trn_dist_reform(struct trn_dist *d, const struct trn_dist_options *o, long gen, char *err,
                     size_t errlen);
 
