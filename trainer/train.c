@@ -15,13 +15,14 @@
  * data, the model, the batches: everything a rank can check alone), resume
  * (--checkpoint), connect (the other ranks, DDP, and that they agree), the
  * epochs, evaluate (--eval), save (--save). Each step is a function of one
- * run context, struct run. The pieces live beside it: flags.c (the flags
+ * run context, struct run (run.h). The pieces live beside it: flags.c (the flags
  * table), schedule.c (the learning rate), resume.c (the run's checkpoint),
  * resnet.c (the graph), ops/cpu/ and ops/cuda/ (the kernels, chosen by
  * --device: device.c decides, backend.c sets up), input.c (the batches,
  * --prefetch's loader: prefetch.c), step.c (a step's forward, backward and
  * SGD, --amp fp16's scaler: scaler.c, --cuda-graphs: graph_plan.c),
  * stop.c (SIGTERM's grace period), progress_fd.c (the progress line),
+ * inplace.c (--restart_scope=worker: re-forming in place),
  * data/ (datasets and the sampler), ddp.c and comm/ (distributed).
  *
  * A flag's runtime state lives in its own file, not here: struct run holds
@@ -53,6 +54,7 @@
 #include "trainer/ddp.h"            /* trn_ddp: DDP buckets, SyncBatchNorm */
 #include "trainer/fatal.h"          /* trn_refuse, trn_fatal, trn_malloc */
 #include "trainer/fault.h"          /* --fault */
+#include "trainer/inplace.h"        /* --restart_scope=worker: recovering in place */
 #include "trainer/flags.h"          /* struct trn_config, trn_flags_parse */
 #include "trainer/input.h"          /* the batches; --prefetch: the loader */
 #include "trainer/ops/ops.h"        /* trn_backend */
@@ -61,106 +63,31 @@
 #include "trainer/resume.h"         /* trn_resume: --checkpoint */
 #include "trainer/schedule.h"       /* trn_lr_at */
 #include "trainer/step.h"           /* the step: micro-batches, SGD, GradScaler, --cuda-graphs */
+#include "trainer/run.h"            /* struct run */
 #include "trainer/stop.h"           /* SIGTERM/SIGINT: stop at the step's end */
-
-/* Everything one run holds, filled in main()'s order. A feature's runtime
- * state is a struct of its own file: the progress channel (progress_fd.h),
- * the input (input.h), the step engine with the loss scaler and the CUDA
- * graphs (step.h); the grace period on SIGTERM is process-wide (stop.h). */
-struct run {
-    struct trn_config cfg;
-    struct trn_dist_env env; /* torchrun's environment: rank, world, error file, restarts */
-    int rank, world;
-    struct trn_progress_fd progress; /* CDDP_PROGRESS_FD: a line per step to cddprun */
-
-    struct trn_device_choice dev; /* --device, resolved */
-    struct trn_backend be;
-    struct trn_dataset *train, *test; /* test: --eval only */
-    int num_classes;
-    int height, width; /* of every image */
-    struct trn_resnet model;
-    struct trn_ckpt_tensor *state; /* the model's state_dict (--init, --save, checkpoints) */
-
-    struct trn_sampler sampler;
-    int batch, last_batch; /* images per batch; in the epoch's last batch */
-    long batches;          /* this rank's batches per epoch */
-    struct trn_lr_schedule schedule;
-    struct trn_input input; /* the batches, --prefetch's loader */
-    struct trn_step engine; /* micro-batches, the optimizer step, the scaler, --cuda-graphs */
-
-    bool resuming; /* a checkpoint was there to resume when setup skipped --init for it */
-    struct trn_resume ckpt;
-    struct trn_resume_point start; /* where training starts */
-    long step;                     /* optimizer steps taken */
-    /* The step in progress, for a failed collective; -1: none. Published
-     * for the NCCL watchdog's thread too (watchdog_exit), hence atomic. */
-    _Atomic long in_step;
-
-    struct trn_dist dist;
-    struct trn_dist_options dopts; /* kept for re-forming */
-    struct trn_ddp ddp;
-    int rc; /* the exit status once training is done */
-
-    /* Recovering in place (cddprun --restart_scope=worker: CDDP_RESTART_SCOPE
-     * =worker, CDDP_GENERATION; docs/distributed.md): a failed collective
-     * in the training loop goes back to `recover` instead of exiting 75;
-     * the rank re-forms with the replaced one and every rank takes the
-     * state of the lowest rank that was not replaced. redo: where the step
-     * in progress (or the next one) starts, and the buffers before it (a
-     * failed step's forward already moved the BN statistics). */
-    bool in_place;
-    long generation;
-    jmp_buf recover;
-    bool recover_armed;
-    struct {
-        bool in_step;
-        int epoch;
-        long b0, step;
-        float *buffers; /* (num_buffers), host */
-        int64_t *nbt;   /* (num_bn) */
-    } redo;
-};
 
 /* ------------------------------------------------------------------------ */
 /* Collectives                                                               */
 
 /* A collective timed out or a peer failed: torchrun's error file, exit 75;
  * a peer gone in the training loop under --restart_scope=worker: back to
- * main()'s recovery point instead (recover_in_place). The calls that fail come
+ * main()'s recovery point instead (trn_inplace_recover). The calls that fail come
  * from the training thread's own serial code (a wait, a synchronous
  * collective), never from inside a parallel region, so the jump leaves
  * no lock held; the broken communicator's queued work is drained when it
  * is destroyed. */
-static void collective_failed(void *arg, const struct trn_comm_error *e)
+void run_collective_failed(void *arg, const struct trn_comm_error *e)
 {
     struct run *r = arg;
-    /* (a peer that is gone; a timeout may be a hung peer the agent does
-     * not replace: exit 75, and the agent restarts the group) */
-    if (r->in_place && r->recover_armed && e->code == CDDP_EPEER) {
-        char msg[1024];
-        trn_comm_failure_message(e, r->in_step, r->rank, msg, sizeof(msg));
-        log_warn("T6210", "%s; re-forming in place (--restart_scope=worker, generation %ld)", msg,
-                 r->generation);
-        r->recover_armed = false;
-        longjmp(r->recover, 1);
-    }
+    trn_inplace_failed(r, e); /* (no return when it goes back to the recovery point) */
     trn_comm_fail(e, r->in_step, r->rank, r->env.error_file);
-}
-
-/* Re-forming failed: exit 75 as a failed collective would (the agent then
- * restarts the whole group). */
-static _Noreturn void reform_failed(const struct run *r, int code, const char *why)
-{
-    struct trn_comm_error e = {.code = code, .coll = TRN_COLL_BARRIER, .op = "re-form"};
-    snprintf(e.detail, sizeof(e.detail), "%s", why);
-    trn_comm_fail(&e, r->in_step, r->rank, r->env.error_file);
 }
 
 /* The NCCL watchdog gave up (a collective past --collective-timeout, or a
  * peer's asynchronous error), on its own thread while the main one may be
  * stuck in the CUDA runtime: the same error file, naming the step the loop
  * last published, and exit 75 (comm.h, trn_comm_set_watchdog_exit). */
-static _Noreturn void watchdog_exit(void *arg, const struct trn_comm_error *e)
+_Noreturn void run_watchdog_exit(void *arg, const struct trn_comm_error *e)
 {
     const struct run *r = arg;
     trn_comm_fail(e, atomic_load_explicit(&r->in_step, memory_order_relaxed), r->rank,
@@ -168,10 +95,10 @@ static _Noreturn void watchdog_exit(void *arg, const struct trn_comm_error *e)
 }
 
 /* A collective's return code: on failure, the path above (no return). */
-static void check_collective(struct run *r, int rc)
+void run_check_collective(struct run *r, int rc)
 {
     if (rc < 0)
-        collective_failed(r, trn_comm_last_error(r->dist.comm));
+        run_collective_failed(r, trn_comm_last_error(r->dist.comm));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -280,8 +207,8 @@ static void setup_model(struct run *r)
                           sizeof(err)))
         trn_fatal("%s", err);
     /* A replacement re-forming in place takes every weight from a peer
-     * (take_state): no initialisation, no --init to read. */
-    bool replacement = r->in_place && r->generation > 0 && strcmp(r->dev.comm, "gloo") == 0;
+     * (inplace.c): no initialisation, no --init to read. */
+    bool replacement = trn_inplace_replacement(r);
     if (!replacement)
         trn_resnet_init(&r->model, (uint64_t)c->seed, c->zero_init_residual);
     trn_resnet_pull(&r->model); /* the host copies start equal (a device backend) */
@@ -384,157 +311,6 @@ static void agreed_settings(const struct run *r, char *buf, size_t len)
                  r->num_classes, r->train->len, r->train->channels, r->height, r->width);
 }
 
-/* ---- recovering in place (--restart_scope=worker) ---- */
-
-/* CDDP_RESTART_SCOPE=worker from cddprun: failed collectives in the
- * training loop re-form instead of exiting; CDDP_GENERATION > 0: this
- * process replaces a failed rank. */
-static void setup_in_place(struct run *r)
-{
-    const char *scope = getenv("CDDP_RESTART_SCOPE");
-    const char *gen = getenv("CDDP_GENERATION");
-    r->in_place = scope && strcmp(scope, "worker") == 0 && r->world > 1;
-    if (gen && *gen) {
-        char *end;
-        r->generation = strtol(gen, &end, 10);
-        if (*end != '\0' || r->generation < 0)
-            trn_refuse(CDDP_EXIT_USAGE, "CDDP_GENERATION='%s' is not an integer >= 0", gen);
-    }
-    if (!r->in_place)
-        r->generation = 0;
-}
-
-/* An FNV-1a over the momentum, the counters and the scaler, added to the
- * model's checksum: what the ranks compare after a transfer. */
-static uint64_t full_checksum(const struct run *r)
-{
-    const struct trn_resnet *m = &r->model;
-    uint64_t h = trn_ddp_state_checksum(m);
-    const float *mom = m->host_momentum ? m->host_momentum : m->momentum;
-    const unsigned char *b = (const unsigned char *)mom;
-    for (size_t i = 0; i < m->num_params * sizeof(float); i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    int64_t more[3] = {m->optimizer_steps, r->engine.scaler.growth_tracker, r->step};
-    b = (const unsigned char *)more;
-    for (size_t i = 0; i < sizeof(more); i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    uint32_t sc;
-    memcpy(&sc, &r->engine.scaler.scale, sizeof(sc));
-    return (h ^ sc) * 0x100000001b3ull;
-}
-
-/* Every rank takes root's state, as broadcasts of the flat buffers: the
- * position (step, epoch, first batch of the step to run; the sampler's
- * order follows from the epoch and the seed), parameters, buffers and BN
- * counters, the momentum and the optimizer's step count, the loss scaler;
- * then every rank checks it holds the same (one checksum). A rank whose
- * step was cut short first puts back the buffers from before it. The
- * step in progress is then run again by every rank (its partial
- * gradients are dropped: the next backward starts them afresh). */
-static void take_state(struct run *r, int root)
-{
-    struct trn_resnet *m = &r->model;
-    struct trn_backend *be = &r->be;
-    struct trn_comm *comm = r->dist.comm;
-    if (r->redo.in_step) {
-        be->ops->to_device(be, m->buffers, r->redo.buffers, m->num_buffers * sizeof(float));
-        memcpy(m->num_batches_tracked, r->redo.nbt, (size_t)m->num_bn * sizeof(int64_t));
-        r->redo.in_step = false;
-    }
-    int64_t pos[5] = {r->redo.step, r->redo.epoch, r->redo.b0, m->optimizer_steps,
-                      r->engine.scaler.growth_tracker};
-    float scale = r->engine.scaler.scale;
-    check_collective(r, trn_comm_broadcast(comm, pos, 5, TRN_COMM_I64, root));
-    check_collective(r, trn_comm_broadcast(comm, m->params, m->num_params, TRN_COMM_F32, root));
-    check_collective(r, trn_comm_broadcast(comm, m->buffers, m->num_buffers, TRN_COMM_F32, root));
-    check_collective(
-        r, trn_comm_broadcast(comm, m->num_batches_tracked, (size_t)m->num_bn, TRN_COMM_I64, root));
-    check_collective(r, trn_comm_broadcast(comm, m->momentum, m->num_params, TRN_COMM_F32, root));
-    check_collective(r, trn_comm_broadcast(comm, &scale, 1, TRN_COMM_F32, root));
-    r->step = (long)pos[0];
-    r->start.step = r->step;
-    r->start.epoch = (int)pos[1];
-    r->start.first_batch = (long)pos[2];
-    m->optimizer_steps = (long)pos[3];
-    r->engine.scaler.growth_tracker = (long)pos[4];
-    r->engine.scaler.scale = scale;
-    r->redo.step = r->step;
-    r->redo.epoch = r->start.epoch;
-    r->redo.b0 = r->start.first_batch;
-    trn_resnet_pull(m); /* the host copies the checksum reads (a device backend) */
-    uint64_t sum = full_checksum(r);
-    int64_t v = (int64_t)sum;
-    if (trn_ddp_check_same(&r->ddp, &v, 1) != 0)
-        reform_failed(r, CDDP_EMISMATCH, "the ranks hold different states after the transfer");
-    log_info("T6212",
-             "generation %ld: state from rank %d, checksum %016" PRIx64
-             "; running step %ld (epoch %d, batch %ld)",
-             r->generation, root, sum, r->step, r->start.epoch, r->start.first_batch);
-}
-
-/* The new communicator in place of the old one, wherever it is held. */
-static void reformed(struct run *r)
-{
-    r->ddp.comm = r->dist.comm;
-    trn_comm_set_watchdog_exit(r->dist.comm, watchdog_exit, r);
-}
-
-/* A replacement (CDDP_GENERATION > 0): connected to the agent's store
- * only; it meets the survivors under the generation's keys and takes the
- * state, without the start-up checks the survivors made long ago. */
-static void rejoin(struct run *r)
-{
-    char err[4096];
-    uint64_t t0 = cddp_mono_ns();
-    long gen;
-    int root;
-    int rc = trn_dist_wait_generation(&r->dist, r->generation - 1, r->cfg.init_timeout, &gen, &root,
-                                      err, sizeof(err));
-    if (rc == 0)
-        rc = trn_dist_reform(&r->dist, &r->dopts, gen, err, sizeof(err));
-    if (rc)
-        reform_failed(r, rc, err);
-    r->generation = gen;
-    struct trn_ddp_options ddo = {
-        .bucket_cap_mb = r->cfg.bucket_cap_mb,
-        .overlap = r->cfg.overlap,
-        .sync_bn = r->cfg.sync_bn,
-        .bf16_grads = r->cfg.grad_reduce == TRN_GRAD_REDUCE_BF16,
-    };
-    if (trn_ddp_init(&r->ddp, &r->model, r->dist.comm, &ddo, collective_failed, r, err,
-                     sizeof(err)))
-        trn_fatal("%s", err);
-    reformed(r);
-    take_state(r, root);
-    log_info("T6211", "rank %d replaced in generation %ld: joined the group in %.3f s", r->rank,
-             gen, (double)(cddp_mono_ns() - t0) * 1e-9);
-}
-
-/* A survivor, back from a failed collective in the training loop: the old
- * communicator goes, the agent's next generation comes (bounded by
- * --init-timeout), the group re-forms and every rank takes the state;
- * training goes on from the step that failed. Anything failing here exits
- * 75, and the agent restarts the whole group. */
-static void recover_in_place(struct run *r)
-{
-    char err[4096];
-    uint64_t t0 = cddp_mono_ns();
-    long gen;
-    int root;
-    trn_input_stop(&r->input);
-    int rc = trn_dist_wait_generation(&r->dist, r->generation, r->cfg.init_timeout, &gen, &root,
-                                      err, sizeof(err));
-    if (rc == 0)
-        rc = trn_dist_reform(&r->dist, &r->dopts, gen, err, sizeof(err));
-    if (rc)
-        reform_failed(r, rc, err);
-    r->generation = gen;
-    reformed(r);
-    take_state(r, root);
-    log_info("T6211", "rank %d re-formed generation %ld in %.3f s", r->rank, gen,
-             (double)(cddp_mono_ns() - t0) * 1e-9);
-}
-
 /* Rank 0 serves the bootstrap store on MASTER_ADDR:MASTER_PORT, every rank
  * reaches it, gloo connects them all (docs/distributed.md). Then DDP
  * (ddp.h): the ranks check that they were started alike and resume from
@@ -543,16 +319,7 @@ static void connect_ranks(struct run *r)
 {
     const struct trn_config *c = &r->cfg;
     char err[8192];
-    if (r->in_place && r->dev.comm && strcmp(r->dev.comm, "gloo") != 0) {
-        /* (the NCCL path is not written to the contract yet: fail as under
-         * group, and the agent restarts the group) */
-        log_warn("T6213",
-                 "--restart_scope=worker: re-forming in place is not done on %s yet; a "
-                 "failed collective exits 75 and the group restarts",
-                 r->dev.comm);
-        r->in_place = false;
-        r->generation = 0;
-    }
+    trn_inplace_check_backend(r); /* --restart_scope=worker: gloo only */
     /* nccl orders its collectives with the compute stream (comm.h);
      * restart_count and rdzv_round come from the environment bootstrap.c
      * reads (TORCHELASTIC_RESTART_COUNT, CDDP_RDZV_ROUND). */
@@ -573,10 +340,10 @@ static void connect_ranks(struct run *r)
                        : CDDP_EXIT_FAILURE,
                    "%s", err);
     if (r->generation > 0 && r->world > 1) {
-        rejoin(r);
+        trn_inplace_rejoin(r);
         return;
     }
-    trn_comm_set_watchdog_exit(r->dist.comm, watchdog_exit, r);
+    trn_comm_set_watchdog_exit(r->dist.comm, run_watchdog_exit, r);
 
     struct trn_ddp_options ddo = {
         .bucket_cap_mb = c->bucket_cap_mb,
@@ -584,7 +351,7 @@ static void connect_ranks(struct run *r)
         .sync_bn = c->sync_bn,
         .bf16_grads = c->grad_reduce == TRN_GRAD_REDUCE_BF16,
     };
-    if (trn_ddp_init(&r->ddp, &r->model, r->dist.comm, &ddo, collective_failed, r, err,
+    if (trn_ddp_init(&r->ddp, &r->model, r->dist.comm, &ddo, run_collective_failed, r, err,
                      sizeof(err)))
         trn_fatal("%s", err);
     char settings[4096];
@@ -640,7 +407,7 @@ static void checkpoint(struct run *r, int epoch, long b)
     if (rc < 0)
         trn_refuse(CDDP_EXIT_FAILURE, "%s", err);
     if (rc > 0 && r->world > 1)
-        check_collective(r, trn_comm_barrier(r->dist.comm));
+        run_check_collective(r, trn_comm_barrier(r->dist.comm));
 }
 
 /* What an epoch adds up, for its closing line. */
@@ -661,17 +428,7 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
     trn_comm_set_step(r->dist.comm, r->step); /* the watchdog's report names it */
     /* (a slowdown the fault injects is this rank's own time: it counts as
      * compute, as a slow rank's would, and the others wait for it) */
-    if (r->in_place) {
-        /* where to come back to if a collective of this step fails */
-        r->redo.in_step = true;
-        r->redo.epoch = epoch;
-        r->redo.b0 = b0;
-        r->redo.step = r->step;
-        r->be.ops->to_host(&r->be, r->redo.buffers, r->model.buffers,
-                           r->model.num_buffers * sizeof(float));
-        memcpy(r->redo.nbt, r->model.num_batches_tracked,
-               (size_t)r->model.num_bn * sizeof(int64_t));
-    }
+    trn_inplace_before_step(r, epoch, b0); /* --restart_scope=worker: where to redo from */
     uint64_t ts = cddp_mono_ns(), wait0 = trn_comm_wait_ns(r->dist.comm);
     if (trn_fault_due(&c->fault, r->step, r->rank, r->env.restart_count))
         trn_fault_fire(&c->fault, r->step, r->rank);
@@ -704,13 +461,7 @@ static double train_step(struct run *r, int epoch, long b0, long b1, struct epoc
             printf("Epoch %d [%ld/%ld] Loss: %.4f\n", epoch, b, r->batches, (double)loss);
     }
     r->step++;
-    if (r->in_place) {
-        /* done: a later failure (a checkpoint's barrier) goes on after it */
-        r->redo.in_step = false;
-        r->redo.step = r->step;
-        r->redo.epoch = b1 >= r->batches ? epoch + 1 : epoch;
-        r->redo.b0 = b1 >= r->batches ? 0 : b1;
-    }
+    trn_inplace_after_step(r, epoch, b1);
     trn_input_count_step(in);
     double secs = (double)(cddp_mono_ns() - ts) * 1e-9;
     double wait = (double)(trn_comm_wait_ns(r->dist.comm) - wait0) * 1e-9;
@@ -838,9 +589,9 @@ static double accuracy(struct run *r, float *all_logits)
     free(idx);
     free(logits);
     struct trn_comm *comm = r->dist.comm;
-    check_collective(r, trn_comm_allreduce(comm, counts, 2, TRN_COMM_I64, TRN_COMM_SUM));
+    run_check_collective(r, trn_comm_allreduce(comm, counts, 2, TRN_COMM_I64, TRN_COMM_SUM));
     if (all_logits)
-        check_collective(
+        run_check_collective(
             r, trn_comm_allreduce(comm, all_logits, ds->len * K, TRN_COMM_F32, TRN_COMM_SUM));
     return counts[1] ? (double)counts[0] / (double)counts[1] : 0.0;
 }
@@ -886,14 +637,13 @@ static void save(struct run *r)
         r->rc = CDDP_EXIT_FAILURE;
     }
     if (r->world > 1)
-        check_collective(r, trn_comm_barrier(r->dist.comm));
+        run_check_collective(r, trn_comm_barrier(r->dist.comm));
 }
 
 /* Everything setup() and connect_ranks() made. */
 static void release(struct run *r)
 {
-    free(r->redo.buffers);
-    free(r->redo.nbt);
+    trn_inplace_free(r);
     trn_step_free(&r->engine);
     trn_input_free(&r->input);
     trn_ddp_free(&r->ddp);
@@ -915,25 +665,21 @@ int main(int argc, char **argv)
     static struct run r;
 
     setup_flags(&r, argc, argv);
-    setup_in_place(&r);
+    trn_inplace_setup(&r);
     setup_model(&r);
     setup_batches(&r);
     setup_step(&r);
     resume(&r);
-    if (r.in_place) {
-        r.redo.buffers = trn_malloc(r.model.num_buffers * sizeof(float) + 1);
-        r.redo.nbt = trn_malloc((size_t)r.model.num_bn * sizeof(int64_t) + 1);
-        r.redo.epoch = r.start.epoch;
-        r.redo.b0 = r.start.first_batch;
-        r.redo.step = r.start.step;
-    }
+    trn_inplace_start(&r);
     connect_ranks(&r);
     if (r.cfg.checkpoint)
         trn_stop_install(); /* (nothing to save without it: the default actions, at once) */
     if (r.in_place) {
-        /* A failed collective in the loop comes back here (collective_failed). */
+        /* A failed collective in the loop comes back here
+         * (run_collective_failed); the setjmp must stay in main's frame, a
+         * longjmp target cannot be in a function that has returned. */
         if (setjmp(r.recover) != 0)
-            recover_in_place(&r);
+            trn_inplace_recover(&r);
         r.recover_armed = true;
     }
     trn_input_start_train(&r.input, r.train, &r.sampler, r.start.epoch, r.start.first_batch,

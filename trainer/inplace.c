@@ -1,0 +1,255 @@
+/*
+ * inplace.c: recovering in place (cddprun --restart_scope=worker); see
+ * inplace.h and docs/distributed.md, "Recovering in place".
+ */
+#include "trainer/inplace.h"
+
+#include <inttypes.h>
+#include <setjmp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"         /* cddp_mono_ns */
+#include "common/errors.h"        /* CDDP_EMISMATCH */
+#include "common/exitcodes.h"     /* CDDP_EXIT_USAGE */
+#include "common/log.h"           /* log_info, log_warn */
+#include "trainer/comm/failure.h" /* trn_comm_fail: error file, exit 75 */
+#include "trainer/fatal.h"        /* trn_refuse, trn_fatal, trn_malloc */
+#include "trainer/run.h"          /* struct run, run_check_collective */
+
+/* CDDP_RESTART_SCOPE=worker from cddprun: failed collectives in the
+ * training loop re-form instead of exiting; CDDP_GENERATION > 0: this
+ * process replaces a failed rank. */
+void trn_inplace_setup(struct run *r)
+{
+    const char *scope = getenv("CDDP_RESTART_SCOPE");
+    const char *gen = getenv("CDDP_GENERATION");
+    r->in_place = scope && strcmp(scope, "worker") == 0 && r->world > 1;
+    if (gen && *gen) {
+        char *end;
+        r->generation = strtol(gen, &end, 10);
+        if (*end != '\0' || r->generation < 0)
+            trn_refuse(CDDP_EXIT_USAGE, "CDDP_GENERATION='%s' is not an integer >= 0", gen);
+    }
+    if (!r->in_place)
+        r->generation = 0;
+}
+
+/* A replacement re-forming in place takes every weight from a peer
+ * (take_state): no initialisation, no --init to read. */
+bool trn_inplace_replacement(const struct run *r)
+{
+    return r->in_place && r->generation > 0 && strcmp(r->dev.comm, "gloo") == 0;
+}
+
+void trn_inplace_check_backend(struct run *r)
+{
+    if (r->in_place && r->dev.comm && strcmp(r->dev.comm, "gloo") != 0) {
+        /* (the NCCL path is not written to the contract yet: fail as under
+         * group, and the agent restarts the group) */
+        log_warn("T6213",
+                 "--restart_scope=worker: re-forming in place is not done on %s yet; a "
+                 "failed collective exits 75 and the group restarts",
+                 r->dev.comm);
+        r->in_place = false;
+        r->generation = 0;
+    }
+}
+
+void trn_inplace_start(struct run *r)
+{
+    if (!r->in_place)
+        return;
+    r->redo.buffers = trn_malloc(r->model.num_buffers * sizeof(float) + 1);
+    r->redo.nbt = trn_malloc((size_t)r->model.num_bn * sizeof(int64_t) + 1);
+    r->redo.epoch = r->start.epoch;
+    r->redo.b0 = r->start.first_batch;
+    r->redo.step = r->start.step;
+}
+
+void trn_inplace_before_step(struct run *r, int epoch, long b0)
+{
+    if (!r->in_place)
+        return;
+    /* where to come back to if a collective of this step fails */
+    r->redo.in_step = true;
+    r->redo.epoch = epoch;
+    r->redo.b0 = b0;
+    r->redo.step = r->step;
+    r->be.ops->to_host(&r->be, r->redo.buffers, r->model.buffers,
+                       r->model.num_buffers * sizeof(float));
+    memcpy(r->redo.nbt, r->model.num_batches_tracked, (size_t)r->model.num_bn * sizeof(int64_t));
+}
+
+void trn_inplace_after_step(struct run *r, int epoch, long b1)
+{
+    if (!r->in_place)
+        return;
+    /* done: a later failure (a checkpoint's barrier) goes on after it */
+    r->redo.in_step = false;
+    r->redo.step = r->step;
+    r->redo.epoch = b1 >= r->batches ? epoch + 1 : epoch;
+    r->redo.b0 = b1 >= r->batches ? 0 : b1;
+}
+
+void trn_inplace_free(struct run *r)
+{
+    free(r->redo.buffers);
+    free(r->redo.nbt);
+}
+
+void trn_inplace_failed(struct run *r, const struct trn_comm_error *e)
+{
+    /* (a peer that is gone; a timeout may be a hung peer the agent does
+     * not replace: exit 75, and the agent restarts the group) */
+    if (r->in_place && r->recover_armed && e->code == CDDP_EPEER) {
+        char msg[1024];
+        trn_comm_failure_message(e, r->in_step, r->rank, msg, sizeof(msg));
+        log_warn("T6210", "%s; re-forming in place (--restart_scope=worker, generation %ld)", msg,
+                 r->generation);
+        r->recover_armed = false;
+        longjmp(r->recover, 1);
+    }
+}
+
+/* Re-forming failed: exit 75 as a failed collective would (the agent then
+ * restarts the whole group). */
+static _Noreturn void reform_failed(const struct run *r, int code, const char *why)
+{
+    struct trn_comm_error e = {.code = code, .coll = TRN_COLL_BARRIER, .op = "re-form"};
+    snprintf(e.detail, sizeof(e.detail), "%s", why);
+    trn_comm_fail(&e, r->in_step, r->rank, r->env.error_file);
+}
+
+/* An FNV-1a over the momentum, the counters and the scaler, added to the
+ * model's checksum: what the ranks compare after a transfer. */
+static uint64_t full_checksum(const struct run *r)
+{
+    const struct trn_resnet *m = &r->model;
+    uint64_t h = trn_ddp_state_checksum(m);
+    const float *mom = m->host_momentum ? m->host_momentum : m->momentum;
+    const unsigned char *b = (const unsigned char *)mom;
+    for (size_t i = 0; i < m->num_params * sizeof(float); i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    int64_t more[3] = {m->optimizer_steps, r->engine.scaler.growth_tracker, r->step};
+    b = (const unsigned char *)more;
+    for (size_t i = 0; i < sizeof(more); i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    uint32_t sc;
+    memcpy(&sc, &r->engine.scaler.scale, sizeof(sc));
+    return (h ^ sc) * 0x100000001b3ull;
+}
+
+/* Every rank takes root's state, as broadcasts of the flat buffers: the
+ * position (step, epoch, first batch of the step to run; the sampler's
+ * order follows from the epoch and the seed), parameters, buffers and BN
+ * counters, the momentum and the optimizer's step count, the loss scaler;
+ * then every rank checks it holds the same (one checksum). A rank whose
+ * step was cut short first puts back the buffers from before it. The
+ * step in progress is then run again by every rank (its partial
+ * gradients are dropped: the next backward starts them afresh). */
+static void take_state(struct run *r, int root)
+{
+    struct trn_resnet *m = &r->model;
+    struct trn_backend *be = &r->be;
+    struct trn_comm *comm = r->dist.comm;
+    if (r->redo.in_step) {
+        be->ops->to_device(be, m->buffers, r->redo.buffers, m->num_buffers * sizeof(float));
+        memcpy(m->num_batches_tracked, r->redo.nbt, (size_t)m->num_bn * sizeof(int64_t));
+        r->redo.in_step = false;
+    }
+    int64_t pos[5] = {r->redo.step, r->redo.epoch, r->redo.b0, m->optimizer_steps,
+                      r->engine.scaler.growth_tracker};
+    float scale = r->engine.scaler.scale;
+    run_check_collective(r, trn_comm_broadcast(comm, pos, 5, TRN_COMM_I64, root));
+    run_check_collective(r, trn_comm_broadcast(comm, m->params, m->num_params, TRN_COMM_F32, root));
+    run_check_collective(r,
+                         trn_comm_broadcast(comm, m->buffers, m->num_buffers, TRN_COMM_F32, root));
+    run_check_collective(
+        r, trn_comm_broadcast(comm, m->num_batches_tracked, (size_t)m->num_bn, TRN_COMM_I64, root));
+    run_check_collective(r,
+                         trn_comm_broadcast(comm, m->momentum, m->num_params, TRN_COMM_F32, root));
+    run_check_collective(r, trn_comm_broadcast(comm, &scale, 1, TRN_COMM_F32, root));
+    r->step = (long)pos[0];
+    r->start.step = r->step;
+    r->start.epoch = (int)pos[1];
+    r->start.first_batch = (long)pos[2];
+    m->optimizer_steps = (long)pos[3];
+    r->engine.scaler.growth_tracker = (long)pos[4];
+    r->engine.scaler.scale = scale;
+    r->redo.step = r->step;
+    r->redo.epoch = r->start.epoch;
+    r->redo.b0 = r->start.first_batch;
+    trn_resnet_pull(m); /* the host copies the checksum reads (a device backend) */
+    uint64_t sum = full_checksum(r);
+    int64_t v = (int64_t)sum;
+    if (trn_ddp_check_same(&r->ddp, &v, 1) != 0)
+        reform_failed(r, CDDP_EMISMATCH, "the ranks hold different states after the transfer");
+    log_info("T6212",
+             "generation %ld: state from rank %d, checksum %016" PRIx64
+             "; running step %ld (epoch %d, batch %ld)",
+             r->generation, root, sum, r->step, r->start.epoch, r->start.first_batch);
+}
+
+/* The new communicator in place of the old one, wherever it is held. */
+static void reformed(struct run *r)
+{
+    r->ddp.comm = r->dist.comm;
+    trn_comm_set_watchdog_exit(r->dist.comm, run_watchdog_exit, r);
+}
+
+/* A replacement (CDDP_GENERATION > 0): connected to the agent's store
+ * only; it meets the survivors under the generation's keys and takes the
+ * state, without the start-up checks the survivors made long ago. */
+void trn_inplace_rejoin(struct run *r)
+{
+    char err[4096];
+    uint64_t t0 = cddp_mono_ns();
+    long gen;
+    int root;
+    int rc = trn_dist_wait_generation(&r->dist, r->generation - 1, r->cfg.init_timeout, &gen, &root,
+                                      err, sizeof(err));
+    if (rc == 0)
+        rc = trn_dist_reform(&r->dist, &r->dopts, gen, err, sizeof(err));
+    if (rc)
+        reform_failed(r, rc, err);
+    r->generation = gen;
+    struct trn_ddp_options ddo = {
+        .bucket_cap_mb = r->cfg.bucket_cap_mb,
+        .overlap = r->cfg.overlap,
+        .sync_bn = r->cfg.sync_bn,
+        .bf16_grads = r->cfg.grad_reduce == TRN_GRAD_REDUCE_BF16,
+    };
+    if (trn_ddp_init(&r->ddp, &r->model, r->dist.comm, &ddo, run_collective_failed, r, err,
+                     sizeof(err)))
+        trn_fatal("%s", err);
+    reformed(r);
+    take_state(r, root);
+    log_info("T6211", "rank %d replaced in generation %ld: joined the group in %.3f s", r->rank,
+             gen, (double)(cddp_mono_ns() - t0) * 1e-9);
+}
+
+/* A survivor, back from a failed collective in the training loop: the old
+ * communicator goes, the agent's next generation comes (bounded by
+ * --init-timeout), the group re-forms and every rank takes the state;
+ * training goes on from the step that failed. Anything failing here exits
+ * 75, and the agent restarts the whole group. */
+void trn_inplace_recover(struct run *r)
+{
+    char err[4096];
+    uint64_t t0 = cddp_mono_ns();
+    long gen;
+    int root;
+    trn_input_stop(&r->input);
+    int rc = trn_dist_wait_generation(&r->dist, r->generation, r->cfg.init_timeout, &gen, &root,
+                                      err, sizeof(err));
+    if (rc == 0)
+        rc = trn_dist_reform(&r->dist, &r->dopts, gen, err, sizeof(err));
+    if (rc)
+        reform_failed(r, rc, err);
+    r->generation = gen;
+    reformed(r);
+    take_state(r, root);
+    log_info("T6211", "rank %d re-formed generation %ld in %.3f s", r->rank, gen,
+             (double)(cddp_mono_ns() - t0) * 1e-9);
+}
