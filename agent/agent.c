@@ -3,8 +3,9 @@
  * notifications become policy events (agent/policy.c decides), and the
  * policy's actions become syscalls. Here: the event queue, the workers'
  * starts, signals and exits, stacks on demand, shutdown and agent_run; the
- * rendezvous glue is round.c's, the progress watchdog's progress.c's (the
- * map is in agent_int.h). See agent.h.
+ * rendezvous glue is round.c's, the progress watchdog's progress.c's,
+ * --restart_scope=worker's inplace.c's (the map is in agent_int.h). See
+ * agent.h.
  */
 #include "agent/agent_int.h"
 
@@ -27,7 +28,6 @@
 #include "common/signames.h"
 #include "common/strutil.h"
 #include "common/uuid.h"
-#include "store/tcpstore.h"
 
 extern char **environ;
 
@@ -113,13 +113,6 @@ void agent_notify(struct agent *a)
         .max_restarts = a->cfg->max_restarts,
         .stop_reason = a->pol.stop_reason,
         .membership_restarts = a->membership_restarts,
-        .restart_scope = restart_scope_name(a->pol.scope),
-        .generation = a->pol.generation,
-        .worker_restarts = a->pol.worker_restarts,
-        .group_restarts = a->pol.group_restarts,
-        .scope_fallbacks = a->pol.scope_fallbacks,
-        .recovery_started = a->recovery_started,
-        .last_recovery_s = a->last_recovery_s,
         .rdzv_connected = a->rdzv ? a->rdzv->info.connected : true,
         .rdzv_disconnected_at = a->rdzv ? a->rdzv->info.disconnected_at : 0,
         .rdzv_reconnects = a->rdzv ? a->rdzv->info.reconnects : 0,
@@ -148,6 +141,7 @@ void agent_notify(struct agent *a)
         .log_dropped_files = a->tees.dropped_files,
         .goodput = &gp,
     };
+    agent_inplace_snapshot(a, &s);
     a->hooks->state_changed(a->hooks->arg, &s);
     if (w != infos)
         free(w);
@@ -329,7 +323,7 @@ static void release_extras(struct agent_worker_extras *x)
     }
 }
 
-static int start_worker(struct agent *a, int i)
+int agent_start_worker(struct agent *a, int i)
 {
     struct agent_worker *w = &a->workers[i];
     struct agent_env_spec spec;
@@ -376,12 +370,7 @@ static int start_worker(struct agent *a, int i)
     memcpy(more, extras.env, sizeof(extras.env[0]) * (size_t)extras.nenv);
     if (a->filetimer)
         more[nmore++] = (struct launch_kv){"TORCHELASTIC_TIMER_FILE", a->filetimer_path};
-    if (a->pol.scope == RESTART_SCOPE_WORKER) {
-        /* docs/distributed.md, "Recovering in place" */
-        snprintf(generation, sizeof(generation), "%lld", (long long)a->pol.generation);
-        more[nmore++] = (struct launch_kv){"CDDP_RESTART_SCOPE", "worker"};
-        more[nmore++] = (struct launch_kv){"CDDP_GENERATION", generation};
-    }
+    nmore = agent_inplace_env(a, more, nmore, generation, sizeof(generation));
     if (nmore > extras.nenv) {
         spec.extra = more;
         spec.nextra = nmore;
@@ -447,14 +436,26 @@ static int start_worker(struct agent *a, int i)
     return 0;
 }
 
-static void start_workers(struct agent *a)
+int agent_attempt_logs(struct agent *a)
 {
-    a->attempt = policy_restart_count(&a->pol);
-    agent_filetimer_reset(a->filetimer); /* the old attempt's pids are gone */
     char why[512] = "";
     int rc = agent_logs_attempt(&a->logs, a->attempt, a->nworkers, why, sizeof(why));
     if (rc)
         log_error("A0206", "%s", why[0] ? why : cddp_strerror(rc));
+    return rc;
+}
+
+void agent_log_start_error(const struct agent *a, int i)
+{
+    if (a->workers[i].start_error[0])
+        log_error("A0203", "starting local_rank %d: %s", i, a->workers[i].start_error);
+}
+
+static void start_workers(struct agent *a)
+{
+    a->attempt = policy_restart_count(&a->pol);
+    agent_filetimer_reset(a->filetimer); /* the old attempt's pids are gone */
+    int rc = agent_attempt_logs(a);
     if (rc == 0)
         open_filtered(a);
     log_info("A0207", "[%s] starting %d workers (attempt %d, restart count %d/%d)", a->cfg->role,
@@ -465,7 +466,7 @@ static void start_workers(struct agent *a)
         w->start_error[0] = '\0';
         w->not_started = false;
         if (rc == 0 && out_of_fds < 0) {
-            int src = start_worker(a, i);
+            int src = agent_start_worker(a, i);
             if (src == 0)
                 continue;
             if (src == CDDP_ERR_FROM_ERRNO(EMFILE) || src == CDDP_ERR_FROM_ERRNO(ENFILE)) {
@@ -483,8 +484,8 @@ static void start_workers(struct agent *a)
                           "not started (raise it with ulimit -n)",
                           i, a->cfg->program, cddp_strerror(src), (unsigned long long)lim, i, i,
                           a->nworkers - 1);
-            } else if (w->start_error[0]) {
-                log_error("A0203", "starting local_rank %d: %s", i, w->start_error);
+            } else {
+                agent_log_start_error(a, i);
             }
         } else if (out_of_fds >= 0) {
             /* Failed for the policy; the table shows the one that says why. */
@@ -506,81 +507,6 @@ static void start_workers(struct agent *a)
         agent_post_event(a, &ev);
         rc = 0; /* try the others: the policy stops them anyway */
     }
-}
-
-/* ---- --restart_scope=worker ---- */
-
-/* The new membership generation on the store the workers use: first the
- * ranks it replaces, then the generation itself (docs/distributed.md,
- * "Recovering in place"). The survivors wait for the first key. The keys
- * are as torch's TCPStore client names them (it puts "/" before every
- * key): a script reads them with store.get("cddp/gen"). */
-static void publish_generation(struct agent *a, int64_t gen, int rank)
-{
-    if (a->store == NULL) {
-        log_warn("A0221",
-                 "[%s] no agent store to announce generation %lld on: the survivors "
-                 "cannot re-form and the group will restart",
-                 a->cfg->role, (long long)gen);
-        return;
-    }
-    char key[64], val[32];
-    snprintf(key, sizeof(key), "/cddp/gen/%lld/replaced", (long long)gen);
-    int n = snprintf(val, sizeof(val), "%d", rank);
-    int rc = tcpstore_server_set(a->store, key, val, (size_t)n);
-    if (rc == 0) {
-        n = snprintf(val, sizeof(val), "%lld", (long long)gen);
-        rc = tcpstore_server_set(a->store, "/cddp/gen", val, (size_t)n);
-    }
-    if (rc)
-        log_warn("A0222", "[%s] announcing generation %lld on the agent store: %s", a->cfg->role,
-                 (long long)gen, cddp_strerror(rc));
-}
-
-/* POLICY_ACT_RESTART_WORKER: what is left of the failed worker's process
- * group is killed, the new generation announced, and the local rank starts
- * again alone (same RANK and LOCAL_RANK), its logs under the new restart
- * count's attempt_N/. */
-static void restart_worker(struct agent *a, const struct policy_action *act)
-{
-    int i = act->local_rank;
-    struct agent_worker *w = &a->workers[i];
-    if (w->pgid > 0) {
-        agent_signal_group(w->pgid, SIGKILL);
-        agent_guardian_remove(&a->guardian, w->pgid);
-    }
-    w->group_alive = false;
-    a->recovery_started = cddp_wall_time();
-    publish_generation(a, act->generation, w->info.rank);
-    a->attempt = policy_restart_count(&a->pol);
-    char why[512] = "";
-    int rc = agent_logs_attempt(&a->logs, a->attempt, a->nworkers, why, sizeof(why));
-    if (rc)
-        log_error("A0206", "%s", why[0] ? why : cddp_strerror(rc));
-    log_warn("A0220",
-             "[%s] restarting local_rank %d (rank %d) alone (--restart_scope=worker): generation "
-             "%lld, restart count %d/%d; the other workers re-form with it",
-             a->cfg->role, i, w->info.rank, (long long)act->generation, a->attempt,
-             a->cfg->max_restarts);
-    w->start_error[0] = '\0';
-    w->not_started = false;
-    if (rc == 0)
-        rc = start_worker(a, i);
-    if (rc == 0)
-        return;
-    if (w->start_error[0])
-        log_error("A0203", "starting local_rank %d: %s", i, w->start_error);
-    /* Could not start: a failed replacement (the policy restarts the group). */
-    w->pgid = 0;
-    w->leader_alive = false;
-    w->info.pid = 0;
-    w->info.exitcode = 1;
-    w->info.exit_time = cddp_wall_time();
-    w->info.exits++;
-    w->exit_seq = ++a->exit_seq;
-    struct policy_event ev = {
-        .type = POLICY_EV_WORKER_EXIT, .local_rank = i, .exitcode = 1, .group_empty = true};
-    agent_post_event(a, &ev);
 }
 
 /* ---- workers stuck at exit ---- */
@@ -726,7 +652,7 @@ static void do_action(struct agent *a, const struct policy_action *act)
         start_workers(a);
         break;
     case POLICY_ACT_RESTART_WORKER:
-        restart_worker(a, act);
+        agent_inplace_restart_worker(a, act);
         break;
     case POLICY_ACT_SIGNAL_GROUPS:
         signal_groups(a, act->sig);
@@ -1062,9 +988,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
             agent_failed(a, "A2204", "%s", why[0] ? why : cddp_strerror(rc));
     }
     a->pol.max_no_progress = cfg->max_no_progress_restarts;
-    a->last_recovery_s = -1;
-    if (cfg->restart_scope && strcmp(cfg->restart_scope, "worker") == 0)
-        a->pol.scope = RESTART_SCOPE_WORKER;
+    agent_inplace_init(a);
     if (rc == 0) {
         /* Before any worker exists, and before the loop owns signals. */
         agent_inherited_ignored(&a->inherited_ignored);

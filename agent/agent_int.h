@@ -17,6 +17,8 @@
  *               the workers' exits)
  *   goodput.c   where the wall time went (pure; fed from agent.c's events
  *               and progress.c's steps)
+ *   inplace.c   --restart_scope=worker: a failed worker restarted alone,
+ *               the generation announced, the workers' environment
  *
  * Everything here runs on the agent's loop thread. A flag's runtime state
  * lives in the file of its own, not in agent.c (docs/architecture.md).
@@ -176,6 +178,15 @@ void agent_post(struct agent *a, enum policy_event_type type, int local_rank, in
 /* The goodput accounting's mode for the policy's state now. */
 void agent_goodput_update(struct agent *a, uint64_t now_ms);
 
+/* Starts local rank i's worker (round, logs, environment, spawn); 0, or a
+ * code with the worker's start_error filled where there is one. */
+int agent_start_worker(struct agent *a, int i);
+/* The log directories of the attempt a->attempt; a failure logged (A0206).
+ * 0 or a code. */
+int agent_attempt_logs(struct agent *a);
+/* Local rank i's start_error, if it has one, logged (A0203). */
+void agent_log_start_error(const struct agent *a, int i);
+
 /* The hooks' state_changed with a snapshot of now. */
 void agent_notify(struct agent *a);
 
@@ -238,6 +249,23 @@ void agent_stragglers_line(struct agent *a, int i, const struct progress_report 
 /* Local rank i's step times and straggler state into w (the snapshot's). */
 void agent_stragglers_fill(const struct agent *a, int i, struct agent_worker_info *w,
                            uint64_t now_ms, double now_wall);
+
+/* ---- inplace.c ---- */
+
+/* --restart_scope=worker from the flags: the policy's scope; no recovery
+ * measured yet. */
+void agent_inplace_init(struct agent *a);
+/* Under --restart_scope=worker, a worker's CDDP_RESTART_SCOPE and
+ * CDDP_GENERATION appended to env[0..n) (room for 2 more; generation: len
+ * bytes the value is written in, alive until the spawn). The new count. */
+int agent_inplace_env(const struct agent *a, struct launch_kv *env, int n, char *generation,
+                      size_t len);
+/* The scope, the generation, the restarts by scope and the last recovery
+ * into the status snapshot. */
+void agent_inplace_snapshot(const struct agent *a, struct agent_snapshot *s);
+/* POLICY_ACT_RESTART_WORKER: the failed worker's group killed, the new
+ * generation announced on the agent store, the local rank started alone. */
+void agent_inplace_restart_worker(struct agent *a, const struct policy_action *act);
 
 /* ---- progress.c ---- */
 

@@ -1,0 +1,118 @@
+/*
+ * inplace.c: the agent's side of --restart_scope=worker (docs/distributed.md,
+ * "Recovering in place"). The policy decides (policy.c: a failed worker
+ * restarted alone, a new generation, the fall back to a group restart);
+ * here its POLICY_ACT_RESTART_WORKER is carried out, the generation is
+ * announced on the agent store, the workers are told the scope and their
+ * generation, and the status snapshot shows it all. progress.c measures
+ * the recovery (a replacement's first step).
+ */
+#include "agent/agent_int.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/log.h"
+#include "store/tcpstore.h"
+
+void agent_inplace_init(struct agent *a)
+{
+    a->last_recovery_s = -1;
+    if (a->cfg->restart_scope && strcmp(a->cfg->restart_scope, "worker") == 0)
+        a->pol.scope = RESTART_SCOPE_WORKER;
+}
+
+int agent_inplace_env(const struct agent *a, struct launch_kv *env, int n, char *generation,
+                      size_t len)
+{
+    if (a->pol.scope != RESTART_SCOPE_WORKER)
+        return n;
+    /* docs/distributed.md, "Recovering in place" */
+    snprintf(generation, len, "%lld", (long long)a->pol.generation);
+    env[n++] = (struct launch_kv){"CDDP_RESTART_SCOPE", "worker"};
+    env[n++] = (struct launch_kv){"CDDP_GENERATION", generation};
+    return n;
+}
+
+void agent_inplace_snapshot(const struct agent *a, struct agent_snapshot *s)
+{
+    s->restart_scope = restart_scope_name(a->pol.scope);
+    s->generation = a->pol.generation;
+    s->worker_restarts = a->pol.worker_restarts;
+    s->group_restarts = a->pol.group_restarts;
+    s->scope_fallbacks = a->pol.scope_fallbacks;
+    s->recovery_started = a->recovery_started;
+    s->last_recovery_s = a->last_recovery_s;
+}
+
+/* The new membership generation on the store the workers use: first the
+ * ranks it replaces, then the generation itself (docs/distributed.md,
+ * "Recovering in place"). The survivors wait for the first key. The keys
+ * are as torch's TCPStore client names them (it puts "/" before every
+ * key): a script reads them with store.get("cddp/gen"). */
+static void publish_generation(struct agent *a, int64_t gen, int rank)
+{
+    if (a->store == NULL) {
+        log_warn("A0221",
+                 "[%s] no agent store to announce generation %lld on: the survivors "
+                 "cannot re-form and the group will restart",
+                 a->cfg->role, (long long)gen);
+        return;
+    }
+    char key[64], val[32];
+    snprintf(key, sizeof(key), "/cddp/gen/%lld/replaced", (long long)gen);
+    int n = snprintf(val, sizeof(val), "%d", rank);
+    int rc = tcpstore_server_set(a->store, key, val, (size_t)n);
+    if (rc == 0) {
+        n = snprintf(val, sizeof(val), "%lld", (long long)gen);
+        rc = tcpstore_server_set(a->store, "/cddp/gen", val, (size_t)n);
+    }
+    if (rc)
+        log_warn("A0222", "[%s] announcing generation %lld on the agent store: %s", a->cfg->role,
+                 (long long)gen, cddp_strerror(rc));
+}
+
+/* POLICY_ACT_RESTART_WORKER: what is left of the failed worker's process
+ * group is killed, the new generation announced, and the local rank starts
+ * again alone (same RANK and LOCAL_RANK), its logs under the new restart
+ * count's attempt_N/. */
+void agent_inplace_restart_worker(struct agent *a, const struct policy_action *act)
+{
+    int i = act->local_rank;
+    struct agent_worker *w = &a->workers[i];
+    if (w->pgid > 0) {
+        agent_signal_group(w->pgid, SIGKILL);
+        agent_guardian_remove(&a->guardian, w->pgid);
+    }
+    w->group_alive = false;
+    a->recovery_started = cddp_wall_time();
+    publish_generation(a, act->generation, w->info.rank);
+    a->attempt = policy_restart_count(&a->pol);
+    int rc = agent_attempt_logs(a);
+    log_warn("A0220",
+             "[%s] restarting local_rank %d (rank %d) alone (--restart_scope=worker): generation "
+             "%lld, restart count %d/%d; the other workers re-form with it",
+             a->cfg->role, i, w->info.rank, (long long)act->generation, a->attempt,
+             a->cfg->max_restarts);
+    w->start_error[0] = '\0';
+    w->not_started = false;
+    if (rc == 0)
+        rc = agent_start_worker(a, i);
+    if (rc == 0)
+        return;
+    agent_log_start_error(a, i);
+    /* Could not start: a failed replacement (the policy restarts the group). */
+    w->pgid = 0;
+    w->leader_alive = false;
+    w->info.pid = 0;
+    w->info.exitcode = 1;
+    w->info.exit_time = cddp_wall_time();
+    w->info.exits++;
+    w->exit_seq = ++a->exit_seq;
+    struct policy_event ev = {
+        .type = POLICY_EV_WORKER_EXIT, .local_rank = i, .exitcode = 1, .group_empty = true};
+    agent_post_event(a, &ev);
+}
