@@ -194,6 +194,13 @@ void agent_notify(struct agent *a);
  * in hand are handled. */
 void agent_show(struct agent *a);
 
+/* ---- stop.c ---- */
+
+/* Sends sig to every worker's process group still there; with SIGKILL,
+ * arms a->kill_wait: what is left when it fires is reported (A2414) and
+ * given up, and the policy told as if it had exited. */
+void agent_signal_groups(struct agent *a, int sig);
+
 /* ---- round.c ---- */
 
 /* Opens the rendezvous cfg names (no network for one static node,
