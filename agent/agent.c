@@ -451,6 +451,24 @@ void agent_log_start_error(const struct agent *a, int i)
         log_error("A0203", "starting local_rank %d: %s", i, a->workers[i].start_error);
 }
 
+/* Local rank i could not start: it counts as a worker that exited 1, and
+ * nothing runs in its group. */
+void agent_worker_not_started(struct agent *a, int i)
+{
+    struct agent_worker *w = &a->workers[i];
+    w->pgid = 0;
+    w->leader_alive = false;
+    w->group_alive = false;
+    w->info.pid = 0;
+    w->info.exitcode = 1;
+    w->info.exit_time = cddp_wall_time();
+    w->info.exits++;
+    w->exit_seq = ++a->exit_seq;
+    struct policy_event ev = {
+        .type = POLICY_EV_WORKER_EXIT, .local_rank = i, .exitcode = 1, .group_empty = true};
+    agent_post_event(a, &ev);
+}
+
 static void start_workers(struct agent *a)
 {
     a->attempt = policy_restart_count(&a->pol);
@@ -494,17 +512,7 @@ static void start_workers(struct agent *a)
         /* Could not start: counts as a failed worker (exit code 1); nothing
          * runs in its group. */
         rc = rc ? rc : -1;
-        w->pgid = 0;
-        w->leader_alive = false;
-        w->group_alive = false;
-        w->info.pid = 0;
-        w->info.exitcode = 1;
-        w->info.exit_time = cddp_wall_time();
-        w->info.exits++;
-        w->exit_seq = ++a->exit_seq;
-        struct policy_event ev = {
-            .type = POLICY_EV_WORKER_EXIT, .local_rank = i, .exitcode = 1, .group_empty = true};
-        agent_post_event(a, &ev);
+        agent_worker_not_started(a, i);
         rc = 0; /* try the others: the policy stops them anyway */
     }
 }

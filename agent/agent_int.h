@@ -184,6 +184,8 @@ int agent_start_worker(struct agent *a, int i);
 /* The log directories of the attempt a->attempt; a failure logged (A0206).
  * 0 or a code. */
 int agent_attempt_logs(struct agent *a);
+/* Local rank i could not start: told to the policy as an exit with 1. */
+void agent_worker_not_started(struct agent *a, int i);
 /* Local rank i's start_error, if it has one, logged (A0203). */
 void agent_log_start_error(const struct agent *a, int i);
 

@@ -105,14 +105,5 @@ void agent_inplace_restart_worker(struct agent *a, const struct policy_action *a
         return;
     agent_log_start_error(a, i);
     /* Could not start: a failed replacement (the policy restarts the group). */
-    w->pgid = 0;
-    w->leader_alive = false;
-    w->info.pid = 0;
-    w->info.exitcode = 1;
-    w->info.exit_time = cddp_wall_time();
-    w->info.exits++;
-    w->exit_seq = ++a->exit_seq;
-    struct policy_event ev = {
-        .type = POLICY_EV_WORKER_EXIT, .local_rank = i, .exitcode = 1, .group_empty = true};
-    agent_post_event(a, &ev);
+    agent_worker_not_started(a, i);
 }

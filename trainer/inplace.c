@@ -198,6 +198,23 @@ static void reformed(struct run *r)
     trn_comm_set_watchdog_exit(r->dist.comm, run_watchdog_exit, r);
 }
 
+/* The first generation after `after` (bounded by --init-timeout), and
+ * the group re-formed in it; root: the rank the state comes from. A
+ * failure exits 75 (reform_failed). */
+static long meet(struct run *r, long after, int *root)
+{
+    char err[4096];
+    long gen;
+    int rc = trn_dist_wait_generation(&r->dist, after, r->cfg.init_timeout, &gen, root, err,
+                                      sizeof(err));
+    if (rc == 0)
+        rc = trn_dist_reform(&r->dist, &r->dopts, gen, err, sizeof(err));
+    if (rc)
+        reform_failed(r, rc, err);
+    r->generation = gen;
+    return gen;
+}
+
 /* A replacement (CDDP_GENERATION > 0): connected to the agent's store
  * only; it meets the survivors under the generation's keys and takes the
  * state, without the start-up checks the survivors made long ago. */
@@ -205,15 +222,8 @@ void trn_inplace_rejoin(struct run *r)
 {
     char err[4096];
     uint64_t t0 = cddp_mono_ns();
-    long gen;
     int root;
-    int rc = trn_dist_wait_generation(&r->dist, r->generation - 1, r->cfg.init_timeout, &gen, &root,
-                                      err, sizeof(err));
-    if (rc == 0)
-        rc = trn_dist_reform(&r->dist, &r->dopts, gen, err, sizeof(err));
-    if (rc)
-        reform_failed(r, rc, err);
-    r->generation = gen;
+    long gen = meet(r, r->generation - 1, &root);
     struct trn_ddp_options ddo = {
         .bucket_cap_mb = r->cfg.bucket_cap_mb,
         .overlap = r->cfg.overlap,
@@ -236,18 +246,10 @@ void trn_inplace_rejoin(struct run *r)
  * 75, and the agent restarts the whole group. */
 void trn_inplace_recover(struct run *r)
 {
-    char err[4096];
     uint64_t t0 = cddp_mono_ns();
-    long gen;
-    int root;
     trn_input_stop(&r->input);
-    int rc = trn_dist_wait_generation(&r->dist, r->generation, r->cfg.init_timeout, &gen, &root,
-                                      err, sizeof(err));
-    if (rc == 0)
-        rc = trn_dist_reform(&r->dist, &r->dopts, gen, err, sizeof(err));
-    if (rc)
-        reform_failed(r, rc, err);
-    r->generation = gen;
+    int root;
+    long gen = meet(r, r->generation, &root);
     reformed(r);
     take_state(r, root);
     log_info("T6211", "rank %d re-formed generation %ld in %.3f s", r->rank, gen,
