@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -122,6 +123,15 @@ def server_backlog(port):
                 unread += rx
                 conns += 1
     return pending, unread, conns
+
+
+def agent_status(port, host="127.0.0.1"):
+    """A status port's /status as JSON, or None while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=5) as r:
+            return json.loads(r.read())
+    except OSError:
+        return None
 
 
 def wait_for(pred, timeout=10.0, interval=0.02, what="condition"):

@@ -9,28 +9,18 @@ and its phases must add up to its wall time. The final /status (served
 while the agent lingers) also carries the exit code.
 """
 import glob
-import json
 import os
 import re
 import signal
 import subprocess
 import time
-import urllib.request
 
-from conftest import binary, free_port, wait_for
+from conftest import agent_status as status, binary, free_port, wait_for
 
 ARGS = ["--arch", "resnet18", "--data", "synthetic", "--image-size", "32", "--num-classes",
         "10", "--epochs", "1", "--log-every", "1", "--num-samples", "64", "--batch-size", "4",
         "--ckpt-every", "4", "--fault", "crash@step=7,rank=0"]
 PHASES = {"init", "productive", "lost", "restart", "rendezvous", "stopped"}
-
-
-def status(port):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:
-            return json.loads(r.read())
-    except OSError:
-        return None
 
 
 def steps_logged(tmp_path, attempt):

@@ -19,22 +19,13 @@ import os
 import re
 import signal
 import time
-import urllib.request
 
 import pytest
 
-from conftest import TORCH_PY, binary, free_port, run
+from conftest import TORCH_PY, agent_status as status, binary, free_port, run
 
 TINY = ["--arch", "resnet18", "--data", "synthetic", "--image-size", "32", "--num-classes",
         "10", "--epochs", "4", "--log-every", "1", "--num-samples", "32", "--batch-size", "4"]
-
-
-def status(port):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:
-            return json.loads(r.read())
-    except OSError:
-        return None
 
 
 def wait_status(port, pred, timeout=60):
