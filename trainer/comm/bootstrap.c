@@ -299,6 +299,25 @@ static int check_membership(struct trn_dist *d, struct trn_kv *kv, uint64_t dead
     return same ? 0 : CDDP_EMISMATCH;
 }
 
+/* The communicator's options from the environment and the trainer's;
+ * restart_count names the attempt (or generation) its keys belong to. */
+static struct trn_comm_options comm_options(const struct trn_dist *d,
+                                            const struct trn_dist_options *o, long restart_count)
+{
+    return (struct trn_comm_options){
+        .rank = d->env.rank,
+        .world = d->env.world,
+        .timeout_s = o->collective_timeout_s,
+        .init_timeout_s = o->init_timeout_s > 0 ? o->init_timeout_s : TRN_DEFAULT_INIT_TIMEOUT_S,
+        .backend = o->backend,
+        .route_to = d->env.master_addr,
+        .cuda_device = o->cuda_device,
+        .cuda_stream = o->cuda_stream,
+        .restart_count = restart_count,
+        .rdzv_round = d->env.rdzv_round,
+    };
+}
+
 int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
                   char *(*lookup)(const char *name), char *err, size_t errlen)
 {
@@ -306,20 +325,8 @@ int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
     int rc = trn_dist_env_read(&d->env, lookup, err, errlen);
     if (rc)
         return rc;
-    double init_s = o->init_timeout_s > 0 ? o->init_timeout_s : TRN_DEFAULT_INIT_TIMEOUT_S;
-    uint64_t deadline = cddp_mono_ns() + (uint64_t)(init_s * 1e9);
-    struct trn_comm_options co = {
-        .rank = d->env.rank,
-        .world = d->env.world,
-        .timeout_s = o->collective_timeout_s,
-        .init_timeout_s = init_s,
-        .backend = o->backend,
-        .route_to = d->env.master_addr,
-        .cuda_device = o->cuda_device,
-        .cuda_stream = o->cuda_stream,
-        .restart_count = d->env.restart_count,
-        .rdzv_round = d->env.rdzv_round,
-    };
+    struct trn_comm_options co = comm_options(d, o, d->env.restart_count);
+    uint64_t deadline = cddp_mono_ns() + (uint64_t)(co.init_timeout_s * 1e9);
     struct trn_comm_error ce;
     if (o->generation > 0 && d->env.world > 1) {
         /* A replacement: the store now, the communicator with the others
@@ -478,22 +485,11 @@ int trn_dist_reform(struct trn_dist *d, const struct trn_dist_options *o, long g
 {
     trn_comm_destroy(d->comm);
     d->comm = NULL;
-    double init_s = o->init_timeout_s > 0 ? o->init_timeout_s : TRN_DEFAULT_INIT_TIMEOUT_S;
     char prefix[64];
     snprintf(prefix, sizeof(prefix), "/cddp/gen/%ld/gloo", gen);
-    struct trn_comm_options co = {
-        .rank = d->env.rank,
-        .world = d->env.world,
-        .timeout_s = o->collective_timeout_s,
-        .init_timeout_s = init_s,
-        .backend = o->backend,
-        .route_to = d->env.master_addr,
-        .cuda_device = o->cuda_device,
-        .cuda_stream = o->cuda_stream,
-        .restart_count = gen, /* nccl: the unique id under the generation's key */
-        .rdzv_round = d->env.rdzv_round,
-        .store_prefix = prefix,
-    };
+    /* (restart_count: nccl's unique id under the generation's key) */
+    struct trn_comm_options co = comm_options(d, o, gen);
+    co.store_prefix = prefix;
     /* The keys are bare: every rank of the generation meets under them. */
     char saved[sizeof(d->store.prefix)];
     memcpy(saved, d->store.prefix, sizeof(saved));
