@@ -68,8 +68,7 @@ void agent_goodput_update(struct agent *a, uint64_t now_ms)
     case AGENT_STOPPING:
     case AGENT_KILLING:
         /* To start again (status.c's RESTARTING), or for good. */
-        if (p->stop_reason == STOP_MEMBERSHIP ||
-            (p->stop_reason == STOP_FAILURE && (p->coordinated || p->remaining_restarts > 0)))
+        if (policy_will_restart(p))
             m = GOODPUT_MODE_RESTARTING;
         break;
     default:
@@ -112,6 +111,7 @@ void agent_notify(struct agent *a)
         .restart_count = policy_restart_count(&a->pol),
         .max_restarts = a->cfg->max_restarts,
         .stop_reason = a->pol.stop_reason,
+        .will_restart = policy_will_restart(&a->pol),
         .membership_restarts = a->membership_restarts,
         .rdzv_connected = a->rdzv ? a->rdzv->info.connected : true,
         .rdzv_disconnected_at = a->rdzv ? a->rdzv->info.disconnected_at : 0,

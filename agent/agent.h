@@ -72,6 +72,7 @@ struct agent_snapshot {
     int max_restarts;
     /* Why the group is stopping (STOPPING, KILLING) or was last stopped. */
     enum stop_reason stop_reason;
+    bool will_restart;       /* STOPPING, KILLING: to start again (policy_will_restart) */
     int membership_restarts; /* new rounds the rendezvous asked for (not in restart_count) */
     /* --restart_scope (agent/policy.h): "group" or "worker"; the membership
      * generation of the running group (0 at its start, one more for each

@@ -120,12 +120,26 @@ static void fail_run(struct agent_policy *p, struct out *o, enum stop_reason rea
 
 /* A failed attempt that would restart: with --max_no_progress_restarts, is
  * this the restart too many? Counts the attempt that just ended. */
+static int next_no_progress_streak(const struct agent_policy *p)
+{
+    return p->attempt_progressed ? 0 : p->no_progress_streak + 1;
+}
+
+/* Would the attempt that is ending be the restart too many? (Pure: what
+ * no_progress_stop decides, and policy_will_restart foresees.) */
+static bool no_progress_exhausted(const struct agent_policy *p)
+{
+    return p->max_no_progress > 0 && p->attempt_is_restart &&
+           next_no_progress_streak(p) >= p->max_no_progress;
+}
+
 static bool no_progress_stop(struct agent_policy *p, struct out *o)
 {
     if (p->max_no_progress <= 0 || !p->attempt_is_restart)
         return false;
-    p->no_progress_streak = p->attempt_progressed ? 0 : p->no_progress_streak + 1;
-    if (p->no_progress_streak < p->max_no_progress)
+    bool exhausted = no_progress_exhausted(p);
+    p->no_progress_streak = next_no_progress_streak(p);
+    if (!exhausted)
         return false;
     p->no_progress_stop = true;
     emit(o, POLICY_ACT_FAILURE_REPORT);
@@ -179,6 +193,20 @@ static void stopped(struct agent_policy *p, struct out *o)
     case STOP_RDZV_CLOSED:
         fail_run(p, o, STOP_RDZV_CLOSED);
         break;
+    }
+}
+
+bool policy_will_restart(const struct agent_policy *p)
+{
+    if (p->state != AGENT_STOPPING && p->state != AGENT_KILLING)
+        return false;
+    switch (p->stop_reason) {
+    case STOP_MEMBERSHIP:
+        return true;
+    case STOP_FAILURE:
+        return (p->coordinated || p->remaining_restarts > 0) && !no_progress_exhausted(p);
+    default:
+        return false;
     }
 }
 

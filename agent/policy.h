@@ -247,6 +247,13 @@ static inline int policy_restart_count(const struct agent_policy *p)
     return p->max_restarts - p->remaining_restarts;
 }
 
+/* While the group is stopping (STOPPING, KILLING): will the policy start
+ * it again when it has stopped (a failure with restarts left, not the
+ * restart too many of --max_no_progress_restarts; a new round the
+ * rendezvous asked for), or end the run? False in any other state. The one
+ * answer /status's "restarting" and the goodput's restart phase both use. */
+bool policy_will_restart(const struct agent_policy *p);
+
 static inline bool policy_finished(const struct agent_policy *p)
 {
     return p->state == AGENT_SUCCEEDED || p->state == AGENT_FAILED || p->state == AGENT_TERMINATED;

@@ -77,6 +77,7 @@ struct agent_status {
     char ifname[64], ifname_addr[64], ifname_source[16];
     enum agent_state state;
     enum stop_reason stop_reason;
+    bool will_restart; /* the snapshot's: STOPPING/KILLING to start again */
     uint64_t round;
     int node_rank, nnodes, world_size, master_port;
     int restart_count, max_restarts, membership_restarts;
@@ -160,11 +161,9 @@ static enum status_agent_state view_state(const struct agent_status *st)
         return STATUS_AGENT_RUNNING;
     case AGENT_STOPPING:
     case AGENT_KILLING:
-        /* Stopping the group to start it again, or for good? The policy
-         * restarts after a failure while restarts remain, and always for a
-         * new round the rendezvous asked for. */
-        if (st->stop_reason == STOP_MEMBERSHIP ||
-            (st->stop_reason == STOP_FAILURE && st->restart_count < st->max_restarts))
+        /* Stopping the group to start it again, or for good? As the policy
+         * will decide (policy_will_restart). */
+        if (st->will_restart)
             return STATUS_AGENT_RESTARTING;
         return STATUS_AGENT_STOPPING;
     case AGENT_EXIT_BARRIER:
@@ -501,7 +500,7 @@ static void history_changes(struct agent_status *st, const struct agent_snapshot
         (snap->stop_reason == STOP_FAILURE || snap->stop_reason == STOP_MEMBERSHIP)) {
         stop_words(st, snap, why, sizeof(why));
         /* A restart when the policy will start the group again (view_state). */
-        if (snap->stop_reason == STOP_MEMBERSHIP || snap->restart_count < snap->max_restarts)
+        if (snap->will_restart)
             history_event(st, STATUS_HISTORY_RESTART, -1, 0, why);
         cddp_strlcpy(st->stop_words, why, sizeof(st->stop_words));
     }
@@ -888,6 +887,7 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
                  sizeof(st->master_addr));
     st->state = snap->state;
     st->stop_reason = snap->stop_reason;
+    st->will_restart = snap->will_restart;
     st->round = snap->round;
     st->node_rank = snap->node_rank;
     st->nnodes = snap->nnodes;

@@ -204,6 +204,46 @@ static void test_no_progress_stop(void **state)
     policy_free(&p);
 }
 
+/* policy_will_restart while the group stops: a failure with restarts left
+ * restarts, the last one and the no-progress restart too many do not (the
+ * answer /status's "restarting" and the goodput's restart phase share). */
+static void test_will_restart(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 2, 1);
+    assert_false(policy_will_restart(&p)); /* running */
+    exit_clean(&p, 0, 1, 10);
+    assert_int_equal(p.state, AGENT_STOPPING);
+    assert_true(policy_will_restart(&p));
+    exit_clean(&p, 1, -SIGTERM, 11);
+    assert_int_equal(p.state, AGENT_RENDEZVOUS);
+    step(&p, POLICY_EV_ROUND, 0, 0, 12);
+    exit_clean(&p, 1, 1, 20); /* the budget is spent */
+    assert_int_equal(p.state, AGENT_STOPPING);
+    assert_false(policy_will_restart(&p));
+    exit_clean(&p, 0, -SIGTERM, 21);
+    assert_int_equal(p.state, AGENT_FAILED);
+    policy_free(&p);
+
+    /* restarts left, but the restart too many of --max_no_progress_restarts */
+    running(&p, 2, 5);
+    p.max_no_progress = 1;
+    step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 5);
+    assert_true(policy_will_restart(&p)); /* a new round: always */
+    exit_clean(&p, 0, -SIGTERM, 6);
+    exit_clean(&p, 1, -SIGTERM, 6);
+    step(&p, POLICY_EV_ROUND, 0, 0, 7);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    exit_clean(&p, 0, 1, 8); /* no step in this attempt */
+    assert_int_equal(p.state, AGENT_STOPPING);
+    assert_false(policy_will_restart(&p));
+    exit_clean(&p, 1, -SIGTERM, 9);
+    assert_int_equal(p.state, AGENT_FAILED);
+    assert_true(p.no_progress_stop);
+    policy_free(&p);
+}
+
 static void test_start_and_round(void **state)
 {
     (void)state;
@@ -810,6 +850,23 @@ static unsigned next_rand(unsigned n)
     return (unsigned)(rng % n);
 }
 
+/* policy_will_restart foresees what the stop leads to: when a worker's exit
+ * or the deadline ends a stop (no signal or progress line changing the
+ * reason on the way), the group rejoins exactly when it said it would. */
+static void check_will_restart(enum agent_state before, bool said, const struct policy_event *ev,
+                               const struct agent_policy *p)
+{
+    if (before != AGENT_STOPPING && before != AGENT_KILLING)
+        return;
+    if (ev->type != POLICY_EV_WORKER_EXIT && ev->type != POLICY_EV_DEADLINE)
+        return;
+    if (p->state == AGENT_STOPPING || p->state == AGENT_KILLING)
+        return;
+    if (said != (p->state == AGENT_RENDEZVOUS))
+        fail_msg("policy_will_restart said %d, the stop (%s) ended in %s", said,
+                 stop_reason_name(p->stop_reason), agent_state_name(p->state));
+}
+
 static void test_random_walk_invariants(void **state)
 {
     (void)state;
@@ -818,6 +875,7 @@ static void test_random_walk_invariants(void **state)
         int n = 1 + (int)next_rand(4);
         int budget = (int)next_rand(3);
         assert_int_equal(policy_init(&p, n, budget, (uint64_t)next_rand(3) * 10), 0);
+        p.max_no_progress = (int)next_rand(3);
         uint64_t now = 0;
         int exits = 0, starts = 0;
         bool deadline_set = false;
@@ -832,8 +890,10 @@ static void test_random_walk_invariants(void **state)
             if (ev.type == POLICY_EV_DEADLINE && p.deadline_ms)
                 now = p.deadline_ms;
             enum agent_state before = p.state;
+            bool said = policy_will_restart(&p);
             nacts = policy_step(&p, &ev, now, acts);
             assert_true(nacts <= POLICY_MAX_ACTIONS);
+            check_will_restart(before, said, &ev, &p);
             for (int i = 0; i < nacts; i++) {
                 switch (acts[i].type) {
                 case POLICY_ACT_START_WORKERS:
@@ -908,7 +968,9 @@ static void test_random_walk_coordinated(void **state)
             if (ev.type == POLICY_EV_DEADLINE && p.deadline_ms)
                 now = p.deadline_ms;
             enum agent_state before = p.state;
+            bool said = policy_will_restart(&p);
             nacts = policy_step(&p, &ev, now, acts);
+            check_will_restart(before, said, &ev, &p);
             if (ev.type == POLICY_EV_ROUND && before == AGENT_RENDEZVOUS)
                 last_count = ev.restart_count;
             for (int i = 0; i < nacts; i++) {
@@ -1147,6 +1209,7 @@ int main(void)
         cmocka_unit_test(test_finished_states_are_final),
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_random_walk_invariants),
+        cmocka_unit_test(test_will_restart),
         cmocka_unit_test(test_worker_scope_replaces_one),
         cmocka_unit_test(test_worker_scope_falls_back_in_window),
         cmocka_unit_test(test_worker_scope_replacement_fails),
