@@ -93,6 +93,7 @@ void agent_notify(struct agent *a)
     for (int i = 0; i < a->nworkers; i++) {
         w[i] = a->workers[i].info;
         w[i].state = a->pol.workers[i].state;
+        w[i].hung |= a->pol.workers[i].hung; /* found hung, not yet exited */
         w[i].watchdog_timeout_ms = watchdog_timeout(&a->wd, i);
         agent_stragglers_fill(a, i, &w[i], now_ms, now_wall);
     }

@@ -40,7 +40,7 @@ struct agent_worker_info {
     unsigned exits;    /* exits seen for this local rank, failed starts included */
     /* The progress watchdog (agent/watchdog.h): the timeout that applies
      * now (0: not watched), and whether its last exit was the watchdog's
-     * stop (it was found hung). */
+     * stop (it was found hung: from the watchdog's finding, before it exits). */
     uint64_t watchdog_timeout_ms;
     bool hung;
     /* Its step time and compute time (the step outside collective waits),

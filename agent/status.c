@@ -456,6 +456,15 @@ static void stop_words(struct agent_status *st, const struct agent_snapshot *sna
                        size_t len)
 {
     if (snap->watchdog_kills > st->watchdog_kills) {
+        for (int i = 0; i < snap->nworkers; i++) {
+            const struct agent_worker_info *w = &snap->workers[i];
+            if (w->hung) {
+                snprintf(out, len,
+                         "local_rank %d (rank %d) hung: no progress within the watchdog timeout",
+                         w->local_rank, w->rank);
+                return;
+            }
+        }
         snprintf(out, len, "a worker hung (no progress within the watchdog timeout)");
         return;
     }

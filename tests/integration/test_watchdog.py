@@ -243,7 +243,8 @@ def test_status_and_metrics_show_the_watchdog(tmp_path):
         h = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/history",
                                               timeout=5).read())
         (restart,) = [e for e in h["events"] if e["kind"] == "restart"]
-        assert "hung" in restart["reason"] and restart["step"] is not None, restart
+        assert "local_rank 0 (rank 0) hung" in restart["reason"], restart
+        assert restart["step"] is not None, restart
     finally:
         p.send_signal(15)
         p.communicate(timeout=20)
