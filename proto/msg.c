@@ -63,87 +63,6 @@ int proto_error_code(const char *name)
     return CDDP_EPEER;
 }
 
-/* ---- base64 ---- */
-
-static const char b64_alphabet[] =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-void proto_base64_encode(const void *src, size_t n, char *dst)
-{
-    const unsigned char *s = src;
-    size_t i = 0;
-    for (; i + 3 <= n; i += 3) {
-        uint32_t v = (uint32_t)s[i] << 16 | (uint32_t)s[i + 1] << 8 | s[i + 2];
-        *dst++ = b64_alphabet[(v >> 18) & 63];
-        *dst++ = b64_alphabet[(v >> 12) & 63];
-        *dst++ = b64_alphabet[(v >> 6) & 63];
-        *dst++ = b64_alphabet[v & 63];
-    }
-    if (n - i == 1) {
-        uint32_t v = (uint32_t)s[i] << 16;
-        *dst++ = b64_alphabet[(v >> 18) & 63];
-        *dst++ = b64_alphabet[(v >> 12) & 63];
-        *dst++ = '=';
-        *dst++ = '=';
-    } else if (n - i == 2) {
-        uint32_t v = (uint32_t)s[i] << 16 | (uint32_t)s[i + 1] << 8;
-        *dst++ = b64_alphabet[(v >> 18) & 63];
-        *dst++ = b64_alphabet[(v >> 12) & 63];
-        *dst++ = b64_alphabet[(v >> 6) & 63];
-        *dst++ = '=';
-    }
-    *dst = '\0';
-}
-
-static int b64_value(unsigned char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    if (c == '+')
-        return 62;
-    if (c == '/')
-        return 63;
-    return -1;
-}
-
-long proto_base64_decode(const char *src, size_t n, void *dst, size_t dstlen)
-{
-    unsigned char *d = dst;
-    size_t out = 0;
-    if (n % 4 != 0)
-        return CDDP_EPARSE;
-    for (size_t i = 0; i < n; i += 4) {
-        int v[4];
-        int pad = 0;
-        for (int k = 0; k < 4; k++) {
-            unsigned char c = (unsigned char)src[i + k];
-            if (c == '=' && i + 4 == n && k >= 2) {
-                v[k] = 0;
-                pad++;
-            } else if (pad > 0 || (v[k] = b64_value(c)) < 0) {
-                return CDDP_EPARSE;
-            }
-        }
-        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | v[3];
-        size_t nb = 3 - (size_t)pad;
-        /* Canonical form: the bits under the padding are zero. */
-        if ((pad == 1 && (w & 0xff)) || (pad == 2 && (w & 0xffff)))
-            return CDDP_EPARSE;
-        if (out + nb > dstlen)
-            return CDDP_ETOOBIG;
-        d[out++] = (unsigned char)(w >> 16);
-        if (nb > 1)
-            d[out++] = (unsigned char)(w >> 8);
-        if (nb > 2)
-            d[out++] = (unsigned char)w;
-    }
-    return (long)out;
-}
-
 /* ---- decoding ---- */
 
 struct blob {
@@ -654,7 +573,15 @@ static int decode_fields(struct dec *d)
         if ((rc = get_int(d, "waiting", false, 0, PROTO_MAX_NODES, -1, &m->heartbeat.waiting)))
             return rc;
         m->heartbeat.has_waiting = m->heartbeat.waiting >= 0;
-        return decode_perf(d);
+        if ((rc = decode_perf(d)))
+            return rc;
+        /* Ignored when bad (msg.h): the heartbeat itself still counts. */
+        const cJSON *gp = field(d, "goodput");
+        if (gp && !cJSON_IsNull(gp))
+            m->heartbeat.has_goodput =
+                proto_goodput_from_json(gp, &m->heartbeat.goodput, m->heartbeat.goodput_error,
+                                        sizeof(m->heartbeat.goodput_error)) == 0;
+        return 0;
     case PROTO_RESUME:
         if ((rc = get_id(d)) ||
             (rc = get_str(d, "node_id", true, PROTO_MAX_ID, STR_ID, &m->resume.node_id)) ||
@@ -975,6 +902,34 @@ static void encode_round_fields(struct enc *e, const struct proto_round *r)
     put_int(e, "restart_count", r->restart_count, 0, PROTO_MAX_INT);
 }
 
+/* A heartbeat's optional fields: waiting, perf, goodput. */
+static void encode_heartbeat(struct enc *e, const struct proto_msg *m)
+{
+    if (m->heartbeat.has_waiting)
+        put_int(e, "waiting", m->heartbeat.waiting, 0, PROTO_MAX_NODES);
+    if (m->heartbeat.has_perf) {
+        const struct proto_perf *p = &m->heartbeat.perf;
+        open_object(e, "perf");
+        put_int(e, "ranks", p->ranks, 1, PROTO_MAX_NPROC);
+        put_num(e, "step_s", p->step_s, 1e-9, PROTO_MAX_STEP_S);
+        if (p->compute_s >= 0)
+            put_num(e, "compute_s", p->compute_s, 0, PROTO_MAX_STEP_S);
+        put_int(e, "max_rank", p->max_rank, 0, INT32_MAX);
+        put_num(e, "factor", p->factor, 1.0, 1000.0);
+        close_object(e);
+    }
+    if (m->heartbeat.has_goodput && e->rc == 0) {
+        char gp[512];
+        int n = proto_goodput_to_json(&m->heartbeat.goodput, gp, sizeof(gp));
+        if (n < 0) {
+            e->rc = n;
+            return;
+        }
+        key(e, "goodput");
+        raw(e, gp, (size_t)n);
+    }
+}
+
 static void encode_fields(struct enc *e, const struct proto_msg *m)
 {
     switch (m->type) {
@@ -1000,19 +955,7 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
         put_bool(e, "waiting", m->joined.waiting);
         break;
     case PROTO_HEARTBEAT:
-        if (m->heartbeat.has_waiting)
-            put_int(e, "waiting", m->heartbeat.waiting, 0, PROTO_MAX_NODES);
-        if (m->heartbeat.has_perf) {
-            const struct proto_perf *p = &m->heartbeat.perf;
-            open_object(e, "perf");
-            put_int(e, "ranks", p->ranks, 1, PROTO_MAX_NPROC);
-            put_num(e, "step_s", p->step_s, 1e-9, PROTO_MAX_STEP_S);
-            if (p->compute_s >= 0)
-                put_num(e, "compute_s", p->compute_s, 0, PROTO_MAX_STEP_S);
-            put_int(e, "max_rank", p->max_rank, 0, INT32_MAX);
-            put_num(e, "factor", p->factor, 1.0, 1000.0);
-            close_object(e);
-        }
+        encode_heartbeat(e, m);
         break;
     case PROTO_RESUME:
         put_id(e, m->id);

@@ -136,6 +136,31 @@ struct proto_perf {
     double factor;    /* the agent's --straggler_factor (> 1) */
 };
 
+/* An agent's goodput totals (agent/goodput.h: where its wall time went),
+ * sent with its heartbeats (optional: older agents send none) so that the
+ * server can sum them job-wide (docs/protocol.md, "heartbeat"). Unlike the
+ * other fields, a bad "goodput" does not fail the message: the decoder
+ * leaves has_goodput false and says why in goodput_error. */
+#define PROTO_GOODPUT_PHASES 6
+#define PROTO_MAX_GOODPUT_S 4e9 /* seconds in one phase: about 126 years */
+struct proto_goodput {
+    /* seconds per phase, in agent/goodput.h's order: init, productive,
+     * lost, restart, rendezvous, stopped (wire: "init_s", ...) */
+    double s[PROTO_GOODPUT_PHASES];
+    int64_t lost_steps; /* steps computed and then redone */
+    int64_t step;       /* the highest step its workers reported; -1: none */
+};
+
+/* "init", "productive", ... ; "?" out of range. */
+const char *proto_goodput_phase_name(int phase);
+/* Reads a "goodput" object: every phase a number in 0..PROTO_MAX_GOODPUT_S
+ * (missing: 0), lost_steps and step integers in range. 0, or
+ * CDDP_EPROTO_FIELD with one line in err (*g is then not to be used). */
+int proto_goodput_from_json(const cJSON *o, struct proto_goodput *g, char *err, size_t errlen);
+/* Writes g as a JSON object into buf; the length, or CDDP_EPROTO_FIELD (a
+ * value out of range) or CDDP_ETOOBIG (buf too small). */
+int proto_goodput_to_json(const struct proto_goodput *g, char *buf, size_t len);
+
 struct proto_msg {
     enum proto_type type;
     /* Request id of store ops and status, echoed in their result. */
@@ -163,6 +188,11 @@ struct proto_msg {
             /* Agent to server only, optional: its ranks' step times. */
             bool has_perf;
             struct proto_perf perf;
+            /* Agent to server only, optional: its goodput totals; a bad
+             * one is dropped, and goodput_error says why ("" when not). */
+            bool has_goodput;
+            struct proto_goodput goodput;
+            char goodput_error[128];
         } heartbeat;
         struct {
             const char *node_id; /* the node, as it joined on a connection now lost */

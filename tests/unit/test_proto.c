@@ -771,16 +771,84 @@ static void test_error_names(void **state)
 #undef XX
 }
 
+/* A heartbeat's goodput: read back as sent; a bad one is dropped, not the
+ * heartbeat, and the reason is kept. */
+static void test_msg_goodput(void **state)
+{
+    (void)state;
+    struct proto_msg m = {.type = PROTO_HEARTBEAT}, o;
+    m.heartbeat.has_goodput = true;
+    m.heartbeat.goodput =
+        (struct proto_goodput){.s = {1.5, 100.25, 3, 4.5, 2, 0}, .lost_steps = 12, .step = 345};
+    roundtrip(&m, &o);
+    assert_true(o.heartbeat.has_goodput);
+    assert_string_equal(o.heartbeat.goodput_error, "");
+    for (int i = 0; i < PROTO_GOODPUT_PHASES; i++)
+        assert_true(o.heartbeat.goodput.s[i] == m.heartbeat.goodput.s[i]);
+    assert_int_equal(o.heartbeat.goodput.lost_steps, 12);
+    assert_int_equal(o.heartbeat.goodput.step, 345);
+    proto_msg_free(&o);
+    /* Not sent: absent; the encoder refuses what it would not read. */
+    m.heartbeat.has_goodput = false;
+    roundtrip(&m, &o);
+    assert_false(o.heartbeat.has_goodput);
+    proto_msg_free(&o);
+    m.heartbeat.has_goodput = true;
+    m.heartbeat.goodput.s[1] = -1;
+    struct cddp_buf b;
+    cddp_buf_init(&b, 4096);
+    assert_int_equal(proto_msg_encode(&m, &b), CDDP_EPROTO_FIELD);
+    cddp_buf_free(&b);
+    assert_string_equal(proto_goodput_phase_name(1), "productive");
+    assert_string_equal(proto_goodput_phase_name(6), "?");
+
+    const char *good[] = {
+        "{}", /* every phase 0, no step */
+        "{\"productive_s\":5,\"step\":-1,\"unknown\":\"x\"}",
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        char json[512], err[256];
+        snprintf(json, sizeof(json), "{\"v\":1,\"type\":\"heartbeat\",\"goodput\":%s}", good[i]);
+        assert_int_equal(proto_msg_decode(json, strlen(json), &o, err, sizeof(err)), 0);
+        assert_true(o.heartbeat.has_goodput);
+        assert_int_equal(o.heartbeat.goodput.s[0], 0);
+        proto_msg_free(&o);
+    }
+    const char *bad[] = {
+        "[]",
+        "\"x\"",
+        "7",
+        "{\"productive_s\":-1}",
+        "{\"productive_s\":\"5\"}",
+        "{\"init_s\":1e300}",
+        "{\"lost_s\":true}",
+        "{\"lost_steps\":-1}",
+        "{\"lost_steps\":1.5}",
+        "{\"lost_steps\":1e30}",
+        "{\"step\":-2}",
+        "{\"step\":{}}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char json[512], err[256];
+        snprintf(json, sizeof(json),
+                 "{\"v\":1,\"type\":\"heartbeat\",\"waiting\":2,\"goodput\":%s}", bad[i]);
+        if (proto_msg_decode(json, strlen(json), &o, err, sizeof(err)) != 0)
+            fail_msg("the heartbeat was refused: %s (%s)", json, err);
+        if (o.heartbeat.has_goodput)
+            fail_msg("accepted: %s", json);
+        assert_non_null(strstr(o.heartbeat.goodput_error, "goodput"));
+        assert_int_equal(o.heartbeat.waiting, 2); /* the rest of it is read */
+        proto_msg_free(&o);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_frame_split),
-        cmocka_unit_test(test_frame_oversized),
-        cmocka_unit_test(test_msg_roundtrip),
-        cmocka_unit_test(test_msg_conf_keys_escaped),
-        cmocka_unit_test(test_msg_encode_refuses),
-        cmocka_unit_test(test_msg_decode_errors),
-        cmocka_unit_test(test_base64),
+        cmocka_unit_test(test_msg_goodput),           cmocka_unit_test(test_frame_split),
+        cmocka_unit_test(test_frame_oversized),       cmocka_unit_test(test_msg_roundtrip),
+        cmocka_unit_test(test_msg_conf_keys_escaped), cmocka_unit_test(test_msg_encode_refuses),
+        cmocka_unit_test(test_msg_decode_errors),     cmocka_unit_test(test_base64),
         cmocka_unit_test(test_error_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
