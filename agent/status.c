@@ -545,9 +545,10 @@ static void history_changes(struct agent_status *st, const struct agent_snapshot
 
 /* HTTP thread: GET /history. Copies what is newer than since under the
  * lock, renders the copy outside it. */
-static int on_history_request(void *arg, uint64_t since, struct cddp_buf *out)
+static int on_history_request(void *arg, const char *run, uint64_t since, struct cddp_buf *out)
 {
     struct agent_status *st = arg;
+    (void)run; /* the agent has one run */
     struct status_history copy;
     pthread_mutex_lock(&st->hist_mu);
     int rc = status_history_clone(&copy, &st->hist, since);

@@ -82,6 +82,8 @@ struct rdzv_client {
     int64_t restart_count;
     bool has_perf; /* rdzv_client_set_perf: sent with every heartbeat */
     struct proto_perf perf;
+    bool (*goodput)(void *arg, struct proto_goodput *out); /* rdzv_client_set_goodput */
+    void *goodput_arg;
 
     /* What the agent's keep-alive watch asks (rdzv_client_quiet_ms). */
     uint64_t last_heard;    /* loop time of the host's last answer: bytes, a reset, a refusal */
@@ -489,8 +491,18 @@ static void on_beat(uv_timer_t *t)
     struct proto_msg m = {.type = PROTO_HEARTBEAT};
     m.heartbeat.has_perf = c->has_perf;
     m.heartbeat.perf = c->perf;
-    if (c->state == C_CONNECTED && !c->hold)
+    if (c->state == C_CONNECTED && !c->hold) {
+        if (c->goodput)
+            m.heartbeat.has_goodput = c->goodput(c->goodput_arg, &m.heartbeat.goodput);
         client_send(c, &m);
+    }
+}
+
+void rdzv_client_set_goodput(struct rdzv_client *c,
+                             bool (*fn)(void *arg, struct proto_goodput *out), void *arg)
+{
+    c->goodput = fn;
+    c->goodput_arg = arg;
 }
 
 void rdzv_client_set_perf(struct rdzv_client *c, const struct proto_perf *perf)

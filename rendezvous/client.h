@@ -173,6 +173,10 @@ int rdzv_client_barrier(struct rdzv_client *c, const char *prefix, int n, int64_
  * from now on (copied; NULL: nothing, until set again). The server names
  * a node slower than the job's others from them (docs/protocol.md). */
 void rdzv_client_set_perf(struct rdzv_client *c, const struct proto_perf *perf);
+/* Asked at every heartbeat for this node's goodput totals (proto/msg.h;
+ * false: none to send); NULL: none are sent. */
+void rdzv_client_set_goodput(struct rdzv_client *c,
+                             bool (*fn)(void *arg, struct proto_goodput *out), void *arg);
 
 /* The last completed round (NULL before the first), valid until the next. */
 const struct proto_round *rdzv_client_round(const struct rdzv_client *c);

@@ -32,6 +32,7 @@
 #include "config.h"
 #include "proto/msg.h"
 #include "rendezvous/server.h"
+#include "rendezvous/jobs.h"
 #include "rendezvous/status.h"
 
 static const char usage[] =
@@ -72,6 +73,7 @@ struct daemon {
     bool keep_runs_on_exit;
     struct rdzv_server *srv;
     struct rdzv_status *status; /* NULL: no status port */
+    struct rdzv_jobs *jobs;     /* job-wide statistics; with the status port */
     bool stopping;
 };
 
@@ -345,13 +347,23 @@ int main(int argc, char **argv)
     struct daemon d = {0};
     int rc;
     if (sport >= 0) {
-        rc = rdzv_status_new(status_addr, sport, CDDP_VERSION, &d.status, err, sizeof(err));
+        /* Job-wide goodput and history: read only on the status port. */
+        d.jobs = rdzv_jobs_new();
+        if (d.jobs == NULL) {
+            fprintf(stderr, "cddp-rdzv: out of memory\n");
+            return CDDP_EXIT_FAILURE;
+        }
+        rc = rdzv_status_new(status_addr, sport, CDDP_VERSION, d.jobs, &d.status, err, sizeof(err));
         if (rc) {
             fprintf(stderr, "cddp-rdzv: --status-port=%d: %s\n", sport, err);
+            rdzv_jobs_free(d.jobs);
             return rc == CDDP_EPARSE ? CDDP_EXIT_USAGE : CDDP_EXIT_FAILURE;
         }
         o.on_change = rdzv_status_changed;
         o.change_arg = d.status;
+        o.on_heartbeat = rdzv_jobs_on_heartbeat;
+        o.on_action = rdzv_jobs_on_action;
+        o.jobs_arg = d.jobs;
     }
     uv_loop_init(&d.loop);
     rc = rdzv_server_start(&d.loop, &o, &d.srv, err, sizeof(err));
@@ -360,6 +372,7 @@ int main(int argc, char **argv)
         uv_run(&d.loop, UV_RUN_DEFAULT);
         uv_loop_close(&d.loop);
         rdzv_status_free(d.status);
+        rdzv_jobs_free(d.jobs);
         return CDDP_EXIT_FAILURE;
     }
     if (d.status)
@@ -380,6 +393,7 @@ int main(int argc, char **argv)
 
     uv_run(&d.loop, UV_RUN_DEFAULT);
     rdzv_status_free(d.status);
+    rdzv_jobs_free(d.jobs);
     rc = uv_loop_close(&d.loop);
     if (rc) {
         log_error("R0103", "event loop did not close cleanly: %s", uv_strerror(rc));

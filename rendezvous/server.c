@@ -49,10 +49,11 @@ struct conn {
     uv_shutdown_t shutdown_req;
     int open_handles;
     bool helloed;
-    bool detached;   /* rdzv_state_disconnect done */
-    bool closing;    /* no more reads or writes; on its way out */
-    bool over_limit; /* refused: past max_connections (stats) */
-    char name[80];   /* "addr:port" for logs */
+    bool detached;       /* rdzv_state_disconnect done */
+    bool closing;        /* no more reads or writes; on its way out */
+    bool over_limit;     /* refused: past max_connections (stats) */
+    bool goodput_warned; /* R0026 said for this connection */
+    char name[80];       /* "addr:port" for logs */
 };
 
 struct rdzv_server {
@@ -315,6 +316,8 @@ static void apply_actions(struct rdzv_server *srv)
     size_t n = rdzv_state_actions(srv->state, &acts);
     for (size_t i = 0; i < n; i++) {
         const struct rdzv_action *a = &acts[i];
+        if (srv->opt.on_action)
+            srv->opt.on_action(srv->opt.jobs_arg, a->peer ? rdzv_peer_run_id(a->peer) : NULL, a);
         if (a->kind == RDZV_ACT_STRAGGLER) {
             log_straggler(a);
             continue;
@@ -551,8 +554,16 @@ static void dispatch(struct conn *c, const struct proto_msg *m)
         rdzv_state_join(srv->state, now, &c->peer, m);
         break;
     case PROTO_HEARTBEAT:
+        if (m->heartbeat.goodput_error[0] && !c->goodput_warned) {
+            c->goodput_warned = true; /* once a connection: it beats every few seconds */
+            log_warn("R0026", "%s: heartbeat's goodput ignored: %s", c->name,
+                     m->heartbeat.goodput_error);
+        }
         rdzv_state_heartbeat_perf(srv->state, now, &c->peer,
                                   m->heartbeat.has_perf ? &m->heartbeat.perf : NULL);
+        if (srv->opt.on_heartbeat)
+            srv->opt.on_heartbeat(srv->opt.jobs_arg, rdzv_peer_run_id(&c->peer),
+                                  rdzv_peer_node_id(&c->peer), m);
         break;
     case PROTO_RESUME:
         rdzv_state_resume(srv->state, now, &c->peer, m);

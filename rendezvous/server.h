@@ -27,6 +27,8 @@
 #include <uv.h>
 
 struct rdzv_server;
+struct proto_msg;   /* proto/msg.h */
+struct rdzv_action; /* rendezvous/state.h */
 
 struct rdzv_server_options {
     /* Address to listen on: a host name, an IPv4 or IPv6 address (no
@@ -51,6 +53,14 @@ struct rdzv_server_options {
      * it runs often). May be NULL. */
     void (*on_change)(void *arg);
     void *change_arg;
+    /* Optional, on the loop (cddp-rdzv's job-wide statistics,
+     * rendezvous/jobs.h): every heartbeat message of a node in a run, and
+     * every action of the state machine with its peer's run (run_id NULL:
+     * none). */
+    void (*on_heartbeat)(void *arg, const char *run_id, const char *node_id,
+                         const struct proto_msg *m);
+    void (*on_action)(void *arg, const char *run_id, const struct rdzv_action *a);
+    void *jobs_arg;
 };
 
 struct rdzv_server_stats {

@@ -316,6 +316,16 @@ void rdzv_peer_init(struct rdzv_peer *p, const char *addr, bool loopback, void *
         cddp_strlcpy(p->addr, addr, sizeof(p->addr));
 }
 
+const char *rdzv_peer_run_id(const struct rdzv_peer *p)
+{
+    return p && p->run ? p->run->id : NULL;
+}
+
+const char *rdzv_peer_node_id(const struct rdzv_peer *p)
+{
+    return p && p->node ? p->node->id : NULL;
+}
+
 struct rdzv_state *rdzv_state_new(const struct rdzv_state_options *o)
 {
     struct rdzv_state *st = calloc(1, sizeof(*st));

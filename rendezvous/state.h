@@ -69,6 +69,11 @@ struct rdzv_peer {
 
 /* addr may be NULL. */
 void rdzv_peer_init(struct rdzv_peer *p, const char *addr, bool loopback, void *data);
+/* The run and the node a peer is bound to (NULL: none yet), e.g. for the
+ * shell's job-wide statistics (rendezvous/jobstats.h); valid until the next
+ * call that changes the state. */
+const char *rdzv_peer_run_id(const struct rdzv_peer *p);
+const char *rdzv_peer_node_id(const struct rdzv_peer *p);
 
 enum rdzv_action_kind {
     RDZV_ACT_JOINED = 1, /* a join was taken: participant of `round`, or waiting */

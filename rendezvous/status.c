@@ -34,7 +34,37 @@ struct rdzv_status {
     char endpoint[300];
     double started_at;
     struct rdzv_view_builder view; /* scratch for one publish, kept between publishes */
+    struct rdzv_jobs *jobs;        /* NULL: no job-wide statistics */
 };
+
+/* Each run's job-wide goodput from the statistics (on the loop's thread,
+ * which is the one that feeds them). */
+static void add_goodput(struct rdzv_status *st, double now)
+{
+    if (st->jobs == NULL)
+        return;
+    const struct jobstats *js = rdzv_jobs_stats(st->jobs);
+    for (size_t i = 0; i < st->view.runs.len; i++) {
+        struct status_rdzv_run_view *r = &st->view.runs.items[i];
+        const struct jobstats_run *jr = jobstats_find(js, r->run_id);
+        struct jobstats_sum sum;
+        if (jr == NULL)
+            continue;
+        jobstats_sum(jr, now, &sum);
+        if (sum.nodes == 0)
+            continue;
+        r->has_goodput = true;
+        r->goodput_nodes = sum.nodes;
+        _Static_assert(STATUS_GOODPUT_PHASE_COUNT == PROTO_GOODPUT_PHASES, "goodput phases");
+        for (int p = 0; p < PROTO_GOODPUT_PHASES; p++)
+            r->goodput_s[p] = sum.s[p];
+        r->goodput_total_s = sum.total_s;
+        r->goodput_ratio = sum.ratio;
+        r->goodput_lost_steps = sum.lost_steps;
+        r->max_step = sum.max_step;
+        r->min_step = sum.min_step;
+    }
+}
 
 /* ---- cddp-rdzv's status port ---- */
 
@@ -50,6 +80,8 @@ static void publish(struct rdzv_status *st)
         log_error("S0201", "status port: out of memory listing the runs; not published");
         return;
     }
+    if (st->srv)
+        add_goodput(st, now);
     v.program = "cddp-rdzv";
     v.version = st->version;
     v.pid = (int)getpid();
@@ -97,8 +129,8 @@ void rdzv_status_changed(void *arg)
     uv_timer_start(&st->coalesce, on_coalesce, delay, 0);
 }
 
-int rdzv_status_new(const char *addr, int port, const char *version, struct rdzv_status **out,
-                    char *err, size_t errlen)
+int rdzv_status_new(const char *addr, int port, const char *version, struct rdzv_jobs *jobs,
+                    struct rdzv_status **out, char *err, size_t errlen)
 {
     *out = NULL;
     struct rdzv_status *st = calloc(1, sizeof(*st));
@@ -107,6 +139,7 @@ int rdzv_status_new(const char *addr, int port, const char *version, struct rdzv
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     }
     st->version = version;
+    st->jobs = jobs;
     st->started_at = cddp_wall_time();
     st->min_interval_ms = RDZV_STATUS_COALESCE_MS;
     cddp_fqdn(st->hostname, sizeof(st->hostname));
@@ -115,6 +148,10 @@ int rdzv_status_new(const char *addr, int port, const char *version, struct rdzv
     o.addr = addr;
     o.port = port;
     o.program = "cddp-rdzv";
+    if (jobs) {
+        o.on_history = rdzv_jobs_history;
+        o.on_history_arg = jobs;
+    }
     int rc = status_server_start(&o, &st->server, err, errlen);
     if (rc) {
         free(st);

@@ -27,6 +27,7 @@
 
 #include <uv.h>
 
+#include "rendezvous/jobs.h"
 #include "rendezvous/server.h"
 
 #define RDZV_STATUS_COALESCE_MS 250
@@ -38,9 +39,11 @@ struct rdzv_status;
 /* Starts the status server on addr:port (0: a free port, logged as S0001).
  * version must outlive st. 0, or a negative code with a one-line reason in
  * err: CDDP_EPARSE when addr does not resolve (a usage error), another
- * code when the port cannot be listened on. */
-int rdzv_status_new(const char *addr, int port, const char *version, struct rdzv_status **out,
-                    char *err, size_t errlen);
+ * code when the port cannot be listened on. jobs (may be NULL; must
+ * outlive st): the job-wide statistics shown per run on /status and
+ * /metrics and served as GET /history?run=<id>. */
+int rdzv_status_new(const char *addr, int port, const char *version, struct rdzv_jobs *jobs,
+                    struct rdzv_status **out, char *err, size_t errlen);
 
 /* The rendezvous server is up on loop: start the timers and publish. */
 int rdzv_status_attach(struct rdzv_status *st, uv_loop_t *loop, const struct rdzv_server *srv);

@@ -11,7 +11,8 @@
 #include "common/jsonw.h"
 
 static const char *const event_names[] = {
-    "restart", "round", "straggler", "straggler_end", "end",
+    "restart", "round",       "straggler", "straggler_end",
+    "end",     "node_joined", "node_left", "node_lost",
 };
 _Static_assert(sizeof(event_names) / sizeof(event_names[0]) == STATUS_HISTORY_EVENT_KIND_COUNT,
                "history event names");

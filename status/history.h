@@ -60,6 +60,11 @@ enum status_history_event_kind {
     STATUS_HISTORY_STRAGGLER,     /* a rank was named a straggler */
     STATUS_HISTORY_STRAGGLER_END, /* ... and no longer is */
     STATUS_HISTORY_END,           /* the run ended (succeeded, failed, terminated) */
+    /* cddp-rdzv's job-wide history only (rendezvous/jobstats.h): a node
+     * joined, left or was lost, as the restart it caused says. */
+    STATUS_HISTORY_NODE_JOINED,
+    STATUS_HISTORY_NODE_LEFT,
+    STATUS_HISTORY_NODE_LOST,
     STATUS_HISTORY_EVENT_KIND_COUNT
 };
 

@@ -792,7 +792,16 @@ static enum MHD_Result serve_history(struct status_server *s, struct MHD_Connect
                      "{\"error\":\"since= must be a sequence number (0 or more)\"}\n", 57, NULL);
     struct cddp_buf b;
     cddp_buf_init(&b, HISTORY_MAX);
-    int rc = s->opt.on_history(s->opt.on_history_arg, (uint64_t)since, &b);
+    const char *run = status_mhd.lookup_connection_value(connection, MHD_GET_ARGUMENT_KIND, "run");
+    int rc = s->opt.on_history(s->opt.on_history_arg, run, (uint64_t)since, &b);
+    if (rc == CDDP_EPARSE || rc == CDDP_ENOTFOUND) {
+        cddp_buf_free(&b);
+        if (rc == CDDP_EPARSE)
+            return reply(s, connection, MHD_HTTP_BAD_REQUEST, JSON,
+                         "{\"error\":\"run= must name a run: /history?run=<id>\"}\n", 52, NULL);
+        return reply(s, connection, MHD_HTTP_NOT_FOUND, JSON, "{\"error\":\"no such run\"}\n", 24,
+                     NULL);
+    }
     if (rc == 0)
         rc = cddp_buf_append(&b, "\n", 1);
     if (rc) {

@@ -17,7 +17,8 @@
  *                              stack capture (202 {"capture":N}), read the
  *                              last one it published (text)
  *     GET /history[?since=N]   only with on_history: the run's history
- *                              (status/history.h), rendered on request
+ *                              (status/history.h), rendered on request;
+ *                              cddp-rdzv's takes ?run=<id> (a job's)
  *
  * HEAD works wherever GET does. Anything else: 405 with Allow; unknown
  * paths 404; headers past max_header_bytes 431 (or 414 for the URL, both
@@ -136,8 +137,10 @@ struct status_server_options {
     /* GET /history (NULL: no such endpoint). Called on the HTTP thread, per
      * request: appends the JSON of what is newer than `since` to out. It
      * must hold the owner's data only briefly (copy under the owner's lock,
-     * render the copy). 0, or an error (then the server answers 500). */
-    int (*on_history)(void *arg, uint64_t since, struct cddp_buf *out);
+     * render the copy). run: the ?run= argument, or NULL. 0, or an error:
+     * CDDP_EPARSE answers 400 (run= is needed), CDDP_ENOTFOUND 404 (no
+     * such run), others 500. */
+    int (*on_history)(void *arg, const char *run, uint64_t since, struct cddp_buf *out);
     void *on_history_arg;
 };
 

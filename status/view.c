@@ -745,6 +745,32 @@ static void rdzv_json_stragglers(struct jsonw *j, const struct status_rdzv_run_v
     jsonw_array_end(j);
 }
 
+/* The run's job-wide goodput (docs/status.md, "Job-wide goodput"). */
+static void rdzv_json_goodput(struct jsonw *j, const struct status_rdzv_run_view *r)
+{
+    if (!r->has_goodput) {
+        jsonw_null(j, "goodput");
+        return;
+    }
+    jsonw_object_begin(j, "goodput");
+    jsonw_int(j, "nodes", (int64_t)r->goodput_nodes);
+    jsonw_number(j, "ratio", r->goodput_ratio);
+    jsonw_seconds(j, "total_s", r->goodput_total_s);
+    jsonw_int(j, "lost_steps", r->goodput_lost_steps);
+    if (r->max_step >= 0) {
+        jsonw_int(j, "max_step", r->max_step);
+        jsonw_int(j, "min_step", r->min_step);
+    } else {
+        jsonw_null(j, "max_step");
+        jsonw_null(j, "min_step");
+    }
+    jsonw_object_begin(j, "seconds");
+    for (int i = 0; i < STATUS_GOODPUT_PHASE_COUNT; i++)
+        jsonw_seconds(j, goodput_phase_names[i], r->goodput_s[i]);
+    jsonw_object_end(j);
+    jsonw_object_end(j);
+}
+
 /* What cddp-rdzv's /status holds after its header; an agent hosting the
  * server shows the same under "rdzv_server". */
 static void rdzv_json_fields(struct jsonw *j, const struct status_rdzv_view *v)
@@ -770,6 +796,7 @@ static void rdzv_json_fields(struct jsonw *j, const struct status_rdzv_view *v)
         jsonw_int(j, "max_nodes", r->max_nodes);
         js_secs_if(j, "last_round_at", r->last_round_at > 0, r->last_round_at);
         rdzv_json_stragglers(j, r);
+        rdzv_json_goodput(j, r);
         rdzv_json_nodes(j, "members", r->members, r->nmembers);
         rdzv_json_nodes(j, "waiting", r->waiting, r->nwaiting);
         jsonw_object_end(j);
@@ -838,10 +865,39 @@ static void rdzv_metric_families(struct prom_writer *w, const struct status_rdzv
     }
 }
 
+/* Job-wide goodput by run (cddp-rdzv's only: an agent's own
+ * cddp_time_seconds_total is its node's). */
+static void rdzv_goodput_metrics(struct prom_writer *w, const struct status_rdzv_view *v)
+{
+    bool any = false;
+    for (size_t i = 0; i < v->nruns; i++)
+        any = any || v->runs[i].has_goodput;
+    if (!any)
+        return;
+    prom_family(w, "cddp_time_seconds_total", PROM_COUNTER,
+                "The job's node-seconds by phase, by run: the sum of the latest totals of every "
+                "node that reported them (current and past members).");
+    for (size_t i = 0; i < v->nruns; i++) {
+        const struct status_rdzv_run_view *r = &v->runs[i];
+        for (int p = 0; r->has_goodput && p < STATUS_GOODPUT_PHASE_COUNT; p++) {
+            struct prom_label l[2] = {{"run_id", r->run_id ? r->run_id : ""},
+                                      {"phase", goodput_phase_names[p]}};
+            prom_sample(w, l, 2, r->goodput_s[p]);
+        }
+    }
+    prom_family(w, "cddp_goodput_ratio", PROM_GAUGE,
+                "Productive node-seconds over all the job's node-seconds, by run.");
+    for (size_t i = 0; i < v->nruns; i++)
+        if (v->runs[i].has_goodput)
+            prom_sample1(w, "run_id", v->runs[i].run_id ? v->runs[i].run_id : "",
+                         v->runs[i].goodput_ratio);
+}
+
 static void rdzv_metrics(struct prom_writer *w, const struct status_rdzv_view *v)
 {
     prom_build_info(w, v->program, v->version);
     rdzv_metric_families(w, v);
+    rdzv_goodput_metrics(w, v);
 }
 
 int status_rdzv_render(const struct status_rdzv_view *v, double now_wall,

@@ -275,6 +275,16 @@ struct status_rdzv_run_view {
     double step_median_s;
     bool step_compute;
     double straggler_factor;
+    /* Job-wide goodput (cddp-rdzv only: rendezvous/jobstats.h): the sums
+     * of the latest totals of every node that reported any, current and
+     * past members; has_goodput false: none reported. max_step/min_step:
+     * over the nodes heard from lately (-1: none). */
+    bool has_goodput;
+    size_t goodput_nodes;
+    double goodput_s[STATUS_GOODPUT_PHASE_COUNT];
+    double goodput_total_s, goodput_ratio;
+    int64_t goodput_lost_steps;
+    int64_t max_step, min_step;
 };
 
 struct status_rdzv_view {

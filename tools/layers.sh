@@ -62,7 +62,7 @@ for f in $files; do
     fi
     # 3. pure cores: no event loop, no sockets
     case $f in
-    proto/* | store/kvstore.[ch] | store/tcpstore_wire.[ch] | rendezvous/state.[ch] | rendezvous/conf.[ch] | agent/policy.[ch] | agent/watchdog.[ch] | agent/filetimer_core.[ch] | agent/goodput.[ch] | rendezvous/etcd_round.[ch] | rendezvous/etcd_wire.[ch] | \
+    proto/* | store/kvstore.[ch] | store/tcpstore_wire.[ch] | rendezvous/state.[ch] | rendezvous/jobstats.[ch] | rendezvous/conf.[ch] | agent/policy.[ch] | agent/watchdog.[ch] | agent/filetimer_core.[ch] | agent/goodput.[ch] | rendezvous/etcd_round.[ch] | rendezvous/etcd_wire.[ch] | \
         trainer/buckets.[ch] | trainer/data/sampler.[ch])
         if grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<(uv\.h|sys/socket\.h|netinet/|netdb\.h|arpa/)' "$f"; then
             echo "layers: $f is a pure core and includes libuv or a socket header"
