@@ -80,7 +80,8 @@ typedef void (*agent_round_cb)(struct agent_rdzv *r, int status, const struct ag
 typedef void (*agent_rdzv_status_cb)(struct agent_rdzv *r, int status);
 typedef void (*agent_rdzv_close_cb)(struct agent_rdzv *r);
 
-struct proto_perf; /* proto/msg.h */
+struct proto_perf;    /* proto/msg.h */
+struct proto_goodput; /* proto/msg.h */
 
 struct agent_rdzv_ops {
     const char *name;
@@ -141,6 +142,9 @@ struct agent_rdzv {
     void (*on_closed)(struct agent_rdzv *r, int status, const char *reason);
     /* info changed (may be NULL). */
     void (*on_info)(struct agent_rdzv *r);
+    /* Optional: this node's goodput totals for its heartbeats (c10d: the
+     * server sums them job-wide); false: none. */
+    bool (*goodput)(struct agent_rdzv *r, struct proto_goodput *out);
     struct agent_rdzv_info info;
     /* Set before a failed round callback: this node was on the wait list
      * (the job ran at max nodes) when the rendezvous closed, so nothing ran

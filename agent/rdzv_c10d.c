@@ -403,6 +403,13 @@ static int c10d_exit_barrier(struct agent_rdzv *r, uint64_t timeout_ms, agent_rd
 
 static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *data);
 
+/* The agent's goodput totals, at each heartbeat of the client. */
+static bool client_goodput(void *arg, struct proto_goodput *out)
+{
+    struct c10d *c = arg;
+    return c->base.goodput && c->base.goodput(&c->base, out);
+}
+
 /* A client for this node under its current generation's node id. */
 static int start_client(struct c10d *c, char *err, size_t errlen)
 {
@@ -415,7 +422,10 @@ static int start_client(struct c10d *c, char *err, size_t errlen)
     co.node_id = node_id;
     if (c->generation > 0) /* a new member has join_timeout to reach the server again */
         co.connect_timeout_ms = c->conf.join_timeout_ms;
-    return rdzv_client_start(c->loop, &co, on_event, c, &c->client, err, errlen);
+    int rc = rdzv_client_start(c->loop, &co, on_event, c, &c->client, err, errlen);
+    if (rc == 0)
+        rdzv_client_set_goodput(c->client, client_goodput, c);
+    return rc;
 }
 
 /* This node is out of the run (the server removed it, or will have by

@@ -13,11 +13,13 @@
 #include <unistd.h>
 
 #include "agent/agent_int.h"
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/hostname.h"
 #include "common/log.h"
 #include "common/signames.h"
 #include "common/strutil.h"
+#include "proto/msg.h"
 #include "rendezvous/etcd.h"
 #include "store/tcpstore.h"
 
@@ -162,6 +164,21 @@ static void on_rdzv_closed(struct agent_rdzv *r, int status, const char *reason)
         agent_failed(a, "A0109", "lost the rendezvous: %s",
                      reason ? reason : cddp_strerror(status));
     agent_post(a, POLICY_EV_RDZV_CLOSED, 0, job_fault(status, reason), 0);
+}
+
+/* This node's goodput totals, sent with its heartbeats: the server sums
+ * them job-wide (docs/status.md, "Job-wide goodput"). */
+static bool on_rdzv_goodput(struct agent_rdzv *r, struct proto_goodput *out)
+{
+    struct agent *a = r->data;
+    struct goodput_totals t;
+    goodput_totals(&a->gp, cddp_mono_ms(), &t);
+    _Static_assert(GOODPUT_PHASE_COUNT == PROTO_GOODPUT_PHASES, "goodput phases");
+    for (int i = 0; i < GOODPUT_PHASE_COUNT; i++)
+        out->s[i] = t.s[i];
+    out->lost_steps = (int64_t)t.lost_steps;
+    out->step = a->gp.any_step ? a->gp.high_step : -1;
+    return true;
 }
 
 /* The connection, the wait list or the hosted server changed: show it. */
@@ -402,6 +419,7 @@ opened:
     a->rdzv->on_restart = on_rdzv_restart;
     a->rdzv->on_closed = on_rdzv_closed;
     a->rdzv->on_info = on_rdzv_info;
+    a->rdzv->goodput = on_rdzv_goodput;
     a->pol.coordinated = a->rdzv->coordinated;
     return 0;
 }
