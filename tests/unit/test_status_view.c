@@ -273,8 +273,10 @@ static void test_rdzv(void **state)
     struct status_rdzv_node_view waiting[1] = {
         {"10.0.0.4:40000", -1, 4, 1004, 1005, "waiting", 0, NULL, 0, 0, 0, false, 0, 0}};
     struct status_rdzv_run_view runs[2] = {
-        {"job7", "running", 2, 1, 4, 1002, 2, members, 1, waiting, 0, false, 0},
-        {"job8", "joining", 0, 2, 2, 0, 0, NULL, 0, NULL, 0, false, 0},
+        {"job7", "running", 2,     1, 4,   1002, 2, members, 1,  waiting, 0,
+         false,  0,         false, 0, {0}, 0,    0, 0,       -1, -1},
+        {"job8", "joining", 0,     2, 2,   0, 0, NULL, 0,  NULL, 0,
+         false,  0,         false, 0, {0}, 0, 0, 0,    -1, -1},
     };
     struct status_rdzv_view v = {0};
     v.program = "cddp-rdzv";
@@ -291,6 +293,17 @@ static void test_rdzv(void **state)
     v.rounds_total = 2;
     v.nruns = 2;
     v.runs = runs;
+    /* job7's job-wide goodput (cddp-rdzv's sums of its nodes'); job8 has none. */
+    runs[0].has_goodput = true;
+    runs[0].goodput_nodes = 2;
+    runs[0].goodput_s[STATUS_GOODPUT_INIT] = 4;
+    runs[0].goodput_s[STATUS_GOODPUT_PRODUCTIVE] = 30;
+    runs[0].goodput_s[STATUS_GOODPUT_RESTART] = 6;
+    runs[0].goodput_total_s = 40;
+    runs[0].goodput_ratio = 0.75;
+    runs[0].goodput_lost_steps = 3;
+    runs[0].max_step = 120;
+    runs[0].min_step = 118;
     struct status_snapshot *s;
     assert_int_equal(status_rdzv_render(&v, 1010, &s), 0);
     assert_true(status_snapshot_ready(s));
@@ -316,6 +329,12 @@ static void test_rdzv(void **state)
     assert_true(is_null(cJSON_GetArrayItem(ms, 1), "status_port"));
     assert_string_equal(str(cJSON_GetArrayItem(ms, 0), "addr"), "10.0.0.2");
     assert_true(is_null(cJSON_GetArrayItem(ms, 1), "addr"));
+    assert_true(num(r0, "goodput.nodes") == 2 && num(r0, "goodput.ratio") == 0.75);
+    assert_true(num(r0, "goodput.seconds.productive") == 30);
+    assert_true(num(r0, "goodput.seconds.restart") == 6 && num(r0, "goodput.total_s") == 40);
+    assert_true(num(r0, "goodput.lost_steps") == 3 && num(r0, "goodput.max_step") == 120);
+    assert_true(num(r0, "goodput.min_step") == 118);
+    assert_true(is_null(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "runs"), 1), "goodput"));
     cJSON_Delete(root);
     size_t len;
     const char *m = status_snapshot_metrics(s, &len);
@@ -329,10 +348,14 @@ static void test_rdzv(void **state)
         "cddp_rdzv_rounds_total 2\n",
         "cddp_rdzv_connections 3\n",
         "cddp_rdzv_refused_connections_total{reason=\"token\"} 2\n",
+        "cddp_time_seconds_total{run_id=\"job7\",phase=\"productive\"} 30\n",
+        "cddp_time_seconds_total{run_id=\"job7\",phase=\"restart\"} 6\n",
+        "cddp_goodput_ratio{run_id=\"job7\"} 0.75\n",
     };
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
         if (strstr(m, want[i]) == NULL)
             fail_msg("missing from /metrics: %s\n%s", want[i], m);
+    assert_null(strstr(m, "cddp_goodput_ratio{run_id=\"job8\"}"));
     status_snapshot_unref(s);
 
     v.accepting = false;
@@ -424,8 +447,9 @@ static void test_rdzv_stragglers(void **state)
         {"a_1_0", 0, 4, 1000, 1005, "active", 0, NULL, 0.1, 0.08, 1, false, 0, 0.9},
         {"b_2_0", 1, 4, 1001, 1005, "active", 0, NULL, 0.5, 0.45, 6, true, 1003.5, 5},
     };
-    struct status_rdzv_run_view runs[1] = {
-        {"job7", "running", 2, 1, 4, 1002, 2, members, 0, NULL, 0.09, true, 1.5}};
+    struct status_rdzv_run_view runs[1] = {{"job7",  "running", 2,    1,    4,    1002, 2,
+                                            members, 0,         NULL, 0.09, true, 1.5,  false,
+                                            0,       {0},       0,    0,    0,    -1,   -1}};
     struct status_rdzv_view v = {0};
     v.program = "cddp-rdzv";
     v.version = "0.1.0";
@@ -598,8 +622,9 @@ static void test_agent_rdzv(void **state)
         {"a_1_0", 0, 2, 1000, 1005, "active", 0, NULL, 0, 0, 0, false, 0, 0}};
     struct status_rdzv_node_view waiting[1] = {
         {"b_2_0", -1, 2, 1004, 1005, "waiting", 0, NULL, 0, 0, 0, false, 0, 0}};
-    struct status_rdzv_run_view runs[1] = {
-        {"job\"7", "running", 3, 1, 1, 1002, 1, members, 1, waiting, 0, false, 0}};
+    struct status_rdzv_run_view runs[1] = {{"job\"7", "running", 3,       1, 1,     1002, 1,
+                                            members,  1,         waiting, 0, false, 0,    false,
+                                            0,        {0},       0,       0, 0,     -1,   -1}};
     struct status_rdzv_view srv = {.program = "cddprun",
                                    .endpoint = "[::]:29400",
                                    .accepting = true,
