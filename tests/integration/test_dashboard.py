@@ -182,7 +182,9 @@ def page_state(b):
                 runs: Array.from(q('#runs [data-run]')).map(d => ({
                     run: d.dataset.run, heading: d.querySelector('h3').textContent,
                     nodes: Array.from(d.querySelectorAll('tbody tr')).map(r => r.dataset.node),
-                    links: Array.from(d.querySelectorAll('tbody tr a')).map(a => a.href)}))};
+                    links: Array.from(d.querySelectorAll('tbody tr a')).map(a => a.href),
+                    jobplot: Number((d.querySelector('svg.jobplot') || {dataset: {}})
+                                    .dataset.points || 0)}))};
     """)
 
 
@@ -241,6 +243,9 @@ def test_dashboard_in_chromium(background, tmp_path, browser):
     assert len(run["nodes"]) == 2 and len(set(run["nodes"])) == 2
     # Each node links to its agent's page (the status port it told the server).
     assert sorted(run["links"]) == sorted(f"http://127.0.0.1:{p}/dashboard" for p in ports), run
+    # The job's step against time, from cddp-rdzv's /history?run= (points
+    # come with the agents' heartbeats).
+    wait_page(b, lambda s: s["runs"] and s["runs"][0]["jobplot"] >= 2, "the job's step plotted")
     assert errors(b.console()) == []
     if save:
         with open(re.sub(r"(\.png)?$", "-rdzv.png", save, count=1), "wb") as fh:
