@@ -210,11 +210,32 @@ static void add_event(struct jobstats_run *r, enum status_history_event_kind kin
     status_history_add_event(&r->hist, &e);
 }
 
+/* The run ended and its id is used again (the server forgot the closed
+ * run, a new job took the id): start over. */
+static int run_reset(struct jobstats_run *r, double now)
+{
+    struct status_history h;
+    if (status_history_init(&h, 2, JOBSTATS_POINTS, JOBSTATS_EVENTS) != 0)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    status_history_free(&r->hist);
+    free(r->nodes);
+    char id[sizeof(r->id)];
+    memcpy(id, r->id, sizeof(id));
+    memset(r, 0, sizeof(*r));
+    memcpy(r->id, id, sizeof(id));
+    r->hist = h;
+    r->first_seen = r->last_seen = now;
+    r->last_point = -INFINITY;
+    return 0;
+}
+
 int jobstats_round(struct jobstats *js, const char *run_id, uint64_t round, int nnodes,
                    int world_size, double now)
 {
     struct jobstats_run *r = run_get(js, run_id, now);
     if (r == NULL)
+        return CDDP_ERR_FROM_ERRNO(ENOMEM);
+    if (r->ended && run_reset(r, now) != 0)
         return CDDP_ERR_FROM_ERRNO(ENOMEM);
     if (round <= r->round)
         return 0;

@@ -22,7 +22,8 @@
  * round asked for), nodes joined, left or lost, straggler marks, the end.
  *
  * At most JOBSTATS_MAX_RUNS runs; past that the run heard from longest
- * ago is forgotten.
+ * ago is forgotten. A round of a run that ended (closed) starts it over:
+ * the server forgot the closed run and a new job took its id.
  */
 #ifndef CDDP_RENDEZVOUS_JOBSTATS_H
 #define CDDP_RENDEZVOUS_JOBSTATS_H

@@ -739,7 +739,8 @@ static enum MHD_Result serve_index(struct status_server *s, struct MHD_Connectio
                      "  /dashboard  the job dashboard, for a browser (also / for browsers)\n%s",
                      s->program,
                      s->opt.on_history
-                         ? "  /history    the run's history, JSON; ?since=N: what is newer\n"
+                         ? "  /history    the run's history, JSON; ?since=N: what is newer "
+                           "(cddp-rdzv: ?run=<id>)\n"
                          : "");
     struct MHD_Response *r =
         status_mhd.create_response_from_buffer((size_t)n, text, MHD_RESPMEM_MUST_COPY);

@@ -164,6 +164,16 @@ static void test_history(void **state)
     j = render(r, seq);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "events")), 0);
     cJSON_Delete(j);
+    /* The id used again by a new job after the end: it starts over. */
+    assert_int_equal(jobstats_round(&js, "job", 1, 1, 1, 1100), 0);
+    r = jobstats_find(&js, "job");
+    struct jobstats_sum s;
+    jobstats_sum(r, 1100, &s);
+    assert_int_equal(s.nodes, 0);
+    assert_false(r->ended);
+    j = render(r, 0);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "events")), 1);
+    cJSON_Delete(j);
     jobstats_free(&js);
 }
 
