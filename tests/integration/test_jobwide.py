@@ -16,6 +16,7 @@ import os
 import subprocess
 
 import promparse
+import pytest
 from conftest import agent_status, binary, free_port, wait_for
 from rdzv_wire import Peer
 from statusserver import curl
@@ -47,6 +48,7 @@ def run_of(sport, run_id):
     return next((r for r in st["runs"] if r["run_id"] == run_id), None)
 
 
+@pytest.mark.heavy  # two agents training with a restart: 40 s on a loaded 2-core machine
 def test_two_nodes_goodput_and_history_on_cddp_rdzv(background, tmp_path):
     sport = free_port()
     rz, rport = start_rdzv(background, tmp_path, sport)
