@@ -564,7 +564,7 @@ static void do_action(struct agent *a, const struct policy_action *act)
 {
     switch (act->type) {
     case POLICY_ACT_JOIN:
-        if (act->reason != STOP_NONE)
+        if (act->reason != STOP_NONE && !act->keep)
             agent_kill_strays(a->guardian.pid);
         agent_round_join(a, act);
         break;
@@ -573,6 +573,9 @@ static void do_action(struct agent *a, const struct policy_action *act)
         break;
     case POLICY_ACT_RESTART_WORKER:
         agent_inplace_restart_worker(a, act);
+        break;
+    case POLICY_ACT_NEW_GENERATION:
+        agent_round_new_generation(a, act);
         break;
     case POLICY_ACT_SIGNAL_GROUPS:
         agent_signal_groups(a, act->sig);

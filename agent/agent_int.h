@@ -214,6 +214,9 @@ int agent_round_open(struct agent *a, char *why, size_t whylen);
  * join, then the join; a failure is posted as POLICY_EV_ROUND_FAILED. */
 void agent_round_join(struct agent *a, const struct policy_action *act);
 
+/* POLICY_ACT_NEW_GENERATION: the round goes on in place with this node's
+ * workers; node 0 announces the generation on the agent store. */
+void agent_round_new_generation(struct agent *a, const struct policy_action *act);
 /* POLICY_ACT_REPORT_FAILURE and POLICY_ACT_EXIT_BARRIER. */
 void agent_round_report_failure(struct agent *a);
 void agent_round_exit_barrier(struct agent *a);
@@ -275,6 +278,10 @@ void agent_inplace_snapshot(const struct agent *a, struct agent_snapshot *s);
 /* POLICY_ACT_RESTART_WORKER: the failed worker's group killed, the new
  * generation announced on the agent store, the local rank started alone. */
 void agent_inplace_restart_worker(struct agent *a, const struct policy_action *act);
+/* Announces generation gen on the agent store (when this agent hosts it):
+ * first cddp/gen/<gen>/replaced = ranks (decimal, comma-separated), then
+ * cddp/gen = gen. */
+void agent_inplace_publish(struct agent *a, int64_t gen, const char *ranks);
 
 /* ---- progress.c ---- */
 

@@ -53,7 +53,7 @@ void agent_inplace_snapshot(const struct agent *a, struct agent_snapshot *s)
  * "Recovering in place"). The survivors wait for the first key. The keys
  * are as torch's TCPStore client names them (it puts "/" before every
  * key): a script reads them with store.get("cddp/gen"). */
-static void publish_generation(struct agent *a, int64_t gen, int rank)
+void agent_inplace_publish(struct agent *a, int64_t gen, const char *ranks)
 {
     if (a->store == NULL) {
         log_warn("A0221",
@@ -64,10 +64,9 @@ static void publish_generation(struct agent *a, int64_t gen, int rank)
     }
     char key[64], val[32];
     snprintf(key, sizeof(key), "/cddp/gen/%lld/replaced", (long long)gen);
-    int n = snprintf(val, sizeof(val), "%d", rank);
-    int rc = tcpstore_server_set(a->store, key, val, (size_t)n);
+    int rc = tcpstore_server_set(a->store, key, ranks, strlen(ranks));
     if (rc == 0) {
-        n = snprintf(val, sizeof(val), "%lld", (long long)gen);
+        int n = snprintf(val, sizeof(val), "%lld", (long long)gen);
         rc = tcpstore_server_set(a->store, "/cddp/gen", val, (size_t)n);
     }
     if (rc)
@@ -89,7 +88,9 @@ void agent_inplace_restart_worker(struct agent *a, const struct policy_action *a
     }
     w->group_alive = false;
     a->recovery_started = cddp_wall_time();
-    publish_generation(a, act->generation, w->info.rank);
+    char rank[16];
+    snprintf(rank, sizeof(rank), "%d", w->info.rank);
+    agent_inplace_publish(a, act->generation, rank);
     a->attempt = policy_restart_count(&a->pol);
     int rc = agent_attempt_logs(a);
     log_warn("A0220",

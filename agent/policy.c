@@ -147,6 +147,8 @@ static bool no_progress_stop(struct agent_policy *p, struct out *o)
     return true;
 }
 
+static void start_round(struct agent_policy *p, const struct policy_event *ev, struct out *o);
+
 /* Every worker has exited and every group is empty: what the stop was for. */
 static void stopped(struct agent_policy *p, struct out *o)
 {
@@ -188,7 +190,13 @@ static void stopped(struct agent_policy *p, struct out *o)
         break;
     case STOP_MEMBERSHIP:
         p->state = AGENT_RENDEZVOUS;
-        emit(o, POLICY_ACT_JOIN)->reason = STOP_MEMBERSHIP;
+        if (p->round_ready) {
+            /* (worker scope: the round came while the workers stopped) */
+            p->round_ready = false;
+            start_round(p, &p->pending, o);
+        } else if (!p->rejoining) {
+            emit(o, POLICY_ACT_JOIN)->reason = STOP_MEMBERSHIP;
+        } /* else the join made with the workers running answers */
         break;
     case STOP_RDZV_CLOSED:
         fail_run(p, o, STOP_RDZV_CLOSED);
@@ -219,6 +227,11 @@ static void check_stopped(struct agent_policy *p, struct out *o)
 static void begin_stop(struct agent_policy *p, struct out *o, enum stop_reason reason, int sig,
                        uint64_t now_ms)
 {
+    /* Worker scope, several nodes: a failure while this node rejoins (a
+     * survivor that gave up waiting for the lost node's place to be
+     * filled) follows from the lost node; the round has ended already. */
+    if ((p->rejoining || p->round_ready) && reason == STOP_FAILURE)
+        reason = STOP_MEMBERSHIP;
     p->stop_reason = reason;
     p->state = AGENT_STOPPING;
     if (reason == STOP_FAILURE)
@@ -359,6 +372,84 @@ static void on_signal(struct agent_policy *p, int sig, struct out *o, uint64_t n
     }
 }
 
+/* Coordinated: the job's restart count from the round (plus the workers
+ * this node restarted alone, which the rendezvous never heard of); false
+ * when it is past max_restarts and the run ended. */
+static bool take_restart_count(struct agent_policy *p, const struct policy_event *ev, struct out *o)
+{
+    if (!p->coordinated)
+        return true;
+    /* restart_count is at most 2^53; keep max - remaining (the count
+     * policy_restart_count gives) within an int. */
+    int64_t count = ev->restart_count < 0 ? 0 : ev->restart_count;
+    count += p->worker_restarts;
+    if (count > INT_MAX)
+        count = INT_MAX;
+    int64_t left = (int64_t)p->max_restarts - count;
+    if (left < (int64_t)p->max_restarts - INT_MAX)
+        left = (int64_t)p->max_restarts - INT_MAX;
+    p->remaining_restarts = (int)left;
+    if (left < 0) {
+        fail_run(p, o, STOP_FAILURE);
+        return false;
+    }
+    return true;
+}
+
+/* A round to start the workers in (state RENDEZVOUS). */
+static void start_round(struct agent_policy *p, const struct policy_event *ev, struct out *o)
+{
+    if (!take_restart_count(p, ev, o))
+        return;
+    for (int i = 0; i < p->nworkers; i++) {
+        p->workers[i].state = WORKER_RUNNING;
+        p->workers[i].exitcode = 0;
+        p->workers[i].group_alive = true;
+        p->workers[i].hung = false;
+        p->workers[i].replacing = false;
+    }
+    /* a new group: a fresh store, generation 0; or a lost node's place
+     * in a group that goes on in place (its generation) */
+    p->generation = ev->generation;
+    p->one_node = ev->nnodes <= 1;
+    p->last_replace_ms = 0;
+    p->stop_reason = STOP_NONE;
+    p->state = AGENT_RUNNING;
+    p->attempt_is_restart = p->attempts++ > 0;
+    p->attempt_base = p->best_step;
+    p->attempt_progressed = false;
+    p->group_succeeded = false;
+    p->barrier_failed = false;
+    emit(o, POLICY_ACT_START_WORKERS);
+}
+
+/* Worker scope, several nodes: the round this node joined with its
+ * workers running has come. Kept: they carry on in the new generation;
+ * otherwise they are stopped (or already being stopped) and the round's
+ * workers start once they are (stopped). */
+static void rejoined(struct agent_policy *p, const struct policy_event *ev, uint64_t now_ms,
+                     struct out *o)
+{
+    p->rejoining = false;
+    if (p->state == AGENT_RUNNING && ev->kept) {
+        if (!take_restart_count(p, ev, o))
+            return;
+        p->generation = ev->generation;
+        p->node_replacements++;
+        p->one_node = ev->nnodes <= 1;
+        emit(o, POLICY_ACT_NEW_GENERATION)->generation = ev->generation;
+        return;
+    }
+    if (p->state != AGENT_RUNNING && p->state != AGENT_STOPPING && p->state != AGENT_KILLING)
+        return;
+    p->round_ready = true;
+    p->pending = *ev;
+    p->pending.kept = false;
+    p->pending.generation = 0; /* this node's workers start afresh: a new group */
+    if (p->state == AGENT_RUNNING)
+        begin_stop(p, o, STOP_MEMBERSHIP, SIGTERM, now_ms);
+}
+
 int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t now_ms,
                 struct policy_action *out)
 {
@@ -372,46 +463,26 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
         break;
     case POLICY_EV_ROUND:
         if (p->state == AGENT_RENDEZVOUS) {
-            if (p->coordinated) {
-                /* restart_count is at most 2^53; keep max - remaining (the
-                 * count policy_restart_count gives) within an int. */
-                /* (plus the workers this node restarted alone, which the
-                 * rendezvous never heard of) */
-                int64_t count = ev->restart_count < 0 ? 0 : ev->restart_count;
-                count += p->worker_restarts;
-                if (count > INT_MAX)
-                    count = INT_MAX;
-                int64_t left = (int64_t)p->max_restarts - count;
-                if (left < (int64_t)p->max_restarts - INT_MAX)
-                    left = (int64_t)p->max_restarts - INT_MAX;
-                p->remaining_restarts = (int)left;
-                if (left < 0) {
-                    fail_run(p, &o, STOP_FAILURE);
-                    break;
-                }
-            }
-            for (int i = 0; i < p->nworkers; i++) {
-                p->workers[i].state = WORKER_RUNNING;
-                p->workers[i].exitcode = 0;
-                p->workers[i].group_alive = true;
-                p->workers[i].hung = false;
-                p->workers[i].replacing = false;
-            }
-            p->generation = 0; /* a new group: a fresh store, generation 0 */
-            p->one_node = ev->nnodes <= 1;
-            p->last_replace_ms = 0;
-            p->stop_reason = STOP_NONE;
-            p->state = AGENT_RUNNING;
-            p->attempt_is_restart = p->attempts++ > 0;
-            p->attempt_base = p->best_step;
-            p->attempt_progressed = false;
-            p->group_succeeded = false;
-            p->barrier_failed = false;
-            emit(&o, POLICY_ACT_START_WORKERS);
+            /* (workers that were to be kept are gone: a new group here) */
+            struct policy_event e = *ev;
+            if (e.kept)
+                e.generation = 0;
+            p->rejoining = false;
+            start_round(p, &e, &o);
+        } else if (p->rejoining) {
+            rejoined(p, ev, now_ms, &o);
         }
         break;
     case POLICY_EV_ROUND_FAILED:
-        if (p->state == AGENT_RENDEZVOUS) {
+        if (p->rejoining && p->state != AGENT_RENDEZVOUS) {
+            /* the join made with the workers running failed: no round */
+            p->rejoining = false;
+            p->rdzv_job_fault = ev->exitcode != 0;
+            if (p->state == AGENT_RUNNING)
+                begin_stop(p, &o, STOP_RDZV_CLOSED, SIGTERM, now_ms);
+            else if (p->stop_reason == STOP_MEMBERSHIP)
+                p->stop_reason = STOP_RDZV_CLOSED;
+        } else if (p->state == AGENT_RENDEZVOUS) {
             p->rdzv_job_fault = ev->exitcode != 0;
             if (ev->graceful) {
                 p->stop_reason = STOP_NONE;
@@ -446,7 +517,16 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
         on_signal(p, ev->sig, &o, now_ms);
         break;
     case POLICY_EV_RDZV_RESTART:
-        if (p->state == AGENT_RUNNING) {
+        if (p->state == AGENT_RUNNING && p->scope == RESTART_SCOPE_WORKER && !p->one_node &&
+            !ev->counted && !p->rejoining) {
+            /* A node was lost: join with the workers running (policy.h). */
+            p->rejoining = true;
+            struct policy_action *a = emit(&o, POLICY_ACT_JOIN);
+            a->reason = STOP_MEMBERSHIP;
+            a->keep = true;
+        } else if (p->state == AGENT_RUNNING && p->rejoining) {
+            /* (a join is pending already) */
+        } else if (p->state == AGENT_RUNNING) {
             begin_stop(p, &o, STOP_MEMBERSHIP, SIGTERM, now_ms);
         } else if ((p->state == AGENT_STOPPING || p->state == AGENT_KILLING) &&
                    p->stop_reason == STOP_SUCCESS) {

@@ -62,6 +62,16 @@
  *     (then the run ends as under group).
  * An unmodified PyTorch script, whose ranks all die when one dies, thus
  * behaves under worker as under group.
+ *
+ * --restart_scope=worker on several nodes (a round of more than one):
+ * a worker's failure restarts the group as under group scope; a lost
+ * node (a restart pushed that is not counted) does not stop this node's
+ * workers: the agent joins the next round with them running
+ * (POLICY_ACT_JOIN with keep). A round that goes on in place with this
+ * node's assignment unchanged (POLICY_EV_ROUND's kept) keeps them
+ * (POLICY_ACT_NEW_GENERATION); any other round stops them and starts the
+ * new group, as does a worker that fails meanwhile (not reported: the
+ * round had already ended) or a lost rendezvous.
  */
 #ifndef CDDP_AGENT_POLICY_H
 #define CDDP_AGENT_POLICY_H
@@ -106,7 +116,7 @@ enum policy_event_type {
     POLICY_EV_GROUP_EMPTY,  /* local_rank: no process is left in its process group */
     POLICY_EV_DEADLINE,     /* the deadline set by POLICY_ACT_SET_DEADLINE passed */
     POLICY_EV_SIGNAL,       /* sig */
-    POLICY_EV_RDZV_RESTART, /* membership changed */
+    POLICY_EV_RDZV_RESTART, /* membership changed (counted: a worker group failed) */
     POLICY_EV_RDZV_CLOSED,
     POLICY_EV_BARRIER_DONE, /* exitcode: 0, or the barrier's error (timed out, ...) */
     POLICY_EV_WATCHDOG,     /* local_rank is hung (agent/watchdog.h): a failure of the group */
@@ -128,6 +138,15 @@ struct policy_event {
      * round (ignored otherwise: one node counts its own). */
     int64_t restart_count;
     int nnodes; /* ROUND: the nodes in it (0: not said, one) */
+    /* ROUND under worker scope: the round goes on with the last round's
+     * workers in place (agent_round's generation) and this node's
+     * assignment is unchanged: its running workers carry on (kept);
+     * generation: the membership generation this node's workers are in
+     * (a node taking a lost one's place starts its workers in it); 0: a
+     * new group. */
+    bool kept;
+    int64_t generation;
+    bool counted; /* RDZV_RESTART: a worker group failed somewhere */
     /* ROUND_FAILED: the job ended while this node waited for a place (the
      * round was full): nothing ran here, exit 0 (torch's graceful exit). */
     bool graceful;
@@ -148,6 +167,10 @@ enum policy_action_type {
      * group, announce generation (replacing local_rank) on the agent
      * store, start local_rank alone again (attempt = policy_restart_count) */
     POLICY_ACT_RESTART_WORKER,
+    /* --restart_scope=worker, several nodes: the new round took another
+     * node in a lost one's place and this node's workers carry on; the
+     * store's host announces generation (the round's replaced ranks) */
+    POLICY_ACT_NEW_GENERATION,
 };
 
 enum restart_scope {
@@ -168,7 +191,8 @@ struct policy_action {
     bool finished;           /* EXIT, !end_job: this node's workers succeeded; leave
                                 without disturbing the others */
     int local_rank;          /* RESTART_WORKER */
-    int64_t generation;      /* RESTART_WORKER: the new membership generation */
+    int64_t generation;      /* RESTART_WORKER, NEW_GENERATION: the new membership generation */
+    bool keep;               /* JOIN: the workers run on meanwhile (keep the agent store) */
 };
 
 struct policy_worker {
@@ -221,6 +245,14 @@ struct agent_policy {
     int worker_restarts;      /* restarts of one worker (worker scope) */
     int group_restarts;       /* failure restarts of the whole group */
     int scope_fallbacks;      /* worker-scope failures that became group restarts */
+    /* Worker scope, several nodes: a node was lost and this one joined the
+     * next round with its workers running (rejoining), to keep them if
+     * the round goes on in place; a round that does not came while they
+     * were being stopped (round_ready, pending: its event). */
+    bool rejoining;
+    bool round_ready;
+    struct policy_event pending;
+    int node_replacements; /* rounds that took a node in a lost one's place, workers kept */
 };
 
 /* A second failure this soon after a worker was replaced restarts the group. */

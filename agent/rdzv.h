@@ -50,6 +50,11 @@ struct agent_round {
     int master_port;
     char run_id[PROTO_MAX_ID + 1]; /* TORCHELASTIC_RUN_ID */
     int use_agent_store; /* TORCHELASTIC_USE_AGENT_STORE (0: workers' rank 0 serves the store) */
+    /* > 0: the round goes on with the last round's worker group in place
+     * and the nodes new to it replace lost ones, whose global ranks
+     * replaced lists (proto_round's; c10d only; 0 from the others). */
+    int64_t generation;
+    char replaced[PROTO_MAX_REPLACED + 1];
 };
 
 /* What this node offers when it joins. */

@@ -103,6 +103,8 @@ void rdzv_round_from_proto(struct agent_round *r, const struct proto_round *pr)
     cddp_strlcpy(r->run_id, pr->run_id ? pr->run_id : "", sizeof(r->run_id));
     cddp_strlcpy(r->master_addr, pr->master_addr ? pr->master_addr : "", sizeof(r->master_addr));
     r->master_port = pr->master_port;
+    r->generation = pr->generation;
+    cddp_strlcpy(r->replaced, pr->replaced ? pr->replaced : "", sizeof(r->replaced));
 }
 
 int agent_free_port(void)

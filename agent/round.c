@@ -103,6 +103,47 @@ static int job_fault(int status, const char *reason)
     return (status == 0 || status == CDDP_ECLOSED) && reason && strstr(reason, JOB_FAILED_REASON);
 }
 
+/* Does the comma-separated list of ranks name one in [lo, hi)? */
+static bool ranks_listed(const char *list, int lo, int hi)
+{
+    for (const char *p = list; *p;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            return false;
+        if (v >= lo && v < hi)
+            return true;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return false;
+}
+
+/* Worker scope: a round that goes on with the last round's workers in
+ * place (docs/multi-node.md, "Replacing a node in place"). This node
+ * takes a lost one's place (its workers start in the round's generation),
+ * or its running workers carry on when its assignment is the same as in
+ * the last round (kept); anything else starts a new group. */
+static void in_place(struct agent *a, const struct agent_round *prev, bool had,
+                     const struct agent_round *r, struct policy_event *ev)
+{
+    if (a->pol.scope != RESTART_SCOPE_WORKER || r->generation <= 0)
+        return;
+    if (ranks_listed(r->replaced, r->rank_offset, r->rank_offset + a->nworkers)) {
+        ev->generation = r->generation;
+        log_warn("A0231",
+                 "[%s] this node takes a lost node's place in round %llu: ranks %s, generation "
+                 "%lld; its workers take the state from their peers",
+                 a->cfg->role, (unsigned long long)r->round, r->replaced, (long long)r->generation);
+        return;
+    }
+    ev->kept = had && a->pol.rejoining && prev->node_rank == r->node_rank &&
+               prev->nnodes == r->nnodes && prev->world_size == r->world_size &&
+               prev->rank_offset == r->rank_offset && prev->master_port == r->master_port &&
+               strcmp(prev->master_addr, r->master_addr) == 0;
+    if (ev->kept)
+        ev->generation = r->generation;
+}
+
 static void on_round(struct agent_rdzv *r, int status, const struct agent_round *round,
                      const char *reason)
 {
@@ -122,6 +163,8 @@ static void on_round(struct agent_rdzv *r, int status, const struct agent_round 
         agent_post_event(a, &ev);
         return;
     }
+    struct agent_round prev = a->round;
+    bool had = a->have_round;
     a->round = *round;
     a->have_round = true;
     if (store_for_round(a, &a->round) != 0) {
@@ -141,6 +184,14 @@ static void on_round(struct agent_rdzv *r, int status, const struct agent_round 
                      a->cfg->role, (long long)round->restart_count, a->cfg->max_restarts);
     struct policy_event ev = {
         .type = POLICY_EV_ROUND, .restart_count = round->restart_count, .nnodes = round->nnodes};
+    in_place(a, &prev, had, round, &ev);
+    if (a->pol.rejoining && !ev.kept)
+        log_warn("A0233",
+                 "[%s] round %llu does not go on with this node's workers in place (%s); will "
+                 "restart worker group",
+                 a->cfg->role, (unsigned long long)round->round,
+                 round->generation > 0 ? "this node's place changed"
+                                       : "no node took the lost one's place in the same world");
     agent_post_event(a, &ev);
 }
 
@@ -150,7 +201,8 @@ static void on_rdzv_restart(struct agent_rdzv *r, const char *reason, bool count
     log_warn("A0103", "[%s] %s; will restart worker group in a new round%s", a->cfg->role,
              reason ? reason : "membership changed",
              counted ? " (counts against --max_restarts)" : "");
-    agent_post(a, POLICY_EV_RDZV_RESTART, 0, 0, 0);
+    struct policy_event ev = {.type = POLICY_EV_RDZV_RESTART, .counted = counted};
+    agent_post_event(a, &ev);
 }
 
 static void on_rdzv_closed(struct agent_rdzv *r, int status, const char *reason)
@@ -209,6 +261,11 @@ void agent_round_join(struct agent *a, const struct policy_action *act)
         log_warn("A0401",
                  "[%s] Worker group FAILED. %d/%d attempts left; will restart worker group",
                  a->cfg->role, act->attempts_left + 1, a->cfg->max_restarts);
+    else if (act->reason == STOP_MEMBERSHIP && act->keep)
+        log_warn("A0232",
+                 "[%s] membership changed; joining the next round with the workers running "
+                 "(--restart_scope=worker): they carry on if a node takes the lost one's place",
+                 a->cfg->role);
     else if (act->reason == STOP_MEMBERSHIP) {
         log_warn("A0402", "[%s] membership changed; will restart worker group", a->cfg->role);
         a->membership_restarts++;
@@ -218,10 +275,15 @@ void agent_round_join(struct agent *a, const struct policy_action *act)
         .role = a->cfg->role,
         .restart_count = policy_restart_count(&a->pol),
     };
+    /* The workers run on (worker scope): their store stays, at the port
+     * it has, for a round that goes on in place. */
+    if (act->keep && a->store != NULL && a->rdzv->picks_master_port)
+        req.master_port = a->store_port;
     /* A new round gets a fresh store; where our port is published at
      * join, the store listens on it before anyone can hear of it. */
-    store_close(a, "a new round");
-    if (a->cfg->agent_store && a->rdzv->picks_master_port) {
+    if (!act->keep)
+        store_close(a, "a new round");
+    if (!act->keep && a->cfg->agent_store && a->rdzv->picks_master_port) {
         char why[256] = "";
         int src = store_open(a, 0, why, sizeof(why));
         if (src) {
@@ -237,6 +299,22 @@ void agent_round_join(struct agent *a, const struct policy_action *act)
         agent_failed(a, "A0403", "joining the rendezvous: %s", cddp_strerror(rc));
         agent_post(a, POLICY_EV_ROUND_FAILED, 0, 0, 0);
     }
+}
+
+/* POLICY_ACT_NEW_GENERATION: the round took a node in a lost one's place
+ * and this node's workers carry on; the store's host (node 0) announces
+ * the generation, naming the replaced ranks, which the workers of every
+ * node wait for (docs/multi-node.md, "Replacing a node in place"). */
+void agent_round_new_generation(struct agent *a, const struct policy_action *act)
+{
+    log_warn("A0230",
+             "[%s] round %llu goes on in place: generation %lld, ranks %s taken by a node that "
+             "replaces a lost one; this node's workers carry on",
+             a->cfg->role, (unsigned long long)a->round.round, (long long)act->generation,
+             a->round.replaced);
+    if (a->round.node_rank == 0)
+        agent_inplace_publish(a, act->generation, a->round.replaced);
+    agent_show(a);
 }
 
 void agent_round_report_failure(struct agent *a)

@@ -475,7 +475,9 @@ static int decode_round_into(struct dec *d, struct proto_round *r)
         (rc = get_small(d, "nproc", true, 1, PROTO_MAX_NPROC, 1, &r->nproc)) ||
         (rc = get_str(d, "master_addr", true, 255, STR_ID, &r->master_addr)) ||
         (rc = get_small(d, "master_port", true, 0, 65535, 0, &r->master_port)) ||
-        (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0, &r->restart_count)))
+        (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0, &r->restart_count)) ||
+        (rc = get_int(d, "generation", false, 0, PROTO_MAX_INT, 0, &r->generation)) ||
+        (rc = get_str(d, "replaced", false, PROTO_MAX_REPLACED, STR_ID, &r->replaced)))
         return rc;
     if (r->node_rank >= r->nnodes)
         return bad_field(d, "node_rank", "must be below nnodes");
@@ -900,6 +902,10 @@ static void encode_round_fields(struct enc *e, const struct proto_round *r)
     put_str(e, "master_addr", r->master_addr ? r->master_addr : "", 255);
     put_int(e, "master_port", r->master_port, 0, 65535);
     put_int(e, "restart_count", r->restart_count, 0, PROTO_MAX_INT);
+    if (r->generation > 0) {
+        put_int(e, "generation", r->generation, 0, PROTO_MAX_INT);
+        put_str(e, "replaced", r->replaced ? r->replaced : "", PROTO_MAX_REPLACED);
+    }
 }
 
 /* A heartbeat's optional fields: waiting, perf, goodput. */

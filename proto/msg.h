@@ -35,6 +35,7 @@
 #define PROTO_MAX_WAIT_KEYS 1024     /* keys in one wait */
 #define PROTO_MAX_CONF 64            /* rdzv_conf entries in a join */
 #define PROTO_MAX_NODES 1000000      /* min_nodes/max_nodes */
+#define PROTO_MAX_REPLACED 255       /* a round's replaced ranks, as text */
 #define PROTO_MAX_NPROC 65536        /* workers on one node */
 #define PROTO_MAX_TIMEOUT_MS (7LL * 24 * 3600 * 1000)
 #define PROTO_MAX_INT 9007199254740992LL /* 2^53: exact in a JSON number */
@@ -99,6 +100,15 @@ struct proto_round {
     /* Worker-failure restarts the run has had before this round (optional
      * on the wire, default 0): every node's TORCHELASTIC_RESTART_COUNT. */
     int64_t restart_count;
+    /* > 0: this round goes on with the last round's worker group in place
+     * (optional, default 0): the same node count, world size and node 0,
+     * every member that stayed keeps its node rank and rank offset, and
+     * the new members take the places of lost ones; replaced lists their
+     * global ranks, decimal, comma-separated (at most PROTO_MAX_REPLACED
+     * bytes). The generation counts such rounds since the group started
+     * (docs/multi-node.md, "Replacing a node in place"). */
+    int64_t generation;
+    const char *replaced; /* NULL or "" when generation is 0 */
 };
 
 /* A node's join: what it asks for. */

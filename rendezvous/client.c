@@ -111,6 +111,7 @@ struct rdzv_client {
     struct proto_round round;
     char round_run_id[PROTO_MAX_ID + 1];
     char round_master[256];
+    char round_replaced[PROTO_MAX_REPLACED + 1];
 
     rdzv_event_cb on_event;
     void *data;
@@ -305,6 +306,8 @@ static void copy_round(struct rdzv_client *c, const struct proto_round *r)
     cddp_strlcpy(c->round_master, r->master_addr, sizeof(c->round_master));
     c->round.run_id = c->round_run_id;
     c->round.master_addr = c->round_master;
+    cddp_strlcpy(c->round_replaced, r->replaced ? r->replaced : "", sizeof(c->round_replaced));
+    c->round.replaced = c->round_replaced;
     c->has_round = true;
 }
 

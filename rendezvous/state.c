@@ -53,6 +53,7 @@ struct rdzv_node {
     int master_port;
     int status_port; /* the agent's status port, 0: none (status pages) */
     int prev_rank;   /* rank in the last completed round it was part of, or -1 */
+    int prev_offset; /* its rank offset in that round */
     uint64_t last_beat;
     uint64_t joined_at; /* its last join (status pages) */
     uint64_t dead_after_ms;
@@ -83,6 +84,12 @@ struct rdzv_run {
     uint64_t round;
     uint64_t round_at; /* when the current round completed (status pages) */
     uint64_t restarts, counted_restarts;
+    /* The last completed round's shape, and whether the restart that
+     * ended it was counted: a round of the same shape that only fills
+     * lost members' places goes on in place (generation, state.h). */
+    int last_nnodes, last_world, last_master_port;
+    bool last_counted;
+    int64_t generation;
     struct cddp_queue lists[N_COUNT];
     size_t count[N_COUNT];
     struct timer last_call;
@@ -486,6 +493,39 @@ static const char *master_addr(struct rdzv_run *run, struct rdzv_node *n0)
 
 static void fail_round(struct rdzv_state *st, struct rdzv_run *run, uint64_t now, const char *why);
 
+/* Does the round ranked in slot go on with the last round's worker group
+ * in place? It does when the last round ended for a lost member (not a
+ * counted failure), the shape is the same (nodes, world size, node 0 and
+ * its MASTER_PORT), every member that stayed keeps its node rank and rank
+ * offset, and newcomers fill the rest: then the newcomers' global ranks,
+ * comma-separated (NULL: no; also when they do not fit on the wire). */
+static const char *in_place(struct rdzv_state *st, const struct rdzv_run *run,
+                            struct rdzv_node *const *slot, size_t n, int world)
+{
+    if (!run->had_round || run->last_counted || (int)n != run->last_nnodes ||
+        world != run->last_world || slot[0]->prev_rank != 0 ||
+        slot[0]->master_port != run->last_master_port)
+        return NULL;
+    char *text = scratch_alloc(st, PROTO_MAX_REPLACED + 1);
+    if (text == NULL)
+        return NULL;
+    size_t len = 0;
+    int offset = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct rdzv_node *node = slot[i];
+        if (node->prev_rank >= 0 && (node->prev_rank != (int)i || node->prev_offset != offset))
+            return NULL; /* a member that stayed would move */
+        for (int r = offset; node->prev_rank < 0 && r < offset + node->nproc; r++) {
+            int w = snprintf(text + len, PROTO_MAX_REPLACED + 1 - len, "%s%d", len ? "," : "", r);
+            if (w < 0 || (size_t)w >= PROTO_MAX_REPLACED + 1 - len)
+                return NULL;
+            len += (size_t)w;
+        }
+        offset += node->nproc;
+    }
+    return len > 0 ? text : NULL;
+}
+
 static void complete_round(struct rdzv_state *st, struct rdzv_run *run, uint64_t now)
 {
     size_t n = run->count[N_PARTICIPANT];
@@ -529,10 +569,16 @@ static void complete_round(struct rdzv_state *st, struct rdzv_run *run, uint64_t
 
     const char *maddr = scratch_strdup(st, master_addr(run, slot[0]));
     int mport = slot[0]->master_port;
+    const char *replaced = in_place(st, run, slot, n, (int)world);
+    run->generation = replaced ? run->generation + 1 : 0;
+    run->last_nnodes = (int)n;
+    run->last_world = (int)world;
+    run->last_master_port = mport;
     int offset = 0;
     for (size_t i = 0; i < n; i++) {
         struct rdzv_node *node = slot[i];
         node->prev_rank = (int)i;
+        node->prev_offset = offset;
         node_set_state(node, N_ACTIVE);
         timer_disarm(st, &node->join);
         struct rdzv_action *a = push_action(st, RDZV_ACT_ROUND, node->peer);
@@ -545,7 +591,9 @@ static void complete_round(struct rdzv_state *st, struct rdzv_run *run, uint64_t
                                         .nproc = node->nproc,
                                         .master_addr = maddr,
                                         .master_port = mport,
-                                        .restart_count = (int64_t)run->counted_restarts};
+                                        .restart_count = (int64_t)run->counted_restarts,
+                                        .generation = run->generation,
+                                        .replaced = replaced};
         offset += node->nproc;
     }
     /* Nodes outside this round lose their old rank; late members are no
@@ -625,6 +673,7 @@ static void restart(struct rdzv_state *st, struct rdzv_run *run, const char *rea
     rebuild_end(st, run);
     run->round++;
     run->restarts++;
+    run->last_counted = counted;
     if (counted)
         run->counted_restarts++;
     run->phase = RDZV_FORMING;

@@ -11,6 +11,7 @@
         c.loss(1); c.rate("10mbit")   # nftables random drop, tc tbf: what kernels without
                                       # netem have (c.dropped(i), c.qdisc_stats(i) count)
         c.crash(2)                    # SIGKILL everything in host 2, then cut its link
+        c.kill(2)                     # SIGKILL everything in host 2, its link up
 
 What a host is: a network namespace with lo up and one veth, named eth0
 inside, whose other end is a port of a bridge the cluster made in the root
@@ -301,6 +302,11 @@ class Cluster:
 
     def pids(self, i):
         return _ns_pids(self.hosts[i].ns)
+
+    def kill(self, i):
+        """Every process in host i SIGKILLed; its link stays up, so the
+        kernel closes their connections and the peers see them go at once."""
+        _kill_ns(self.hosts[i].ns)
 
     def crash(self, i):
         """Host i dies: every process in it SIGKILLed, its link cut."""

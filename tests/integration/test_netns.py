@@ -24,6 +24,9 @@ What is asserted:
     the round forms, the job completes, nothing restarts; cddp-train
     under loss and a rate limit ends with the clean run's checksum;
   - a host that crashes (everything SIGKILLed, link cut): the others go on;
+  - --restart_scope=worker with a spare host waiting: a lost host's place
+    is taken by the spare, the survivors keep their workers, and
+    cddp-train ends on the no-fault checksum;
   - a rendezvous server that is down while its host is up (connections
     refused) is not a partition: the workers run on past the window.
 The recovery times are printed (pytest -s) as "netns figure: ...".
@@ -459,6 +462,63 @@ def test_host_crash_survivors_go_on(job):
     for n in nodes[:2]:
         assert n.wait() == 0, n.text()[-3000:]
     assert not nodes[2].running()
+
+
+TRAIN = ["--arch", "resnet18", "--data", "synthetic", "--image-size", "32", "--num-classes",
+         "10", "--epochs", "4", "--log-every", "1", "--threads", "1", "--num-samples", "32",
+         "--batch-size", "4"]
+
+
+@pytest.mark.heavy
+def test_spare_host_takes_a_lost_hosts_place_in_place(job, tmp_path):
+    """--restart_scope=worker, --nnodes=2 with a third host on the wait list
+    (a spare): host 1's agent and workers are SIGKILLed mid-run; host 2
+    takes its place (global ranks 2 and 3, generation 1) and its workers
+    take the state from host 0's, which keep their processes; the run ends
+    on the checksum of a run without the fault (docs/multi-node.md,
+    "Replacing a node in place")."""
+    c, start, out = job(3)
+    script = tmp_path / "train.sh"
+    script.write_text(f"#!/bin/sh\nexec {binary('cddp-train')} {' '.join(TRAIN)} $EXTRA\n")
+    script.chmod(0o755)
+
+    def sums(text):
+        return dict(re.findall(r"rank(\d+) \S+ \w+ T6202: after 8 steps: state checksum (\w+)",
+                               text))
+    ref = [start(i, *c10d(2, run_id="ref"), script=script) for i in range(2)]
+    for n in ref:
+        assert n.wait(timeout=240) == 0, n.text()[-3000:]
+    want = sums("".join(n.text() for n in ref))
+    assert sorted(want) == ["0", "1", "2", "3"] and len(set(want.values())) == 1, want
+
+    # Every step slowed by 200 ms (a sleep: the state is the same), so
+    # that host 1 dies mid-run.
+    args = [*c10d(2, run_id="spare"), "--restart_scope=worker", "--max_restarts=1"]
+    env = {"LOGLEVEL": "DEBUG", "EXTRA": "--fault slow@step=0,ms=200,for=8"}
+    nodes = [start(i, *args, script=script, env=env) for i in range(2)]
+    for n in nodes:
+        wait_for(lambda: "A0102" in n.text(), timeout=120, what=f"node {n.i}'s round")
+    nodes.append(start(2, *args, script=script, env=env))
+    wait_for(lambda: "A0701" in nodes[2].text(), timeout=60, what="host 2 on the wait list")
+    wait_for(lambda: nodes[1].text().count("T0002") >= 2, timeout=120, what="host 1's steps")
+    t0 = time.monotonic()
+    c.kill(1)
+    for n in (nodes[0], nodes[2]):
+        assert n.wait(timeout=240) == 0, n.text()[-5000:]
+    figure("spare host in place: from the kill to the end of the run", time.monotonic() - t0)
+    t0_text, t2_text = nodes[0].text(), nodes[2].text()
+    assert sums(t0_text + t2_text) == want, (t0_text + t2_text)[-5000:]
+    # host 0: one start of its workers, the same processes at the end
+    assert t0_text.count("A0207") == 1 and "A0232" in t0_text, t0_text[-5000:]
+    assert "A0230" in t0_text and "generation 1, ranks 2,3" in t0_text, t0_text[-5000:]
+    pid = r"cddp-train\[(\d+)\] rank(\d) \S+ \w+ {}:"
+    before = {r: p for p, r in re.findall(pid.format("T6201"), t0_text)}
+    after = {r: p for p, r in re.findall(pid.format("T6202"), t0_text)}
+    assert sorted(before) == ["0", "1"] and before == after, (before, after)
+    # host 2: ranks 2 and 3 in generation 1, the state from rank 0
+    assert "A0231" in t2_text and "ranks 2,3, generation 1" in t2_text, t2_text[-5000:]
+    text = t0_text + t2_text
+    assert len(re.findall(r"T6212: generation 1: state from rank 0", text)) == 4, text[-5000:]
 
 
 @pytest.mark.heavy

@@ -1138,6 +1138,150 @@ static void test_worker_scope_one_node_coordinated(void **state)
     policy_free(&p);
 }
 
+/* ---- worker scope, several nodes: a node replaced in place ---- */
+
+static void ev_round(struct agent_policy *p, bool kept, int64_t generation, uint64_t now)
+{
+    struct policy_event ev = {
+        .type = POLICY_EV_ROUND, .nnodes = 2, .kept = kept, .generation = generation};
+    nacts = policy_step(p, &ev, now, acts);
+}
+
+static void ev_restart(struct agent_policy *p, bool counted, uint64_t now)
+{
+    struct policy_event ev = {.type = POLICY_EV_RDZV_RESTART, .counted = counted};
+    nacts = policy_step(p, &ev, now, acts);
+}
+
+static void running_two_nodes(struct agent_policy *p)
+{
+    assert_int_equal(policy_init(p, 2, 1, TIMEOUT), 0);
+    p->coordinated = true;
+    p->scope = RESTART_SCOPE_WORKER;
+    step(p, POLICY_EV_START, 0, 0, 0);
+    ev_round(p, false, 0, 0);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(p->generation, 0);
+}
+
+/* A node lost: this node joins with its workers running; a round that
+ * goes on in place keeps them in the round's generation; a later lost
+ * node again. */
+static void test_node_lost_workers_kept(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running_two_nodes(&p);
+    ev_restart(&p, false, 10);
+    EXPECT(POLICY_ACT_JOIN);
+    assert_true(acts[0].keep);
+    assert_int_equal(acts[0].reason, STOP_MEMBERSHIP);
+    assert_int_equal(p.state, AGENT_RUNNING);
+    ev_round(&p, true, 1, 20);
+    EXPECT(POLICY_ACT_NEW_GENERATION);
+    assert_int_equal(acts[0].generation, 1);
+    assert_int_equal(p.generation, 1);
+    assert_int_equal(p.node_replacements, 1);
+    assert_int_equal(p.state, AGENT_RUNNING);
+    assert_int_equal(policy_restart_count(&p), 0); /* not a failure */
+    ev_restart(&p, false, 30);
+    EXPECT(POLICY_ACT_JOIN);
+    ev_round(&p, true, 2, 40);
+    EXPECT(POLICY_ACT_NEW_GENERATION);
+    assert_int_equal(p.generation, 2);
+    /* the workers finish as ever */
+    exit_clean(&p, 0, 0, 50);
+    exit_clean(&p, 1, 0, 50);
+    EXPECT(POLICY_ACT_EXIT_BARRIER);
+    policy_free(&p);
+}
+
+/* The round does not go on in place (no spare: the world changed): the
+ * workers are stopped, then the round's start at once (no second join). */
+static void test_node_lost_round_changed(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running_two_nodes(&p);
+    ev_restart(&p, false, 10);
+    EXPECT(POLICY_ACT_JOIN);
+    ev_round(&p, false, 0, 20);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    exit_clean(&p, 0, -SIGTERM, 30);
+    EXPECT_NONE();
+    exit_clean(&p, 1, -SIGTERM, 30);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_START_WORKERS);
+    assert_int_equal(p.state, AGENT_RUNNING);
+    assert_int_equal(p.generation, 0);
+    assert_int_equal(p.node_replacements, 0);
+    policy_free(&p);
+}
+
+/* A survivor's worker gives up waiting meanwhile (exit 75): the others
+ * are stopped without a failure report, and the pending join's round
+ * starts the group; the round that comes during the stop waits for it. */
+static void test_node_lost_worker_gives_up(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running_two_nodes(&p);
+    ev_restart(&p, false, 10);
+    EXPECT(POLICY_ACT_JOIN);
+    exit_clean(&p, 0, 75, 20);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(p.stop_reason, STOP_MEMBERSHIP);
+    exit_clean(&p, 1, 75, 30);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE); /* no second join: one is pending */
+    assert_int_equal(p.state, AGENT_RENDEZVOUS);
+    ev_round(&p, true, 1, 40);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(p.generation, 0); /* not to be kept: a new group here */
+    /* ...and a round that comes while they stop */
+    ev_restart(&p, false, 50);
+    EXPECT(POLICY_ACT_JOIN);
+    exit_clean(&p, 0, 75, 60);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    ev_round(&p, true, 2, 70);
+    EXPECT_NONE();
+    exit_clean(&p, 1, -SIGTERM, 80);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_START_WORKERS);
+    assert_int_equal(p.generation, 0); /* its workers start afresh */
+    policy_free(&p);
+}
+
+/* Where it does not apply: a counted restart (a worker group failed),
+ * group scope, and the node taking a lost one's place (its generation). */
+static void test_node_lost_not_kept(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running_two_nodes(&p);
+    ev_restart(&p, true, 10);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    policy_free(&p);
+    running_two_nodes(&p);
+    p.scope = RESTART_SCOPE_GROUP;
+    ev_restart(&p, false, 10);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    policy_free(&p);
+    assert_int_equal(policy_init(&p, 2, 1, TIMEOUT), 0);
+    p.coordinated = true;
+    p.scope = RESTART_SCOPE_WORKER;
+    step(&p, POLICY_EV_START, 0, 0, 0);
+    ev_round(&p, false, 3, 0);
+    EXPECT(POLICY_ACT_START_WORKERS);
+    assert_int_equal(p.generation, 3);
+    /* the rendezvous fails the pending join: the workers stop, the run ends */
+    ev_restart(&p, false, 10);
+    EXPECT(POLICY_ACT_JOIN);
+    step(&p, POLICY_EV_ROUND_FAILED, 0, 0, 20);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    exit_clean(&p, 0, -SIGTERM, 30);
+    exit_clean(&p, 1, -SIGTERM, 30);
+    assert_int_equal(p.state, AGENT_FAILED);
+    policy_free(&p);
+}
+
 /* Where worker scope does not apply it behaves as group: no restart left,
  * one worker, several nodes (the rendezvous counts restarts), a hung
  * worker. */
@@ -1215,6 +1359,10 @@ int main(void)
         cmocka_unit_test(test_worker_scope_replacement_fails),
         cmocka_unit_test(test_worker_scope_not_taken),
         cmocka_unit_test(test_worker_scope_one_node_coordinated),
+        cmocka_unit_test(test_node_lost_workers_kept),
+        cmocka_unit_test(test_node_lost_round_changed),
+        cmocka_unit_test(test_node_lost_worker_gives_up),
+        cmocka_unit_test(test_node_lost_not_kept),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

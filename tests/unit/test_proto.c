@@ -304,6 +304,15 @@ static void test_msg_roundtrip(void **state)
     char derr[256];
     assert_int_equal(proto_msg_decode(bare, strlen(bare), &o, derr, sizeof(derr)), 0);
     assert_int_equal(o.round.restart_count, 0);
+    assert_int_equal(o.round.generation, 0); /* and so is generation */
+    assert_null(o.round.replaced);
+    proto_msg_free(&o);
+    /* a round that goes on in place: its generation, the replaced ranks */
+    m.round.generation = 4;
+    m.round.replaced = "8,9,10,11";
+    roundtrip(&m, &o);
+    assert_int_equal(o.round.generation, 4);
+    assert_string_equal(o.round.replaced, "8,9,10,11");
     proto_msg_free(&o);
 
     memset(&m, 0, sizeof(m));

@@ -633,6 +633,83 @@ static void test_waiting_at_max(void **state)
     sim_free(s);
 }
 
+/* Two nodes of 2 workers and a spare on the wait list: a round that only
+ * puts the spare in a lost member's place goes on in place (generation,
+ * the spare's global ranks); any other round starts a new group. */
+static void join2(struct sim *s, int i, const char *id, int min)
+{
+    join_ex(s, i, id, (struct joinopt){.nproc = 2, .min = min, .max = 2, .port = 29500});
+}
+
+static void test_spare_in_place(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 5; i++)
+        hello(s, i, "job");
+    join2(s, 0, "a", 2);
+    join2(s, 1, "b", 2);
+    check_round(s, 2);
+    assert_int_equal(find(s, 0, RDZV_ACT_ROUND)->round.generation, 0);
+    assert_null(find(s, 0, RDZV_ACT_ROUND)->round.replaced);
+    join2(s, 2, "c", 2);
+    assert_true(find(s, 2, RDZV_ACT_JOINED)->joined.waiting);
+    /* b is lost: c takes its place, a keeps rank 0 and its offset. */
+    drop(s, 1);
+    assert_false(find(s, 0, RDZV_ACT_RESTART)->restart.counted);
+    join2(s, 0, "a", 2);
+    check_round(s, 2);
+    assert_int_equal(rank_of(s, 0), 0);
+    assert_int_equal(rank_of(s, 2), 1);
+    for (int i = 0; i < 3; i += 2) {
+        const struct rdzv_action *a = find(s, i, RDZV_ACT_ROUND);
+        assert_int_equal(a->round.generation, 1);
+        assert_string_equal(a->round.replaced, "2,3");
+    }
+    /* Again, with another spare: generation 2. */
+    join2(s, 3, "d", 2);
+    drop(s, 2);
+    join2(s, 0, "a", 2);
+    check_round(s, 2);
+    assert_int_equal(rank_of(s, 3), 1);
+    assert_int_equal(find(s, 3, RDZV_ACT_ROUND)->round.generation, 2);
+    assert_string_equal(find(s, 3, RDZV_ACT_ROUND)->round.replaced, "2,3");
+    /* A counted failure starts a new group: generation 0. */
+    rdzv_state_failure(s->st, s->now, &s->peer[3], find(s, 3, RDZV_ACT_ROUND)->round.round,
+                       "exit 1");
+    collect(s);
+    join2(s, 0, "a", 2);
+    join2(s, 3, "d", 2);
+    check_round(s, 2);
+    assert_int_equal(find(s, 0, RDZV_ACT_ROUND)->round.generation, 0);
+    /* Node 0 lost (the store's host): a new group, whoever fills in. */
+    join2(s, 4, "e", 2);
+    drop(s, 0);
+    join2(s, 3, "d", 2);
+    check_round(s, 2);
+    assert_int_equal(rank_of(s, 3), 1);
+    assert_int_equal(find(s, 3, RDZV_ACT_ROUND)->round.generation, 0);
+    sim_free(s);
+}
+
+/* No spare and min_nodes 1: the world shrinks, a new group. */
+static void test_no_spare_not_in_place(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 2; i++)
+        hello(s, i, "job");
+    join2(s, 0, "a", 1);
+    join2(s, 1, "b", 1);
+    check_round(s, 2);
+    drop(s, 1);
+    join2(s, 0, "a", 1);
+    check_round(s, 1);
+    assert_int_equal(find(s, 0, RDZV_ACT_ROUND)->round.generation, 0);
+    assert_null(find(s, 0, RDZV_ACT_ROUND)->round.replaced);
+    sim_free(s);
+}
+
 static void test_no_restart_livelock_with_zero_last_call(void **state)
 {
     (void)state;
@@ -1838,6 +1915,8 @@ int main(void)
         cmocka_unit_test(test_stragglers),
         cmocka_unit_test(test_waiting_node_scale_up),
         cmocka_unit_test(test_waiting_at_max),
+        cmocka_unit_test(test_spare_in_place),
+        cmocka_unit_test(test_no_spare_not_in_place),
         cmocka_unit_test(test_heartbeat_ack),
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_restarted_server_goes_on),
