@@ -85,6 +85,7 @@ struct agent_snapshot {
     int worker_restarts;
     int group_restarts;
     int scope_fallbacks;
+    int node_replacements; /* rounds that put a node in a lost one's place, workers kept */
     double recovery_started;
     double last_recovery_s; /* from it to the replacement's first step; < 0: none yet */
     /* The rendezvous beyond rounds (agent/rdzv.h's agent_rdzv_info): the

@@ -44,6 +44,7 @@ void agent_inplace_snapshot(const struct agent *a, struct agent_snapshot *s)
     s->worker_restarts = a->pol.worker_restarts;
     s->group_restarts = a->pol.group_restarts;
     s->scope_fallbacks = a->pol.scope_fallbacks;
+    s->node_replacements = a->pol.node_replacements;
     s->recovery_started = a->recovery_started;
     s->last_recovery_s = a->last_recovery_s;
 }

@@ -83,7 +83,7 @@ struct agent_status {
     int restart_count, max_restarts, membership_restarts;
     char restart_scope[8];
     int64_t generation;
-    int worker_restarts, group_restarts, scope_fallbacks;
+    int worker_restarts, group_restarts, scope_fallbacks, node_replacements;
     double last_recovery_s;
     enum watchdog_mode watchdog_mode;
     unsigned watchdog_kills;
@@ -316,6 +316,7 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
     v->restarts_worker = (uint64_t)st->worker_restarts;
     v->restarts_group = (uint64_t)st->group_restarts;
     v->scope_fallbacks = (uint64_t)st->scope_fallbacks;
+    v->node_replacements = (uint64_t)st->node_replacements;
     v->generation = st->generation;
     v->last_recovery_s = st->last_recovery_s;
     memcpy(v->worker_exits, st->worker_exits, sizeof(v->worker_exits));
@@ -912,6 +913,7 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     st->worker_restarts = snap->worker_restarts;
     st->group_restarts = snap->group_restarts;
     st->scope_fallbacks = snap->scope_fallbacks;
+    st->node_replacements = snap->node_replacements;
     st->last_recovery_s = snap->last_recovery_s;
     st->watchdog_mode = snap->watchdog_mode;
     st->watchdog_kills = snap->watchdog_kills;

@@ -357,6 +357,7 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
         jsonw_int(j, "group", (int64_t)v->restarts_group);
         jsonw_object_end(j);
         jsonw_int(j, "scope_fallbacks", (int64_t)v->scope_fallbacks);
+        jsonw_int(j, "node_replacements", (int64_t)v->node_replacements);
         jsonw_int(j, "generation", v->generation);
         if (v->last_recovery_s >= 0)
             jsonw_seconds(j, "last_recovery_s", v->last_recovery_s);

@@ -185,6 +185,7 @@ struct status_agent_view {
      * alone to its first step (< 0: none yet). */
     const char *restart_scope;
     uint64_t restarts_worker, restarts_group, scope_fallbacks;
+    uint64_t node_replacements; /* rounds that put a node in a lost one's place in place */
     int64_t generation;
     double last_recovery_s;
     uint64_t worker_exits[STATUS_EXIT_REASON_COUNT];

@@ -495,7 +495,9 @@ def test_spare_host_takes_a_lost_hosts_place_in_place(job, tmp_path):
     # that host 1 dies mid-run.
     args = [*c10d(2, run_id="spare"), "--restart_scope=worker", "--max_restarts=1"]
     env = {"LOGLEVEL": "DEBUG", "EXTRA": "--fault slow@step=0,ms=200,for=8"}
-    nodes = [start(i, *args, script=script, env=env) for i in range(2)]
+    # host 0's /status stays up after the run (--status_linger) to be read
+    nodes = [start(0, *args, "--status_port=8080", "--status_linger=60", script=script, env=env),
+             start(1, *args, script=script, env=env)]
     for n in nodes:
         wait_for(lambda: "A0102" in n.text(), timeout=120, what=f"node {n.i}'s round")
     nodes.append(start(2, *args, script=script, env=env))
@@ -503,9 +505,15 @@ def test_spare_host_takes_a_lost_hosts_place_in_place(job, tmp_path):
     wait_for(lambda: nodes[1].text().count("T0002") >= 2, timeout=120, what="host 1's steps")
     t0 = time.monotonic()
     c.kill(1)
-    for n in (nodes[0], nodes[2]):
-        assert n.wait(timeout=240) == 0, n.text()[-5000:]
+    assert nodes[2].wait(timeout=240) == 0, nodes[2].text()[-5000:]
     figure("spare host in place: from the kill to the end of the run", time.monotonic() - t0)
+    st = wait_for(lambda: (lambda s: s if s["state"] == "succeeded" else None)(
+        status_of(c, 0, 8080)), timeout=60, interval=0.5, what="host 0's /status: succeeded")
+    nodes[0].bg.proc.send_signal(signal.SIGTERM)  # ends the linger; the exit stays the run's
+    assert nodes[0].wait() == 0, nodes[0].text()[-5000:]
+    assert st["restarts"]["node_replacements"] == 1 and st["restarts"]["generation"] == 1, st
+    assert st["restarts"]["by_scope"] == {"worker": 0, "group": 0}, st
+    assert st["restarts"]["count"] == 0 and [w["restarts"] for w in st["workers"]] == [0, 0], st
     t0_text, t2_text = nodes[0].text(), nodes[2].text()
     assert sums(t0_text + t2_text) == want, (t0_text + t2_text)[-5000:]
     # host 0: one start of its workers, the same processes at the end
