@@ -89,6 +89,11 @@ struct agent {
     struct tcpstore_server *store;
     int store_port;
     uint64_t store_round;
+    /* Worker scope: the store was kept through the last join (the workers
+     * ran on); a round that does not go on in place renews it on the same
+     * port (store_renew_port while the old one closes). */
+    bool store_kept;
+    int store_renew_port;
 
     int nworkers;
     struct agent_worker *workers;

@@ -29,6 +29,7 @@
  * (a restarted worker group) starts from an empty store, as torchrun 2.x. */
 static void store_close(struct agent *a, const char *why)
 {
+    a->store_renew_port = 0; /* (a renewal under way opens nothing) */
     if (a->store == NULL)
         return;
     struct tcpstore_stats st;
@@ -58,9 +59,41 @@ static int store_open(struct agent *a, int port, char *err, size_t errlen)
     return 0;
 }
 
+static void on_store_renewed(void *arg)
+{
+    struct agent *a = arg;
+    int port = a->store_renew_port;
+    a->store_renew_port = 0;
+    if (a->store != NULL || port <= 0)
+        return;
+    char why[256] = "";
+    int rc = store_open(a, port, why, sizeof(why));
+    if (rc)
+        agent_failed(a, "A0803", "[%s] cannot serve the agent's TCPStore on port %d: %s",
+                     a->cfg->role, port, why[0] ? why : cddp_strerror(rc));
+    agent_show(a);
+}
+
+/* Worker scope: the store kept through a join with the workers running
+ * holds the old group's keys (its generations among them); a round that
+ * does not go on in place gets a fresh one, on the port it was told. */
+static void store_renew(struct agent *a, int port)
+{
+    struct tcpstore_stats st;
+    tcpstore_server_stats(a->store, &st);
+    log_info("A0802", "[%s] closed the agent's TCPStore on port %d (%s; %zu keys, %llu queries)",
+             a->cfg->role, a->store_port, "a new group: a fresh one on the same port", st.keys,
+             (unsigned long long)st.queries);
+    a->store_renew_port = port;
+    tcpstore_server_close(a->store, on_store_renewed, a);
+    a->store = NULL;
+    a->store_port = port;
+}
+
 /* The round is known: node 0 serves the store at MASTER_PORT (the one it
- * bound before joining, or the given one), the other nodes drop theirs. */
-static int store_for_round(struct agent *a, struct agent_round *r)
+ * bound before joining, or the given one), the other nodes drop theirs.
+ * renew: a store kept through the join is replaced by a fresh one. */
+static int store_for_round(struct agent *a, struct agent_round *r, bool renew)
 {
     if (!a->cfg->agent_store)
         return 0;
@@ -69,7 +102,9 @@ static int store_for_round(struct agent *a, struct agent_round *r)
         store_close(a, "another node is node 0");
         return 0;
     }
-    if (a->store == NULL || a->store_port != r->master_port) {
+    if (renew && a->store != NULL && a->store_port == r->master_port) {
+        store_renew(a, r->master_port);
+    } else if (a->store == NULL || a->store_port != r->master_port) {
         store_close(a, "not this round's MASTER_PORT");
         char why[256] = "";
         int rc = store_open(a, r->master_port, why, sizeof(why));
@@ -167,7 +202,12 @@ static void on_round(struct agent_rdzv *r, int status, const struct agent_round 
     bool had = a->have_round;
     a->round = *round;
     a->have_round = true;
-    if (store_for_round(a, &a->round) != 0) {
+    struct policy_event ev = {
+        .type = POLICY_EV_ROUND, .restart_count = round->restart_count, .nnodes = round->nnodes};
+    in_place(a, &prev, had, round, &ev);
+    bool renew = a->store_kept && !ev.kept;
+    a->store_kept = false;
+    if (store_for_round(a, &a->round, renew) != 0) {
         agent_post(a, POLICY_EV_ROUND_FAILED, 0, 0, 0);
         return;
     }
@@ -182,16 +222,15 @@ static void on_round(struct agent_rdzv *r, int status, const struct agent_round 
                      "[%s] worker groups of this job failed %lld times and max_restarts is %d: no "
                      "restarts left",
                      a->cfg->role, (long long)round->restart_count, a->cfg->max_restarts);
-    struct policy_event ev = {
-        .type = POLICY_EV_ROUND, .restart_count = round->restart_count, .nnodes = round->nnodes};
-    in_place(a, &prev, had, round, &ev);
-    if (a->pol.rejoining && !ev.kept)
+    if (a->pol.rejoining && !ev.kept) {
+        a->membership_restarts++;
         log_warn("A0233",
                  "[%s] round %llu does not go on with this node's workers in place (%s); will "
                  "restart worker group",
                  a->cfg->role, (unsigned long long)round->round,
                  round->generation > 0 ? "this node's place changed"
                                        : "no node took the lost one's place in the same world");
+    }
     agent_post_event(a, &ev);
 }
 
@@ -281,6 +320,7 @@ void agent_round_join(struct agent *a, const struct policy_action *act)
         req.master_port = a->store_port;
     /* A new round gets a fresh store; where our port is published at
      * join, the store listens on it before anyone can hear of it. */
+    a->store_kept = act->keep && a->store != NULL;
     if (!act->keep)
         store_close(a, "a new round");
     if (!act->keep && a->cfg->agent_store && a->rdzv->picks_master_port) {

@@ -26,7 +26,8 @@ What is asserted:
   - a host that crashes (everything SIGKILLed, link cut): the others go on;
   - --restart_scope=worker with a spare host waiting: a lost host's place
     is taken by the spare, the survivors keep their workers, and
-    cddp-train ends on the no-fault checksum;
+    cddp-train ends on the no-fault checksum; without a spare (the world
+    would shrink) the group restarts, on a fresh agent store;
   - a rendezvous server that is down while its host is up (connections
     refused) is not a partition: the workers run on past the window.
 The recovery times are printed (pytest -s) as "netns figure: ...".
@@ -41,7 +42,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, binary, wait_for
+from conftest import ROOT, TORCH_PY, binary, wait_for
 from netns import netns_cluster  # noqa: F401 (the fixture)
 from netns import running as alive
 
@@ -527,6 +528,52 @@ def test_spare_host_takes_a_lost_hosts_place_in_place(job, tmp_path):
     assert "A0231" in t2_text and "ranks 2,3, generation 1" in t2_text, t2_text[-5000:]
     text = t0_text + t2_text
     assert len(re.findall(r"T6212: generation 1: state from rank 0", text)) == 4, text[-5000:]
+
+
+# Counts itself on the agent store (1: the first worker to use this
+# store), and runs until $OUT/finish exists.
+STORE_WORKER = r"""
+import datetime, os, time
+import torch.distributed as dist
+s = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                  timeout=datetime.timedelta(seconds=30))
+n = s.add("workers", 1)
+print("START rank=%s world=%s count=%d port=%s gen=%s" % (
+    os.environ["RANK"], os.environ["WORLD_SIZE"], n, os.environ["MASTER_PORT"],
+    os.environ["CDDP_GENERATION"]), flush=True)
+while not os.path.exists(os.path.join(os.environ["OUT"], "finish")):
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.heavy
+def test_lost_host_without_a_spare_restarts_the_group(job, tmp_path, torch_python):
+    """--restart_scope=worker, --nnodes=1:2, no spare: host 1 is SIGKILLed;
+    host 0 joins with its workers running (A0232), the round of one node
+    does not go on in place (A0233): its workers restart in a new group,
+    on a fresh agent store at the same port."""
+    c, start, out = job(2)
+    py = tmp_path / "store_worker.py"
+    py.write_text(STORE_WORKER)
+    script = tmp_path / "store_worker.sh"
+    script.write_text(f"#!/bin/sh\nexec {TORCH_PY} {py}\n")
+    script.chmod(0o755)
+    args = [*c10d("1:2", nproc=1, conf="last_call_timeout=0.5"), "--restart_scope=worker"]
+    nodes = [start(i, *args, script=script) for i in range(2)]
+    starts = r"START rank=(\d) world=(\d) count=(\d) port=(\d+) gen=(\d+)"
+    wait_for(lambda: len(re.findall(starts, nodes[0].text() + nodes[1].text())) == 2,
+             timeout=60, what="both workers started")
+    c.kill(1)
+    wait_for(lambda: len(re.findall(starts, nodes[0].text())) == 2, timeout=60,
+             what="host 0's workers started again")
+    (out / "finish").touch()
+    assert nodes[0].wait() == 0, nodes[0].text()[-3000:]
+    text = nodes[0].text()
+    assert "A0232" in text and "A0233" in text and "A0230" not in text, text[-3000:]
+    first, second = re.findall(starts, text)
+    assert first[:2] == ("0", "2") and second[:2] == ("0", "1"), (first, second)
+    # the same port, a fresh store (the first to count); a new group: generation 0
+    assert second[2] == "1" and second[3] == first[3] and second[4] == "0", (first, second)
 
 
 @pytest.mark.heavy
