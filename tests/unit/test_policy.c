@@ -994,6 +994,80 @@ static void test_random_walk_coordinated(void **state)
     }
 }
 
+/* Random walks under worker scope on several nodes, with the rendezvous
+ * answering only joins that were made: one join at a time, workers never
+ * started over running ones, a generation only over running workers, one
+ * exit at most. */
+static void test_random_walk_node_in_place(void **state)
+{
+    (void)state;
+    static const enum policy_event_type kinds[] = {
+        POLICY_EV_ROUND,        POLICY_EV_ROUND_FAILED, POLICY_EV_WORKER_EXIT,
+        POLICY_EV_GROUP_EMPTY,  POLICY_EV_DEADLINE,     POLICY_EV_SIGNAL,
+        POLICY_EV_RDZV_RESTART, POLICY_EV_RDZV_CLOSED,  POLICY_EV_WATCHDOG};
+    for (int run = 0; run < 2000; run++) {
+        struct agent_policy p;
+        int n = 1 + (int)next_rand(3);
+        assert_int_equal(policy_init(&p, n, (int)next_rand(3), (uint64_t)next_rand(3) * 10), 0);
+        p.coordinated = true;
+        p.scope = RESTART_SCOPE_WORKER;
+        uint64_t now = 0;
+        int exits = 0;
+        step(&p, POLICY_EV_START, 0, 0, now);
+        bool join_pending = true;
+        for (int k = 0; k < 200 && !policy_finished(&p); k++) {
+            now += next_rand(20);
+            struct policy_event ev = {
+                .type = kinds[next_rand(sizeof(kinds) / sizeof(kinds[0]))],
+                .local_rank = (int)next_rand((unsigned)n),
+                .exitcode = (int)next_rand(3) - 1,
+                .group_empty = next_rand(2) == 0,
+                .sig = SIGTERM,
+                .nnodes = 1 + (int)next_rand(3),
+                .kept = next_rand(2) == 0,
+                .generation = (int64_t)next_rand(3),
+                .counted = next_rand(3) == 0,
+            };
+            bool answer = ev.type == POLICY_EV_ROUND || ev.type == POLICY_EV_ROUND_FAILED;
+            if (answer && !join_pending)
+                continue; /* the rendezvous answers joins only */
+            if (answer)
+                join_pending = false;
+            if (ev.type == POLICY_EV_DEADLINE && p.deadline_ms)
+                now = p.deadline_ms;
+            bool running = false;
+            for (int i = 0; i < n; i++)
+                running |= p.workers[i].state == WORKER_RUNNING || p.workers[i].group_alive;
+            nacts = policy_step(&p, &ev, now, acts);
+            for (int i = 0; i < nacts; i++) {
+                if (acts[i].type == POLICY_ACT_JOIN) {
+                    assert_false(join_pending);
+                    join_pending = true;
+                    if (acts[i].keep)
+                        assert_true(running);
+                }
+                if (acts[i].type == POLICY_ACT_START_WORKERS)
+                    assert_false(running);
+                if (acts[i].type == POLICY_ACT_NEW_GENERATION)
+                    assert_true(running && p.state == AGENT_RUNNING);
+                if (acts[i].type == POLICY_ACT_EXIT) {
+                    exits++;
+                    assert_true(policy_finished(&p));
+                }
+            }
+            if (p.state == AGENT_RENDEZVOUS) {
+                assert_true(join_pending);
+                for (int i = 0; i < n; i++)
+                    assert_int_not_equal(p.workers[i].state, WORKER_RUNNING);
+            }
+        }
+        assert_true(exits <= 1);
+        if (policy_finished(&p))
+            assert_int_equal(exits, 1);
+        policy_free(&p);
+    }
+}
+
 /* ---- --restart_scope=worker ---- */
 
 static void progress_of(struct agent_policy *p, int rank, int64_t stepno, uint64_t now)
@@ -1363,6 +1437,7 @@ int main(void)
         cmocka_unit_test(test_node_lost_round_changed),
         cmocka_unit_test(test_node_lost_worker_gives_up),
         cmocka_unit_test(test_node_lost_not_kept),
+        cmocka_unit_test(test_random_walk_node_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
