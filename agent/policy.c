@@ -444,8 +444,11 @@ static void rejoined(struct agent_policy *p, const struct policy_event *ev, uint
         return;
     p->round_ready = true;
     p->pending = *ev;
+    /* workers that were to be kept start afresh (a new group); a node
+     * whose ranks the round replaced starts them in its generation */
+    if (p->pending.kept)
+        p->pending.generation = 0;
     p->pending.kept = false;
-    p->pending.generation = 0; /* this node's workers start afresh: a new group */
     if (p->state == AGENT_RUNNING)
         begin_stop(p, o, STOP_MEMBERSHIP, SIGTERM, now_ms);
 }

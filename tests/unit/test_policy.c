@@ -1320,6 +1320,16 @@ static void test_node_lost_worker_gives_up(void **state)
     exit_clean(&p, 1, -SIGTERM, 80);
     EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_START_WORKERS);
     assert_int_equal(p.generation, 0); /* its workers start afresh */
+    /* a node the server took for a new one (its ranks replaced) while its
+     * workers ran: they stop, and start again as replacements */
+    ev_restart(&p, false, 90);
+    EXPECT(POLICY_ACT_JOIN);
+    ev_round(&p, false, 3, 100);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    exit_clean(&p, 0, -SIGTERM, 110);
+    exit_clean(&p, 1, -SIGTERM, 110);
+    EXPECT(POLICY_ACT_CLEAR_DEADLINE, POLICY_ACT_START_WORKERS);
+    assert_int_equal(p.generation, 3);
     policy_free(&p);
 }
 
