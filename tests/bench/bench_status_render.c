@@ -92,9 +92,16 @@ static double rdzv(size_t nruns, size_t nodes_per_run, size_t *json_len, size_t 
     }
     for (size_t r = 0; r < nruns; r++) {
         snprintf(ids[r], sizeof(ids[r]), "job%zu", r);
-        runs[r] = (struct status_rdzv_run_view){
-            ids[r], "running", 3, 1,     1024, 1712345600.0, nodes_per_run, nodes,
-            0,      NULL,      0, false, 0};
+        runs[r] = (struct status_rdzv_run_view){.run_id = ids[r],
+                                                .state = "running",
+                                                .round = 3,
+                                                .min_nodes = 1,
+                                                .max_nodes = 1024,
+                                                .last_round_at = 1712345600.0,
+                                                .nmembers = nodes_per_run,
+                                                .members = nodes,
+                                                .max_step = -1,
+                                                .min_step = -1};
     }
     struct status_rdzv_view v = {0};
     v.program = "cddp-rdzv";
