@@ -85,6 +85,7 @@ struct agent_status {
     int64_t generation;
     int worker_restarts, group_restarts, scope_fallbacks;
     double last_recovery_s;
+    int spares;
     enum watchdog_mode watchdog_mode;
     unsigned watchdog_kills;
     double straggler_factor, step_median_s;
@@ -318,6 +319,7 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
     v->scope_fallbacks = (uint64_t)st->scope_fallbacks;
     v->generation = st->generation;
     v->last_recovery_s = st->last_recovery_s;
+    v->spares = st->spares;
     memcpy(v->worker_exits, st->worker_exits, sizeof(v->worker_exits));
     for (int i = 0; i < st->nslots; i++) {
         const struct status_slot *s = &st->slots[i];
@@ -913,6 +915,7 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     st->group_restarts = snap->group_restarts;
     st->scope_fallbacks = snap->scope_fallbacks;
     st->last_recovery_s = snap->last_recovery_s;
+    st->spares = snap->spares;
     st->watchdog_mode = snap->watchdog_mode;
     st->watchdog_kills = snap->watchdog_kills;
     st->straggler_factor = snap->straggler_factor;
