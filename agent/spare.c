@@ -163,8 +163,8 @@ static int spare_start(struct agent *a, struct agent_spare *sp)
     sp->sock = sv[0];
     sp->started = cddp_wall_time();
     if (agent_guardian_add(&a->guardian, pid) != 0)
-        log_warn("A0237", "the guardian is gone; it is restarted when its exit is seen (a spare)");
-    log_info("A0230",
+        log_warn("A0247", "the guardian is gone; it is restarted when its exit is seen (a spare)");
+    log_info("A0240",
              "[%s] started spare worker %u (pid %d): it waits to take a failed rank's place",
              a->cfg->role, seq, (int)pid);
     return 0;
@@ -180,7 +180,7 @@ void agent_spares_fill(struct agent *a)
             continue;
         int rc = spare_start(a, sp);
         if (rc) {
-            log_warn("A0231",
+            log_warn("A0241",
                      "[%s] could not start a spare worker: %s (the job goes on without it)",
                      a->cfg->role, cddp_strerror(rc));
             return;
@@ -198,7 +198,7 @@ void agent_spares_stop(struct agent *a)
         /* (SIGKILLed while it waits on its socket: reaped at once) */
         while (waitpid(sp->pid, NULL, 0) < 0 && errno == EINTR)
             ;
-        log_debug("A0232", "spare worker pid %d stopped with the group", (int)sp->pid);
+        log_debug("A0242", "spare worker pid %d stopped with the group", (int)sp->pid);
         slot_clear(a, sp);
     }
 }
@@ -219,13 +219,13 @@ bool agent_spares_reaped(struct agent *a, pid_t pid, int status)
         a->spares.deaths++;
         if (a->spares.deaths >= SPARE_MAX_DEATHS) {
             a->spares.given_up = true;
-            log_warn("A0234",
+            log_warn("A0244",
                      "[%s] spare worker pid %d exited unused (%s): %d spares in a row did; no "
                      "more are started (does %s speak the spare protocol? docs/distributed.md, "
                      "\"Warm spares\"); failed workers are started anew",
                      a->cfg->role, (int)pid, how, a->spares.deaths, a->entry_name);
         } else {
-            log_warn("A0233", "[%s] spare worker pid %d exited unused (%s); starting another",
+            log_warn("A0243", "[%s] spare worker pid %d exited unused (%s); starting another",
                      a->cfg->role, (int)pid, how);
             agent_spares_fill(a);
         }
@@ -318,7 +318,7 @@ int agent_spares_take(struct agent *a, int i)
     agent_env_free(&env);
     pid_t pid = sp->pid;
     if (rc) {
-        log_warn("A0235",
+        log_warn("A0245",
                  "[%s] handing local_rank %d to spare worker pid %d: %s; starting a new "
                  "process instead",
                  a->cfg->role, i, (int)pid, cddp_strerror(rc));
@@ -331,7 +331,7 @@ int agent_spares_take(struct agent *a, int i)
     slot_clear(a, sp); /* the guardian takes it back as the worker's group */
     a->spares.deaths = 0;
     agent_worker_started(a, i, pid);
-    log_info("A0236", "[%s] spare worker pid %d takes the place of local_rank %d (rank %d)",
+    log_info("A0246", "[%s] spare worker pid %d takes the place of local_rank %d (rank %d)",
              a->cfg->role, (int)pid, i, a->workers[i].info.rank);
     return 0;
 }

@@ -14,7 +14,7 @@ re-formed:
   - cddp-train: a spare takes a crashed rank's place and the run ends on the
     no-fault run's state checksum (T6202) (heavy: two 4-rank runs);
   - a program that does not speak it: its spares die, are started again
-    (A0233), then no more (A0234), and the job still succeeds;
+    (A0243), then no more (A0244), and the job still succeeds;
   - --spare_workers without --restart_scope=worker is one line and exit 2.
 """
 import json
@@ -118,8 +118,8 @@ def test_spare_takes_the_failed_rank(tmp_path, background):
     assert pids["1"] == first  # the spare became rank 1
     assert {r: int(p) for r, p in re.findall(r"END (\d) (\d+)", out)} == pids
     err = agent.err
-    assert err.count("A0230") == 2 and err.count("A0236") == 1, err[-3000:]
-    assert "A0233" not in err and "A0234" not in err
+    assert err.count("A0240") == 2 and err.count("A0246") == 1, err[-3000:]
+    assert "A0243" not in err and "A0244" not in err
     # no spare outlives the run
     assert not alive(first) and not alive(second)
 
@@ -138,8 +138,8 @@ def test_cddp_train_spare_recovers_bit_for_bit(background, reference):  # noqa: 
     err = agent.err
     assert st["state"] == "succeeded", json.dumps(st)[:3000]
     assert st["restarts"]["by_scope"] == {"worker": 1, "group": 0}
-    spares = [int(p) for p in re.findall(r"A0230: .*started spare worker \d \(pid (\d+)\)", err)]
-    taken = re.findall(r"A0236: .*spare worker pid (\d+) takes the place of local_rank 2", err)
+    spares = [int(p) for p in re.findall(r"A0240: .*started spare worker \d \(pid (\d+)\)", err)]
+    taken = re.findall(r"A0246: .*spare worker pid (\d+) takes the place of local_rank 2", err)
     assert len(spares) == 2 and taken == [str(spares[0])], err[-5000:]
     assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
     before, after = pids_by_rank(err, "T6201"), pids_by_rank(err, "T6202")
@@ -163,7 +163,7 @@ def test_spares_of_a_program_that_does_not_speak_it(tmp_path):
              "--restart_scope=worker", "--spare_workers=1", "--no_python", PY, script],
             env=env(), timeout=60)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stderr.count("A0233") == 2 and r.stderr.count("A0234") == 1, r.stderr[-3000:]
+    assert r.stderr.count("A0243") == 2 and r.stderr.count("A0244") == 1, r.stderr[-3000:]
 
 
 def test_spare_workers_needs_worker_scope():
