@@ -315,7 +315,7 @@ static void open_filtered(struct agent *a)
 }
 
 /* The worker has its copies of the hook's fds (or will never get them). */
-static void release_extras(struct agent_worker_extras *x)
+void agent_worker_release_extras(struct agent_worker_extras *x)
 {
     for (int k = 0; x->close_fds && k < x->nfds; k++) {
         if (x->fds[k] >= 0)
@@ -324,9 +324,9 @@ static void release_extras(struct agent_worker_extras *x)
     }
 }
 
-int agent_start_worker(struct agent *a, int i)
+int agent_worker_env(struct agent *a, int i, const char *error_file,
+                     const struct agent_worker_extras *extras, struct agent_env *env, int *rank)
 {
-    struct agent_worker *w = &a->workers[i];
     struct agent_env_spec spec;
     memset(&spec, 0, sizeof(spec));
     int rc = agent_worker_ranks(&a->round, a->nworkers, i, &spec.ranks);
@@ -336,22 +336,7 @@ int agent_start_worker(struct agent *a, int i)
                   a->round.rank_offset);
         return rc;
     }
-    w->info.local_rank = i;
-    w->info.rank = spec.ranks.rank;
-    char out_path[4096], err_path[4096];
-    agent_logs_path(&a->logs, a->attempt, i, "error.json", w->error_file, sizeof(w->error_file));
-    agent_logs_path(&a->logs, a->attempt, i, "stdout.log", out_path, sizeof(out_path));
-    agent_logs_path(&a->logs, a->attempt, i, "stderr.log", err_path, sizeof(err_path));
-
-    struct agent_worker_extras extras;
-    memset(&extras, 0, sizeof(extras));
-    if (a->hooks && a->hooks->prepare_worker) {
-        rc = a->hooks->prepare_worker(a->hooks->arg, i, a->attempt, &extras);
-        if (rc) {
-            log_error("A0202", "preparing local_rank %d: %s", i, cddp_strerror(rc));
-            return rc;
-        }
-    }
+    *rank = spec.ranks.rank;
     spec.role = a->cfg->role;
     spec.master_addr = a->round.master_addr;
     spec.master_port = a->round.master_port;
@@ -359,36 +344,74 @@ int agent_start_worker(struct agent *a, int i)
     spec.max_restarts = a->cfg->max_restarts;
     spec.run_id = a->round.run_id;
     spec.use_agent_store = a->round.use_agent_store != 0;
-    spec.error_file = w->error_file;
-    spec.extra = extras.env;
-    spec.nextra = extras.nenv;
+    spec.error_file = error_file;
     spec.virtual_local_rank = a->cfg->virtual_local_rank;
     spec.rdzv_round = a->round.round;
     spec.pythonpath_first = a->cfg->kind != LAUNCH_BINARY ? a->cfg->auto_progress_dir : NULL;
     struct launch_kv more[AGENT_EXTRA_MAX + 3];
     char generation[24];
-    int nmore = extras.nenv;
-    memcpy(more, extras.env, sizeof(extras.env[0]) * (size_t)extras.nenv);
+    int nmore = 0;
+    if (extras) {
+        memcpy(more, extras->env, sizeof(extras->env[0]) * (size_t)extras->nenv);
+        nmore = extras->nenv;
+    }
     if (a->filetimer)
         more[nmore++] = (struct launch_kv){"TORCHELASTIC_TIMER_FILE", a->filetimer_path};
     nmore = agent_inplace_env(a, more, nmore, generation, sizeof(generation));
-    if (nmore > extras.nenv) {
-        spec.extra = more;
-        spec.nextra = nmore;
+    spec.extra = more;
+    spec.nextra = nmore;
+    return agent_env_build(environ, &spec, env);
+}
+
+int agent_worker_stdio(struct agent *a, int i, int *out_fd, int *err_fd)
+{
+    char out_path[4096], err_path[4096], prefix[128];
+    agent_logs_path(&a->logs, a->attempt, i, "stdout.log", out_path, sizeof(out_path));
+    agent_logs_path(&a->logs, a->attempt, i, "stderr.log", err_path, sizeof(err_path));
+    agent_log_prefix(a->cfg->prefix_template, a->cfg->role, a->workers[i].info.rank, i, prefix,
+                     sizeof(prefix));
+    *err_fd = -1;
+    int rc = open_dest(a, i, 1, out_path, prefix, out_fd);
+    if (rc == 0)
+        rc = open_dest(a, i, 2, err_path, prefix, err_fd);
+    return rc;
+}
+
+int agent_worker_prepare(struct agent *a, int i, struct agent_worker_extras *extras,
+                         struct agent_env *env)
+{
+    struct agent_worker *w = &a->workers[i];
+    agent_logs_path(&a->logs, a->attempt, i, "error.json", w->error_file, sizeof(w->error_file));
+    memset(extras, 0, sizeof(*extras));
+    int rc;
+    if (a->hooks && a->hooks->prepare_worker) {
+        rc = a->hooks->prepare_worker(a->hooks->arg, i, a->attempt, extras);
+        if (rc) {
+            log_error("A0202", "preparing local_rank %d: %s", i, cddp_strerror(rc));
+            return rc;
+        }
     }
-    struct agent_env env;
-    if ((rc = agent_env_build(environ, &spec, &env)) != 0) {
-        release_extras(&extras);
+    int rank;
+    if ((rc = agent_worker_env(a, i, w->error_file, extras, env, &rank)) != 0) {
+        agent_worker_release_extras(extras);
         return rc;
     }
+    w->info.local_rank = i;
+    w->info.rank = rank;
+    return 0;
+}
 
-    char prefix[128];
-    agent_log_prefix(a->cfg->prefix_template, a->cfg->role, spec.ranks.rank, i, prefix,
-                     sizeof(prefix));
+int agent_start_worker(struct agent *a, int i)
+{
+    struct agent_worker *w = &a->workers[i];
+    struct agent_worker_extras extras;
+    struct agent_env env;
+    int rc = agent_worker_prepare(a, i, &extras, &env);
+    if (rc)
+        return rc;
+
     int out_fd = -1, err_fd = -1;
-    rc = open_dest(a, i, 1, out_path, prefix, &out_fd);
-    if (rc == 0)
-        rc = open_dest(a, i, 2, err_path, prefix, &err_fd);
+    rc = agent_worker_stdio(a, i, &out_fd, &err_fd);
     pid_t pid = 0;
     if (rc == 0) {
         struct agent_spawn sp = {
@@ -410,7 +433,7 @@ int agent_start_worker(struct agent *a, int i)
         close(out_fd);
     if (err_fd >= 0)
         close(err_fd);
-    release_extras(&extras);
+    agent_worker_release_extras(&extras);
     agent_env_free(&env);
     if (rc) {
         /* start_workers says it: once for a lack of file descriptors. */
@@ -418,6 +441,13 @@ int agent_start_worker(struct agent *a, int i)
                  cddp_strerror(rc));
         return rc;
     }
+    agent_worker_started(a, i, pid);
+    return 0;
+}
+
+void agent_worker_started(struct agent *a, int i, pid_t pid)
+{
+    struct agent_worker *w = &a->workers[i];
     w->pgid = pid;
     w->leader_alive = true;
     w->group_alive = true;
@@ -433,8 +463,7 @@ int agent_start_worker(struct agent *a, int i)
     agent_stragglers_start(a, i);
     if (agent_guardian_add(&a->guardian, pid) != 0)
         log_warn("A0204", "the guardian is gone; it is restarted when its exit is seen");
-    log_debug("A0205", "started local_rank %d rank %d pid %d", i, spec.ranks.rank, (int)pid);
-    return 0;
+    log_debug("A0205", "started local_rank %d rank %d pid %d", i, w->info.rank, (int)pid);
 }
 
 int agent_attempt_logs(struct agent *a)
@@ -516,6 +545,7 @@ static void start_workers(struct agent *a)
         agent_worker_not_started(a, i);
         rc = 0; /* try the others: the policy stops them anyway */
     }
+    agent_spares_fill(a); /* --spare_workers */
 }
 
 static const char *entry_name(const struct launch_config *cfg)
@@ -564,6 +594,8 @@ static void do_action(struct agent *a, const struct policy_action *act)
 {
     switch (act->type) {
     case POLICY_ACT_JOIN:
+        if (!act->keep)
+            agent_spares_stop(a); /* a join that keeps the workers keeps their spares */
         if (act->reason != STOP_NONE && !act->keep)
             agent_kill_strays(a->guardian.pid);
         agent_round_join(a, act);
@@ -578,6 +610,7 @@ static void do_action(struct agent *a, const struct policy_action *act)
         agent_round_new_generation(a, act);
         break;
     case POLICY_ACT_SIGNAL_GROUPS:
+        agent_spares_stop(a); /* the group stops: its spares go with it */
         agent_signal_groups(a, act->sig);
         break;
     case POLICY_ACT_SET_DEADLINE:
@@ -590,6 +623,7 @@ static void do_action(struct agent *a, const struct policy_action *act)
         agent_round_report_failure(a);
         break;
     case POLICY_ACT_EXIT_BARRIER:
+        agent_spares_stop(a);
         agent_kill_strays(a->guardian.pid);
         agent_round_exit_barrier(a);
         break;
@@ -604,6 +638,7 @@ static void do_action(struct agent *a, const struct policy_action *act)
                          "reported a step beyond %lld (--max_no_progress_restarts=%d)",
                          a->cfg->role, a->pol.no_progress_streak, (long long)a->pol.attempt_base,
                          a->cfg->max_no_progress_restarts);
+        agent_spares_stop(a);
         agent_kill_strays(a->guardian.pid);
         a->exit_code = act->exit_code;
         agent_round_farewell(a, act);
@@ -667,6 +702,7 @@ static void restart_guardian(struct agent *a)
         if (a->workers[i].group_alive && a->workers[i].pgid > 0)
             agent_guardian_add(&a->guardian, a->workers[i].pgid);
     }
+    agent_spares_guard(a);
 }
 
 static void on_sigchld(uv_signal_t *h, int signum)
@@ -682,6 +718,8 @@ static void on_sigchld(uv_signal_t *h, int signum)
             break;
         if (agent_stacks_job_reaped(&a->ondemand, pid) ||
             agent_stacks_job_reaped(&a->hung_stacks, pid))
+            continue;
+        if (agent_spares_reaped(a, pid, st))
             continue;
         if (pid == a->guardian.pid) {
             log_warn("A0502", "the guardian (pid %d) exited; starting a new one", (int)pid);
@@ -751,6 +789,7 @@ static void agent_shutdown(struct agent *a)
     if (a->shutting_down)
         return;
     a->shutting_down = true;
+    agent_spares_stop(a);
     /* Every group is empty by now (the policy only exits then); make sure. */
     for (int i = 0; i < a->nworkers; i++) {
         if (a->workers[i].group_alive && a->workers[i].pgid > 0)
@@ -912,6 +951,8 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     }
     a->pol.max_no_progress = cfg->max_no_progress_restarts;
     agent_inplace_init(a);
+    if (rc == 0)
+        rc = agent_spares_init(a);
     if (rc == 0) {
         /* Before any worker exists, and before the loop owns signals. */
         agent_inherited_ignored(&a->inherited_ignored);
@@ -962,6 +1003,7 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     policy_free(&a->pol);
     watchdog_free(&a->wd);
     agent_stragglers_free(a);
+    agent_spares_free(a);
     free(a->ondemand_targets);
     free(a->workers);
     free(a->numa);

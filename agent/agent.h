@@ -88,6 +88,7 @@ struct agent_snapshot {
     int node_replacements; /* rounds that put a node in a lost one's place, workers kept */
     double recovery_started;
     double last_recovery_s; /* from it to the replacement's first step; < 0: none yet */
+    int spares;             /* --spare_workers: spare processes started and waiting */
     /* The rendezvous beyond rounds (agent/rdzv.h's agent_rdzv_info): the
      * connection to its server, the run's wait list, the server this agent
      * hosts (rdzv_server: NULL when none; valid during the call only). */

@@ -19,6 +19,8 @@
  *               and progress.c's steps)
  *   inplace.c   --restart_scope=worker: a failed worker restarted alone,
  *               the generation announced, the workers' environment
+ *   spare.c     --spare_workers: warm spare processes, one handed a failed
+ *               worker's place
  *
  * Everything here runs on the agent's loop thread. A flag's runtime state
  * lives in the file of its own, not in agent.c (docs/architecture.md).
@@ -33,6 +35,7 @@
 #include <uv.h>
 
 #include "agent/agent.h"
+#include "agent/env.h"
 #include "agent/filetimer.h"
 #include "agent/goodput.h"
 #include "agent/ifname.h"
@@ -56,6 +59,22 @@ struct agent_worker {
      * table; "" when it started. */
     char start_error[256];
     bool not_started; /* skipped after another ran out of fds: not in the table */
+};
+
+/* --spare_workers (spare.c): one started spare, waiting for its
+ * assignment on sock (the agent's end of a SOCK_SEQPACKET pair). */
+struct agent_spare {
+    pid_t pid; /* and its process group; 0: the slot is empty */
+    int sock;
+    double started; /* wall time */
+};
+
+struct agent_spares {
+    struct agent_spare *s; /* cfg->spare_workers slots */
+    int n;
+    int deaths;    /* spares that died unused since one was last used */
+    bool given_up; /* too many died unused: no more are started this group */
+    unsigned seq;  /* spares started, for their log files */
 };
 
 /* --straggler_factor's state (stragglers.c), one entry per local rank. */
@@ -99,9 +118,10 @@ struct agent {
     struct agent_worker *workers;
     int attempt; /* restart count of the running attempt */
     uint64_t exit_seq;
-    int membership_restarts; /* rounds joined because the rendezvous asked */
-    double recovery_started; /* wall time the last worker was restarted alone; 0: never */
-    double last_recovery_s;  /* from then to the replacement's first step; < 0: none yet */
+    int membership_restarts;    /* rounds joined because the rendezvous asked */
+    double recovery_started;    /* wall time the last worker was restarted alone; 0: never */
+    double last_recovery_s;     /* from then to the replacement's first step; < 0: none yet */
+    struct agent_spares spares; /* --spare_workers (spare.c) */
 
     struct agent_numa_plan *numa; /* --numa_binding: one per local rank, or NULL */
 
@@ -186,6 +206,24 @@ void agent_goodput_update(struct agent *a, uint64_t now_ms);
 /* Starts local rank i's worker (round, logs, environment, spawn); 0, or a
  * code with the worker's start_error filled where there is one. */
 int agent_start_worker(struct agent *a, int i);
+/* Local rank i's environment as a worker started now gets it (extras: the
+ * prepare hook's, or NULL; error_file: its TORCHELASTIC_ERROR_FILE); its
+ * global rank in *rank. 0 or a code; env freed with agent_env_free. */
+int agent_worker_env(struct agent *a, int i, const char *error_file,
+                     const struct agent_worker_extras *extras, struct agent_env *env, int *rank);
+/* What agent_start_worker does before the spawn: the error file's path, the
+ * prepare hook (extras), the environment, the rank. 0 or a code (nothing
+ * left to release then). */
+int agent_worker_prepare(struct agent *a, int i, struct agent_worker_extras *extras,
+                         struct agent_env *env);
+/* The hook's fds closed where the agent owns them. */
+void agent_worker_release_extras(struct agent_worker_extras *x);
+/* Local rank i's stdout and stderr for this attempt (-1: inherit). 0 or a
+ * code. */
+int agent_worker_stdio(struct agent *a, int i, int *out_fd, int *err_fd);
+/* Local rank i's process is pid now (its own process group): the
+ * worker's state, its watchdog and straggler windows, the guardian. */
+void agent_worker_started(struct agent *a, int i, pid_t pid);
 /* The log directories of the attempt a->attempt; a failure logged (A0206).
  * 0 or a code. */
 int agent_attempt_logs(struct agent *a);
@@ -287,6 +325,26 @@ void agent_inplace_restart_worker(struct agent *a, const struct policy_action *a
  * first cddp/gen/<gen>/replaced = ranks (decimal, comma-separated), then
  * cddp/gen = gen. */
 void agent_inplace_publish(struct agent *a, int64_t gen, const char *ranks);
+
+/* ---- spare.c ---- */
+
+/* --spare_workers' slots (none without the flag). 0 or -ENOMEM. */
+int agent_spares_init(struct agent *a);
+void agent_spares_free(struct agent *a);
+/* Starts spares for the empty slots (the group runs under worker scope). */
+void agent_spares_fill(struct agent *a);
+/* Kills every spare (SIGKILL to its process group, reaped here). */
+void agent_spares_stop(struct agent *a);
+/* Local rank i failed: a spare is handed its place (its environment and
+ * fds over the spare's socket) and becomes its process. 0, or a code when
+ * none could take it (the caller starts a new process). */
+int agent_spares_take(struct agent *a, int i);
+/* pid was reaped: true if it was a spare (logged, its slot refilled). */
+bool agent_spares_reaped(struct agent *a, pid_t pid, int status);
+/* Spares started and waiting. */
+int agent_spares_ready(const struct agent *a);
+/* The spares' process groups told to a new guardian. */
+void agent_spares_guard(struct agent *a);
 
 /* ---- progress.c ---- */
 

@@ -145,6 +145,10 @@ struct launch_config {
      * (default, torchrun's) or "worker" (agent/policy.h; docs/distributed.md
      * "Recovering in place"). */
     const char *restart_scope;
+    /* --spare_workers (CDDP_SPARE_WORKERS, PET_SPARE_WORKERS): warm spare
+     * processes kept per node under --restart_scope=worker (agent/spare.c;
+     * docs/distributed.md "Warm spares"); 0: none. */
+    int spare_workers;
     /* --no_auto_progress (CDDP_NO_AUTO_PROGRESS, PET_NO_AUTO_PROGRESS): no
      * bootstrap folder on a Python worker's PYTHONPATH. */
     bool no_auto_progress;

@@ -47,6 +47,7 @@ void agent_inplace_snapshot(const struct agent *a, struct agent_snapshot *s)
     s->node_replacements = a->pol.node_replacements;
     s->recovery_started = a->recovery_started;
     s->last_recovery_s = a->last_recovery_s;
+    s->spares = agent_spares_ready(a);
 }
 
 /* The new membership generation on the store the workers use: first the
@@ -101,7 +102,8 @@ void agent_inplace_restart_worker(struct agent *a, const struct policy_action *a
              a->cfg->max_restarts);
     w->start_error[0] = '\0';
     w->not_started = false;
-    if (rc == 0)
+    /* (--spare_workers: a started spare takes its place when there is one) */
+    if (rc == 0 && agent_spares_take(a, i) != 0)
         rc = agent_start_worker(a, i);
     if (rc == 0)
         return;

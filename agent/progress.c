@@ -121,6 +121,7 @@ void agent_progress(struct agent *a, int local_rank, const struct progress_repor
                      "[%s] local_rank %d re-formed the group: its first step (%lld) %.3f s "
                      "after it was restarted alone",
                      a->cfg->role, local_rank, (long long)r->step, a->last_recovery_s);
+            agent_spares_fill(a); /* the spare used, replaced once the group runs again */
         }
         struct policy_event ev = {
             .type = POLICY_EV_PROGRESS, .local_rank = local_rank, .step = r->step};

@@ -85,6 +85,7 @@ struct agent_status {
     int64_t generation;
     int worker_restarts, group_restarts, scope_fallbacks, node_replacements;
     double last_recovery_s;
+    int spares;
     enum watchdog_mode watchdog_mode;
     unsigned watchdog_kills;
     double straggler_factor, step_median_s;
@@ -319,6 +320,7 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
     v->node_replacements = (uint64_t)st->node_replacements;
     v->generation = st->generation;
     v->last_recovery_s = st->last_recovery_s;
+    v->spares = st->spares;
     memcpy(v->worker_exits, st->worker_exits, sizeof(v->worker_exits));
     for (int i = 0; i < st->nslots; i++) {
         const struct status_slot *s = &st->slots[i];
@@ -915,6 +917,7 @@ static void on_state_changed(void *arg, const struct agent_snapshot *snap)
     st->scope_fallbacks = snap->scope_fallbacks;
     st->node_replacements = snap->node_replacements;
     st->last_recovery_s = snap->last_recovery_s;
+    st->spares = snap->spares;
     st->watchdog_mode = snap->watchdog_mode;
     st->watchdog_kills = snap->watchdog_kills;
     st->straggler_factor = snap->straggler_factor;

@@ -89,6 +89,7 @@ enum flag_id {
     F_WATCHDOG_FLOOR,
     F_MAX_NO_PROGRESS_RESTARTS,
     F_RESTART_SCOPE,
+    F_SPARE_WORKERS,
     F_NO_AUTO_PROGRESS,
     F_STRAGGLER_FACTOR,
     F_NO_IFNAME,
@@ -775,6 +776,14 @@ static const struct cddp_flag flag_rows[F_COUNT] = {
                                  "worker; worker: restart only the failed one, the others\n"
                                  "re-form with it (one node; docs/distributed.md,\n"
                                  "\"Recovering in place\"; env CDDP_RESTART_SCOPE)"},
+    /* agent/spare.c */
+    [F_SPARE_WORKERS] = {"--spare_workers", "--spare-workers", 0, CDDP_FLAG_INT, AT(spare_workers),
+                         .env = "CDDP_SPARE_WORKERS", PET, .defval = "0", .min = 0, .max = 64,
+                         .what = "an integer in [0, 64]", .metavar = "N", .group = WATCHDOG,
+                         .help = "with --restart_scope=worker: keep N started spare\n"
+                                 "workers that take a failed rank's place (the program\n"
+                                 "must speak the spare protocol: docs/distributed.md,\n"
+                                 "\"Warm spares\"; default 0)"},
     /* agent/stragglers.c; the bootstrap folder (launcher/resolve.c) */
     [F_NO_AUTO_PROGRESS] = {"--no_auto_progress", "--no-auto-progress", 0, CDDP_FLAG_BOOL,
                             AT(no_auto_progress), .env = "CDDP_NO_AUTO_PROGRESS", PET,

@@ -144,6 +144,12 @@ int launch_validate(struct launch_config *cfg, char *err, size_t errlen)
         return cddp_fail(err, errlen, CDDP_ECONFIG,
                          "--restart_scope=worker needs --agent_store=true: the agent announces "
                          "each new membership generation on the store it serves the workers");
+    if (cfg->spare_workers > 0 &&
+        !(cfg->restart_scope && strcmp(cfg->restart_scope, "worker") == 0))
+        return cddp_fail(err, errlen, CDDP_ECONFIG,
+                         "--spare_workers=%d needs --restart_scope=worker: a spare takes one "
+                         "failed worker's place while the others keep running",
+                         cfg->spare_workers);
     if (cfg->logs_specs)
         return cddp_fail(err, errlen, CDDP_ECONFIG,
                          "--logs_specs=%s: logs_specs plugins are Python entry points; cddprun has "

@@ -359,6 +359,7 @@ static void agent_json(struct jsonw *j, const struct status_agent_view *v, doubl
         jsonw_int(j, "scope_fallbacks", (int64_t)v->scope_fallbacks);
         jsonw_int(j, "node_replacements", (int64_t)v->node_replacements);
         jsonw_int(j, "generation", v->generation);
+        jsonw_int(j, "spares", v->spares);
         if (v->last_recovery_s >= 0)
             jsonw_seconds(j, "last_recovery_s", v->last_recovery_s);
         else
@@ -618,6 +619,9 @@ static void agent_metrics(struct prom_writer *w, const struct status_agent_view 
         prom_family(w, "cddp_agent_generation", PROM_GAUGE,
                     "The running group's membership generation (workers restarted alone).");
         prom_sample0(w, (double)v->generation);
+        prom_family(w, "cddp_agent_spares", PROM_GAUGE,
+                    "Spare worker processes started and waiting (--spare_workers).");
+        prom_sample0(w, (double)v->spares);
         if (v->last_recovery_s >= 0) {
             prom_family(w, "cddp_agent_last_recovery_seconds", PROM_GAUGE,
                         "From the last worker restarted alone to its first step.");

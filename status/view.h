@@ -188,6 +188,7 @@ struct status_agent_view {
     uint64_t node_replacements; /* rounds that put a node in a lost one's place in place */
     int64_t generation;
     double last_recovery_s;
+    int spares; /* --spare_workers: started and waiting; not in the world size */
     uint64_t worker_exits[STATUS_EXIT_REASON_COUNT];
     const char *watchdog_mode; /* "off", "fixed", "auto"; NULL: no watchdog object */
     uint64_t watchdog_kills;   /* groups stopped because a worker was hung */

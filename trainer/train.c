@@ -55,6 +55,7 @@
 #include "trainer/fatal.h"          /* trn_refuse, trn_fatal, trn_malloc */
 #include "trainer/fault.h"          /* --fault */
 #include "trainer/inplace.h"        /* --restart_scope=worker: recovering in place */
+#include "trainer/spare.h"          /* --spare_workers: a warm spare */
 #include "trainer/flags.h"          /* struct trn_config, trn_flags_parse */
 #include "trainer/input.h"          /* the batches; --prefetch: the loader */
 #include "trainer/ops/ops.h"        /* trn_backend */
@@ -124,8 +125,7 @@ static struct trn_dataset *open_data(const struct trn_config *c, enum trn_split 
     return d;
 }
 
-/* The flags; who we are (docs/distributed.md): rank and world from
- * torchrun's environment, none of it set: one process. */
+/* The flags. */
 static void setup_flags(struct run *r, int argc, char **argv)
 {
     char err[4096];
@@ -144,6 +144,14 @@ static void setup_flags(struct run *r, int argc, char **argv)
     if (r->cfg.checkpoint &&
         trn_flags_check_output("--checkpoint", r->cfg.checkpoint, err, sizeof(err)) != 0)
         trn_refuse(CDDP_EXIT_USAGE, "%s", err);
+}
+
+/* Who we are (docs/distributed.md): rank and world from torchrun's
+ * environment, none of it set: one process. (A spare reads it once it is
+ * assigned a rank: spare.h.) */
+static void setup_identity(struct run *r)
+{
+    char err[4096];
     const char *rank_env = getenv("RANK");
     if (rank_env && *rank_env) {
         char tag[32];
@@ -665,8 +673,20 @@ int main(int argc, char **argv)
     static struct run r;
 
     setup_flags(&r, argc, argv);
+    /* A warm spare (cddprun --spare_workers) makes what does not depend on
+     * its rank, then waits to be given one (spare.h). */
+    bool spare = trn_spare_begin(&r);
+    if (spare) {
+        setup_model(&r);
+        trn_spare_warm_up(&r);
+        trn_spare_wait(&r);
+    }
+    setup_identity(&r);
     trn_inplace_setup(&r);
-    setup_model(&r);
+    if (spare)
+        trn_spare_check(&r);
+    else
+        setup_model(&r);
     setup_batches(&r);
     setup_step(&r);
     resume(&r);

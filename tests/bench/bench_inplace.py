@@ -1,24 +1,29 @@
 #!/usr/bin/env python3
-"""Recovery in place against a group restart, side by side (issue 26).
+"""Recovery in place, with and without a warm spare, against a group restart,
+side by side (issue 26).
 
     /usr/bin/python3 tests/bench/bench_inplace.py [--build build] [--trials 1]
         [--crash-step 5] [--ckpt-every 4] [--image-size 32]
 
 ResNet-18 on synthetic data, 4 ranks, CPU gloo, under cddprun; rank 2
-crashes as step N begins (--fault crash@step=N,rank=2). Two ways to
-recover, measured from the crash (cddp-train's T6101 line) to the first
-step the recovered group completes (the first T0002 line after it):
+crashes as step N begins (--fault crash@step=N,rank=2). Three ways to
+recover, each measured from the crash (cddp-train's T6101 line) to the
+start of the recovered group's first step (the last rank to begin it: its
+T0002 end less its time) and to its end (the last rank to end it):
 
   worker  --restart_scope=worker, no --checkpoint: rank 2 alone is started
           again and the others re-form in place and hand it their state
           (docs/distributed.md, "Recovering in place"); 1 step recomputed
-          (the one that failed); the time is split into the replacement's
-          start-up (process start to its T6211 "joined") and the rest
+          (the one that failed)
+  worker+spare  the same with --spare_workers=1: a started spare takes
+          rank 2's place (docs/distributed.md, "Warm spares")
   group   --restart_scope=group (torchrun's) with --checkpoint
           --ckpt-every K: every rank is stopped, started again and reads
           the checkpoint; up to K steps recomputed
 
-Both runs must end on the same state checksum (T6202); the bench says so.
+Every run must end on the same state checksum (T6202); the bench says so.
+For the two in-place runs it prints the recovery's timeline (median
+seconds from the crash to each event in the logs).
 It prints figures; it never passes or fails on them (docs/benchmarks.md).
 """
 import argparse
@@ -68,19 +73,53 @@ def run(build, args, extra, env):
     return r.stderr
 
 
+def first_step(err, crash_step, after, group):
+    """(start, end) of the recovered group's first step: every rank's
+    first step ending after `after` (a group restart) or the step that
+    failed, redone (in place: T0002 counts steps done); its start is its
+    end less its time. Start: the last rank to begin it (the group
+    re-formed); end: the last rank to end it."""
+    ends = {}
+    for t, m in lines(err, r"cddp-train\[\d+\] rank(\d) .*T0002: step (\d+) loss \S+ time ([\d.]+) s"):
+        rank, step, dur = int(m.group(1)), int(m.group(2)), float(m.group(3))
+        ok = t > after if group else step == crash_step + 1
+        if ok and rank not in ends:
+            ends[rank] = (t - dur, t)
+    return max(v[0] for v in ends.values()), max(v[1] for v in ends.values())
+
+
+def at(err, pattern, pick=min, after=0.0):
+    ts = [t for t, _ in lines(err, pattern) if t >= after]
+    return pick(ts) if ts else float("nan")
+
+
+def timeline(err, crash_step, spare):
+    """The recovery's events in place, in seconds from the crash."""
+    crash = at(err, rf"T6101: fault injection: crash at step {crash_step}")
+    restart = at(err, r"A0220: .*restarting local_rank")
+    ev = {
+        "agent sees the exit (A0503)": at(err, r"A0503: failed"),
+        "generation announced, replacement started or spare assigned (A0220)": restart,
+        "survivors notice the failure (first T6210)": at(err, r"T6210: "),
+        "replacement ready: spare read its assignment (T6221) or new process made its "
+        "model (T0001)": (at(err, r"T6221: spare: taking over") if spare
+                          else at(err, r"rank2 .*T0001: ", after=restart)),
+        "new gloo group connected (last T6223)": at(err, r"T6223: generation 1", max),
+        "state transferred and checked (last T6212)": at(err, r"T6212: generation 1", max),
+    }
+    s, e = first_step(err, crash_step, 0, False)
+    ev["first step starts (last rank)"] = s
+    ev["first step ends (last rank)"] = e
+    return {k: v - crash for k, v in ev.items()}
+
+
 def measure(err, crash_step, group):
-    """(crash time, the recovered group's first step's end, checksums): in
-    place, the first end of the step that failed (T0002 counts steps done);
-    a group restart, the first step's end of the new attempt's processes."""
+    """(to the first step's start, to its end, checksums), from the crash."""
     crash = lines(err, rf"T6101: fault injection: crash at step {crash_step}")[0][0]
-    steps = lines(err, r"T0002: step (\d+) loss")
-    if group:
-        restart = lines(err, r"A0207: .*\(attempt 1,")[0][0]
-        first = min(t for t, m in steps if t > restart)
-    else:
-        first = min(t for t, m in steps if int(m.group(1)) == crash_step + 1)
+    after = lines(err, r"A0207: .*\(attempt 1,")[0][0] if group else 0
+    s, e = first_step(err, crash_step, after, group)
     sums = {m.group(1) for _, m in lines(err, r"T6202: after \d+ steps: state checksum (\w+)")}
-    return crash, first, sums
+    return s - crash, e - crash, sums
 
 
 def main():
@@ -97,39 +136,49 @@ def main():
     base = ["--arch", "resnet18", "--data", "synthetic", "--image-size", str(o.image_size),
             "--num-classes", "10", "--num-samples", str(16 * steps), "--batch-size", "4",
             "--epochs", "1", "--fault", f"crash@step={o.crash_step},rank=2"]
-    rows = {"worker": [], "group": []}
+    kinds = {
+        "worker": (["--restart_scope=worker"], False),
+        "worker+spare": (["--restart_scope=worker", "--spare_workers=1"], False),
+        "group": (["--restart_scope=group"], True),
+    }
+    rows = {k: [] for k in kinds}
+    tls = {"worker": [], "worker+spare": []}
     for trial in range(o.trials):
-        with tempfile.TemporaryDirectory() as tmp:
-            err_w = run(build, base, ["--restart_scope=worker"], env)
-            ckpt = os.path.join(tmp, "ck.safetensors")
-            err_g = run(build, base + ["--checkpoint", ckpt, "--ckpt-every", str(o.ckpt_every)],
-                        ["--restart_scope=group"], env)
-        cw, fw, sw = measure(err_w, o.crash_step, False)
-        cg, fg, sg = measure(err_g, o.crash_step, True)
-        started = lines(err_w, r"A0220: .*restarting local_rank")[0][0]
-        joined = lines(err_w, r"T6211: rank 2 replaced in generation 1: joined the group in "
-                              r"([\d.]+) s")
-        spawn_to_join = joined[0][0] - started if joined else float("nan")
-        reform = [float(m.group(1)) for _, m in lines(err_w, r"T6211: rank \d re-formed generation"
-                                                             r" 1 in ([\d.]+) s")]
-        last_ckpt = (o.crash_step // o.ckpt_every) * o.ckpt_every
-        rows["worker"].append((fw - cw, spawn_to_join, max(reform) if reform else float("nan")))
-        rows["group"].append((fg - cg, o.crash_step - last_ckpt + 1))
-        same = sw == sg and len(sw) == 1
-        print(f"trial {trial}: worker {fw - cw:.3f} s (replacement start-up to joined "
-              f"{spawn_to_join:.3f} s; survivors waited {max(reform):.3f} s in re-forming), "
-              f"group+checkpoint {fg - cg:.3f} s; checksums {'equal' if same else 'DIFFER'} "
-              f"({', '.join(sorted(sw | sg))})")
-    mw = statistics.median(r[0] for r in rows["worker"])
-    mg = statistics.median(r[0] for r in rows["group"])
+        sums = set()
+        for kind, (flags, group) in kinds.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                extra = (["--checkpoint", os.path.join(tmp, "ck.safetensors"), "--ckpt-every",
+                          str(o.ckpt_every)] if group else [])
+                err = run(build, base + extra, flags, env)
+            s, e, sw = measure(err, o.crash_step, group)
+            rows[kind].append((s, e))
+            sums |= sw
+            if kind in tls:
+                tls[kind].append(timeline(err, o.crash_step, kind == "worker+spare"))
+        print(f"trial {trial}: " + ", ".join(f"{k} {rows[k][-1][0]:.3f} s / {rows[k][-1][1]:.3f} s"
+                                            for k in kinds)
+              + f" (to the first step's start / end); checksums "
+              f"{'equal' if len(sums) == 1 else 'DIFFER'} ({', '.join(sorted(sums))})")
+    med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
+           for k, v in rows.items()}
+    last_ckpt = (o.crash_step // o.ckpt_every) * o.ckpt_every
     print(f"\nResNet-18, synthetic {o.image_size}x{o.image_size}, 4 ranks, CPU gloo, crash of "
-          f"rank 2 at step {o.crash_step}, median of {o.trials}:")
-    print("| recovery | failure to the recovered group's first step | steps recomputed |")
-    print("|---|---|---|")
-    print(f"| --restart_scope=worker (no checkpoint) | {mw:.3f} s | 1 |")
-    print(f"| --restart_scope=group --checkpoint --ckpt-every {o.ckpt_every} | {mg:.3f} s | "
-          f"{rows['group'][0][1]} |")
-    print(f"ratio group/worker: {mg / mw:.2f}x  ({datetime.date.today()})")
+          f"rank 2 at step {o.crash_step}, median of {o.trials} ({datetime.date.today()}):")
+    print("| recovery | failure to the re-formed group's first step: start | ... its end | "
+          "steps recomputed |")
+    print("|---|---|---|---|")
+    print(f"| --restart_scope=worker | {med['worker'][0]:.3f} s | {med['worker'][1]:.3f} s | 1 |")
+    print(f"| --restart_scope=worker --spare_workers=1 | {med['worker+spare'][0]:.3f} s | "
+          f"{med['worker+spare'][1]:.3f} s | 1 |")
+    print(f"| --restart_scope=group --checkpoint --ckpt-every {o.ckpt_every} | "
+          f"{med['group'][0]:.3f} s | {med['group'][1]:.3f} s | {o.crash_step - last_ckpt + 1} |")
+    for k in ("worker", "worker+spare"):
+        print(f"group/{k}: {med['group'][0] / med[k][0]:.2f}x to the start, "
+              f"{med['group'][1] / med[k][1]:.2f}x to the end")
+    for kind, tl in tls.items():
+        print(f"\ntimeline of --restart_scope={kind} (median seconds from the crash, T6101):")
+        for key in tl[0]:
+            print(f"  {statistics.median(t[key] for t in tl):7.3f}  {key}")
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ def test_endpoints_through_a_run(background, tmp_path):
                               "by_reason": {"worker_failure": 0, "membership_change": 0},
                               "scope": "group", "by_scope": {"worker": 0, "group": 0},
                               "scope_fallbacks": 0, "node_replacements": 0,
-                              "generation": 0, "last_recovery_s": None}
+                              "generation": 0, "spares": 0, "last_recovery_s": None}
     assert st["last_round_duration_s"] >= 0 and st["last_round_at"] >= st["started_at"]
     assert (st["exit_code"], st["exit_reason"]) == (None, None)  # still running
     g = st["goodput"]  # steps reported: the group is productive
@@ -221,7 +221,7 @@ def test_endpoints_through_a_run(background, tmp_path):
                               "by_reason": {"worker_failure": 1, "membership_change": 0},
                               "scope": "group", "by_scope": {"worker": 0, "group": 1},
                               "scope_fallbacks": 0, "node_replacements": 0,
-                              "generation": 0, "last_recovery_s": None}
+                              "generation": 0, "spares": 0, "last_recovery_s": None}
     assert st["worker_exits"] == {"success": 0, "failure": 1, "signal": 0,
                                   "collective_timeout": 0, "watchdog": 0, "stopped": 1}
     for lr, wk in enumerate(st["workers"]):

@@ -702,20 +702,22 @@ static void test_agent_restart_scope(void **state)
     v.node_replacements = 3;
     v.generation = 2;
     v.last_recovery_s = 0.25;
+    v.spares = 1;
     assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
     const char *j = status_snapshot_status(s, &len);
     static const char *const wj[] = {
         "\"scope\":\"worker\"",  "\"by_scope\":{\"worker\":2,\"group\":1}",
         "\"scope_fallbacks\":1", "\"node_replacements\":3",
-        "\"generation\":2",      "\"last_recovery_s\":0.25"};
+        "\"generation\":2",      "\"spares\":1",
+        "\"last_recovery_s\":0.25"};
     for (size_t i = 0; i < sizeof(wj) / sizeof(wj[0]); i++)
         if (strstr(j, wj[i]) == NULL)
             fail_msg("missing from /status: %s\n%s", wj[i], j);
     const char *m = status_snapshot_metrics(s, &len);
-    static const char *const wm[] = {"cddp_agent_restarts_by_scope_total{scope=\"worker\"} 2\n",
-                                     "cddp_agent_restarts_by_scope_total{scope=\"group\"} 1\n",
-                                     "cddp_agent_generation 2\n",
-                                     "cddp_agent_last_recovery_seconds 0.25\n"};
+    static const char *const wm[] = {
+        "cddp_agent_restarts_by_scope_total{scope=\"worker\"} 2\n",
+        "cddp_agent_restarts_by_scope_total{scope=\"group\"} 1\n", "cddp_agent_generation 2\n",
+        "cddp_agent_last_recovery_seconds 0.25\n", "cddp_agent_spares 1\n"};
     for (size_t i = 0; i < sizeof(wm) / sizeof(wm[0]); i++)
         if (strstr(m, wm[i]) == NULL)
             fail_msg("missing from /metrics: %s\n%s", wm[i], m);
