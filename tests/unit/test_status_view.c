@@ -706,9 +706,9 @@ static void test_agent_restart_scope(void **state)
     assert_int_equal(status_agent_render(&v, 1030.5, 5400, &s), 0);
     const char *j = status_snapshot_status(s, &len);
     static const char *const wj[] = {
-        "\"scope\":\"worker\"",  "\"by_scope\":{\"worker\":2,\"group\":1}",
-        "\"scope_fallbacks\":1", "\"node_replacements\":3",
-        "\"generation\":2",      "\"spares\":1",
+        "\"scope\":\"worker\"",    "\"by_scope\":{\"worker\":2,\"group\":1}",
+        "\"scope_fallbacks\":1",   "\"node_replacements\":3",
+        "\"generation\":2",        "\"spares\":1",
         "\"last_recovery_s\":0.25"};
     for (size_t i = 0; i < sizeof(wj) / sizeof(wj[0]); i++)
         if (strstr(j, wj[i]) == NULL)
