@@ -10,8 +10,11 @@ Everything in the root runs inside unshare(1) namespaces of its own (mount
 and PID; the smoke test also a network namespace with only loopback), so
 the mounts (/proc, /dev, the apt cache) and every process end with it, even
 when the test fails. Caches for reruns, under /var/cache/cddp-test (or
-CDDP_DEB_CACHE): the debootstrap tarball and the .debs apt fetched; the
-package is built in the tree's build-deb/ (tools/mkdeb.sh's default).
+CDDP_DEB_CACHE): the debootstrap tarball, the root debootstrap made from it
+(a tar: unpacking and configuring the base system takes about a minute of
+CPU, the tar a second; test_wheel.py's root starts from it too), apt's
+package lists and the .debs apt fetched; the package is built in the
+tree's build-deb/ (tools/mkdeb.sh's default).
 The mirror is the one this machine's apt uses (/etc/apt/sources.list*).
 """
 import os
@@ -60,10 +63,13 @@ def in_root(rootfs, script, timeout, net=False):
     the apt cache mounted there; all of it ends when the script does."""
     archives = CACHE / "apt-archives"
     (archives / "partial").mkdir(parents=True, exist_ok=True)
+    lists = CACHE / "apt-lists"  # apt-get update then only asks whether they changed
+    (lists / "partial").mkdir(parents=True, exist_ok=True)
     outer = f"""set -e
 mount -t proc proc '{rootfs}/proc'
 mount --rbind /dev '{rootfs}/dev'
 mount --bind '{archives}' '{rootfs}/var/cache/apt/archives'
+mount --bind '{lists}' '{rootfs}/var/lib/apt/lists'
 {"ip link set lo up" if net else ""}
 exec chroot '{rootfs}' /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
     DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 CDDP_TEST_TAG="$CDDP_TEST_TAG" /bin/sh -ec "$0"
@@ -83,10 +89,43 @@ def need_roots(*tools):
         pytest.skip("cannot make mount and PID namespaces here (unshare failed)")
 
 
-def minbase_root(tmp_path):
+def root_tar(layer):
+    """The cached tar of a root: debootstrap's ("minbase") or that root with
+    more installed (a layer a test saved with save_root)."""
+    return CACHE / f"{SUITE}-{layer}-root.tar"
+
+
+def fresh_root_tar(layer):
+    """root_tar(layer) when it is there and newer than the debootstrap
+    tarball it was made from, else None."""
+    cached, tarball = root_tar(layer), CACHE / f"{SUITE}-minbase.tgz"
+    if cached.exists() and tarball.exists() and \
+            cached.stat().st_mtime >= tarball.stat().st_mtime:
+        return cached
+    return None
+
+
+def save_root(rootfs, layer):
+    """Caches rootfs as layer, for minbase_root(tmp_path, layer) next time,
+    unless a fresh one is there. Call it when no namespace of in_root() is
+    running there (none mounts anything outside its own), with no file of
+    the test's own in it."""
+    if fresh_root_tar(layer):
+        return
+    part = CACHE / f".{root_tar(layer).name}.{os.getpid()}"
+    r = sh(["tar", "-C", str(rootfs), "--numeric-owner", "--xattrs", "-cf", str(part), "."], 600)
+    if r.returncode == 0:
+        os.replace(part, root_tar(layer))  # whole, or not there
+    else:
+        part.unlink(missing_ok=True)
+
+
+def minbase_root(tmp_path, layer=None):
     """A clean Debian 12 root (debootstrap's minbase) at tmp_path/root, from
     the base system cached as a tarball (made on first use); skips the test
-    when the archive cannot be reached. The caller removes it."""
+    when the archive cannot be reached. The root debootstrap makes is cached
+    too (root_tar), and with layer the one save_root kept under that name,
+    when it is newer than the tarball. The caller removes it."""
     url = mirror()
     CACHE.mkdir(parents=True, exist_ok=True)
     tarball = CACHE / f"{SUITE}-minbase.tgz"
@@ -101,12 +140,23 @@ def minbase_root(tmp_path):
                         f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
         os.rename(part, tarball)
     rootfs = tmp_path / "root"
-    r = sh(["debootstrap", "--variant=minbase", f"--unpack-tarball={tarball}", SUITE,
-            str(rootfs), url], 900)
-    if r.returncode != 0:
-        shutil.rmtree(rootfs, ignore_errors=True)
-        pytest.skip(f"debootstrap cannot make a root here: "
-                    f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    for name in ([layer] if layer else []) + ["minbase"]:
+        cached = fresh_root_tar(name)
+        if cached:
+            rootfs.mkdir()
+            r = sh(["tar", "-C", str(rootfs), "--numeric-owner", "--xattrs", "-xpf", str(cached)],
+                   600)
+            if r.returncode == 0:
+                break
+            shutil.rmtree(rootfs, ignore_errors=True)
+    else:
+        r = sh(["debootstrap", "--variant=minbase", f"--unpack-tarball={tarball}", SUITE,
+                str(rootfs), url], 900)
+        if r.returncode != 0:
+            shutil.rmtree(rootfs, ignore_errors=True)
+            pytest.skip(f"debootstrap cannot make a root here: "
+                        f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+        save_root(rootfs, "minbase")
     shutil.copy("/etc/resolv.conf", rootfs / "etc" / "resolv.conf")
     return rootfs
 

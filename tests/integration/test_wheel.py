@@ -454,15 +454,18 @@ def test_wheel_in_a_clean_debian_12_root(wheel, tmp_path):
     libraries opened on first use load (libcurl for the etcd backend,
     libmicrohttpd for a status port); a cddp-rdzv answers cddpctl and
     cddp.status; uninstall takes it all."""
-    from test_deb import in_root, minbase_root, need_roots
+    from test_deb import in_root, minbase_root, need_roots, save_root
 
     need_roots()
-    rootfs = minbase_root(tmp_path)
+    # The root with python3-venv is cached (test_deb.save_root) once made;
+    # ROOT_PYTHON runs on it all the same and checks what it holds.
+    rootfs = minbase_root(tmp_path, layer="python3-venv")
     try:
-        (rootfs / "tmp" / "whl").mkdir()
-        shutil.copy(wheel, rootfs / "tmp" / "whl" / wheel.name)
         r = in_root(rootfs, ROOT_PYTHON, 900)
         assert r.returncode == 0 and "ROOT READY" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+        save_root(rootfs, "python3-venv")
+        (rootfs / "tmp" / "whl").mkdir()
+        shutil.copy(wheel, rootfs / "tmp" / "whl" / wheel.name)
         r = in_root(rootfs, ROOT_SMOKE, 900, net=True)
         out = r.stdout
         assert r.returncode == 0, out[-3000:] + r.stderr[-3000:]
