@@ -459,6 +459,8 @@ void agent_worker_started(struct agent *a, int i, pid_t pid)
     w->info.start_time = cddp_wall_time();
     w->info.hung = false;
     w->hang_note[0] = '\0';
+    w->blamed_gen = 0;
+    w->blame_note[0] = '\0';
     watchdog_start(&a->wd, i, cddp_mono_ms());
     agent_stragglers_start(a, i);
     if (agent_guardian_add(&a->guardian, pid) != 0)
@@ -642,8 +644,11 @@ static void do_action(struct agent *a, const struct policy_action *act)
         agent_kill_strays(a->guardian.pid);
         a->exit_code = act->exit_code;
         agent_round_farewell(a, act);
-        if (act->exit_code == CDDP_EXIT_OK)
+        if (act->exit_code == CDDP_EXIT_OK) {
             log_info("A0405", "[%s] worker group successfully finished", a->cfg->role);
+            if (!a->reported)
+                agent_report_replaced(a); /* (--restart_scope=worker's) */
+        }
         log_goodput(a);
         if (act->exit_code != CDDP_EXIT_OK)
             log_info("A0421", "[%s] exiting with %d (%s)", a->cfg->role, act->exit_code,
@@ -1006,6 +1011,9 @@ int agent_run(const struct launch_config *cfg, const struct agent_hooks *hooks)
     agent_spares_free(a);
     free(a->ondemand_targets);
     free(a->workers);
+    for (int i = 0; i < a->nreplaced; i++)
+        agent_failure_free(&a->replaced[i].f);
+    free(a->replaced);
     free(a->numa);
     free(a->queue);
     free(a);

@@ -41,6 +41,7 @@
 #include "agent/ifname.h"
 #include "agent/logs.h"
 #include "agent/numa.h"
+#include "agent/report.h"
 #include "agent/rdzv.h"
 #include "agent/stacks.h"
 #include "agent/workers.h"
@@ -59,6 +60,19 @@ struct agent_worker {
      * table; "" when it started. */
     char start_error[256];
     bool not_started; /* skipped after another ran out of fds: not in the table */
+    /* --restart_scope=worker, a hung rank (progress.c): the blame lines
+     * taken from this worker's progress channel, and why this worker was
+     * killed for a peer's blame (generation + 1 it was blamed in; 0: not). */
+    uint64_t blames_seen;
+    int64_t blamed_gen;
+    char blame_note[256];
+};
+
+/* A worker replaced in place (--restart_scope=worker), for the failure
+ * table at exit (report.c): what its failure was, and the generation. */
+struct agent_replaced {
+    struct agent_failure f; /* loaded when it was replaced; its message says so */
+    int64_t generation;
 };
 
 /* --spare_workers (spare.c): one started spare, waiting for its
@@ -118,10 +132,12 @@ struct agent {
     struct agent_worker *workers;
     int attempt; /* restart count of the running attempt */
     uint64_t exit_seq;
-    int membership_restarts;    /* rounds joined because the rendezvous asked */
-    double recovery_started;    /* wall time the last worker was restarted alone; 0: never */
-    double last_recovery_s;     /* from then to the replacement's first step; < 0: none yet */
-    struct agent_spares spares; /* --spare_workers (spare.c) */
+    int membership_restarts;         /* rounds joined because the rendezvous asked */
+    double recovery_started;         /* wall time the last worker was restarted alone; 0: never */
+    double last_recovery_s;          /* from then to the replacement's first step; < 0: none yet */
+    struct agent_spares spares;      /* --spare_workers (spare.c) */
+    struct agent_replaced *replaced; /* every worker replaced in place, in order */
+    int nreplaced;
 
     struct agent_numa_plan *numa; /* --numa_binding: one per local rank, or NULL */
 
@@ -285,6 +301,14 @@ int agent_filetimer_start(struct agent *a, char *why, size_t whylen);
 /* POLICY_ACT_FAILURE_REPORT: the failed workers' table on stderr, as
  * torchrun's ChildFailedError prints it, and the agent's error file. */
 void agent_report_failures(struct agent *a);
+
+/* A worker replaced in place (generation gen), before its slot is reused:
+ * kept for the table (agent_report_failures; at a successful exit,
+ * agent_report_replaced). */
+void agent_note_replaced(struct agent *a, int i, int64_t gen);
+/* A run that succeeded after workers were replaced in place: the same
+ * table, "RECOVERED IN PLACE", naming them (scope, rank, generation). */
+void agent_report_replaced(struct agent *a);
 
 /* The agent failed before any table was printed: its error file says why
  * (when it has one: --error_file / TORCHELASTIC_ERROR_FILE). */

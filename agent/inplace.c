@@ -89,6 +89,7 @@ void agent_inplace_restart_worker(struct agent *a, const struct policy_action *a
         agent_guardian_remove(&a->guardian, w->pgid);
     }
     w->group_alive = false;
+    agent_note_replaced(a, i, act->generation); /* (the failure table's) */
     a->recovery_started = cddp_wall_time();
     char rank[16];
     snprintf(rank, sizeof(rank), "%d", w->info.rank);

@@ -4,7 +4,11 @@
  * decides) and --max_no_progress_restarts; the watchdog's timer follows its
  * next deadline while the group runs, and a worker found hung has its
  * stacks captured (agent/stacks.h) before the policy stops its group.
+ * Under --restart_scope=worker a line may also name a hung peer ("blame":
+ * a cddp-train rank whose collective timed out): the agent that runs it
+ * kills it, and the policy replaces it in place as after a crash.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -106,11 +110,52 @@ void agent_watchdog_arm(struct agent *a)
     uv_timer_start(&a->watchdog_timer, on_watchdog_timer, d > now ? d - now + 1 : 0, 0);
 }
 
+/* Local rank `from` says global rank `rank` never reached a collective of
+ * generation gen (docs/distributed.md, "Recovering in place"). When that
+ * rank runs here, in the generation now current, it is killed once (no
+ * stacks: gdb would take longer than the recovery); its exit is then a
+ * failure the policy replaces in place. A rank on another node is that
+ * node's agent's to kill (its own local peers name it there). */
+static void blamed(struct agent *a, int from, int64_t rank, int64_t gen)
+{
+    if (a->pol.scope != RESTART_SCOPE_WORKER || a->pol.state != AGENT_RUNNING)
+        return;
+    int i = -1;
+    for (int k = 0; k < a->nworkers; k++)
+        if (a->workers[k].info.rank == rank)
+            i = k;
+    if (i < 0) {
+        log_info("A0225",
+                 "[%s] local_rank %d names rank %lld as never reaching a collective: not on "
+                 "this node",
+                 a->cfg->role, from, (long long)rank);
+        return;
+    }
+    struct agent_worker *w = &a->workers[i];
+    if (gen != a->pol.generation || w->blamed_gen == gen + 1 || !w->leader_alive || w->pgid <= 0 ||
+        a->pol.workers[i].state != WORKER_RUNNING)
+        return; /* an older generation's, or already done */
+    w->blamed_gen = gen + 1;
+    snprintf(w->blame_note, sizeof(w->blame_note),
+             "killed by the agent: rank %d's collective timed out waiting for it",
+             a->workers[from].info.rank);
+    log_warn("A0224",
+             "[%s] local_rank %d (rank %d, pid %d) never reached a collective that rank %d "
+             "waited for (generation %lld): killing it, to replace it in place",
+             a->cfg->role, i, w->info.rank, (int)w->info.pid, a->workers[from].info.rank,
+             (long long)gen);
+    agent_signal_group(w->pgid, SIGKILL);
+}
+
 void agent_progress(struct agent *a, int local_rank, const struct progress_report *r,
                     uint64_t now_ms)
 {
     if (a == NULL || a->shutting_down || local_rank < 0 || local_rank >= a->nworkers)
         return;
+    if (r->blames != a->workers[local_rank].blames_seen) {
+        a->workers[local_rank].blames_seen = r->blames;
+        blamed(a, local_rank, r->blame, (r->fields & PROGRESS_BLAME_GEN) ? r->blame_gen : 0);
+    }
     /* (worker scope: a replacement's first step says its group re-formed) */
     if ((r->fields & PROGRESS_STEP) &&
         ((r->step > a->pol.best_step && a->pol.max_no_progress > 0) ||

@@ -350,6 +350,12 @@ static int repeat(struct cddp_buf *b, char c, size_t n)
 int agent_failure_table(const char *name, const struct agent_failure *f, int n, const char *host,
                         const char *exit_note, struct cddp_buf *out)
 {
+    return agent_failure_table_as(name, "FAILED", f, n, host, exit_note, out);
+}
+
+int agent_failure_table_as(const char *name, const char *verdict, const struct agent_failure *f,
+                           int n, const char *host, const char *exit_note, struct cddp_buf *out)
+{
     if (n <= 0)
         return CDDP_ESTATE;
     int root = agent_failure_root(f, n);
@@ -357,7 +363,7 @@ int agent_failure_table(const char *name, const struct agent_failure *f, int n, 
     cddp_buf_init(&others, 64u << 20);
     cddp_buf_init(&rootb, 64u << 20);
     cddp_buf_init(&one, 64u << 20);
-    size_t width = strlen(name) + strlen(" FAILED");
+    size_t width = strlen(name) + 1 + strlen(verdict);
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         cddp_buf_reset(&one);
@@ -382,7 +388,7 @@ int agent_failure_table(const char *name, const struct agent_failure *f, int n, 
     if (rc == 0)
         rc = repeat(out, '=', width);
     if (rc == 0)
-        rc = cddp_buf_printf(out, "%s FAILED\n", name);
+        rc = cddp_buf_printf(out, "%s %s\n", name, verdict);
     if (rc == 0)
         rc = repeat(out, '-', width);
     if (rc == 0)
@@ -465,10 +471,93 @@ static void error_file_failed(const char *path, int rc)
     log_error("A0302", "writing the agent's error file %s: %s", path, cddp_strerror(rc));
 }
 
+void agent_note_replaced(struct agent *a, int i, int64_t gen)
+{
+    struct agent_replaced *grown =
+        realloc(a->replaced, (size_t)(a->nreplaced + 1) * sizeof(*grown));
+    if (grown == NULL) {
+        log_warn("A0304", "out of memory noting a replaced worker for the failure table");
+        return;
+    }
+    a->replaced = grown;
+    const struct agent_worker *w = &a->workers[i];
+    struct agent_replaced *x = &a->replaced[a->nreplaced];
+    memset(x, 0, sizeof(*x));
+    x->generation = gen;
+    struct agent_failure *f = &x->f;
+    f->local_rank = i;
+    f->rank = w->info.rank;
+    f->pid = (int)w->info.pid;
+    f->exitcode = w->info.exitcode;
+    f->observed = w->info.exit_time;
+    f->seq = w->exit_seq;
+    f->python = a->cfg->kind != LAUNCH_BINARY ? a->cfg->program : NULL;
+    if (agent_failure_load(f, w->error_file) != 0) {
+        agent_failure_free(f);
+        return;
+    }
+    /* (the error file may be the replacement's next: the message now) */
+    char head[512];
+    snprintf(head, sizeof(head),
+             "replaced in place (restart scope worker, rank %d, generation %lld%s%s): ", f->rank,
+             (long long)gen, w->blame_note[0] ? "; " : "", w->blame_note);
+    size_t len = strlen(head) + strlen(f->message) + 1;
+    char *msg = malloc(len);
+    if (msg != NULL) {
+        snprintf(msg, len, "%s%s", head, f->message);
+        free(f->message);
+        f->message = msg;
+    }
+    a->nreplaced++;
+}
+
+/* The table of f[0..n) on stderr, "<entry> <verdict>". */
+static void print_table(struct agent *a, const char *verdict, const struct agent_failure *f, int n,
+                        const char *exit_note, struct cddp_buf *table)
+{
+    char host[256];
+    cddp_fqdn(host, sizeof(host));
+    if (agent_failure_table_as(a->entry_name, verdict, f, n, host, exit_note, table) != 0)
+        return;
+    /* torchrun prints it as the uncaught ChildFailedError's message. */
+    cddp_buf_append(table, "\n", 1);
+    const char *p = table->data;
+    size_t len = table->len;
+    while (len > 0) {
+        ssize_t wr = write(2, p, len);
+        if (wr < 0 && errno == EINTR)
+            continue;
+        if (wr <= 0)
+            break;
+        p += wr;
+        len -= (size_t)wr;
+    }
+}
+
+void agent_report_replaced(struct agent *a)
+{
+    if (a->nreplaced == 0)
+        return;
+    struct agent_failure *f = calloc((size_t)a->nreplaced, sizeof(*f));
+    if (f == NULL)
+        return;
+    for (int i = 0; i < a->nreplaced; i++)
+        f[i] = a->replaced[i].f; /* (shallow: the records own the strings) */
+    struct cddp_buf table;
+    cddp_buf_init(&table, 256u << 20);
+    print_table(a, "RECOVERED IN PLACE", f, a->nreplaced,
+                "every failure above was recovered in place (--restart_scope=worker); the run "
+                "succeeded",
+                &table);
+    cddp_buf_free(&table);
+    free(f);
+}
+
 void agent_report_failures(struct agent *a)
 {
     int n = 0;
-    struct agent_failure *f = calloc((size_t)a->nworkers, sizeof(*f));
+    /* this attempt's failed workers, then those replaced in place before */
+    struct agent_failure *f = calloc((size_t)(a->nworkers + a->nreplaced), sizeof(*f));
     if (f == NULL) {
         log_crit("A0301", "out of memory building the failure report");
         return;
@@ -493,12 +582,13 @@ void agent_report_failures(struct agent *a)
         agent_failure_load(&f[n], w->error_file);
         n++;
     }
+    int own = n;
+    for (int i = 0; i < a->nreplaced; i++)
+        f[n++] = a->replaced[i].f; /* (shallow: not freed here) */
     if (n == 0) {
         free(f);
         return;
     }
-    char host[256];
-    cddp_fqdn(host, sizeof(host));
     struct cddp_buf table;
     cddp_buf_init(&table, 256u << 20);
     int root = agent_failure_root(f, n);
@@ -509,21 +599,7 @@ void agent_report_failures(struct agent *a)
                  a->pol.exit_code, cddp_exit_name(a->pol.exit_code));
         exit_note = note;
     }
-    if (agent_failure_table(a->entry_name, f, n, host, exit_note, &table) == 0) {
-        /* torchrun prints it as the uncaught ChildFailedError's message. */
-        cddp_buf_append(&table, "\n", 1);
-        const char *p = table.data;
-        size_t len = table.len;
-        while (len > 0) {
-            ssize_t wr = write(2, p, len);
-            if (wr < 0 && errno == EINTR)
-                continue;
-            if (wr <= 0)
-                break;
-            p += wr;
-            len -= (size_t)wr;
-        }
-    }
+    print_table(a, "FAILED", f, n, exit_note, &table);
     if (a->cfg->error_file) {
         int rc = agent_write_error_file(a->cfg->error_file, &f[root], a->entry_name, table.data);
         if (rc)
@@ -532,7 +608,7 @@ void agent_report_failures(struct agent *a)
             log_info("A0303", "dumped error file to parent's %s", a->cfg->error_file);
     }
     cddp_buf_free(&table);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < own; i++)
         agent_failure_free(&f[i]);
     free(f);
 }

@@ -89,6 +89,10 @@ int agent_failure_root(const struct agent_failure *f, int n);
  * when it is not torchrun's 1, is the line after it. */
 int agent_failure_table(const char *name, const struct agent_failure *f, int n, const char *host,
                         const char *exit_note, struct cddp_buf *out);
+/* The same with "<name> <verdict>" as its title (agent_failure_table's is
+ * "FAILED"; a run that recovered in place: "RECOVERED IN PLACE"). */
+int agent_failure_table_as(const char *name, const char *verdict, const struct agent_failure *f,
+                           int n, const char *host, const char *exit_note, struct cddp_buf *out);
 
 /*
  * The agent's own error file (its TORCHELASTIC_ERROR_FILE): the root cause's

@@ -210,6 +210,8 @@ enum key {
     KEY_COMPUTE,
     KEY_WAIT,
     KEY_AUTO,
+    KEY_BLAME,
+    KEY_BLAME_GEN,
 };
 
 static enum key key_of(const char *k, size_t len)
@@ -226,6 +228,8 @@ static enum key key_of(const char *k, size_t len)
         {"compute_s", KEY_COMPUTE},
         {"wait_s", KEY_WAIT},
         {"auto", KEY_AUTO},
+        {"blame", KEY_BLAME},
+        {"blame_gen", KEY_BLAME_GEN},
     };
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
         if (strlen(known[i].name) == len && memcmp(known[i].name, k, len) == 0)
@@ -309,6 +313,14 @@ static int parse_member(struct cursor *c, struct progress_report *r, unsigned *f
         rc = to_nonneg(d, &r->wait_s);
         *fields |= PROGRESS_WAIT;
         break;
+    case KEY_BLAME:
+        rc = to_count(d, &r->blame);
+        *fields |= PROGRESS_BLAME;
+        break;
+    case KEY_BLAME_GEN:
+        rc = to_count(d, &r->blame_gen);
+        *fields |= PROGRESS_BLAME_GEN;
+        break;
     case KEY_AUTO:
     case KEY_OTHER:
         break;
@@ -366,9 +378,11 @@ void progress_restart(struct progress_parser *p)
 {
     uint64_t lines = p->report.lines;
     uint64_t malformed = p->report.malformed;
+    uint64_t blames = p->report.blames;
     progress_init(p);
     p->report.lines = lines;
     p->report.malformed = malformed;
+    p->report.blames = blames;
 }
 
 static bool blank(const char *s, size_t n)
@@ -408,6 +422,11 @@ static unsigned take_line(struct progress_parser *p, const char *line, size_t le
     r->from_auto = is_auto;
     r->fields |= fields;
     r->lines++;
+    if (fields & PROGRESS_BLAME) {
+        r->blames++;
+        if (!(fields & PROGRESS_BLAME_GEN))
+            r->blame_gen = 0;
+    }
     r->mono_ms = now_mono_ms;
     r->wall = now_wall;
     if ((fields & PROGRESS_STEP) && (!had_step || r->step != old_step))

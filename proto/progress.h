@@ -20,6 +20,10 @@
  *                    since the worker's previous line)
  *     compute_s      number >= 0: of that, the time outside collective waits
  *     wait_s         number >= 0: the time blocked in collectives
+ *     blame          integer >= 0: cddp-train under --restart_scope=worker: this
+ *                    global rank never reached a collective that timed
+ *                    out (docs/distributed.md, "Recovering in place");
+ *                    with blame_gen, integer >= 0: the generation it was in
  *     auto           true: the line comes from cddprun's automatic progress
  *                    hook (a Python worker's optimizer steps), not from the
  *                    script; false or absent: from the script
@@ -60,6 +64,8 @@ enum {
     PROGRESS_STEP_TIME = 1u << 4,
     PROGRESS_COMPUTE = 1u << 5,
     PROGRESS_WAIT = 1u << 6,
+    PROGRESS_BLAME = 1u << 7,
+    PROGRESS_BLAME_GEN = 1u << 8,
 };
 
 /* The latest values of one worker: plain data, copied into status views. */
@@ -72,10 +78,13 @@ struct progress_report {
     double step_time_s;
     double compute_s;
     double wait_s;
-    bool from_auto;   /* the values came from "auto" lines (the hook), none yet from the script */
-    bool own;         /* this attempt sent a line without "auto": "auto" lines are ignored */
-    double wall;      /* wall time of the last valid line; 0 = none yet */
-    uint64_t mono_ms; /* monotonic ms of the last valid line; 0 = none yet */
+    int64_t blame;     /* the last rank named by "blame" */
+    int64_t blame_gen; /* and its "blame_gen" (0 when absent) */
+    uint64_t blames;   /* lines with "blame" (per slot, like lines) */
+    bool from_auto;    /* the values came from "auto" lines (the hook), none yet from the script */
+    bool own;          /* this attempt sent a line without "auto": "auto" lines are ignored */
+    double wall;       /* wall time of the last valid line; 0 = none yet */
+    uint64_t mono_ms;  /* monotonic ms of the last valid line; 0 = none yet */
     uint64_t step_mono_ms; /* monotonic ms when step last changed; 0 = never */
     uint64_t lines;        /* valid lines */
     uint64_t malformed;    /* dropped lines (bad JSON, bad field, too long) */

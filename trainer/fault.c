@@ -16,8 +16,8 @@
 
 #define FAULT_SPEC_MAX 128
 #define FAULT_USAGE                                                                                \
-    "use crash@step=N[,rank=R][,every], hang@step=N[,rank=R][,every] or "                          \
-    "slow@step=N,ms=M[,rank=R][,for=K][,every]"
+    "use crash@step=N[,rank=R][,every], crash@reform[,rank=R], hang@step=N[,rank=R][,every] "      \
+    "or slow@step=N,ms=M[,rank=R][,for=K][,every]"
 
 const char *trn_fault_kind_name(enum trn_fault_kind kind)
 {
@@ -81,10 +81,16 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
         if (*p == '\0')
             return fail(out, err, errlen, CDDP_EPARSE, spec, "empty field");
         char *eq = strchr(p, '=');
-        if (eq == NULL) {
+        if (eq == NULL && strcmp(p, "reform") == 0) {
+            if (f.kind != TRN_FAULT_CRASH)
+                return fail(out, err, errlen, CDDP_EPARSE, spec, "reform applies to crash only");
+            if (f.at_reform)
+                return fail(out, err, errlen, CDDP_EPARSE, spec, "'reform' given twice");
+            f.at_reform = true;
+        } else if (eq == NULL) {
             if (strcmp(p, "every") != 0) {
                 snprintf(why, sizeof(why),
-                         "unknown field '%s' (fields: step=, rank=, ms=, for=, every)", p);
+                         "unknown field '%s' (fields: step=, rank=, ms=, for=, every, reform)", p);
                 return fail(out, err, errlen, CDDP_EPARSE, spec, why);
             }
             if (f.every)
@@ -149,7 +155,10 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
             break;
         p = comma + 1;
     }
-    if (f.step < 0)
+    if (f.at_reform && (f.step >= 0 || f.every))
+        return fail(out, err, errlen, CDDP_EPARSE, spec,
+                    "crash@reform takes rank= only (it fires while re-forming, not at a step)");
+    if (f.step < 0 && !f.at_reform)
         return fail(out, err, errlen, CDDP_EPARSE, spec, "missing step=N");
     if (f.kind == TRN_FAULT_SLOW && !have_ms)
         return fail(out, err, errlen, CDDP_EPARSE, spec, "slow needs ms=M");
@@ -160,11 +169,23 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
 bool trn_fault_due(const struct trn_fault *f, long step, int rank, long restart_count)
 {
     long count = f->count > 1 ? f->count : 1; /* (a struct not from the parser has 0) */
-    if (f->kind == TRN_FAULT_NONE || step < f->step || step - f->step >= count)
+    if (f->kind == TRN_FAULT_NONE || f->at_reform || step < f->step || step - f->step >= count)
         return false;
     if (f->rank >= 0 && f->rank != rank)
         return false;
     return restart_count <= 0 || f->every;
+}
+
+void trn_fault_reform(const struct trn_fault *f, int rank, long generation)
+{
+    if (!f->at_reform || (f->rank >= 0 && f->rank != rank))
+        return;
+    log_error("T6105",
+              "fault injection: crash while taking the state in generation %ld on rank %d "
+              "(--fault crash@reform), exiting 1",
+              generation, rank);
+    fflush(stdout);
+    _exit(CDDP_EXIT_FAILURE);
 }
 
 void trn_fault_fire(const struct trn_fault *f, long step, int rank)

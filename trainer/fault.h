@@ -2,6 +2,10 @@
  * fault.h: fault injection for cddp-train (--fault), off unless asked.
  *
  *     --fault crash@step=N[,rank=R][,every]     exit 1 when step N begins
+ *     --fault crash@reform[,rank=R]             exit 1 while re-forming in place
+ *                                               (--restart_scope=worker), after the
+ *                                               position is broadcast and before the
+ *                                               weights: in any generation, any attempt
  *     --fault hang@step=N[,rank=R][,every]      block forever before step N's first collective
  *     --fault slow@step=N,ms=M[,rank=R][,for=K][,every]
  *                                               sleep M ms as each of the K steps
@@ -36,6 +40,7 @@ struct trn_fault {
     long ms;    /* slow only, > 0 */
     long count; /* slow only: the steps it lasts, from step (0 and 1: one) */
     bool every;
+    bool at_reform; /* crash@reform: trn_fault_reform, never at a step */
 };
 
 /* Parses one --fault value into *out. 0, or CDDP_EPARSE / CDDP_ERANGE_ARG with
@@ -55,5 +60,8 @@ const char *trn_fault_kind_name(enum trn_fault_kind kind);
  * forever (until a signal ends the process), slow sleeps f->ms and returns
  * (its log line comes with the first step it slows). */
 void trn_fault_fire(const struct trn_fault *f, long step, int rank);
+/* crash@reform on this rank: exits 1 (log T6105) while the state of
+ * generation `generation` is being taken; otherwise returns at once. */
+void trn_fault_reform(const struct trn_fault *f, int rank, long generation);
 
 #endif

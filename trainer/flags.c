@@ -146,6 +146,7 @@ static const struct trn_flag table[] = {
              "bf16_compress_hook; cuda and nccl only)"},
     {"fault", "SPEC", TRN_FLAG_PARSED, AT(fault), .check = parse_fault, .group = DIST,
      .help = "inject a fault: crash@step=N[,rank=R][,every],\n"
+             "crash@reform[,rank=R] (while re-forming in place),\n"
              "hang@step=N[,rank=R][,every], slow@step=N,ms=M[,...]",
      .shown = ""},
 

@@ -13,7 +13,9 @@
 #include "common/errors.h"        /* CDDP_EMISMATCH */
 #include "common/exitcodes.h"     /* CDDP_EXIT_USAGE */
 #include "common/log.h"           /* log_info, log_warn */
+#include "trainer/blame.h"        /* trn_blame_missing: a hung peer */
 #include "trainer/comm/failure.h" /* trn_comm_fail: error file, exit 75 */
+#include "trainer/fault.h"        /* --fault crash@reform */
 #include "trainer/fatal.h"        /* trn_refuse, trn_fatal, trn_malloc */
 #include "trainer/run.h"          /* struct run, run_check_collective */
 
@@ -100,13 +102,21 @@ void trn_inplace_free(struct run *r)
 
 void trn_inplace_failed(struct run *r, const struct trn_comm_error *e)
 {
-    /* (a peer that is gone; a timeout may be a hung peer the agent does
-     * not replace: exit 75, and the agent restarts the group) */
-    if (r->in_place && r->recover_armed && e->code == CDDP_EPEER) {
+    /* (a peer that is gone, or a timeout whose missing ranks the agent was
+     * told (blame.h); a timeout that names none: exit 75, and the agent
+     * restarts the group) */
+    if (!r->in_place || !r->recover_armed)
+        return;
+    r->failed_ns = cddp_mono_ns() - (uint64_t)(e->waited_s * 1e9);
+    if (e->code == CDDP_EPEER) {
         char msg[1024];
         trn_comm_failure_message(e, r->in_step, r->rank, msg, sizeof(msg));
         log_warn("T6210", "%s; re-forming in place (--restart_scope=worker, generation %ld)", msg,
                  r->generation);
+        r->recover_armed = false;
+        longjmp(r->recover, 1);
+    }
+    if (trn_blame_missing(r, e)) {
         r->recover_armed = false;
         longjmp(r->recover, 1);
     }
@@ -162,6 +172,7 @@ static void take_state(struct run *r, int root)
                       r->engine.scaler.growth_tracker};
     float scale = r->engine.scaler.scale;
     run_check_collective(r, trn_comm_broadcast(comm, pos, 5, TRN_COMM_I64, root));
+    trn_fault_reform(&r->cfg.fault, r->rank, r->generation); /* (--fault crash@reform) */
     run_check_collective(r, trn_comm_broadcast(comm, m->params, m->num_params, TRN_COMM_F32, root));
     run_check_collective(r,
                          trn_comm_broadcast(comm, m->buffers, m->num_buffers, TRN_COMM_F32, root));
@@ -257,6 +268,9 @@ void trn_inplace_recover(struct run *r)
     long gen = meet(r, r->generation, &root);
     reformed(r);
     take_state(r, root);
-    log_info("T6211", "rank %d re-formed generation %ld in %.3f s", r->rank, gen,
-             (double)(cddp_mono_ns() - t0) * 1e-9);
+    uint64_t now = cddp_mono_ns();
+    log_info("T6211",
+             "rank %d re-formed generation %ld in %.3f s (%.3f s after the failed "
+             "collective began)",
+             r->rank, gen, (double)(now - t0) * 1e-9, (double)(now - r->failed_ns) * 1e-9);
 }

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -31,4 +32,13 @@ void trn_progress_fd_report(struct trn_progress_fd *p, const struct progress_lin
         errno != EAGAIN && errno != EINTR)
         p->fd = -1; /* the agent went away: stop reporting */
     cddp_buf_free(&line);
+}
+
+int trn_progress_fd_blame(struct trn_progress_fd *p, int rank, long gen)
+{
+    if (p->fd < 0)
+        return -1;
+    char line[64];
+    int n = snprintf(line, sizeof(line), "{\"blame\":%d,\"blame_gen\":%ld}\n", rank, gen);
+    return write(p->fd, line, (size_t)n) == n ? 0 : -1;
 }

@@ -27,4 +27,9 @@ struct progress_line;
  * collective waits) and wait. */
 void trn_progress_fd_report(struct trn_progress_fd *p, const struct progress_line *l);
 
+/* --restart_scope=worker (blame.h): rank never reached a collective of
+ * generation gen, {"blame":rank,"blame_gen":gen}. 0, or -1 when the line
+ * was not written (no channel, the pipe full or gone). */
+int trn_progress_fd_blame(struct trn_progress_fd *p, int rank, long gen);
+
 #endif

@@ -79,6 +79,7 @@ struct run {
     long generation;
     jmp_buf recover;
     bool recover_armed;
+    uint64_t failed_ns; /* monotonic: when the collective that failed began */
     struct {
         bool in_step;
         int epoch;

@@ -335,7 +335,8 @@ static void connect_ranks(struct run *r)
                                      .collective_timeout_s = c->collective_timeout,
                                      .backend = r->dev.comm,
                                      .cuda_device = r->dev.ordinal,
-                                     .generation = r->generation};
+                                     .generation = r->generation,
+                                     .name_missing = r->in_place};
 #if CDDP_HAVE_CUDA
     if (r->be.device == TRN_DEVICE_CUDA)
         dopts.cuda_stream = trn_backend_cuda_stream(&r->be);

@@ -84,6 +84,10 @@ static void test_parse_bad(void **state)
     expect_bad("slow@step=1,ms=1,for=0", CDDP_ERANGE_ARG, "for must be");
     expect_bad("slow@step=1,ms=1,for=x", CDDP_EPARSE, "for must be");
     expect_bad("slow@step=1,ms=1,for=2,for=3", CDDP_EPARSE, "'for' given twice");
+    expect_bad("hang@reform", CDDP_EPARSE, "reform applies to crash only");
+    expect_bad("crash@reform,step=2", CDDP_EPARSE, "crash@reform takes rank= only");
+    expect_bad("crash@reform,every", CDDP_EPARSE, "crash@reform takes rank= only");
+    expect_bad("crash@reform,reform", CDDP_EPARSE, "'reform' given twice");
     char longspec[300];
     memset(longspec, 'a', sizeof(longspec) - 1);
     longspec[sizeof(longspec) - 1] = '\0';
@@ -121,6 +125,14 @@ static void test_due(void **state)
     assert_false(trn_fault_due(&f, 13, 2, 0));
     assert_false(trn_fault_due(&f, 11, 1, 0));
     assert_false(trn_fault_due(&f, 11, 2, 1));
+    /* crash@reform: never at a step (trn_fault_reform fires it). */
+    assert_int_equal(trn_fault_parse("crash@reform,rank=2", &f, err, sizeof(err)), 0);
+    assert_true(f.at_reform && f.kind == TRN_FAULT_CRASH && f.rank == 2);
+    for (long s = 0; s < 4; s++)
+        assert_false(trn_fault_due(&f, s, 2, 0));
+    trn_fault_reform(&f, 1, 1); /* another rank: returns */
+    assert_int_equal(trn_fault_parse("crash@step=1", &f, err, sizeof(err)), 0);
+    trn_fault_reform(&f, 0, 1); /* not crash@reform: returns */
 }
 
 static void on_alarm(int sig)

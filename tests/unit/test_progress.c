@@ -408,6 +408,33 @@ static void test_auto_stands_aside(void **state)
     free(p);
 }
 
+/* A blame line (cddp-train under --restart_scope=worker): counted, kept
+ * across a restart of the slot; a bad rank drops the line. */
+static void test_blame(void **state)
+{
+    (void)state;
+    struct progress_parser *p = new_parser();
+    const struct progress_report *r = &p->report;
+    assert_int_equal(feed(p, "{\"step\":3}\n", 10), 1);
+    assert_int_equal(r->blames, 0);
+    assert_int_equal(feed(p, "{\"blame\":2,\"blame_gen\":1}\n{\"blame\":3}\n", 20), 2);
+    assert_int_equal(r->blames, 2);
+    assert_int_equal(r->blame, 3);
+    assert_int_equal(r->blame_gen, 0); /* absent on the last line */
+    assert_int_equal(r->step, 3);
+    assert_true(r->fields & PROGRESS_BLAME);
+    assert_int_equal(feed(p, "{\"blame\":-1}\n{\"blame\":1.5}\n", 30), 0);
+    assert_int_equal(r->blames, 2);
+    assert_int_equal(r->malformed, 2);
+    progress_restart(p);
+    assert_int_equal(r->blames, 2);
+    assert_int_equal(feed(p, "{\"blame\":0,\"blame_gen\":4}\n", 40), 1);
+    assert_int_equal(r->blames, 3);
+    assert_int_equal(r->blame, 0);
+    assert_int_equal(r->blame_gen, 4);
+    free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -417,7 +444,7 @@ int main(void)
         cmocka_unit_test(test_nesting_bound),     cmocka_unit_test(test_line_too_long),
         cmocka_unit_test(test_eof_and_restart),   cmocka_unit_test(test_random_input),
         cmocka_unit_test(test_format_line),       cmocka_unit_test(test_times),
-        cmocka_unit_test(test_auto_stands_aside),
+        cmocka_unit_test(test_auto_stands_aside), cmocka_unit_test(test_blame),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,6 +28,9 @@ struct trn_comm_backend_ops {
     /* NULL for a backend without a watchdog thread (gloo reports through
      * the failing call). */
     void (*set_exit)(void *impl, trn_comm_exit_fn fn, void *arg);
+    /* NULL without progress: the ranks that never reached collective seq
+     * (trn_comm_missing). */
+    int (*missing)(void *impl, uint64_t seq, double budget_s, int *out, int max);
     bool on_device; /* buffers are CUDA device memory */
 };
 

@@ -132,7 +132,7 @@ static int connect_agent_store(struct trn_dist *d, uint64_t deadline, char *err,
     return 0;
 }
 
-/* nccl: the progress connection (progress.h). Best effort: without it a
+/* nccl, gloo with name_missing: the progress connection (progress.h). Best effort: without it a
  * timeout just names no ranks. Short operation timeouts, so the thread
  * that uses it is never held long by a store that went away. */
 static struct trn_kv *connect_progress(struct trn_dist *d, uint64_t deadline)
@@ -364,7 +364,7 @@ int trn_dist_init(struct trn_dist *d, const struct trn_dist_options *o,
     if (rc)
         goto fail;
     co.init_timeout_s = left_s(deadline);
-    if (o->backend != NULL && strcmp(o->backend, "nccl") == 0)
+    if ((o->backend != NULL && strcmp(o->backend, "nccl") == 0) || o->name_missing)
         co.progress_kv = connect_progress(d, deadline);
     rc = trn_comm_create(&co, kv, &d->comm, &ce);
     if (rc) {
@@ -490,6 +490,18 @@ int trn_dist_reform(struct trn_dist *d, const struct trn_dist_options *o, long g
     /* (restart_count: nccl's unique id under the generation's key) */
     struct trn_comm_options co = comm_options(d, o, gen);
     co.store_prefix = prefix;
+    if (o->name_missing) {
+        /* (a replacement connects it now; the generation's own keys) */
+        if (d->progress_store.client == NULL) {
+            uint64_t deadline = cddp_mono_ns() + (uint64_t)(co.init_timeout_s * 1e9);
+            connect_progress(d, deadline);
+        }
+        if (d->progress_store.client != NULL) {
+            snprintf(d->progress_store.prefix, sizeof(d->progress_store.prefix), "/cddp/gen/%ld/",
+                     gen);
+            co.progress_kv = &d->progress_store.kv;
+        }
+    }
     /* The keys are bare: every rank of the generation meets under them. */
     char saved[sizeof(d->store.prefix)];
     memcpy(saved, d->store.prefix, sizeof(saved));

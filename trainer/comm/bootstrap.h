@@ -45,6 +45,10 @@ struct trn_dist_options {
      * to the agent's store only; the communicator comes from
      * trn_dist_reform (the survivors are not in trn_dist_init). */
     long generation;
+    /* --restart_scope=worker: gloo publishes its progress too (a second
+     * store connection), so a collective that times out can name the
+     * ranks that never reached it (trn_comm_missing). */
+    bool name_missing;
 };
 
 /* store/tcpstore_client.h's client as the communicator's struct trn_kv. */
@@ -60,8 +64,9 @@ struct trn_dist {
     struct trn_comm *comm;
     struct tcpstore_thread *server; /* rank 0, without an agent's store */
     struct trn_tcpstore_kv store;   /* rank 0's store or the agent's */
-    /* nccl: a second connection to the same store for the communicator's
-     * progress (trn_comm_options.progress_kv), or none. */
+    /* nccl, and gloo with name_missing: a second connection to the same
+     * store for the communicator's progress (trn_comm_options.progress_kv),
+     * or none. */
     struct trn_tcpstore_kv progress_store;
 };
 

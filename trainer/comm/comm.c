@@ -95,6 +95,14 @@ void trn_comm_set_watchdog_exit(struct trn_comm *c, trn_comm_exit_fn fn, void *a
         c->be->set_exit(c->impl, fn, arg);
 }
 
+int trn_comm_missing(struct trn_comm *c, double budget_s, int *out, int max)
+{
+    if (c == NULL || c->be == NULL || c->be->missing == NULL || c->err.code != CDDP_ETIMEOUT ||
+        c->err.seq == 0)
+        return -1;
+    return c->be->missing(c->impl, c->err.seq, budget_s, out, max);
+}
+
 const struct trn_comm_error *trn_comm_last_error(const struct trn_comm *c)
 {
     return &c->err;
@@ -199,6 +207,7 @@ static void record(struct trn_comm *c, const struct trn_comm_work *w, int rc)
     c->err.waited_s = w->end_ns > w->start_ns ? (double)(w->end_ns - w->start_ns) * 1e-9 : 0.0;
     c->err.timeout_s = c->timeout_s;
     cddp_strlcpy(c->err.detail, w->detail, sizeof(c->err.detail));
+    c->err.seq = w->seq;
 }
 
 /* World size 1: the result is already in place (allgather: one copy, on

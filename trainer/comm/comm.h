@@ -85,6 +85,7 @@ struct trn_comm_error {
     double waited_s;  /* from the collective's start to its failure */
     double timeout_s; /* the bound in force */
     char detail[384]; /* the backend's message, one line */
+    uint64_t seq;     /* the failed collective's number (trn_comm_work.seq); 0: none */
 };
 
 /* One queued collective. Embed it; its fields are the communicator's while
@@ -133,10 +134,11 @@ struct trn_comm_options {
     const char *host;
     const char *route_to;     /* usually MASTER_ADDR */
     const char *store_prefix; /* keys under this prefix; NULL: "gloo/rank" */
-    /* nccl, optional: a store connection of its own, kept open by the
-     * caller until trn_comm_destroy returns, on which the communicator
-     * publishes its progress (trainer/comm/progress.h) so a timeout can
-     * name the ranks that never reached the collective. NULL: not named. */
+    /* nccl and gloo, optional: a store connection of its own, kept open
+     * by the caller until trn_comm_destroy returns, on which the
+     * communicator publishes its progress (trainer/comm/progress.h) so a
+     * timeout can name the ranks that never reached the collective (nccl's
+     * report; gloo: trn_comm_missing). NULL: not named. */
     struct trn_kv *progress_kv;
 };
 
@@ -193,6 +195,14 @@ uint64_t trn_comm_wait_ns(const struct trn_comm *c);
 
 /* The first failure (code 0 if none). */
 const struct trn_comm_error *trn_comm_last_error(const struct trn_comm *c);
+
+/* After a collective timed out (trn_comm_last_error's code CDDP_ETIMEOUT):
+ * the ranks that never reached it, asked of the store (progress.h) within
+ * budget_s. Writes up to max of them in rank order and returns how many
+ * there are; -1 when that is not known (no progress_kv, another failure,
+ * the store did not answer in time). gloo only; nccl names them in its own
+ * report. */
+int trn_comm_missing(struct trn_comm *c, double budget_s, int *out, int max);
 
 /* True when the communicator's buffers are CUDA device memory (nccl). */
 bool trn_comm_on_device(const struct trn_comm *c);

@@ -14,6 +14,11 @@
  * gone past the timeout plus a grace period (a backend stuck outside its
  * timeout handling); the communicator is then abandoned: the thread never
  * touches a work item again, and the worker is expected to exit.
+ *
+ * With a progress connection (trn_comm_options.progress_kv) the number of
+ * each collective the thread starts is published (progress.h), so that
+ * after a timeout trn_comm_missing can name the ranks that never started
+ * it (--restart_scope=worker: a hung rank is replaced in place).
  */
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -34,6 +39,7 @@
 #include "common/strutil.h"
 #include "trainer/comm/backend.h"
 #include "trainer/comm/gloo_shim.h"
+#include "trainer/comm/progress.h"
 #include "trainer/comm/watchdog_core.h"
 
 struct gloo_backend {
@@ -51,6 +57,7 @@ struct gloo_backend {
     bool stopping;
     bool failed;    /* a collective failed: fail the rest without running them */
     bool abandoned; /* a waiter gave up on a stuck collective: touch nothing */
+    struct trn_comm_progress *progress; /* NULL without o->progress_kv */
 };
 
 static void *comm_thread(void *arg)
@@ -84,6 +91,8 @@ static void *comm_thread(void *arg)
                                  .bytes = w->count * trn_comm_dtype_size(w->dtype)};
         if (trn_wd_enqueued(&b->wd, &wc, now, &b->running_seq) == 0)
             w->seq = b->running_seq;
+        if (b->progress != NULL && w->seq != 0)
+            trn_comm_progress_note(b->progress, w->seq);
         pthread_mutex_unlock(&b->mu);
 
         /* w is ours while RUNNING: the waiter reads it only once DONE. */
@@ -146,6 +155,7 @@ static int gloo_wait(void *impl, struct trn_comm_work *w)
             b->abandoned = true;
             b->failed = true;
             w->rc = CDDP_ETIMEOUT;
+            w->seq = d.blamed.seq; /* the collective that is stuck */
             w->start_ns = d.blamed.start_ns;
             w->end_ns = now;
             snprintf(w->detail, sizeof(w->detail),
@@ -165,9 +175,18 @@ static int gloo_wait(void *impl, struct trn_comm_work *w)
     return rc;
 }
 
+static int gloo_missing(void *impl, uint64_t seq, double budget_s, int *out, int max)
+{
+    struct gloo_backend *b = impl;
+    return b->progress ? trn_comm_progress_missing(b->progress, seq, budget_s, out, max) : -1;
+}
+
 static void gloo_destroy(void *impl)
 {
     struct gloo_backend *b = impl;
+    /* (its own thread and store connection: stopped even when abandoned) */
+    trn_comm_progress_stop(b->progress);
+    b->progress = NULL;
     pthread_mutex_lock(&b->mu);
     b->stopping = true;
     bool abandoned = b->abandoned;
@@ -192,6 +211,7 @@ static const struct trn_comm_backend_ops gloo_ops = {
     .start = gloo_start,
     .wait = gloo_wait,
     .destroy = gloo_destroy,
+    .missing = gloo_missing,
 };
 
 /* Unblocks SIGPIPE in this thread again, first discarding one that arrived
@@ -289,6 +309,13 @@ int trn_gloo_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
         free(b);
         return CDDP_ERR_FROM_ERRNO(prc);
     }
+    /* Published at most every quarter of the timeout (and every second),
+     * so a peer's number is current when a timeout asks for it. */
+    double period = timeout_s / 4 < 1.0 ? timeout_s / 4 : 1.0;
+    if (o->progress_kv != NULL &&
+        trn_comm_progress_start(o->progress_kv, o->restart_count, o->rdzv_round, o->rank, o->world,
+                                period > 0.05 ? period : 0.05, &b->progress) < 0)
+        b->progress = NULL; /* a timeout then names no ranks */
     *ops = &gloo_ops;
     *impl = b;
     return 0;
