@@ -10,6 +10,14 @@ RANK and LOCAL_RANK), announces the new generation on its store
   - cddp-train (4 ranks, CPU gloo) re-forms its group in place after
     --fault crash@step=N,rank=R and, without --checkpoint, ends on the same
     state checksum (T6202) as a run with no fault;
+  - a hung rank (--fault hang@step=N,rank=R): the others' collectives time
+    out (--collective-timeout), name it to the agent, which kills it and
+    replaces it in place; same checksum, the others keep their pids;
+  - the replacement dies while taking the state (--fault crash@reform): the
+    others exit 75 and the agent restarts the group, which resumes from
+    --checkpoint and ends on the same checksum;
+  - the failure table names the workers replaced in place (scope, rank,
+    generation), also when the run succeeds;
   - an unmodified PyTorch script, whose ranks die when one dies, falls back
     to a whole-group restart and still finishes;
   - a bad value is one line and exit 2.
@@ -97,6 +105,11 @@ def test_plain_program_only_the_failed_worker_restarts(tmp_path, background, tor
     pids = {r: p for r, g, p, _, _ in starts if not (r == "1" and g == "0")}
     assert dict(re.findall(r"END (\d) (\d+)", out)) == pids
     assert agent.err.count("A0220") == 1 and "attempt 1, restart count" not in agent.err
+    # the table at exit names the worker replaced in place
+    err = agent.err
+    assert "RECOVERED IN PLACE" in err and "FAILED" not in err, err[-3000:]
+    assert re.search(r"rank      : 1 \(local_rank: 1\)\n  exitcode  : 3 \(pid: \d+\)", err), err
+    assert "replaced in place (restart scope worker, rank 1, generation 1)" in err, err[-3000:]
 
 
 def checksums(text):
@@ -180,6 +193,79 @@ def test_cddp_train_two_failures_in_a_row(background, reference):
     assert err.count("A0220") == 2 and err.count("A0207") == 1, err[-5000:]
     assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
     survivors_kept(err, {2, 3})
+
+
+@pytest.mark.heavy
+def test_cddp_train_hang_recovers_in_place(background, reference):
+    """Rank 1 hangs before step 2's first collective. The others' collectives
+    time out after --collective-timeout 3, name rank 1 (its published
+    collective number is behind) to the agent on the progress channel; the
+    agent kills it and replaces it alone; the others re-form without
+    exiting. Same checksum as without the hang."""
+    sport = free_port()
+    agent = background([binary("cddprun"), "--nproc_per_node=4", f"--master_port={free_port()}",
+                        "--max_restarts=1", "--restart_scope=worker", f"--status_port={sport}",
+                        "--status_linger=60", binary("cddp-train"), *TINY,
+                        "--collective-timeout", "3", "--fault", "hang@step=2,rank=1"], env=env())
+    st = wait_status(sport, lambda s: s["state"] in ("succeeded", "failed", "terminated"),
+                     timeout=300)
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(60) == 0, agent.err[-5000:]
+    err = agent.err
+    assert st["state"] == "succeeded", json.dumps(st)[:3000]
+    assert [w["restarts"] for w in st["workers"]] == [0, 1, 0, 0]
+    assert st["restarts"]["by_scope"] == {"worker": 1, "group": 0}
+    assert st["restarts"]["generation"] == 1
+    assert "fault injection: hang at step 2 on rank 1" in err
+    # a survivor named it; the agent killed it and restarted it alone
+    assert re.search(r"T6214: .*rank 1 never reached it", err), err[-5000:]
+    assert re.search(r"A0224: .*local_rank 1 \(rank 1, pid \d+\) never reached", err), err[-5000:]
+    assert err.count("A0220") == 1 and err.count("A0207") == 1, err[-5000:]
+    assert "T6105" not in err and "exit 75" not in err
+    assert len(re.findall(r"T6212: generation 1: state from rank 0, checksum \w+; running step 2",
+                          err)) == 4, err[-5000:]
+    assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
+    survivors_kept(err, {1})
+    # the table at exit: rank 1 replaced, killed for the blame
+    assert "killed by the agent: rank" in err and "generation 1" in err, err[-3000:]
+    # the figure (docs/benchmarks.md): from the collective's start to re-formed
+    took = [float(x) for x in re.findall(r"T6211: rank \d re-formed generation 1 in [\d.]+ s "
+                                         r"\(([\d.]+) s after the failed collective began\)",
+                                         err)]
+    assert len(took) == 3, err[-5000:]
+    print(f"hang to re-formed: {max(took):.3f} s (--collective-timeout 3)")
+
+
+@pytest.mark.heavy
+def test_cddp_train_replacement_dies_while_taking_the_state(background, tmp_path, reference):
+    """Rank 2 is SIGKILLed after step 2's checkpoint; its replacement dies
+    while it takes the state (--fault crash@reform,rank=2): the others'
+    broadcast fails, they exit 75, and the agent restarts the group, which
+    resumes from --checkpoint and ends on the no-fault checksum."""
+    sport = free_port()
+    ck = tmp_path / "ck.safetensors"
+    agent = background([binary("cddprun"), "--nproc_per_node=4", f"--master_port={free_port()}",
+                        "--max_restarts=2", "--restart_scope=worker", f"--status_port={sport}",
+                        "--status_linger=60", binary("cddp-train"), *TINY,
+                        "--checkpoint", str(ck), "--ckpt-every", "2",
+                        "--fault", "crash@reform,rank=2"], env=env())
+    st = wait_status(sport, lambda s: ck.exists() and all(
+        (w.get("progress") or {}).get("step", 0) >= 2 for w in s["workers"]), timeout=120)
+    os.kill(st["workers"][2]["pid"], signal.SIGKILL)
+    st = wait_status(sport, lambda s: s["state"] in ("succeeded", "failed", "terminated"),
+                     timeout=300)
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(60) == 0, agent.err[-5000:]
+    err = agent.err
+    assert st["state"] == "succeeded", json.dumps(st)[:3000]
+    assert "T6105: fault injection: crash while taking the state in generation 1 on rank 2" in err
+    assert err.count("A0220") == 1, err[-5000:]
+    # the survivors' broadcast failed: exit 75; then the group restarted
+    assert re.search(r"A0207: \[default\] starting 4 workers \(attempt 2, restart count 2/2\)",
+                     err), err[-5000:]
+    assert st["restarts"]["by_scope"] == {"worker": 1, "group": 1}, json.dumps(st)[:3000]
+    assert "=> resumed from checkpoint" in agent.out, agent.out[-3000:]
+    assert checksums(err) == reference, err[-5000:]
 
 
 # Every rank runs allreduces; rank 1 dies in the first attempt, and with it
