@@ -136,7 +136,7 @@ def hang(o, build, env, base):
     args = [a for a in base if not a.startswith("crash@")][:-1]
     args += ["--fault", f"hang@step={o.crash_step},rank=2",
              "--collective-timeout", str(o.collective_timeout)]
-    totals, reforms, sums = [], [], set()
+    totals, reforms, starts, sums = [], [], [], set()
     for trial in range(o.trials):
         err = run(build, args, ["--restart_scope=worker"], env)
         hung = lines(err, rf"T6102: fault injection: hang at step {o.crash_step}")[0][0]
@@ -146,15 +146,20 @@ def hang(o, build, env, base):
             err, r"T6211: rank \d re-formed generation 1 in [\d.]+ s \(([\d.]+) s after")]
         sums |= {m.group(1) for _, m in lines(err, r"T6202: after \d+ steps: state checksum "
                                                    r"(\w+)")}
+        started = lines(err, r"A0220: .*restarting local_rank 2")[0][0]
+        starts.append(started - hung)
         totals.append(first - hung)
         reforms.append(max(took) if took else float("nan"))
-        print(f"trial {trial}: hang to the recovered group's first step {first - hung:.3f} s; "
+        print(f"trial {trial}: hang to the replacement's start (A0220) {starts[-1]:.3f} s; "
+              f"hang to the recovered group's first step {first - hung:.3f} s; "
               f"collective start to re-formed (slowest survivor) {reforms[-1]:.3f} s")
     print(f"\nResNet-18, synthetic {o.image_size}x{o.image_size}, 4 ranks, CPU gloo, rank 2 "
           f"hangs at step {o.crash_step}, --collective-timeout {o.collective_timeout}, median "
           f"of {o.trials}:")
     print("| from | to | time |")
     print("|---|---|---|")
+    print(f"| the hang (T6102) | the replacement started (A0220) | "
+          f"{statistics.median(starts):.3f} s |")
     print(f"| the failed collective's start (T6211) | re-formed | "
           f"{statistics.median(reforms):.3f} s |")
     print(f"| the hang (T6102) | the recovered group's first step (T0002) | "

@@ -266,6 +266,8 @@ def test_cddp_train_replacement_dies_while_taking_the_state(background, tmp_path
     assert st["restarts"]["by_scope"] == {"worker": 1, "group": 1}, json.dumps(st)[:3000]
     assert "=> resumed from checkpoint" in agent.out, agent.out[-3000:]
     assert checksums(err) == reference, err[-5000:]
+    # the table at exit names the first replacement's predecessor
+    assert "replaced in place (restart scope worker, rank 2, generation 1)" in err, err[-3000:]
 
 
 # Every rank runs allreduces; rank 1 dies in the first attempt, and with it
