@@ -122,6 +122,16 @@ static void test_missing_ranks(void **state)
     /* Rank 0 timed out in #9: rank 1 stopped at #4; rank 2 is in it too. */
     assert_int_equal(trn_comm_progress_missing(p[0], 9, 10.0, out, 4), 1);
     assert_int_equal(out[0], 1);
+    /* Rank 2 went on to #11 (rank 0 is stuck in #9, waiting for rank 1):
+     * both 0 and 1 never reached #11, and rank 1 is the one furthest behind. */
+    trn_comm_progress_note(p[2], 11);
+    uint64_t until2 = cddp_mono_ns() + 20000000000u;
+    while (trn_comm_progress_missing(p[2], 11, 10.0, out, 4) != 2 && cddp_mono_ns() < until2)
+        sleep_ms(20);
+    assert_int_equal(trn_comm_progress_missing(p[2], 11, 10.0, out, 4), 2);
+    assert_int_equal(trn_comm_progress_lowest(p[2], 11, 10.0, out, 4), 1);
+    assert_int_equal(out[0], 1);
+    trn_comm_progress_note(p[2], 9);
     /* Later numbers are published again (only when they change). */
     trn_comm_progress_note(p[1], 12);
     uint64_t until = cddp_mono_ns() + 20000000000u;

@@ -197,8 +197,9 @@ uint64_t trn_comm_wait_ns(const struct trn_comm *c);
 const struct trn_comm_error *trn_comm_last_error(const struct trn_comm *c);
 
 /* After a collective timed out (trn_comm_last_error's code CDDP_ETIMEOUT):
- * the ranks that never reached it, asked of the store (progress.h) within
- * budget_s. Writes up to max of them in rank order and returns how many
+ * the ranks that never reached it and are furthest behind (a rank stuck
+ * in an earlier collective, waiting for them, is left out), asked of the
+ * store (progress.h) within budget_s. Writes up to max of them in rank order and returns how many
  * there are; -1 when that is not known (no progress_kv, another failure,
  * the store did not answer in time). gloo only; nccl names them in its own
  * report. */

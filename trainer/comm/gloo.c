@@ -178,7 +178,7 @@ static int gloo_wait(void *impl, struct trn_comm_work *w)
 static int gloo_missing(void *impl, uint64_t seq, double budget_s, int *out, int max)
 {
     struct gloo_backend *b = impl;
-    return b->progress ? trn_comm_progress_missing(b->progress, seq, budget_s, out, max) : -1;
+    return b->progress ? trn_comm_progress_lowest(b->progress, seq, budget_s, out, max) : -1;
 }
 
 static void gloo_destroy(void *impl)

@@ -32,6 +32,7 @@ struct trn_comm_progress {
     pthread_cond_t cv;
     bool stopping;
     uint64_t asked;    /* a question (the blamed seq), 0: none */
+    bool lowest;       /* ...of the ranks furthest behind only */
     bool answered;     /* the answer to `asked` is in missing/nmissing */
     int *missing;      /* world entries */
     int nmissing;      /* -1: unknown */
@@ -79,6 +80,22 @@ static void read_peers(struct trn_comm_progress *p)
     }
 }
 
+/* Of missing[0..n), the ranks whose number is the lowest: those the
+ * others wait for (a rank stuck in an earlier collective than the asker's,
+ * waiting for a hung one, is behind too, but not the cause). */
+static int keep_lowest(const int64_t *peer_seq, int *missing, int n)
+{
+    int64_t low = INT64_MAX;
+    for (int i = 0; i < n; i++)
+        if (peer_seq[missing[i]] < low)
+            low = peer_seq[missing[i]];
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (peer_seq[missing[i]] == low)
+            missing[k++] = missing[i];
+    return k;
+}
+
 static void *progress_thread(void *arg)
 {
     struct trn_comm_progress *p = arg;
@@ -93,6 +110,8 @@ static void *progress_thread(void *arg)
             read_peers(p);
             int n = trn_wd_missing(p->peer_seq, p->world, p->rank, seq, p->missing, p->world);
             pthread_mutex_lock(&p->mu);
+            if (p->lowest)
+                n = keep_lowest(p->peer_seq, p->missing, n);
             p->nmissing = n;
             p->answered = true;
             pthread_cond_broadcast(&p->cv);
@@ -160,13 +179,14 @@ void trn_comm_progress_note(struct trn_comm_progress *p, uint64_t seq)
     atomic_store(&p->noted, seq);
 }
 
-int trn_comm_progress_missing(struct trn_comm_progress *p, uint64_t seq, double budget_s, int *out,
-                              int max)
+static int ask(struct trn_comm_progress *p, uint64_t seq, bool lowest, double budget_s, int *out,
+               int max)
 {
     struct timespec ts;
     deadline_in(budget_s, &ts);
     pthread_mutex_lock(&p->mu);
     p->asked = seq;
+    p->lowest = lowest;
     p->answered = false;
     pthread_cond_broadcast(&p->cv);
     while (!p->answered)
@@ -177,6 +197,18 @@ int trn_comm_progress_missing(struct trn_comm_progress *p, uint64_t seq, double 
         out[i] = p->missing[i];
     pthread_mutex_unlock(&p->mu);
     return n;
+}
+
+int trn_comm_progress_missing(struct trn_comm_progress *p, uint64_t seq, double budget_s, int *out,
+                              int max)
+{
+    return ask(p, seq, false, budget_s, out, max);
+}
+
+int trn_comm_progress_lowest(struct trn_comm_progress *p, uint64_t seq, double budget_s, int *out,
+                             int max)
+{
+    return ask(p, seq, true, budget_s, out, max);
 }
 
 void trn_comm_progress_stop(struct trn_comm_progress *p)

@@ -39,6 +39,12 @@ void trn_comm_progress_note(struct trn_comm_progress *p, uint64_t seq);
 int trn_comm_progress_missing(struct trn_comm_progress *p, uint64_t seq, double budget_s, int *out,
                               int max);
 
+/* The same, keeping only the ranks furthest behind (the lowest number):
+ * those the others wait for, without the ranks stuck in an earlier
+ * collective waiting for them (gloo, --restart_scope=worker's blame). */
+int trn_comm_progress_lowest(struct trn_comm_progress *p, uint64_t seq, double budget_s, int *out,
+                             int max);
+
 /* Stops and joins the thread (after its store call in flight, if any). */
 void trn_comm_progress_stop(struct trn_comm_progress *p);
 
