@@ -148,6 +148,7 @@ struct agent_worker_extras {
 };
 
 struct rdzv_server;
+struct rdzv_jobs;
 struct tcpstore_server;
 
 struct agent;
@@ -173,6 +174,10 @@ struct agent_hooks {
     /* Before each worker is spawned. 0, or an error that fails this start. */
     int (*prepare_worker)(void *arg, int local_rank, int restart_count,
                           struct agent_worker_extras *extras);
+    /* On the loop, only when this agent hosts the rendezvous server: the
+     * job-wide statistics the server is to feed (rendezvous/jobs.h), owned
+     * by the hooks and outliving the loop; NULL: none. May be NULL. */
+    struct rdzv_jobs *(*host_jobs)(void *arg);
 };
 
 /* On the agent's loop, from a hook: local_rank's worker wrote valid progress

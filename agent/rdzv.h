@@ -113,6 +113,7 @@ struct agent_rdzv_ops {
 };
 
 struct rdzv_server;
+struct rdzv_jobs; /* rendezvous/jobs.h */
 
 /* What the rendezvous knows besides rounds, for the status page. The
  * implementation keeps it current and calls on_info after a change. */
@@ -200,6 +201,11 @@ struct agent_rdzv_c10d_options {
     int node_rank;
     const char *master_addr;
     int master_port;
+    /* Optional: asked once, only when this node hosts the server, for the
+     * job-wide statistics its status port shows (rendezvous/jobs.h; owned
+     * by the caller, outliving the server); NULL from it: none kept. */
+    struct rdzv_jobs *(*host_jobs)(void *arg);
+    void *host_jobs_arg;
 };
 
 /* Starts it on loop: hosts the server when this node should (see

@@ -65,6 +65,7 @@
 #include "common/strutil.h"
 #include "rendezvous/client.h"
 #include "rendezvous/conf.h"
+#include "rendezvous/jobs.h"
 #include "rendezvous/server.h"
 
 /* How long close waits for the server's echo of "close". */
@@ -702,6 +703,12 @@ int agent_rdzv_c10d_new(uv_loop_t *loop, const struct agent_rdzv_c10d_options *o
             .read_timeout_ms = c->conf.read_timeout_ms,
             .name = "cddprun (in-process)",
         };
+        struct rdzv_jobs *jobs = o->host_jobs ? o->host_jobs(o->host_jobs_arg) : NULL;
+        if (jobs) {
+            so.on_heartbeat = rdzv_jobs_on_heartbeat;
+            so.on_action = rdzv_jobs_on_action;
+            so.jobs_arg = jobs;
+        }
         rc = rdzv_server_start(loop, &so, &c->server, why, sizeof(why));
         if (rc == UV_EADDRINUSE && mode == HOST_GUESS) {
             log_info("A0702",

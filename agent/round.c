@@ -528,6 +528,8 @@ int agent_round_open(struct agent *a, char *why, size_t whylen)
             .node_rank = cfg->node_rank,
             .master_addr = cfg->static_addr,
             .master_port = cfg->static_port,
+            .host_jobs = a->hooks ? a->hooks->host_jobs : NULL,
+            .host_jobs_arg = a->hooks ? a->hooks->arg : NULL,
         };
         if ((rc = agent_rdzv_c10d_new(&a->loop, &o, &a->rdzv, why, whylen)) != 0)
             return rc;

@@ -26,6 +26,7 @@
 #include "common/strutil.h"
 #include "proto/msg.h" /* PROTO_MAX_ID */
 #include "proto/progress.h"
+#include "rendezvous/jobs.h"
 #include "rendezvous/view.h"
 #include "store/tcpstore.h"
 #include "status/history.h"
@@ -147,6 +148,10 @@ struct agent_status {
     struct status_history hist;
     double hist_started_at;
     char stop_words[STATUS_HISTORY_REASON_MAX]; /* why the group last stopped */
+    /* The hosted server's job-wide statistics (on_host_jobs): made on the
+     * loop when the agent hosts, set under hist_mu (GET /history?run= reads
+     * it), freed after the status server stopped; NULL: not hosting. */
+    struct rdzv_jobs *jobs;
 };
 
 /* ---- publishing ---- */
@@ -287,6 +292,8 @@ static void fill_view(struct agent_status *st, struct status_agent_view *v, doub
             r->pid = v->pid;
             r->hostname = st->hostname;
             r->started_at = st->start_time;
+            if (st->jobs) /* the loop feeds them: read without the lock */
+                rdzv_jobs_add_goodput(st->jobs, &st->rdzv_view_builder, now_wall);
             v->rdzv_server = r;
         } else {
             log_error("S0106", "status port: out of memory listing the rendezvous runs");
@@ -547,13 +554,18 @@ static void history_changes(struct agent_status *st, const struct agent_snapshot
 }
 
 /* HTTP thread: GET /history. Copies what is newer than since under the
- * lock, renders the copy outside it. */
+ * lock, renders the copy outside it. ?run=: the hosted server's job-wide
+ * history of that run; without, or when not hosting, the node's own. */
 static int on_history_request(void *arg, const char *run, uint64_t since, struct cddp_buf *out)
 {
     struct agent_status *st = arg;
-    (void)run; /* the agent has one run */
     struct status_history copy;
     pthread_mutex_lock(&st->hist_mu);
+    struct rdzv_jobs *jobs = st->jobs; /* freed only after this thread stopped */
+    if (run != NULL && jobs != NULL) {
+        pthread_mutex_unlock(&st->hist_mu);
+        return rdzv_jobs_history(jobs, run, since, out);
+    }
     int rc = status_history_clone(&copy, &st->hist, since);
     pthread_mutex_unlock(&st->hist_mu);
     if (rc)
@@ -1084,6 +1096,26 @@ int agent_status_new(const struct launch_config *cfg, const char *version,
     return 0;
 }
 
+/* agent_hooks.host_jobs: on the loop, when the agent hosts the server.
+ * Kept only where they are served (a status port). */
+static struct rdzv_jobs *on_host_jobs(void *arg)
+{
+    struct agent_status *st = arg;
+    if (!st->hist_ready)
+        return NULL;
+    if (st->jobs == NULL) {
+        struct rdzv_jobs *jobs = rdzv_jobs_new();
+        if (jobs == NULL) {
+            log_error("S0107", "status port: out of memory for the job-wide statistics");
+            return NULL;
+        }
+        pthread_mutex_lock(&st->hist_mu);
+        st->jobs = jobs;
+        pthread_mutex_unlock(&st->hist_mu);
+    }
+    return st->jobs;
+}
+
 void agent_status_hooks(struct agent_status *st, struct agent_hooks *hooks)
 {
     memset(hooks, 0, sizeof(*hooks));
@@ -1096,6 +1128,7 @@ void agent_status_hooks(struct agent_status *st, struct agent_hooks *hooks)
     hooks->loop_done = on_loop_done;
     hooks->state_changed = on_state_changed;
     hooks->prepare_worker = on_prepare_worker;
+    hooks->host_jobs = on_host_jobs;
 }
 
 int agent_status_port(const struct agent_status *st)
@@ -1143,6 +1176,7 @@ void agent_status_free(struct agent_status *st)
         pthread_mutex_destroy(&st->hist_mu);
         status_history_free(&st->hist);
     }
+    rdzv_jobs_free(st->jobs);
     free(st->stacks_text);
     rdzv_view_builder_free(&st->rdzv_view_builder);
     free(st->slots);

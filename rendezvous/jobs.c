@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "rendezvous/view.h"
 
 struct rdzv_jobs {
     pthread_mutex_t mu;
@@ -117,4 +118,29 @@ int rdzv_jobs_history(void *arg, const char *run, uint64_t since, struct cddp_bu
     rc = status_history_render(&copy, since, cddp_wall_time(), started, out);
     status_history_free(&copy);
     return rc;
+}
+
+void rdzv_jobs_add_goodput(const struct rdzv_jobs *j, struct rdzv_view_builder *b, double now)
+{
+    const struct jobstats *js = &j->js;
+    for (size_t i = 0; i < b->runs.len; i++) {
+        struct status_rdzv_run_view *r = &b->runs.items[i];
+        const struct jobstats_run *jr = jobstats_find(js, r->run_id);
+        struct jobstats_sum sum;
+        if (jr == NULL)
+            continue;
+        jobstats_sum(jr, now, &sum);
+        if (sum.nodes == 0)
+            continue;
+        r->has_goodput = true;
+        r->goodput_nodes = sum.nodes;
+        _Static_assert(STATUS_GOODPUT_PHASE_COUNT == PROTO_GOODPUT_PHASES, "goodput phases");
+        for (int p = 0; p < PROTO_GOODPUT_PHASES; p++)
+            r->goodput_s[p] = sum.s[p];
+        r->goodput_total_s = sum.total_s;
+        r->goodput_ratio = sum.ratio;
+        r->goodput_lost_steps = sum.lost_steps;
+        r->max_step = sum.max_step;
+        r->min_step = sum.min_step;
+    }
 }

@@ -10,6 +10,9 @@
  *     o.jobs_arg = jobs;
  *     ... (the status port's on_history: rdzv_jobs_history, jobs)
  *     rdzv_jobs_free(jobs);  // after the server and the status port stopped
+ *
+ * An agent hosting the server (agent/rdzv_c10d.c) feeds one the same way;
+ * its status port (agent/status.c) owns it and reads it as cddp-rdzv's.
  */
 #ifndef CDDP_RENDEZVOUS_JOBS_H
 #define CDDP_RENDEZVOUS_JOBS_H
@@ -34,6 +37,11 @@ void rdzv_jobs_on_action(void *arg, const char *run_id, const struct rdzv_action
 
 /* On the loop's thread only (the one that feeds it): read without the lock. */
 const struct jobstats *rdzv_jobs_stats(const struct rdzv_jobs *j);
+
+struct rdzv_view_builder; /* rendezvous/view.h */
+/* Each run of a view just built (rdzv_view_build) gains its job-wide
+ * goodput. On the loop's thread only, like rdzv_jobs_stats. */
+void rdzv_jobs_add_goodput(const struct rdzv_jobs *j, struct rdzv_view_builder *b, double now);
 
 /* status_server_options.on_history (any thread): the history of run
  * (?run=) newer than since. CDDP_EPARSE when run is NULL or empty,

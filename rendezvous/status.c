@@ -37,35 +37,6 @@ struct rdzv_status {
     struct rdzv_jobs *jobs;        /* NULL: no job-wide statistics */
 };
 
-/* Each run's job-wide goodput from the statistics (on the loop's thread,
- * which is the one that feeds them). */
-static void add_goodput(struct rdzv_status *st, double now)
-{
-    if (st->jobs == NULL)
-        return;
-    const struct jobstats *js = rdzv_jobs_stats(st->jobs);
-    for (size_t i = 0; i < st->view.runs.len; i++) {
-        struct status_rdzv_run_view *r = &st->view.runs.items[i];
-        const struct jobstats_run *jr = jobstats_find(js, r->run_id);
-        struct jobstats_sum sum;
-        if (jr == NULL)
-            continue;
-        jobstats_sum(jr, now, &sum);
-        if (sum.nodes == 0)
-            continue;
-        r->has_goodput = true;
-        r->goodput_nodes = sum.nodes;
-        _Static_assert(STATUS_GOODPUT_PHASE_COUNT == PROTO_GOODPUT_PHASES, "goodput phases");
-        for (int p = 0; p < PROTO_GOODPUT_PHASES; p++)
-            r->goodput_s[p] = sum.s[p];
-        r->goodput_total_s = sum.total_s;
-        r->goodput_ratio = sum.ratio;
-        r->goodput_lost_steps = sum.lost_steps;
-        r->max_step = sum.max_step;
-        r->min_step = sum.min_step;
-    }
-}
-
 /* ---- cddp-rdzv's status port ---- */
 
 static void publish(struct rdzv_status *st)
@@ -80,8 +51,8 @@ static void publish(struct rdzv_status *st)
         log_error("S0201", "status port: out of memory listing the runs; not published");
         return;
     }
-    if (st->srv)
-        add_goodput(st, now);
+    if (st->srv && st->jobs)
+        rdzv_jobs_add_goodput(st->jobs, &st->view, now);
     v.program = "cddp-rdzv";
     v.version = st->version;
     v.pid = (int)getpid();

@@ -157,6 +157,9 @@ static void prom_build_info(struct prom_writer *w, const char *program, const ch
 
 static void rdzv_json_fields(struct jsonw *j, const struct status_rdzv_view *v);
 static void rdzv_metric_families(struct prom_writer *w, const struct status_rdzv_view *v);
+static bool rdzv_any_goodput(const struct status_rdzv_view *v);
+static void rdzv_time_samples(struct prom_writer *w, const struct status_rdzv_view *v);
+static void rdzv_ratio_samples(struct prom_writer *w, const struct status_rdzv_view *v);
 
 /* ---- the agent ------------------------------------------------------- */
 
@@ -274,16 +277,28 @@ static void agent_json_goodput(struct jsonw *j, const struct status_agent_view *
 static void goodput_metrics(struct prom_writer *w, const struct status_agent_view *v)
 {
     const struct status_goodput_view *g = &v->goodput;
-    if (!g->known)
+    /* An agent hosting the rendezvous server adds its runs' job-wide
+     * figures to the same families, labelled by run_id. */
+    bool jobwide = v->rdzv_server && rdzv_any_goodput(v->rdzv_server);
+    if (!g->known && !jobwide)
         return;
     prom_family(w, "cddp_time_seconds_total", PROM_COUNTER,
                 "The agent's wall time by phase (init, productive, lost, restart, rendezvous, "
-                "stopped); the phases add up to the agent's uptime.");
-    for (int i = 0; i < STATUS_GOODPUT_PHASE_COUNT; i++)
+                "stopped); the phases add up to the agent's uptime. With run_id: the job's "
+                "node-seconds (the hosted rendezvous server's sums).");
+    for (int i = 0; g->known && i < STATUS_GOODPUT_PHASE_COUNT; i++)
         prom_sample1(w, "phase", goodput_phase_names[i], g->s[i]);
+    if (jobwide)
+        rdzv_time_samples(w, v->rdzv_server);
     prom_family(w, "cddp_goodput_ratio", PROM_GAUGE,
-                "Productive time over wall time (steps kept, not redone after a restart).");
-    prom_sample0(w, g->ratio);
+                "Productive time over wall time (steps kept, not redone after a restart). With "
+                "run_id: over all the job's node-seconds.");
+    if (g->known)
+        prom_sample0(w, g->ratio);
+    if (jobwide)
+        rdzv_ratio_samples(w, v->rdzv_server);
+    if (!g->known)
+        return;
     prom_family(w, "cddp_lost_steps_total", PROM_COUNTER,
                 "Steps computed and then redone after a restart.");
     prom_sample0(w, (double)g->lost_steps);
@@ -870,18 +885,18 @@ static void rdzv_metric_families(struct prom_writer *w, const struct status_rdzv
     }
 }
 
-/* Job-wide goodput by run (cddp-rdzv's only: an agent's own
- * cddp_time_seconds_total is its node's). */
-static void rdzv_goodput_metrics(struct prom_writer *w, const struct status_rdzv_view *v)
+/* Job-wide goodput by run: cddp-rdzv's families, or an agent's own
+ * (goodput_metrics) when it hosts the server. */
+static bool rdzv_any_goodput(const struct status_rdzv_view *v)
 {
-    bool any = false;
     for (size_t i = 0; i < v->nruns; i++)
-        any = any || v->runs[i].has_goodput;
-    if (!any)
-        return;
-    prom_family(w, "cddp_time_seconds_total", PROM_COUNTER,
-                "The job's node-seconds by phase, by run: the sum of the latest totals of every "
-                "node that reported them (current and past members).");
+        if (v->runs[i].has_goodput)
+            return true;
+    return false;
+}
+
+static void rdzv_time_samples(struct prom_writer *w, const struct status_rdzv_view *v)
+{
     for (size_t i = 0; i < v->nruns; i++) {
         const struct status_rdzv_run_view *r = &v->runs[i];
         for (int p = 0; r->has_goodput && p < STATUS_GOODPUT_PHASE_COUNT; p++) {
@@ -890,12 +905,27 @@ static void rdzv_goodput_metrics(struct prom_writer *w, const struct status_rdzv
             prom_sample(w, l, 2, r->goodput_s[p]);
         }
     }
-    prom_family(w, "cddp_goodput_ratio", PROM_GAUGE,
-                "Productive node-seconds over all the job's node-seconds, by run.");
+}
+
+static void rdzv_ratio_samples(struct prom_writer *w, const struct status_rdzv_view *v)
+{
     for (size_t i = 0; i < v->nruns; i++)
         if (v->runs[i].has_goodput)
             prom_sample1(w, "run_id", v->runs[i].run_id ? v->runs[i].run_id : "",
                          v->runs[i].goodput_ratio);
+}
+
+static void rdzv_goodput_metrics(struct prom_writer *w, const struct status_rdzv_view *v)
+{
+    if (!rdzv_any_goodput(v))
+        return;
+    prom_family(w, "cddp_time_seconds_total", PROM_COUNTER,
+                "The job's node-seconds by phase, by run: the sum of the latest totals of every "
+                "node that reported them (current and past members).");
+    rdzv_time_samples(w, v);
+    prom_family(w, "cddp_goodput_ratio", PROM_GAUGE,
+                "Productive node-seconds over all the job's node-seconds, by run.");
+    rdzv_ratio_samples(w, v);
 }
 
 static void rdzv_metrics(struct prom_writer *w, const struct status_rdzv_view *v)

@@ -7,6 +7,11 @@ goodput" and "Job-wide history"):
     of what the agents say themselves, a restart phase, a ratio between 0
     and 1), and GET /history?run= has the job's step advancing and the
     rounds and the restart;
+  - an agent hosting the server (--standalone), its one rank crashing once:
+    its /status's rdzv_server and its /metrics carry the run's job-wide
+    goodput (cddp_goodput_ratio{run_id}), its GET /history?run= the job's
+    history (step advancing, rounds, the restart), its GET /history still
+    its own node's;
   - a peer sending bad goodput in its heartbeats (wrong type, negative,
     huge): ignored with one log line (R0026), the server lives, and a good
     one after it counts.
@@ -145,3 +150,68 @@ def test_bad_goodput_ignored_by_cddp_rdzv(background, tmp_path):
     log = (tmp_path / "rdzv.log").read_text()
     assert log.count("R0026") == 1, log  # once a connection
     assert "heartbeat's goodput ignored" in log
+
+
+SOLO = ["--arch", "resnet18", "--data", "synthetic", "--image-size", "16", "--num-classes",
+        "10", "--epochs", "1", "--batch-size", "4", "--log-every", "1", "--steps", "12",
+        "--ckpt-every", "4", "--fault", "crash@step=6,rank=0"]
+
+
+def jobwide_ratio(port, run_id):
+    """The agent's cddp_goodput_ratio{run_id} when strictly between 0 and 1, else None."""
+    code, _, body = curl(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    if code != 200:
+        return None
+    m = promparse.parse(body.decode(), conventions=True)
+    try:
+        v = promparse.value(m, "cddp_goodput_ratio", run_id=run_id)
+    except KeyError:
+        return None
+    # The node's own ratio stays, unlabelled, in the same family.
+    assert 0 <= promparse.value(m, "cddp_goodput_ratio") <= 1
+    return (m, v) if 0 < v < 1 else None
+
+
+def test_agent_hosting_the_server_keeps_job_wide_goodput_and_history(background, tmp_path):
+    port = free_port()
+    env = dict(os.environ, LOGLEVEL="INFO", OMP_NUM_THREADS="1")
+    with open(tmp_path / "agent.log", "w") as fh:
+        a = background([binary("cddprun"), "--standalone", "--nproc_per_node=1",
+                        "--max_restarts=1", "--rdzv_conf=keep_alive_interval=0.5",
+                        f"--log_dir={tmp_path / 'logs'}", f"--status_port={port}",
+                        "--status_linger=60", binary("cddp-train"), *SOLO, "--checkpoint",
+                        str(tmp_path / "ck.safetensors")],
+                       env=env, stdout=subprocess.DEVNULL, stderr=fh)
+    run_id = wait_for(lambda: (agent_status(port) or {}).get("run_id"), timeout=20,
+                      what="the agent's run id")
+    # While the run goes on: the hosted server's sums, on /metrics and /status.
+    m, ratio = wait_for(lambda: jobwide_ratio(port, run_id), timeout=60,
+                        what="cddp_goodput_ratio{run_id} on the agent's /metrics")
+    assert 0 < ratio < 1
+    for p in PHASES:
+        assert promparse.value(m, "cddp_time_seconds_total", run_id=run_id, phase=p) >= 0
+    st = agent_status(port)
+    runs = (st.get("rdzv_server") or {}).get("runs") or []
+    g = next((r["goodput"] for r in runs if r["run_id"] == run_id), None)
+    assert g is not None and g["nodes"] == 1 and 0 <= g["ratio"] <= 1, st.get("rdzv_server")
+    assert set(g["seconds"]) == set(PHASES)
+
+    st = {}
+    wait_for(lambda: (st.update(agent_status(port) or {}) or st.get("exit_code") is not None),
+             timeout=90, what="the agent's end on /status")
+    assert st["exit_code"] == 0, (tmp_path / "agent.log").read_text()[-3000:]
+    # The job's history outlives the hosted server (the agent lingers).
+    code, h = get_json(f"http://127.0.0.1:{port}/history?run={run_id}")
+    assert code == 200 and len(h["series"]) == 2, h
+    top = [p[2] for p in h["series"][0]["points"]]
+    assert len(top) >= 2 and top[-1] > top[0], top
+    rounds = [e for e in h["events"] if e["kind"] == "round"]
+    assert len(rounds) >= 2 and rounds[0]["reason"].endswith("world size 1"), h["events"]
+    restarts = [e for e in h["events"] if e["kind"] == "restart"]
+    assert restarts and restarts[0]["reason"].startswith("worker_failure"), h["events"]
+    # Without run=: the node's own history (one series: its one rank).
+    code, own = get_json(f"http://127.0.0.1:{port}/history")
+    assert code == 200 and len(own["series"]) == 1, own
+    assert curl(f"http://127.0.0.1:{port}/history?run=nosuch", timeout=5)[0] == 404
+    a.signal(15)
+    assert a.wait(20) == 0
