@@ -241,7 +241,8 @@ int jobstats_round(struct jobstats *js, const char *run_id, uint64_t round, int 
         return 0;
     r->round = round;
     char what[64];
-    snprintf(what, sizeof(what), "%d nodes, world size %d", nnodes, world_size);
+    snprintf(what, sizeof(what), "%d node%s, world size %d", nnodes, nnodes == 1 ? "" : "s",
+             world_size);
     add_event(r, STATUS_HISTORY_ROUND, (double)round, now, what, NULL);
     return 0;
 }
