@@ -29,7 +29,8 @@ seconds from the crash to each event in the logs).
 With --hang, rank 2 hangs instead (--fault hang@step=N,rank=2) under
 --restart_scope=worker with --collective-timeout T: the others' collective
 times out, they name rank 2 to the agent, which kills it and replaces it
-in place. Measured from the hang (T6102) to the first step the recovered
+in place (with --spare, --spare_workers=1: a warm spare takes its place).
+Measured from the hang (T6102) to the first step the recovered
 group completes (T0002), and each survivor's T6211 figure (from the start
 of the collective that timed out to re-formed); the target is T + 1 s.
 
@@ -138,7 +139,8 @@ def hang(o, build, env, base):
              "--collective-timeout", str(o.collective_timeout)]
     totals, reforms, starts, sums = [], [], [], set()
     for trial in range(o.trials):
-        err = run(build, args, ["--restart_scope=worker"], env)
+        flags = ["--restart_scope=worker"] + (["--spare_workers=1"] if o.spare else [])
+        err = run(build, args, flags, env)
         hung = lines(err, rf"T6102: fault injection: hang at step {o.crash_step}")[0][0]
         first = min(t for t, m in lines(err, r"T0002: step (\d+) loss")
                     if int(m.group(1)) == o.crash_step + 1)
@@ -146,7 +148,7 @@ def hang(o, build, env, base):
             err, r"T6211: rank \d re-formed generation 1 in [\d.]+ s \(([\d.]+) s after")]
         sums |= {m.group(1) for _, m in lines(err, r"T6202: after \d+ steps: state checksum "
                                                    r"(\w+)")}
-        started = lines(err, r"A0220: .*restarting local_rank 2")[0][0]
+        started = min(t for t, _ in lines(err, r"(A0220: .*restarting local_rank 2|A0246: )"))
         starts.append(started - hung)
         totals.append(first - hung)
         reforms.append(max(took) if took else float("nan"))
@@ -154,7 +156,8 @@ def hang(o, build, env, base):
               f"hang to the recovered group's first step {first - hung:.3f} s; "
               f"collective start to re-formed (slowest survivor) {reforms[-1]:.3f} s")
     print(f"\nResNet-18, synthetic {o.image_size}x{o.image_size}, 4 ranks, CPU gloo, rank 2 "
-          f"hangs at step {o.crash_step}, --collective-timeout {o.collective_timeout}, median "
+          f"hangs at step {o.crash_step}, --collective-timeout {o.collective_timeout}"
+          f"{', --spare_workers=1' if o.spare else ''}, median "
           f"of {o.trials}:")
     print("| from | to | time |")
     print("|---|---|---|")
@@ -176,6 +179,8 @@ def main():
     ap.add_argument("--image-size", type=int, default=32)
     ap.add_argument("--hang", action="store_true")
     ap.add_argument("--collective-timeout", type=float, default=3.0)
+    ap.add_argument("--spare", action="store_true",
+                    help="with --hang: --spare_workers=1 (a warm spare takes the hung rank's place)")
     o = ap.parse_args()
     build = pathlib.Path(o.build)
     env = dict(os.environ, LOGLEVEL="DEBUG")
