@@ -361,6 +361,107 @@ static void test_gloo_peer_gone(void **state)
     run_ranks(2, 30.0, body_peer_gone, ctx);
 }
 
+/* Point to point: rank 0 sends to rank 2 (odd sizes, several in a row, in
+ * order), rank 1 takes no part; the collectives after it keep the same
+ * sequence number on every rank. */
+static void body_p2p(struct rank_ctx *r, struct trn_comm *c)
+{
+    CHECK(r, trn_comm_has_p2p(c), "gloo has p2p");
+    CHECK(r, trn_comm_barrier(c) == 0, "barrier"); /* seq 1 */
+    for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+        size_t n = counts[k];
+        float *f = malloc(n * sizeof(float));
+        int64_t *q = malloc(n * sizeof(int64_t));
+        for (size_t i = 0; i < n; i++) {
+            f[i] = r->rank == 0 ? (float)(i % 1013) + 0.5f : -1.0f;
+            q[i] = r->rank == 0 ? (int64_t)i * 7 - 3 : 0;
+        }
+        if (r->rank == 0) {
+            CHECK(r, trn_comm_send(c, f, n, TRN_COMM_F32, 2) == 0, "send f32 n=%zu", n);
+            CHECK(r, trn_comm_send(c, q, n, TRN_COMM_I64, 2) == 0, "send i64 n=%zu", n);
+        } else if (r->rank == 2) {
+            CHECK(r, trn_comm_recv(c, f, n, TRN_COMM_F32, 0) == 0, "recv f32 n=%zu", n);
+            CHECK(r, trn_comm_recv(c, q, n, TRN_COMM_I64, 0) == 0, "recv i64 n=%zu", n);
+        }
+        for (size_t i = 0; i < n; i++) {
+            float want = r->rank == 1 ? -1.0f : (float)(i % 1013) + 0.5f;
+            CHECK(r, f[i] == want, "n=%zu f[%zu]=%g", n, i, f[i]);
+            CHECK(r, q[i] == (r->rank == 1 ? 0 : (int64_t)i * 7 - 3), "n=%zu q[%zu]", n, i);
+        }
+        free(f);
+        free(q);
+    }
+    /* arguments: self, out of range, nothing to move (both ends skip it) */
+    float x[1] = {0};
+    CHECK(r, trn_comm_send(c, x, 1, TRN_COMM_F32, r->rank) == CDDP_ERANGE_ARG, "send to self");
+    CHECK(r, trn_comm_recv(c, x, 1, TRN_COMM_F32, 3) == CDDP_ERANGE_ARG, "recv from 3");
+    CHECK(r, trn_comm_send(c, NULL, 1, TRN_COMM_F32, (r->rank + 1) % 3) == CDDP_ERANGE_ARG,
+          "send NULL");
+    CHECK(r, trn_comm_send(c, NULL, 0, TRN_COMM_F32, (r->rank + 1) % 3) == 0, "send nothing");
+    struct trn_comm_work w;
+    CHECK(r, trn_comm_allreduce_start(c, &w, x, 1, TRN_COMM_F32, TRN_COMM_SUM) == 0, "start");
+    CHECK(r, trn_comm_wait(c, &w) == 0, "allreduce after p2p");
+    CHECK(r, w.seq == 2, "the allreduce after the sends is #%llu, not #2",
+          (unsigned long long)w.seq);
+    CHECK(r, trn_comm_last_error(c)->code == 0, "no error");
+}
+
+static void test_gloo_p2p(void **state)
+{
+    (void)state;
+    struct rank_ctx ctx[3];
+    run_ranks(3, 30, body_p2p, ctx);
+}
+
+/* A receive whose sender never sends fails like a collective: ETIMEOUT,
+ * op "recv", no sequence number; then the communicator is broken. A
+ * receive from a peer that leaves fails with EPEER before the timeout. */
+static void body_p2p_fail(struct rank_ctx *r, struct trn_comm *c)
+{
+    float x[1000] = {0};
+    if (r->rank == 1) {
+        pthread_barrier_wait(r->sync); /* until rank 0's receive timed out */
+        return;                        /* rank_main destroys the communicator */
+    }
+    int rc = trn_comm_recv(c, x, 1000, TRN_COMM_F32, 1);
+    const struct trn_comm_error *e = trn_comm_last_error(c);
+    CHECK(r, rc == CDDP_ETIMEOUT, "rc %d (%s)", rc, e->detail);
+    CHECK(r, strcmp(e->op, "recv") == 0 && e->coll == TRN_COLL_RECV, "op %s", e->op);
+    CHECK(r, e->bytes == 4000 && e->seq == 0, "bytes %zu seq %llu", e->bytes,
+          (unsigned long long)e->seq);
+    CHECK(r, e->waited_s >= 0.9 && e->waited_s < 5.0, "waited %.2f s", e->waited_s);
+    CHECK(r, strstr(e->detail, "imed out") != NULL, "detail '%s'", e->detail);
+    CHECK(r, trn_comm_send(c, x, 1, TRN_COMM_F32, 1) == CDDP_ESTATE, "send after failure");
+    CHECK(r, trn_comm_missing(c, 1.0, (int[2]){0}, 2) == -1, "no missing ranks for a recv");
+    pthread_barrier_wait(r->sync);
+}
+
+static void body_p2p_peer_gone(struct rank_ctx *r, struct trn_comm *c)
+{
+    if (r->rank == 1) {
+        trn_comm_barrier(c);
+        return; /* rank_main destroys the communicator */
+    }
+    CHECK(r, trn_comm_barrier(c) == 0, "barrier");
+    float *x = calloc(1000000, sizeof(float));
+    uint64_t t0 = cddp_mono_ns();
+    int rc = trn_comm_recv(c, x, 1000000, TRN_COMM_F32, 1);
+    double took = (double)(cddp_mono_ns() - t0) * 1e-9;
+    const struct trn_comm_error *e = trn_comm_last_error(c);
+    CHECK(r, rc == CDDP_EPEER, "rc %d (%s)", rc, e->detail);
+    CHECK(r, strcmp(e->op, "recv") == 0, "op %s", e->op);
+    CHECK(r, took < 10.0, "took %.2f s: not fast", took);
+    free(x);
+}
+
+static void test_gloo_p2p_fail(void **state)
+{
+    (void)state;
+    struct rank_ctx ctx[2];
+    run_ranks(2, 1.0, body_p2p_fail, ctx);
+    run_ranks(2, 30.0, body_p2p_peer_gone, ctx);
+}
+
 /* World 2 but only rank 0 shows up: create fails after the init timeout. */
 static void test_gloo_connect_timeout(void **state)
 {
@@ -408,6 +509,10 @@ static void test_local(void **state)
     assert_int_equal(trn_comm_allreduce(c, NULL, 5, TRN_COMM_F32, TRN_COMM_SUM), CDDP_ERANGE_ARG);
     assert_int_equal(trn_comm_allreduce(c, x, 5, (enum trn_comm_dtype)42, TRN_COMM_SUM),
                      CDDP_ERANGE_ARG);
+    /* no point to point without peers; the communicator stays usable */
+    assert_false(trn_comm_has_p2p(c));
+    assert_int_equal(trn_comm_send(c, x, 5, TRN_COMM_F32, 0), CDDP_ERR_FROM_ERRNO(ENOTSUP));
+    assert_int_equal(trn_comm_recv(c, x, 5, TRN_COMM_F32, 0), CDDP_ERR_FROM_ERRNO(ENOTSUP));
     /* bad arguments do not break the communicator */
     assert_int_equal(trn_comm_barrier(c), 0);
     assert_int_equal(trn_comm_last_error(c)->code, 0);
@@ -428,6 +533,7 @@ int main(void)
         cmocka_unit_test(test_local),          cmocka_unit_test(test_gloo_collectives),
         cmocka_unit_test(test_gloo_async),     cmocka_unit_test(test_gloo_timeout),
         cmocka_unit_test(test_gloo_peer_gone), cmocka_unit_test(test_gloo_connect_timeout),
+        cmocka_unit_test(test_gloo_p2p),       cmocka_unit_test(test_gloo_p2p_fail),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

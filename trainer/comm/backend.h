@@ -32,6 +32,7 @@ struct trn_comm_backend_ops {
      * (trn_comm_missing). */
     int (*missing)(void *impl, uint64_t seq, double budget_s, int *out, int max);
     bool on_device; /* buffers are CUDA device memory */
+    bool p2p;       /* runs TRN_COLL_SEND and TRN_COLL_RECV (comm.c refuses them otherwise) */
 };
 
 /* gloo.c: connects the mesh; on failure returns a negative code with a

@@ -34,10 +34,9 @@ struct trn_comm {
 };
 
 static const char *const coll_names[] = {
-    [TRN_COLL_BROADCAST] = "broadcast",
-    [TRN_COLL_ALLREDUCE] = "allreduce",
-    [TRN_COLL_ALLGATHER] = "allgather",
-    [TRN_COLL_BARRIER] = "barrier",
+    [TRN_COLL_BROADCAST] = "broadcast", [TRN_COLL_ALLREDUCE] = "allreduce",
+    [TRN_COLL_ALLGATHER] = "allgather", [TRN_COLL_BARRIER] = "barrier",
+    [TRN_COLL_SEND] = "send",           [TRN_COLL_RECV] = "recv",
 };
 
 const char *trn_comm_coll_name(enum trn_comm_coll coll)
@@ -82,6 +81,11 @@ const char *trn_comm_backend(const struct trn_comm *c)
 double trn_comm_timeout(const struct trn_comm *c)
 {
     return c->timeout_s;
+}
+
+bool trn_comm_has_p2p(const struct trn_comm *c)
+{
+    return c->be != NULL && c->be->p2p;
 }
 
 bool trn_comm_on_device(const struct trn_comm *c)
@@ -243,9 +247,14 @@ static int start(struct trn_comm *c, struct trn_comm_work *w, int bucket)
     if (trn_comm_dtype_size(w->dtype) == 0 ||
         (w->coll == TRN_COLL_ALLREDUCE && !redop_ok(w->dtype, w->redop)))
         return CDDP_ERANGE_ARG;
-    if (w->coll == TRN_COLL_BROADCAST && (w->root < 0 || w->root >= c->world))
+    bool p2p = w->coll == TRN_COLL_SEND || w->coll == TRN_COLL_RECV;
+    if (p2p && !trn_comm_has_p2p(c))
+        return CDDP_ERR_FROM_ERRNO(ENOTSUP);
+    if ((w->coll == TRN_COLL_BROADCAST || p2p) && (w->root < 0 || w->root >= c->world))
         return CDDP_ERANGE_ARG;
-    if (w->count > 0 && w->buf == NULL)
+    if (p2p && w->root == c->rank)
+        return CDDP_ERANGE_ARG;
+    if (w->count > 0 && (w->coll == TRN_COLL_SEND ? w->send == NULL : w->buf == NULL))
         return CDDP_ERANGE_ARG;
     w->next = NULL;
     w->rc = 0;
@@ -254,7 +263,8 @@ static int start(struct trn_comm *c, struct trn_comm_work *w, int bucket)
     w->bucket = bucket;
     w->step = c->step;
     w->seq = 0;
-    /* Nothing to move: every rank skips it alike, so the order is kept. */
+    /* Nothing to move: every rank (both ends of a send) skips it alike, so
+     * the order is kept. */
     if (c->be == NULL || (w->count == 0 && w->coll != TRN_COLL_BARRIER)) {
         run_local(c, w);
         return w->rc;
@@ -339,5 +349,20 @@ int trn_comm_allgather(struct trn_comm *c, const void *send, void *recv, size_t 
 int trn_comm_barrier(struct trn_comm *c)
 {
     struct trn_comm_work w = {.coll = TRN_COLL_BARRIER, .dtype = TRN_COMM_U8};
+    return run_sync(c, &w);
+}
+
+int trn_comm_send(struct trn_comm *c, const void *buf, size_t count, enum trn_comm_dtype dt,
+                  int peer)
+{
+    struct trn_comm_work w = {
+        .coll = TRN_COLL_SEND, .send = buf, .count = count, .dtype = dt, .root = peer};
+    return run_sync(c, &w);
+}
+
+int trn_comm_recv(struct trn_comm *c, void *buf, size_t count, enum trn_comm_dtype dt, int peer)
+{
+    struct trn_comm_work w = {
+        .coll = TRN_COLL_RECV, .buf = buf, .count = count, .dtype = dt, .root = peer};
     return run_sync(c, &w);
 }

@@ -74,13 +74,16 @@ enum trn_comm_coll {
     TRN_COLL_ALLREDUCE,
     TRN_COLL_ALLGATHER,
     TRN_COLL_BARRIER,
+    TRN_COLL_SEND, /* point to point (trn_comm_send, trn_comm_recv): gloo only */
+    TRN_COLL_RECV,
 };
 
 /* What went wrong in a collective (or in creating the communicator). */
 struct trn_comm_error {
     int code; /* 0, CDDP_ETIMEOUT, CDDP_EPEER, CDDP_ESTATE, -errno, ... */
     enum trn_comm_coll coll;
-    char op[24];      /* "allreduce", "broadcast", "allgather", "barrier", "connect" */
+    char op[24];      /* "allreduce", "broadcast", "allgather", "barrier", "send", "recv",
+                         "connect" */
     size_t bytes;     /* payload per rank */
     double waited_s;  /* from the collective's start to its failure */
     double timeout_s; /* the bound in force */
@@ -93,12 +96,12 @@ struct trn_comm_error {
 struct trn_comm_work {
     struct trn_comm_work *next;
     enum trn_comm_coll coll;
-    void *buf;        /* in/out (allreduce, broadcast); output (allgather: world * count) */
-    const void *send; /* allgather input (count); may alias buf + rank * count */
+    void *buf;        /* in/out (allreduce, broadcast); output (allgather: world * count; recv) */
+    const void *send; /* allgather input (count); may alias buf + rank * count; send's input */
     size_t count;     /* elements per rank */
     enum trn_comm_dtype dtype;
     enum trn_comm_redop redop;
-    int root;
+    int root;  /* broadcast's root; send: the destination, recv: the source */
     int state; /* private */
     int rc;
     uint64_t start_ns, end_ns;
@@ -169,6 +172,22 @@ int trn_comm_allreduce(struct trn_comm *c, void *buf, size_t count, enum trn_com
 int trn_comm_allgather(struct trn_comm *c, const void *send, void *recv, size_t count,
                        enum trn_comm_dtype dt);
 int trn_comm_barrier(struct trn_comm *c);
+
+/* Point to point (gloo; trn_comm_has_p2p). trn_comm_send sends count
+ * elements of buf to rank peer; trn_comm_recv receives them from rank
+ * peer into buf. Only the two ranks call it, each its half, in the same
+ * order relative to the other sends and receives between them; they queue
+ * with the collectives (one order per rank), are bounded by the timeout and
+ * fail like a collective (CDDP_ETIMEOUT, CDDP_EPEER; op "send" or "recv";
+ * the communicator is then broken). They take no sequence number
+ * (trn_comm_work.seq 0, trn_comm_missing: -1), so a collective keeps the
+ * same number on every rank whoever sent what. A backend without them
+ * (nccl, local) returns -ENOTSUP and stays usable; peer == self or out of
+ * range: CDDP_ERANGE_ARG. */
+bool trn_comm_has_p2p(const struct trn_comm *c);
+int trn_comm_send(struct trn_comm *c, const void *buf, size_t count, enum trn_comm_dtype dt,
+                  int peer);
+int trn_comm_recv(struct trn_comm *c, void *buf, size_t count, enum trn_comm_dtype dt, int peer);
 
 /* Async allreduce (in place on buf). 0: queued, wait for it. Negative: not
  * queued (bad argument, or the communicator is broken). */

@@ -19,6 +19,12 @@
  * each collective the thread starts is published (progress.h), so that
  * after a timeout trn_comm_missing can name the ranks that never started
  * it (--restart_scope=worker: a hung rank is replaced in place).
+ *
+ * Sends and receives (trn_comm_send, trn_comm_recv) run on the same thread
+ * in the same order, but outside the guard's table: only two ranks run
+ * one, so it must not take a sequence number (the collectives' numbers
+ * would then differ between ranks). The guard bounds it by its own start
+ * time (p2p_start_ns) instead, with the same timeout plus grace.
  */
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -53,7 +59,9 @@ struct gloo_backend {
     /* The guard's bookkeeping: the running collective (one at a time) and
      * its deadline, timeout plus grace (watchdog_core.h). */
     struct trn_wd_core wd;
-    uint64_t running_seq; /* 0 when idle */
+    uint64_t running_seq;  /* 0 when idle */
+    uint64_t p2p_start_ns; /* a send or receive running since then; 0: none */
+    uint64_t p2p_limit_ns; /* its bound: timeout plus the guard's grace */
     bool stopping;
     bool failed;    /* a collective failed: fail the rest without running them */
     bool abandoned; /* a waiter gave up on a stuck collective: touch nothing */
@@ -89,7 +97,9 @@ static void *comm_thread(void *arg)
                                  .bucket = w->bucket,
                                  .step = w->step,
                                  .bytes = w->count * trn_comm_dtype_size(w->dtype)};
-        if (trn_wd_enqueued(&b->wd, &wc, now, &b->running_seq) == 0)
+        if (w->coll == TRN_COLL_SEND || w->coll == TRN_COLL_RECV)
+            b->p2p_start_ns = now; /* (no sequence number: see the top) */
+        else if (trn_wd_enqueued(&b->wd, &wc, now, &b->running_seq) == 0)
             w->seq = b->running_seq;
         if (b->progress != NULL && w->seq != 0)
             trn_comm_progress_note(b->progress, w->seq);
@@ -102,8 +112,10 @@ static void *comm_thread(void *arg)
             cddp_strlcpy(detail, w->detail, sizeof(detail));
 
         pthread_mutex_lock(&b->mu);
-        trn_wd_completed(&b->wd, b->running_seq);
+        if (b->running_seq != 0)
+            trn_wd_completed(&b->wd, b->running_seq);
         b->running_seq = 0;
+        b->p2p_start_ns = 0;
         if (b->abandoned)
             break;
         w->rc = rc;
@@ -144,12 +156,33 @@ static void deadline_ts(uint64_t mono_ns, struct timespec *ts)
     ts->tv_nsec = (long)(mono_ns % 1000000000u);
 }
 
+/* A send or receive past its bound: the waiter gives up on it as on a
+ * stuck collective (gloo_wait). */
+static bool p2p_stuck(struct gloo_backend *b, struct trn_comm_work *w, uint64_t now)
+{
+    if (b->p2p_start_ns == 0 || now - b->p2p_start_ns <= b->p2p_limit_ns)
+        return false;
+    b->abandoned = true;
+    b->failed = true;
+    w->rc = CDDP_ETIMEOUT;
+    w->seq = 0;
+    w->start_ns = b->p2p_start_ns;
+    w->end_ns = now;
+    snprintf(w->detail, sizeof(w->detail),
+             "gloo did not return from a send or receive within %.0f s (timeout %.0f s plus "
+             "grace); communicator abandoned",
+             (double)(now - b->p2p_start_ns) * 1e-9, b->timeout_s);
+    return true;
+}
+
 static int gloo_wait(void *impl, struct trn_comm_work *w)
 {
     struct gloo_backend *b = impl;
     pthread_mutex_lock(&b->mu);
     while (w->state != TRN_WORK_DONE) {
         uint64_t now = cddp_mono_ns();
+        if (p2p_stuck(b, w, now))
+            break;
         struct trn_wd_decision d;
         if (trn_wd_check(&b->wd, now, &d) == TRN_WD_TIMEOUT) {
             b->abandoned = true;
@@ -167,6 +200,8 @@ static int gloo_wait(void *impl, struct trn_comm_work *w)
         struct timespec ts;
         /* Wake at the guard's deadline, or within a second while queued. */
         uint64_t until = d.have_blamed ? d.next_ns + 1000000u : now + 1000000000u;
+        if (b->p2p_start_ns != 0 && b->p2p_start_ns + b->p2p_limit_ns + 1000000u < until)
+            until = b->p2p_start_ns + b->p2p_limit_ns + 1000000u;
         deadline_ts(until, &ts);
         pthread_cond_timedwait(&b->done_cv, &b->mu, &ts);
     }
@@ -212,6 +247,7 @@ static const struct trn_comm_backend_ops gloo_ops = {
     .wait = gloo_wait,
     .destroy = gloo_destroy,
     .missing = gloo_missing,
+    .p2p = true,
 };
 
 /* Unblocks SIGPIPE in this thread again, first discarding one that arrived
@@ -257,7 +293,9 @@ int trn_gloo_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
     }
     b->timeout_s = timeout_s;
     /* Grace past gloo's own timeout before the waiter gives up by itself. */
-    if (trn_wd_init(&b->wd, timeout_s, 5.0 + 0.1 * timeout_s, 4) < 0) {
+    double grace_s = 5.0 + 0.1 * timeout_s;
+    b->p2p_limit_ns = (uint64_t)((timeout_s + grace_s) * 1e9);
+    if (trn_wd_init(&b->wd, timeout_s, grace_s, 4) < 0) {
         free(b);
         snprintf(err, errlen, "out of memory");
         return CDDP_ERR_FROM_ERRNO(ENOMEM);

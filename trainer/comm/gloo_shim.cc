@@ -13,6 +13,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include <algorithm>
 #include <chrono>
@@ -216,6 +218,30 @@ template <typename T> void allgather(trn_gloo *g, trn_comm_work *w, std::chrono:
     gloo::allgather(opts);
 }
 
+// Sends and receives, on a slot of their own: gloo's collectives use
+// prefixes 0x01 to 0x08 (gloo/types.h). Messages on one slot between two
+// ranks arrive in the order they were sent.
+constexpr uint8_t kP2pSlotPrefix = 0x70;
+
+void p2p(trn_gloo *g, trn_comm_work *w, size_t bytes, std::chrono::milliseconds t)
+{
+    const uint64_t slot = gloo::Slot::build(kP2pSlotPrefix, 0);
+    bool done;
+    if (w->coll == TRN_COLL_SEND) {
+        // (gloo only reads a buffer it sends)
+        auto ub = g->ctx->createUnboundBuffer(const_cast<void *>(w->send), bytes);
+        ub->send(w->root, slot);
+        done = ub->waitSend(t);
+    } else {
+        auto ub = g->ctx->createUnboundBuffer(w->buf, bytes);
+        ub->recv(w->root, slot);
+        done = ub->waitRecv(t);
+    }
+    if (!done)
+        throw gloo::IoException(std::string(w->coll == TRN_COLL_SEND ? "send to" : "recv from") +
+                                " rank " + std::to_string(w->root) + " aborted");
+}
+
 template <typename T> void run_typed(trn_gloo *g, trn_comm_work *w, std::chrono::milliseconds t)
 {
     switch (w->coll) {
@@ -234,6 +260,10 @@ template <typename T> void run_typed(trn_gloo *g, trn_comm_work *w, std::chrono:
         gloo::barrier(opts);
         break;
     }
+    case TRN_COLL_SEND:
+    case TRN_COLL_RECV:
+        p2p(g, w, w->count * sizeof(T), t);
+        break;
     }
 }
 
