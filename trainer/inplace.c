@@ -6,6 +6,7 @@
 
 #include <inttypes.h>
 #include <setjmp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -150,15 +151,56 @@ static uint64_t full_checksum(const struct run *r)
     return (h ^ sc) * 0x100000001b3ull;
 }
 
-/* Every rank takes root's state, as broadcasts of the flat buffers: the
- * position (step, epoch, first batch of the step to run; the sampler's
- * order follows from the epoch and the seed), parameters, buffers and BN
- * counters, the momentum and the optimizer's step count, the loss scaler;
- * then every rank checks it holds the same (one checksum). A rank whose
- * step was cut short first puts back the buffers from before it. The
- * step in progress is then run again by every rank (its partial
- * gradients are dropped: the next backward starts them afresh). */
-static void take_state(struct run *r, int root)
+/* Which ranks need the big buffers (parameters, buffers, momentum): with
+ * point to point (gloo), every rank says whether it is a replacement (one
+ * byte each, an allgather), and only those get them. NULL without point
+ * to point (nccl): a broadcast to every rank, as before. The survivors
+ * already hold the same state; the checksum after the transfer proves it
+ * (a survivor that does not: exit 75, and the group restarts). */
+static uint8_t *who_needs(struct run *r, bool fresh, int root)
+{
+    struct trn_comm *comm = r->dist.comm;
+    if (!trn_comm_has_p2p(comm))
+        return NULL;
+    uint8_t mine = fresh;
+    uint8_t *need = trn_malloc((size_t)r->world);
+    run_check_collective(r, trn_comm_allgather(comm, &mine, need, 1, TRN_COMM_U8));
+    if (need[root]) {
+        /* (a replacement not yet re-formed when the next generation came:
+         * nobody holds a state to give) */
+        char why[128];
+        snprintf(why, sizeof(why), "rank %d, the state's source, is itself a replacement", root);
+        reform_failed(r, CDDP_ESTATE, why);
+    }
+    return need;
+}
+
+/* One big buffer from root: point to point to the ranks in need (root
+ * sends to each in turn), or a broadcast (need NULL). */
+static void give(struct run *r, const uint8_t *need, float *buf, size_t n, int root)
+{
+    struct trn_comm *comm = r->dist.comm;
+    if (need == NULL) {
+        run_check_collective(r, trn_comm_broadcast(comm, buf, n, TRN_COMM_F32, root));
+    } else if (r->rank == root) {
+        for (int i = 0; i < r->world; i++)
+            if (i != root && need[i])
+                run_check_collective(r, trn_comm_send(comm, buf, n, TRN_COMM_F32, i));
+    } else if (need[r->rank]) {
+        run_check_collective(r, trn_comm_recv(comm, buf, n, TRN_COMM_F32, root));
+    }
+}
+
+/* Every rank takes root's state: broadcasts of the position (step, epoch,
+ * first batch of the step to run; the sampler's order follows from the
+ * epoch and the seed), the BN counters, the optimizer's step count and the
+ * loss scaler; the parameters, buffers and momentum from root to the
+ * replacements only (fresh: this rank is one; who_needs); then every rank
+ * checks it holds the same (one checksum). A rank whose step was cut short
+ * first puts back the buffers from before it. The step in progress is then
+ * run again by every rank (its partial gradients are dropped: the next
+ * backward starts them afresh). */
+static void take_state(struct run *r, int root, bool fresh)
 {
     struct trn_resnet *m = &r->model;
     struct trn_backend *be = &r->be;
@@ -173,14 +215,17 @@ static void take_state(struct run *r, int root)
     float scale = r->engine.scaler.scale;
     run_check_collective(r, trn_comm_broadcast(comm, pos, 5, TRN_COMM_I64, root));
     trn_fault_reform(&r->cfg.fault, r->rank, r->generation); /* (--fault crash@reform) */
-    run_check_collective(r, trn_comm_broadcast(comm, m->params, m->num_params, TRN_COMM_F32, root));
-    run_check_collective(r,
-                         trn_comm_broadcast(comm, m->buffers, m->num_buffers, TRN_COMM_F32, root));
+    uint8_t *need = who_needs(r, fresh, root);
+    give(r, need, m->params, m->num_params, root);
+    give(r, need, m->buffers, m->num_buffers, root);
     run_check_collective(
         r, trn_comm_broadcast(comm, m->num_batches_tracked, (size_t)m->num_bn, TRN_COMM_I64, root));
-    run_check_collective(r,
-                         trn_comm_broadcast(comm, m->momentum, m->num_params, TRN_COMM_F32, root));
+    give(r, need, m->momentum, m->num_params, root);
     run_check_collective(r, trn_comm_broadcast(comm, &scale, 1, TRN_COMM_F32, root));
+    int sent = need ? 0 : -1; /* ranks given the big buffers point to point; -1: broadcast */
+    for (int i = 0; need != NULL && i < r->world; i++)
+        sent += i != root && need[i];
+    free(need);
     r->step = (long)pos[0];
     r->start.step = r->step;
     r->start.epoch = (int)pos[1];
@@ -198,8 +243,10 @@ static void take_state(struct run *r, int root)
         reform_failed(r, CDDP_EMISMATCH, "the ranks hold different states after the transfer");
     log_info("T6212",
              "generation %ld: state from rank %d, checksum %016" PRIx64
-             "; running step %ld (epoch %d, batch %ld)",
-             r->generation, root, sum, r->step, r->start.epoch, r->start.first_batch);
+             "; running step %ld (epoch %d, batch %ld); weights %s %d rank%s",
+             r->generation, root, sum, r->step, r->start.epoch, r->start.first_batch,
+             sent < 0 ? "broadcast to all" : "sent point to point to", sent < 0 ? r->world : sent,
+             (sent < 0 ? r->world : sent) == 1 ? "" : "s");
 }
 
 /* The new communicator in place of the old one, wherever it is held. */
@@ -250,7 +297,7 @@ void trn_inplace_rejoin(struct run *r)
                      sizeof(err)))
         trn_fatal("%s", err);
     reformed(r);
-    take_state(r, root);
+    take_state(r, root, true);
     log_info("T6211", "rank %d replaced in generation %ld: joined the group in %.3f s", r->rank,
              gen, (double)(cddp_mono_ns() - t0) * 1e-9);
 }
@@ -267,7 +314,7 @@ void trn_inplace_recover(struct run *r)
     int root;
     long gen = meet(r, r->generation, &root);
     reformed(r);
-    take_state(r, root);
+    take_state(r, root, false);
     uint64_t now = cddp_mono_ns();
     log_info("T6211",
              "rank %d re-formed generation %ld in %.3f s (%.3f s after the failed "
