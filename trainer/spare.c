@@ -56,6 +56,11 @@ void trn_spare_warm_up(struct run *r)
     int32_t *labels = trn_calloc((size_t)n, sizeof(int32_t));
     trn_resnet_forward(&r->model, x, labels, n, r->height, r->width, true);
     trn_resnet_backward(&r->model, 1.0f, false);
+    /* The pages the state transfer writes, faulted in now rather than
+     * while the group waits for it (the parameters and momentum arrive
+     * point to point: inplace.c, take_state). */
+    memset(r->model.params, 0, r->model.num_params * sizeof(float));
+    memset(r->model.momentum, 0, r->model.num_params * sizeof(float));
     free(labels);
     free(x);
     log_debug("T6222", "spare: warmed up (one forward and backward of %d images) in %.3f s", n,
