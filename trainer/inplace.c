@@ -152,26 +152,27 @@ static uint64_t full_checksum(const struct run *r)
         h = (h ^ b[i]) * 0x100000001b3ull;
     int64_t more[3] = {m->optimizer_steps, r->engine.scaler.growth_tracker, r->step};
     b = (const unsigned char *)more;
-    for (size_t i = 0; i < sizeof(more); i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
+    for (size_t k = 0; k < sizeof(more); k++)
+        h = (h ^ b[k]) * 0x100000001b3ull;
     uint32_t sc;
     memcpy(&sc, &r->engine.scaler.scale, sizeof(sc));
     return (h ^ sc) * 0x100000001b3ull;
 }
 
 /* Which ranks need the two big buffers (parameters, momentum): with point
- * to point (gloo), every rank says whether it is a replacement (one byte
- * each, an allgather), and only those get them. NULL without point to
- * point (nccl): a broadcast to every rank, as before. The survivors
- * already hold the same parameters and momentum (the last step's reduced
- * gradients made them); the checksum after the transfer proves it (a
- * survivor that does not: exit 75, and the group restarts). */
-static uint8_t *who_needs(struct run *r, bool fresh, int root)
+ * to point (gloo), every rank says whether it needs them (one byte each,
+ * an allgather): a replacement, or a survivor at another step than
+ * root's; only those get them. NULL without point to point (nccl): a
+ * broadcast to every rank, as before. The other survivors already hold
+ * root's parameters and momentum (the same steps' reduced gradients made
+ * them); the checksum after the transfer proves it (a survivor that does
+ * not: exit 75, and the group restarts). */
+static uint8_t *who_needs(struct run *r, bool needs, int root)
 {
     struct trn_comm *comm = r->dist.comm;
     if (!trn_comm_has_p2p(comm))
         return NULL;
-    uint8_t mine = fresh;
+    uint8_t mine = needs;
     uint8_t *need = trn_malloc((size_t)r->world);
     run_check_collective(r, trn_comm_allgather(comm, &mine, need, 1, TRN_COMM_U8));
     if (need[root]) {
@@ -222,9 +223,14 @@ static void take_state(struct run *r, int root, bool fresh)
     int64_t pos[5] = {r->redo.step, r->redo.epoch, r->redo.b0, m->optimizer_steps,
                       r->engine.scaler.growth_tracker};
     float scale = r->engine.scaler.scale;
+    int64_t own_step = pos[0], own_opt_steps = pos[3];
     run_check_collective(r, trn_comm_broadcast(comm, pos, 5, TRN_COMM_I64, root));
     trn_fault_reform(&r->cfg.fault, r->rank, r->generation); /* (--fault crash@reform) */
-    uint8_t *need = who_needs(r, fresh, root);
+    /* A survivor at another step than root's (it finished the failed
+     * step's reductions and its optimizer step, root did not, or the
+     * reverse) needs the weights too. */
+    bool elsewhere = pos[0] != own_step || pos[3] != own_opt_steps;
+    uint8_t *need = who_needs(r, fresh || elsewhere, root);
     give(r, need, m->params, m->num_params, root);
     /* (a broadcast, small: each rank's BN statistics are its own forward's
      * until the next step's forward takes rank 0's, as torch's DDP does) */
