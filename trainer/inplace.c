@@ -40,16 +40,28 @@ void trn_inplace_setup(struct run *r)
 
 /* A replacement re-forming in place takes every weight from a peer
  * (take_state): no initialisation, no --init to read. */
+/* The backends written to the contract (nccl: never run on a GPU yet;
+ * docs/distributed.md, "Recovering in place"). */
+static bool backend_reforms(const char *comm)
+{
+    return comm != NULL && (strcmp(comm, "gloo") == 0 || strcmp(comm, "nccl") == 0);
+}
+
+/* nccl: the step's params and momentum are kept on the device (run.h). */
+static bool device_redo(const struct run *r)
+{
+    return r->dev.comm != NULL && strcmp(r->dev.comm, "nccl") == 0 && r->be.ops->copy != NULL;
+}
+
 bool trn_inplace_replacement(const struct run *r)
 {
-    return r->in_place && r->generation > 0 && strcmp(r->dev.comm, "gloo") == 0;
+    return r->in_place && r->generation > 0 && backend_reforms(r->dev.comm);
 }
 
 void trn_inplace_check_backend(struct run *r)
 {
-    if (r->in_place && r->dev.comm && strcmp(r->dev.comm, "gloo") != 0) {
-        /* (the NCCL path is not written to the contract yet: fail as under
-         * group, and the agent restarts the group) */
+    if (r->in_place && r->dev.comm && !backend_reforms(r->dev.comm)) {
+        /* (fail as under group, and the agent restarts the group) */
         log_warn("T6213",
                  "--restart_scope=worker: re-forming in place is not done on %s yet; a "
                  "failed collective exits 75 and the group restarts",
@@ -65,6 +77,15 @@ void trn_inplace_start(struct run *r)
         return;
     r->redo.buffers = trn_malloc(r->model.num_buffers * sizeof(float) + 1);
     r->redo.nbt = trn_malloc((size_t)r->model.num_bn * sizeof(int64_t) + 1);
+    if (device_redo(r)) {
+        size_t bytes = r->model.num_params * sizeof(float);
+        r->redo.params = r->be.ops->alloc(&r->be, bytes);
+        r->redo.momentum = r->be.ops->alloc(&r->be, bytes);
+        if (r->redo.params == NULL || r->redo.momentum == NULL)
+            trn_fatal("--restart_scope=worker: out of device memory for the step's snapshot "
+                      "(2 x %zu bytes)",
+                      bytes);
+    }
     r->redo.epoch = r->start.epoch;
     r->redo.b0 = r->start.first_batch;
     r->redo.step = r->start.step;
@@ -82,12 +103,26 @@ void trn_inplace_before_step(struct run *r, int epoch, long b0)
     r->be.ops->to_host(&r->be, r->redo.buffers, r->model.buffers,
                        r->model.num_buffers * sizeof(float));
     memcpy(r->redo.nbt, r->model.num_batches_tracked, (size_t)r->model.num_bn * sizeof(int64_t));
+    if (r->redo.params != NULL) {
+        /* (stream-ordered device copies, before the step's optimizer) */
+        size_t bytes = r->model.num_params * sizeof(float);
+        r->be.ops->copy(&r->be, r->redo.params, r->model.params, bytes);
+        r->be.ops->copy(&r->be, r->redo.momentum, r->model.momentum, bytes);
+        r->redo.optimizer_steps = r->model.optimizer_steps;
+        r->redo.growth_tracker = r->engine.scaler.growth_tracker;
+        r->redo.scale = r->engine.scaler.scale;
+    }
 }
 
 void trn_inplace_after_step(struct run *r, int epoch, long b1)
 {
     if (!r->in_place)
         return;
+    /* nccl: the step's collectives done on the device, or the failure
+     * found while the step can still be undone (its waits returned at
+     * once; gloo's were synchronous: a no-op) */
+    if (r->redo.params != NULL)
+        run_check_collective(r, trn_comm_sync(r->dist.comm));
     /* done: a later failure (a checkpoint's barrier) goes on after it */
     r->redo.in_step = false;
     r->redo.step = r->step;
@@ -99,6 +134,11 @@ void trn_inplace_free(struct run *r)
 {
     free(r->redo.buffers);
     free(r->redo.nbt);
+    if (r->redo.params != NULL)
+        r->be.ops->free(&r->be, r->redo.params);
+    if (r->redo.momentum != NULL)
+        r->be.ops->free(&r->be, r->redo.momentum);
+    r->redo.params = r->redo.momentum = NULL;
 }
 
 void trn_inplace_failed(struct run *r, const struct trn_comm_error *e)
@@ -218,6 +258,14 @@ static void take_state(struct run *r, int root, bool fresh)
     if (r->redo.in_step) {
         be->ops->to_device(be, m->buffers, r->redo.buffers, m->num_buffers * sizeof(float));
         memcpy(m->num_batches_tracked, r->redo.nbt, (size_t)m->num_bn * sizeof(int64_t));
+        if (r->redo.params != NULL) {
+            /* (nccl: the optimizer may have run over partly reduced gradients) */
+            be->ops->copy(be, m->params, r->redo.params, m->num_params * sizeof(float));
+            be->ops->copy(be, m->momentum, r->redo.momentum, m->num_params * sizeof(float));
+            m->optimizer_steps = r->redo.optimizer_steps;
+            r->engine.scaler.growth_tracker = r->redo.growth_tracker;
+            r->engine.scaler.scale = r->redo.scale;
+        }
         r->redo.in_step = false;
     }
     int64_t pos[5] = {r->redo.step, r->redo.epoch, r->redo.b0, m->optimizer_steps,
@@ -329,6 +377,13 @@ void trn_inplace_recover(struct run *r)
 {
     uint64_t t0 = cddp_mono_ns();
     trn_input_stop(&r->input);
+    if (trn_comm_on_device(r->dist.comm)) {
+        /* nccl: abort now (the stuck kernels return; no finalize waiting
+         * on the dead peer), not after the wait for the generation */
+        trn_comm_abort(r->dist.comm);
+        r->dist.comm = NULL;
+        r->ddp.comm = NULL;
+    }
     int root;
     long gen = meet(r, r->generation, &root);
     reformed(r);

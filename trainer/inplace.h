@@ -1,7 +1,12 @@
 /*
  * inplace.h: recovering in place (cddprun --restart_scope=worker, which
  * sets CDDP_RESTART_SCOPE=worker and CDDP_GENERATION; docs/distributed.md,
- * "Recovering in place"), on gloo.
+ * "Recovering in place"), on gloo and nccl (nccl: written to the same
+ * contract, never run on a GPU yet). On nccl the communicator's waits are
+ * stream-ordered, so the step's params and momentum are kept too and the
+ * step ends with trn_comm_sync; a failed communicator is aborted
+ * (trn_comm_abort) and its watchdog does not end the rank
+ * (trn_comm_options.recoverable).
  *
  * A failed collective in the training loop (a peer gone) jumps back to
  * main()'s recovery point instead of exiting 75 (train.c's
@@ -33,7 +38,7 @@ void trn_inplace_setup(struct run *r);
 bool trn_inplace_replacement(const struct run *r);
 
 /* Before connecting: off, with a warning (T6213), on a backend other than
- * gloo. */
+ * gloo and nccl. */
 void trn_inplace_check_backend(struct run *r);
 
 /* After resume: the redo buffers, and the step to redo set to the start. */

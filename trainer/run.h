@@ -86,6 +86,13 @@ struct run {
         long b0, step;
         float *buffers; /* (num_buffers), host */
         int64_t *nbt;   /* (num_bn) */
+        /* nccl (stream-ordered waits: a failure may be found after the
+         * step's optimizer ran over partly reduced gradients): the params
+         * and momentum before the step (device memory) and the counters
+         * the step moves; NULL on gloo, whose failures return before it. */
+        float *params, *momentum;
+        long optimizer_steps, growth_tracker;
+        float scale;
     } redo;
 };
 

@@ -327,7 +327,7 @@ static void connect_ranks(struct run *r)
 {
     const struct trn_config *c = &r->cfg;
     char err[8192];
-    trn_inplace_check_backend(r); /* --restart_scope=worker: gloo only */
+    trn_inplace_check_backend(r); /* --restart_scope=worker: gloo and nccl */
     /* nccl orders its collectives with the compute stream (comm.h);
      * restart_count and rdzv_round come from the environment bootstrap.c
      * reads (TORCHELASTIC_RESTART_COUNT, CDDP_RDZV_ROUND). */
@@ -336,7 +336,8 @@ static void connect_ranks(struct run *r)
                                      .backend = r->dev.comm,
                                      .cuda_device = r->dev.ordinal,
                                      .generation = r->generation,
-                                     .name_missing = r->in_place};
+                                     .name_missing = r->in_place,
+                                     .recoverable = r->in_place};
 #if CDDP_HAVE_CUDA
     if (r->be.device == TRN_DEVICE_CUDA)
         dopts.cuda_stream = trn_backend_cuda_stream(&r->be);

@@ -31,6 +31,12 @@ struct trn_comm_backend_ops {
     /* NULL without progress: the ranks that never reached collective seq
      * (trn_comm_missing). */
     int (*missing)(void *impl, uint64_t seq, double budget_s, int *out, int max);
+    /* NULL: every wait is synchronous (trn_comm_sync returns 0). On
+     * failure it describes the collective that failed in w (coll, seq,
+     * detail), as a failing wait does. */
+    int (*sync)(void *impl, struct trn_comm_work *w);
+    /* NULL: destroy (trn_comm_abort). */
+    void (*abort)(void *impl);
     bool on_device; /* buffers are CUDA device memory */
     bool p2p;       /* runs TRN_COLL_SEND and TRN_COLL_RECV (comm.c refuses them otherwise) */
 };

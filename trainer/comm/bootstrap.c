@@ -315,6 +315,7 @@ static struct trn_comm_options comm_options(const struct trn_dist *d,
         .cuda_stream = o->cuda_stream,
         .restart_count = restart_count,
         .rdzv_round = d->env.rdzv_round,
+        .recoverable = o->recoverable,
     };
 }
 
@@ -483,14 +484,18 @@ int trn_dist_wait_generation(struct trn_dist *d, long after, double timeout_s, l
 int trn_dist_reform(struct trn_dist *d, const struct trn_dist_options *o, long gen, char *err,
                     size_t errlen)
 {
-    trn_comm_destroy(d->comm);
+    /* (nccl: an abort, never a finalize that would wait on the dead peer;
+     * gloo: a destroy, its failed calls have returned) */
+    trn_comm_abort(d->comm);
     d->comm = NULL;
     char prefix[64];
     snprintf(prefix, sizeof(prefix), "/cddp/gen/%ld/gloo", gen);
     /* (restart_count: nccl's unique id under the generation's key) */
     struct trn_comm_options co = comm_options(d, o, gen);
     co.store_prefix = prefix;
-    if (o->name_missing) {
+    co.generation = gen;
+    bool nccl = o->backend != NULL && strcmp(o->backend, "nccl") == 0;
+    if (o->name_missing || nccl) {
         /* (a replacement connects it now; the generation's own keys) */
         if (d->progress_store.client == NULL) {
             uint64_t deadline = cddp_mono_ns() + (uint64_t)(co.init_timeout_s * 1e9);

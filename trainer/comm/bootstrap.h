@@ -49,6 +49,10 @@ struct trn_dist_options {
      * store connection), so a collective that times out can name the
      * ranks that never reached it (trn_comm_missing). */
     bool name_missing;
+    /* --restart_scope=worker: nccl's watchdog aborts the communicator and
+     * the next call returns its error instead of ending the rank
+     * (trn_comm_options.recoverable). */
+    bool recoverable;
 };
 
 /* store/tcpstore_client.h's client as the communicator's struct trn_kv. */
@@ -92,7 +96,8 @@ void trn_dist_close(struct trn_dist *d);
  * with err filled (CDDP_ETIMEOUT: none came; CDDP_ECONFIG: not the
  * agent's store).
  *
- * trn_dist_reform: drops the communicator (a broken one included) and
+ * trn_dist_reform: drops the communicator (a broken one included; nccl:
+ * ncclCommAbort, the CUDA context and device buffers stay) and
  * connects a new one through the store under "cddp/gen/N/" keys, then a
  * barrier: every rank of the world, survivors and replacements, calls it
  * with the same N. 0, or a code with err filled.

@@ -186,6 +186,17 @@ void trn_comm_destroy(struct trn_comm *c)
     free(c);
 }
 
+void trn_comm_abort(struct trn_comm *c)
+{
+    if (c == NULL)
+        return;
+    if (c->be && c->be->abort)
+        c->be->abort(c->impl);
+    else if (c->be)
+        c->be->destroy(c->impl);
+    free(c);
+}
+
 static bool redop_ok(enum trn_comm_dtype dt, enum trn_comm_redop op)
 {
     switch (op) {
@@ -287,6 +298,21 @@ int trn_comm_wait(struct trn_comm *c, struct trn_comm_work *w)
     w->state = TRN_WORK_IDLE;
     if (rc < 0)
         record(c, w, rc);
+    return rc;
+}
+
+int trn_comm_sync(struct trn_comm *c)
+{
+    if (c->broken)
+        return c->err.code < 0 ? c->err.code : CDDP_ESTATE;
+    if (c->be == NULL || c->be->sync == NULL)
+        return 0;
+    struct trn_comm_work w = {.coll = TRN_COLL_BARRIER, .dtype = TRN_COMM_U8};
+    w.start_ns = cddp_mono_ns();
+    int rc = c->be->sync(c->impl, &w);
+    w.end_ns = cddp_mono_ns();
+    if (rc < 0)
+        record(c, &w, rc);
     return rc;
 }
 

@@ -143,6 +143,17 @@ struct trn_comm_options {
      * timeout can name the ranks that never reached the collective (nccl's
      * report; gloo: trn_comm_missing). NULL: not named. */
     struct trn_kv *progress_kv;
+    /* nccl: the group re-formed in place (--restart_scope=worker's
+     * generation; 0: none). The unique id's key names it (nccl_key.h). */
+    long generation;
+    /* nccl, for recovering in place: when the watchdog gives up (a
+     * timeout, a peer's asynchronous error) it aborts the communicator
+     * (ncclCommAbort: the stuck kernels return; the CUDA context and the
+     * device buffers stay) and keeps the error, which the training
+     * thread's next call returns (start, wait, trn_comm_sync), instead of
+     * ending the process through trn_comm_set_watchdog_exit's function.
+     * gloo reports through the failing call anyway and ignores it. */
+    bool recoverable;
 };
 
 struct trn_comm;
@@ -155,6 +166,12 @@ int trn_comm_create(const struct trn_comm_options *o, struct trn_kv *kv, struct 
 /* Waits for queued work, then frees everything. NULL is fine. Do not call on
  * a broken communicator whose backend may still be stuck; just exit. */
 void trn_comm_destroy(struct trn_comm *c);
+/* Frees the communicator without waiting on its peers: nccl aborts it
+ * (ncclCommAbort, never a finalize that would wait on a dead peer); the
+ * CUDA context and the caller's device buffers stay. A backend without an
+ * abort (gloo: its failed calls have returned already) is destroyed.
+ * NULL is fine. */
+void trn_comm_abort(struct trn_comm *c);
 
 int trn_comm_rank(const struct trn_comm *c);
 int trn_comm_world(const struct trn_comm *c);
@@ -205,6 +222,13 @@ void trn_comm_set_step(struct trn_comm *c, long step);
 /* Waits for w. 0, or the collective's error (trn_comm_last_error says more). */
 int trn_comm_wait(struct trn_comm *c, struct trn_comm_work *w);
 
+/* Until every collective started so far has completed: 0, or the error
+ * (recorded as trn_comm_last_error) of one that failed. nccl: a host-side
+ * poll of the completion events, bounded by the watchdog (with
+ * o->recoverable it returns the watchdog's error); gloo and local: every
+ * wait was synchronous already, 0 (or the broken state's CDDP_ESTATE). */
+int trn_comm_sync(struct trn_comm *c);
+
 /* Nanoseconds the calling thread has spent blocked in trn_comm_wait (the
  * synchronous calls included) since the communicator was made: the time a
  * rank waited for its peers and the wire, which the progress line reports
@@ -220,8 +244,9 @@ const struct trn_comm_error *trn_comm_last_error(const struct trn_comm *c);
  * in an earlier collective, waiting for them, is left out), asked of the
  * store (progress.h) within budget_s. Writes up to max of them in rank order and returns how many
  * there are; -1 when that is not known (no progress_kv, another failure,
- * the store did not answer in time). gloo only; nccl names them in its own
- * report. */
+ * the store did not answer in time). gloo, and nccl with o->recoverable
+ * (the collective its watchdog gave up on); a nccl watchdog that ends the
+ * rank names them in its own report. */
 int trn_comm_missing(struct trn_comm *c, double budget_s, int *out, int max);
 
 /* True when the communicator's buffers are CUDA device memory (nccl). */

@@ -72,6 +72,18 @@
  * a flush (an on_exit handler): the CUDA runtime's own exit-time teardown
  * can wait forever behind a stuck NCCL kernel.
  *
+ * Recovering in place (o->recoverable, --restart_scope=worker): the
+ * watchdog does not end the rank. It keeps its error, takes nccl_mu
+ * (trying for at most WD_ABORT_WAIT_MS; past that it ends the rank as
+ * above) and aborts the communicator: the stuck kernels return, the
+ * training thread wakes, and its next call (start, wait, sync) returns the
+ * watchdog's error, on which the trainer goes back to its recovery point
+ * (trainer/inplace.c). What the woken thread computed meanwhile (an
+ * optimizer step over partly reduced gradients) is undone there from the
+ * step's snapshot. The CUDA context and the device buffers stay; a new
+ * communicator comes from trn_comm_create. NEVER RUN ON A GPU YET
+ * (docs/distributed.md, "Recovering in place").
+ *
  * Checked calls: every CUDA and NCCL call goes through cu_check/nc_check,
  * which write "nccl.c:LINE: call: library message" into the caller's
  * error buffer (set-up, start) or the log (teardown).
@@ -104,6 +116,8 @@
  * yield the core between polls until SETTLE_YIELD_NS, then nap. */
 #define SETTLE_SPIN_NS 200000ull
 #define SETTLE_YIELD_NS 5000000ull
+/* Recovering in place: how long the watchdog tries for nccl_mu to abort. */
+#define WD_ABORT_WAIT_MS 5000
 
 struct nccl_backend {
     int rank, world, device;
@@ -144,6 +158,12 @@ struct nccl_backend {
     trn_comm_exit_fn exit_fn;
     void *exit_arg;
     struct trn_comm_progress *progress; /* NULL without o->progress_kv */
+    /* o->recoverable (the preamble, "Recovering in place"): the watchdog
+     * aborted the communicator (b->comm is then NULL, under nccl_mu) and
+     * wd_err is what the training thread's next call returns. */
+    bool recoverable;
+    bool wd_failed;
+    struct trn_comm_error wd_err;
 };
 
 /* ---- checked calls ---- */
@@ -313,6 +333,48 @@ static _Noreturn void give_up(struct nccl_backend *b, const struct trn_comm_erro
     trn_comm_fail(err, -1, b->rank, getenv("TORCHELASTIC_ERROR_FILE"));
 }
 
+/* Recovering in place (the preamble): keeps err for the training thread
+ * and aborts the communicator. Called without b->mu; false when nccl_mu
+ * never came free (the caller then ends the rank). */
+static bool abort_in_place(struct nccl_backend *b, const struct trn_comm_error *err)
+{
+    long ms = 0;
+    while (pthread_mutex_trylock(&b->nccl_mu) != 0) {
+        if (ms++ >= WD_ABORT_WAIT_MS)
+            return false;
+        nap_ms(1);
+    }
+    pthread_mutex_lock(&b->mu);
+    b->wd_err = *err;
+    b->wd_failed = true;
+    pthread_mutex_unlock(&b->mu);
+    log_warn("T2109", "NCCL watchdog: %s; aborting the communicator, the rank recovers in place",
+             err->detail);
+    if (b->comm != NULL)
+        nc_check_at(ncclCommAbort(b->comm), NULL, "ncclCommAbort", __LINE__, NULL, 0);
+    b->comm = NULL;
+    pthread_mutex_unlock(&b->nccl_mu);
+    return true;
+}
+
+/* After a failed call (rc < 0), or to check one: the watchdog's error, when
+ * it aborted the communicator, takes the place of the call's own (which
+ * only says the communicator went away). Training thread. */
+static int adopt_wd_error(struct nccl_backend *b, struct trn_comm_work *w, int rc)
+{
+    pthread_mutex_lock(&b->mu);
+    if (b->wd_failed) {
+        rc = b->wd_err.code < 0 ? b->wd_err.code : CDDP_EPEER;
+        w->coll = b->wd_err.coll;
+        w->seq = b->wd_err.seq;
+        snprintf(w->detail, sizeof(w->detail), "%s", b->wd_err.detail);
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (rc < 0)
+        b->failed = true;
+    return rc;
+}
+
 static void *watchdog_thread(void *arg)
 {
     struct nccl_backend *b = arg;
@@ -353,6 +415,9 @@ static void *watchdog_thread(void *arg)
                                                      (int)(sizeof(missing) / sizeof(missing[0])));
             struct trn_comm_error err; /* the report names the first 16 of nmissing */
             trn_wd_error(&d, "nccl", missing, nmissing, &err);
+            err.seq = d.have_blamed ? d.blamed.seq : 0;
+            if (b->recoverable && abort_in_place(b, &err))
+                return NULL;
             give_up(b, &err, fn, exit_arg);
         }
         struct timespec ts;
@@ -439,6 +504,11 @@ static int settle_by(struct nccl_backend *b, uint64_t deadline_ns, char *err, si
             return CDDP_ETIMEOUT;
         }
         pthread_mutex_lock(&b->nccl_mu);
+        if (b->comm == NULL) { /* the watchdog aborted it (recovering in place) */
+            pthread_mutex_unlock(&b->nccl_mu);
+            snprintf(err, errlen, "the NCCL communicator was aborted by the watchdog");
+            return CDDP_EPEER;
+        }
         ncclResult_t qr = ncclCommGetAsyncError(b->comm, &st);
         if (qr != ncclSuccess)
             st = qr;
@@ -571,7 +641,12 @@ static int start_collective(struct nccl_backend *b, struct trn_comm_work *w)
         buf = w->coll == TRN_COLL_ALLGATHER ? (char *)b->dstage + in_bytes : b->dstage;
     }
     pthread_mutex_lock(&b->nccl_mu);
-    rc = enqueue(b, w, buf, send, err, errlen);
+    if (b->comm == NULL) { /* the watchdog aborted it (recovering in place) */
+        snprintf(err, errlen, "the NCCL communicator was aborted by the watchdog");
+        rc = CDDP_EPEER;
+    } else {
+        rc = enqueue(b, w, buf, send, err, errlen);
+    }
     pthread_mutex_unlock(&b->nccl_mu);
     if (rc < 0)
         goto fail_registered;
@@ -616,7 +691,7 @@ static int nccl_start(void *impl, struct trn_comm_work *w)
 {
     struct nccl_backend *b = impl;
     uint64_t t0 = cddp_mono_ns();
-    int rc = start_collective(b, w);
+    int rc = adopt_wd_error(b, w, start_collective(b, w));
     uint64_t spent = cddp_mono_ns() - t0;
     b->n_started++;
     b->start_ns += spent;
@@ -636,7 +711,13 @@ static int nccl_wait(void *impl, struct trn_comm_work *w)
             pthread_mutex_lock(&b->mu);
             retire(b);
             bool busy = trn_wd_in_flight(&b->wd, w->seq);
+            bool aborted = b->wd_failed;
             pthread_mutex_unlock(&b->mu);
+            if (aborted) { /* (the staged result is not to be trusted) */
+                b->staged_seq = 0;
+                b->staged_out = NULL;
+                return adopt_wd_error(b, w, CDDP_EPEER);
+            }
             if (!busy)
                 break;
             nap_ms(ms < 10 ? ++ms : 10);
@@ -662,9 +743,45 @@ static int nccl_wait(void *impl, struct trn_comm_work *w)
     if (busy)
         rc = CU(cudaStreamWaitEvent(b->compute, b->done[w->seq % TRN_NCCL_INFLIGHT], 0), w->detail,
                 sizeof(w->detail));
-    if (rc < 0)
-        b->failed = true;
-    return rc;
+    return adopt_wd_error(b, w, rc);
+}
+
+/* trn_comm_sync: until nothing is in flight (the watchdog bounds it: it
+ * ends the rank, or, recovering in place, aborts and this returns its
+ * error). Training thread. */
+static int nccl_sync(void *impl, struct trn_comm_work *w)
+{
+    struct nccl_backend *b = impl;
+    int rc = 0;
+    if (!b->failed && (rc = settle_pending(b, w->detail, sizeof(w->detail))) < 0)
+        return adopt_wd_error(b, w, rc);
+    long ms = 0;
+    for (;;) {
+        pthread_mutex_lock(&b->mu);
+        retire(b);
+        size_t busy = trn_wd_pending(&b->wd);
+        bool aborted = b->wd_failed;
+        pthread_mutex_unlock(&b->mu);
+        if (aborted)
+            return adopt_wd_error(b, w, CDDP_EPEER);
+        if (b->failed) {
+            snprintf(w->detail, sizeof(w->detail), "the NCCL communicator failed earlier");
+            return CDDP_ESTATE;
+        }
+        if (busy == 0)
+            return 0;
+        nap_ms(ms < 10 ? ++ms : 10);
+    }
+}
+
+/* trn_comm_missing, recovering in place: the ranks that never reached the
+ * collective the watchdog gave up on (seq: the error's, the same). */
+static int nccl_missing(void *impl, uint64_t seq, double budget_s, int *out, int max)
+{
+    struct nccl_backend *b = impl;
+    if (b->progress == NULL || seq == 0)
+        return -1;
+    return trn_comm_progress_missing(b->progress, seq, budget_s, out, max);
 }
 
 static void set_exit(void *impl, trn_comm_exit_fn fn, void *arg)
@@ -748,8 +865,9 @@ static void nccl_destroy(void *impl)
         pthread_mutex_lock(&b->mu);
         retire(b);
         size_t busy = trn_wd_pending(&b->wd);
+        bool aborted = b->wd_failed;
         pthread_mutex_unlock(&b->mu);
-        if (busy == 0 || b->failed)
+        if (busy == 0 || b->failed || aborted)
             break;
         nap_ms(ms < 10 ? ++ms : 10);
     }
@@ -776,12 +894,24 @@ static void nccl_destroy(void *impl)
     free_backend(b);
 }
 
+/* trn_comm_abort: no finalize (it would wait on a dead peer), no wait for
+ * the queued work; ncclCommAbort unless the watchdog did it already. */
+static void nccl_abort(void *impl)
+{
+    struct nccl_backend *b = impl;
+    b->failed = true;
+    nccl_destroy(b);
+}
+
 static const struct trn_comm_backend_ops nccl_ops = {
     .name = "nccl",
     .start = nccl_start,
     .wait = nccl_wait,
     .destroy = nccl_destroy,
     .set_exit = set_exit,
+    .missing = nccl_missing,
+    .sync = nccl_sync,
+    .abort = nccl_abort,
     .on_device = true,
 };
 
@@ -805,7 +935,11 @@ static int exchange_id(const struct trn_comm_options *o, struct trn_kv *kv, doub
                        ncclUniqueId *id, char *err, size_t errlen)
 {
     char key[256];
-    int rc = trn_nccl_id_key(NULL, o->restart_count, o->rdzv_round, "default", key, sizeof(key));
+    /* (a group re-formed in place: its generation names the group) */
+    char group[32] = "default";
+    if (o->generation > 0)
+        snprintf(group, sizeof(group), "gen_%ld", o->generation);
+    int rc = trn_nccl_id_key(NULL, o->restart_count, o->rdzv_round, group, key, sizeof(key));
     if (rc < 0) {
         snprintf(err, errlen, "cannot make the NCCL unique id's key: %s", cddp_strerror(rc));
         return rc;
@@ -864,6 +998,7 @@ int trn_nccl_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
     b->world = o->world;
     b->device = o->cuda_device;
     b->compute = (cudaStream_t)o->cuda_stream;
+    b->recoverable = o->recoverable;
     pthread_mutex_init(&b->mu, NULL);
     pthread_mutex_init(&b->nccl_mu, NULL);
     pthread_condattr_t ca;

@@ -6,7 +6,10 @@
  * (TORCHELASTIC_RESTART_COUNT) and the rendezvous round (CDDP_RDZV_ROUND)
  * as well as the group, so a restarted or re-formed group never reads the
  * id of the group before it from a store that outlived it (the agent's
- * TCPStore, or an etcd-backed one): pytorch/pytorch#135712. Pure.
+ * TCPStore, or an etcd-backed one): pytorch/pytorch#135712. A group
+ * re-formed in place (--restart_scope=worker) is the group "gen_<G>" of
+ * its generation, so it never reads the id of the generation before it
+ * (nccl.c's exchange_id). Pure.
  */
 #ifndef CDDP_TRAINER_COMM_NCCL_KEY_H
 #define CDDP_TRAINER_COMM_NCCL_KEY_H
