@@ -477,6 +477,9 @@ static int enqueue(struct nccl_backend *b, struct trn_comm_work *w, void *buf, c
         return NC(
             ncclAllReduce(b->dscratch, b->dscratch, 1, ncclFloat32, ncclSum, b->comm, b->stream),
             b->comm, err, errlen);
+    case TRN_COLL_SEND:
+    case TRN_COLL_RECV:
+        break; /* (no point to point on nccl: trn_comm_has_p2p is false, comm.c never asks) */
     }
     return CDDP_ERANGE_ARG;
 }
