@@ -47,6 +47,18 @@ def wait_status(port, pred, timeout=60):
     pytest.fail(f"/status never matched: {json.dumps(last)[:3000]}")
 
 
+def succeeded(agent, sport):
+    """Waits for the run's end on /status, ends the agent's linger (its exit
+    status stays the run's: 0), and returns the last /status and stderr;
+    the run must have succeeded."""
+    st = wait_status(sport, lambda s: s["state"] in ("succeeded", "failed", "terminated"),
+                     timeout=300)
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(60) == 0, agent.err[-5000:]
+    assert st["state"] == "succeeded", json.dumps(st)[:3000]
+    return st, agent.err
+
+
 def env(**kw):
     e = dict(os.environ, PYTHON_EXEC=TORCH_PY, LOGLEVEL="INFO")
     e.update(kw)
@@ -147,12 +159,7 @@ def test_cddp_train_crash_recovers_in_place_bit_for_bit(background, reference):
                         "--max_restarts=1", "--restart_scope=worker", f"--status_port={sport}",
                         "--status_linger=60", binary("cddp-train"), *TINY,
                         "--fault", "crash@step=2,rank=2"], env=env())
-    st = wait_status(sport, lambda s: s["state"] in ("succeeded", "failed", "terminated"),
-                     timeout=300)
-    agent.signal(signal.SIGTERM)  # ends the linger; the exit status stays the run's
-    assert agent.wait(60) == 0, agent.err[-5000:]
-    err = agent.err
-    assert st["state"] == "succeeded", json.dumps(st)[:3000]
+    st, err = succeeded(agent, sport)
     assert [w["restarts"] for w in st["workers"]] == [0, 0, 1, 0]
     assert st["restarts"]["by_scope"] == {"worker": 1, "group": 0}
     assert st["restarts"]["generation"] == 1 and st["restarts"]["last_recovery_s"] > 0
@@ -181,12 +188,7 @@ def test_cddp_train_two_failures_in_a_row(background, reference):
                      timeout=120)
     assert st["restarts"]["generation"] == 1
     os.kill(st["workers"][3]["pid"], signal.SIGKILL)
-    st = wait_status(sport, lambda s: s["state"] in ("succeeded", "failed", "terminated"),
-                     timeout=300)
-    agent.signal(signal.SIGTERM)
-    assert agent.wait(60) == 0, agent.err[-5000:]
-    err = agent.err
-    assert st["state"] == "succeeded", json.dumps(st)[:3000]
+    st, err = succeeded(agent, sport)
     assert [w["restarts"] for w in st["workers"]] == [0, 0, 1, 1]
     assert st["restarts"]["by_scope"] == {"worker": 2, "group": 0}
     assert st["restarts"]["generation"] == 2
@@ -207,12 +209,7 @@ def test_cddp_train_hang_recovers_in_place(background, reference):
                         "--max_restarts=1", "--restart_scope=worker", f"--status_port={sport}",
                         "--status_linger=60", binary("cddp-train"), *TINY,
                         "--collective-timeout", "3", "--fault", "hang@step=2,rank=1"], env=env())
-    st = wait_status(sport, lambda s: s["state"] in ("succeeded", "failed", "terminated"),
-                     timeout=300)
-    agent.signal(signal.SIGTERM)
-    assert agent.wait(60) == 0, agent.err[-5000:]
-    err = agent.err
-    assert st["state"] == "succeeded", json.dumps(st)[:3000]
+    st, err = succeeded(agent, sport)
     assert [w["restarts"] for w in st["workers"]] == [0, 1, 0, 0]
     assert st["restarts"]["by_scope"] == {"worker": 1, "group": 0}
     assert st["restarts"]["generation"] == 1
@@ -252,12 +249,7 @@ def test_cddp_train_replacement_dies_while_taking_the_state(background, tmp_path
     st = wait_status(sport, lambda s: ck.exists() and all(
         (w.get("progress") or {}).get("step", 0) >= 2 for w in s["workers"]), timeout=120)
     os.kill(st["workers"][2]["pid"], signal.SIGKILL)
-    st = wait_status(sport, lambda s: s["state"] in ("succeeded", "failed", "terminated"),
-                     timeout=300)
-    agent.signal(signal.SIGTERM)
-    assert agent.wait(60) == 0, agent.err[-5000:]
-    err = agent.err
-    assert st["state"] == "succeeded", json.dumps(st)[:3000]
+    st, err = succeeded(agent, sport)
     assert "T6105: fault injection: crash while taking the state in generation 1 on rank 2" in err
     assert err.count("A0220") == 1, err[-5000:]
     # the survivors' broadcast failed: exit 75; then the group restarted

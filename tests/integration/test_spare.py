@@ -20,13 +20,12 @@ re-formed:
 import json
 import os
 import re
-import signal
-import time
 
 import pytest
 
-from conftest import agent_status as status, binary, free_port, run
-from test_inplace import TINY, checksums, env, pids_by_rank, reference, wait_status  # noqa: F401
+from conftest import binary, free_port, run
+from test_inplace import (TINY, checksums, env, pids_by_rank, reference,  # noqa: F401
+                          succeeded, wait_status)
 
 PY = "/usr/bin/python3"
 
@@ -131,12 +130,7 @@ def test_cddp_train_spare_recovers_bit_for_bit(background, reference):  # noqa: 
                         "--max_restarts=1", "--restart_scope=worker", "--spare_workers=1",
                         f"--status_port={sport}", "--status_linger=60", binary("cddp-train"),
                         *TINY, "--fault", "crash@step=2,rank=2"], env=env())
-    st = wait_status(sport, lambda s: s["state"] in ("succeeded", "failed", "terminated"),
-                     timeout=300)
-    agent.signal(signal.SIGTERM)
-    assert agent.wait(60) == 0, agent.err[-5000:]
-    err = agent.err
-    assert st["state"] == "succeeded", json.dumps(st)[:3000]
+    st, err = succeeded(agent, sport)
     assert st["restarts"]["by_scope"] == {"worker": 1, "group": 0}
     spares = [int(p) for p in re.findall(r"A0240: .*started spare worker \d \(pid (\d+)\)", err)]
     taken = re.findall(r"A0246: .*spare worker pid (\d+) takes the place of local_rank 2", err)
