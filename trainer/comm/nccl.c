@@ -749,6 +749,26 @@ static int nccl_wait(void *impl, struct trn_comm_work *w)
     return adopt_wd_error(b, w, rc);
 }
 
+/* Waits until every queued collective has completed, the communicator
+ * has failed, or the watchdog has aborted it (returns true then);
+ * polling, at most 10 ms apart. */
+static bool drain(struct nccl_backend *b)
+{
+    long ms = 0;
+    for (;;) {
+        pthread_mutex_lock(&b->mu);
+        retire(b);
+        size_t busy = trn_wd_pending(&b->wd);
+        bool aborted = b->wd_failed;
+        pthread_mutex_unlock(&b->mu);
+        if (aborted)
+            return true;
+        if (busy == 0 || b->failed)
+            return false;
+        nap_ms(ms < 10 ? ++ms : 10);
+    }
+}
+
 /* trn_comm_sync: until nothing is in flight (the watchdog bounds it: it
  * ends the rank, or, recovering in place, aborts and this returns its
  * error). Training thread. */
@@ -758,23 +778,13 @@ static int nccl_sync(void *impl, struct trn_comm_work *w)
     int rc = 0;
     if (!b->failed && (rc = settle_pending(b, w->detail, sizeof(w->detail))) < 0)
         return adopt_wd_error(b, w, rc);
-    long ms = 0;
-    for (;;) {
-        pthread_mutex_lock(&b->mu);
-        retire(b);
-        size_t busy = trn_wd_pending(&b->wd);
-        bool aborted = b->wd_failed;
-        pthread_mutex_unlock(&b->mu);
-        if (aborted)
-            return adopt_wd_error(b, w, CDDP_EPEER);
-        if (b->failed) {
-            snprintf(w->detail, sizeof(w->detail), "the NCCL communicator failed earlier");
-            return CDDP_ESTATE;
-        }
-        if (busy == 0)
-            return 0;
-        nap_ms(ms < 10 ? ++ms : 10);
+    if (drain(b))
+        return adopt_wd_error(b, w, CDDP_EPEER);
+    if (b->failed) {
+        snprintf(w->detail, sizeof(w->detail), "the NCCL communicator failed earlier");
+        return CDDP_ESTATE;
     }
+    return 0;
 }
 
 /* trn_comm_missing, recovering in place: the ranks that never reached the
@@ -863,17 +873,7 @@ static void nccl_destroy(void *impl)
     log_host_time(b);
     /* Let the queued collectives finish while the watchdog still bounds
      * them (it ends the rank if they never do). */
-    long ms = 0;
-    for (;;) {
-        pthread_mutex_lock(&b->mu);
-        retire(b);
-        size_t busy = trn_wd_pending(&b->wd);
-        bool aborted = b->wd_failed;
-        pthread_mutex_unlock(&b->mu);
-        if (busy == 0 || b->failed || aborted)
-            break;
-        nap_ms(ms < 10 ? ++ms : 10);
-    }
+    (void)drain(b);
     stop_watchdog(b);
     trn_comm_progress_stop(b->progress);
     b->progress = NULL;
