@@ -17,7 +17,7 @@
 #define FAULT_SPEC_MAX 128
 #define FAULT_USAGE                                                                                \
     "use crash@step=N[,rank=R][,every], crash@reform[,rank=R], hang@step=N[,rank=R][,every] "      \
-    "or slow@step=N,ms=M[,rank=R][,for=K][,every]"
+    "slow@step=N,ms=M[,rank=R][,for=K][,every] or nocma@rank=R"
 
 const char *trn_fault_kind_name(enum trn_fault_kind kind)
 {
@@ -28,6 +28,8 @@ const char *trn_fault_kind_name(enum trn_fault_kind kind)
         return "hang";
     case TRN_FAULT_SLOW:
         return "slow";
+    case TRN_FAULT_NOCMA:
+        return "nocma";
     case TRN_FAULT_NONE:
         break;
     }
@@ -65,6 +67,8 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
         f.kind = TRN_FAULT_HANG;
     else if (strcmp(buf, "slow") == 0)
         f.kind = TRN_FAULT_SLOW;
+    else if (strcmp(buf, "nocma") == 0)
+        f.kind = TRN_FAULT_NOCMA;
     else {
         snprintf(why, sizeof(why), "unknown fault kind '%s' (" FAULT_USAGE ")", buf);
         return fail(out, err, errlen, CDDP_EPARSE, spec, why);
@@ -158,7 +162,10 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
     if (f.at_reform && (f.step >= 0 || f.every))
         return fail(out, err, errlen, CDDP_EPARSE, spec,
                     "crash@reform takes rank= only (it fires while re-forming, not at a step)");
-    if (f.step < 0 && !f.at_reform)
+    if (f.kind == TRN_FAULT_NOCMA && (f.step >= 0 || f.every || !have_rank))
+        return fail(out, err, errlen, CDDP_EPARSE, spec,
+                    "nocma takes rank= only (it fires while re-forming, not at a step)");
+    if (f.step < 0 && !f.at_reform && f.kind != TRN_FAULT_NOCMA)
         return fail(out, err, errlen, CDDP_EPARSE, spec, "missing step=N");
     if (f.kind == TRN_FAULT_SLOW && !have_ms)
         return fail(out, err, errlen, CDDP_EPARSE, spec, "slow needs ms=M");
@@ -169,7 +176,8 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
 bool trn_fault_due(const struct trn_fault *f, long step, int rank, long restart_count)
 {
     long count = f->count > 1 ? f->count : 1; /* (a struct not from the parser has 0) */
-    if (f->kind == TRN_FAULT_NONE || f->at_reform || step < f->step || step - f->step >= count)
+    if (f->kind == TRN_FAULT_NONE || f->kind == TRN_FAULT_NOCMA || f->at_reform || step < f->step ||
+        step - f->step >= count)
         return false;
     if (f->rank >= 0 && f->rank != rank)
         return false;
@@ -186,6 +194,11 @@ void trn_fault_reform(const struct trn_fault *f, int rank, long generation)
               generation, rank);
     fflush(stdout);
     _exit(CDDP_EXIT_FAILURE);
+}
+
+bool trn_fault_nocma(const struct trn_fault *f, int rank)
+{
+    return f->kind == TRN_FAULT_NOCMA && (f->rank < 0 || f->rank == rank);
 }
 
 void trn_fault_fire(const struct trn_fault *f, long step, int rank)
@@ -218,6 +231,7 @@ void trn_fault_fire(const struct trn_fault *f, long step, int rank)
         }
         return;
     }
+    case TRN_FAULT_NOCMA:
     case TRN_FAULT_NONE:
         return;
     }

@@ -10,6 +10,10 @@
  *     --fault slow@step=N,ms=M[,rank=R][,for=K][,every]
  *                                               sleep M ms as each of the K steps
  *                                               from step N begins (K: 1 unless given)
+ *     --fault nocma@rank=R                      rank R's reads of a peer's memory on its
+ *                                               host (cma.h) fail with EPERM, as under a
+ *                                               seccomp profile: the state comes over the
+ *                                               network instead
  *
  * Steps are the training loop's global step counter (0-based, continued
  * across a resume). Without rank= the fault fires on every rank. A restarted
@@ -31,6 +35,7 @@ enum trn_fault_kind {
     TRN_FAULT_CRASH,
     TRN_FAULT_HANG,
     TRN_FAULT_SLOW,
+    TRN_FAULT_NOCMA,
 };
 
 struct trn_fault {
@@ -53,7 +58,7 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
  * lasting slowdown at each of the f->count steps from there. Pure. */
 bool trn_fault_due(const struct trn_fault *f, long step, int rank, long restart_count);
 
-/* "crash", "hang", "slow" or "none". */
+/* "crash", "hang", "slow", "nocma" or "none". */
 const char *trn_fault_kind_name(enum trn_fault_kind kind);
 
 /* Carries out a due fault: crash exits 1 (after a log line), hang blocks
@@ -63,5 +68,7 @@ void trn_fault_fire(const struct trn_fault *f, long step, int rank);
 /* crash@reform on this rank: exits 1 (log T6105) while the state of
  * generation `generation` is being taken; otherwise returns at once. */
 void trn_fault_reform(const struct trn_fault *f, int rank, long generation);
+/* nocma@rank=R on this rank: its reads of a peer's memory are to fail. */
+bool trn_fault_nocma(const struct trn_fault *f, int rank);
 
 #endif

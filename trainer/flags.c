@@ -147,7 +147,8 @@ static const struct trn_flag table[] = {
     {"fault", "SPEC", TRN_FLAG_PARSED, AT(fault), .check = parse_fault, .group = DIST,
      .help = "inject a fault: crash@step=N[,rank=R][,every],\n"
              "crash@reform[,rank=R] (while re-forming in place),\n"
-             "hang@step=N[,rank=R][,every], slow@step=N,ms=M[,...]",
+             "hang@step=N[,rank=R][,every], slow@step=N,ms=M[,...],\n"
+             "nocma@rank=R (re-forming: no read of a peer's memory)",
      .shown = ""},
 
     {"device", "D", TRN_FLAG_PARSED, AT(device), .check = parse_device, .group = DEVICE,

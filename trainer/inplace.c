@@ -4,17 +4,21 @@
  */
 #include "trainer/inplace.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/clock.h"         /* cddp_mono_ns */
 #include "common/errors.h"        /* CDDP_EMISMATCH */
 #include "common/exitcodes.h"     /* CDDP_EXIT_USAGE */
 #include "common/log.h"           /* log_info, log_warn */
 #include "trainer/blame.h"        /* trn_blame_missing: a hung peer */
+#include "trainer/cma.h"          /* trn_cma_read: a peer's memory on this host */
 #include "trainer/comm/failure.h" /* trn_comm_fail: error file, exit 75 */
 #include "trainer/fault.h"        /* --fault crash@reform */
 #include "trainer/fatal.h"        /* trn_refuse, trn_fatal, trn_malloc */
@@ -199,45 +203,148 @@ static uint64_t full_checksum(const struct run *r)
     return (h ^ sc) * 0x100000001b3ull;
 }
 
-/* Which ranks need the two big buffers (parameters, momentum): with point
- * to point (gloo), every rank says whether it needs them (one byte each,
- * an allgather): a replacement, or a survivor at another step than
- * root's; only those get them. NULL without point to point (nccl): a
- * broadcast to every rank, as before. The other survivors already hold
- * root's parameters and momentum (the same steps' reduced gradients made
- * them); the checksum after the transfer proves it (a survivor that does
- * not: exit 75, and the group restarts). */
-static uint8_t *who_needs(struct run *r, bool needs, int root)
+/* What each rank says of itself before the two big buffers (parameters,
+ * momentum) move, with point to point (gloo): whether it needs them (a
+ * replacement, or a survivor at another step than root's), and where its
+ * own are, for a rank of its host to read them (cma.h): its host key (0:
+ * not to be read), pid and the two addresses. */
+struct holder {
+    int64_t need, host, pid, params, momentum;
+};
+#define HOLDER_WORDS ((int)(sizeof(struct holder) / sizeof(int64_t)))
+
+/* Every rank's struct holder (an allgather), or NULL without point to
+ * point (nccl): a broadcast to every rank, as before. The ranks not in
+ * need already hold root's parameters and momentum (the same steps'
+ * reduced gradients made them); the checksum after the transfer proves it
+ * (a survivor that does not: exit 75, and the group restarts). */
+static struct holder *who_needs(struct run *r, bool needs, int root)
 {
     struct trn_comm *comm = r->dist.comm;
     if (!trn_comm_has_p2p(comm))
         return NULL;
-    uint8_t mine = needs;
-    uint8_t *need = trn_malloc((size_t)r->world);
-    run_check_collective(r, trn_comm_allgather(comm, &mine, need, 1, TRN_COMM_U8));
-    if (need[root]) {
+    const struct trn_resnet *m = &r->model;
+    /* (host memory only: a device backend's are not the process' to read) */
+    bool readable = m->host_params == NULL && m->host_momentum == NULL;
+    struct holder mine = {
+        .need = needs,
+        .host = readable ? (int64_t)trn_cma_host_key() : 0,
+        .pid = getpid(),
+        .params = (int64_t)(uintptr_t)m->params,
+        .momentum = (int64_t)(uintptr_t)m->momentum,
+    };
+    struct holder *all = trn_malloc((size_t)r->world * sizeof(*all));
+    run_check_collective(r, trn_comm_allgather(comm, &mine, all, HOLDER_WORDS, TRN_COMM_I64));
+    if (all[root].need) {
         /* (a replacement not yet re-formed when the next generation came:
          * nobody holds a state to give) */
         char why[128];
         snprintf(why, sizeof(why), "rank %d, the state's source, is itself a replacement", root);
         reform_failed(r, CDDP_ESTATE, why);
     }
-    return need;
+    return all;
 }
 
-/* One big buffer from root: point to point to the ranks in need (root
- * sends to each in turn), or a broadcast (need NULL). */
-static void give(struct run *r, const uint8_t *need, float *buf, size_t n, int root)
+/* The rank rank i takes the big buffers from: the lowest rank not in need
+ * on i's host, whose memory i reads; else root, over the network. */
+static int source_of(const struct holder *h, int world, int i, int root)
+{
+    for (int j = 0; h[i].host != 0 && j < world; j++)
+        if (!h[j].need && h[j].host == h[i].host)
+            return j;
+    return root;
+}
+
+static bool same_host(const struct holder *h, int a, int b)
+{
+    return h[a].host != 0 && h[a].host == h[b].host;
+}
+
+/* The source's side for rank i: on one host, let i read and wait for its
+ * word (1: it has them); else, or when it could not, send both. True when
+ * they went over the network. */
+static bool serve(struct run *r, const struct holder *h, int i)
 {
     struct trn_comm *comm = r->dist.comm;
-    if (need == NULL) {
-        run_check_collective(r, trn_comm_broadcast(comm, buf, n, TRN_COMM_F32, root));
-    } else if (r->rank == root) {
-        for (int i = 0; i < r->world; i++)
-            if (i != root && need[i])
-                run_check_collective(r, trn_comm_send(comm, buf, n, TRN_COMM_F32, i));
-    } else if (need[r->rank]) {
-        run_check_collective(r, trn_comm_recv(comm, buf, n, TRN_COMM_F32, root));
+    size_t n = r->model.num_params;
+    if (same_host(h, r->rank, i)) {
+        uint8_t go = 1, got = 0;
+        trn_cma_allow((int)h[i].pid);
+        run_check_collective(r, trn_comm_send(comm, &go, 1, TRN_COMM_U8, i));
+        run_check_collective(r, trn_comm_recv(comm, &got, 1, TRN_COMM_U8, i));
+        trn_cma_allow(0);
+        if (got)
+            return false;
+    }
+    run_check_collective(r, trn_comm_send(comm, r->model.params, n, TRN_COMM_F32, i));
+    run_check_collective(r, trn_comm_send(comm, r->model.momentum, n, TRN_COMM_F32, i));
+    return true;
+}
+
+/* The receiver's side, from rank s: read s's memory on one host (one
+ * copy), saying whether it worked; else, or when it did not, receive both
+ * over the network. True when they came over the network. */
+static bool fetch(struct run *r, const struct holder *h, int s)
+{
+    struct trn_comm *comm = r->dist.comm;
+    size_t n = r->model.num_params;
+    if (same_host(h, r->rank, s)) {
+        uint8_t go = 0, got;
+        run_check_collective(r, trn_comm_recv(comm, &go, 1, TRN_COMM_U8, s));
+        int rc = trn_fault_nocma(&r->cfg.fault, r->rank) ? -EPERM : 0;
+        if (rc == 0)
+            rc = trn_cma_read((int)h[s].pid, r->model.params, (uint64_t)h[s].params,
+                              n * sizeof(float));
+        if (rc == 0)
+            rc = trn_cma_read((int)h[s].pid, r->model.momentum, (uint64_t)h[s].momentum,
+                              n * sizeof(float));
+        got = rc == 0;
+        if (!got)
+            log_warn("T6224",
+                     "generation %ld: reading rank %d's parameters from its memory on this "
+                     "host failed (%s): they come over the network instead",
+                     r->generation, s, strerror(-rc));
+        run_check_collective(r, trn_comm_send(comm, &got, 1, TRN_COMM_U8, s));
+        if (got)
+            return false;
+    }
+    run_check_collective(r, trn_comm_recv(comm, r->model.params, n, TRN_COMM_F32, s));
+    run_check_collective(r, trn_comm_recv(comm, r->model.momentum, n, TRN_COMM_F32, s));
+    return true;
+}
+
+/* The parameters and momentum to the ranks in need: each from the lowest
+ * rank not in need on its host (a read of that rank's memory), else from
+ * root over the network (a source serves its ranks in rank order); or a
+ * broadcast of each (h NULL). *local and *net: how many ranks took them
+ * each way (as planned, but for a read that failed on this rank's side:
+ * it fell back to the network). */
+static void give(struct run *r, const struct holder *h, int root, int *local, int *net)
+{
+    struct trn_comm *comm = r->dist.comm;
+    struct trn_resnet *m = &r->model;
+    *local = *net = 0;
+    if (h == NULL) {
+        run_check_collective(
+            r, trn_comm_broadcast(comm, m->params, m->num_params, TRN_COMM_F32, root));
+        run_check_collective(
+            r, trn_comm_broadcast(comm, m->momentum, m->num_params, TRN_COMM_F32, root));
+        *net = r->world - 1;
+        return;
+    }
+    for (int i = 0; i < r->world; i++) {
+        if (!h[i].need)
+            continue;
+        int s = source_of(h, r->world, i, root);
+        bool planned = same_host(h, s, i), over_net = !planned;
+        if (r->rank == s)
+            over_net = serve(r, h, i);
+        else if (r->rank == i)
+            over_net = fetch(r, h, s);
+        if (over_net)
+            ++*net;
+        else
+            ++*local;
     }
 }
 
@@ -278,20 +385,18 @@ static void take_state(struct run *r, int root, bool fresh)
      * step's reductions and its optimizer step, root did not, or the
      * reverse) needs the weights too. */
     bool elsewhere = pos[0] != own_step || pos[3] != own_opt_steps;
-    uint8_t *need = who_needs(r, fresh || elsewhere, root);
-    give(r, need, m->params, m->num_params, root);
-    /* (a broadcast, small: each rank's BN statistics are its own forward's
+    struct holder *h = who_needs(r, fresh || elsewhere, root);
+    /* (broadcasts, small: each rank's BN statistics are its own forward's
      * until the next step's forward takes rank 0's, as torch's DDP does) */
     run_check_collective(r,
                          trn_comm_broadcast(comm, m->buffers, m->num_buffers, TRN_COMM_F32, root));
     run_check_collective(
         r, trn_comm_broadcast(comm, m->num_batches_tracked, (size_t)m->num_bn, TRN_COMM_I64, root));
-    give(r, need, m->momentum, m->num_params, root);
     run_check_collective(r, trn_comm_broadcast(comm, &scale, 1, TRN_COMM_F32, root));
-    int sent = need ? 0 : -1; /* ranks given the parameters point to point; -1: broadcast */
-    for (int i = 0; need != NULL && i < r->world; i++)
-        sent += i != root && need[i];
-    free(need);
+    int local, net;
+    give(r, h, root, &local, &net);
+    bool p2p = h != NULL;
+    free(h);
     r->step = (long)pos[0];
     r->start.step = r->step;
     r->start.epoch = (int)pos[1];
@@ -309,10 +414,10 @@ static void take_state(struct run *r, int root, bool fresh)
         reform_failed(r, CDDP_EMISMATCH, "the ranks hold different states after the transfer");
     log_info("T6212",
              "generation %ld: state from rank %d, checksum %016" PRIx64
-             "; running step %ld (epoch %d, batch %ld); weights %s %d rank%s",
+             "; running step %ld (epoch %d, batch %ld); weights %s: %d rank%s read them from a "
+             "peer's memory on their host, %d took them over the network",
              r->generation, root, sum, r->step, r->start.epoch, r->start.first_batch,
-             sent < 0 ? "broadcast to all" : "sent point to point to", sent < 0 ? r->world : sent,
-             (sent < 0 ? r->world : sent) == 1 ? "" : "s");
+             p2p ? "point to point" : "broadcast", local, local == 1 ? "" : "s", net);
 }
 
 /* The new communicator in place of the old one, wherever it is held. */

@@ -16,6 +16,7 @@
 #include "common/exitcodes.h" /* CDDP_EXIT_USAGE */
 #include "common/log.h"       /* log_info, cddp_log_set_tag */
 #include "common/strutil.h"   /* cddp_parse_long */
+#include "trainer/cma.h"      /* trn_cma_prepare */
 #include "trainer/fatal.h"    /* trn_refuse, trn_malloc */
 #include "trainer/resnet.h"   /* trn_resnet_forward, trn_resnet_backward */
 #include "trainer/run.h"      /* struct run */
@@ -57,10 +58,11 @@ void trn_spare_warm_up(struct run *r)
     trn_resnet_forward(&r->model, x, labels, n, r->height, r->width, true);
     trn_resnet_backward(&r->model, 1.0f, false);
     /* The pages the state transfer writes, faulted in now rather than
-     * while the group waits for it (the parameters and momentum arrive
-     * point to point: inplace.c, take_state). */
-    memset(r->model.params, 0, r->model.num_params * sizeof(float));
-    memset(r->model.momentum, 0, r->model.num_params * sizeof(float));
+     * while the group waits for it (the parameters and momentum are read
+     * from a peer's memory or arrive point to point: inplace.c, give;
+     * cma.h, trn_cma_prepare). */
+    trn_cma_prepare(r->model.params, r->model.num_params * sizeof(float));
+    trn_cma_prepare(r->model.momentum, r->model.num_params * sizeof(float));
     free(labels);
     free(x);
     log_debug("T6222", "spare: warmed up (one forward and backward of %d images) in %.3f s", n,

@@ -169,6 +169,9 @@ def test_cddp_train_crash_recovers_in_place_bit_for_bit(background, reference):
     # every rank re-formed generation 1 with rank 0's state, and redid step 2
     assert len(re.findall(r"T6212: generation 1: state from rank 0, checksum \w+; running step 2",
                           err)) == 4, err[-5000:]
+    # the replacement read rank 0's parameters from its memory (trainer/cma.h)
+    assert err.count("1 rank read them from a peer's memory on their host, 0 took them over "
+                     "the network") == 4, err[-5000:]
     assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
     survivors_kept(err, {2})
 
@@ -178,12 +181,14 @@ def test_cddp_train_two_failures_in_a_row(background, reference):
     """Rank 2 crashes at step 2 and is replaced alone; once the group has
     re-formed (the replacement's first step, past the settle window), rank 3
     is SIGKILLed wherever it is: generation 2. The run ends on the no-fault
-    checksum, ranks 0 and 1 in their first processes."""
+    checksum, ranks 0 and 1 in their first processes. With
+    CDDP_CMA_DISABLE=1: the parameters go over the network (gloo's point to
+    point), not by reading a peer's memory."""
     sport = free_port()
     agent = background([binary("cddprun"), "--nproc_per_node=4", f"--master_port={free_port()}",
                         "--max_restarts=2", "--restart_scope=worker", f"--status_port={sport}",
                         "--status_linger=60", binary("cddp-train"), *TINY,
-                        "--fault", "crash@step=2,rank=2"], env=env())
+                        "--fault", "crash@step=2,rank=2"], env=env(CDDP_CMA_DISABLE="1"))
     st = wait_status(sport, lambda s: s["restarts"].get("last_recovery_s") is not None,
                      timeout=120)
     assert st["restarts"]["generation"] == 1
@@ -193,8 +198,40 @@ def test_cddp_train_two_failures_in_a_row(background, reference):
     assert st["restarts"]["by_scope"] == {"worker": 2, "group": 0}
     assert st["restarts"]["generation"] == 2
     assert err.count("A0220") == 2 and err.count("A0207") == 1, err[-5000:]
+    assert err.count("0 ranks read them from a peer's memory on their host, 1 took them over "
+                     "the network") == 8, err[-5000:]
     assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
     survivors_kept(err, {2, 3})
+
+
+def test_refused_read_of_a_peers_memory_falls_back_to_the_network(background):
+    """Two ranks; rank 1 is SIGKILLed mid-run and replaced alone. Its
+    replacement's read of rank 0's memory is refused (--fault
+    nocma@rank=1: EPERM, as under a seccomp profile or Yama's
+    ptrace_scope 3): it says so (T6224) and the parameters come over the
+    network; both ranks then hold the same state (T6212's check) and train
+    to the end. Not heavy: cddp-train's recovery in place under ASan."""
+    sport = free_port()
+    agent = background([binary("cddprun"), "--nproc_per_node=2", f"--master_port={free_port()}",
+                        "--max_restarts=1", "--restart_scope=worker", f"--status_port={sport}",
+                        "--status_linger=60", binary("cddp-train"), *TINY,
+                        "--fault", "nocma@rank=1"], env=env())
+    st = wait_status(sport, lambda s: len(s["workers"]) == 2 and all(
+        ((w.get("progress") or {}).get("step") or 0) >= 2 for w in s["workers"]), timeout=120)
+    first = [w["pid"] for w in st["workers"]]
+    os.kill(first[1], signal.SIGKILL)
+    st, err = succeeded(agent, sport)
+    assert [w["restarts"] for w in st["workers"]] == [0, 1]
+    before, after = pids_by_rank(err, "T6201"), pids_by_rank(err, "T6202")
+    assert before == {0: first[0], 1: first[1]} and after[0] == first[0], err[-5000:]
+    assert after[1] != first[1], err[-5000:]
+    assert re.search(r"rank1 \S+ WARNING T6224: generation 1: reading rank 0's parameters from "
+                     r"its memory on this host failed \(Operation not permitted\)", err), err[-5000:]
+    # the source and the replacement both say how they went; nothing exited 75
+    assert err.count("0 ranks read them from a peer's memory on their host, 1 took them over "
+                     "the network") == 2, err[-5000:]
+    assert "exit 75" not in err and err.count("A0207") == 1, err[-5000:]
+    assert err.count("T6202") == 2 and len(checksums(err)) == 1, err[-5000:]
 
 
 @pytest.mark.heavy

@@ -528,6 +528,9 @@ def test_spare_host_takes_a_lost_hosts_place_in_place(job, tmp_path):
     assert "A0231" in t2_text and "ranks 2,3, generation 1" in t2_text, t2_text[-5000:]
     text = t0_text + t2_text
     assert len(re.findall(r"T6212: generation 1: state from rank 0", text)) == 4, text[-5000:]
+    # another host (its own host name): over the network, not a memory read
+    assert text.count("0 ranks read them from a peer's memory on their host, 2 took them over "
+                      "the network") == 4, text[-5000:]
 
 
 # Counts itself on the agent store (1: the first worker to use this

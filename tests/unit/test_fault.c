@@ -88,6 +88,10 @@ static void test_parse_bad(void **state)
     expect_bad("crash@reform,step=2", CDDP_EPARSE, "crash@reform takes rank= only");
     expect_bad("crash@reform,every", CDDP_EPARSE, "crash@reform takes rank= only");
     expect_bad("crash@reform,reform", CDDP_EPARSE, "'reform' given twice");
+    expect_bad("nocma@step=1,rank=0", CDDP_EPARSE, "nocma takes rank= only");
+    expect_bad("nocma@every,rank=0", CDDP_EPARSE, "nocma takes rank= only");
+    expect_bad("nocma@reform", CDDP_EPARSE, "reform applies to crash only");
+    expect_bad("nocma@ms=3", CDDP_EPARSE, "ms= applies to slow only");
     char longspec[300];
     memset(longspec, 'a', sizeof(longspec) - 1);
     longspec[sizeof(longspec) - 1] = '\0';
@@ -132,7 +136,16 @@ static void test_due(void **state)
         assert_false(trn_fault_due(&f, s, 2, 0));
     trn_fault_reform(&f, 1, 1); /* another rank: returns */
     assert_int_equal(trn_fault_parse("crash@step=1", &f, err, sizeof(err)), 0);
-    trn_fault_reform(&f, 0, 1); /* not crash@reform: returns */
+    trn_fault_reform(&f, 0, 1);           /* not crash@reform: returns */
+    assert_false(trn_fault_nocma(&f, 0)); /* a crash is not nocma */
+    /* nocma@rank=R: never at a step; only rank R's reads are refused. */
+    assert_int_equal(trn_fault_parse("nocma@rank=1", &f, err, sizeof(err)), 0);
+    assert_true(f.kind == TRN_FAULT_NOCMA && f.rank == 1);
+    assert_string_equal(trn_fault_kind_name(f.kind), "nocma");
+    for (long s = 0; s < 4; s++)
+        assert_false(trn_fault_due(&f, s, 1, 0));
+    assert_true(trn_fault_nocma(&f, 1));
+    assert_false(trn_fault_nocma(&f, 0));
 }
 
 static void on_alarm(int sig)
