@@ -66,7 +66,11 @@ def test_slowed_rank_named_on_its_agent(background, tmp_path):
     assert agent.wait(150) == 0, log.read_text()[-3000:]
     (e,) = st["stragglers"]
     assert (e["rank"], e["local_rank"]) == (1, 1), e
-    assert e["time_s"] > 0.15 and e["factor"] > 1.5 and e["median_s"] > 0, e
+    # Compute is the step's time less its wait on collectives, and on the
+    # slowed rank that wait can overlap the 150 ms sleep by a few ms (CI saw
+    # 0.147 s): the claim is "well above the median", not "at least 150 ms".
+    assert e["time_s"] > 0.1 and e["time_s"] > 3 * e["median_s"] and e["factor"] > 1.5, e
+    assert e["median_s"] > 0, e
     det = st["straggler_detection"]
     assert det["basis"] == "compute" and det["factor"] == 1.5 and det["min_steps"] == 20, det
     w0, w1 = st["workers"]
@@ -76,7 +80,7 @@ def test_slowed_rank_named_on_its_agent(background, tmp_path):
     assert w1["progress"]["wait_s"] is not None and w0["progress"]["wait_s"] is not None
     assert [w["straggler"] for w in st["workers"]] == [False, True]
     assert promparse.value(m, "cddp_worker_straggler", local_rank="1") == 1
-    assert promparse.value(m, "cddp_worker_compute_seconds", local_rank="1") > 0.15
+    assert promparse.value(m, "cddp_worker_compute_seconds", local_rank="1") > 0.1
     text = log.read_text()
     assert re.search(r"A0910: \[default\] local_rank 1 \(rank 1\) is a straggler: .*\(compute",
                      text), text[-3000:]
@@ -116,7 +120,11 @@ def test_slow_node_named_on_cddp_rdzv(background, tmp_path):
     (e,) = run["stragglers"]
     slow = next(n for n in run["members"] if n["straggler"])
     assert e["node"] == slow["node"] and e["rank"] == 1, (e, run["members"])
-    assert e["time_s"] > 0.15 and e["factor"] > 1.5 and e["median_s"] > 0, e
+    # Compute is the step's time less its wait on collectives, and on the
+    # slowed rank that wait can overlap the 150 ms sleep by a few ms (CI saw
+    # 0.147 s): the claim is "well above the median", not "at least 150 ms".
+    assert e["time_s"] > 0.1 and e["time_s"] > 3 * e["median_s"] and e["factor"] > 1.5, e
+    assert e["median_s"] > 0, e
     assert run["step_basis"] == "compute" and run["step_median_s"] == e["median_s"], run
     assert all(n["step_time_s"] > 0 for n in run["members"]), run["members"]
     assert promparse.value(m, "cddp_rdzv_stragglers", run_id="slowjob") == 1
