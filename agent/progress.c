@@ -152,10 +152,16 @@ void agent_progress(struct agent *a, int local_rank, const struct progress_repor
 {
     if (a == NULL || a->shutting_down || local_rank < 0 || local_rank >= a->nworkers)
         return;
-    if (r->blames != a->workers[local_rank].blames_seen) {
-        a->workers[local_rank].blames_seen = r->blames;
-        blamed(a, local_rank, r->blame, (r->fields & PROGRESS_BLAME_GEN) ? r->blame_gen : 0);
-    }
+    /* every blame line since the last report: one read may carry several */
+    uint64_t seen = a->workers[local_rank].blames_seen;
+    if (seen > r->blames)
+        seen = r->blames; /* (a counter never goes back; nothing new) */
+    if (r->blames - seen > PROGRESS_BLAMES_KEPT)
+        seen = r->blames - PROGRESS_BLAMES_KEPT;
+    for (; seen < r->blames; seen++)
+        blamed(a, local_rank, r->blame_ranks[seen % PROGRESS_BLAMES_KEPT],
+               r->blame_gens[seen % PROGRESS_BLAMES_KEPT]);
+    a->workers[local_rank].blames_seen = r->blames;
     /* (worker scope: a replacement's first step says its group re-formed) */
     if ((r->fields & PROGRESS_STEP) &&
         ((r->step > a->pol.best_step && a->pol.max_no_progress > 0) ||

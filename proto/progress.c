@@ -378,11 +378,13 @@ void progress_restart(struct progress_parser *p)
 {
     uint64_t lines = p->report.lines;
     uint64_t malformed = p->report.malformed;
-    uint64_t blames = p->report.blames;
+    struct progress_report kept = p->report;
     progress_init(p);
     p->report.lines = lines;
     p->report.malformed = malformed;
-    p->report.blames = blames;
+    p->report.blames = kept.blames;
+    memcpy(p->report.blame_ranks, kept.blame_ranks, sizeof(kept.blame_ranks));
+    memcpy(p->report.blame_gens, kept.blame_gens, sizeof(kept.blame_gens));
 }
 
 static bool blank(const char *s, size_t n)
@@ -423,9 +425,11 @@ static unsigned take_line(struct progress_parser *p, const char *line, size_t le
     r->fields |= fields;
     r->lines++;
     if (fields & PROGRESS_BLAME) {
-        r->blames++;
         if (!(fields & PROGRESS_BLAME_GEN))
             r->blame_gen = 0;
+        r->blame_ranks[r->blames % PROGRESS_BLAMES_KEPT] = r->blame;
+        r->blame_gens[r->blames % PROGRESS_BLAMES_KEPT] = r->blame_gen;
+        r->blames++;
     }
     r->mono_ms = now_mono_ms;
     r->wall = now_wall;

@@ -54,6 +54,9 @@
 
 #define PROGRESS_LINE_MAX 4096 /* bytes, newline excluded; PIPE_BUF writes stay whole */
 #define PROGRESS_MAX_DEPTH 16
+/* The blame lines kept, newest last: a read may carry several (a rank
+ * names every rank furthest behind, one line each); older ones are lost. */
+#define PROGRESS_BLAMES_KEPT 8
 
 /* Bits of progress_report.fields. */
 enum {
@@ -81,10 +84,14 @@ struct progress_report {
     int64_t blame;     /* the last rank named by "blame" */
     int64_t blame_gen; /* and its "blame_gen" (0 when absent) */
     uint64_t blames;   /* lines with "blame" (per slot, like lines) */
-    bool from_auto;    /* the values came from "auto" lines (the hook), none yet from the script */
-    bool own;          /* this attempt sent a line without "auto": "auto" lines are ignored */
-    double wall;       /* wall time of the last valid line; 0 = none yet */
-    uint64_t mono_ms;  /* monotonic ms of the last valid line; 0 = none yet */
+    /* The last PROGRESS_BLAMES_KEPT of them: line k (counting from 0) is
+     * at [k % PROGRESS_BLAMES_KEPT]. */
+    int64_t blame_ranks[PROGRESS_BLAMES_KEPT];
+    int64_t blame_gens[PROGRESS_BLAMES_KEPT];
+    bool from_auto;   /* the values came from "auto" lines (the hook), none yet from the script */
+    bool own;         /* this attempt sent a line without "auto": "auto" lines are ignored */
+    double wall;      /* wall time of the last valid line; 0 = none yet */
+    uint64_t mono_ms; /* monotonic ms of the last valid line; 0 = none yet */
     uint64_t step_mono_ms; /* monotonic ms when step last changed; 0 = never */
     uint64_t lines;        /* valid lines */
     uint64_t malformed;    /* dropped lines (bad JSON, bad field, too long) */

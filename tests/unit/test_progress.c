@@ -421,6 +421,11 @@ static void test_blame(void **state)
     assert_int_equal(r->blames, 2);
     assert_int_equal(r->blame, 3);
     assert_int_equal(r->blame_gen, 0); /* absent on the last line */
+    /* both lines of the one read are kept, in order */
+    assert_int_equal(r->blame_ranks[0], 2);
+    assert_int_equal(r->blame_gens[0], 1);
+    assert_int_equal(r->blame_ranks[1], 3);
+    assert_int_equal(r->blame_gens[1], 0);
     assert_int_equal(r->step, 3);
     assert_true(r->fields & PROGRESS_BLAME);
     assert_int_equal(feed(p, "{\"blame\":-1}\n{\"blame\":1.5}\n", 30), 0);
@@ -432,6 +437,20 @@ static void test_blame(void **state)
     assert_int_equal(r->blames, 3);
     assert_int_equal(r->blame, 0);
     assert_int_equal(r->blame_gen, 4);
+    assert_int_equal(r->blame_ranks[2], 0); /* the ring outlived the restart */
+    assert_int_equal(r->blame_gens[2], 4);
+    assert_int_equal(r->blame_ranks[0], 2);
+    /* past PROGRESS_BLAMES_KEPT lines, the oldest go */
+    for (int k = 0; k < PROGRESS_BLAMES_KEPT; k++) {
+        char line[64];
+        snprintf(line, sizeof(line), "{\"blame\":%d,\"blame_gen\":7}\n", 10 + k);
+        assert_int_equal(feed(p, line, 50 + k), 1);
+    }
+    assert_int_equal(r->blames, 3 + PROGRESS_BLAMES_KEPT);
+    for (uint64_t k = 3; k < r->blames; k++) {
+        assert_int_equal(r->blame_ranks[k % PROGRESS_BLAMES_KEPT], 10 + (int64_t)(k - 3));
+        assert_int_equal(r->blame_gens[k % PROGRESS_BLAMES_KEPT], 7);
+    }
     free(p);
 }
 
