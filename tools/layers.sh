@@ -52,14 +52,22 @@ if [ -n "$out" ]; then
     echo "$out"
     status=1
 fi
+# forbid ERE WHY FILE...: each file with an include matching ERE is a
+# violation (its lines, then one line naming it and WHY)
+forbid() {
+    re=$1 why=$2
+    shift 2
+    for f in $(grep -lE "$re" "$@" /dev/null); do
+        grep -nE "$re" "$f"
+        echo "layers: $f $why"
+        status=1
+    done
+}
+inc='^[[:space:]]*#[[:space:]]*include[[:space:]]*<'
 # 2. the foundation is libc, POSIX and pthreads only
 common=$(for f in $files; do case $f in common/*) echo "$f" ;; esac; done)
-bad=$(grep -lE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<(uv|cjson/|curl/|microhttpd|gloo/|dnnl|cuda|cudnn|cublas|nccl)' $common /dev/null)
-for f in $bad; do
-    grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<(uv|cjson/|curl/|microhttpd|gloo/|dnnl|cuda|cudnn|cublas|nccl)' "$f"
-    echo "layers: $f (common/) includes a third-party library header"
-    status=1
-done
+forbid "$inc(uv|cjson/|curl/|microhttpd|gloo/|dnnl|cuda|cudnn|cublas|nccl)" \
+    "(common/) includes a third-party library header" $common
 # 3. pure cores: no event loop, no sockets
 cores=$(for f in $files; do
     case $f in
@@ -68,11 +76,7 @@ cores=$(for f in $files; do
         echo "$f" ;;
     esac
 done)
-bad=$(grep -lE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<(uv\.h|sys/socket\.h|netinet/|netdb\.h|arpa/)' $cores /dev/null)
-for f in $bad; do
-    grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<(uv\.h|sys/socket\.h|netinet/|netdb\.h|arpa/)' "$f"
-    echo "layers: $f is a pure core and includes libuv or a socket header"
-    status=1
-done
+forbid "$inc(uv\.h|sys/socket\.h|netinet/|netdb\.h|arpa/)" \
+    "is a pure core and includes libuv or a socket header" $cores
 [ $status -eq 0 ] && echo "layers: ok"
 exit $status
