@@ -286,6 +286,11 @@ int agent_failure_root(const struct agent_failure *f, int n)
 {
     int best = 0;
     for (int i = 1; i < n; i++) {
+        if (f[i].recovered != f[best].recovered) {
+            if (!f[i].recovered)
+                best = i;
+            continue;
+        }
         if (f[i].timestamp < f[best].timestamp ||
             (f[i].timestamp == f[best].timestamp && f[i].seq < f[best].seq))
             best = i;
@@ -491,6 +496,7 @@ void agent_note_replaced(struct agent *a, int i, int64_t gen)
     f->exitcode = w->info.exitcode;
     f->observed = w->info.exit_time;
     f->seq = w->exit_seq;
+    f->recovered = true;
     f->python = a->cfg->kind != LAUNCH_BINARY ? a->cfg->program : NULL;
     if (agent_failure_load(f, w->error_file) != 0) {
         agent_failure_free(f);

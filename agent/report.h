@@ -69,6 +69,10 @@ struct agent_failure {
      * importlib cannot find torch in (asked once per interpreter). The
      * table then adds a line naming the interpreter and PYTHON_EXEC. */
     bool no_torch;
+    /* Set by the caller: a worker replaced in place (--restart_scope=worker)
+     * whose run went on. Listed, but the root cause only when every failure
+     * is one: the failure that ended the run is another. */
+    bool recovered;
 };
 
 /*
@@ -80,7 +84,9 @@ struct agent_failure {
 int agent_failure_load(struct agent_failure *f, const char *error_file_path);
 void agent_failure_free(struct agent_failure *f);
 
-/* Index of the root cause among n > 0 failures. */
+/* Index of the root cause among n > 0 failures: the first observed
+ * (error.json's timestamp, then the order seen), of those not recovered
+ * when there is one. */
 int agent_failure_root(const struct agent_failure *f, int n);
 
 /* Appends the table for failures f[0..n) (in local-rank order) to out;

@@ -153,6 +153,15 @@ static void test_root_cause(void **state)
     f[2].timestamp = 999; /* an error.json written earlier wins */
     assert_int_equal(agent_failure_root(f, 3), 2);
     assert_int_equal(agent_failure_root(f, 1), 0);
+    /* a worker replaced in place, its run gone on, is not the cause of
+     * the failure that ended it, however early */
+    f[2].recovered = true;
+    f[2].timestamp = 900;
+    assert_int_equal(agent_failure_root(f, 3), 1);
+    f[1].recovered = true;
+    assert_int_equal(agent_failure_root(f, 3), 0);
+    f[0].recovered = true; /* all recovered: the first of them */
+    assert_int_equal(agent_failure_root(f, 3), 2);
 }
 
 static void test_table_exact(void **state)
