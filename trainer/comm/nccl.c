@@ -89,7 +89,6 @@
  * error buffer (set-up, start) or the log (teardown).
  */
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -106,6 +105,7 @@
 #include "trainer/comm/backend.h"
 #include "trainer/comm/failure.h"
 #include "trainer/comm/nccl_key.h"
+#include "trainer/comm/nccl_lib.h"
 #include "trainer/comm/progress.h"
 #include "trainer/comm/watchdog_core.h"
 
@@ -989,6 +989,10 @@ int trn_nccl_backend_create(const struct trn_comm_options *o, struct trn_kv *kv,
     uint64_t t0 = cddp_mono_ns();
     double init_s = o->init_timeout_s > 0 ? o->init_timeout_s : 300.0;
     uint64_t deadline = t0 + (uint64_t)(init_s * 1e9);
+    /* NCCL, opened now (nccl_lib.h): before its first call */
+    int lrc = trn_nccl_lib_load(err, errlen);
+    if (lrc)
+        return lrc;
     /* Before NCCL's first call, which reads it (the preamble, "Exits"). */
     setenv("NCCL_DEBUG", "WARN", 0);
     log_version_once();

@@ -459,6 +459,10 @@ extern "C" int trn_backend_cuda_init(struct trn_backend *be, const struct trn_cu
         snprintf(err, errlen, "activation dtype %d is not fp32, bf16 or fp16", (int)opt->act_dtype);
         return CDDP_ECONFIG;
     }
+    /* cuDNN and cuBLAS, opened now (libs.h): before their first call */
+    int rc = trn_cuda_libs_load(err, errlen);
+    if (rc)
+        return rc;
     struct cuda_backend *cb = (struct cuda_backend *)calloc(1, sizeof(*cb));
     if (!cb) {
         snprintf(err, errlen, "out of memory");

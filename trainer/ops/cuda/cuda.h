@@ -28,6 +28,9 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+/* (cuDNN's and cuBLAS's functions through tables, opened at init) */
+#include "trainer/ops/cuda/libs.h"
+
 #include <type_traits>
 
 extern "C" {
