@@ -68,8 +68,10 @@ def test_slowed_rank_named_on_its_agent(background, tmp_path):
     assert (e["rank"], e["local_rank"]) == (1, 1), e
     # Compute is the step's time less its wait on collectives, and on the
     # slowed rank that wait can overlap the 150 ms sleep by a few ms (CI saw
-    # 0.147 s): the claim is "well above the median", not "at least 150 ms".
-    assert e["time_s"] > 0.1 and e["time_s"] > 3 * e["median_s"] and e["factor"] > 1.5, e
+    # 0.147 s): the claim is "most of the sleep, and above the median by the
+    # detector's factor", not "at least 150 ms" (under ASan the median is
+    # 0.08 s and the slowed rank 2.8 times it).
+    assert e["time_s"] > 0.1 and e["factor"] > 1.5, e
     assert e["median_s"] > 0, e
     det = st["straggler_detection"]
     assert det["basis"] == "compute" and det["factor"] == 1.5 and det["min_steps"] == 20, det
@@ -122,8 +124,10 @@ def test_slow_node_named_on_cddp_rdzv(background, tmp_path):
     assert e["node"] == slow["node"] and e["rank"] == 1, (e, run["members"])
     # Compute is the step's time less its wait on collectives, and on the
     # slowed rank that wait can overlap the 150 ms sleep by a few ms (CI saw
-    # 0.147 s): the claim is "well above the median", not "at least 150 ms".
-    assert e["time_s"] > 0.1 and e["time_s"] > 3 * e["median_s"] and e["factor"] > 1.5, e
+    # 0.147 s): the claim is "most of the sleep, and above the median by the
+    # detector's factor", not "at least 150 ms" (under ASan the median is
+    # 0.08 s and the slowed rank 2.8 times it).
+    assert e["time_s"] > 0.1 and e["factor"] > 1.5, e
     assert e["median_s"] > 0, e
     assert run["step_basis"] == "compute" and run["step_median_s"] == e["median_s"], run
     assert all(n["step_time_s"] > 0 for n in run["members"]), run["members"]
