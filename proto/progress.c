@@ -376,12 +376,10 @@ void progress_init(struct progress_parser *p)
 
 void progress_restart(struct progress_parser *p)
 {
-    uint64_t lines = p->report.lines;
-    uint64_t malformed = p->report.malformed;
     struct progress_report kept = p->report;
     progress_init(p);
-    p->report.lines = lines;
-    p->report.malformed = malformed;
+    p->report.lines = kept.lines;
+    p->report.malformed = kept.malformed;
     p->report.blames = kept.blames;
     memcpy(p->report.blame_ranks, kept.blame_ranks, sizeof(kept.blame_ranks));
     memcpy(p->report.blame_gens, kept.blame_gens, sizeof(kept.blame_gens));
