@@ -563,7 +563,9 @@ static int decode_fields(struct dec *d)
         if ((rc = get_str(d, "server", false, PROTO_MAX_TEXT, STR_TEXT, &m->welcome.server)) ||
             (rc = get_bool(d, "heartbeat_ack", &m->welcome.heartbeat_ack)))
             return rc;
-        return get_bool(d, "resume", &m->welcome.resume);
+        if ((rc = get_bool(d, "resume", &m->welcome.resume)))
+            return rc;
+        return get_bool(d, "generations", &m->welcome.generations);
     case PROTO_JOIN:
         return decode_join(d);
     case PROTO_JOINED:
@@ -605,6 +607,29 @@ static int decode_fields(struct dec *d)
             return rc;
         m->failure.round = (uint64_t)v;
         return get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->failure.reason);
+    case PROTO_REPLACE:
+        if ((rc = get_int(d, "round", true, 1, PROTO_MAX_INT, 1, &v)))
+            return rc;
+        m->replace.round = (uint64_t)v;
+        if ((rc = get_small(d, "rank", true, 0, INT32_MAX - 1, 0, &m->replace.rank)))
+            return rc;
+        return get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->replace.reason);
+    case PROTO_GENERATION:
+        if ((rc = get_int(d, "round", true, 1, PROTO_MAX_INT, 1, &v)))
+            return rc;
+        m->generation.round = (uint64_t)v;
+        if ((rc = get_int(d, "generation", true, 0, PROTO_MAX_INT, 0, &m->generation.generation)) ||
+            (rc = get_str(d, "replaced", false, PROTO_MAX_REPLACED, STR_ID,
+                          &m->generation.replaced)) ||
+            (rc = get_str(d, "node_id", false, PROTO_MAX_ID, STR_ID, &m->generation.node_id)) ||
+            (rc = get_str(d, "refused", false, PROTO_MAX_TEXT, STR_TEXT, &m->generation.refused)))
+            return rc;
+        if (m->generation.generation > 0 &&
+            (m->generation.replaced == NULL || m->generation.replaced[0] == '\0'))
+            return bad_field(d, "replaced", "must name the ranks of a granted generation");
+        if (m->generation.generation == 0 && m->generation.refused == NULL)
+            return bad_field(d, "refused", "must say why when generation is 0");
+        return 0;
     case PROTO_ROUND:
         return decode_round_into(d, &m->round);
     case PROTO_RESTART:
@@ -936,6 +961,22 @@ static void encode_heartbeat(struct enc *e, const struct proto_msg *m)
     }
 }
 
+/* replace and its answer, generation (--restart_scope=worker). */
+static void encode_replace(struct enc *e, const struct proto_msg *m)
+{
+    if (m->type == PROTO_REPLACE) {
+        put_int(e, "round", (int64_t)m->replace.round, 1, PROTO_MAX_INT);
+        put_int(e, "rank", m->replace.rank, 0, INT32_MAX - 1);
+        put_str(e, "reason", m->replace.reason, PROTO_MAX_TEXT);
+        return;
+    }
+    put_int(e, "round", (int64_t)m->generation.round, 1, PROTO_MAX_INT);
+    put_int(e, "generation", m->generation.generation, 0, PROTO_MAX_INT);
+    put_str(e, "replaced", m->generation.replaced, PROTO_MAX_REPLACED);
+    put_str(e, "node_id", m->generation.node_id, PROTO_MAX_ID);
+    put_str(e, "refused", m->generation.refused, PROTO_MAX_TEXT);
+}
+
 static void encode_fields(struct enc *e, const struct proto_msg *m)
 {
     switch (m->type) {
@@ -952,6 +993,8 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
             put_bool(e, "heartbeat_ack", true);
         if (m->welcome.resume)
             put_bool(e, "resume", true);
+        if (m->welcome.generations)
+            put_bool(e, "generations", true);
         break;
     case PROTO_JOIN:
         encode_join_fields(e, &m->join);
@@ -986,6 +1029,10 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
     case PROTO_FAILURE:
         put_int(e, "round", (int64_t)m->failure.round, 0, PROTO_MAX_INT);
         put_str(e, "reason", m->failure.reason, PROTO_MAX_TEXT);
+        break;
+    case PROTO_REPLACE:
+    case PROTO_GENERATION:
+        encode_replace(e, m);
         break;
     case PROTO_ROUND:
         encode_round_fields(e, &m->round);

@@ -62,7 +62,9 @@
     XX(COMPARE_SET, "compare_set")                                                                 \
     XX(RESULT, "result")                                                                           \
     XX(STATUS, "status")                                                                           \
-    XX(RESUME, "resume")
+    XX(RESUME, "resume")                                                                           \
+    XX(REPLACE, "replace")                                                                         \
+    XX(GENERATION, "generation")
 
 enum proto_type {
     PROTO_NONE = 0,
@@ -189,6 +191,7 @@ struct proto_msg {
             const char *server;
             bool heartbeat_ack; /* optional: heartbeats will be answered */
             bool resume;        /* optional: the server understands "resume" */
+            bool generations;   /* optional: the server understands "replace" */
         } welcome;
         struct {
             /* Server to agent only (an answer to a heartbeat), optional: the
@@ -229,6 +232,26 @@ struct proto_msg {
             uint64_t round;
             const char *reason;
         } failure;
+        /* Agent to server (--restart_scope=worker): this node restarts the
+         * worker of global rank `rank` alone in `round`, and asks for the
+         * group's next generation (docs/protocol.md, "replace"). */
+        struct {
+            uint64_t round;
+            int rank;
+            const char *reason; /* may be NULL */
+        } replace;
+        /* Server to agents: the answer to a replace. Granted (generation
+         * > 0): to every node of the round, which goes on in place with
+         * `replaced` restarted by node_id's agent. Refused (generation 0,
+         * refused says why): to the asking node only, which then fails its
+         * group as without worker scope. */
+        struct {
+            uint64_t round;
+            int64_t generation;
+            const char *replaced; /* decimal global ranks, comma-separated */
+            const char *node_id;  /* the node that asked */
+            const char *refused;  /* NULL when granted */
+        } generation;
         struct proto_round round;
         struct {
             uint64_t round;     /* the new round to join */

@@ -63,14 +63,15 @@ struct rdzv_client {
     unsigned seed;
 
     /* The connection and its server. */
-    bool hold;          /* frames go to outq: not connected, or reconnected and not welcomed */
-    bool welcomed;      /* this connection got its welcome */
-    bool ever_welcomed; /* some connection did: a lost one is reconnected */
-    bool final;         /* the server refused us or closed the run: no reconnecting */
-    bool server_acks;   /* it answers heartbeats */
-    bool server_resume; /* it understands resume */
-    bool suspect;       /* the watch found read_timeout of silence; one more loop turn */
-    uint64_t last_rx;   /* loop time of the last bytes from the server */
+    bool hold;               /* frames go to outq: not connected, or reconnected and not welcomed */
+    bool welcomed;           /* this connection got its welcome */
+    bool ever_welcomed;      /* some connection did: a lost one is reconnected */
+    bool final;              /* the server refused us or closed the run: no reconnecting */
+    bool server_acks;        /* it answers heartbeats */
+    bool server_resume;      /* it understands resume */
+    bool server_generations; /* it understands replace */
+    bool suspect;            /* the watch found read_timeout of silence; one more loop turn */
+    uint64_t last_rx;        /* loop time of the last bytes from the server */
     uint64_t silence_ms;
     uint64_t reconnect_ms;
     bool reconnecting; /* since a loss, until the next welcome */
@@ -328,6 +329,7 @@ static void on_server_message(struct rdzv_client *c, const struct proto_msg *m)
         c->ever_welcomed = true;
         c->server_acks = m->welcome.heartbeat_ack;
         c->server_resume = m->welcome.resume;
+        c->server_generations = m->welcome.generations;
         if (c->reconnecting)
             after_reconnect(c);
         return;
@@ -367,6 +369,16 @@ static void on_server_message(struct rdzv_client *c, const struct proto_msg *m)
         ev.node_id = m->restart.node_id;
         ev.counted = m->restart.counted;
         ev.restart_count = m->restart.restart_count;
+        break;
+    case PROTO_GENERATION:
+        if (c->joining || !c->in_round || m->generation.round != c->round.round)
+            return; /* about a round this node has left */
+        ev.kind = RDZV_EV_GENERATION;
+        ev.round = m->generation.round;
+        ev.generation = m->generation.generation;
+        ev.replaced = m->generation.replaced;
+        ev.node_id = m->generation.node_id;
+        ev.message = m->generation.refused;
         break;
     case PROTO_CLOSED:
         snprintf(c->last_error, sizeof(c->last_error), "rendezvous closed: %s",
@@ -1035,6 +1047,19 @@ int rdzv_client_report_failure(struct rdzv_client *c, const char *reason)
     if (!c->has_round)
         return CDDP_ESTATE;
     return send_simple(c, PROTO_FAILURE, c->round.round, reason, false);
+}
+
+int rdzv_client_replace(struct rdzv_client *c, int rank, const char *reason)
+{
+    if (!c->has_round || !c->in_round || c->joining || !c->welcomed || c->hold)
+        return CDDP_ESTATE;
+    if (!c->server_generations)
+        return CDDP_EPROTO_TYPE;
+    struct proto_msg m = {.type = PROTO_REPLACE};
+    m.replace.round = c->round.round;
+    m.replace.rank = rank;
+    m.replace.reason = reason;
+    return client_send(c, &m);
 }
 
 int rdzv_client_leave(struct rdzv_client *c, const char *reason, bool finished)

@@ -14,6 +14,9 @@
  *   event RESTART         a node was lost / joined / failed: stop the
  *                         workers, then rdzv_client_join() again
  *                         (restart.counted: count it against --max_restarts)
+ *   rdzv_client_replace()  one of our workers failed and is restarted
+ *                         alone (--restart_scope=worker): event GENERATION
+ *                         (every node) when the server grants it
  *   rdzv_client_report_failure()  our worker group failed: every node
  *                         restarts (counted), us too (event RESTART)
  *   rdzv_client_barrier() the exit barrier after success (torch's)
@@ -97,6 +100,9 @@ enum rdzv_event_kind {
     RDZV_EV_DISCONNECTED, /* the connection was lost: reconnecting (message: why) */
     RDZV_EV_RECONNECTED,  /* connected again (resumed: still in its round) */
     RDZV_EV_WAITING,      /* the run's wait list changed (waiting_nodes) */
+    RDZV_EV_GENERATION,   /* a replace answered: the round goes on in place (generation,
+                             replaced, node_id: who asked), or refused (generation 0,
+                             message: why; to the asker only) */
 };
 
 struct rdzv_event {
@@ -112,6 +118,8 @@ struct rdzv_event {
     bool resumed;          /* RECONNECTED: this node is still in its round */
     bool from_server;      /* ERROR: the server's own error (it refused or removed us) */
     int64_t waiting_nodes; /* WAITING */
+    int64_t generation;    /* GENERATION: the round's new generation; 0: refused */
+    const char *replaced;  /* GENERATION: the global ranks restarted alone */
 };
 
 typedef void (*rdzv_event_cb)(struct rdzv_client *c, const struct rdzv_event *ev, void *data);
@@ -142,6 +150,12 @@ int rdzv_client_join(struct rdzv_client *c, int master_port, rdzv_join_cb cb, vo
 
 /* Our worker group failed in the current round (counted restart for all). */
 int rdzv_client_report_failure(struct rdzv_client *c, const char *reason);
+/* --restart_scope=worker: this node restarts the worker of global rank
+ * `rank` alone and asks for the group's next generation; the answer comes
+ * as event GENERATION (docs/protocol.md, "replace"). CDDP_EPROTO_TYPE: the
+ * server does not understand replace (an older one); CDDP_ESTATE: no round
+ * running here, a join outstanding, or not connected now. */
+int rdzv_client_replace(struct rdzv_client *c, int rank, const char *reason);
 /* We leave the job: the others restart without us (not counted); or,
  * finished, our workers succeeded and the others go on undisturbed. */
 int rdzv_client_leave(struct rdzv_client *c, const char *reason, bool finished);

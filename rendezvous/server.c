@@ -356,6 +356,23 @@ static void apply_actions(struct rdzv_server *srv)
                       (unsigned long long)a->restart.round, a->restart.reason,
                       a->restart.node_id ? a->restart.node_id : "-");
             break;
+        case RDZV_ACT_GENERATION:
+            m.type = PROTO_GENERATION;
+            m.generation.round = a->generation.round;
+            m.generation.generation = a->generation.generation;
+            m.generation.replaced = a->generation.replaced;
+            m.generation.node_id = a->generation.node_id;
+            m.generation.refused = a->generation.refused;
+            if (a->generation.generation == 0)
+                log_warn("R0029", "%s: replace refused: %s", c->name, a->generation.refused);
+            else if (rdzv_peer_node_id(a->peer) &&
+                     strcmp(rdzv_peer_node_id(a->peer), a->generation.node_id) == 0)
+                log_info("R0028",
+                         "%s: round %llu goes on in place: generation %lld, rank %s restarted "
+                         "alone",
+                         c->name, (unsigned long long)a->generation.round,
+                         (long long)a->generation.generation, a->generation.replaced);
+            break;
         case RDZV_ACT_CLOSED:
             m.type = PROTO_CLOSED;
             m.closed.reason = a->closed.reason;
@@ -510,6 +527,7 @@ static void handle_hello(struct conn *c, const struct proto_msg *m)
     w.welcome.server = srv->name;
     w.welcome.heartbeat_ack = m->hello.heartbeat_ack;
     w.welcome.resume = !srv->opt.store_only;
+    w.welcome.generations = !srv->opt.store_only;
     send_msg(c, &w);
     log_debug("R0030", "%s: hello for run '%s' (%s)", c->name, m->hello.run_id,
               m->hello.client ? m->hello.client : "-");
@@ -576,6 +594,9 @@ static void dispatch(struct conn *c, const struct proto_msg *m)
         break;
     case PROTO_CLOSE:
         rdzv_state_close(srv->state, now, &c->peer, m->close.reason);
+        break;
+    case PROTO_REPLACE:
+        rdzv_state_replace(srv->state, now, &c->peer, m);
         break;
     case PROTO_SET:
     case PROTO_GET:

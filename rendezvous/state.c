@@ -90,6 +90,7 @@ struct rdzv_run {
     int last_nnodes, last_world, last_master_port;
     bool last_counted;
     int64_t generation;
+    uint64_t generation_at; /* when a replace was last granted in this round; 0: never */
     struct cddp_queue lists[N_COUNT];
     size_t count[N_COUNT];
     struct timer last_call;
@@ -571,6 +572,7 @@ static void complete_round(struct rdzv_state *st, struct rdzv_run *run, uint64_t
     int mport = slot[0]->master_port;
     const char *replaced = in_place(st, run, slot, n, (int)world);
     run->generation = replaced ? run->generation + 1 : 0;
+    run->generation_at = 0;
     run->last_nnodes = (int)n;
     run->last_world = (int)world;
     run->last_master_port = mport;
@@ -1296,6 +1298,64 @@ void rdzv_state_failure(struct rdzv_state *st, uint64_t now, struct rdzv_peer *p
         return;
     restart(st, node->run, "worker_failure", node->id, true);
     check_complete(st, node->run, now);
+}
+
+static void refuse_replace(struct rdzv_state *st, struct rdzv_peer *peer, uint64_t round,
+                           const char *why)
+{
+    struct rdzv_action *a = push_action(st, RDZV_ACT_GENERATION, peer);
+    a->generation.round = round ? round : 1;
+    a->generation.refused = why;
+}
+
+void rdzv_state_replace(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                        const struct proto_msg *m)
+{
+    begin(st);
+    touch(peer, now);
+    struct rdzv_node *node = peer->node;
+    uint64_t round = m->replace.round;
+    int rank = m->replace.rank;
+    if (node == NULL || node->state != N_ACTIVE) {
+        refuse_replace(st, peer, round, "this node is not a member of a running round");
+        return;
+    }
+    struct rdzv_run *run = node->run;
+    if (run->phase != RDZV_RUNNING || round != run->round || run->rebuilding) {
+        refuse_replace(
+            st, peer, round,
+            scratch_printf(st, "round %llu is not the one running", (unsigned long long)round));
+        return;
+    }
+    if (rank < node->prev_offset || rank >= node->prev_offset + node->nproc) {
+        refuse_replace(st, peer, round,
+                       scratch_printf(st, "rank %d is not one of this node's (%d..%d)", rank,
+                                      node->prev_offset, node->prev_offset + node->nproc - 1));
+        return;
+    }
+    if (run->generation_at != 0 && now < run->generation_at + RDZV_REPLACE_SETTLE_MS) {
+        refuse_replace(st, peer, round,
+                       scratch_printf(st,
+                                      "generation %lld was granted %llu ms ago: a second "
+                                      "failure this soon restarts the group",
+                                      (long long)run->generation,
+                                      (unsigned long long)(now - run->generation_at)));
+        return;
+    }
+    run->generation++;
+    run->generation_at = now ? now : 1;
+    const char *replaced = scratch_printf(st, "%d", rank);
+    const char *nid = scratch_strdup(st, node->id);
+    struct cddp_queue *q;
+    cddp_queue_foreach(q, &run->lists[N_ACTIVE])
+    {
+        struct rdzv_node *member = cddp_queue_data(q, struct rdzv_node, link);
+        struct rdzv_action *a = push_action(st, RDZV_ACT_GENERATION, member->peer);
+        a->generation.round = run->round;
+        a->generation.generation = run->generation;
+        a->generation.replaced = replaced;
+        a->generation.node_id = nid;
+    }
 }
 
 void rdzv_state_close(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,

@@ -84,6 +84,7 @@ enum rdzv_action_kind {
     RDZV_ACT_RESULT,     /* the result of a store request (or of a resume) */
     RDZV_ACT_HEARTBEAT,  /* a heartbeat answered: the run's wait list length */
     RDZV_ACT_STRAGGLER,  /* for the log: a node became, or stopped being, a slow node */
+    RDZV_ACT_GENERATION, /* a replace answered: granted (to every member) or refused */
 };
 
 struct rdzv_action {
@@ -133,6 +134,13 @@ struct rdzv_action {
             bool compute;    /* the times are compute times (else step times) */
             int max_rank;    /* its slowest rank */
         } straggler;
+        struct {
+            uint64_t round;
+            int64_t generation; /* 0: refused */
+            const char *replaced;
+            const char *node_id;
+            const char *refused;
+        } generation;
     };
 };
 
@@ -211,6 +219,19 @@ void rdzv_state_leave(struct rdzv_state *st, uint64_t now, struct rdzv_peer *pee
  * Reports about an older round, or from a non-member, are ignored. */
 void rdzv_state_failure(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer, uint64_t round,
                         const char *reason);
+/* --restart_scope=worker: the node restarts the worker of global rank
+ * `rank` alone in `round` (m->type == PROTO_REPLACE) and asks for the
+ * group's next generation. Granted when the run runs that round, the node
+ * is an active member, the rank is one of its own, and no other generation
+ * was granted in this round within RDZV_REPLACE_SETTLE_MS (two failures
+ * that close together: the group restarts, as an agent does for two of its
+ * own): the run's generation (the one node replacements in place count
+ * too, state.c's in_place) goes up by one and every active member gets
+ * RDZV_ACT_GENERATION with it. Otherwise the asker alone gets it with
+ * generation 0 and why, and fails its group (rdzv_state_failure). */
+#define RDZV_REPLACE_SETTLE_MS 1000
+void rdzv_state_replace(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                        const struct proto_msg *m);
 /* Closes the peer's run: CLOSED to every node, later joins refused. */
 void rdzv_state_close(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
                       const char *reason);

@@ -193,8 +193,9 @@ static void test_msg_roundtrip(void **state)
     m.welcome.server = "s";
     m.welcome.heartbeat_ack = true;
     m.welcome.resume = true;
+    m.welcome.generations = true;
     roundtrip(&m, &o);
-    assert_true(o.welcome.heartbeat_ack && o.welcome.resume);
+    assert_true(o.welcome.heartbeat_ack && o.welcome.resume && o.welcome.generations);
     proto_msg_free(&o);
     memset(&m, 0, sizeof(m));
     m.type = PROTO_HEARTBEAT;
@@ -338,6 +339,37 @@ static void test_msg_roundtrip(void **state)
     assert_string_equal(o.restart.reason, "node_lost");
     assert_false(o.restart.counted);
     assert_int_equal(o.restart.restart_count, 5);
+    proto_msg_free(&o);
+
+    /* replace, and its answer granted and refused */
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_REPLACE;
+    m.replace.round = 7;
+    m.replace.rank = 3;
+    m.replace.reason = "worker_failure";
+    roundtrip(&m, &o);
+    assert_int_equal(o.replace.round, 7);
+    assert_int_equal(o.replace.rank, 3);
+    assert_string_equal(o.replace.reason, "worker_failure");
+    proto_msg_free(&o);
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_GENERATION;
+    m.generation.round = 7;
+    m.generation.generation = 2;
+    m.generation.replaced = "3";
+    m.generation.node_id = "b_1_0";
+    roundtrip(&m, &o);
+    assert_int_equal(o.generation.generation, 2);
+    assert_string_equal(o.generation.replaced, "3");
+    assert_string_equal(o.generation.node_id, "b_1_0");
+    assert_null(o.generation.refused);
+    proto_msg_free(&o);
+    m.generation.generation = 0;
+    m.generation.replaced = NULL;
+    m.generation.refused = "round 6 is not the one running";
+    roundtrip(&m, &o);
+    assert_int_equal(o.generation.generation, 0);
+    assert_string_equal(o.generation.refused, "round 6 is not the one running");
     proto_msg_free(&o);
 
     memset(&m, 0, sizeof(m));
@@ -525,6 +557,20 @@ static void test_msg_decode_errors(void **state)
         assert_non_null(strstr(err, "perf"));
     }
     assert_int_equal(decode_str("{\"type\":\"heartbeat\"}", err, sizeof(err)), CDDP_EPROTO_FIELD);
+    /* replace and generation: their fields checked */
+    const char *bad_replace[] = {
+        "{\"v\":1,\"type\":\"replace\",\"rank\":1}",
+        "{\"v\":1,\"type\":\"replace\",\"round\":0,\"rank\":1}",
+        "{\"v\":1,\"type\":\"replace\",\"round\":1,\"rank\":-1}",
+        "{\"v\":1,\"type\":\"generation\",\"round\":1,\"generation\":2}",
+        "{\"v\":1,\"type\":\"generation\",\"round\":1,\"generation\":2,\"replaced\":\"\"}",
+        "{\"v\":1,\"type\":\"generation\",\"round\":1,\"generation\":0}",
+        "{\"v\":1,\"type\":\"generation\",\"round\":1,\"generation\":-1,\"refused\":\"x\"}",
+    };
+    for (size_t i = 0; i < sizeof(bad_replace) / sizeof(bad_replace[0]); i++) {
+        if (decode_str(bad_replace[i], err, sizeof(err)) != CDDP_EPROTO_FIELD)
+            fail_msg("accepted: %s", bad_replace[i]);
+    }
     assert_int_equal(decode_str("{\"v\":2,\"type\":\"heartbeat\"}", err, sizeof(err)),
                      CDDP_EPROTO_VERSION);
     assert_non_null(strstr(err, "version 2"));

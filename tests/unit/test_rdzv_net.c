@@ -27,6 +27,7 @@
 #include "common/errors.h"
 #include "rendezvous/client.h"
 #include "rendezvous/server.h"
+#include "rendezvous/state.h"
 #include "rendezvous/store_client.h"
 
 #define NCLI 4
@@ -45,6 +46,9 @@ struct agent {
     int disconnects, reconnects, resumed;
     int64_t waiting;
     char restart_reason[32];
+    int generations; /* GENERATION events */
+    int64_t last_generation;
+    char replaced[32], gen_node[32], refused[160];
     struct world *w;
 };
 
@@ -152,6 +156,13 @@ static void on_event(struct rdzv_client *c, const struct rdzv_event *ev, void *d
     case RDZV_EV_WAITING:
         a->waiting = ev->waiting_nodes;
         break;
+    case RDZV_EV_GENERATION:
+        a->generations++;
+        a->last_generation = ev->generation;
+        snprintf(a->replaced, sizeof(a->replaced), "%s", ev->replaced ? ev->replaced : "");
+        snprintf(a->gen_node, sizeof(a->gen_node), "%s", ev->node_id ? ev->node_id : "");
+        snprintf(a->refused, sizeof(a->refused), "%s", ev->message ? ev->message : "");
+        break;
     }
 }
 
@@ -246,6 +257,103 @@ static void test_round_restart_rejoin(void **state)
     while (w.a[0].closed == 0 || w.a[2].closed == 0)
         uv_run(&w.loop, UV_RUN_ONCE);
     assert_int_equal(w.a[0].errors, 0);
+    world_close(&w);
+    assert_int_equal(w.clients_gone, 3);
+}
+
+/* ---- replace: a worker restarted alone on one node of several ---- */
+
+static int want_generations[NCLI];
+static bool generations_in(struct world *w)
+{
+    for (int i = 0; i < NCLI; i++) {
+        if (w->a[i].c && w->a[i].generations < want_generations[i])
+            return false;
+    }
+    return true;
+}
+
+static void on_settled(uv_timer_t *t)
+{
+    *(bool *)t->data = true;
+}
+
+static void test_replace_grants_and_refuses(void **state)
+{
+    (void)state;
+    struct world w;
+    world_init(&w, NULL);
+    for (int i = 0; i < 3; i++) {
+        start_agent(&w, i, NULL, 3, 3);
+        /* No round yet: nothing to go on in place. */
+        assert_int_equal(rdzv_client_replace(w.a[i].c, 0, "x"), CDDP_ESTATE);
+        assert_int_equal(rdzv_client_join(w.a[i].c, 40000 + i, on_join, &w.a[i]), 0);
+    }
+    want_joins = 1;
+    run_until(&w, all_joined);
+    assert_int_equal(w.a[2].round.rank_offset, 3); /* node 2: ranks 3, 4, 5 */
+
+    /* Node 2 restarts rank 4 alone: every node hears generation 1. */
+    assert_int_equal(rdzv_client_replace(w.a[2].c, 4, "worker_failure"), 0);
+    for (int i = 0; i < 3; i++)
+        want_generations[i] = 1;
+    run_until(&w, generations_in);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(w.a[i].last_generation, 1);
+        assert_string_equal(w.a[i].replaced, "4");
+        assert_string_equal(w.a[i].gen_node, "node2");
+        assert_int_equal(w.a[i].restarts, 0); /* the round goes on */
+    }
+
+    /* Node 1 within the settle window: refused, to node 1 alone. */
+    assert_int_equal(rdzv_client_replace(w.a[1].c, 1, "worker_failure"), 0);
+    want_generations[1] = 2;
+    run_until(&w, generations_in);
+    assert_int_equal(w.a[1].last_generation, 0);
+    assert_non_null(strstr(w.a[1].refused, "a second failure this soon"));
+    /* A rank that is not the node's own: refused. */
+    assert_int_equal(rdzv_client_replace(w.a[0].c, 3, "worker_failure"), 0);
+    want_generations[0] = 2;
+    run_until(&w, generations_in);
+    assert_int_equal(w.a[0].last_generation, 0);
+    assert_non_null(strstr(w.a[0].refused, "rank 3 is not one of this node's (0..0)"));
+    assert_int_equal(w.a[2].generations, 1);
+
+    /* Past the window, node 1's next failure is granted: generation 2. */
+    bool settled = false;
+    uv_timer_t t;
+    uv_timer_init(&w.loop, &t);
+    t.data = &settled;
+    uv_timer_start(&t, on_settled, RDZV_REPLACE_SETTLE_MS + 100, 0);
+    while (!settled)
+        uv_run(&w.loop, UV_RUN_ONCE);
+    uv_close((uv_handle_t *)&t, NULL);
+    assert_int_equal(rdzv_client_replace(w.a[1].c, 2, "worker_failure"), 0);
+    want_generations[0] = 3;
+    want_generations[1] = 3;
+    want_generations[2] = 2;
+    run_until(&w, generations_in);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(w.a[i].last_generation, 2);
+        assert_string_equal(w.a[i].replaced, "2");
+        assert_int_equal(w.a[i].restarts, 0);
+    }
+
+    /* A worker failure of the group: a new round, whose generation starts
+     * again at 0; a replace about the old round is refused. */
+    for (int i = 0; i < 3; i++)
+        w.a[i].rejoin_on_restart = true;
+    uint64_t old = w.a[0].round.round;
+    assert_int_equal(rdzv_client_report_failure(w.a[0].c, "exit 1"), 0);
+    want_joins = 2;
+    run_until(&w, all_joined);
+    assert_int_equal(w.a[0].round.generation, 0);
+    assert_true(w.a[0].round.round > old);
+    assert_int_equal(rdzv_client_replace(w.a[2].c, 5, "worker_failure"), 0);
+    for (int i = 0; i < 3; i++)
+        want_generations[i] = w.a[i].generations + 1;
+    run_until(&w, generations_in);
+    assert_int_equal(w.a[2].last_generation, 1); /* a new group: generation 1 again */
     world_close(&w);
     assert_int_equal(w.clients_gone, 3);
 }
@@ -984,6 +1092,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_restart_rejoin),
+        cmocka_unit_test(test_replace_grants_and_refuses),
         cmocka_unit_test(test_store_ops_and_barrier),
         cmocka_unit_test(test_token),
         cmocka_unit_test(test_connect_retry_and_timeout),
