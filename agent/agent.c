@@ -611,6 +611,9 @@ static void do_action(struct agent *a, const struct policy_action *act)
     case POLICY_ACT_NEW_GENERATION:
         agent_round_new_generation(a, act);
         break;
+    case POLICY_ACT_REQUEST_GENERATION:
+        agent_round_request_generation(a, act);
+        break;
     case POLICY_ACT_SIGNAL_GROUPS:
         agent_spares_stop(a); /* the group stops: its spares go with it */
         agent_signal_groups(a, act->sig);

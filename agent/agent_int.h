@@ -276,6 +276,7 @@ void agent_round_join(struct agent *a, const struct policy_action *act);
 /* POLICY_ACT_NEW_GENERATION: the round goes on in place with this node's
  * workers; node 0 announces the generation on the agent store. */
 void agent_round_new_generation(struct agent *a, const struct policy_action *act);
+void agent_round_request_generation(struct agent *a, const struct policy_action *act);
 /* POLICY_ACT_REPORT_FAILURE and POLICY_ACT_EXIT_BARRIER. */
 void agent_round_report_failure(struct agent *a);
 void agent_round_exit_barrier(struct agent *a);

@@ -93,7 +93,8 @@ void agent_inplace_restart_worker(struct agent *a, const struct policy_action *a
     a->recovery_started = cddp_wall_time();
     char rank[16];
     snprintf(rank, sizeof(rank), "%d", w->info.rank);
-    agent_inplace_publish(a, act->generation, rank);
+    if (a->pol.one_node) /* (several nodes: node 0 announced it, round.c) */
+        agent_inplace_publish(a, act->generation, rank);
     a->attempt = policy_restart_count(&a->pol);
     int rc = agent_attempt_logs(a);
     log_warn("A0220",

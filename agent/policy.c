@@ -25,6 +25,7 @@ int policy_init(struct agent_policy *p, int nworkers, int max_restarts,
     p->best_step = -1;
     p->attempt_base = -1;
     p->settle_ms = POLICY_DEFAULT_SETTLE_MS;
+    p->asking = -1;
     return 0;
 }
 
@@ -252,9 +253,12 @@ static void begin_stop(struct agent_policy *p, struct out *o, enum stop_reason r
 
 /* Worker scope: is a replacement still settling? One is while it has not
  * reported a step (its group has not re-formed), and for settle_ms after
- * it started whatever it reported. */
+ * it started whatever it reported; or while one is asked of the
+ * rendezvous. */
 static bool replacement_pending(const struct agent_policy *p, uint64_t now_ms)
 {
+    if (p->asking >= 0)
+        return true;
     for (int i = 0; i < p->nworkers; i++) {
         if (p->workers[i].replacing)
             return true;
@@ -262,23 +266,14 @@ static bool replacement_pending(const struct agent_policy *p, uint64_t now_ms)
     return p->last_replace_ms != 0 && now_ms < p->last_replace_ms + p->settle_ms;
 }
 
-/* Worker scope: local rank i failed (exitcode != 0) while the group runs.
- * Restarts it alone when that is allowed (policy.h); false: the caller
- * fails the group as under group scope. */
-static bool replace_worker(struct agent_policy *p, int i, uint64_t now_ms, struct out *o)
+/* Local rank i restarts alone in generation gen. */
+static void restart_alone(struct agent_policy *p, int i, int64_t gen, uint64_t now_ms,
+                          struct out *o)
 {
-    if (p->scope != RESTART_SCOPE_WORKER || !p->one_node)
-        return false;
     struct policy_worker *w = &p->workers[i];
-    if (p->nworkers < 2 || p->remaining_restarts <= 0)
-        return false; /* no peer to re-form with / the run ends as under group */
-    if (w->hung || replacement_pending(p, now_ms)) {
-        p->scope_fallbacks++;
-        return false;
-    }
     p->remaining_restarts--;
     p->worker_restarts++;
-    p->generation++;
+    p->generation = gen;
     p->last_replace_ms = now_ms ? now_ms : 1;
     w->state = WORKER_RUNNING;
     w->exitcode = 0;
@@ -287,9 +282,60 @@ static bool replace_worker(struct agent_policy *p, int i, uint64_t now_ms, struc
     w->restarts++;
     struct policy_action *a = emit(o, POLICY_ACT_RESTART_WORKER);
     a->local_rank = i;
-    a->generation = p->generation;
+    a->generation = gen;
     a->attempts_left = p->remaining_restarts;
+}
+
+/* Worker scope: local rank i failed (exitcode != 0) while the group runs.
+ * Restarts it alone when that is allowed (policy.h), or, on several
+ * nodes, asks the rendezvous whether it may; false: the caller fails the
+ * group as under group scope. */
+static bool replace_worker(struct agent_policy *p, int i, uint64_t now_ms, struct out *o)
+{
+    if (p->scope != RESTART_SCOPE_WORKER || (!p->one_node && !p->rdzv_generations))
+        return false;
+    struct policy_worker *w = &p->workers[i];
+    if ((p->one_node && p->nworkers < 2) || p->remaining_restarts <= 0)
+        return false; /* no peer to re-form with / the run ends as under group */
+    if (w->hung || replacement_pending(p, now_ms) || p->rejoining || p->round_ready) {
+        p->scope_fallbacks++;
+        return false;
+    }
+    if (!p->one_node) {
+        p->asking = i;
+        w->state = WORKER_FAILED; /* until the answer */
+        emit(o, POLICY_ACT_REQUEST_GENERATION)->local_rank = i;
+        return true;
+    }
+    restart_alone(p, i, p->generation + 1, now_ms, o);
     return true;
+}
+
+/* POLICY_EV_GENERATION (several nodes, worker scope). */
+static void on_generation(struct agent_policy *p, const struct policy_event *ev, uint64_t now_ms,
+                          struct out *o)
+{
+    int i = p->asking;
+    bool ours = i >= 0 && ev->local_rank == i;
+    if (ours || ev->generation <= 0)
+        p->asking = -1;
+    if (p->state != AGENT_RUNNING)
+        return; /* (stopping already: the answer changes nothing) */
+    if (ev->generation <= 0) {
+        if (i >= 0) {
+            p->scope_fallbacks++;
+            begin_stop(p, o, STOP_FAILURE, SIGTERM, now_ms);
+        }
+        return;
+    }
+    if (ours) {
+        restart_alone(p, i, ev->generation, now_ms, o);
+        return;
+    }
+    /* Another node's worker: this node's workers re-form with it. */
+    if (ev->generation > p->generation)
+        p->generation = ev->generation;
+    p->last_replace_ms = now_ms ? now_ms : 1;
 }
 
 static void on_worker_exit(struct agent_policy *p, const struct policy_event *ev, uint64_t now_ms,
@@ -413,6 +459,7 @@ static void start_round(struct agent_policy *p, const struct policy_event *ev, s
     p->generation = ev->generation;
     p->one_node = ev->nnodes <= 1;
     p->last_replace_ms = 0;
+    p->asking = -1;
     p->stop_reason = STOP_NONE;
     p->state = AGENT_RUNNING;
     p->attempt_is_restart = p->attempts++ > 0;
@@ -519,9 +566,13 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
     case POLICY_EV_SIGNAL:
         on_signal(p, ev->sig, &o, now_ms);
         break;
+    case POLICY_EV_GENERATION:
+        on_generation(p, ev, now_ms, &o);
+        break;
     case POLICY_EV_RDZV_RESTART:
+        p->asking = -1; /* (an answer would be about the round that ended) */
         if (p->state == AGENT_RUNNING && p->scope == RESTART_SCOPE_WORKER && !p->one_node &&
-            !ev->counted && !p->rejoining) {
+            !ev->counted && !p->rejoining && !any_failed(p)) {
             /* A node was lost: join with the workers running (policy.h). */
             p->rejoining = true;
             struct policy_action *a = emit(&o, POLICY_ACT_JOIN);

@@ -64,7 +64,16 @@
  * behaves under worker as under group.
  *
  * --restart_scope=worker on several nodes (a round of more than one):
- * a worker's failure restarts the group as under group scope; a lost
+ * when the rendezvous numbers generations (rdzv_generations: cddp's
+ * server, hosted or not), a worker's failure is asked of it first
+ * (POLICY_ACT_REQUEST_GENERATION; the failed worker counts as failed
+ * meanwhile). Granted (POLICY_EV_GENERATION with this local rank), the
+ * worker restarts alone as above, in the job-wide generation; refused
+ * (another node's replacement within its settle window, a round that
+ * ended), the group restarts as under group scope. A generation granted
+ * to another node only moves this node's (the settle window starts).
+ * Without rdzv_generations (etcd-v3), a worker's failure restarts the
+ * group as under group scope. A lost
  * node (a restart pushed that is not counted) does not stop this node's
  * workers: the agent joins the next round with them running
  * (POLICY_ACT_JOIN with keep). A round that goes on in place with this
@@ -121,6 +130,11 @@ enum policy_event_type {
     POLICY_EV_BARRIER_DONE, /* exitcode: 0, or the barrier's error (timed out, ...) */
     POLICY_EV_WATCHDOG,     /* local_rank is hung (agent/watchdog.h): a failure of the group */
     POLICY_EV_PROGRESS,     /* local_rank reported step (no-progress stop, re-formed group) */
+    /* worker scope, several nodes: the rendezvous answered a replace
+     * (POLICY_ACT_REQUEST_GENERATION) or granted another node's: the round
+     * goes on in generation (local_rank: this node's worker it restarts,
+     * -1: another node's), or, generation 0, this node's was refused */
+    POLICY_EV_GENERATION,
 };
 
 struct policy_event {
@@ -171,6 +185,10 @@ enum policy_action_type {
      * node in a lost one's place and this node's workers carry on; the
      * store's host announces generation (the round's replaced ranks) */
     POLICY_ACT_NEW_GENERATION,
+    /* --restart_scope=worker, several nodes: local_rank failed; ask the
+     * rendezvous for the group's next generation (POLICY_EV_GENERATION
+     * answers: RESTART_WORKER when granted, a group restart when not) */
+    POLICY_ACT_REQUEST_GENERATION,
 };
 
 enum restart_scope {
@@ -253,6 +271,12 @@ struct agent_policy {
     bool round_ready;
     struct policy_event pending;
     int node_replacements; /* rounds that took a node in a lost one's place, workers kept */
+    /* Worker scope, several nodes: the rendezvous numbers the group's
+     * generations (set after policy_init; false: a worker's failure
+     * restarts the group), and the local rank whose replace it is asked
+     * for (-1: none). */
+    bool rdzv_generations;
+    int asking;
 };
 
 /* A second failure this soon after a worker was replaced restarts the group. */

@@ -110,6 +110,13 @@ struct agent_rdzv_ops {
      * heartbeats carry of its ranks' step times from now on (NULL:
      * nothing), for the job-wide straggler judgement (docs/status.md). */
     void (*set_perf)(struct agent_rdzv *r, const struct proto_perf *perf);
+    /* Optional (NULL: the backend cannot number the group's generations;
+     * a worker's failure on several nodes restarts the group):
+     * --restart_scope=worker, the worker of global rank `rank` failed and
+     * this node would restart it alone; the answer comes through
+     * on_generation, exactly once unless a restart or close comes first.
+     * 0, or an error (no answer will come: fail the group). */
+    int (*replace)(struct agent_rdzv *r, int rank, const char *reason);
 };
 
 struct rdzv_server;
@@ -146,6 +153,12 @@ struct agent_rdzv {
      * otherwise it was lost (status, reason). */
     void (*on_restart)(struct agent_rdzv *r, const char *reason, bool counted);
     void (*on_closed)(struct agent_rdzv *r, int status, const char *reason);
+    /* A replace answered, or another node's granted (may be NULL):
+     * generation > 0, the round goes on in place with `replaced` (global
+     * ranks) restarted by node_id's agent; generation 0, this node's
+     * replace was refused (refused: why). */
+    void (*on_generation)(struct agent_rdzv *r, int64_t generation, const char *replaced,
+                          const char *node_id, const char *refused);
     /* info changed (may be NULL). */
     void (*on_info)(struct agent_rdzv *r);
     /* Optional: this node's goodput totals for its heartbeats (c10d: the

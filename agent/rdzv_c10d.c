@@ -85,6 +85,7 @@ struct c10d {
     /* The keep-alive watch and the rejoin after a removal. */
     uv_timer_t quiet;        /* watches the server's silence while a round runs */
     bool round_active;       /* a round was given; no join or exit barrier since */
+    bool replace_asked;      /* a replace was sent and not yet answered */
     bool quiet_suspect;      /* the last check found the window passed: confirm once */
     unsigned generation;     /* clients replaced after a removal (node id suffix) */
     unsigned reconnect_base; /* info.reconnects from the clients before this one */
@@ -548,9 +549,23 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
                      "(round %llu)",
                      c->run_id, (unsigned long long)ev->round);
         return;
+    case RDZV_EV_GENERATION:
+        if (ev->generation == 0 ||
+            (ev->node_id && strcmp(ev->node_id, rdzv_client_node_id(cl)) == 0))
+            c->replace_asked = false;
+        if (c->calls.closing || c->base.on_generation == NULL)
+            return;
+        c->base.on_generation(&c->base, ev->generation, ev->replaced, ev->node_id, ev->message);
+        return;
     case RDZV_EV_DISCONNECTED:
         if (c->calls.closing)
             return;
+        if (c->replace_asked && c->base.on_generation) {
+            c->replace_asked = false;
+            c->base.on_generation(&c->base, 0, NULL, NULL,
+                                  "the connection to the rendezvous server was lost before it "
+                                  "answered");
+        }
         log_warn("A0715", "%s; reconnecting (for up to %.1f s)%s",
                  ev->message ? ev->message : "lost the connection to the rendezvous server",
                  (double)c->conf.join_timeout_ms / 1000.0,
@@ -581,6 +596,7 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
         return;
     case RDZV_EV_RESTART:
         c->round_active = false; /* the workers stop; the agent joins again */
+        c->replace_asked = false;
         if (ev->reason && strcmp(ev->reason, "resume_failed") == 0 && !c->calls.closing) {
             /* Reconnected, but not to its round: connected all the same. */
             c->base.info.connected = true;
@@ -615,6 +631,19 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
 
 /* The summary rides on the client's heartbeats; a replacement client (a
  * new member) gets it with the agent's next judgement. */
+/* --restart_scope=worker: ask the server for the group's next generation
+ * (docs/protocol.md, "replace"). A lost connection loses the answer: the
+ * ask is refused then (on_event's DISCONNECTED). */
+static int c10d_replace(struct agent_rdzv *r, int rank, const char *reason)
+{
+    struct c10d *c = (struct c10d *)r;
+    if (c->client == NULL || c->calls.closing || !c->round_active)
+        return CDDP_ESTATE;
+    int rc = rdzv_client_replace(c->client, rank, reason);
+    c->replace_asked = rc == 0;
+    return rc;
+}
+
 static void c10d_set_perf(struct agent_rdzv *r, const struct proto_perf *perf)
 {
     struct c10d *c = (struct c10d *)r;
@@ -629,6 +658,7 @@ static const struct agent_rdzv_ops c10d_ops = {
     .exit_barrier = c10d_exit_barrier,
     .close = c10d_close,
     .set_perf = c10d_set_perf,
+    .replace = c10d_replace,
 };
 
 static bool is_loopback_literal(const char *h)

@@ -272,6 +272,42 @@ static bool on_rdzv_goodput(struct agent_rdzv *r, struct proto_goodput *out)
     return true;
 }
 
+/* Worker scope, several nodes: the rendezvous answered this node's
+ * replace or granted another node's (docs/multi-node.md, "A worker
+ * restarted alone"). Node 0 hosts the agent store and announces a granted
+ * generation there before the policy hears of it, so its own replacement
+ * starts after the announcement. */
+static void on_rdzv_generation(struct agent_rdzv *r, int64_t generation, const char *replaced,
+                               const char *node_id, const char *refused)
+{
+    struct agent *a = r->data;
+    struct policy_event ev = {
+        .type = POLICY_EV_GENERATION, .local_rank = -1, .generation = generation};
+    if (generation <= 0) {
+        log_warn("A0235",
+                 "[%s] the rendezvous refused to restart the worker alone: %s; will restart "
+                 "worker group",
+                 a->cfg->role, refused ? refused : "no reason given");
+        agent_post_event(a, &ev);
+        return;
+    }
+    replaced = replaced ? replaced : "";
+    char *end;
+    long rank = strtol(replaced, &end, 10);
+    if (end != replaced && *end == '\0' && rank >= a->round.rank_offset &&
+        rank < a->round.rank_offset + a->nworkers)
+        ev.local_rank = (int)(rank - a->round.rank_offset);
+    if (ev.local_rank < 0)
+        log_warn("A0236",
+                 "[%s] round %llu goes on in place: generation %lld, rank %s restarted alone by "
+                 "node %s; this node's workers re-form with it",
+                 a->cfg->role, (unsigned long long)a->round.round, (long long)generation, replaced,
+                 node_id ? node_id : "?");
+    if (a->round.node_rank == 0)
+        agent_inplace_publish(a, generation, replaced);
+    agent_post_event(a, &ev);
+}
+
 /* The connection, the wait list or the hosted server changed: show it. */
 static void on_rdzv_info(struct agent_rdzv *r)
 {
@@ -355,6 +391,28 @@ void agent_round_new_generation(struct agent *a, const struct policy_action *act
     if (a->round.node_rank == 0)
         agent_inplace_publish(a, act->generation, a->round.replaced);
     agent_show(a);
+}
+
+/* POLICY_ACT_REQUEST_GENERATION: ask the rendezvous to let this node
+ * restart local_rank alone; on_rdzv_generation answers. */
+void agent_round_request_generation(struct agent *a, const struct policy_action *act)
+{
+    int rank = a->round.rank_offset + act->local_rank;
+    int rc = a->rdzv->ops->replace ? a->rdzv->ops->replace(a->rdzv, rank, "worker_failure")
+                                   : CDDP_EPROTO_TYPE;
+    if (rc == 0) {
+        log_info("A0234",
+                 "[%s] local_rank %d (rank %d) failed; asking the rendezvous to restart it alone "
+                 "(--restart_scope=worker)",
+                 a->cfg->role, act->local_rank, rank);
+        return;
+    }
+    char why[160];
+    snprintf(why, sizeof(why), "%s",
+             rc == CDDP_EPROTO_TYPE ? "the rendezvous server is older and cannot number "
+                                      "generations"
+                                    : cddp_strerror(rc));
+    on_rdzv_generation(a->rdzv, 0, NULL, NULL, why);
 }
 
 void agent_round_report_failure(struct agent *a)
@@ -539,7 +597,9 @@ opened:
     a->rdzv->on_restart = on_rdzv_restart;
     a->rdzv->on_closed = on_rdzv_closed;
     a->rdzv->on_info = on_rdzv_info;
+    a->rdzv->on_generation = on_rdzv_generation;
     a->rdzv->goodput = on_rdzv_goodput;
     a->pol.coordinated = a->rdzv->coordinated;
+    a->pol.rdzv_generations = a->rdzv->ops->replace != NULL;
     return 0;
 }

@@ -313,6 +313,50 @@ def test_cddp_train_replacement_dies_while_taking_the_state(background, tmp_path
     assert "replaced in place (restart scope worker, rank 2, generation 1)" in err, err[-3000:]
 
 
+@pytest.mark.heavy
+def test_two_nodes_one_worker_restarted_alone(background, reference):
+    """Two agents on loopback (--nnodes=2, 2 workers each, c10d with the
+    rendezvous hosted in the first). Rank 3, node 1's second worker,
+    crashes at step 2. Its agent asks the rendezvous for the group's next
+    generation (`replace`); the server grants generation 1 to both nodes,
+    node 0 announces it on its agent store, node 1 restarts rank 3 alone,
+    and every rank re-forms with rank 0's state: the same checksum as the
+    no-fault run, ranks 0, 1 and 2 in their first processes, no group
+    restart on either node (docs/multi-node.md, "A worker restarted
+    alone")."""
+    rport = free_port()
+    sports = [free_port(), free_port()]
+    agents = []
+    for i in range(2):
+        agents.append(background(
+            [binary("cddprun"), "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
+             f"--rdzv_endpoint=127.0.0.1:{rport}", "--rdzv_id=inplace2",
+             f"--rdzv_conf=is_host={1 - i}", "--max_restarts=1", "--restart_scope=worker",
+             f"--status_port={sports[i]}", "--status_linger=60", binary("cddp-train"), *TINY,
+             "--fault", "crash@step=2,rank=3"], env=env()))
+        if i == 0:
+            wait_status(sports[0], lambda s: s["state"] in ("rendezvous", "running"), timeout=30)
+    ends = [succeeded(a, p) for a, p in zip(agents, sports)]
+    by_ranks = {tuple(w["rank"] for w in st["workers"]): (st, err) for st, err in ends}
+    assert sorted(by_ranks) == [(0, 1), (2, 3)], [st["workers"] for st, _ in ends]
+    (st0, err0), (st1, err1) = by_ranks[(0, 1)], by_ranks[(2, 3)]
+    assert [w["restarts"] for w in st0["workers"]] == [0, 0]
+    assert [w["restarts"] for w in st1["workers"]] == [0, 1]
+    assert st1["restarts"]["by_scope"] == {"worker": 1, "group": 0}
+    assert st0["restarts"]["by_scope"] == {"worker": 0, "group": 0}
+    assert st0["restarts"]["generation"] == st1["restarts"]["generation"] == 1
+    # node 1 asked and restarted rank 3 alone; node 0 heard of it
+    assert "A0234" in err1 and err1.count("A0220") == 1, err1[-5000:]
+    assert re.search(r"A0236: .*generation 1, rank 3 restarted alone by node", err0), err0[-5000:]
+    for err in (err0, err1):
+        assert err.count("A0207") == 1 and "A0401" not in err, err[-5000:]
+    err = err0 + err1
+    assert len(re.findall(r"T6212: generation 1: state from rank 0, checksum \w+; running step 2",
+                          err)) == 4, err[-5000:]
+    assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
+    survivors_kept(err, {3})
+
+
 # Every rank runs allreduces; rank 1 dies in the first attempt, and with it
 # (gloo raises in the peers) the others: the replacement is not yet
 # re-formed, so the agent restarts the whole group, which then finishes.

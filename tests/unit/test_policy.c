@@ -1002,15 +1002,16 @@ static void test_random_walk_node_in_place(void **state)
 {
     (void)state;
     static const enum policy_event_type kinds[] = {
-        POLICY_EV_ROUND,        POLICY_EV_ROUND_FAILED, POLICY_EV_WORKER_EXIT,
-        POLICY_EV_GROUP_EMPTY,  POLICY_EV_DEADLINE,     POLICY_EV_SIGNAL,
-        POLICY_EV_RDZV_RESTART, POLICY_EV_RDZV_CLOSED,  POLICY_EV_WATCHDOG};
+        POLICY_EV_ROUND,    POLICY_EV_ROUND_FAILED, POLICY_EV_WORKER_EXIT,  POLICY_EV_GROUP_EMPTY,
+        POLICY_EV_DEADLINE, POLICY_EV_SIGNAL,       POLICY_EV_RDZV_RESTART, POLICY_EV_RDZV_CLOSED,
+        POLICY_EV_WATCHDOG, POLICY_EV_GENERATION};
     for (int run = 0; run < 2000; run++) {
         struct agent_policy p;
         int n = 1 + (int)next_rand(3);
         assert_int_equal(policy_init(&p, n, (int)next_rand(3), (uint64_t)next_rand(3) * 10), 0);
         p.coordinated = true;
         p.scope = RESTART_SCOPE_WORKER;
+        p.rdzv_generations = next_rand(2) == 0;
         uint64_t now = 0;
         int exits = 0;
         step(&p, POLICY_EV_START, 0, 0, now);
@@ -1036,8 +1037,15 @@ static void test_random_walk_node_in_place(void **state)
             if (ev.type == POLICY_EV_DEADLINE && p.deadline_ms)
                 now = p.deadline_ms;
             bool running = false;
-            for (int i = 0; i < n; i++)
-                running |= p.workers[i].state == WORKER_RUNNING || p.workers[i].group_alive;
+            for (int i = 0; i < n; i++) {
+                /* (the worker whose last process this event reports is not) */
+                bool gone =
+                    i == ev.local_rank &&
+                    ((ev.type == POLICY_EV_WORKER_EXIT && ev.group_empty) ||
+                     (ev.type == POLICY_EV_GROUP_EMPTY && p.workers[i].state != WORKER_RUNNING));
+                running |=
+                    !gone && (p.workers[i].state == WORKER_RUNNING || p.workers[i].group_alive);
+            }
             nacts = policy_step(&p, &ev, now, acts);
             for (int i = 0; i < nacts; i++) {
                 if (acts[i].type == POLICY_ACT_JOIN) {
@@ -1366,6 +1374,100 @@ static void test_node_lost_not_kept(void **state)
     policy_free(&p);
 }
 
+/* ---- worker scope, several nodes: one worker restarted alone ---- */
+
+static void ev_generation(struct agent_policy *p, int local_rank, int64_t gen, uint64_t now)
+{
+    struct policy_event ev = {
+        .type = POLICY_EV_GENERATION, .local_rank = local_rank, .generation = gen};
+    nacts = policy_step(p, &ev, now, acts);
+}
+
+static void running_two_nodes_asking(struct agent_policy *p)
+{
+    assert_int_equal(policy_init(p, 2, 3, TIMEOUT), 0);
+    p->coordinated = true;
+    p->scope = RESTART_SCOPE_WORKER;
+    p->rdzv_generations = true;
+    step(p, POLICY_EV_START, 0, 0, 0);
+    ev_round(p, false, 0, 0);
+    EXPECT(POLICY_ACT_START_WORKERS);
+}
+
+/* The failure is asked of the rendezvous; granted, the worker restarts
+ * alone in the job's generation; another node's grant moves this node's
+ * generation and starts its settle window. */
+static void test_several_nodes_worker_granted(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running_two_nodes_asking(&p);
+    exit_clean(&p, 1, 1, 10);
+    EXPECT(POLICY_ACT_REQUEST_GENERATION);
+    assert_int_equal(acts[0].local_rank, 1);
+    assert_int_equal(p.state, AGENT_RUNNING);
+    assert_int_equal(p.workers[1].state, WORKER_FAILED);
+    assert_int_equal(policy_restart_count(&p), 0); /* not yet */
+    /* the answer: generation 3 (the server's; a second failure while
+     * asking is test_several_nodes_worker_refused's) */
+    ev_generation(&p, 1, 3, 20);
+    EXPECT(POLICY_ACT_RESTART_WORKER);
+    assert_int_equal(acts[0].local_rank, 1);
+    assert_int_equal(acts[0].generation, 3);
+    assert_int_equal(p.generation, 3);
+    assert_int_equal(p.workers[1].state, WORKER_RUNNING);
+    assert_int_equal(p.worker_restarts, 1);
+    assert_int_equal(policy_restart_count(&p), 1);
+    progress_of(&p, 1, 5, 3000); /* it re-formed */
+    /* another node's worker: generation 4 here too, nothing to do */
+    ev_generation(&p, -1, 4, 5000);
+    EXPECT_NONE();
+    assert_int_equal(p.generation, 4);
+    assert_int_equal(p.worker_restarts, 1);
+    /* a failure here within the settle window of that grant: the group */
+    exit_clean(&p, 0, 1, 5500);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(p.scope_fallbacks, 1);
+    policy_free(&p);
+}
+
+/* Refused (another node's replacement settling, a round that ended): the
+ * group restarts as under group scope; a second failure while asking
+ * does too, and the late answer changes nothing. */
+static void test_several_nodes_worker_refused(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running_two_nodes_asking(&p);
+    exit_clean(&p, 0, 1, 10);
+    EXPECT(POLICY_ACT_REQUEST_GENERATION);
+    ev_generation(&p, -1, 0, 20);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(p.scope_fallbacks, 1);
+    assert_int_equal(p.worker_restarts, 0);
+    policy_free(&p);
+
+    running_two_nodes_asking(&p);
+    exit_clean(&p, 0, 1, 10);
+    EXPECT(POLICY_ACT_REQUEST_GENERATION);
+    exit_clean(&p, 1, 1, 15);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_JOIN);
+    ev_generation(&p, 0, 1, 20);
+    EXPECT_NONE();
+    assert_int_equal(p.worker_restarts, 0);
+    policy_free(&p);
+
+    /* a lost node while asking: the workers are not kept (one is dead) */
+    running_two_nodes_asking(&p);
+    exit_clean(&p, 0, 1, 10);
+    EXPECT(POLICY_ACT_REQUEST_GENERATION);
+    ev_restart(&p, false, 20);
+    EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    ev_generation(&p, 0, 1, 30);
+    EXPECT_NONE();
+    policy_free(&p);
+}
+
 /* Where worker scope does not apply it behaves as group: no restart left,
  * one worker, several nodes (the rendezvous counts restarts), a hung
  * worker. */
@@ -1443,6 +1545,8 @@ int main(void)
         cmocka_unit_test(test_worker_scope_replacement_fails),
         cmocka_unit_test(test_worker_scope_not_taken),
         cmocka_unit_test(test_worker_scope_one_node_coordinated),
+        cmocka_unit_test(test_several_nodes_worker_granted),
+        cmocka_unit_test(test_several_nodes_worker_refused),
         cmocka_unit_test(test_node_lost_workers_kept),
         cmocka_unit_test(test_node_lost_round_changed),
         cmocka_unit_test(test_node_lost_worker_gives_up),
