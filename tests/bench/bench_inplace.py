@@ -4,7 +4,7 @@ side by side (issue 26).
 
     /usr/bin/python3 tests/bench/bench_inplace.py [--build build] [--trials 1]
         [--crash-step 5] [--ckpt-every 4] [--image-size 32]
-        [--hang --collective-timeout 3]
+        [--hang --collective-timeout 3] [--nodes 2]
 
 ResNet-18 on synthetic data, 4 ranks, CPU gloo, under cddprun; rank 2
 crashes as step N begins (--fault crash@step=N,rank=2). Three ways to
@@ -34,6 +34,13 @@ Measured from the hang (T6102) to the first step the recovered
 group completes (T0002), and each survivor's T6211 figure (from the start
 of the collective that timed out to re-formed); the target is T + 1 s.
 
+With --nodes 2, the same on two agents on this machine (--nnodes=2, 2
+workers each, the c10d rendezvous hosted by the first), and rank 3 (node
+1's second worker) is the one that fails: under worker scope its agent
+asks the rendezvous for the generation, node 0 announces it
+(docs/multi-node.md, "A worker restarted alone"); under group every rank
+on both nodes restarts.
+
 It prints figures; it never passes or fails on them (docs/benchmarks.md).
 """
 import argparse
@@ -48,6 +55,7 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+CRASH_RANK = 2
 TS = r"(\d\d):(\d\d):(\d\d)\.(\d\d\d)"
 
 
@@ -73,14 +81,32 @@ def free_port():
         return s.getsockname()[1]
 
 
+NODES = 1
+
+
 def run(build, args, extra, env):
-    cmd = [str(build / "launcher" / "cddprun"), "--nproc_per_node=4", "--max_restarts=1",
-           f"--master_port={free_port()}", *extra,
-           str(build / "trainer" / "cddp-train"), *args]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        sys.exit(f"bench_inplace: {' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-4000:]}")
-    return r.stderr
+    if NODES == 1:
+        cmds = [[str(build / "launcher" / "cddprun"), "--nproc_per_node=4", "--max_restarts=1",
+                 f"--master_port={free_port()}", *extra,
+                 str(build / "trainer" / "cddp-train"), *args]]
+    else:
+        port = free_port()
+        cmds = [[str(build / "launcher" / "cddprun"), "--nnodes=2", "--nproc_per_node=2",
+                 "--max_restarts=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                 f"--rdzv_id=bench{port}", f"--rdzv_conf=is_host={1 - i}", *extra,
+                 str(build / "trainer" / "cddp-train"), *args] for i in range(2)]
+    procs = []
+    for i, cmd in enumerate(cmds):
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True))
+        if i == 0 and len(cmds) > 1:
+            import time
+            time.sleep(0.3)  # (the host binds first)
+    errs = [p.communicate(timeout=900)[1] for p in procs]
+    for cmd, p, err in zip(cmds, procs, errs):
+        if p.returncode != 0:
+            sys.exit(f"bench_inplace: {' '.join(cmd)} exited {p.returncode}:\n{err[-4000:]}")
+    return "".join(errs)
 
 
 def first_step(err, crash_step, after, group):
@@ -109,11 +135,14 @@ def timeline(err, crash_step, spare):
     restart = at(err, r"A0220: .*restarting local_rank")
     ev = {
         "agent sees the exit (A0503)": at(err, r"A0503: failed"),
+        **({"agent asks the rendezvous for the generation (A0234)": at(err, r"A0234: "),
+            "node 0 heard it granted and announced it (A0236)": at(err, r"A0236: ")}
+           if NODES == 2 else {}),
         "generation announced, replacement started or spare assigned (A0220)": restart,
         "survivors notice the failure (first T6210)": at(err, r"T6210: "),
         "replacement ready: spare read its assignment (T6221) or new process made its "
         "model (T0001)": (at(err, r"T6221: spare: taking over") if spare
-                          else at(err, r"rank2 .*T0001: ", after=restart)),
+                          else at(err, rf"rank{CRASH_RANK} .*T0001: ", after=restart)),
         "new gloo group connected (last T6223)": at(err, r"T6223: generation 1", max),
         "state transferred and checked (last T6212)": at(err, r"T6212: generation 1", max),
     }
@@ -125,8 +154,8 @@ def timeline(err, crash_step, spare):
 
 def measure(err, crash_step, group):
     """(to the first step's start, to its end, checksums), from the crash."""
-    crash = lines(err, rf"T6101: fault injection: crash at step {crash_step}")[0][0]
-    after = lines(err, r"A0207: .*\(attempt 1,")[0][0] if group else 0
+    crash = min(t for t, _ in lines(err, rf"T6101: fault injection: crash at step {crash_step}"))
+    after = min(t for t, _ in lines(err, r"A0207: .*\(attempt 1,")) if group else 0
     s, e = first_step(err, crash_step, after, group)
     sums = {m.group(1) for _, m in lines(err, r"T6202: after \d+ steps: state checksum (\w+)")}
     return s - crash, e - crash, sums
@@ -179,15 +208,20 @@ def main():
     ap.add_argument("--image-size", type=int, default=32)
     ap.add_argument("--hang", action="store_true")
     ap.add_argument("--collective-timeout", type=float, default=3.0)
+    ap.add_argument("--nodes", type=int, choices=(1, 2), default=1)
     ap.add_argument("--spare", action="store_true",
                     help="with --hang: --spare_workers=1 (a warm spare takes the hung rank's place)")
     o = ap.parse_args()
+    global NODES, CRASH_RANK
+    NODES, CRASH_RANK = o.nodes, 2 if o.nodes == 1 else 3
+    if o.hang and o.nodes != 1:
+        ap.error("--hang runs on one node (--nodes 1)")
     build = pathlib.Path(o.build)
     env = dict(os.environ, LOGLEVEL="DEBUG")
     steps = o.crash_step + 3
     base = ["--arch", "resnet18", "--data", "synthetic", "--image-size", str(o.image_size),
             "--num-classes", "10", "--num-samples", str(16 * steps), "--batch-size", "4",
-            "--epochs", "1", "--fault", f"crash@step={o.crash_step},rank=2"]
+            "--epochs", "1", "--fault", f"crash@step={o.crash_step},rank={CRASH_RANK}"]
     kinds = {
         "worker": (["--restart_scope=worker"], False),
         "worker+spare": (["--restart_scope=worker", "--spare_workers=1"], False),
@@ -216,8 +250,9 @@ def main():
     med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
            for k, v in rows.items()}
     last_ckpt = (o.crash_step // o.ckpt_every) * o.ckpt_every
-    print(f"\nResNet-18, synthetic {o.image_size}x{o.image_size}, 4 ranks, CPU gloo, crash of "
-          f"rank 2 at step {o.crash_step}, median of {o.trials} ({datetime.date.today()}):")
+    print(f"\nResNet-18, synthetic {o.image_size}x{o.image_size}, 4 ranks"
+          f"{' on 2 nodes' if NODES == 2 else ''}, CPU gloo, crash of rank {CRASH_RANK} at step "
+          f"{o.crash_step}, median of {o.trials} ({datetime.date.today()}):")
     print("| recovery | failure to the re-formed group's first step: start | ... its end | "
           "steps recomputed |")
     print("|---|---|---|---|")
