@@ -132,9 +132,13 @@ struct agent {
     struct agent_worker *workers;
     int attempt; /* restart count of the running attempt */
     uint64_t exit_seq;
-    int membership_restarts;         /* rounds joined because the rendezvous asked */
-    double recovery_started;         /* wall time the last worker was restarted alone; 0: never */
-    double last_recovery_s;          /* from then to the replacement's first step; < 0: none yet */
+    int membership_restarts; /* rounds joined because the rendezvous asked */
+    double recovery_started; /* wall time the last worker was restarted alone; 0: never */
+    double last_recovery_s;  /* from then to the replacement's first step; < 0: none yet */
+    /* the last blame passed on to the rendezvous (another node's rank, its
+     * generation + 1; 0: none), so that each is sent once */
+    int blame_sent_rank;
+    int64_t blame_sent_gen;
     struct agent_spares spares;      /* --spare_workers (spare.c) */
     struct agent_replaced *replaced; /* every worker replaced in place, in order */
     int nreplaced;
@@ -277,6 +281,9 @@ void agent_round_join(struct agent *a, const struct policy_action *act);
  * workers; node 0 announces the generation on the agent store. */
 void agent_round_new_generation(struct agent *a, const struct policy_action *act);
 void agent_round_request_generation(struct agent *a, const struct policy_action *act);
+/* progress.c: another node's worker named global rank `rank` as never
+ * reaching a collective of generation gen (the rendezvous passed it on). */
+void agent_progress_remote_blame(struct agent *a, int rank, int64_t gen, const char *node_id);
 /* POLICY_ACT_REPORT_FAILURE and POLICY_ACT_EXIT_BARRIER. */
 void agent_round_report_failure(struct agent *a);
 void agent_round_exit_barrier(struct agent *a);

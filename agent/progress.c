@@ -110,41 +110,74 @@ void agent_watchdog_arm(struct agent *a)
     uv_timer_start(&a->watchdog_timer, on_watchdog_timer, d > now ? d - now + 1 : 0, 0);
 }
 
-/* Local rank `from` says global rank `rank` never reached a collective of
- * generation gen (docs/distributed.md, "Recovering in place"). When that
- * rank runs here, in the generation now current, it is killed once (no
- * stacks: gdb would take longer than the recovery); its exit is then a
- * failure the policy replaces in place. A rank on another node is that
- * node's agent's to kill (its own local peers name it there). */
-static void blamed(struct agent *a, int from, int64_t rank, int64_t gen)
+/* Global rank `rank`, which runs here as local rank i, never reached a
+ * collective of generation gen, says `who` (a rank here, or another
+ * node): it is killed once (no stacks: gdb would take longer than the
+ * recovery); its exit is then a failure the policy replaces in place. */
+static void kill_blamed(struct agent *a, int i, int64_t gen, const char *who)
 {
-    if (a->pol.scope != RESTART_SCOPE_WORKER || a->pol.state != AGENT_RUNNING)
-        return;
-    int i = -1;
-    for (int k = 0; k < a->nworkers; k++)
-        if (a->workers[k].info.rank == rank)
-            i = k;
-    if (i < 0) {
-        log_info("A0225",
-                 "[%s] local_rank %d names rank %lld as never reaching a collective: not on "
-                 "this node",
-                 a->cfg->role, from, (long long)rank);
-        return;
-    }
     struct agent_worker *w = &a->workers[i];
     if (gen != a->pol.generation || w->blamed_gen == gen + 1 || !w->leader_alive || w->pgid <= 0 ||
         a->pol.workers[i].state != WORKER_RUNNING)
         return; /* an older generation's, or already done */
     w->blamed_gen = gen + 1;
     snprintf(w->blame_note, sizeof(w->blame_note),
-             "killed by the agent: rank %d's collective timed out waiting for it",
-             a->workers[from].info.rank);
+             "killed by the agent: %s's collective timed out waiting for it", who);
     log_warn("A0224",
-             "[%s] local_rank %d (rank %d, pid %d) never reached a collective that rank %d "
-             "waited for (generation %lld): killing it, to replace it in place",
-             a->cfg->role, i, w->info.rank, (int)w->info.pid, a->workers[from].info.rank,
-             (long long)gen);
+             "[%s] local_rank %d (rank %d, pid %d) never reached a collective that %s waited for "
+             "(generation %lld): killing it, to replace it in place",
+             a->cfg->role, i, w->info.rank, (int)w->info.pid, who, (long long)gen);
     agent_signal_group(w->pgid, SIGKILL);
+}
+
+static int local_rank_of(const struct agent *a, int64_t rank)
+{
+    for (int k = 0; k < a->nworkers; k++)
+        if (a->workers[k].info.rank == rank)
+            return k;
+    return -1;
+}
+
+/* Local rank `from` says global rank `rank` never reached a collective of
+ * generation gen (docs/distributed.md, "Recovering in place"). A rank here
+ * is killed (kill_blamed); another node's is passed on, once, through the
+ * rendezvous to that node's agent (agent_progress_remote_blame there). */
+static void blamed(struct agent *a, int from, int64_t rank, int64_t gen)
+{
+    if (a->pol.scope != RESTART_SCOPE_WORKER || a->pol.state != AGENT_RUNNING)
+        return;
+    int i = local_rank_of(a, rank);
+    if (i >= 0) {
+        char who[32];
+        snprintf(who, sizeof(who), "rank %d", a->workers[from].info.rank);
+        kill_blamed(a, i, gen, who);
+        return;
+    }
+    if (a->blame_sent_rank == rank && a->blame_sent_gen == gen + 1)
+        return; /* (passed on already: its peers here name it too) */
+    bool sent = a->rdzv && a->rdzv->ops->blame && a->pol.generation == gen && rank <= INT32_MAX &&
+                a->rdzv->ops->blame(a->rdzv, (int)rank, gen) == 0;
+    if (sent) {
+        a->blame_sent_rank = (int)rank;
+        a->blame_sent_gen = gen + 1;
+    }
+    log_info("A0225",
+             "[%s] local_rank %d names rank %lld as never reaching a collective: not on this "
+             "node%s",
+             a->cfg->role, from, (long long)rank,
+             sent ? "; passed on to its node's agent through the rendezvous" : "");
+}
+
+void agent_progress_remote_blame(struct agent *a, int rank, int64_t gen, const char *node_id)
+{
+    if (a->pol.scope != RESTART_SCOPE_WORKER || a->pol.state != AGENT_RUNNING)
+        return;
+    int i = local_rank_of(a, rank);
+    if (i < 0)
+        return;
+    char who[160];
+    snprintf(who, sizeof(who), "a rank on node %s", node_id ? node_id : "?");
+    kill_blamed(a, i, gen, who);
 }
 
 void agent_progress(struct agent *a, int local_rank, const struct progress_report *r,

@@ -117,6 +117,10 @@ struct agent_rdzv_ops {
      * on_generation, exactly once unless a restart or close comes first.
      * 0, or an error (no answer will come: fail the group). */
     int (*replace)(struct agent_rdzv *r, int rank, const char *reason);
+    /* Optional (NULL: cannot): a worker here named global rank `rank`,
+     * another node's, as never reaching a collective of `generation`; the
+     * rendezvous passes it on to that node's agent (its on_blame). */
+    int (*blame)(struct agent_rdzv *r, int rank, int64_t generation);
 };
 
 struct rdzv_server;
@@ -159,6 +163,9 @@ struct agent_rdzv {
      * replace was refused (refused: why). */
     void (*on_generation)(struct agent_rdzv *r, int64_t generation, const char *replaced,
                           const char *node_id, const char *refused);
+    /* Another node's worker named one of this node's ranks as never
+     * reaching a collective of `generation` (may be NULL). */
+    void (*on_blame)(struct agent_rdzv *r, int rank, int64_t generation, const char *node_id);
     /* info changed (may be NULL). */
     void (*on_info)(struct agent_rdzv *r);
     /* Optional: this node's goodput totals for its heartbeats (c10d: the

@@ -557,6 +557,10 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
             return;
         c->base.on_generation(&c->base, ev->generation, ev->replaced, ev->node_id, ev->message);
         return;
+    case RDZV_EV_BLAME:
+        if (!c->calls.closing && c->base.on_blame)
+            c->base.on_blame(&c->base, ev->rank, ev->generation, ev->node_id);
+        return;
     case RDZV_EV_DISCONNECTED:
         if (c->calls.closing)
             return;
@@ -644,6 +648,14 @@ static int c10d_replace(struct agent_rdzv *r, int rank, const char *reason)
     return rc;
 }
 
+static int c10d_blame(struct agent_rdzv *r, int rank, int64_t generation)
+{
+    struct c10d *c = (struct c10d *)r;
+    if (c->client == NULL || c->calls.closing || !c->round_active)
+        return CDDP_ESTATE;
+    return rdzv_client_blame(c->client, rank, generation);
+}
+
 static void c10d_set_perf(struct agent_rdzv *r, const struct proto_perf *perf)
 {
     struct c10d *c = (struct c10d *)r;
@@ -659,6 +671,7 @@ static const struct agent_rdzv_ops c10d_ops = {
     .close = c10d_close,
     .set_perf = c10d_set_perf,
     .replace = c10d_replace,
+    .blame = c10d_blame,
 };
 
 static bool is_loopback_literal(const char *h)

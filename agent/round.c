@@ -308,6 +308,11 @@ static void on_rdzv_generation(struct agent_rdzv *r, int64_t generation, const c
     agent_post_event(a, &ev);
 }
 
+static void on_rdzv_blame(struct agent_rdzv *r, int rank, int64_t generation, const char *node_id)
+{
+    agent_progress_remote_blame(r->data, rank, generation, node_id);
+}
+
 /* The connection, the wait list or the hosted server changed: show it. */
 static void on_rdzv_info(struct agent_rdzv *r)
 {
@@ -598,6 +603,7 @@ opened:
     a->rdzv->on_closed = on_rdzv_closed;
     a->rdzv->on_info = on_rdzv_info;
     a->rdzv->on_generation = on_rdzv_generation;
+    a->rdzv->on_blame = on_rdzv_blame;
     a->rdzv->goodput = on_rdzv_goodput;
     a->pol.coordinated = a->rdzv->coordinated;
     a->pol.rdzv_generations = a->rdzv->ops->replace != NULL;

@@ -630,6 +630,14 @@ static int decode_fields(struct dec *d)
         if (m->generation.generation == 0 && m->generation.refused == NULL)
             return bad_field(d, "refused", "must say why when generation is 0");
         return 0;
+    case PROTO_BLAME:
+        if ((rc = get_int(d, "round", true, 1, PROTO_MAX_INT, 1, &v)))
+            return rc;
+        m->blame.round = (uint64_t)v;
+        if ((rc = get_small(d, "rank", true, 0, INT32_MAX - 1, 0, &m->blame.rank)) ||
+            (rc = get_int(d, "generation", true, 0, PROTO_MAX_INT, 0, &m->blame.generation)))
+            return rc;
+        return get_str(d, "node_id", false, PROTO_MAX_ID, STR_ID, &m->blame.node_id);
     case PROTO_ROUND:
         return decode_round_into(d, &m->round);
     case PROTO_RESTART:
@@ -961,9 +969,16 @@ static void encode_heartbeat(struct enc *e, const struct proto_msg *m)
     }
 }
 
-/* replace and its answer, generation (--restart_scope=worker). */
+/* replace and its answer, generation, and blame (--restart_scope=worker). */
 static void encode_replace(struct enc *e, const struct proto_msg *m)
 {
+    if (m->type == PROTO_BLAME) {
+        put_int(e, "round", (int64_t)m->blame.round, 1, PROTO_MAX_INT);
+        put_int(e, "rank", m->blame.rank, 0, INT32_MAX - 1);
+        put_int(e, "generation", m->blame.generation, 0, PROTO_MAX_INT);
+        put_str(e, "node_id", m->blame.node_id, PROTO_MAX_ID);
+        return;
+    }
     if (m->type == PROTO_REPLACE) {
         put_int(e, "round", (int64_t)m->replace.round, 1, PROTO_MAX_INT);
         put_int(e, "rank", m->replace.rank, 0, INT32_MAX - 1);
@@ -1032,6 +1047,7 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
         break;
     case PROTO_REPLACE:
     case PROTO_GENERATION:
+    case PROTO_BLAME:
         encode_replace(e, m);
         break;
     case PROTO_ROUND:

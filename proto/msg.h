@@ -64,7 +64,8 @@
     XX(STATUS, "status")                                                                           \
     XX(RESUME, "resume")                                                                           \
     XX(REPLACE, "replace")                                                                         \
-    XX(GENERATION, "generation")
+    XX(GENERATION, "generation")                                                                   \
+    XX(BLAME, "blame")
 
 enum proto_type {
     PROTO_NONE = 0,
@@ -191,7 +192,7 @@ struct proto_msg {
             const char *server;
             bool heartbeat_ack; /* optional: heartbeats will be answered */
             bool resume;        /* optional: the server understands "resume" */
-            bool generations;   /* optional: the server understands "replace" */
+            bool generations;   /* optional: the server understands "replace" and "blame" */
         } welcome;
         struct {
             /* Server to agent only (an answer to a heartbeat), optional: the
@@ -252,6 +253,17 @@ struct proto_msg {
             const char *node_id;  /* the node that asked */
             const char *refused;  /* NULL when granted */
         } generation;
+        /* Agent to server, and server to the agent that runs `rank`
+         * (--restart_scope=worker): a worker of the sender's named global
+         * rank `rank` as never reaching a collective of `generation`
+         * (docs/protocol.md, "blame"). node_id: the sender (server to
+         * agent only). */
+        struct {
+            uint64_t round;
+            int rank;
+            int64_t generation;
+            const char *node_id;
+        } blame;
         struct proto_round round;
         struct {
             uint64_t round;     /* the new round to join */

@@ -380,6 +380,15 @@ static void on_server_message(struct rdzv_client *c, const struct proto_msg *m)
         ev.node_id = m->generation.node_id;
         ev.message = m->generation.refused;
         break;
+    case PROTO_BLAME:
+        if (c->joining || !c->in_round || m->blame.round != c->round.round)
+            return;
+        ev.kind = RDZV_EV_BLAME;
+        ev.round = m->blame.round;
+        ev.rank = m->blame.rank;
+        ev.generation = m->blame.generation;
+        ev.node_id = m->blame.node_id;
+        break;
     case PROTO_CLOSED:
         snprintf(c->last_error, sizeof(c->last_error), "rendezvous closed: %s",
                  m->closed.reason ? m->closed.reason : "closed");
@@ -1059,6 +1068,19 @@ int rdzv_client_replace(struct rdzv_client *c, int rank, const char *reason)
     m.replace.round = c->round.round;
     m.replace.rank = rank;
     m.replace.reason = reason;
+    return client_send(c, &m);
+}
+
+int rdzv_client_blame(struct rdzv_client *c, int rank, int64_t generation)
+{
+    if (!c->has_round || !c->in_round || c->joining || !c->welcomed || c->hold)
+        return CDDP_ESTATE;
+    if (!c->server_generations)
+        return CDDP_EPROTO_TYPE;
+    struct proto_msg m = {.type = PROTO_BLAME};
+    m.blame.round = c->round.round;
+    m.blame.rank = rank;
+    m.blame.generation = generation;
     return client_send(c, &m);
 }
 

@@ -103,6 +103,8 @@ enum rdzv_event_kind {
     RDZV_EV_GENERATION,   /* a replace answered: the round goes on in place (generation,
                              replaced, node_id: who asked), or refused (generation 0,
                              message: why; to the asker only) */
+    RDZV_EV_BLAME,        /* another node's worker named one of ours (rank) as never
+                             reaching a collective of generation (node_id: that node) */
 };
 
 struct rdzv_event {
@@ -120,6 +122,7 @@ struct rdzv_event {
     int64_t waiting_nodes; /* WAITING */
     int64_t generation;    /* GENERATION: the round's new generation; 0: refused */
     const char *replaced;  /* GENERATION: the global ranks restarted alone */
+    int rank;              /* BLAME */
 };
 
 typedef void (*rdzv_event_cb)(struct rdzv_client *c, const struct rdzv_event *ev, void *data);
@@ -156,6 +159,11 @@ int rdzv_client_report_failure(struct rdzv_client *c, const char *reason);
  * server does not understand replace (an older one); CDDP_ESTATE: no round
  * running here, a join outstanding, or not connected now. */
 int rdzv_client_replace(struct rdzv_client *c, int rank, const char *reason);
+/* --restart_scope=worker: one of our workers named global rank `rank`
+ * (another node's) as never reaching a collective of `generation`; the
+ * server passes it on to that node (event BLAME there). Errors as
+ * rdzv_client_replace's. */
+int rdzv_client_blame(struct rdzv_client *c, int rank, int64_t generation);
 /* We leave the job: the others restart without us (not counted); or,
  * finished, our workers succeeded and the others go on undisturbed. */
 int rdzv_client_leave(struct rdzv_client *c, const char *reason, bool finished);

@@ -373,6 +373,15 @@ static void apply_actions(struct rdzv_server *srv)
                          c->name, (unsigned long long)a->generation.round,
                          (long long)a->generation.generation, a->generation.replaced);
             break;
+        case RDZV_ACT_BLAME:
+            m.type = PROTO_BLAME;
+            m.blame.round = a->blame.round;
+            m.blame.rank = a->blame.rank;
+            m.blame.generation = a->blame.generation;
+            m.blame.node_id = a->blame.node_id;
+            log_info("R0031", "%s: rank %d never reached a collective of generation %lld, says %s",
+                     c->name, a->blame.rank, (long long)a->blame.generation, a->blame.node_id);
+            break;
         case RDZV_ACT_CLOSED:
             m.type = PROTO_CLOSED;
             m.closed.reason = a->closed.reason;
@@ -597,6 +606,9 @@ static void dispatch(struct conn *c, const struct proto_msg *m)
         break;
     case PROTO_REPLACE:
         rdzv_state_replace(srv->state, now, &c->peer, m);
+        break;
+    case PROTO_BLAME:
+        rdzv_state_blame(srv->state, now, &c->peer, m);
         break;
     case PROTO_SET:
     case PROTO_GET:

@@ -1358,6 +1358,35 @@ void rdzv_state_replace(struct rdzv_state *st, uint64_t now, struct rdzv_peer *p
     }
 }
 
+void rdzv_state_blame(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                      const struct proto_msg *m)
+{
+    begin(st);
+    touch(peer, now);
+    struct rdzv_node *node = peer->node;
+    if (node == NULL || node->state != N_ACTIVE)
+        return;
+    struct rdzv_run *run = node->run;
+    int rank = m->blame.rank;
+    if (run->phase != RDZV_RUNNING || m->blame.round != run->round || run->rebuilding)
+        return;
+    struct cddp_queue *q;
+    cddp_queue_foreach(q, &run->lists[N_ACTIVE])
+    {
+        struct rdzv_node *owner = cddp_queue_data(q, struct rdzv_node, link);
+        if (rank < owner->prev_offset || rank >= owner->prev_offset + owner->nproc)
+            continue;
+        if (owner == node)
+            return; /* its own: its agent saw it */
+        struct rdzv_action *a = push_action(st, RDZV_ACT_BLAME, owner->peer);
+        a->blame.round = run->round;
+        a->blame.rank = rank;
+        a->blame.generation = m->blame.generation;
+        a->blame.node_id = scratch_strdup(st, node->id);
+        return;
+    }
+}
+
 void rdzv_state_close(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
                       const char *reason)
 {

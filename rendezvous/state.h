@@ -85,6 +85,7 @@ enum rdzv_action_kind {
     RDZV_ACT_HEARTBEAT,  /* a heartbeat answered: the run's wait list length */
     RDZV_ACT_STRAGGLER,  /* for the log: a node became, or stopped being, a slow node */
     RDZV_ACT_GENERATION, /* a replace answered: granted (to every member) or refused */
+    RDZV_ACT_BLAME,      /* a blame passed on to the member that runs the rank */
 };
 
 struct rdzv_action {
@@ -141,6 +142,12 @@ struct rdzv_action {
             const char *node_id;
             const char *refused;
         } generation;
+        struct {
+            uint64_t round;
+            int rank;
+            int64_t generation;
+            const char *node_id; /* who named it */
+        } blame;
     };
 };
 
@@ -232,6 +239,13 @@ void rdzv_state_failure(struct rdzv_state *st, uint64_t now, struct rdzv_peer *p
 #define RDZV_REPLACE_SETTLE_MS 1000
 void rdzv_state_replace(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
                         const struct proto_msg *m);
+/* --restart_scope=worker: a worker of the node named global rank
+ * m->blame.rank as never reaching a collective (m->type == PROTO_BLAME).
+ * Passed on (RDZV_ACT_BLAME) to the active member whose ranks hold it, when
+ * the run runs m->blame.round, the sender is an active member and the rank
+ * is another member's; otherwise dropped. */
+void rdzv_state_blame(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
+                      const struct proto_msg *m);
 /* Closes the peer's run: CLOSED to every node, later joins refused. */
 void rdzv_state_close(struct rdzv_state *st, uint64_t now, struct rdzv_peer *peer,
                       const char *reason);

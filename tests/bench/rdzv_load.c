@@ -230,6 +230,7 @@ static void on_event(struct rdzv_client *c, const struct rdzv_event *ev, void *d
         break;
     case RDZV_EV_WAITING:
     case RDZV_EV_GENERATION:
+    case RDZV_EV_BLAME:
         break;
     }
 }

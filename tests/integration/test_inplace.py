@@ -357,6 +357,44 @@ def test_two_nodes_one_worker_restarted_alone(background, reference):
     survivors_kept(err, {3})
 
 
+@pytest.mark.heavy
+def test_two_nodes_hung_rank_named_by_the_other_node(background, reference):
+    """Node 0 runs ranks 0-2, node 1 rank 3 alone; rank 3 hangs before
+    step 2's first collective. Only node 0's ranks can name it (their
+    collectives time out): node 0's agent passes the blame on through the
+    rendezvous (`blame`), node 1's agent kills rank 3 and asks to restart
+    it alone (`replace`), and the four re-form: the no-fault checksum,
+    ranks 0-2 in their first processes."""
+    rport = free_port()
+    sports = [free_port(), free_port()]
+    agents = []
+    for i, nproc in enumerate((3, 1)):
+        agents.append(background(
+            [binary("cddprun"), "--nnodes=2", f"--nproc_per_node={nproc}",
+             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{rport}", "--rdzv_id=blame2",
+             f"--rdzv_conf=is_host={1 - i}", "--max_restarts=1", "--restart_scope=worker",
+             f"--status_port={sports[i]}", "--status_linger=60", binary("cddp-train"), *TINY,
+             "--collective-timeout", "3", "--fault", "hang@step=2,rank=3"], env=env()))
+        if i == 0:
+            wait_status(sports[0], lambda s: s["state"] in ("rendezvous", "running"), timeout=30)
+    ends = [succeeded(a, p) for a, p in zip(agents, sports)]
+    by_ranks = {tuple(w["rank"] for w in st["workers"]): (st, err) for st, err in ends}
+    assert sorted(by_ranks) == [(0, 1, 2), (3,)], [st["workers"] for st, _ in ends]
+    (st0, err0), (st1, err1) = by_ranks[(0, 1, 2)], by_ranks[(3,)]
+    assert [w["restarts"] for w in st1["workers"]] == [1]
+    assert st0["restarts"]["by_scope"] == {"worker": 0, "group": 0}
+    assert st1["restarts"]["by_scope"] == {"worker": 1, "group": 0}
+    # node 0 passed the blame on once; node 1 killed rank 3 for it
+    assert err0.count("passed on to its node's agent through the rendezvous") == 1, err0[-5000:]
+    assert re.search(r"A0224: .*local_rank 0 \(rank 3, pid \d+\) never reached a collective that "
+                     r"a rank on node \S+ waited for \(generation 0\)", err1), err1[-5000:]
+    assert "A0234" in err1 and err1.count("A0220") == 1, err1[-5000:]
+    err = err0 + err1
+    assert "exit 75" not in err and err.count("A0207") == 2, err[-5000:]
+    assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
+    survivors_kept(err, {3})
+
+
 # Every rank runs allreduces; rank 1 dies in the first attempt, and with it
 # (gloo raises in the peers) the others: the replacement is not yet
 # re-formed, so the agent restarts the whole group, which then finishes.

@@ -364,6 +364,21 @@ static void test_msg_roundtrip(void **state)
     assert_string_equal(o.generation.node_id, "b_1_0");
     assert_null(o.generation.refused);
     proto_msg_free(&o);
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_BLAME;
+    m.blame.round = 7;
+    m.blame.rank = 5;
+    m.blame.generation = 2;
+    m.blame.node_id = "a_1_0";
+    roundtrip(&m, &o);
+    assert_int_equal(o.blame.round, 7);
+    assert_int_equal(o.blame.rank, 5);
+    assert_int_equal(o.blame.generation, 2);
+    assert_string_equal(o.blame.node_id, "a_1_0");
+    proto_msg_free(&o);
+    memset(&m, 0, sizeof(m));
+    m.type = PROTO_GENERATION;
+    m.generation.round = 7;
     m.generation.generation = 0;
     m.generation.replaced = NULL;
     m.generation.refused = "round 6 is not the one running";
@@ -566,6 +581,8 @@ static void test_msg_decode_errors(void **state)
         "{\"v\":1,\"type\":\"generation\",\"round\":1,\"generation\":2,\"replaced\":\"\"}",
         "{\"v\":1,\"type\":\"generation\",\"round\":1,\"generation\":0}",
         "{\"v\":1,\"type\":\"generation\",\"round\":1,\"generation\":-1,\"refused\":\"x\"}",
+        "{\"v\":1,\"type\":\"blame\",\"round\":1,\"rank\":3}",
+        "{\"v\":1,\"type\":\"blame\",\"round\":1,\"rank\":-3,\"generation\":0}",
     };
     for (size_t i = 0; i < sizeof(bad_replace) / sizeof(bad_replace[0]); i++) {
         if (decode_str(bad_replace[i], err, sizeof(err)) != CDDP_EPROTO_FIELD)

@@ -49,6 +49,9 @@ struct agent {
     int generations; /* GENERATION events */
     int64_t last_generation;
     char replaced[32], gen_node[32], refused[160];
+    int blames, blame_rank; /* BLAME events, the last's rank */
+    int64_t blame_gen;
+    char blame_from[32];
     struct world *w;
 };
 
@@ -155,6 +158,12 @@ static void on_event(struct rdzv_client *c, const struct rdzv_event *ev, void *d
         break;
     case RDZV_EV_WAITING:
         a->waiting = ev->waiting_nodes;
+        break;
+    case RDZV_EV_BLAME:
+        a->blames++;
+        a->blame_rank = ev->rank;
+        a->blame_gen = ev->generation;
+        snprintf(a->blame_from, sizeof(a->blame_from), "%s", ev->node_id ? ev->node_id : "");
         break;
     case RDZV_EV_GENERATION:
         a->generations++;
@@ -338,6 +347,23 @@ static void test_replace_grants_and_refuses(void **state)
         assert_string_equal(w.a[i].replaced, "2");
         assert_int_equal(w.a[i].restarts, 0);
     }
+
+    /* A blame goes to the node that runs the rank, and nowhere else; one
+     * about a node's own rank is dropped. */
+    assert_int_equal(rdzv_client_blame(w.a[2].c, 5, 2), 0); /* (dropped) */
+    assert_int_equal(rdzv_client_blame(w.a[0].c, 4, 2), 0);
+    while (w.a[2].blames < 1)
+        uv_run(&w.loop, UV_RUN_ONCE);
+    assert_int_equal(w.a[2].blame_rank, 4);
+    assert_int_equal(w.a[2].blame_gen, 2);
+    assert_string_equal(w.a[2].blame_from, "node0");
+    assert_int_equal(rdzv_client_blame(w.a[2].c, 0, 2), 0);
+    while (w.a[0].blames < 1)
+        uv_run(&w.loop, UV_RUN_ONCE);
+    assert_int_equal(w.a[0].blame_rank, 0);
+    assert_string_equal(w.a[0].blame_from, "node2");
+    assert_int_equal(w.a[1].blames, 0);
+    assert_int_equal(w.a[2].blames, 1); /* its own rank 5 was not sent back */
 
     /* A worker failure of the group: a new round, whose generation starts
      * again at 0; a replace about the old round is refused. */
