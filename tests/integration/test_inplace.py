@@ -313,7 +313,6 @@ def test_cddp_train_replacement_dies_while_taking_the_state(background, tmp_path
     assert "replaced in place (restart scope worker, rank 2, generation 1)" in err, err[-3000:]
 
 
-@pytest.mark.heavy
 def test_two_nodes_one_worker_restarted_alone(background, reference):
     """Two agents on loopback (--nnodes=2, 2 workers each, c10d with the
     rendezvous hosted in the first). Rank 3, node 1's second worker,
@@ -323,7 +322,8 @@ def test_two_nodes_one_worker_restarted_alone(background, reference):
     and every rank re-forms with rank 0's state: the same checksum as the
     no-fault run, ranks 0, 1 and 2 in their first processes, no group
     restart on either node (docs/multi-node.md, "A worker restarted
-    alone")."""
+    alone"). Not heavy: the agents' and the server's side of it under
+    ASan too."""
     rport = free_port()
     sports = [free_port(), free_port()]
     agents = []
