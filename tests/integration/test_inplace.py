@@ -18,6 +18,11 @@ RANK and LOCAL_RANK), announces the new generation on its store
     --checkpoint and ends on the same checksum;
   - the failure table names the workers replaced in place (scope, rank,
     generation), also when the run succeeds;
+  - two nodes (two agents on loopback): a crashed worker on node 1 restarts
+    alone, the generation granted by the rendezvous (`replace`) and
+    announced by node 0; a hung rank alone on its node is named by the other
+    node's ranks and passed on to its agent (`blame`); both end on the
+    no-fault checksum with the others' processes kept;
   - an unmodified PyTorch script, whose ranks die when one dies, falls back
     to a whole-group restart and still finishes;
   - a bad value is one line and exit 2.
