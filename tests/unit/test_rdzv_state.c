@@ -692,6 +692,76 @@ static void test_spare_in_place(void **state)
     sim_free(s);
 }
 
+static void replace(struct sim *s, int i, uint64_t round, int rank)
+{
+    struct proto_msg m = {.type = PROTO_REPLACE};
+    m.replace.round = round;
+    m.replace.rank = rank;
+    rdzv_state_replace(s->st, s->now, &s->peer[i], &m);
+    collect(s);
+}
+
+/* A worker restarted alone (replace) takes the run's next generation, to
+ * every member; a node replaced in place later goes on from it, so the
+ * workers' generations are one sequence. Refused: to the asker alone. */
+static void test_replace_then_spare_in_place(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 3; i++)
+        hello(s, i, "job");
+    join2(s, 0, "a", 2);
+    join2(s, 1, "b", 2);
+    check_round(s, 2);
+    uint64_t round = find(s, 0, RDZV_ACT_ROUND)->round.round;
+    join2(s, 2, "c", 2); /* the spare */
+    replace(s, 1, round, 3);
+    for (int i = 0; i < 2; i++) {
+        const struct rdzv_action *a = find(s, i, RDZV_ACT_GENERATION);
+        assert_non_null(a);
+        assert_int_equal(a->generation.generation, 1);
+        assert_string_equal(a->generation.replaced, "3");
+        assert_string_equal(a->generation.node_id, "b");
+    }
+    assert_null(find(s, 2, RDZV_ACT_GENERATION)); /* the spare is not a member */
+    assert_null(find(s, 0, RDZV_ACT_RESTART));
+    /* within the settle window: refused, to b alone */
+    tick(s, s->now + 500);
+    replace(s, 0, round, 1);
+    assert_int_equal(s->nacts, 1);
+    assert_int_equal(find(s, 0, RDZV_ACT_GENERATION)->generation.generation, 0);
+    /* past it, but a rank not its own, or a round not running: refused */
+    tick(s, s->now + RDZV_REPLACE_SETTLE_MS);
+    replace(s, 0, round, 2);
+    assert_int_equal(find(s, 0, RDZV_ACT_GENERATION)->generation.generation, 0);
+    replace(s, 0, round + 1, 1);
+    assert_int_equal(find(s, 0, RDZV_ACT_GENERATION)->generation.generation, 0);
+    replace(s, 2, round, 1); /* the spare */
+    assert_int_equal(find(s, 2, RDZV_ACT_GENERATION)->generation.generation, 0);
+    /* b is lost; the spare takes its place in place: generation 2 */
+    drop(s, 1);
+    join2(s, 0, "a", 2);
+    check_round(s, 2);
+    assert_int_equal(find(s, 2, RDZV_ACT_ROUND)->round.generation, 2);
+    assert_string_equal(find(s, 2, RDZV_ACT_ROUND)->round.replaced, "2,3");
+    /* a blame goes to the rank's node only */
+    round = find(s, 2, RDZV_ACT_ROUND)->round.round;
+    struct proto_msg m = {.type = PROTO_BLAME};
+    m.blame.round = round;
+    m.blame.rank = 2;
+    m.blame.generation = 2;
+    rdzv_state_blame(s->st, s->now, &s->peer[0], &m);
+    collect(s);
+    assert_int_equal(s->nacts, 1);
+    assert_int_equal(find(s, 2, RDZV_ACT_BLAME)->blame.rank, 2);
+    assert_string_equal(find(s, 2, RDZV_ACT_BLAME)->blame.node_id, "a");
+    m.blame.rank = 1; /* its own */
+    rdzv_state_blame(s->st, s->now, &s->peer[0], &m);
+    collect(s);
+    assert_int_equal(s->nacts, 0);
+    sim_free(s);
+}
+
 /* No spare and min_nodes 1: the world shrinks, a new group. */
 static void test_no_spare_not_in_place(void **state)
 {
@@ -1879,6 +1949,19 @@ static void test_random_sequences(void **state)
             } else if (op < 73) {
                 rdzv_state_close(s->st, s->now, &s->peer[i], "done");
                 collect(s);
+            } else if (op < 77) {
+                /* Every replace is answered once, to the asker. */
+                struct rdzv_run_stats r;
+                uint64_t back = rnd(2);
+                int rank = (int)rnd(8);
+                if (rdzv_state_run_stats(s->st, "job", &r) == 0 && r.round > back) {
+                    replace(s, i, r.round - back, rank);
+                    size_t answers = 0;
+                    for (size_t k = 0; k < s->nacts; k++)
+                        answers += s->acts[k].kind == RDZV_ACT_GENERATION &&
+                                   s->acts[k].peer == &s->peer[i];
+                    assert_int_equal(answers, 1);
+                }
             } else {
                 tick(s, s->now + rnd(1500));
             }
@@ -1938,6 +2021,7 @@ int main(void)
         cmocka_unit_test(test_close_all),
         cmocka_unit_test(test_ten_thousand_nodes),
         cmocka_unit_test(test_random_sequences),
+        cmocka_unit_test(test_replace_then_spare_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
