@@ -509,9 +509,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
 /* ---- connecting ---- */
 
-static void on_beat(uv_timer_t *t)
+static void send_beat(struct rdzv_client *c)
 {
-    struct rdzv_client *c = t->data;
     struct proto_msg m = {.type = PROTO_HEARTBEAT};
     m.heartbeat.has_perf = c->has_perf;
     m.heartbeat.perf = c->perf;
@@ -520,6 +519,11 @@ static void on_beat(uv_timer_t *t)
             m.heartbeat.has_goodput = c->goodput(c->goodput_arg, &m.heartbeat.goodput);
         client_send(c, &m);
     }
+}
+
+static void on_beat(uv_timer_t *t)
+{
+    send_beat(t->data);
 }
 
 void rdzv_client_set_goodput(struct rdzv_client *c,
@@ -1041,6 +1045,11 @@ static int send_simple(struct rdzv_client *c, enum proto_type type, uint64_t rou
                        const char *reason, bool finished)
 {
     struct proto_msg m = {.type = type};
+    /* A node that leaves or ends the job beats once more first: the
+     * server's sums and history get its last totals (its last steps may
+     * have come after the last beat). */
+    if (type == PROTO_LEAVE || type == PROTO_CLOSE)
+        send_beat(c);
     if (type == PROTO_FAILURE) {
         m.failure.round = round;
         m.failure.reason = reason;

@@ -291,6 +291,10 @@ int jobstats_end(struct jobstats *js, const char *run_id, const char *reason, do
     if (r->ended)
         return 0;
     r->ended = true;
+    /* The last point, however soon after the one before: the job's end
+     * (its last steps came in the heartbeats since). */
+    r->last_point = -INFINITY;
+    add_points(r, now);
     add_event(r, STATUS_HISTORY_END, 0, now, reason ? reason : "closed", NULL);
     return 0;
 }

@@ -103,7 +103,9 @@ def test_two_nodes_goodput_and_history_on_cddp_rdzv(background, tmp_path):
     code, h = get_json(f"http://127.0.0.1:{sport}/history?run=gpjob")
     assert code == 200 and len(h["series"]) == 2, h
     top = [p[2] for p in h["series"][0]["points"]]
-    assert len(top) >= 2 and top[-1] > top[0], top
+    # (the last point is the end's, with the job's last step: the agent beats
+    # once more before it closes the rendezvous)
+    assert len(top) >= 2 and top[-1] > top[0] and top[-1] == 12, top
     kinds = [e["kind"] for e in h["events"]]
     rounds = [e for e in h["events"] if e["kind"] == "round"]
     assert len(rounds) >= 2 and rounds[0]["reason"] == "2 nodes, world size 2", h["events"]
@@ -204,7 +206,9 @@ def test_agent_hosting_the_server_keeps_job_wide_goodput_and_history(background,
     code, h = get_json(f"http://127.0.0.1:{port}/history?run={run_id}")
     assert code == 200 and len(h["series"]) == 2, h
     top = [p[2] for p in h["series"][0]["points"]]
-    assert len(top) >= 2 and top[-1] > top[0], top
+    # (the last point is the end's, with the job's last step: the agent beats
+    # once more before it closes the rendezvous)
+    assert len(top) >= 2 and top[-1] > top[0] and top[-1] == 12, top
     rounds = [e for e in h["events"] if e["kind"] == "round"]
     assert len(rounds) >= 2 and rounds[0]["reason"].endswith("world size 1"), h["events"]
     restarts = [e for e in h["events"] if e["kind"] == "restart"]

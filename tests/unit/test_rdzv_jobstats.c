@@ -131,6 +131,10 @@ static void test_history(void **state)
     jobstats_restart(&js, "job", 2, "node_lost", "b", false, 1005);
     jobstats_restart(&js, "job", 3, "worker_failure", "a", true, 1006);
     jobstats_straggler(&js, "job", "a", true, 2.5, 1007);
+    /* a's last steps, in a beat too soon after the last point for one */
+    struct proto_goodput fin = gp(0, 4, 0, 0, 50);
+    jobstats_heartbeat(&js, "job", "a", &fin, &pa, 1003.6);
+    /* the end makes a last point all the same */
     jobstats_end(&js, "job", "done", 1008);
     jobstats_end(&js, "job", "done", 1008);
     const struct jobstats_run *r = jobstats_find(&js, "job");
@@ -139,11 +143,16 @@ static void test_history(void **state)
     assert_int_equal(cJSON_GetArraySize(series), 2);
     cJSON *maxp = cJSON_GetObjectItem(cJSON_GetArrayItem(series, 0), "points");
     cJSON *minp = cJSON_GetObjectItem(cJSON_GetArrayItem(series, 1), "points");
-    assert_int_equal(cJSON_GetArraySize(maxp), 4);
+    assert_int_equal(cJSON_GetArraySize(maxp), 5);
     /* [seq, t, step, loss, samples_per_s, step_time_s, attempt] */
     cJSON *last = cJSON_GetArrayItem(maxp, 3);
     assert_int_equal(cJSON_GetArrayItem(last, 2)->valueint, 40);
     assert_true(cJSON_GetArrayItem(cJSON_GetArrayItem(minp, 3), 2)->valueint == 20);
+    /* the end's point: a's last step, though its beat made no point */
+    cJSON *end = cJSON_GetArrayItem(maxp, 4);
+    assert_true(cJSON_GetArrayItem(end, 1)->valuedouble >
+                cJSON_GetArrayItem(last, 1)->valuedouble + 4.5);
+    assert_int_equal(cJSON_GetArrayItem(end, 2)->valueint, 50);
     /* The median of the two nodes' step times (the lower one). */
     assert_true(cJSON_GetArrayItem(last, 5)->valuedouble == 0.25);
     cJSON *ev = cJSON_GetObjectItem(j, "events");
