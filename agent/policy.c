@@ -273,6 +273,7 @@ static void restart_alone(struct agent_policy *p, int i, int64_t gen, uint64_t n
     struct policy_worker *w = &p->workers[i];
     p->remaining_restarts--;
     p->worker_restarts++;
+    p->local_restarts += p->one_node;
     p->generation = gen;
     p->last_replace_ms = now_ms ? now_ms : 1;
     w->state = WORKER_RUNNING;
@@ -327,6 +328,14 @@ static void on_generation(struct agent_policy *p, const struct policy_event *ev,
             begin_stop(p, o, STOP_FAILURE, SIGTERM, now_ms);
         }
         return;
+    }
+    /* The grant is one of the job's counted restarts, on every node. */
+    if (p->coordinated) {
+        int64_t count = (ev->restart_count < 0 ? 0 : ev->restart_count) + p->local_restarts;
+        if (count > INT_MAX)
+            count = INT_MAX;
+        int64_t left = (int64_t)p->max_restarts - count + (ours ? 1 : 0);
+        p->remaining_restarts = left < INT_MIN / 2 ? INT_MIN / 2 : (int)left;
     }
     if (ours) {
         restart_alone(p, i, ev->generation, now_ms, o);
@@ -428,7 +437,7 @@ static bool take_restart_count(struct agent_policy *p, const struct policy_event
     /* restart_count is at most 2^53; keep max - remaining (the count
      * policy_restart_count gives) within an int. */
     int64_t count = ev->restart_count < 0 ? 0 : ev->restart_count;
-    count += p->worker_restarts;
+    count += p->local_restarts;
     if (count > INT_MAX)
         count = INT_MAX;
     int64_t left = (int64_t)p->max_restarts - count;

@@ -71,7 +71,9 @@
  * worker restarts alone as above, in the job-wide generation; refused
  * (another node's replacement within its settle window, a round that
  * ended), the group restarts as under group scope. A generation granted
- * to another node only moves this node's (the settle window starts).
+ * to another node moves this node's generation (the settle window starts).
+ * Either way a grant is one of the job's counted restarts: the event's
+ * restart_count, plus local_restarts, sets remaining_restarts.
  * Without rdzv_generations (etcd-v3), a worker's failure restarts the
  * group as under group scope. A lost
  * node (a restart pushed that is not counted) does not stop this node's
@@ -133,7 +135,8 @@ enum policy_event_type {
     /* worker scope, several nodes: the rendezvous answered a replace
      * (POLICY_ACT_REQUEST_GENERATION) or granted another node's: the round
      * goes on in generation (local_rank: this node's worker it restarts,
-     * -1: another node's), or, generation 0, this node's was refused */
+     * -1: another node's; restart_count: the job's counted restarts, this
+     * one included), or, generation 0, this node's was refused */
     POLICY_EV_GENERATION,
 };
 
@@ -261,8 +264,11 @@ struct agent_policy {
     uint64_t last_replace_ms; /* when the last worker was restarted alone; 0: never */
     int64_t generation;       /* membership generation of this attempt's group; 0 at start */
     int worker_restarts;      /* restarts of one worker (worker scope) */
-    int group_restarts;       /* failure restarts of the whole group */
-    int scope_fallbacks;      /* worker-scope failures that became group restarts */
+    /* ... of them, those in rounds of one node: the rendezvous never heard
+     * of these (a replace it granted is one of the job's counted restarts) */
+    int local_restarts;
+    int group_restarts;  /* failure restarts of the whole group */
+    int scope_fallbacks; /* worker-scope failures that became group restarts */
     /* Worker scope, several nodes: a node was lost and this one joined the
      * next round with its workers running (rejoining), to keep them if
      * the round goes on in place; a round that does not came while they

@@ -159,10 +159,11 @@ struct agent_rdzv {
     void (*on_closed)(struct agent_rdzv *r, int status, const char *reason);
     /* A replace answered, or another node's granted (may be NULL):
      * generation > 0, the round goes on in place with `replaced` (global
-     * ranks) restarted by node_id's agent; generation 0, this node's
-     * replace was refused (refused: why). */
+     * ranks) restarted by node_id's agent, the job's restart_count'th
+     * counted restart; generation 0, this node's replace was refused
+     * (refused: why). */
     void (*on_generation)(struct agent_rdzv *r, int64_t generation, const char *replaced,
-                          const char *node_id, const char *refused);
+                          const char *node_id, const char *refused, int64_t restart_count);
     /* Another node's worker named one of this node's ranks as never
      * reaching a collective of `generation` (may be NULL). */
     void (*on_blame)(struct agent_rdzv *r, int rank, int64_t generation, const char *node_id);

@@ -555,7 +555,8 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
             c->replace_asked = false;
         if (c->calls.closing || c->base.on_generation == NULL)
             return;
-        c->base.on_generation(&c->base, ev->generation, ev->replaced, ev->node_id, ev->message);
+        c->base.on_generation(&c->base, ev->generation, ev->replaced, ev->node_id, ev->message,
+                              ev->restart_count);
         return;
     case RDZV_EV_BLAME:
         if (!c->calls.closing && c->base.on_blame)
@@ -568,7 +569,8 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
             c->replace_asked = false;
             c->base.on_generation(&c->base, 0, NULL, NULL,
                                   "the connection to the rendezvous server was lost before it "
-                                  "answered");
+                                  "answered",
+                                  0);
         }
         log_warn("A0715", "%s; reconnecting (for up to %.1f s)%s",
                  ev->message ? ev->message : "lost the connection to the rendezvous server",

@@ -278,11 +278,13 @@ static bool on_rdzv_goodput(struct agent_rdzv *r, struct proto_goodput *out)
  * generation there before the policy hears of it, so its own replacement
  * starts after the announcement. */
 static void on_rdzv_generation(struct agent_rdzv *r, int64_t generation, const char *replaced,
-                               const char *node_id, const char *refused)
+                               const char *node_id, const char *refused, int64_t restart_count)
 {
     struct agent *a = r->data;
-    struct policy_event ev = {
-        .type = POLICY_EV_GENERATION, .local_rank = -1, .generation = generation};
+    struct policy_event ev = {.type = POLICY_EV_GENERATION,
+                              .local_rank = -1,
+                              .generation = generation,
+                              .restart_count = restart_count};
     if (generation <= 0) {
         log_warn("A0235",
                  "[%s] the rendezvous refused to restart the worker alone: %s; will restart "
@@ -417,7 +419,7 @@ void agent_round_request_generation(struct agent *a, const struct policy_action 
              rc == CDDP_EPROTO_TYPE ? "the rendezvous server is older and cannot number "
                                       "generations"
                                     : cddp_strerror(rc));
-    on_rdzv_generation(a->rdzv, 0, NULL, NULL, why);
+    on_rdzv_generation(a->rdzv, 0, NULL, NULL, why, 0);
 }
 
 void agent_round_report_failure(struct agent *a)

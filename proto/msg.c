@@ -622,7 +622,9 @@ static int decode_fields(struct dec *d)
             (rc = get_str(d, "replaced", false, PROTO_MAX_REPLACED, STR_ID,
                           &m->generation.replaced)) ||
             (rc = get_str(d, "node_id", false, PROTO_MAX_ID, STR_ID, &m->generation.node_id)) ||
-            (rc = get_str(d, "refused", false, PROTO_MAX_TEXT, STR_TEXT, &m->generation.refused)))
+            (rc = get_str(d, "refused", false, PROTO_MAX_TEXT, STR_TEXT, &m->generation.refused)) ||
+            (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0,
+                          &m->generation.restart_count)))
             return rc;
         if (m->generation.generation > 0 &&
             (m->generation.replaced == NULL || m->generation.replaced[0] == '\0'))
@@ -990,6 +992,8 @@ static void encode_replace(struct enc *e, const struct proto_msg *m)
     put_str(e, "replaced", m->generation.replaced, PROTO_MAX_REPLACED);
     put_str(e, "node_id", m->generation.node_id, PROTO_MAX_ID);
     put_str(e, "refused", m->generation.refused, PROTO_MAX_TEXT);
+    if (m->generation.generation > 0)
+        put_int(e, "restart_count", m->generation.restart_count, 0, PROTO_MAX_INT);
 }
 
 static void encode_fields(struct enc *e, const struct proto_msg *m)

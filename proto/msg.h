@@ -252,6 +252,9 @@ struct proto_msg {
             const char *replaced; /* decimal global ranks, comma-separated */
             const char *node_id;  /* the node that asked */
             const char *refused;  /* NULL when granted */
+            /* granted (optional, default 0): the run's counted restarts,
+             * this one included */
+            int64_t restart_count;
         } generation;
         /* Agent to server, and server to the agent that runs `rank`
          * (--restart_scope=worker): a worker of the sender's named global

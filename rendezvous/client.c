@@ -379,6 +379,9 @@ static void on_server_message(struct rdzv_client *c, const struct proto_msg *m)
         ev.replaced = m->generation.replaced;
         ev.node_id = m->generation.node_id;
         ev.message = m->generation.refused;
+        ev.restart_count = m->generation.restart_count;
+        if (m->generation.restart_count > c->restart_count)
+            c->restart_count = m->generation.restart_count;
         break;
     case PROTO_BLAME:
         if (c->joining || !c->in_round || m->blame.round != c->round.round)

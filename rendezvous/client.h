@@ -114,7 +114,8 @@ struct rdzv_event {
     const char *reason;    /* RESTART, CLOSED */
     const char *node_id;   /* RESTART: the node that caused it (may be NULL) */
     bool counted;          /* RESTART: a worker failure (counts against --max_restarts) */
-    int64_t restart_count; /* RESTART: the run's counted restarts, this one included */
+    int64_t restart_count; /* RESTART, GENERATION (granted): the run's counted restarts,
+                              this one included */
     int code;              /* ERROR, DISCONNECTED */
     const char *message;   /* ERROR, DISCONNECTED: one line; RESTART: the server's detail */
     bool resumed;          /* RECONNECTED: this node is still in its round */

@@ -363,6 +363,7 @@ static void apply_actions(struct rdzv_server *srv)
             m.generation.replaced = a->generation.replaced;
             m.generation.node_id = a->generation.node_id;
             m.generation.refused = a->generation.refused;
+            m.generation.restart_count = a->generation.restart_count;
             if (a->generation.generation == 0)
                 log_warn("R0029", "%s: replace refused: %s", c->name, a->generation.refused);
             else if (rdzv_peer_node_id(a->peer) &&

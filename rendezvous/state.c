@@ -1344,6 +1344,7 @@ void rdzv_state_replace(struct rdzv_state *st, uint64_t now, struct rdzv_peer *p
     }
     run->generation++;
     run->generation_at = now ? now : 1;
+    run->counted_restarts++; /* one of the job's restarts (--max_restarts) */
     const char *replaced = scratch_printf(st, "%d", rank);
     const char *nid = scratch_strdup(st, node->id);
     struct cddp_queue *q;
@@ -1355,6 +1356,7 @@ void rdzv_state_replace(struct rdzv_state *st, uint64_t now, struct rdzv_peer *p
         a->generation.generation = run->generation;
         a->generation.replaced = replaced;
         a->generation.node_id = nid;
+        a->generation.restart_count = (int64_t)run->counted_restarts;
     }
 }
 

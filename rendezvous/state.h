@@ -141,6 +141,7 @@ struct rdzv_action {
             const char *replaced;
             const char *node_id;
             const char *refused;
+            int64_t restart_count; /* granted: the run's counted restarts, this one included */
         } generation;
         struct {
             uint64_t round;

@@ -350,6 +350,9 @@ def test_two_nodes_one_worker_restarted_alone(background, reference):
     assert st1["restarts"]["by_scope"] == {"worker": 1, "group": 0}
     assert st0["restarts"]["by_scope"] == {"worker": 0, "group": 0}
     assert st0["restarts"]["generation"] == st1["restarts"]["generation"] == 1
+    # one of the job's --max_restarts, counted on both nodes alike
+    assert st0["restarts"]["count"] == st1["restarts"]["count"] == 1, (st0["restarts"],
+                                                                       st1["restarts"])
     # node 1 asked and restarted rank 3 alone; node 0 heard of it
     assert "A0234" in err1 and err1.count("A0220") == 1, err1[-5000:]
     assert re.search(r"A0236: .*generation 1, rank 3 restarted alone by node", err0), err0[-5000:]

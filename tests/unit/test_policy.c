@@ -1376,10 +1376,13 @@ static void test_node_lost_not_kept(void **state)
 
 /* ---- worker scope, several nodes: one worker restarted alone ---- */
 
-static void ev_generation(struct agent_policy *p, int local_rank, int64_t gen, uint64_t now)
+static void ev_generation(struct agent_policy *p, int local_rank, int64_t gen, int64_t count,
+                          uint64_t now)
 {
-    struct policy_event ev = {
-        .type = POLICY_EV_GENERATION, .local_rank = local_rank, .generation = gen};
+    struct policy_event ev = {.type = POLICY_EV_GENERATION,
+                              .local_rank = local_rank,
+                              .generation = gen,
+                              .restart_count = count};
     nacts = policy_step(p, &ev, now, acts);
 }
 
@@ -1410,7 +1413,7 @@ static void test_several_nodes_worker_granted(void **state)
     assert_int_equal(policy_restart_count(&p), 0); /* not yet */
     /* the answer: generation 3 (the server's; a second failure while
      * asking is test_several_nodes_worker_refused's) */
-    ev_generation(&p, 1, 3, 20);
+    ev_generation(&p, 1, 3, 1, 20);
     EXPECT(POLICY_ACT_RESTART_WORKER);
     assert_int_equal(acts[0].local_rank, 1);
     assert_int_equal(acts[0].generation, 3);
@@ -1420,10 +1423,12 @@ static void test_several_nodes_worker_granted(void **state)
     assert_int_equal(policy_restart_count(&p), 1);
     progress_of(&p, 1, 5, 3000); /* it re-formed */
     /* another node's worker: generation 4 here too, nothing to do */
-    ev_generation(&p, -1, 4, 5000);
+    ev_generation(&p, -1, 4, 2, 5000);
     EXPECT_NONE();
     assert_int_equal(p.generation, 4);
     assert_int_equal(p.worker_restarts, 1);
+    /* the job's count, the other node's restart included */
+    assert_int_equal(policy_restart_count(&p), 2);
     /* a failure here within the settle window of that grant: the group */
     exit_clean(&p, 0, 1, 5500);
     EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
@@ -1441,7 +1446,7 @@ static void test_several_nodes_worker_refused(void **state)
     running_two_nodes_asking(&p);
     exit_clean(&p, 0, 1, 10);
     EXPECT(POLICY_ACT_REQUEST_GENERATION);
-    ev_generation(&p, -1, 0, 20);
+    ev_generation(&p, -1, 0, 0, 20);
     EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
     assert_int_equal(p.scope_fallbacks, 1);
     assert_int_equal(p.worker_restarts, 0);
@@ -1452,7 +1457,7 @@ static void test_several_nodes_worker_refused(void **state)
     EXPECT(POLICY_ACT_REQUEST_GENERATION);
     exit_clean(&p, 1, 1, 15);
     EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_JOIN);
-    ev_generation(&p, 0, 1, 20);
+    ev_generation(&p, 0, 1, 1, 20);
     EXPECT_NONE();
     assert_int_equal(p.worker_restarts, 0);
     policy_free(&p);
@@ -1463,7 +1468,7 @@ static void test_several_nodes_worker_refused(void **state)
     EXPECT(POLICY_ACT_REQUEST_GENERATION);
     ev_restart(&p, false, 20);
     EXPECT(POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
-    ev_generation(&p, 0, 1, 30);
+    ev_generation(&p, 0, 1, 1, 30);
     EXPECT_NONE();
     policy_free(&p);
 }

@@ -46,8 +46,8 @@ struct agent {
     int disconnects, reconnects, resumed;
     int64_t waiting;
     char restart_reason[32];
-    int generations; /* GENERATION events */
-    int64_t last_generation;
+    int generations;                    /* GENERATION events */
+    int64_t last_generation, gen_count; /* the last GENERATION's, its restart_count */
     char replaced[32], gen_node[32], refused[160];
     int blames, blame_rank; /* BLAME events, the last's rank */
     int64_t blame_gen;
@@ -168,6 +168,7 @@ static void on_event(struct rdzv_client *c, const struct rdzv_event *ev, void *d
     case RDZV_EV_GENERATION:
         a->generations++;
         a->last_generation = ev->generation;
+        a->gen_count = ev->restart_count;
         snprintf(a->replaced, sizeof(a->replaced), "%s", ev->replaced ? ev->replaced : "");
         snprintf(a->gen_node, sizeof(a->gen_node), "%s", ev->node_id ? ev->node_id : "");
         snprintf(a->refused, sizeof(a->refused), "%s", ev->message ? ev->message : "");
@@ -311,7 +312,8 @@ static void test_replace_grants_and_refuses(void **state)
         assert_int_equal(w.a[i].last_generation, 1);
         assert_string_equal(w.a[i].replaced, "4");
         assert_string_equal(w.a[i].gen_node, "node2");
-        assert_int_equal(w.a[i].restarts, 0); /* the round goes on */
+        assert_int_equal(w.a[i].gen_count, 1); /* one of the job's counted restarts */
+        assert_int_equal(w.a[i].restarts, 0);  /* the round goes on */
     }
 
     /* Node 1 within the settle window: refused, to node 1 alone. */
@@ -344,6 +346,7 @@ static void test_replace_grants_and_refuses(void **state)
     run_until(&w, generations_in);
     for (int i = 0; i < 3; i++) {
         assert_int_equal(w.a[i].last_generation, 2);
+        assert_int_equal(w.a[i].gen_count, 2);
         assert_string_equal(w.a[i].replaced, "2");
         assert_int_equal(w.a[i].restarts, 0);
     }
@@ -375,6 +378,7 @@ static void test_replace_grants_and_refuses(void **state)
     run_until(&w, all_joined);
     assert_int_equal(w.a[0].round.generation, 0);
     assert_true(w.a[0].round.round > old);
+    assert_int_equal(w.a[0].round.restart_count, 3); /* two granted, one failure */
     assert_int_equal(rdzv_client_replace(w.a[2].c, 5, "worker_failure"), 0);
     for (int i = 0; i < 3; i++)
         want_generations[i] = w.a[i].generations + 1;
