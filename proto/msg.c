@@ -608,17 +608,14 @@ static int decode_fields(struct dec *d)
         m->failure.round = (uint64_t)v;
         return get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->failure.reason);
     case PROTO_REPLACE:
-        if ((rc = get_int(d, "round", true, 1, PROTO_MAX_INT, 1, &v)))
+        if ((rc = get_int(d, "round", true, 1, PROTO_MAX_INT, 1, &v)) ||
+            (rc = get_small(d, "rank", true, 0, INT32_MAX - 1, 0, &m->replace.rank)))
             return rc;
         m->replace.round = (uint64_t)v;
-        if ((rc = get_small(d, "rank", true, 0, INT32_MAX - 1, 0, &m->replace.rank)))
-            return rc;
         return get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->replace.reason);
     case PROTO_GENERATION:
-        if ((rc = get_int(d, "round", true, 1, PROTO_MAX_INT, 1, &v)))
-            return rc;
-        m->generation.round = (uint64_t)v;
-        if ((rc = get_int(d, "generation", true, 0, PROTO_MAX_INT, 0, &m->generation.generation)) ||
+        if ((rc = get_int(d, "round", true, 1, PROTO_MAX_INT, 1, &v)) ||
+            (rc = get_int(d, "generation", true, 0, PROTO_MAX_INT, 0, &m->generation.generation)) ||
             (rc = get_str(d, "replaced", false, PROTO_MAX_REPLACED, STR_ID,
                           &m->generation.replaced)) ||
             (rc = get_str(d, "node_id", false, PROTO_MAX_ID, STR_ID, &m->generation.node_id)) ||
@@ -626,6 +623,7 @@ static int decode_fields(struct dec *d)
             (rc = get_int(d, "restart_count", false, 0, PROTO_MAX_INT, 0,
                           &m->generation.restart_count)))
             return rc;
+        m->generation.round = (uint64_t)v;
         if (m->generation.generation > 0 &&
             (m->generation.replaced == NULL || m->generation.replaced[0] == '\0'))
             return bad_field(d, "replaced", "must name the ranks of a granted generation");
@@ -633,12 +631,11 @@ static int decode_fields(struct dec *d)
             return bad_field(d, "refused", "must say why when generation is 0");
         return 0;
     case PROTO_BLAME:
-        if ((rc = get_int(d, "round", true, 1, PROTO_MAX_INT, 1, &v)))
-            return rc;
-        m->blame.round = (uint64_t)v;
-        if ((rc = get_small(d, "rank", true, 0, INT32_MAX - 1, 0, &m->blame.rank)) ||
+        if ((rc = get_int(d, "round", true, 1, PROTO_MAX_INT, 1, &v)) ||
+            (rc = get_small(d, "rank", true, 0, INT32_MAX - 1, 0, &m->blame.rank)) ||
             (rc = get_int(d, "generation", true, 0, PROTO_MAX_INT, 0, &m->blame.generation)))
             return rc;
+        m->blame.round = (uint64_t)v;
         return get_str(d, "node_id", false, PROTO_MAX_ID, STR_ID, &m->blame.node_id);
     case PROTO_ROUND:
         return decode_round_into(d, &m->round);
@@ -992,8 +989,7 @@ static void encode_replace(struct enc *e, const struct proto_msg *m)
     put_str(e, "replaced", m->generation.replaced, PROTO_MAX_REPLACED);
     put_str(e, "node_id", m->generation.node_id, PROTO_MAX_ID);
     put_str(e, "refused", m->generation.refused, PROTO_MAX_TEXT);
-    if (m->generation.generation > 0)
-        put_int(e, "restart_count", m->generation.restart_count, 0, PROTO_MAX_INT);
+    put_int(e, "restart_count", m->generation.restart_count, 0, PROTO_MAX_INT);
 }
 
 static void encode_fields(struct enc *e, const struct proto_msg *m)
