@@ -105,7 +105,7 @@ def test_two_nodes_goodput_and_history_on_cddp_rdzv(background, tmp_path):
     top = [p[2] for p in h["series"][0]["points"]]
     # (the last point is the end's, with the job's last step: the agent beats
     # once more before it closes the rendezvous)
-    assert len(top) >= 2 and top[-1] > top[0] and top[-1] == 12, top
+    assert len(top) >= 2 and top[-1] > top[0] and top[-1] == 16, top
     kinds = [e["kind"] for e in h["events"]]
     rounds = [e for e in h["events"] if e["kind"] == "round"]
     assert len(rounds) >= 2 and rounds[0]["reason"] == "2 nodes, world size 2", h["events"]
