@@ -1070,12 +1070,21 @@ int rdzv_client_report_failure(struct rdzv_client *c, const char *reason)
     return send_simple(c, PROTO_FAILURE, c->round.round, reason, false);
 }
 
-int rdzv_client_replace(struct rdzv_client *c, int rank, const char *reason)
+/* May replace and blame go out now? 0, CDDP_ESTATE (no round running
+ * here, a join outstanding, not connected) or CDDP_EPROTO_TYPE (an older
+ * server). */
+static int inplace_ready(const struct rdzv_client *c)
 {
     if (!c->has_round || !c->in_round || c->joining || !c->welcomed || c->hold)
         return CDDP_ESTATE;
-    if (!c->server_generations)
-        return CDDP_EPROTO_TYPE;
+    return c->server_generations ? 0 : CDDP_EPROTO_TYPE;
+}
+
+int rdzv_client_replace(struct rdzv_client *c, int rank, const char *reason)
+{
+    int rc = inplace_ready(c);
+    if (rc)
+        return rc;
     struct proto_msg m = {.type = PROTO_REPLACE};
     m.replace.round = c->round.round;
     m.replace.rank = rank;
@@ -1085,10 +1094,9 @@ int rdzv_client_replace(struct rdzv_client *c, int rank, const char *reason)
 
 int rdzv_client_blame(struct rdzv_client *c, int rank, int64_t generation)
 {
-    if (!c->has_round || !c->in_round || c->joining || !c->welcomed || c->hold)
-        return CDDP_ESTATE;
-    if (!c->server_generations)
-        return CDDP_EPROTO_TYPE;
+    int rc = inplace_ready(c);
+    if (rc)
+        return rc;
     struct proto_msg m = {.type = PROTO_BLAME};
     m.blame.round = c->round.round;
     m.blame.rank = rank;
