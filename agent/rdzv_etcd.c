@@ -43,6 +43,7 @@
  */
 #include "agent/rdzv_etcd_int.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -272,7 +273,9 @@ void ed_state_changed(struct ed *e)
             rdzv_round_from_proto(&r, &pr);
             e->round = r.round;
             e->round_nnodes = r.nnodes;
+            e->rank_offset = r.rank_offset;
             e->restart_told = r.round;
+            e->gen_seen = st->generation;
             uv_timer_stop(&e->join_timer);
             rdzv_calls_round(&e->calls, 0, &r, NULL);
         }
@@ -286,6 +289,19 @@ void ed_state_changed(struct ed *e)
         if (e->base.on_restart)
             e->base.on_restart(&e->base, why, st->counted);
         return;
+    }
+    if (e->calls.join_cb == NULL && e->round && st->round == e->round &&
+        st->phase == ETCD_RUNNING && st->generation > e->gen_seen) {
+        /* A replace granted, this node's or another's: the round goes on
+         * in place (docs/multi-node.md, "A worker restarted alone"). */
+        e->gen_seen = st->generation;
+        char replaced[16];
+        snprintf(replaced, sizeof(replaced), "%d", st->gen_rank);
+        if (e->base.on_generation)
+            e->base.on_generation(&e->base, st->generation, replaced, st->gen_node, NULL,
+                                  st->restart_count);
+        if (e->calls.closing || e->st.round != e->round)
+            return; /* (the agent moved on meanwhile) */
     }
     if (e->calls.barrier_cb)
         check_barrier(e);
@@ -318,6 +334,41 @@ static void on_watch_end(struct etcd_watch *w, int status, const char *why, void
              etcd_client_member(e->cl));
     ed_info_changed(e);
     uv_timer_start(&e->retry_timer, watch_retry, RETRY_MS, 0);
+}
+
+/* news/blame/<round>/<rank> = "<generation> <node>" (ed_blame): another
+ * node's ranks name one of this node's as never reaching a collective.
+ * Whatever does not parse, or is not about this node's round and ranks,
+ * is ignored. */
+static void took_blame(struct ed *e, const char *rest, const unsigned char *val, size_t vlen)
+{
+    char buf[PROTO_MAX_ID + 32], *end;
+    if (!isdigit((unsigned char)rest[0]) || vlen == 0 || vlen >= sizeof(buf))
+        return;
+    unsigned long long round = strtoull(rest, &end, 10);
+    if (*end != '/' || !isdigit((unsigned char)end[1]))
+        return;
+    const char *rs = end + 1;
+    long rank = strtol(rs, &end, 10);
+    if (*end != '\0' || rank > INT32_MAX)
+        return;
+    memcpy(buf, val, vlen);
+    buf[vlen] = '\0';
+    if (!isdigit((unsigned char)buf[0]))
+        return;
+    long long gen = strtoll(buf, &end, 10);
+    if (*end != ' ' || end[1] == '\0')
+        return;
+    const char *node = end + 1;
+    for (const char *c = node; *c; c++) {
+        if ((unsigned char)*c < 0x21 || *c == 0x7f)
+            return;
+    }
+    if (round != e->round || e->calls.join_cb != NULL || strcmp(node, e->node_id) == 0 ||
+        rank < e->rank_offset || rank >= e->rank_offset + e->nproc)
+        return;
+    if (e->base.on_blame)
+        e->base.on_blame(&e->base, (int)rank, gen, node);
 }
 
 static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void *arg)
@@ -404,6 +455,8 @@ static void on_watch_msg(struct etcd_watch *w, const char *msg, size_t len, void
             }
         } else if (has_prefix(ev->kv.key, e->barrier_key, &rest)) {
             barrier = true;
+        } else if (has_prefix(ev->kv.key, e->blame_key, &rest) && ev->type == ETCD_PUT) {
+            took_blame(e, rest, ev->kv.value, ev->kv.vlen);
         }
     }
     if (m.revision > e->watch_rev)
@@ -734,6 +787,49 @@ static int ed_report_failure(struct agent_rdzv *r, int restart_count)
     return 0;
 }
 
+/* Worker scope: ask to restart `rank` alone (etcd_round_replace, applied
+ * to the state like every other change); the state's next generation
+ * answers through on_generation (ed_state_changed), a refusal through
+ * op_done. */
+static int ed_replace(struct agent_rdzv *r, int rank, const char *reason)
+{
+    (void)reason;
+    struct ed *e = (struct ed *)r;
+    if (e->calls.closing || e->round == 0 || e->calls.join_cb != NULL)
+        return CDDP_ESTATE;
+    struct op o = {.kind = OP_REPLACE, .round = e->round, .rank = rank};
+    ed_push_op(e, &o);
+    return 0;
+}
+
+static void on_blame_put(struct etcd_client *cl, int status, long http, const char *body,
+                         size_t len, void *arg)
+{
+    (void)cl, (void)http, (void)body, (void)len;
+    struct ed *e = arg;
+    if (status != 0 && !e->calls.closing)
+        log_warn("A2017",
+                 "etcd: could not pass a hung rank's blame on to its node (%s); its peers wait "
+                 "for --init-timeout instead",
+                 ed_last_error(e));
+}
+
+/* Worker scope: one of this node's ranks names `rank`, another node's, as
+ * never reaching a collective of `generation`: a key under news/blame/
+ * (on this node's lease), which that node's agent sees on its watch
+ * (took_blame), as the server's `blame` passes it on. */
+static int ed_blame(struct agent_rdzv *r, int rank, int64_t generation)
+{
+    struct ed *e = (struct ed *)r;
+    if (e->calls.closing || e->round == 0 || e->calls.join_cb != NULL || e->cl == NULL ||
+        rank < 0 || generation < 0)
+        return CDDP_ESTATE;
+    char key[1000], val[PROTO_MAX_ID + 32];
+    snprintf(key, sizeof(key), "%s%" PRIu64 "/%d", e->blame_key, e->round, rank);
+    int n = snprintf(val, sizeof(val), "%" PRId64 " %s", generation, e->node_id);
+    return etcd_call(e->cl, "kv/put", etcd_req_put(key, val, (size_t)n, e->lease), on_blame_put, e);
+}
+
 static void barrier_fire(struct ed *e, int status)
 {
     uv_timer_stop(&e->barrier_timer);
@@ -837,6 +933,8 @@ static const struct agent_rdzv_ops etcd_ops = {
     .report_failure = ed_report_failure,
     .exit_barrier = ed_exit_barrier,
     .close = ed_close,
+    .replace = ed_replace,
+    .blame = ed_blame,
 };
 
 int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o,
@@ -889,6 +987,7 @@ int agent_rdzv_etcd_new(uv_loop_t *loop, const struct agent_rdzv_etcd_options *o
     snprintf(e->barrier_key, sizeof(e->barrier_key), "%sbarrier/", e->news_key);
     snprintf(e->writer_key, sizeof(e->writer_key), "%sleader", e->news_key);
     snprintf(e->round_key, sizeof(e->round_key), "%sround", e->news_key);
+    snprintf(e->blame_key, sizeof(e->blame_key), "%sblame/", e->news_key);
     double window = (double)rdzv_conf_dead_after_ms(&e->conf) / 1000.0;
     e->ttl_s = (int64_t)ceil(window);
     if (e->ttl_s < 2)

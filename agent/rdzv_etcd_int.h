@@ -32,7 +32,7 @@
 #define MAX_OPS 256
 #define DEFAULT_PREFIX "/cddp/rdzv"
 
-enum op_kind { OP_JOIN = 1, OP_LOSE, OP_LEAVE, OP_FAILURE, OP_CLOSE, OP_TICK, OP_FOLD };
+enum op_kind { OP_JOIN = 1, OP_LOSE, OP_LEAVE, OP_FAILURE, OP_CLOSE, OP_TICK, OP_FOLD, OP_REPLACE };
 
 /* The most join requests one fold writes (etcd's default --max-txn-ops is
  * 128: one put and a delete each). */
@@ -48,7 +48,8 @@ struct request {
 struct op {
     enum op_kind kind;
     char id[PROTO_MAX_ID + 1]; /* LOSE */
-    uint64_t round;            /* FAILURE */
+    uint64_t round;            /* FAILURE, REPLACE */
+    int rank;                  /* REPLACE */
     bool finished;             /* LEAVE */
 };
 
@@ -66,6 +67,7 @@ struct ed {
     char prefix[600]; /* <key_prefix>/<run_id>/ */
     char state_key[640], nodes_key[640], node_key[900], barrier_key[700];
     char joins_key[640], join_key[900], writer_key[700], news_key[640], round_key[700];
+    char blame_key[700]; /* news/blame/: <round>/<rank> = "<generation> <node>" */
 
     /* leadership: the agent whose create of writer_key (on its lease)
      * went through folds the others' join requests into the state */
@@ -116,8 +118,12 @@ struct ed {
     bool warned_waiting;
     uint64_t round; /* the last round handed to the agent */
     int round_nnodes;
+    int rank_offset;       /* this node's first global rank in e->round */
     uint64_t restart_told; /* the round on_restart was called for */
     uint64_t rejoined_for; /* the forming round a missed round's rejoin was sent for */
+    int64_t gen_seen;      /* the generation of e->round the agent has been told of */
+    bool replace_refused;  /* the REPLACE at the head was refused: why */
+    char refused[256];
     bool closed_told;
     uv_timer_t lc_timer; /* the state's last call */
 

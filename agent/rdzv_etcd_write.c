@@ -28,7 +28,7 @@ void ed_push_op(struct ed *e, const struct op *o)
 {
     for (size_t i = 0; i < e->nops; i++) { /* the same news once */
         if (e->ops[i].kind == o->kind && strcmp(e->ops[i].id, o->id) == 0 &&
-            e->ops[i].round == o->round)
+            e->ops[i].round == o->round && e->ops[i].rank == o->rank)
             return;
     }
     if (e->nops == MAX_OPS) {
@@ -69,8 +69,11 @@ static bool apply(struct ed *e, struct etcd_round *st, const struct op *o,
         for (size_t i = 0; i < e->nreqs && e->nfolding < FOLD_MAX; i++) {
             struct request *q = &e->folding[e->nfolding];
             *q = e->reqs[i];
-            j[e->nfolding++] = (struct etcd_join){
-                .id = q->id, .nproc = q->req.nproc, .addr = q->req.addr, .port = q->req.port};
+            j[e->nfolding++] = (struct etcd_join){.id = q->id,
+                                                  .nproc = q->req.nproc,
+                                                  .addr = q->req.addr,
+                                                  .port = q->req.port,
+                                                  .gens = q->req.gens};
         }
         return etcd_round_fold(st, &e->rconf, now, j, e->nfolding) || changed;
     }
@@ -80,6 +83,10 @@ static bool apply(struct ed *e, struct etcd_round *st, const struct op *o,
         return etcd_round_lose(st, &e->rconf, now, e->node_id, "node_left", o->finished);
     case OP_FAILURE:
         return etcd_round_failure(st, &e->rconf, now, e->node_id, o->round);
+    case OP_REPLACE: /* refused: op_done tells the agent why */
+        e->replace_refused = etcd_round_replace(st, now, e->node_id, o->round, o->rank, e->refused,
+                                                sizeof(e->refused)) != 0;
+        return !e->replace_refused;
     case OP_CLOSE:
         return etcd_round_close(st, e->calls.close_reason);
     case OP_TICK:
@@ -126,6 +133,8 @@ static void op_retry(uv_timer_t *t)
 static void op_done(struct ed *e)
 {
     e->op_in_flight = false;
+    bool refused = e->ops[0].kind == OP_REPLACE && e->replace_refused;
+    e->replace_refused = false;
     if (e->ops[0].kind == OP_JOIN && e->calls.join_cb)
         e->join_put = true; /* the leader folds it into the state */
     if (e->ops[0].kind == OP_FOLD) {
@@ -151,7 +160,9 @@ static void op_done(struct ed *e)
         return;
     }
     if (!e->calls.closing)
-        ed_state_changed(e);
+        ed_state_changed(e); /* (a grant: on_generation) */
+    if (refused && !e->calls.closing && e->base.on_generation)
+        e->base.on_generation(&e->base, 0, NULL, NULL, e->refused, 0);
     ed_schedule_fold(e);
     ed_run_ops(e);
 }
@@ -261,6 +272,7 @@ static void write_op(struct ed *e, const struct etcd_range *alive)
     /* A new round, phase or run goes to news/round too, which is all the
      * non-leaders watch: the forming states in between are the leader's. */
     const char *news = !e->st_valid || e->st.round != next.round || e->st.phase != next.phase ||
+                               e->st.generation != next.generation ||
                                (next.phase == ETCD_RUNNING && waiting(&e->st) != waiting(&next))
                            ? e->round_key
                            : NULL;
@@ -347,8 +359,11 @@ void ed_run_ops(struct ed *e)
     int rc = 0;
     if (o->kind == OP_JOIN) {
         /* Our join is a request of our own key; the leader folds it. */
-        struct etcd_join j = {
-            .id = e->node_id, .nproc = e->nproc, .addr = e->addr, .port = e->join_port};
+        struct etcd_join j = {.id = e->node_id,
+                              .nproc = e->nproc,
+                              .addr = e->addr,
+                              .port = e->join_port,
+                              .gens = true};
         char *val = etcd_round_request_encode(&j);
         rc = val ? etcd_call(e->cl, "kv/put", etcd_req_put(e->join_key, val, strlen(val), e->lease),
                              on_join_put, e)

@@ -20,6 +20,7 @@ void etcd_round_init(struct etcd_round *r, int min_nodes, int max_nodes)
 {
     memset(r, 0, sizeof(*r));
     r->round = 1;
+    r->gen_rank = -1;
     r->phase = ETCD_FORMING;
     r->min_nodes = min_nodes;
     r->max_nodes = max_nodes;
@@ -137,6 +138,10 @@ static void complete(struct etcd_round *r)
     r->phase = ETCD_RUNNING;
     r->last_call_at = 0;
     r->fast = false;
+    r->generation = 0;
+    r->generation_at = 0;
+    r->gen_rank = -1;
+    r->gen_node[0] = '\0';
 }
 
 static void maybe_complete(struct etcd_round *r, const struct etcd_round_conf *c, uint64_t now)
@@ -196,6 +201,7 @@ static void set_info(struct etcd_member *m, const struct etcd_join *j)
     m->nproc = j->nproc;
     cddp_strlcpy(m->addr, j->addr ? j->addr : "", sizeof(m->addr));
     m->port = j->port;
+    m->gens = j->gens;
 }
 
 bool etcd_round_join(struct etcd_round *r, const struct etcd_round_conf *c, uint64_t now,
@@ -264,6 +270,37 @@ bool etcd_round_failure(struct etcd_round *r, const struct etcd_round_conf *c, u
         return false;
     restart(r, c, now, "worker_failure", id, true);
     return true;
+}
+
+int etcd_round_replace(struct etcd_round *r, uint64_t now, const char *id, uint64_t round, int rank,
+                       char *why, size_t whylen)
+{
+    struct proto_round at;
+    if (r->phase != ETCD_RUNNING || round != r->round)
+        return cddp_fail(why, whylen, CDDP_ESTATE, "round %llu is not the one running",
+                         (unsigned long long)round);
+    if (etcd_round_place(r, "", id, &at) != 0)
+        return cddp_fail(why, whylen, CDDP_ESTATE, "this node is not a member of a running round");
+    if (rank < at.rank_offset || rank >= at.rank_offset + at.nproc)
+        return cddp_fail(why, whylen, CDDP_ESTATE, "rank %d is not one of this node's (%d..%d)",
+                         rank, at.rank_offset, at.rank_offset + at.nproc - 1);
+    for (size_t i = 0; i < r->nmembers; i++) {
+        const struct etcd_member *m = &r->members[i];
+        if (m->state == ETCD_M_ACTIVE && !m->gens)
+            return cddp_fail(why, whylen, CDDP_ESTATE,
+                             "node %s's agent is older and cannot number generations", m->id);
+    }
+    if (r->generation_at != 0 && now < r->generation_at + ETCD_ROUND_SETTLE_MS)
+        return cddp_fail(why, whylen, CDDP_ESTATE,
+                         "generation %lld was granted %llu ms ago: a second failure this soon "
+                         "restarts the group",
+                         (long long)r->generation, (unsigned long long)(now - r->generation_at));
+    r->generation++;
+    r->generation_at = now ? now : 1;
+    r->restart_count++; /* one of the job's restarts (--max_restarts) */
+    r->gen_rank = rank;
+    cddp_strlcpy(r->gen_node, id, sizeof(r->gen_node));
+    return 0;
 }
 
 bool etcd_round_close(struct etcd_round *r, const char *reason)
@@ -359,7 +396,11 @@ char *etcd_round_encode(const struct etcd_round *r)
               cJSON_AddStringToObject(o, "reason", r->reason) &&
               cJSON_AddStringToObject(o, "node", r->node) &&
               cJSON_AddBoolToObject(o, "counted", r->counted) &&
-              cJSON_AddStringToObject(o, "closed_reason", r->closed_reason);
+              cJSON_AddStringToObject(o, "closed_reason", r->closed_reason) &&
+              cJSON_AddNumberToObject(o, "gen", (double)r->generation) &&
+              cJSON_AddNumberToObject(o, "gen_at", (double)r->generation_at) &&
+              cJSON_AddNumberToObject(o, "gen_rank", r->gen_rank) &&
+              cJSON_AddStringToObject(o, "gen_node", r->gen_node);
     cJSON *arr = ok ? cJSON_AddArrayToObject(o, "members") : NULL;
     for (size_t i = 0; arr && i < r->nmembers; i++) {
         const struct etcd_member *m = &r->members[i];
@@ -374,7 +415,8 @@ char *etcd_round_encode(const struct etcd_round *r)
             !cJSON_AddNumberToObject(e, "nproc", m->nproc) ||
             !cJSON_AddStringToObject(e, "addr", m->addr) ||
             !cJSON_AddNumberToObject(e, "port", m->port) ||
-            !cJSON_AddNumberToObject(e, "rank", m->rank))
+            !cJSON_AddNumberToObject(e, "rank", m->rank) ||
+            (m->gens && !cJSON_AddBoolToObject(e, "g", true)))
             arr = NULL;
     }
     char *s = arr ? cJSON_PrintUnformatted(o) : NULL;
@@ -414,6 +456,25 @@ static int boolean(const cJSON *o, const char *name, bool *out, char *err, size_
     return 0;
 }
 
+/* Optional fields (absent from a state an older agent wrote): `dflt`. */
+static int opt_num(const cJSON *o, const char *name, double min, double max, double dflt,
+                   double *out, char *err, size_t errlen)
+{
+    if (cJSON_GetObjectItemCaseSensitive(o, name) == NULL) {
+        *out = dflt;
+        return 0;
+    }
+    return num(o, name, min, max, out, err, errlen);
+}
+
+static int opt_bool(const cJSON *o, const char *name, bool *out, char *err, size_t errlen)
+{
+    *out = false;
+    if (cJSON_GetObjectItemCaseSensitive(o, name) == NULL)
+        return 0;
+    return boolean(o, name, out, err, errlen);
+}
+
 static int decode_member(const cJSON *e, struct etcd_member *m, char *err, size_t errlen)
 {
     double s, nproc, port, rank;
@@ -425,7 +486,8 @@ static int decode_member(const cJSON *e, struct etcd_member *m, char *err, size_
         (rc = num(e, "nproc", 1, 1 << 20, &nproc, err, errlen)) ||
         (rc = str(e, "addr", ETCD_ROUND_MAX_ADDR, false, m->addr, err, errlen)) ||
         (rc = num(e, "port", 0, 65535, &port, err, errlen)) ||
-        (rc = num(e, "rank", -1, ETCD_ROUND_MAX_NODES, &rank, err, errlen)))
+        (rc = num(e, "rank", -1, ETCD_ROUND_MAX_NODES, &rank, err, errlen)) ||
+        (rc = opt_bool(e, "g", &m->gens, err, errlen)))
         return rc;
     m->state = (enum etcd_member_state)s;
     m->nproc = (int)nproc;
@@ -463,7 +525,7 @@ int etcd_round_decode(const char *json, size_t len, struct etcd_round *r, char *
         cJSON_Delete(o);
         return cddp_fail(err, errlen, CDDP_EPARSE, "rendezvous state is not a JSON object");
     }
-    double v, round, rc_, mn, mx, lc;
+    double v, round, rc_, mn, mx, lc, gen, gen_at, gen_rank;
     char phase[16];
     int rc;
     if ((rc = num(o, "v", STATE_VERSION, STATE_VERSION, &v, err, errlen)) ||
@@ -478,7 +540,13 @@ int etcd_round_decode(const char *json, size_t len, struct etcd_round *r, char *
         (rc = str(o, "node", PROTO_MAX_ID, false, r->node, err, errlen)) ||
         (rc = boolean(o, "counted", &r->counted, err, errlen)) ||
         (rc = str(o, "closed_reason", sizeof(r->closed_reason) - 1, false, r->closed_reason, err,
-                  errlen)))
+                  errlen)) ||
+        (rc = opt_num(o, "gen", 0, 9.0e15, 0, &gen, err, errlen)) ||
+        (rc = opt_num(o, "gen_at", 0, 9.0e15, 0, &gen_at, err, errlen)) ||
+        (rc = opt_num(o, "gen_rank", -1, 2147483647.0, -1, &gen_rank, err, errlen)))
+        goto fail;
+    if (cJSON_GetObjectItemCaseSensitive(o, "gen_node") != NULL &&
+        (rc = str(o, "gen_node", PROTO_MAX_ID, false, r->gen_node, err, errlen)))
         goto fail;
     r->phase = ETCD_CLOSED + 1;
     for (int i = 0; i <= ETCD_CLOSED; i++) {
@@ -494,6 +562,9 @@ int etcd_round_decode(const char *json, size_t len, struct etcd_round *r, char *
     r->min_nodes = (int)mn;
     r->max_nodes = (int)mx;
     r->last_call_at = (uint64_t)lc;
+    r->generation = (int64_t)gen;
+    r->generation_at = (uint64_t)gen_at;
+    r->gen_rank = (int)gen_rank;
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "members");
     if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) > ETCD_ROUND_MAX_NODES) {
         rc = cddp_fail(err, errlen, CDDP_EPARSE, "rendezvous state: 'members' missing or too long");
@@ -527,7 +598,8 @@ char *etcd_round_request_encode(const struct etcd_join *j)
         return NULL;
     bool ok = cJSON_AddNumberToObject(o, "nproc", j->nproc) &&
               cJSON_AddStringToObject(o, "addr", j->addr ? j->addr : "") &&
-              cJSON_AddNumberToObject(o, "port", j->port);
+              cJSON_AddNumberToObject(o, "port", j->port) &&
+              (!j->gens || cJSON_AddBoolToObject(o, "g", true));
     char *s = ok ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     return s;
@@ -550,6 +622,8 @@ int etcd_round_request_decode(const char *json, size_t len, struct etcd_request 
         rc = num(o, "port", 1, 65535, &port, err, errlen);
     if (rc == 0)
         rc = str(o, "addr", ETCD_ROUND_MAX_ADDR, true, out->addr, err, errlen);
+    if (rc == 0)
+        rc = opt_bool(o, "g", &out->gens, err, errlen);
     cJSON_Delete(o);
     if (rc) {
         memset(out, 0, sizeof(*out));

@@ -22,7 +22,11 @@
  *  - a member lost (its lease expired: the agent stopped keeping it alive)
  *    or leaving restarts the round (not counted); one that finished leaves
  *    the others undisturbed; a worker failure restarts it, counted;
- *  - closing ends the run for every node; later joins are refused.
+ *  - closing ends the run for every node; later joins are refused;
+ *  - under --restart_scope=worker a member asks to restart one of its
+ *    ranks alone (etcd_round_replace): granted, the running round goes on
+ *    in place in its next generation, as the server's `replace` does
+ *    (docs/multi-node.md, "A worker restarted alone").
  *
  * Node ranks stay where membership allows (survivors in their old rank
  * order, then newcomers by node id); rank offsets are prefix sums of nproc;
@@ -42,6 +46,9 @@
 
 #define ETCD_ROUND_MAX_NODES 100000
 #define ETCD_ROUND_MAX_ADDR 255
+/* A second replace within this long of a grant restarts the group: the
+ * server's RDZV_REPLACE_SETTLE_MS. */
+#define ETCD_ROUND_SETTLE_MS 1000
 
 enum etcd_phase { ETCD_FORMING = 0, ETCD_RUNNING, ETCD_CLOSED };
 
@@ -58,7 +65,8 @@ struct etcd_member {
     int nproc;
     char addr[ETCD_ROUND_MAX_ADDR + 1];
     int port;
-    int rank; /* in the running round; in the last one while forming; -1: none */
+    int rank;  /* in the running round; in the last one while forming; -1: none */
+    bool gens; /* its agent numbers generations: a replace may be granted */
 };
 
 struct etcd_round {
@@ -73,6 +81,14 @@ struct etcd_round {
     char node[PROTO_MAX_ID + 1];
     bool counted;
     char closed_reason[256];
+    /* The running round's generation: 0 when it started, raised by each
+     * replace granted in it (a counted restart). The last grant's time
+     * (wall ms; 0: none in this round), rank, and the member that
+     * restarts that rank. */
+    int64_t generation;
+    uint64_t generation_at;
+    int gen_rank;
+    char gen_node[PROTO_MAX_ID + 1];
     struct etcd_member *members;
     size_t nmembers, cap;
 };
@@ -99,6 +115,7 @@ struct etcd_join {
     int nproc;
     const char *addr;
     int port;
+    bool gens; /* the agent numbers generations (etcd_round_replace) */
 };
 
 /* Each returns true if r changed. */
@@ -112,6 +129,14 @@ bool etcd_round_lose(struct etcd_round *r, const struct etcd_round_conf *c, uint
 bool etcd_round_failure(struct etcd_round *r, const struct etcd_round_conf *c, uint64_t now,
                         const char *id, uint64_t round);
 bool etcd_round_close(struct etcd_round *r, const char *reason);
+/* Member id asks to restart `rank`, one of its own, alone in `round`:
+ * 0, granted (r changed: generation + 1, a counted restart), or
+ * CDDP_ESTATE with why (r unchanged): the round is not running or not
+ * `round`, id is not active in it, the rank is not id's, a member's agent
+ * cannot number generations, or a replace was granted within
+ * ETCD_ROUND_SETTLE_MS (then the group restarts). */
+int etcd_round_replace(struct etcd_round *r, uint64_t now, const char *id, uint64_t round, int rank,
+                       char *why, size_t whylen);
 /* Time passed (last call). */
 bool etcd_round_tick(struct etcd_round *r, const struct etcd_round_conf *c, uint64_t now);
 /* Drops members whose lease is gone (alive(id) false), as lose does. */
@@ -126,6 +151,7 @@ struct etcd_request {
     int nproc;
     char addr[ETCD_ROUND_MAX_ADDR + 1];
     int port;
+    bool gens;
 };
 /* j->id is not encoded (it is the key's last part). Malloc'd, or NULL. */
 char *etcd_round_request_encode(const struct etcd_join *j);

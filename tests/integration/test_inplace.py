@@ -23,6 +23,9 @@ RANK and LOCAL_RANK), announces the new generation on its store
     announced by node 0; a hung rank alone on its node is named by the other
     node's ranks and passed on to its agent (`blame`); both end on the
     no-fault checksum with the others' processes kept;
+  - the same over the etcd-v3 rendezvous (a real etcd member): the grant
+    through the run's state key, the blame through news/blame/; two
+    failures at once on two nodes: one restarted alone, then the group;
   - an unmodified PyTorch script, whose ranks die when one dies, falls back
     to a whole-group restart and still finishes;
   - a bad value is one line and exit 2.
@@ -36,6 +39,7 @@ import time
 import pytest
 
 from conftest import TORCH_PY, agent_status as status, binary, free_port, run
+from test_etcd import ETCD, etcd  # noqa: F401 (the fixture)
 
 TINY = ["--arch", "resnet18", "--data", "synthetic", "--image-size", "32", "--num-classes",
         "10", "--epochs", "4", "--log-every", "1", "--num-samples", "32", "--batch-size", "4"]
@@ -365,26 +369,122 @@ def test_two_nodes_one_worker_restarted_alone(background, reference):
     survivors_kept(err, {3})
 
 
-@pytest.mark.heavy
-def test_two_nodes_hung_rank_named_by_the_other_node(background, reference):
-    """Node 0 runs ranks 0-2, node 1 rank 3 alone; rank 3 hangs before
-    step 2's first collective. Only node 0's ranks can name it (their
-    collectives time out): node 0's agent passes the blame on through the
-    rendezvous (`blame`), node 1's agent kills rank 3 and asks to restart
-    it alone (`replace`), and the four re-form: the no-fault checksum,
-    ranks 0-2 in their first processes."""
-    rport = free_port()
+@pytest.mark.skipif(not os.access(ETCD, os.X_OK),
+                    reason="etcd is not installed (tools/setup.sh installs etcd-server)")
+def test_two_nodes_over_etcd_one_worker_restarted_alone(background, reference, etcd):
+    """The same over the etcd-v3 rendezvous (a real etcd member): no server
+    to ask, so node 1's agent applies its replace to the run's state key
+    like any other change (a transaction compared on its revision); the
+    state's next generation reaches node 0 through its watch, node 0
+    announces it on its agent store, and rank 3 restarts alone: the
+    no-fault checksum, ranks 0-2 in their first processes, one counted
+    restart on both nodes (docs/etcd.md, "A worker restarted alone")."""
+    e = etcd(1)
+    sports = [free_port(), free_port()]
+    agents = []
+    for i in range(2):
+        agents.append(background(
+            [binary("cddprun"), "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=etcd-v3",
+             f"--rdzv_endpoint={e.endpoints}", "--rdzv_id=inplace-etcd",
+             "--rdzv_conf=keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1",
+             "--max_restarts=1", "--restart_scope=worker", f"--status_port={sports[i]}",
+             "--status_linger=60", binary("cddp-train"), *TINY,
+             "--fault", "crash@step=2,rank=3"], env=env()))
+    ends = [succeeded(a, p) for a, p in zip(agents, sports)]
+    by_ranks = {tuple(w["rank"] for w in st["workers"]): (st, err) for st, err in ends}
+    assert sorted(by_ranks) == [(0, 1), (2, 3)], [st["workers"] for st, _ in ends]
+    (st0, err0), (st1, err1) = by_ranks[(0, 1)], by_ranks[(2, 3)]
+    assert [w["restarts"] for w in st0["workers"]] == [0, 0]
+    assert [w["restarts"] for w in st1["workers"]] == [0, 1]
+    assert st1["restarts"]["by_scope"] == {"worker": 1, "group": 0}
+    assert st0["restarts"]["by_scope"] == {"worker": 0, "group": 0}
+    assert st0["restarts"]["generation"] == st1["restarts"]["generation"] == 1
+    assert st0["restarts"]["count"] == st1["restarts"]["count"] == 1, (st0["restarts"],
+                                                                       st1["restarts"])
+    assert "A0234" in err1 and err1.count("A0220") == 1, err1[-5000:]
+    assert re.search(r"A0236: .*generation 1, rank 3 restarted alone by node", err0), err0[-5000:]
+    for err in (err0, err1):
+        assert err.count("A0207") == 1 and "A0401" not in err and "A0235" not in err, \
+            err[-5000:]
+    err = err0 + err1
+    assert len(re.findall(r"T6212: generation 1: state from rank 0, checksum \w+; running step 2",
+                          err)) == 4, err[-5000:]
+    assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
+    survivors_kept(err, {3})
+
+
+@pytest.mark.skipif(not os.access(ETCD, os.X_OK),
+                    reason="etcd is not installed (tools/setup.sh installs etcd-server)")
+def test_two_nodes_over_etcd_second_failure_restarts_the_group(background, reference, etcd):
+    """Ranks 1 and 3, one on each node, SIGKILLed together over etcd-v3.
+    The first agent to ask restarts its rank alone; the second either asks
+    too, its transaction conflicts, is applied again to the new state and
+    refused inside the settle window (A0235), or it has already heard of
+    the first one's generation and restarts its group without asking (its
+    own settle window: a slower machine, ASan). Either way that node
+    restarts the group, and the run still succeeds on the no-fault
+    checksum (the group starts again from step 0; the slowdown that kept
+    the run alive long enough is in restart 0 only)."""
+    e = etcd(1)
+    sports = [free_port(), free_port()]
+    agents = []
+    for i in range(2):
+        agents.append(background(
+            [binary("cddprun"), "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=etcd-v3",
+             f"--rdzv_endpoint={e.endpoints}", "--rdzv_id=inplace-etcd2",
+             "--rdzv_conf=keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1",
+             "--max_restarts=2", "--restart_scope=worker", f"--status_port={sports[i]}",
+             "--status_linger=60", binary("cddp-train"), *TINY,
+             "--fault", "slow@step=0,ms=400,for=8"], env=env()))
+    sts = [wait_status(p, lambda s: s["state"] == "running" and all(
+        (w.get("progress") or {}).get("step", 0) >= 1 for w in s["workers"]), timeout=120)
+        for p in sports]
+    victims = [w["pid"] for st in sts for w in st["workers"] if w["rank"] in (1, 3)]
+    assert len(victims) == 2, [st["workers"] for st in sts]
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    ends = [succeeded(a, p) for a, p in zip(agents, sports)]
+    err = "".join(err for _, err in ends)
+    # the first asked and was granted; the second was refused, or did not ask
+    assert 1 <= err.count("A0234") <= 2 and err.count("A0220") == 1, err[-6000:]
+    assert err.count("A0235") == err.count("A0234") - 1, err[-6000:]
+    if "A0235" in err:
+        assert re.search(r"A0235: .*refused to restart the worker alone: generation 1 was "
+                         r"granted \d+ ms ago", err), err[-6000:]
+    fell_back = [st["restarts"] for st, e_ in ends if "A0220" not in e_]
+    granted = [st["restarts"] for st, e_ in ends if "A0220" in e_]
+    assert len(fell_back) == len(granted) == 1, err[-6000:]
+    # the node that fell back restarted its group for its own failure; the
+    # granted one had restarted its rank alone, then followed the new
+    # round; both count the job's two restarts (the grant and the group's)
+    assert fell_back[0]["by_scope"] == {"worker": 0, "group": 1}, fell_back
+    assert granted[0]["by_scope"] == {"worker": 1, "group": 0}, granted
+    assert granted[0]["by_reason"]["membership_change"] == 1, granted
+    for st, e_ in ends:
+        assert st["restarts"]["count"] == 2 and st["restarts"]["generation"] == 0, st["restarts"]
+        assert e_.count("A0207") == 2, e_[-5000:]
+    assert checksums(err) == reference and err.count("T6202") == 4, err[-5000:]
+
+
+@pytest.mark.skipif(not os.access(ETCD, os.X_OK),
+                    reason="etcd is not installed (tools/setup.sh installs etcd-server)")
+def test_two_nodes_over_etcd_hung_rank_named_by_the_other_node(background, reference, etcd):
+    """The hung rank alone on its node, over etcd-v3: node 0's agent passes
+    the blame on as a key under news/blame/ that node 1's agent sees on its
+    watch; node 1 kills rank 3 and replaces it through the state key, and
+    the four re-form without waiting for --init-timeout: the no-fault
+    checksum, ranks 0-2 in their first processes."""
+    e = etcd(1)
     sports = [free_port(), free_port()]
     agents = []
     for i, nproc in enumerate((3, 1)):
         agents.append(background(
             [binary("cddprun"), "--nnodes=2", f"--nproc_per_node={nproc}",
-             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{rport}", "--rdzv_id=blame2",
-             f"--rdzv_conf=is_host={1 - i}", "--max_restarts=1", "--restart_scope=worker",
-             f"--status_port={sports[i]}", "--status_linger=60", binary("cddp-train"), *TINY,
+             "--rdzv_backend=etcd-v3", f"--rdzv_endpoint={e.endpoints}", "--rdzv_id=blame-etcd",
+             "--rdzv_conf=keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1",
+             "--max_restarts=1", "--restart_scope=worker", f"--status_port={sports[i]}",
+             "--status_linger=60", binary("cddp-train"), *TINY, "--init-timeout", "60",
              "--collective-timeout", "3", "--fault", "hang@step=2,rank=3"], env=env()))
-        if i == 0:
-            wait_status(sports[0], lambda s: s["state"] in ("rendezvous", "running"), timeout=30)
     ends = [succeeded(a, p) for a, p in zip(agents, sports)]
     by_ranks = {tuple(w["rank"] for w in st["workers"]): (st, err) for st, err in ends}
     assert sorted(by_ranks) == [(0, 1, 2), (3,)], [st["workers"] for st, _ in ends]
@@ -392,10 +492,9 @@ def test_two_nodes_hung_rank_named_by_the_other_node(background, reference):
     assert [w["restarts"] for w in st1["workers"]] == [1]
     assert st0["restarts"]["by_scope"] == {"worker": 0, "group": 0}
     assert st1["restarts"]["by_scope"] == {"worker": 1, "group": 0}
-    # node 0 passed the blame on once; node 1 killed rank 3 for it
     assert err0.count("passed on to its node's agent through the rendezvous") == 1, err0[-5000:]
-    assert re.search(r"A0224: .*local_rank 0 \(rank 3, pid \d+\) never reached a collective that "
-                     r"a rank on node \S+ waited for \(generation 0\)", err1), err1[-5000:]
+    assert re.search(r"A0224: .*local_rank 0 \(rank 3, pid \d+\) never reached a collective "
+                     r"that a rank on node \S+ waited for \(generation 0\)", err1), err1[-5000:]
     assert "A0234" in err1 and err1.count("A0220") == 1, err1[-5000:]
     err = err0 + err1
     assert "exit 75" not in err and err.count("A0207") == 2, err[-5000:]

@@ -232,6 +232,107 @@ static void test_round_failure_leave_close(void **state)
     etcd_round_free(&r);
 }
 
+static void join_gens(struct etcd_round *r, uint64_t now, const char *id, int nproc, bool gens)
+{
+    struct etcd_join j = {
+        .id = id, .nproc = nproc, .addr = id, .port = 1000 + (int)strlen(id), .gens = gens};
+    etcd_round_join(r, &CONF, now, &j);
+}
+
+/* --restart_scope=worker: a member restarts one of its ranks alone; the
+ * round goes on in place in its next generation, as the server's
+ * `replace` decides (rendezvous/state.c). */
+static void test_round_replace(void **state)
+{
+    (void)state;
+    struct etcd_round r;
+    char why[256];
+    etcd_round_init(&r, 2, 2);
+    join_gens(&r, 0, "a", 2, true);
+    /* not running yet */
+    assert_int_equal(etcd_round_replace(&r, 1, "a", 1, 0, why, sizeof(why)), CDDP_ESTATE);
+    assert_non_null(strstr(why, "not the one running"));
+    join_gens(&r, 0, "b", 2, true);
+    roundtrip(&r);
+    assert_int_equal(r.phase, ETCD_RUNNING);
+    assert_int_equal(r.generation, 0);
+    assert_int_equal(r.gen_rank, -1);
+    assert_true(r.members[0].gens && r.members[1].gens);
+    /* b holds ranks 2..3 */
+    assert_int_equal(etcd_round_replace(&r, 10, "b", 7, 3, why, sizeof(why)), CDDP_ESTATE);
+    assert_int_equal(etcd_round_replace(&r, 10, "zz", 1, 3, why, sizeof(why)), CDDP_ESTATE);
+    assert_non_null(strstr(why, "not a member"));
+    assert_int_equal(etcd_round_replace(&r, 10, "b", 1, 1, why, sizeof(why)), CDDP_ESTATE);
+    assert_string_equal(why, "rank 1 is not one of this node's (2..3)");
+    assert_int_equal(r.generation, 0);
+    assert_int_equal(r.restart_count, 0);
+    /* granted: the next generation, one of the job's counted restarts,
+     * the round and its members as they were */
+    assert_int_equal(etcd_round_replace(&r, 10, "b", 1, 3, why, sizeof(why)), 0);
+    roundtrip(&r);
+    assert_int_equal(r.round, 1);
+    assert_int_equal(r.phase, ETCD_RUNNING);
+    assert_int_equal(r.generation, 1);
+    assert_int_equal(r.generation_at, 10);
+    assert_int_equal(r.gen_rank, 3);
+    assert_string_equal(r.gen_node, "b");
+    assert_int_equal(r.restart_count, 1);
+    assert_int_equal(rank_of(&r, "b"), 1);
+    struct proto_round pr;
+    assert_int_equal(etcd_round_place(&r, "job", "a", &pr), 0);
+    assert_int_equal(pr.restart_count, 1);
+    /* a second failure within the settle window: refused (the group
+     * restarts); after it, granted */
+    assert_int_equal(
+        etcd_round_replace(&r, 10 + ETCD_ROUND_SETTLE_MS - 1, "a", 1, 0, why, sizeof(why)),
+        CDDP_ESTATE);
+    assert_non_null(strstr(why, "generation 1 was granted 999 ms ago"));
+    assert_int_equal(etcd_round_replace(&r, 10 + ETCD_ROUND_SETTLE_MS, "a", 1, 0, why, sizeof(why)),
+                     0);
+    assert_int_equal(r.generation, 2);
+    assert_int_equal(r.gen_rank, 0);
+    assert_int_equal(r.restart_count, 2);
+    /* a new round starts at generation 0 */
+    assert_true(etcd_round_failure(&r, &CONF, 5000, "a", 1));
+    join_gens(&r, 5001, "a", 2, true);
+    join_gens(&r, 5001, "b", 2, true);
+    roundtrip(&r);
+    assert_int_equal(r.round, 2);
+    assert_int_equal(r.phase, ETCD_RUNNING);
+    assert_int_equal(r.generation, 0);
+    assert_int_equal(r.generation_at, 0);
+    assert_int_equal(r.gen_rank, -1);
+    assert_int_equal(r.restart_count, 3);
+    /* a member whose agent cannot number generations (an older one) */
+    etcd_round_free(&r);
+    etcd_round_init(&r, 2, 2);
+    join_gens(&r, 0, "a", 1, true);
+    join_gens(&r, 0, "old", 1, false);
+    roundtrip(&r);
+    assert_int_equal(etcd_round_replace(&r, 10, "a", 1, 0, why, sizeof(why)), CDDP_ESTATE);
+    assert_string_equal(why, "node old's agent is older and cannot number generations");
+    etcd_round_free(&r);
+    /* a state an older agent wrote (no generation fields) reads as
+     * generation 0, no grant */
+    const char *old = "{\"v\":1,\"round\":4,\"phase\":\"running\",\"restart_count\":2,\"min\":1,"
+                      "\"max\":1,\"last_call_at\":0,\"fast\":false,\"reason\":\"\",\"node\":\"\","
+                      "\"counted\":false,\"closed_reason\":\"\",\"members\":[{\"id\":\"a\","
+                      "\"s\":2,\"nproc\":1,\"addr\":\"h\",\"port\":1,\"rank\":0}]}";
+    assert_int_equal(etcd_round_decode(old, strlen(old), &r, why, sizeof(why)), 0);
+    assert_int_equal(r.generation, 0);
+    assert_int_equal(r.generation_at, 0);
+    assert_int_equal(r.gen_rank, -1);
+    assert_string_equal(r.gen_node, "");
+    assert_false(r.members[0].gens);
+    etcd_round_free(&r);
+    /* and bad generation fields are refused */
+    const char *bad = "{\"v\":1,\"round\":4,\"phase\":\"running\",\"restart_count\":2,\"min\":1,"
+                      "\"max\":1,\"last_call_at\":0,\"fast\":false,\"reason\":\"\",\"node\":\"\","
+                      "\"counted\":false,\"closed_reason\":\"\",\"gen\":-1,\"members\":[]}";
+    assert_int_equal(etcd_round_decode(bad, strlen(bad), &r, why, sizeof(why)), CDDP_EPARSE);
+    assert_non_null(strstr(why, "'gen'"));
+}
+
 static void test_round_decode_refuses(void **state)
 {
     (void)state;
@@ -284,6 +385,13 @@ static void test_join_request(void **state)
     assert_int_equal(q.nproc, 8);
     assert_int_equal(q.port, 29500);
     assert_string_equal(q.addr, "h1.example");
+    assert_false(q.gens);
+    j.gens = true;
+    s = etcd_round_request_encode(&j);
+    assert_non_null(s);
+    assert_int_equal(etcd_round_request_decode(s, strlen(s), &q, err, sizeof(err)), 0);
+    free(s);
+    assert_true(q.gens);
     const char *bad[] = {"",
                          "[]",
                          "{\"nproc\":8,\"addr\":\"h\"}",
@@ -291,6 +399,7 @@ static void test_join_request(void **state)
                          "{\"nproc\":1,\"addr\":\"\",\"port\":1}",
                          "{\"nproc\":1,\"addr\":\"h\",\"port\":70000}",
                          "{\"nproc\":1.5,\"addr\":\"h\",\"port\":1}",
+                         "{\"nproc\":1,\"addr\":\"h\",\"port\":1,\"g\":1}",
                          "{\"nproc\":"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         err[0] = '\0';
@@ -337,6 +446,7 @@ int main(void)
         cmocka_unit_test(test_round_prune),
         cmocka_unit_test(test_round_scale_and_wait),
         cmocka_unit_test(test_round_failure_leave_close),
+        cmocka_unit_test(test_round_replace),
         cmocka_unit_test(test_round_decode_refuses),
         cmocka_unit_test(test_join_request),
         cmocka_unit_test(test_round_fold),
