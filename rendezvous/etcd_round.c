@@ -416,7 +416,7 @@ char *etcd_round_encode(const struct etcd_round *r)
             !cJSON_AddStringToObject(e, "addr", m->addr) ||
             !cJSON_AddNumberToObject(e, "port", m->port) ||
             !cJSON_AddNumberToObject(e, "rank", m->rank) ||
-            (m->gens && !cJSON_AddBoolToObject(e, "g", true)))
+            (!m->gens && !cJSON_AddBoolToObject(e, "o", true)))
             arr = NULL;
     }
     char *s = arr ? cJSON_PrintUnformatted(o) : NULL;
@@ -469,15 +469,17 @@ static int opt_num(const cJSON *o, const char *name, double min, double max, dou
 
 static int opt_bool(const cJSON *o, const char *name, bool *out, char *err, size_t errlen)
 {
-    *out = false;
-    if (cJSON_GetObjectItemCaseSensitive(o, name) == NULL)
-        return 0;
-    return boolean(o, name, out, err, errlen);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    *out = cJSON_IsTrue(v);
+    if (v != NULL && !cJSON_IsBool(v))
+        return cddp_fail(err, errlen, CDDP_EPARSE, "rendezvous state: '%s' is not a boolean", name);
+    return 0;
 }
 
 static int decode_member(const cJSON *e, struct etcd_member *m, char *err, size_t errlen)
 {
     double s, nproc, port, rank;
+    bool old;
     if (!cJSON_IsObject(e))
         return cddp_fail(err, errlen, CDDP_EPARSE, "rendezvous state: a member is not an object");
     int rc;
@@ -487,8 +489,9 @@ static int decode_member(const cJSON *e, struct etcd_member *m, char *err, size_
         (rc = str(e, "addr", ETCD_ROUND_MAX_ADDR, false, m->addr, err, errlen)) ||
         (rc = num(e, "port", 0, 65535, &port, err, errlen)) ||
         (rc = num(e, "rank", -1, ETCD_ROUND_MAX_NODES, &rank, err, errlen)) ||
-        (rc = opt_bool(e, "g", &m->gens, err, errlen)))
+        (rc = opt_bool(e, "o", &old, err, errlen)))
         return rc;
+    m->gens = !old;
     m->state = (enum etcd_member_state)s;
     m->nproc = (int)nproc;
     m->port = (int)port;

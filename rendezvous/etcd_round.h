@@ -65,8 +65,12 @@ struct etcd_member {
     int nproc;
     char addr[ETCD_ROUND_MAX_ADDR + 1];
     int port;
-    int rank;  /* in the running round; in the last one while forming; -1: none */
-    bool gens; /* its agent numbers generations: a replace may be granted */
+    int rank; /* in the running round; in the last one while forming; -1: none */
+    /* Its agent numbers generations (a replace may be granted); its join
+     * request said so. Written "o": true when it does not, so that the
+     * usual state costs nothing more per member; a state an older agent
+     * wrote reads as every member able to (docs/etcd.md). */
+    bool gens;
 };
 
 struct etcd_round {
