@@ -322,29 +322,51 @@ def test_cddp_train_replacement_dies_while_taking_the_state(background, tmp_path
     assert "replaced in place (restart scope worker, rank 2, generation 1)" in err, err[-3000:]
 
 
-def test_two_nodes_one_worker_restarted_alone(background, reference):
-    """Two agents on loopback (--nnodes=2, 2 workers each, c10d with the
-    rendezvous hosted in the first). Rank 3, node 1's second worker,
-    crashes at step 2. Its agent asks the rendezvous for the group's next
-    generation (`replace`); the server grants generation 1 to both nodes,
-    node 0 announces it on its agent store, node 1 restarts rank 3 alone,
-    and every rank re-forms with rank 0's state: the same checksum as the
-    no-fault run, ranks 0, 1 and 2 in their first processes, no group
-    restart on either node (docs/multi-node.md, "A worker restarted
-    alone"). Not heavy: the agents' and the server's side of it under
-    ASan too."""
-    rport = free_port()
+NO_ETCD = pytest.mark.skipif(not os.access(ETCD, os.X_OK),
+                             reason="etcd is not installed (tools/setup.sh installs etcd-server)")
+ETCD_FAST = "--rdzv_conf=keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1"
+
+
+def two_agents(background, request, backend, run_id, nprocs, args, max_restarts=1):
+    """Two agents on loopback (--nnodes=2, nprocs[i] workers on node i),
+    --restart_scope=worker, each with a status port: over c10d with the
+    rendezvous hosted in the first, or over etcd-v3 with a real etcd member
+    (the etcd fixture). Returns the agents and their status ports."""
     sports = [free_port(), free_port()]
+    if backend == "c10d":
+        rport = free_port()
+        rdzv = [[f"--rdzv_endpoint=127.0.0.1:{rport}", f"--rdzv_conf=is_host={1 - i}"]
+                for i in range(2)]
+    else:
+        e = request.getfixturevalue("etcd")(1)
+        rdzv = [[f"--rdzv_endpoint={e.endpoints}", ETCD_FAST]] * 2
     agents = []
     for i in range(2):
         agents.append(background(
-            [binary("cddprun"), "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
-             f"--rdzv_endpoint=127.0.0.1:{rport}", "--rdzv_id=inplace2",
-             f"--rdzv_conf=is_host={1 - i}", "--max_restarts=1", "--restart_scope=worker",
-             f"--status_port={sports[i]}", "--status_linger=60", binary("cddp-train"), *TINY,
-             "--fault", "crash@step=2,rank=3"], env=env()))
-        if i == 0:
+            [binary("cddprun"), "--nnodes=2", f"--nproc_per_node={nprocs[i]}",
+             f"--rdzv_backend={backend}", f"--rdzv_id={run_id}", *rdzv[i],
+             f"--max_restarts={max_restarts}",
+             "--restart_scope=worker", f"--status_port={sports[i]}", "--status_linger=60",
+             binary("cddp-train"), *TINY, *args], env=env()))
+        if i == 0 and backend == "c10d":  # (the host binds first)
             wait_status(sports[0], lambda s: s["state"] in ("rendezvous", "running"), timeout=30)
+    return agents, sports
+
+
+@pytest.mark.parametrize("backend", ["c10d", pytest.param("etcd-v3", marks=NO_ETCD)])
+def test_two_nodes_one_worker_restarted_alone(background, reference, request, backend):
+    """Rank 3, node 1's second worker, crashes at step 2. Its agent asks
+    the rendezvous for the group's next generation (`replace`): the c10d
+    server grants it; over etcd-v3 the agent applies it to the run's state
+    key (a transaction compared on its revision) and the others' watches
+    bring it. Node 0 announces generation 1 on its agent store, node 1
+    restarts rank 3 alone, and every rank re-forms with rank 0's state: the
+    same checksum as the no-fault run, ranks 0, 1 and 2 in their first
+    processes, no group restart on either node, one counted restart on both
+    (docs/multi-node.md, "A worker restarted alone"; docs/etcd.md). Not
+    heavy: the agents' and the rendezvous' side of it under ASan too."""
+    agents, sports = two_agents(background, request, backend, "inplace2", (2, 2),
+                                ["--fault", "crash@step=2,rank=3"])
     ends = [succeeded(a, p) for a, p in zip(agents, sports)]
     by_ranks = {tuple(w["rank"] for w in st["workers"]): (st, err) for st, err in ends}
     assert sorted(by_ranks) == [(0, 1), (2, 3)], [st["workers"] for st, _ in ends]
@@ -361,49 +383,6 @@ def test_two_nodes_one_worker_restarted_alone(background, reference):
     assert "A0234" in err1 and err1.count("A0220") == 1, err1[-5000:]
     assert re.search(r"A0236: .*generation 1, rank 3 restarted alone by node", err0), err0[-5000:]
     for err in (err0, err1):
-        assert err.count("A0207") == 1 and "A0401" not in err, err[-5000:]
-    err = err0 + err1
-    assert len(re.findall(r"T6212: generation 1: state from rank 0, checksum \w+; running step 2",
-                          err)) == 4, err[-5000:]
-    assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
-    survivors_kept(err, {3})
-
-
-@pytest.mark.skipif(not os.access(ETCD, os.X_OK),
-                    reason="etcd is not installed (tools/setup.sh installs etcd-server)")
-def test_two_nodes_over_etcd_one_worker_restarted_alone(background, reference, etcd):
-    """The same over the etcd-v3 rendezvous (a real etcd member): no server
-    to ask, so node 1's agent applies its replace to the run's state key
-    like any other change (a transaction compared on its revision); the
-    state's next generation reaches node 0 through its watch, node 0
-    announces it on its agent store, and rank 3 restarts alone: the
-    no-fault checksum, ranks 0-2 in their first processes, one counted
-    restart on both nodes (docs/etcd.md, "A worker restarted alone")."""
-    e = etcd(1)
-    sports = [free_port(), free_port()]
-    agents = []
-    for i in range(2):
-        agents.append(background(
-            [binary("cddprun"), "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=etcd-v3",
-             f"--rdzv_endpoint={e.endpoints}", "--rdzv_id=inplace-etcd",
-             "--rdzv_conf=keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1",
-             "--max_restarts=1", "--restart_scope=worker", f"--status_port={sports[i]}",
-             "--status_linger=60", binary("cddp-train"), *TINY,
-             "--fault", "crash@step=2,rank=3"], env=env()))
-    ends = [succeeded(a, p) for a, p in zip(agents, sports)]
-    by_ranks = {tuple(w["rank"] for w in st["workers"]): (st, err) for st, err in ends}
-    assert sorted(by_ranks) == [(0, 1), (2, 3)], [st["workers"] for st, _ in ends]
-    (st0, err0), (st1, err1) = by_ranks[(0, 1)], by_ranks[(2, 3)]
-    assert [w["restarts"] for w in st0["workers"]] == [0, 0]
-    assert [w["restarts"] for w in st1["workers"]] == [0, 1]
-    assert st1["restarts"]["by_scope"] == {"worker": 1, "group": 0}
-    assert st0["restarts"]["by_scope"] == {"worker": 0, "group": 0}
-    assert st0["restarts"]["generation"] == st1["restarts"]["generation"] == 1
-    assert st0["restarts"]["count"] == st1["restarts"]["count"] == 1, (st0["restarts"],
-                                                                       st1["restarts"])
-    assert "A0234" in err1 and err1.count("A0220") == 1, err1[-5000:]
-    assert re.search(r"A0236: .*generation 1, rank 3 restarted alone by node", err0), err0[-5000:]
-    for err in (err0, err1):
         assert err.count("A0207") == 1 and "A0401" not in err and "A0235" not in err, \
             err[-5000:]
     err = err0 + err1
@@ -413,9 +392,40 @@ def test_two_nodes_over_etcd_one_worker_restarted_alone(background, reference, e
     survivors_kept(err, {3})
 
 
-@pytest.mark.skipif(not os.access(ETCD, os.X_OK),
-                    reason="etcd is not installed (tools/setup.sh installs etcd-server)")
-def test_two_nodes_over_etcd_second_failure_restarts_the_group(background, reference, etcd):
+@pytest.mark.parametrize("backend", [pytest.param("c10d", marks=pytest.mark.heavy),
+                                     pytest.param("etcd-v3", marks=NO_ETCD)])
+def test_two_nodes_hung_rank_named_by_the_other_node(background, reference, request, backend):
+    """Node 0 runs ranks 0-2, node 1 rank 3 alone; rank 3 hangs before
+    step 2's first collective. Only node 0's ranks can name it (their
+    collectives time out): node 0's agent passes the blame on through the
+    rendezvous (c10d: `blame`; etcd-v3: a key under news/blame/ that node
+    1's agent sees on its watch), node 1's agent kills rank 3 and asks to
+    restart it alone (`replace`), and the four re-form well before
+    --init-timeout: the no-fault checksum, ranks 0-2 in their first
+    processes. Heavy over c10d; over etcd-v3 it also runs under ASan."""
+    agents, sports = two_agents(background, request, backend, "blame2", (3, 1),
+                                ["--init-timeout", "60", "--collective-timeout", "3",
+                                 "--fault", "hang@step=2,rank=3"])
+    ends = [succeeded(a, p) for a, p in zip(agents, sports)]
+    by_ranks = {tuple(w["rank"] for w in st["workers"]): (st, err) for st, err in ends}
+    assert sorted(by_ranks) == [(0, 1, 2), (3,)], [st["workers"] for st, _ in ends]
+    (st0, err0), (st1, err1) = by_ranks[(0, 1, 2)], by_ranks[(3,)]
+    assert [w["restarts"] for w in st1["workers"]] == [1]
+    assert st0["restarts"]["by_scope"] == {"worker": 0, "group": 0}
+    assert st1["restarts"]["by_scope"] == {"worker": 1, "group": 0}
+    # node 0 passed the blame on once; node 1 killed rank 3 for it
+    assert err0.count("passed on to its node's agent through the rendezvous") == 1, err0[-5000:]
+    assert re.search(r"A0224: .*local_rank 0 \(rank 3, pid \d+\) never reached a collective "
+                     r"that a rank on node \S+ waited for \(generation 0\)", err1), err1[-5000:]
+    assert "A0234" in err1 and err1.count("A0220") == 1, err1[-5000:]
+    err = err0 + err1
+    assert "exit 75" not in err and err.count("A0207") == 2, err[-5000:]
+    assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
+    survivors_kept(err, {3})
+
+
+@NO_ETCD
+def test_two_nodes_over_etcd_second_failure_restarts_the_group(background, reference, request):
     """Ranks 1 and 3, one on each node, SIGKILLed together over etcd-v3.
     The first agent to ask restarts its rank alone; the second either asks
     too, its transaction conflicts, is applied again to the new state and
@@ -425,17 +435,8 @@ def test_two_nodes_over_etcd_second_failure_restarts_the_group(background, refer
     restarts the group, and the run still succeeds on the no-fault
     checksum (the group starts again from step 0; the slowdown that kept
     the run alive long enough is in restart 0 only)."""
-    e = etcd(1)
-    sports = [free_port(), free_port()]
-    agents = []
-    for i in range(2):
-        agents.append(background(
-            [binary("cddprun"), "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=etcd-v3",
-             f"--rdzv_endpoint={e.endpoints}", "--rdzv_id=inplace-etcd2",
-             "--rdzv_conf=keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1",
-             "--max_restarts=2", "--restart_scope=worker", f"--status_port={sports[i]}",
-             "--status_linger=60", binary("cddp-train"), *TINY,
-             "--fault", "slow@step=0,ms=400,for=8"], env=env()))
+    agents, sports = two_agents(background, request, "etcd-v3", "inplace-etcd2", (2, 2),
+                                ["--fault", "slow@step=0,ms=400,for=8"], max_restarts=2)
     sts = [wait_status(p, lambda s: s["state"] == "running" and all(
         (w.get("progress") or {}).get("step", 0) >= 1 for w in s["workers"]), timeout=120)
         for p in sports]
@@ -464,42 +465,6 @@ def test_two_nodes_over_etcd_second_failure_restarts_the_group(background, refer
         assert st["restarts"]["count"] == 2 and st["restarts"]["generation"] == 0, st["restarts"]
         assert e_.count("A0207") == 2, e_[-5000:]
     assert checksums(err) == reference and err.count("T6202") == 4, err[-5000:]
-
-
-@pytest.mark.skipif(not os.access(ETCD, os.X_OK),
-                    reason="etcd is not installed (tools/setup.sh installs etcd-server)")
-def test_two_nodes_over_etcd_hung_rank_named_by_the_other_node(background, reference, etcd):
-    """The hung rank alone on its node, over etcd-v3: node 0's agent passes
-    the blame on as a key under news/blame/ that node 1's agent sees on its
-    watch; node 1 kills rank 3 and replaces it through the state key, and
-    the four re-form without waiting for --init-timeout: the no-fault
-    checksum, ranks 0-2 in their first processes."""
-    e = etcd(1)
-    sports = [free_port(), free_port()]
-    agents = []
-    for i, nproc in enumerate((3, 1)):
-        agents.append(background(
-            [binary("cddprun"), "--nnodes=2", f"--nproc_per_node={nproc}",
-             "--rdzv_backend=etcd-v3", f"--rdzv_endpoint={e.endpoints}", "--rdzv_id=blame-etcd",
-             "--rdzv_conf=keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1",
-             "--max_restarts=1", "--restart_scope=worker", f"--status_port={sports[i]}",
-             "--status_linger=60", binary("cddp-train"), *TINY, "--init-timeout", "60",
-             "--collective-timeout", "3", "--fault", "hang@step=2,rank=3"], env=env()))
-    ends = [succeeded(a, p) for a, p in zip(agents, sports)]
-    by_ranks = {tuple(w["rank"] for w in st["workers"]): (st, err) for st, err in ends}
-    assert sorted(by_ranks) == [(0, 1, 2), (3,)], [st["workers"] for st, _ in ends]
-    (st0, err0), (st1, err1) = by_ranks[(0, 1, 2)], by_ranks[(3,)]
-    assert [w["restarts"] for w in st1["workers"]] == [1]
-    assert st0["restarts"]["by_scope"] == {"worker": 0, "group": 0}
-    assert st1["restarts"]["by_scope"] == {"worker": 1, "group": 0}
-    assert err0.count("passed on to its node's agent through the rendezvous") == 1, err0[-5000:]
-    assert re.search(r"A0224: .*local_rank 0 \(rank 3, pid \d+\) never reached a collective "
-                     r"that a rank on node \S+ waited for \(generation 0\)", err1), err1[-5000:]
-    assert "A0234" in err1 and err1.count("A0220") == 1, err1[-5000:]
-    err = err0 + err1
-    assert "exit 75" not in err and err.count("A0207") == 2, err[-5000:]
-    assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
-    survivors_kept(err, {3})
 
 
 # Every rank runs allreduces; rank 1 dies in the first attempt, and with it
