@@ -291,17 +291,21 @@ void ed_state_changed(struct ed *e)
         return;
     }
     if (e->calls.join_cb == NULL && e->round && st->round == e->round &&
-        st->phase == ETCD_RUNNING && st->generation > e->gen_seen) {
+        st->phase == ETCD_RUNNING && st->generation != e->gen_seen) {
         /* A replace granted, this node's or another's: the round goes on
-         * in place (docs/multi-node.md, "A worker restarted alone"). */
+         * in place (docs/multi-node.md, "A worker restarted alone"). Any
+         * change is news: an older agent that rewrote the state has set it
+         * back to 0 (docs/etcd.md), and the next grant is 1 again. */
         e->gen_seen = st->generation;
-        char replaced[16];
-        snprintf(replaced, sizeof(replaced), "%d", st->gen_rank);
-        if (e->base.on_generation)
-            e->base.on_generation(&e->base, st->generation, replaced, st->gen_node, NULL,
-                                  st->restart_count);
-        if (e->calls.closing || e->st.round != e->round)
-            return; /* (the agent moved on meanwhile) */
+        if (st->generation > 0) {
+            char replaced[16];
+            snprintf(replaced, sizeof(replaced), "%d", st->gen_rank);
+            if (e->base.on_generation)
+                e->base.on_generation(&e->base, st->generation, replaced, st->gen_node, NULL,
+                                      st->restart_count);
+            if (e->calls.closing || e->st.round != e->round)
+                return; /* (the agent moved on meanwhile) */
+        }
     }
     if (e->calls.barrier_cb)
         check_barrier(e);
