@@ -340,6 +340,13 @@ static void on_watch_end(struct etcd_watch *w, int status, const char *why, void
     uv_timer_start(&e->retry_timer, watch_retry, RETRY_MS, 0);
 }
 
+/* A round is handed to the agent, no join is outstanding, and the backend
+ * is not closing: what replace and blame, sent or received, are about. */
+static bool in_round(const struct ed *e)
+{
+    return !e->calls.closing && e->round != 0 && e->calls.join_cb == NULL;
+}
+
 /* news/blame/<round>/<rank> = "<generation> <node>" (ed_blame): another
  * node's ranks name one of this node's as never reaching a collective.
  * Whatever does not parse, or is not about this node's round and ranks,
@@ -368,7 +375,7 @@ static void took_blame(struct ed *e, const char *rest, const unsigned char *val,
         if ((unsigned char)*c < 0x21 || *c == 0x7f)
             return;
     }
-    if (round != e->round || e->calls.join_cb != NULL || strcmp(node, e->node_id) == 0 ||
+    if (!in_round(e) || round != e->round || strcmp(node, e->node_id) == 0 ||
         rank < e->rank_offset || rank >= e->rank_offset + e->nproc)
         return;
     if (e->base.on_blame)
@@ -799,7 +806,7 @@ static int ed_replace(struct agent_rdzv *r, int rank, const char *reason)
 {
     (void)reason;
     struct ed *e = (struct ed *)r;
-    if (e->calls.closing || e->round == 0 || e->calls.join_cb != NULL)
+    if (!in_round(e))
         return CDDP_ESTATE;
     struct op o = {.kind = OP_REPLACE, .round = e->round, .rank = rank};
     ed_push_op(e, &o);
@@ -825,8 +832,7 @@ static void on_blame_put(struct etcd_client *cl, int status, long http, const ch
 static int ed_blame(struct agent_rdzv *r, int rank, int64_t generation)
 {
     struct ed *e = (struct ed *)r;
-    if (e->calls.closing || e->round == 0 || e->calls.join_cb != NULL || e->cl == NULL ||
-        rank < 0 || generation < 0)
+    if (!in_round(e) || e->cl == NULL || rank < 0 || generation < 0)
         return CDDP_ESTATE;
     char key[1000], val[PROTO_MAX_ID + 32];
     snprintf(key, sizeof(key), "%s%" PRIu64 "/%d", e->blame_key, e->round, rank);
