@@ -36,7 +36,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
