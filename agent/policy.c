@@ -162,8 +162,8 @@ static void stopped(struct agent_policy *p, struct out *o)
         if ((p->coordinated || p->remaining_restarts > 0) && no_progress_stop(p, o))
             break;
         if (p->coordinated) {
-            /* The next round says whether this failure counts. */
-            p->group_restarts++;
+            /* The next round says whether this failure counts
+             * (start_round counts the group restart then). */
             p->state = AGENT_RENDEZVOUS;
             struct policy_action *a = emit(o, POLICY_ACT_JOIN);
             a->reason = STOP_FAILURE;
@@ -454,8 +454,16 @@ static bool take_restart_count(struct agent_policy *p, const struct policy_event
 /* A round to start the workers in (state RENDEZVOUS). */
 static void start_round(struct agent_policy *p, const struct policy_event *ev, struct out *o)
 {
+    int before = policy_restart_count(p);
     if (!take_restart_count(p, ev, o))
         return;
+    /* Several nodes: this node's workers start again as a group, and the
+     * job counted a failure since they started (this node's, or another
+     * node's that this one followed as a membership change): a group
+     * restart, by scope, on every node. A round that does not count the
+     * failure (a node was lost first) is none; a first start is none. */
+    if (p->coordinated && p->attempts > 0 && policy_restart_count(p) > before)
+        p->group_restarts++;
     for (int i = 0; i < p->nworkers; i++) {
         p->workers[i].state = WORKER_RUNNING;
         p->workers[i].exitcode = 0;

@@ -624,6 +624,7 @@ static void test_coordinated_failure_counted_by_round(void **state)
     step_round(&p, 1, 3);
     EXPECT(POLICY_ACT_START_WORKERS);
     assert_int_equal(policy_restart_count(&p), 1);
+    assert_int_equal(p.group_restarts, 1);
     /* Again: no attempt is expected to be left, but the rendezvous decides. */
     exit_clean(&p, 1, 1, 4);
     exit_clean(&p, 0, -SIGTERM, 5);
@@ -633,6 +634,7 @@ static void test_coordinated_failure_counted_by_round(void **state)
     step_round(&p, 1, 6);
     EXPECT(POLICY_ACT_START_WORKERS);
     assert_int_equal(policy_restart_count(&p), 1);
+    assert_int_equal(p.group_restarts, 1); /* (nor by scope) */
     exit_clean(&p, 1, 1, 7);
     exit_clean(&p, 0, -SIGTERM, 8);
     /* Counted: past --max_restarts. The table (our workers failed), exit 1,
@@ -663,6 +665,9 @@ static void test_coordinated_peer_failure(void **state)
     step_round(&p, 1, 4);
     EXPECT(POLICY_ACT_START_WORKERS);
     assert_int_equal(policy_restart_count(&p), 1);
+    /* Its workers restarted as a group for the job's failure: by scope a
+     * group restart here too, as on the node that failed. */
+    assert_int_equal(p.group_restarts, 1);
     step(&p, POLICY_EV_RDZV_RESTART, 0, 0, 5);
     exit_clean(&p, 0, -SIGTERM, 6);
     exit_clean(&p, 1, -SIGTERM, 7);
