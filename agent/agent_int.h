@@ -350,8 +350,9 @@ int agent_inplace_env(const struct agent *a, struct launch_kv *env, int n, char 
 /* The scope, the generation, the restarts by scope and the last recovery
  * into the status snapshot. */
 void agent_inplace_snapshot(const struct agent *a, struct agent_snapshot *s);
-/* POLICY_ACT_RESTART_WORKER: the failed worker's group killed, the new
- * generation announced on the agent store, the local rank started alone. */
+/* POLICY_ACT_RESTART_WORKER: the replaced workers' groups killed (the
+ * ones the policy marked for the generation), the new generation
+ * announced on the agent store, each local rank started alone. */
 void agent_inplace_restart_worker(struct agent *a, const struct policy_action *act);
 /* Announces generation gen on the agent store (when this agent hosts it):
  * first cddp/gen/<gen>/replaced = ranks (decimal, comma-separated), then

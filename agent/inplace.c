@@ -76,40 +76,54 @@ void agent_inplace_publish(struct agent *a, int64_t gen, const char *ranks)
                  (long long)gen, cddp_strerror(rc));
 }
 
-/* POLICY_ACT_RESTART_WORKER: what is left of the failed worker's process
- * group is killed, the new generation announced, and the local rank starts
- * again alone (same RANK and LOCAL_RANK), its logs under the new restart
- * count's attempt_N/. */
+/* POLICY_ACT_RESTART_WORKER: every worker the generation replaces (the
+ * policy marked them: one, or a node's hung ranks together) has what is
+ * left of its process group killed; the generation is announced once,
+ * naming them all; and each local rank starts again alone (same RANK and
+ * LOCAL_RANK), its logs under the new restart count's attempt_N/. */
 void agent_inplace_restart_worker(struct agent *a, const struct policy_action *act)
 {
-    int i = act->local_rank;
-    struct agent_worker *w = &a->workers[i];
-    if (w->pgid > 0) {
-        agent_signal_group(w->pgid, SIGKILL);
-        agent_guardian_remove(&a->guardian, w->pgid);
+    char ranks[PROTO_MAX_REPLACED + 1] = "";
+    size_t at = 0;
+    for (int i = 0; i < a->nworkers; i++) {
+        if (a->pol.workers[i].replaced_gen != act->generation)
+            continue;
+        struct agent_worker *w = &a->workers[i];
+        if (w->pgid > 0) {
+            agent_signal_group(w->pgid, SIGKILL);
+            agent_guardian_remove(&a->guardian, w->pgid);
+        }
+        w->group_alive = false;
+        agent_note_replaced(a, i, act->generation); /* (the failure table's) */
+        if (at < sizeof(ranks))
+            at += (size_t)snprintf(ranks + at, sizeof(ranks) - at, "%s%d", at ? "," : "",
+                                   w->info.rank);
     }
-    w->group_alive = false;
-    agent_note_replaced(a, i, act->generation); /* (the failure table's) */
     a->recovery_started = cddp_wall_time();
-    char rank[16];
-    snprintf(rank, sizeof(rank), "%d", w->info.rank);
     if (a->pol.one_node) /* (several nodes: node 0 announced it, round.c) */
-        agent_inplace_publish(a, act->generation, rank);
+        agent_inplace_publish(a, act->generation, ranks);
     a->attempt = policy_restart_count(&a->pol);
     int rc = agent_attempt_logs(a);
-    log_warn("A0220",
-             "[%s] restarting local_rank %d (rank %d) alone (--restart_scope=worker): generation "
-             "%lld, restart count %d/%d; the other workers re-form with it",
-             a->cfg->role, i, w->info.rank, (long long)act->generation, a->attempt,
-             a->cfg->max_restarts);
-    w->start_error[0] = '\0';
-    w->not_started = false;
-    /* (--spare_workers: a started spare takes its place when there is one) */
-    if (rc == 0 && agent_spares_take(a, i) != 0)
-        rc = agent_start_worker(a, i);
-    if (rc == 0)
-        return;
-    agent_log_start_error(a, i);
-    /* Could not start: a failed replacement (the policy restarts the group). */
-    agent_worker_not_started(a, i);
+    for (int i = 0; i < a->nworkers; i++) {
+        if (a->pol.workers[i].replaced_gen != act->generation)
+            continue;
+        struct agent_worker *w = &a->workers[i];
+        log_warn("A0220",
+                 "[%s] restarting local_rank %d (rank %d) alone (--restart_scope=worker): "
+                 "generation %lld (replaces rank%s %s), restart count %d/%d; the other workers "
+                 "re-form with it",
+                 a->cfg->role, i, w->info.rank, (long long)act->generation,
+                 strchr(ranks, ',') ? "s" : "", ranks, a->attempt, a->cfg->max_restarts);
+        w->start_error[0] = '\0';
+        w->not_started = false;
+        /* (--spare_workers: a started spare takes its place when there is one) */
+        int started = rc;
+        if (started == 0 && agent_spares_take(a, i) != 0)
+            started = agent_start_worker(a, i);
+        if (started == 0)
+            continue;
+        agent_log_start_error(a, i);
+        /* Could not start: a failed replacement (the policy restarts the group). */
+        agent_worker_not_started(a, i);
+    }
 }

@@ -260,31 +260,84 @@ static bool replacement_pending(const struct agent_policy *p, uint64_t now_ms)
     if (p->asking >= 0)
         return true;
     for (int i = 0; i < p->nworkers; i++) {
-        if (p->workers[i].replacing)
+        if (p->workers[i].replacing || p->workers[i].blamed)
             return true;
     }
     return p->last_replace_ms != 0 && now_ms < p->last_replace_ms + p->settle_ms;
+}
+
+/* Local rank i is one of the workers generation gen replaces. */
+static void replaced_in(struct agent_policy *p, int i, int64_t gen)
+{
+    struct policy_worker *w = &p->workers[i];
+    w->state = WORKER_RUNNING;
+    w->exitcode = 0;
+    w->group_alive = true; /* its new process; what the old one left is killed */
+    w->replacing = true;
+    w->blamed = false;
+    w->replaced_gen = gen;
+    w->restarts++;
+}
+
+/* Generation gen starts the workers replaced_in() marked (local rank
+ * `first` the lowest): one restart, however many it replaces. */
+static void restart_in_place(struct agent_policy *p, int first, int64_t gen, uint64_t now_ms,
+                             struct out *o)
+{
+    p->remaining_restarts--;
+    p->worker_restarts++;
+    p->local_restarts += p->one_node;
+    p->generation = gen;
+    p->last_replace_ms = now_ms ? now_ms : 1;
+    struct policy_action *a = emit(o, POLICY_ACT_RESTART_WORKER);
+    a->local_rank = first;
+    a->generation = gen;
+    a->attempts_left = p->remaining_restarts;
 }
 
 /* Local rank i restarts alone in generation gen. */
 static void restart_alone(struct agent_policy *p, int i, int64_t gen, uint64_t now_ms,
                           struct out *o)
 {
-    struct policy_worker *w = &p->workers[i];
-    p->remaining_restarts--;
-    p->worker_restarts++;
-    p->local_restarts += p->one_node;
-    p->generation = gen;
-    p->last_replace_ms = now_ms ? now_ms : 1;
-    w->state = WORKER_RUNNING;
-    w->exitcode = 0;
-    w->group_alive = true; /* its new process; what the old one left is killed */
-    w->replacing = true;
-    w->restarts++;
-    struct policy_action *a = emit(o, POLICY_ACT_RESTART_WORKER);
-    a->local_rank = i;
-    a->generation = gen;
-    a->attempts_left = p->remaining_restarts;
+    replaced_in(p, i, gen);
+    restart_in_place(p, i, gen, now_ms, o);
+}
+
+/* One node, worker scope: a worker the agent killed as hung has exited
+ * (failed). Once every worker killed for this generation has (a whole
+ * node's ranks hang together, and each survivor names all of them in one
+ * write), they are replaced together in one generation, on the terms a
+ * lone failure is; false: the caller fails the group. */
+static bool replace_blamed(struct agent_policy *p, uint64_t now_ms, struct out *o)
+{
+    int n = 0;
+    for (int i = 0; i < p->nworkers; i++) {
+        if (p->workers[i].blamed && p->workers[i].state == WORKER_RUNNING)
+            return true; /* killed, not yet exited: wait for it */
+        n += p->workers[i].blamed;
+    }
+    bool ok = p->scope == RESTART_SCOPE_WORKER && p->one_node && n < p->nworkers &&
+              p->remaining_restarts > 0 && p->asking < 0 && !p->rejoining && !p->round_ready &&
+              !(p->last_replace_ms != 0 && now_ms < p->last_replace_ms + p->settle_ms);
+    for (int i = 0; i < p->nworkers && ok; i++)
+        ok = !p->workers[i].hung && !p->workers[i].replacing;
+    int64_t gen = p->generation + 1;
+    int first = -1;
+    for (int i = 0; i < p->nworkers; i++) {
+        if (!p->workers[i].blamed)
+            continue;
+        p->workers[i].blamed = false;
+        if (ok) {
+            replaced_in(p, i, gen);
+            first = first < 0 ? i : first;
+        }
+    }
+    if (!ok) {
+        p->scope_fallbacks++;
+        return false;
+    }
+    restart_in_place(p, first, gen, now_ms, o);
+    return true;
 }
 
 /* Worker scope: local rank i failed (exitcode != 0) while the group runs.
@@ -359,6 +412,14 @@ static void on_worker_exit(struct agent_policy *p, const struct policy_event *ev
     if (ev->group_empty)
         w->group_alive = false;
     if (p->state == AGENT_RUNNING) {
+        if (w->blamed) { /* (one node: replace_blamed) */
+            w->state = WORKER_FAILED;
+            if (w->exitcode == 0)
+                w->exitcode = 1; /* (it was killed as hung, whatever it said) */
+            if (!replace_blamed(p, now_ms, o))
+                begin_stop(p, o, STOP_FAILURE, SIGTERM, now_ms);
+            return;
+        }
         if (ev->exitcode != 0) {
             if (replace_worker(p, ev->local_rank, now_ms, o))
                 return;
@@ -470,6 +531,8 @@ static void start_round(struct agent_policy *p, const struct policy_event *ev, s
         p->workers[i].group_alive = true;
         p->workers[i].hung = false;
         p->workers[i].replacing = false;
+        p->workers[i].blamed = false;
+        p->workers[i].replaced_gen = 0;
     }
     /* a new group: a fresh store, generation 0; or a lost node's place
      * in a group that goes on in place (its generation) */
@@ -645,6 +708,13 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
             p->best_step = ev->step;
         if (ev->step > p->attempt_base)
             p->attempt_progressed = true;
+        break;
+    case POLICY_EV_WORKER_BLAMED:
+        /* (several nodes: each blamed worker's replace is asked alone) */
+        if (p->state == AGENT_RUNNING && p->scope == RESTART_SCOPE_WORKER && p->one_node &&
+            ev->local_rank >= 0 && ev->local_rank < p->nworkers &&
+            p->workers[ev->local_rank].state == WORKER_RUNNING && ev->generation == p->generation)
+            p->workers[ev->local_rank].blamed = true;
         break;
     case POLICY_EV_BARRIER_DONE:
         if (p->state == AGENT_EXIT_BARRIER) {

@@ -138,6 +138,11 @@ enum policy_event_type {
      * -1: another node's; restart_count: the job's counted restarts, this
      * one included), or, generation 0, this node's was refused */
     POLICY_EV_GENERATION,
+    /* worker scope: the agent killed local_rank (generation: the one it
+     * was named in) because a peer's collective timed out waiting for it;
+     * its exit is a failure, replaced in place together with every other
+     * worker killed for the same generation (one node) */
+    POLICY_EV_WORKER_BLAMED,
 };
 
 struct policy_event {
@@ -183,7 +188,7 @@ enum policy_action_type {
     /* --restart_scope=worker: kill what is left of local_rank's process
      * group, announce generation (replacing local_rank) on the agent
      * store, start local_rank alone again (attempt = policy_restart_count) */
-    POLICY_ACT_RESTART_WORKER,
+    POLICY_ACT_RESTART_WORKER, /* (several: every worker whose replaced_gen is generation) */
     /* --restart_scope=worker, several nodes: the new round took another
      * node in a lost one's place and this node's workers carry on; the
      * store's host announces generation (the round's replaced ranks) */
@@ -220,9 +225,11 @@ struct policy_worker {
     enum worker_state state;
     int exitcode;
     bool group_alive;
-    bool hung;      /* the watchdog found it hung: it counts as failed when it exits */
-    bool replacing; /* restarted alone and has not reported a step yet (worker scope) */
-    int restarts;   /* times it was restarted alone (worker scope) */
+    bool hung;            /* the watchdog found it hung: it counts as failed when it exits */
+    bool replacing;       /* restarted alone and has not reported a step yet (worker scope) */
+    int restarts;         /* times it was restarted alone (worker scope) */
+    bool blamed;          /* killed by the agent as hung in the current generation (worker scope) */
+    int64_t replaced_gen; /* the generation of this group that last replaced it; 0: none */
 };
 
 struct agent_policy {
@@ -263,7 +270,7 @@ struct agent_policy {
     uint64_t settle_ms;       /* POLICY_DEFAULT_SETTLE_MS */
     uint64_t last_replace_ms; /* when the last worker was restarted alone; 0: never */
     int64_t generation;       /* membership generation of this attempt's group; 0 at start */
-    int worker_restarts;      /* restarts of one worker (worker scope) */
+    int worker_restarts;      /* generations that restarted workers here alone (worker scope) */
     /* ... of them, those in rounds of one node: the rendezvous never heard
      * of these (a replace it granted is one of the job's counted restarts) */
     int local_restarts;

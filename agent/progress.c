@@ -127,6 +127,10 @@ static void kill_blamed(struct agent *a, int i, int64_t gen, const char *who)
              "[%s] local_rank %d (rank %d, pid %d) never reached a collective that %s waited for "
              "(generation %lld): killing it, to replace it in place",
              a->cfg->role, i, w->info.rank, (int)w->info.pid, who, (long long)gen);
+    /* (first: its exit, which comes later, is then the policy's to wait
+     * for, with any other rank of this node named for gen) */
+    struct policy_event ev = {.type = POLICY_EV_WORKER_BLAMED, .local_rank = i, .generation = gen};
+    agent_post_event(a, &ev);
     agent_signal_group(w->pgid, SIGKILL);
 }
 

@@ -23,17 +23,13 @@ bool trn_blame_missing(struct run *r, const struct trn_comm_error *e)
     int n = trn_comm_missing(r->dist.comm, BLAME_ASK_S, missing, BLAME_MAX);
     if (n <= 0)
         return false;
+    if (n > BLAME_MAX)
+        n = BLAME_MAX;
     char who[BLAME_MAX * 12] = "";
     size_t at = 0;
-    int told = 0;
-    for (int i = 0; i < n && i < BLAME_MAX; i++) {
-        if (trn_progress_fd_blame(&r->progress, missing[i], r->generation) == 0)
-            told++;
+    for (int i = 0; i < n && at < sizeof(who); i++)
         at += (size_t)snprintf(who + at, sizeof(who) - at, "%s%d", i ? ", " : "", missing[i]);
-        if (at >= sizeof(who))
-            break;
-    }
-    if (told == 0)
+    if (trn_progress_fd_blame(&r->progress, missing, n, r->generation) != 0)
         return false;
     char msg[1024];
     trn_comm_failure_message(e, r->in_step, r->rank, msg, sizeof(msg));

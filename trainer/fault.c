@@ -59,8 +59,13 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
     if (at == NULL)
         return fail(out, err, errlen, CDDP_EPARSE, spec, "missing '@' (" FAULT_USAGE ")");
     *at = '\0';
-    struct trn_fault f = {
-        .kind = TRN_FAULT_NONE, .step = -1, .rank = -1, .ms = 0, .count = 1, .every = false};
+    struct trn_fault f = {.kind = TRN_FAULT_NONE,
+                          .step = -1,
+                          .rank = -1,
+                          .rank_last = -1,
+                          .ms = 0,
+                          .count = 1,
+                          .every = false};
     if (strcmp(buf, "crash") == 0)
         f.kind = TRN_FAULT_CRASH;
     else if (strcmp(buf, "hang") == 0)
@@ -117,12 +122,24 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
             } else if (strcmp(p, "rank") == 0) {
                 if (have_rank)
                     return fail(out, err, errlen, CDDP_EPARSE, spec, "'rank' given twice");
+                /* rank=R, or rank=R-S: the ranks R to S (a node's, hung together) */
+                char *dash = strchr(val, '-');
+                if (dash != NULL)
+                    *dash = '\0';
+                long last = 0;
                 rc = cddp_parse_long(val, 0, 1 << 24, &v);
-                if (rc < 0) {
-                    snprintf(why, sizeof(why), "rank must be an integer >= 0, not '%s'", val);
-                    return fail(out, err, errlen, rc, spec, why);
+                if (rc == 0 && dash != NULL)
+                    rc = cddp_parse_long(dash + 1, 0, 1 << 24, &last);
+                if (rc < 0 || (dash != NULL && last < v)) {
+                    if (dash != NULL)
+                        *dash = '-';
+                    snprintf(why, sizeof(why),
+                             "rank must be an integer >= 0 or a range R-S with R <= S, not '%s'",
+                             val);
+                    return fail(out, err, errlen, rc < 0 ? rc : CDDP_ERANGE_ARG, spec, why);
                 }
                 f.rank = (int)v;
+                f.rank_last = dash != NULL ? (int)last : (int)v;
                 have_rank = true;
             } else if (strcmp(p, "ms") == 0) {
                 if (f.kind != TRN_FAULT_SLOW)
@@ -173,20 +190,28 @@ int trn_fault_parse(const char *spec, struct trn_fault *out, char *err, size_t e
     return 0;
 }
 
+/* Does f fire on `rank`? (-1: every rank; a struct not from the parser
+ * may have rank_last 0: rank alone.) */
+static bool on_rank(const struct trn_fault *f, int rank)
+{
+    int last = f->rank_last > f->rank ? f->rank_last : f->rank;
+    return f->rank < 0 || (rank >= f->rank && rank <= last);
+}
+
 bool trn_fault_due(const struct trn_fault *f, long step, int rank, long restart_count)
 {
     long count = f->count > 1 ? f->count : 1; /* (a struct not from the parser has 0) */
     if (f->kind == TRN_FAULT_NONE || f->kind == TRN_FAULT_NOCMA || f->at_reform || step < f->step ||
         step - f->step >= count)
         return false;
-    if (f->rank >= 0 && f->rank != rank)
+    if (!on_rank(f, rank))
         return false;
     return restart_count <= 0 || f->every;
 }
 
 void trn_fault_reform(const struct trn_fault *f, int rank, long generation)
 {
-    if (!f->at_reform || (f->rank >= 0 && f->rank != rank))
+    if (!f->at_reform || !on_rank(f, rank))
         return;
     log_error("T6105",
               "fault injection: crash while taking the state in generation %ld on rank %d "
@@ -198,7 +223,7 @@ void trn_fault_reform(const struct trn_fault *f, int rank, long generation)
 
 bool trn_fault_nocma(const struct trn_fault *f, int rank)
 {
-    return f->kind == TRN_FAULT_NOCMA && (f->rank < 0 || f->rank == rank);
+    return f->kind == TRN_FAULT_NOCMA && on_rank(f, rank);
 }
 
 void trn_fault_fire(const struct trn_fault *f, long step, int rank)

@@ -40,10 +40,11 @@ enum trn_fault_kind {
 
 struct trn_fault {
     enum trn_fault_kind kind;
-    long step;  /* >= 0 */
-    int rank;   /* -1: every rank */
-    long ms;    /* slow only, > 0 */
-    long count; /* slow only: the steps it lasts, from step (0 and 1: one) */
+    long step;     /* >= 0 */
+    int rank;      /* -1: every rank */
+    int rank_last; /* rank=R-S: S, the last of the ranks R..S it fires on; else rank */
+    long ms;       /* slow only, > 0 */
+    long count;    /* slow only: the steps it lasts, from step (0 and 1: one) */
     bool every;
     bool at_reform; /* crash@reform: trn_fault_reform, never at a step */
 };

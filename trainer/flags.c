@@ -148,6 +148,7 @@ static const struct trn_flag table[] = {
      .help = "inject a fault: crash@step=N[,rank=R][,every],\n"
              "crash@reform[,rank=R] (while re-forming in place),\n"
              "hang@step=N[,rank=R][,every], slow@step=N,ms=M[,...],\n"
+             "(rank=R-S: ranks R to S),\n"
              "nocma@rank=R (re-forming: no read of a peer's memory)",
      .shown = ""},
 

@@ -34,11 +34,14 @@ void trn_progress_fd_report(struct trn_progress_fd *p, const struct progress_lin
     cddp_buf_free(&line);
 }
 
-int trn_progress_fd_blame(struct trn_progress_fd *p, int rank, long gen)
+int trn_progress_fd_blame(struct trn_progress_fd *p, const int *ranks, int n, long gen)
 {
-    if (p->fd < 0)
+    char lines[16 * 64];
+    if (p->fd < 0 || n <= 0 || n > 16)
         return -1;
-    char line[64];
-    int n = snprintf(line, sizeof(line), "{\"blame\":%d,\"blame_gen\":%ld}\n", rank, gen);
-    return write(p->fd, line, (size_t)n) == n ? 0 : -1;
+    size_t at = 0;
+    for (int i = 0; i < n; i++)
+        at += (size_t)snprintf(lines + at, sizeof(lines) - at, "{\"blame\":%d,\"blame_gen\":%ld}\n",
+                               ranks[i], gen);
+    return write(p->fd, lines, at) == (ssize_t)at ? 0 : -1;
 }

@@ -73,6 +73,9 @@ static void test_parse_bad(void **state)
     expect_bad("crash@step=x", CDDP_EPARSE, "step must be");
     expect_bad("crash@step=1,step=2", CDDP_EPARSE, "'step' given twice");
     expect_bad("crash@step=1,rank=1,rank=2", CDDP_EPARSE, "'rank' given twice");
+    expect_bad("hang@step=1,rank=3-2", CDDP_ERANGE_ARG, "a range R-S with R <= S, not '3-2'");
+    expect_bad("hang@step=1,rank=2-", CDDP_EPARSE, "rank must be");
+    expect_bad("hang@step=1,rank=-2", CDDP_EPARSE, "rank must be");
     expect_bad("crash@step=1,,every", CDDP_EPARSE, "empty field");
     expect_bad("crash@step=1,every,every", CDDP_EPARSE, "'every' given twice");
     expect_bad("crash@step=1,ms=5", CDDP_EPARSE, "ms= applies to slow only");
@@ -115,6 +118,11 @@ static void test_due(void **state)
     assert_int_equal(trn_fault_parse("crash@step=4,rank=1,every", &f, err, sizeof(err)), 0);
     assert_true(trn_fault_due(&f, 4, 1, 1));
     assert_true(trn_fault_due(&f, 4, 1, 7));
+    /* rank=R-S: each of R..S (a node's ranks), no other. */
+    assert_int_equal(trn_fault_parse("hang@step=4,rank=2-3", &f, err, sizeof(err)), 0);
+    assert_true(f.rank == 2 && f.rank_last == 3);
+    for (int r = 0; r < 6; r++)
+        assert_int_equal(trn_fault_due(&f, 4, r, 0), r == 2 || r == 3);
     /* No rank: every rank. */
     assert_int_equal(trn_fault_parse("hang@step=2", &f, err, sizeof(err)), 0);
     for (int r = 0; r < 8; r++)

@@ -1009,7 +1009,7 @@ static void test_random_walk_node_in_place(void **state)
     static const enum policy_event_type kinds[] = {
         POLICY_EV_ROUND,    POLICY_EV_ROUND_FAILED, POLICY_EV_WORKER_EXIT,  POLICY_EV_GROUP_EMPTY,
         POLICY_EV_DEADLINE, POLICY_EV_SIGNAL,       POLICY_EV_RDZV_RESTART, POLICY_EV_RDZV_CLOSED,
-        POLICY_EV_WATCHDOG, POLICY_EV_GENERATION};
+        POLICY_EV_WATCHDOG, POLICY_EV_GENERATION,   POLICY_EV_WORKER_BLAMED};
     for (int run = 0; run < 2000; run++) {
         struct agent_policy p;
         int n = 1 + (int)next_rand(3);
@@ -1063,6 +1063,19 @@ static void test_random_walk_node_in_place(void **state)
                     assert_false(running);
                 if (acts[i].type == POLICY_ACT_NEW_GENERATION)
                     assert_true(running && p.state == AGENT_RUNNING);
+                if (acts[i].type == POLICY_ACT_RESTART_WORKER) {
+                    /* the workers it starts: its local rank among them, all running */
+                    int starts = 0;
+                    for (int w = 0; w < n; w++) {
+                        if (p.workers[w].replaced_gen != acts[i].generation)
+                            continue;
+                        starts++;
+                        assert_int_equal(p.workers[w].state, WORKER_RUNNING);
+                    }
+                    assert_true(starts >= 1 && starts < n + (n == 1));
+                    assert_int_equal(p.workers[acts[i].local_rank].replaced_gen,
+                                     acts[i].generation);
+                }
                 if (acts[i].type == POLICY_ACT_EXIT) {
                     exits++;
                     assert_true(policy_finished(&p));
@@ -1073,6 +1086,14 @@ static void test_random_walk_node_in_place(void **state)
                 for (int i = 0; i < n; i++)
                     assert_int_not_equal(p.workers[i].state, WORKER_RUNNING);
             }
+            /* a blamed worker that exited waits only for one still to exit */
+            bool waiting = false, to_exit = false;
+            for (int i = 0; i < n; i++) {
+                waiting |= p.workers[i].blamed && p.workers[i].state != WORKER_RUNNING;
+                to_exit |= p.workers[i].blamed && p.workers[i].state == WORKER_RUNNING;
+            }
+            if (p.state == AGENT_RUNNING && waiting)
+                assert_true(to_exit);
         }
         assert_true(exits <= 1);
         if (policy_finished(&p))
@@ -1126,6 +1147,103 @@ static void test_worker_scope_replaces_one(void **state)
     for (int i = 0; i < 4; i++)
         exit_clean(&p, i, 0, 6000);
     EXPECT(POLICY_ACT_EXIT_BARRIER);
+    policy_free(&p);
+}
+
+static void blame(struct agent_policy *p, int rank, int64_t gen, uint64_t now)
+{
+    struct policy_event ev = {
+        .type = POLICY_EV_WORKER_BLAMED, .local_rank = rank, .generation = gen};
+    nacts = policy_step(p, &ev, now, acts);
+}
+
+/* Two ranks of one node hang together: the agent kills both (blamed in
+ * the current generation); the first exit waits for the second, and both
+ * are replaced in one generation, one restart of the budget. A blame for
+ * another generation is ignored; a crash while a blamed worker is still
+ * to exit falls back to the group. */
+static void test_worker_scope_blamed_together(void **state)
+{
+    (void)state;
+    struct agent_policy p;
+    running(&p, 4, 3);
+    p.scope = RESTART_SCOPE_WORKER;
+    blame(&p, 1, 0, 100);
+    blame(&p, 3, 0, 100);
+    blame(&p, 2, 7, 100); /* (a stale generation's: not killed, not waited for) */
+    EXPECT_NONE();
+    assert_true(p.workers[1].blamed && p.workers[3].blamed && !p.workers[2].blamed);
+    exit_clean(&p, 3, -SIGKILL, 110);
+    EXPECT_NONE(); /* waits for rank 1 */
+    assert_int_equal(p.workers[3].state, WORKER_FAILED);
+    exit_clean(&p, 1, -SIGKILL, 111);
+    EXPECT(POLICY_ACT_RESTART_WORKER);
+    assert_int_equal(acts[0].local_rank, 1);
+    assert_int_equal(acts[0].generation, 1);
+    assert_int_equal(acts[0].attempts_left, 2);
+    for (int i = 0; i < 4; i++) {
+        bool replaced = i == 1 || i == 3;
+        assert_int_equal(p.workers[i].replaced_gen, replaced ? 1 : 0);
+        assert_int_equal(p.workers[i].replacing, replaced);
+        assert_int_equal(p.workers[i].restarts, replaced ? 1 : 0);
+        assert_int_equal(p.workers[i].state, WORKER_RUNNING);
+        assert_false(p.workers[i].blamed);
+    }
+    assert_int_equal(policy_restart_count(&p), 1);
+    assert_int_equal(p.worker_restarts, 1);
+    assert_int_equal(p.scope_fallbacks, 0);
+    /* re-formed; later one rank hangs alone: one generation, one worker */
+    progress_of(&p, 1, 5, 400);
+    progress_of(&p, 3, 5, 400);
+    blame(&p, 0, 1, 5000);
+    exit_clean(&p, 0, -SIGKILL, 5001);
+    EXPECT(POLICY_ACT_RESTART_WORKER);
+    assert_int_equal(acts[0].local_rank, 0);
+    assert_int_equal(acts[0].generation, 2);
+    assert_int_equal(p.workers[1].replaced_gen, 1);
+    policy_free(&p);
+
+    /* a crash while a blamed worker has not exited: the group restarts */
+    running(&p, 4, 3);
+    p.scope = RESTART_SCOPE_WORKER;
+    blame(&p, 2, 0, 100);
+    exit_clean(&p, 0, 1, 101);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(p.scope_fallbacks, 1);
+    policy_free(&p);
+
+    /* blamed inside a replacement's settle window: the group restarts */
+    running(&p, 4, 3);
+    p.scope = RESTART_SCOPE_WORKER;
+    exit_clean(&p, 2, 1, 100);
+    EXPECT(POLICY_ACT_RESTART_WORKER);
+    blame(&p, 1, 1, 200);
+    exit_clean(&p, 1, -SIGKILL, 201);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_SIGNAL_GROUPS, POLICY_ACT_SET_DEADLINE);
+    assert_int_equal(p.scope_fallbacks, 1);
+    assert_false(p.workers[1].blamed);
+    policy_free(&p);
+
+    /* every worker named (nobody left to hold the state), or no restart
+     * left: the group restarts, or the run ends */
+    running(&p, 2, 3);
+    p.scope = RESTART_SCOPE_WORKER;
+    blame(&p, 0, 0, 100);
+    blame(&p, 1, 0, 100);
+    exit_clean(&p, 0, -SIGKILL, 101);
+    EXPECT_NONE();
+    exit_clean(&p, 1, -SIGKILL, 102);
+    EXPECT(POLICY_ACT_REPORT_FAILURE, POLICY_ACT_JOIN); /* (nothing left to stop) */
+    assert_int_equal(acts[1].reason, STOP_FAILURE);
+    assert_int_equal(p.scope_fallbacks, 1);
+    policy_free(&p);
+
+    /* several nodes: blame is not waited on here (each replace is asked) */
+    running(&p, 2, 3);
+    p.scope = RESTART_SCOPE_WORKER;
+    p.one_node = false;
+    blame(&p, 0, 0, 100);
+    assert_false(p.workers[0].blamed);
     policy_free(&p);
 }
 
@@ -1551,6 +1669,7 @@ int main(void)
         cmocka_unit_test(test_random_walk_invariants),
         cmocka_unit_test(test_will_restart),
         cmocka_unit_test(test_worker_scope_replaces_one),
+        cmocka_unit_test(test_worker_scope_blamed_together),
         cmocka_unit_test(test_worker_scope_falls_back_in_window),
         cmocka_unit_test(test_worker_scope_replacement_fails),
         cmocka_unit_test(test_worker_scope_not_taken),
