@@ -55,7 +55,7 @@ struct run {
     struct trn_input input; /* the batches, --prefetch's loader */
     struct trn_step engine; /* micro-batches, the optimizer step, the scaler, --cuda-graphs */
 
-    bool resuming; /* a checkpoint was there to resume when setup skipped --init for it */
+    bool resuming; /* a checkpoint was there to resume: no initialisation, no --init */
     struct trn_resume ckpt;
     struct trn_resume_point start; /* where training starts */
     long step;                     /* optimizer steps taken */

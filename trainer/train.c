@@ -215,14 +215,17 @@ static void setup_model(struct run *r)
                           sizeof(err)))
         trn_fatal("%s", err);
     /* A replacement re-forming in place takes every weight from a peer
-     * (inplace.c): no initialisation, no --init to read. */
+     * (inplace.c), and a checkpoint to resume replaces every one (a load
+     * that fails ends the run: resume()): no initialisation then, and no
+     * --init to read. (ResNet-18's initialisation draws 11.7M normals,
+     * about 0.25 s of CPU per rank: docs/benchmarks.md, "Resuming without
+     * the initialisation".) */
     bool replacement = trn_inplace_replacement(r);
-    if (!replacement)
+    r->resuming = c->checkpoint && !c->no_resume && access(c->checkpoint, F_OK) == 0;
+    if (!replacement && !r->resuming)
         trn_resnet_init(&r->model, (uint64_t)c->seed, c->zero_init_residual);
     trn_resnet_pull(&r->model); /* the host copies start equal (a device backend) */
     r->state = trn_state_table(&r->model);
-    /* A checkpoint to resume replaces these weights: --init is not read then. */
-    r->resuming = c->checkpoint && !c->no_resume && access(c->checkpoint, F_OK) == 0;
     if (c->init && !r->resuming && !replacement &&
         trn_weights_load(c->init, r->state, r->model.n_state, err, sizeof(err)) != 0)
         trn_refuse(CDDP_EXIT_FAILURE, "--init: %s", err);
