@@ -303,11 +303,13 @@ static void restart_alone(struct agent_policy *p, int i, int64_t gen, uint64_t n
     restart_in_place(p, i, gen, now_ms, o);
 }
 
-/* One node, worker scope: a worker the agent killed as hung has exited
- * (failed). Once every worker killed for this generation has (a whole
- * node's ranks hang together, and each survivor names all of them in one
- * write), they are replaced together in one generation, on the terms a
- * lone failure is; false: the caller fails the group. */
+/* Worker scope: a worker the agent killed as hung has exited (failed).
+ * Once every worker killed for this generation has (a node's ranks hang
+ * together, and each survivor names all of them in one write), they are
+ * replaced together in one generation, on the terms a lone failure is:
+ * on one node at once, on several nodes asked of the rendezvous for all
+ * of them in one replace (POLICY_ACT_REQUEST_GENERATION; the workers
+ * marked `asked`). false: the caller fails the group. */
 static bool replace_blamed(struct agent_policy *p, uint64_t now_ms, struct out *o)
 {
     int n = 0;
@@ -316,8 +318,9 @@ static bool replace_blamed(struct agent_policy *p, uint64_t now_ms, struct out *
             return true; /* killed, not yet exited: wait for it */
         n += p->workers[i].blamed;
     }
-    bool ok = p->scope == RESTART_SCOPE_WORKER && p->one_node && n < p->nworkers &&
-              p->remaining_restarts > 0 && p->asking < 0 && !p->rejoining && !p->round_ready &&
+    bool ok = p->scope == RESTART_SCOPE_WORKER && (p->one_node || p->rdzv_generations) &&
+              (n < p->nworkers || !p->one_node) && p->remaining_restarts > 0 && p->asking < 0 &&
+              !p->rejoining && !p->round_ready &&
               !(p->last_replace_ms != 0 && now_ms < p->last_replace_ms + p->settle_ms);
     for (int i = 0; i < p->nworkers && ok; i++)
         ok = !p->workers[i].hung && !p->workers[i].replacing;
@@ -327,16 +330,22 @@ static bool replace_blamed(struct agent_policy *p, uint64_t now_ms, struct out *
         if (!p->workers[i].blamed)
             continue;
         p->workers[i].blamed = false;
-        if (ok) {
+        first = first < 0 ? i : first;
+        if (ok && p->one_node)
             replaced_in(p, i, gen);
-            first = first < 0 ? i : first;
-        }
+        else if (ok)
+            p->workers[i].asked = true; /* (state FAILED until the answer) */
     }
     if (!ok) {
         p->scope_fallbacks++;
         return false;
     }
-    restart_in_place(p, first, gen, now_ms, o);
+    if (p->one_node) {
+        restart_in_place(p, first, gen, now_ms, o);
+    } else {
+        p->asking = first;
+        emit(o, POLICY_ACT_REQUEST_GENERATION)->local_rank = first;
+    }
     return true;
 }
 
@@ -357,6 +366,7 @@ static bool replace_worker(struct agent_policy *p, int i, uint64_t now_ms, struc
     }
     if (!p->one_node) {
         p->asking = i;
+        w->asked = true;
         w->state = WORKER_FAILED; /* until the answer */
         emit(o, POLICY_ACT_REQUEST_GENERATION)->local_rank = i;
         return true;
@@ -376,6 +386,8 @@ static void on_generation(struct agent_policy *p, const struct policy_event *ev,
     if (p->state != AGENT_RUNNING)
         return; /* (stopping already: the answer changes nothing) */
     if (ev->generation <= 0) {
+        for (int k = 0; k < p->nworkers; k++)
+            p->workers[k].asked = false;
         if (i >= 0) {
             p->scope_fallbacks++;
             begin_stop(p, o, STOP_FAILURE, SIGTERM, now_ms);
@@ -391,7 +403,13 @@ static void on_generation(struct agent_policy *p, const struct policy_event *ev,
         p->remaining_restarts = left < INT_MIN / 2 ? INT_MIN / 2 : (int)left;
     }
     if (ours) {
-        restart_alone(p, i, ev->generation, now_ms, o);
+        /* the worker asked for, or each of the ranks asked for together */
+        for (int k = 0; k < p->nworkers; k++) {
+            if (p->workers[k].asked || k == i)
+                replaced_in(p, k, ev->generation);
+            p->workers[k].asked = false;
+        }
+        restart_in_place(p, i, ev->generation, now_ms, o);
         return;
     }
     /* Another node's worker: this node's workers re-form with it. */
@@ -412,7 +430,7 @@ static void on_worker_exit(struct agent_policy *p, const struct policy_event *ev
     if (ev->group_empty)
         w->group_alive = false;
     if (p->state == AGENT_RUNNING) {
-        if (w->blamed) { /* (one node: replace_blamed) */
+        if (w->blamed) {
             w->state = WORKER_FAILED;
             if (w->exitcode == 0)
                 w->exitcode = 1; /* (it was killed as hung, whatever it said) */
@@ -533,6 +551,7 @@ static void start_round(struct agent_policy *p, const struct policy_event *ev, s
         p->workers[i].replacing = false;
         p->workers[i].blamed = false;
         p->workers[i].replaced_gen = 0;
+        p->workers[i].asked = false;
     }
     /* a new group: a fresh store, generation 0; or a lost node's place
      * in a group that goes on in place (its generation) */
@@ -710,10 +729,9 @@ int policy_step(struct agent_policy *p, const struct policy_event *ev, uint64_t 
             p->attempt_progressed = true;
         break;
     case POLICY_EV_WORKER_BLAMED:
-        /* (several nodes: each blamed worker's replace is asked alone) */
-        if (p->state == AGENT_RUNNING && p->scope == RESTART_SCOPE_WORKER && p->one_node &&
-            ev->local_rank >= 0 && ev->local_rank < p->nworkers &&
-            p->workers[ev->local_rank].state == WORKER_RUNNING && ev->generation == p->generation)
+        if (p->state == AGENT_RUNNING && p->scope == RESTART_SCOPE_WORKER && ev->local_rank >= 0 &&
+            ev->local_rank < p->nworkers && p->workers[ev->local_rank].state == WORKER_RUNNING &&
+            ev->generation == p->generation)
             p->workers[ev->local_rank].blamed = true;
         break;
     case POLICY_EV_BARRIER_DONE:

@@ -230,6 +230,7 @@ struct policy_worker {
     int restarts;         /* times it was restarted alone (worker scope) */
     bool blamed;          /* killed by the agent as hung in the current generation (worker scope) */
     int64_t replaced_gen; /* the generation of this group that last replaced it; 0: none */
+    bool asked;           /* failed; its replace is asked of the rendezvous (several nodes) */
 };
 
 struct agent_policy {

@@ -113,10 +113,12 @@ struct agent_rdzv_ops {
     /* Optional (NULL: the backend cannot number the group's generations;
      * a worker's failure on several nodes restarts the group):
      * --restart_scope=worker, the worker of global rank `rank` failed and
-     * this node would restart it alone; the answer comes through
-     * on_generation, exactly once unless a restart or close comes first.
-     * 0, or an error (no answer will come: fail the group). */
-    int (*replace)(struct agent_rdzv *r, int rank, const char *reason);
+     * this node would restart it alone (ranks non-NULL: those of its
+     * ranks, "5,7", `rank` the first, together in one generation); the
+     * answer comes through on_generation, exactly once unless a restart or
+     * close comes first. 0, or an error (no answer will come: fail the
+     * group; CDDP_EPROTO_TYPE: the backend or server cannot). */
+    int (*replace)(struct agent_rdzv *r, int rank, const char *ranks, const char *reason);
     /* Optional (NULL: cannot): a worker here named global rank `rank`,
      * another node's, as never reaching a collective of `generation`; the
      * rendezvous passes it on to that node's agent (its on_blame). */

@@ -640,12 +640,12 @@ static void on_event(struct rdzv_client *cl, const struct rdzv_event *ev, void *
 /* --restart_scope=worker: ask the server for the group's next generation
  * (docs/protocol.md, "replace"). A lost connection loses the answer: the
  * ask is refused then (on_event's DISCONNECTED). */
-static int c10d_replace(struct agent_rdzv *r, int rank, const char *reason)
+static int c10d_replace(struct agent_rdzv *r, int rank, const char *ranks, const char *reason)
 {
     struct c10d *c = (struct c10d *)r;
     if (c->client == NULL || c->calls.closing || !c->round_active)
         return CDDP_ESTATE;
-    int rc = rdzv_client_replace(c->client, rank, reason);
+    int rc = rdzv_client_replace(c->client, rank, ranks, reason);
     c->replace_asked = rc == 0;
     return rc;
 }

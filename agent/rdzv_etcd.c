@@ -298,8 +298,11 @@ void ed_state_changed(struct ed *e)
          * back to 0 (docs/etcd.md), and the next grant is 1 again. */
         e->gen_seen = st->generation;
         if (st->generation > 0) {
-            char replaced[16];
-            snprintf(replaced, sizeof(replaced), "%d", st->gen_rank);
+            char replaced[PROTO_MAX_REPLACED + 1];
+            if (st->gen_ranks[0])
+                cddp_strlcpy(replaced, st->gen_ranks, sizeof(replaced));
+            else
+                snprintf(replaced, sizeof(replaced), "%d", st->gen_rank);
             if (e->base.on_generation)
                 e->base.on_generation(&e->base, st->generation, replaced, st->gen_node, NULL,
                                       st->restart_count);
@@ -798,17 +801,19 @@ static int ed_report_failure(struct agent_rdzv *r, int restart_count)
     return 0;
 }
 
-/* Worker scope: ask to restart `rank` alone (etcd_round_replace, applied
- * to the state like every other change); the state's next generation
- * answers through on_generation (ed_state_changed), a refusal through
- * op_done. */
-static int ed_replace(struct agent_rdzv *r, int rank, const char *reason)
+/* Worker scope: ask to restart `rank` alone, or `ranks` together
+ * (etcd_round_replace, applied to the state like every other change); the
+ * state's next generation answers through on_generation
+ * (ed_state_changed), a refusal through op_done. */
+static int ed_replace(struct agent_rdzv *r, int rank, const char *ranks, const char *reason)
 {
     (void)reason;
     struct ed *e = (struct ed *)r;
     if (!in_round(e))
         return CDDP_ESTATE;
     struct op o = {.kind = OP_REPLACE, .round = e->round, .rank = rank};
+    if (ranks && cddp_strlcpy(o.ranks, ranks, sizeof(o.ranks)) >= sizeof(o.ranks))
+        return CDDP_ERANGE_ARG;
     ed_push_op(e, &o);
     return 0;
 }

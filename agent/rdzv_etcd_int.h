@@ -47,10 +47,11 @@ struct request {
 
 struct op {
     enum op_kind kind;
-    char id[PROTO_MAX_ID + 1]; /* LOSE */
-    uint64_t round;            /* FAILURE, REPLACE */
-    int rank;                  /* REPLACE */
-    bool finished;             /* LEAVE */
+    char id[PROTO_MAX_ID + 1];          /* LOSE */
+    uint64_t round;                     /* FAILURE, REPLACE */
+    int rank;                           /* REPLACE */
+    char ranks[PROTO_MAX_REPLACED + 1]; /* REPLACE: several together ("2,3"); "": rank alone */
+    bool finished;                      /* LEAVE */
 };
 
 struct ed {

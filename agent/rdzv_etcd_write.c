@@ -73,7 +73,8 @@ static bool apply(struct ed *e, struct etcd_round *st, const struct op *o,
                                                   .nproc = q->req.nproc,
                                                   .addr = q->req.addr,
                                                   .port = q->req.port,
-                                                  .gens = q->req.gens};
+                                                  .gens = q->req.gens,
+                                                  .ranks = q->req.ranks};
         }
         return etcd_round_fold(st, &e->rconf, now, j, e->nfolding) || changed;
     }
@@ -84,8 +85,9 @@ static bool apply(struct ed *e, struct etcd_round *st, const struct op *o,
     case OP_FAILURE:
         return etcd_round_failure(st, &e->rconf, now, e->node_id, o->round);
     case OP_REPLACE: /* refused: op_done tells the agent why */
-        e->replace_refused = etcd_round_replace(st, now, e->node_id, o->round, o->rank, e->refused,
-                                                sizeof(e->refused)) != 0;
+        e->replace_refused =
+            etcd_round_replace(st, now, e->node_id, o->round, o->rank,
+                               o->ranks[0] ? o->ranks : NULL, e->refused, sizeof(e->refused)) != 0;
         return !e->replace_refused;
     case OP_CLOSE:
         return etcd_round_close(st, e->calls.close_reason);
@@ -363,7 +365,8 @@ void ed_run_ops(struct ed *e)
                               .nproc = e->nproc,
                               .addr = e->addr,
                               .port = e->join_port,
-                              .gens = true};
+                              .gens = true,
+                              .ranks = true};
         char *val = etcd_round_request_encode(&j);
         rc = val ? etcd_call(e->cl, "kv/put", etcd_req_put(e->join_key, val, strlen(val), e->lease),
                              on_join_put, e)

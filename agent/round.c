@@ -296,15 +296,16 @@ static void on_rdzv_generation(struct agent_rdzv *r, int64_t generation, const c
     replaced = replaced ? replaced : "";
     char *end;
     long rank = strtol(replaced, &end, 10);
-    if (end != replaced && *end == '\0' && rank >= a->round.rank_offset &&
+    if (end != replaced && (*end == '\0' || *end == ',') && rank >= a->round.rank_offset &&
         rank < a->round.rank_offset + a->nworkers)
         ev.local_rank = (int)(rank - a->round.rank_offset);
     if (ev.local_rank < 0)
         log_warn("A0236",
-                 "[%s] round %llu goes on in place: generation %lld, rank %s restarted alone by "
-                 "node %s; this node's workers re-form with it",
-                 a->cfg->role, (unsigned long long)a->round.round, (long long)generation, replaced,
-                 node_id ? node_id : "?");
+                 "[%s] round %llu goes on in place: generation %lld, rank%s %s restarted alone by "
+                 "node %s; this node's workers re-form with %s",
+                 a->cfg->role, (unsigned long long)a->round.round, (long long)generation,
+                 strchr(replaced, ',') ? "s" : "", replaced, node_id ? node_id : "?",
+                 strchr(replaced, ',') ? "them" : "it");
     if (a->round.node_rank == 0)
         agent_inplace_publish(a, generation, replaced);
     agent_post_event(a, &ev);
@@ -405,8 +406,26 @@ void agent_round_new_generation(struct agent *a, const struct policy_action *act
 void agent_round_request_generation(struct agent *a, const struct policy_action *act)
 {
     int rank = a->round.rank_offset + act->local_rank;
-    int rc = a->rdzv->ops->replace ? a->rdzv->ops->replace(a->rdzv, rank, "worker_failure")
-                                   : CDDP_EPROTO_TYPE;
+    /* the ranks asked for together (a node's hung ranks), when several */
+    char ranks[PROTO_MAX_REPLACED + 1] = "";
+    size_t at = 0;
+    int n = 0;
+    for (int i = 0; i < a->nworkers && at < sizeof(ranks); i++)
+        if (a->pol.workers[i].asked && ++n)
+            at += (size_t)snprintf(ranks + at, sizeof(ranks) - at, "%s%d", at ? "," : "",
+                                   a->round.rank_offset + i);
+    bool several = n > 1 && at < sizeof(ranks);
+    int rc = !a->rdzv->ops->replace ? CDDP_EPROTO_TYPE
+             : n > 1 && !several
+                 ? CDDP_ERANGE_ARG
+                 : a->rdzv->ops->replace(a->rdzv, rank, several ? ranks : NULL, "worker_failure");
+    if (rc == 0 && several) {
+        log_info("A0234",
+                 "[%s] ranks %s failed together (hung); asking the rendezvous to restart them "
+                 "together in one generation (--restart_scope=worker)",
+                 a->cfg->role, ranks);
+        return;
+    }
     if (rc == 0) {
         log_info("A0234",
                  "[%s] local_rank %d (rank %d) failed; asking the rendezvous to restart it alone "
@@ -414,11 +433,14 @@ void agent_round_request_generation(struct agent *a, const struct policy_action 
                  a->cfg->role, act->local_rank, rank);
         return;
     }
-    char why[160];
+    char why[200];
     snprintf(why, sizeof(why), "%s",
-             rc == CDDP_EPROTO_TYPE ? "the rendezvous server is older and cannot number "
-                                      "generations"
-                                    : cddp_strerror(rc));
+             rc == CDDP_EPROTO_TYPE && n > 1
+                 ? "the rendezvous server is older and cannot restart several ranks together "
+                   "in one generation"
+             : rc == CDDP_EPROTO_TYPE ? "the rendezvous server is older and cannot number "
+                                        "generations"
+                                      : cddp_strerror(rc));
     on_rdzv_generation(a->rdzv, 0, NULL, NULL, why, 0);
 }
 

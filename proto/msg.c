@@ -537,11 +537,11 @@ static int decode_fields(struct dec *d)
         return 0;
     case PROTO_WELCOME:
         if ((rc = get_str(d, "server", false, PROTO_MAX_TEXT, STR_TEXT, &m->welcome.server)) ||
-            (rc = get_bool(d, "heartbeat_ack", &m->welcome.heartbeat_ack)))
+            (rc = get_bool(d, "heartbeat_ack", &m->welcome.heartbeat_ack)) ||
+            (rc = get_bool(d, "resume", &m->welcome.resume)) ||
+            (rc = get_bool(d, "generations", &m->welcome.generations)))
             return rc;
-        if ((rc = get_bool(d, "resume", &m->welcome.resume)))
-            return rc;
-        return get_bool(d, "generations", &m->welcome.generations);
+        return get_bool(d, "replace_ranks", &m->welcome.replace_ranks);
     case PROTO_JOIN:
         return decode_join(d);
     case PROTO_JOINED:
@@ -585,7 +585,8 @@ static int decode_fields(struct dec *d)
         return get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->failure.reason);
     case PROTO_REPLACE:
         if ((rc = get_int(d, "round", true, 1, PROTO_MAX_INT, 1, &v)) ||
-            (rc = get_small(d, "rank", true, 0, INT32_MAX - 1, 0, &m->replace.rank)))
+            (rc = get_small(d, "rank", true, 0, INT32_MAX - 1, 0, &m->replace.rank)) ||
+            (rc = get_str(d, "ranks", false, PROTO_MAX_REPLACED, STR_ID, &m->replace.ranks)))
             return rc;
         m->replace.round = (uint64_t)v;
         return get_str(d, "reason", false, PROTO_MAX_TEXT, STR_TEXT, &m->replace.reason);
@@ -957,6 +958,7 @@ static void encode_replace(struct enc *e, const struct proto_msg *m)
     if (m->type == PROTO_REPLACE) {
         put_int(e, "round", (int64_t)m->replace.round, 1, PROTO_MAX_INT);
         put_int(e, "rank", m->replace.rank, 0, INT32_MAX - 1);
+        put_str(e, "ranks", m->replace.ranks, PROTO_MAX_REPLACED);
         put_str(e, "reason", m->replace.reason, PROTO_MAX_TEXT);
         return;
     }
@@ -986,6 +988,8 @@ static void encode_fields(struct enc *e, const struct proto_msg *m)
             put_bool(e, "resume", true);
         if (m->welcome.generations)
             put_bool(e, "generations", true);
+        if (m->welcome.replace_ranks)
+            put_bool(e, "replace_ranks", true);
         break;
     case PROTO_JOIN:
         encode_join_fields(e, &m->join);

@@ -193,6 +193,7 @@ struct proto_msg {
             bool heartbeat_ack; /* optional: heartbeats will be answered */
             bool resume;        /* optional: the server understands "resume" */
             bool generations;   /* optional: the server understands "replace" and "blame" */
+            bool replace_ranks; /* optional: ... and replace's "ranks" (several at once) */
         } welcome;
         struct {
             /* Server to agent only (an answer to a heartbeat), optional: the
@@ -239,6 +240,11 @@ struct proto_msg {
         struct {
             uint64_t round;
             int rank;
+            /* Optional (a server whose welcome said replace_ranks): every
+             * global rank of this node to restart together in the one
+             * generation, decimal, comma-separated, ascending, `rank` the
+             * first ("5,7": a node's ranks hung together); NULL: rank alone. */
+            const char *ranks;
             const char *reason; /* may be NULL */
         } replace;
         /* Server to agents: the answer to a replace. Granted (generation

@@ -70,8 +70,9 @@ struct rdzv_client {
     bool server_acks;        /* it answers heartbeats */
     bool server_resume;      /* it understands resume */
     bool server_generations; /* it understands replace */
-    bool suspect;            /* the watch found read_timeout of silence; one more loop turn */
-    uint64_t last_rx;        /* loop time of the last bytes from the server */
+    bool server_replace_ranks; /* ... and replace's ranks */
+    bool suspect;              /* the watch found read_timeout of silence; one more loop turn */
+    uint64_t last_rx;          /* loop time of the last bytes from the server */
     uint64_t silence_ms;
     uint64_t reconnect_ms;
     bool reconnecting; /* since a loss, until the next welcome */
@@ -330,6 +331,7 @@ static void on_server_message(struct rdzv_client *c, const struct proto_msg *m)
         c->server_acks = m->welcome.heartbeat_ack;
         c->server_resume = m->welcome.resume;
         c->server_generations = m->welcome.generations;
+        c->server_replace_ranks = m->welcome.generations && m->welcome.replace_ranks;
         if (c->reconnecting)
             after_reconnect(c);
         return;
@@ -1080,16 +1082,15 @@ static int inplace_ready(const struct rdzv_client *c)
     return c->server_generations ? 0 : CDDP_EPROTO_TYPE;
 }
 
-int rdzv_client_replace(struct rdzv_client *c, int rank, const char *reason)
+int rdzv_client_replace(struct rdzv_client *c, int rank, const char *ranks, const char *reason)
 {
     int rc = inplace_ready(c);
-    if (rc)
-        return rc;
-    struct proto_msg m = {.type = PROTO_REPLACE};
-    m.replace.round = c->round.round;
-    m.replace.rank = rank;
-    m.replace.reason = reason;
-    return client_send(c, &m);
+    if (rc == 0 && ranks && !c->server_replace_ranks)
+        rc = CDDP_EPROTO_TYPE;
+    struct proto_msg m = {
+        .type = PROTO_REPLACE,
+        .replace = {.round = c->round.round, .rank = rank, .ranks = ranks, .reason = reason}};
+    return rc ? rc : client_send(c, &m);
 }
 
 int rdzv_client_blame(struct rdzv_client *c, int rank, int64_t generation)

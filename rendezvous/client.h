@@ -159,7 +159,10 @@ int rdzv_client_report_failure(struct rdzv_client *c, const char *reason);
  * as event GENERATION (docs/protocol.md, "replace"). CDDP_EPROTO_TYPE: the
  * server does not understand replace (an older one); CDDP_ESTATE: no round
  * running here, a join outstanding, or not connected now. */
-int rdzv_client_replace(struct rdzv_client *c, int rank, const char *reason);
+int rdzv_client_replace(struct rdzv_client *c, int rank, const char *ranks, const char *reason);
+/* (ranks: NULL, rank alone; or several of our ranks at once, in one
+ * generation, "5,7", decimal, ascending, `rank` the first: CDDP_EPROTO_TYPE
+ * also from a server whose welcome lacked replace_ranks.) */
 /* --restart_scope=worker: one of our workers named global rank `rank`
  * (another node's) as never reaching a collective of `generation`; the
  * server passes it on to that node (event BLAME there). Errors as

@@ -10,6 +10,7 @@
 
 #include "common/errors.h"
 #include "common/strutil.h"
+#include "rendezvous/ranks.h"
 
 #define STATE_VERSION 1
 #define MAX_STATE_BYTES (8u << 20)
@@ -141,6 +142,7 @@ static void complete(struct etcd_round *r)
     r->generation = 0;
     r->generation_at = 0;
     r->gen_rank = -1;
+    r->gen_ranks[0] = '\0';
     r->gen_node[0] = '\0';
 }
 
@@ -202,6 +204,7 @@ static void set_info(struct etcd_member *m, const struct etcd_join *j)
     cddp_strlcpy(m->addr, j->addr ? j->addr : "", sizeof(m->addr));
     m->port = j->port;
     m->gens = j->gens;
+    m->ranks = j->ranks;
 }
 
 bool etcd_round_join(struct etcd_round *r, const struct etcd_round_conf *c, uint64_t now,
@@ -273,7 +276,7 @@ bool etcd_round_failure(struct etcd_round *r, const struct etcd_round_conf *c, u
 }
 
 int etcd_round_replace(struct etcd_round *r, uint64_t now, const char *id, uint64_t round, int rank,
-                       char *why, size_t whylen)
+                       const char *ranks, char *why, size_t whylen)
 {
     struct proto_round at;
     if (r->phase != ETCD_RUNNING || round != r->round)
@@ -284,11 +287,18 @@ int etcd_round_replace(struct etcd_round *r, uint64_t now, const char *id, uint6
     if (rank < at.rank_offset || rank >= at.rank_offset + at.nproc)
         return cddp_fail(why, whylen, CDDP_ESTATE, "rank %d is not one of this node's (%d..%d)",
                          rank, at.rank_offset, at.rank_offset + at.nproc - 1);
+    if (ranks && rdzv_ranks_check(ranks, rank, at.rank_offset, at.rank_offset + at.nproc - 1, why,
+                                  whylen) != 0)
+        return CDDP_ESTATE;
     for (size_t i = 0; i < r->nmembers; i++) {
         const struct etcd_member *m = &r->members[i];
         if (m->state == ETCD_M_ACTIVE && !m->gens)
             return cddp_fail(why, whylen, CDDP_ESTATE,
                              "node %s's agent is older and cannot number generations", m->id);
+        if (m->state == ETCD_M_ACTIVE && ranks && !m->ranks)
+            return cddp_fail(why, whylen, CDDP_ESTATE,
+                             "not every member's agent can replace several ranks together (an "
+                             "older one)");
     }
     if (r->generation_at != 0 && now < r->generation_at + ETCD_ROUND_SETTLE_MS)
         return cddp_fail(why, whylen, CDDP_ESTATE,
@@ -299,6 +309,7 @@ int etcd_round_replace(struct etcd_round *r, uint64_t now, const char *id, uint6
     r->generation_at = now ? now : 1;
     r->restart_count++; /* one of the job's restarts (--max_restarts) */
     r->gen_rank = rank;
+    cddp_strlcpy(r->gen_ranks, ranks ? ranks : "", sizeof(r->gen_ranks));
     cddp_strlcpy(r->gen_node, id, sizeof(r->gen_node));
     return 0;
 }
@@ -400,7 +411,14 @@ char *etcd_round_encode(const struct etcd_round *r)
               cJSON_AddNumberToObject(o, "gen", (double)r->generation) &&
               cJSON_AddNumberToObject(o, "gen_at", (double)r->generation_at) &&
               cJSON_AddNumberToObject(o, "gen_rank", r->gen_rank) &&
+              (!r->gen_ranks[0] || cJSON_AddStringToObject(o, "gen_ranks", r->gen_ranks)) &&
               cJSON_AddStringToObject(o, "gen_node", r->gen_node);
+    /* every member's agent replaces several ranks together: one mark for
+     * all of them, which an older agent's write drops (none then does) */
+    bool rr = r->nmembers > 0;
+    for (size_t i = 0; i < r->nmembers; i++)
+        rr = rr && r->members[i].ranks;
+    ok = ok && (!rr || cJSON_AddBoolToObject(o, "rr", true));
     cJSON *arr = ok ? cJSON_AddArrayToObject(o, "members") : NULL;
     for (size_t i = 0; arr && i < r->nmembers; i++) {
         const struct etcd_member *m = &r->members[i];
@@ -551,6 +569,11 @@ int etcd_round_decode(const char *json, size_t len, struct etcd_round *r, char *
     if (cJSON_GetObjectItemCaseSensitive(o, "gen_node") != NULL &&
         (rc = str(o, "gen_node", PROTO_MAX_ID, false, r->gen_node, err, errlen)))
         goto fail;
+    bool rr;
+    if ((cJSON_GetObjectItemCaseSensitive(o, "gen_ranks") != NULL &&
+         (rc = str(o, "gen_ranks", PROTO_MAX_REPLACED, false, r->gen_ranks, err, errlen))) ||
+        (rc = opt_bool(o, "rr", &rr, err, errlen)))
+        goto fail;
     r->phase = ETCD_CLOSED + 1;
     for (int i = 0; i <= ETCD_CLOSED; i++) {
         if (strcmp(phase, phase_names[i]) == 0)
@@ -583,6 +606,7 @@ int etcd_round_decode(const char *json, size_t len, struct etcd_round *r, char *
         }
         if ((rc = decode_member(e, m, err, errlen)))
             goto fail;
+        m->ranks = rr;
     }
     cJSON_Delete(o);
     return 0;
@@ -602,7 +626,8 @@ char *etcd_round_request_encode(const struct etcd_join *j)
     bool ok = cJSON_AddNumberToObject(o, "nproc", j->nproc) &&
               cJSON_AddStringToObject(o, "addr", j->addr ? j->addr : "") &&
               cJSON_AddNumberToObject(o, "port", j->port) &&
-              (!j->gens || cJSON_AddBoolToObject(o, "g", true));
+              (!j->gens || cJSON_AddBoolToObject(o, "g", true)) &&
+              (!j->ranks || cJSON_AddBoolToObject(o, "r", true));
     char *s = ok ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     return s;
@@ -627,6 +652,8 @@ int etcd_round_request_decode(const char *json, size_t len, struct etcd_request 
         rc = str(o, "addr", ETCD_ROUND_MAX_ADDR, true, out->addr, err, errlen);
     if (rc == 0)
         rc = opt_bool(o, "g", &out->gens, err, errlen);
+    if (rc == 0)
+        rc = opt_bool(o, "r", &out->ranks, err, errlen);
     cJSON_Delete(o);
     if (rc) {
         memset(out, 0, sizeof(*out));

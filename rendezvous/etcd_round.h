@@ -71,6 +71,11 @@ struct etcd_member {
      * usual state costs nothing more per member; a state an older agent
      * wrote reads as every member able to (docs/etcd.md). */
     bool gens;
+    /* Its agent asks to replace several of its ranks together (a replace's
+     * ranks); its join request said so ("r"). Not written per member: the
+     * state's "rr": true says every member's does, and a state without it
+     * (an older agent wrote it) reads as none does. */
+    bool ranks;
 };
 
 struct etcd_round {
@@ -92,6 +97,7 @@ struct etcd_round {
     int64_t generation;
     uint64_t generation_at;
     int gen_rank;
+    char gen_ranks[PROTO_MAX_REPLACED + 1]; /* several together ("2,3", gen_rank the first); "" */
     char gen_node[PROTO_MAX_ID + 1];
     struct etcd_member *members;
     size_t nmembers, cap;
@@ -119,7 +125,8 @@ struct etcd_join {
     int nproc;
     const char *addr;
     int port;
-    bool gens; /* the agent numbers generations (etcd_round_replace) */
+    bool gens;  /* the agent numbers generations (etcd_round_replace) */
+    bool ranks; /* ... and replaces several ranks together (its ranks) */
 };
 
 /* Each returns true if r changed. */
@@ -138,9 +145,11 @@ bool etcd_round_close(struct etcd_round *r, const char *reason);
  * CDDP_ESTATE with why (r unchanged): the round is not running or not
  * `round`, id is not active in it, the rank is not id's, a member's agent
  * cannot number generations, or a replace was granted within
- * ETCD_ROUND_SETTLE_MS (then the group restarts). */
+ * ETCD_ROUND_SETTLE_MS (then the group restarts). ranks non-NULL: several
+ * of id's ranks together, "2,3" (rendezvous/ranks.h), `rank` the first;
+ * refused also when it is not such a list or a member's agent cannot. */
 int etcd_round_replace(struct etcd_round *r, uint64_t now, const char *id, uint64_t round, int rank,
-                       char *why, size_t whylen);
+                       const char *ranks, char *why, size_t whylen);
 /* Time passed (last call). */
 bool etcd_round_tick(struct etcd_round *r, const struct etcd_round_conf *c, uint64_t now);
 /* Drops members whose lease is gone (alive(id) false), as lose does. */
@@ -156,6 +165,7 @@ struct etcd_request {
     char addr[ETCD_ROUND_MAX_ADDR + 1];
     int port;
     bool gens;
+    bool ranks;
 };
 /* j->id is not encoded (it is the key's last part). Malloc'd, or NULL. */
 char *etcd_round_request_encode(const struct etcd_join *j);

@@ -538,6 +538,7 @@ static void handle_hello(struct conn *c, const struct proto_msg *m)
     w.welcome.heartbeat_ack = m->hello.heartbeat_ack;
     w.welcome.resume = !srv->opt.store_only;
     w.welcome.generations = !srv->opt.store_only;
+    w.welcome.replace_ranks = w.welcome.generations;
     send_msg(c, &w);
     log_debug("R0030", "%s: hello for run '%s' (%s)", c->name, m->hello.run_id,
               m->hello.client ? m->hello.client : "-");

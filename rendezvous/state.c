@@ -27,6 +27,7 @@
 #include "common/strmap.h"
 #include "common/strutil.h"
 #include "rendezvous/conf.h"
+#include "rendezvous/ranks.h"
 
 enum node_state { N_IDLE, N_PARTICIPANT, N_WAITING, N_ACTIVE, N_RESTARTING, N_COUNT };
 
@@ -1333,6 +1334,13 @@ void rdzv_state_replace(struct rdzv_state *st, uint64_t now, struct rdzv_peer *p
                                       node->prev_offset, node->prev_offset + node->nproc - 1));
         return;
     }
+    char why[PROTO_MAX_REPLACED + 128];
+    if (m->replace.ranks &&
+        rdzv_ranks_check(m->replace.ranks, rank, node->prev_offset,
+                         node->prev_offset + node->nproc - 1, why, sizeof(why)) != 0) {
+        refuse_replace(st, peer, round, scratch_strdup(st, why));
+        return;
+    }
     if (run->generation_at != 0 && now < run->generation_at + RDZV_REPLACE_SETTLE_MS) {
         refuse_replace(st, peer, round,
                        scratch_printf(st,
@@ -1345,7 +1353,9 @@ void rdzv_state_replace(struct rdzv_state *st, uint64_t now, struct rdzv_peer *p
     run->generation++;
     run->generation_at = now ? now : 1;
     run->counted_restarts++; /* one of the job's restarts (--max_restarts) */
-    const char *replaced = scratch_printf(st, "%d", rank);
+    /* (one restart of the job's, however many ranks it replaces) */
+    const char *replaced =
+        m->replace.ranks ? scratch_strdup(st, m->replace.ranks) : scratch_printf(st, "%d", rank);
     const char *nid = scratch_strdup(st, node->id);
     struct cddp_queue *q;
     cddp_queue_foreach(q, &run->lists[N_ACTIVE])

@@ -438,6 +438,45 @@ def test_two_nodes_hung_rank_named_by_the_other_node(background, reference, requ
     survivors_kept(err, {3})
 
 
+@pytest.mark.parametrize("backend", ["c10d", pytest.param("etcd-v3", marks=NO_ETCD)])
+def test_two_nodes_whole_node_hung(background, reference, request, backend):
+    """Node 1's two ranks (2 and 3) hang together before step 2's first
+    collective. Node 0's ranks name both; the blame crosses over; node 1's
+    agent kills both, waits for both exits, and asks for one generation
+    replacing both: `replace` with `ranks` "2,3" (c10d: the server grants
+    it; etcd-v3: the agent applies it to the state, `gen_ranks`). One
+    generation, one counted restart, node 0's ranks in their first
+    processes, the no-fault checksum. Not heavy: the server's and the
+    state's side under ASan too."""
+    agents, sports = two_agents(background, request, backend, "node-hung", (2, 2),
+                                ["--init-timeout", "60", "--collective-timeout", "3",
+                                 "--fault", "hang@step=2,rank=2-3"], max_restarts=2)
+    ends = [succeeded(a, p) for a, p in zip(agents, sports)]
+    by_ranks = {tuple(w["rank"] for w in st["workers"]): (st, err) for st, err in ends}
+    assert sorted(by_ranks) == [(0, 1), (2, 3)], [st["workers"] for st, _ in ends]
+    (st0, err0), (st1, err1) = by_ranks[(0, 1)], by_ranks[(2, 3)]
+    err = err0 + err1
+    for r in (2, 3):
+        assert re.search(rf"A0224: .*local_rank {r - 2} \(rank {r}, pid \d+\) never reached", err1), \
+            err1[-5000:]
+    assert err.count("T6202") == 4 and checksums(err) == reference, err[-5000:]
+    assert re.search(r"A0234: .*ranks 2,3 failed together \(hung\); asking the rendezvous to "
+                     r"restart them together in one generation", err1), err1[-5000:]
+    assert re.search(r"A0236: .*generation 1, ranks 2,3 restarted alone by node", err0), \
+        err0[-5000:]
+    assert err1.count("A0220") == 2 and "A0235" not in err, err[-5000:]
+    assert [w["restarts"] for w in st1["workers"]] == [1, 1]
+    assert [w["restarts"] for w in st0["workers"]] == [0, 0]
+    assert st1["restarts"]["by_scope"] == {"worker": 1, "group": 0}
+    assert st0["restarts"]["by_scope"] == {"worker": 0, "group": 0}
+    assert st0["restarts"]["count"] == st1["restarts"]["count"] == 1
+    assert st0["restarts"]["generation"] == st1["restarts"]["generation"] == 1
+    assert "exit 75" not in err and err.count("A0207") == 2, err[-5000:]
+    assert len(re.findall(r"T6212: generation 1: state from rank 0, checksum \w+; running step 2",
+                          err)) == 4, err[-5000:]
+    survivors_kept(err, {2, 3})
+
+
 @NO_ETCD
 def test_two_nodes_over_etcd_second_failure_restarts_the_group(background, reference, request):
     """Ranks 1 and 3, one on each node, SIGKILLed together over etcd-v3.

@@ -250,7 +250,7 @@ static void test_round_replace(void **state)
     etcd_round_init(&r, 2, 2);
     join_gens(&r, 0, "a", 2, true);
     /* not running yet */
-    assert_int_equal(etcd_round_replace(&r, 1, "a", 1, 0, why, sizeof(why)), CDDP_ESTATE);
+    assert_int_equal(etcd_round_replace(&r, 1, "a", 1, 0, NULL, why, sizeof(why)), CDDP_ESTATE);
     assert_non_null(strstr(why, "not the one running"));
     join_gens(&r, 0, "b", 2, true);
     roundtrip(&r);
@@ -259,16 +259,16 @@ static void test_round_replace(void **state)
     assert_int_equal(r.gen_rank, -1);
     assert_true(r.members[0].gens && r.members[1].gens);
     /* b holds ranks 2..3 */
-    assert_int_equal(etcd_round_replace(&r, 10, "b", 7, 3, why, sizeof(why)), CDDP_ESTATE);
-    assert_int_equal(etcd_round_replace(&r, 10, "zz", 1, 3, why, sizeof(why)), CDDP_ESTATE);
+    assert_int_equal(etcd_round_replace(&r, 10, "b", 7, 3, NULL, why, sizeof(why)), CDDP_ESTATE);
+    assert_int_equal(etcd_round_replace(&r, 10, "zz", 1, 3, NULL, why, sizeof(why)), CDDP_ESTATE);
     assert_non_null(strstr(why, "not a member"));
-    assert_int_equal(etcd_round_replace(&r, 10, "b", 1, 1, why, sizeof(why)), CDDP_ESTATE);
+    assert_int_equal(etcd_round_replace(&r, 10, "b", 1, 1, NULL, why, sizeof(why)), CDDP_ESTATE);
     assert_string_equal(why, "rank 1 is not one of this node's (2..3)");
     assert_int_equal(r.generation, 0);
     assert_int_equal(r.restart_count, 0);
     /* granted: the next generation, one of the job's counted restarts,
      * the round and its members as they were */
-    assert_int_equal(etcd_round_replace(&r, 10, "b", 1, 3, why, sizeof(why)), 0);
+    assert_int_equal(etcd_round_replace(&r, 10, "b", 1, 3, NULL, why, sizeof(why)), 0);
     roundtrip(&r);
     assert_int_equal(r.round, 1);
     assert_int_equal(r.phase, ETCD_RUNNING);
@@ -284,11 +284,11 @@ static void test_round_replace(void **state)
     /* a second failure within the settle window: refused (the group
      * restarts); after it, granted */
     assert_int_equal(
-        etcd_round_replace(&r, 10 + ETCD_ROUND_SETTLE_MS - 1, "a", 1, 0, why, sizeof(why)),
+        etcd_round_replace(&r, 10 + ETCD_ROUND_SETTLE_MS - 1, "a", 1, 0, NULL, why, sizeof(why)),
         CDDP_ESTATE);
     assert_non_null(strstr(why, "generation 1 was granted 999 ms ago"));
-    assert_int_equal(etcd_round_replace(&r, 10 + ETCD_ROUND_SETTLE_MS, "a", 1, 0, why, sizeof(why)),
-                     0);
+    assert_int_equal(
+        etcd_round_replace(&r, 10 + ETCD_ROUND_SETTLE_MS, "a", 1, 0, NULL, why, sizeof(why)), 0);
     assert_int_equal(r.generation, 2);
     assert_int_equal(r.gen_rank, 0);
     assert_int_equal(r.restart_count, 2);
@@ -309,7 +309,7 @@ static void test_round_replace(void **state)
     join_gens(&r, 0, "a", 1, true);
     join_gens(&r, 0, "old", 1, false);
     roundtrip(&r);
-    assert_int_equal(etcd_round_replace(&r, 10, "a", 1, 0, why, sizeof(why)), CDDP_ESTATE);
+    assert_int_equal(etcd_round_replace(&r, 10, "a", 1, 0, NULL, why, sizeof(why)), CDDP_ESTATE);
     assert_string_equal(why, "node old's agent is older and cannot number generations");
     etcd_round_free(&r);
     /* a state an older agent wrote (no generation fields) reads as
@@ -372,6 +372,68 @@ static void test_round_decode_refuses(void **state)
     }
 }
 
+/* Several ranks of one node together (replace's ranks): granted as one
+ * generation and one counted restart when every active member's agent
+ * can (its join said "r"; the state's "rr" says all can); the list
+ * checked as the server checks it; an older agent's state reads as none
+ * can. */
+static void test_round_replace_ranks(void **state)
+{
+    (void)state;
+    struct etcd_round r;
+    char why[256];
+    etcd_round_init(&r, 2, 2);
+    for (int i = 0; i < 2; i++) {
+        struct etcd_join j = {
+            .id = i ? "b" : "a", .nproc = 2, .addr = "h", .port = 1, .gens = true, .ranks = true};
+        etcd_round_join(&r, &CONF, 0, &j);
+    }
+    char *s = etcd_round_encode(&r);
+    assert_non_null(strstr(s, "\"rr\":true"));
+    assert_null(strstr(s, "gen_ranks"));
+    free(s);
+    roundtrip(&r);
+    assert_int_equal(r.phase, ETCD_RUNNING);
+    assert_true(r.members[0].ranks && r.members[1].ranks);
+    /* b holds ranks 2..3 */
+    assert_int_equal(etcd_round_replace(&r, 10, "b", 1, 2, "2,4", why, sizeof(why)), CDDP_ESTATE);
+    assert_string_equal(why, "rank 4 is not one of this node's (2..3)");
+    assert_int_equal(etcd_round_replace(&r, 10, "b", 1, 3, "2,3", why, sizeof(why)), CDDP_ESTATE);
+    assert_string_equal(why, "ranks '2,3' does not begin with rank 3");
+    assert_int_equal(etcd_round_replace(&r, 10, "b", 1, 2, "2,x", why, sizeof(why)), CDDP_ESTATE);
+    assert_string_equal(why, "ranks '2,x' is not a list of decimal ranks");
+    assert_int_equal(r.generation, 0);
+    assert_int_equal(etcd_round_replace(&r, 10, "b", 1, 2, "2,3", why, sizeof(why)), 0);
+    roundtrip(&r);
+    assert_int_equal(r.generation, 1);
+    assert_int_equal(r.gen_rank, 2);
+    assert_string_equal(r.gen_ranks, "2,3");
+    assert_int_equal(r.restart_count, 1); /* one, for both */
+    /* a lone rank's grant after it says one rank again */
+    assert_int_equal(
+        etcd_round_replace(&r, 10 + ETCD_ROUND_SETTLE_MS, "a", 1, 1, NULL, why, sizeof(why)), 0);
+    roundtrip(&r);
+    assert_int_equal(r.gen_rank, 1);
+    assert_string_equal(r.gen_ranks, "");
+    etcd_round_free(&r);
+    /* a member whose agent cannot: refused for several, granted for one */
+    etcd_round_init(&r, 2, 2);
+    struct etcd_join a = {
+        .id = "a", .nproc = 2, .addr = "h", .port = 1, .gens = true, .ranks = true};
+    struct etcd_join old = {.id = "old", .nproc = 2, .addr = "h", .port = 1, .gens = true};
+    etcd_round_join(&r, &CONF, 0, &a);
+    etcd_round_join(&r, &CONF, 0, &old);
+    s = etcd_round_encode(&r);
+    assert_null(strstr(s, "\"rr\""));
+    free(s);
+    roundtrip(&r);
+    assert_int_equal(etcd_round_replace(&r, 10, "a", 1, 0, "0,1", why, sizeof(why)), CDDP_ESTATE);
+    assert_string_equal(
+        why, "not every member's agent can replace several ranks together (an older one)");
+    assert_int_equal(etcd_round_replace(&r, 10, "a", 1, 0, NULL, why, sizeof(why)), 0);
+    etcd_round_free(&r);
+}
+
 static void test_join_request(void **state)
 {
     (void)state;
@@ -392,6 +454,12 @@ static void test_join_request(void **state)
     assert_int_equal(etcd_round_request_decode(s, strlen(s), &q, err, sizeof(err)), 0);
     free(s);
     assert_true(q.gens);
+    assert_false(q.ranks);
+    j.ranks = true;
+    s = etcd_round_request_encode(&j);
+    assert_int_equal(etcd_round_request_decode(s, strlen(s), &q, err, sizeof(err)), 0);
+    free(s);
+    assert_true(q.gens && q.ranks);
     const char *bad[] = {"",
                          "[]",
                          "{\"nproc\":8,\"addr\":\"h\"}",
@@ -447,6 +515,7 @@ int main(void)
         cmocka_unit_test(test_round_scale_and_wait),
         cmocka_unit_test(test_round_failure_leave_close),
         cmocka_unit_test(test_round_replace),
+        cmocka_unit_test(test_round_replace_ranks),
         cmocka_unit_test(test_round_decode_refuses),
         cmocka_unit_test(test_join_request),
         cmocka_unit_test(test_round_fold),

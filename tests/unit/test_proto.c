@@ -196,6 +196,11 @@ static void test_msg_roundtrip(void **state)
     m.welcome.generations = true;
     roundtrip(&m, &o);
     assert_true(o.welcome.heartbeat_ack && o.welcome.resume && o.welcome.generations);
+    assert_false(o.welcome.replace_ranks);
+    proto_msg_free(&o);
+    m.welcome.replace_ranks = true;
+    roundtrip(&m, &o);
+    assert_true(o.welcome.generations && o.welcome.replace_ranks);
     proto_msg_free(&o);
     memset(&m, 0, sizeof(m));
     m.type = PROTO_HEARTBEAT;
@@ -351,6 +356,12 @@ static void test_msg_roundtrip(void **state)
     assert_int_equal(o.replace.round, 7);
     assert_int_equal(o.replace.rank, 3);
     assert_string_equal(o.replace.reason, "worker_failure");
+    assert_null(o.replace.ranks);
+    proto_msg_free(&o);
+    m.replace.ranks = "3,5"; /* several ranks together */
+    roundtrip(&m, &o);
+    assert_int_equal(o.replace.rank, 3);
+    assert_string_equal(o.replace.ranks, "3,5");
     proto_msg_free(&o);
     memset(&m, 0, sizeof(m));
     m.type = PROTO_GENERATION;

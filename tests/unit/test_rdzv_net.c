@@ -296,7 +296,7 @@ static void test_replace_grants_and_refuses(void **state)
     for (int i = 0; i < 3; i++) {
         start_agent(&w, i, NULL, 3, 3);
         /* No round yet: nothing to go on in place. */
-        assert_int_equal(rdzv_client_replace(w.a[i].c, 0, "x"), CDDP_ESTATE);
+        assert_int_equal(rdzv_client_replace(w.a[i].c, 0, NULL, "x"), CDDP_ESTATE);
         assert_int_equal(rdzv_client_join(w.a[i].c, 40000 + i, on_join, &w.a[i]), 0);
     }
     want_joins = 1;
@@ -304,7 +304,7 @@ static void test_replace_grants_and_refuses(void **state)
     assert_int_equal(w.a[2].round.rank_offset, 3); /* node 2: ranks 3, 4, 5 */
 
     /* Node 2 restarts rank 4 alone: every node hears generation 1. */
-    assert_int_equal(rdzv_client_replace(w.a[2].c, 4, "worker_failure"), 0);
+    assert_int_equal(rdzv_client_replace(w.a[2].c, 4, NULL, "worker_failure"), 0);
     for (int i = 0; i < 3; i++)
         want_generations[i] = 1;
     run_until(&w, generations_in);
@@ -317,13 +317,13 @@ static void test_replace_grants_and_refuses(void **state)
     }
 
     /* Node 1 within the settle window: refused, to node 1 alone. */
-    assert_int_equal(rdzv_client_replace(w.a[1].c, 1, "worker_failure"), 0);
+    assert_int_equal(rdzv_client_replace(w.a[1].c, 1, NULL, "worker_failure"), 0);
     want_generations[1] = 2;
     run_until(&w, generations_in);
     assert_int_equal(w.a[1].last_generation, 0);
     assert_non_null(strstr(w.a[1].refused, "a second failure this soon"));
     /* A rank that is not the node's own: refused. */
-    assert_int_equal(rdzv_client_replace(w.a[0].c, 3, "worker_failure"), 0);
+    assert_int_equal(rdzv_client_replace(w.a[0].c, 3, NULL, "worker_failure"), 0);
     want_generations[0] = 2;
     run_until(&w, generations_in);
     assert_int_equal(w.a[0].last_generation, 0);
@@ -339,7 +339,7 @@ static void test_replace_grants_and_refuses(void **state)
     while (!settled)
         uv_run(&w.loop, UV_RUN_ONCE);
     uv_close((uv_handle_t *)&t, NULL);
-    assert_int_equal(rdzv_client_replace(w.a[1].c, 2, "worker_failure"), 0);
+    assert_int_equal(rdzv_client_replace(w.a[1].c, 2, NULL, "worker_failure"), 0);
     want_generations[0] = 3;
     want_generations[1] = 3;
     want_generations[2] = 2;
@@ -379,7 +379,7 @@ static void test_replace_grants_and_refuses(void **state)
     assert_int_equal(w.a[0].round.generation, 0);
     assert_true(w.a[0].round.round > old);
     assert_int_equal(w.a[0].round.restart_count, 3); /* two granted, one failure */
-    assert_int_equal(rdzv_client_replace(w.a[2].c, 5, "worker_failure"), 0);
+    assert_int_equal(rdzv_client_replace(w.a[2].c, 5, NULL, "worker_failure"), 0);
     for (int i = 0; i < 3; i++)
         want_generations[i] = w.a[i].generations + 1;
     run_until(&w, generations_in);

@@ -762,6 +762,63 @@ static void test_replace_then_spare_in_place(void **state)
     sim_free(s);
 }
 
+static void replace_ranks(struct sim *s, int i, uint64_t round, int rank, const char *ranks)
+{
+    struct proto_msg m = {.type = PROTO_REPLACE};
+    m.replace.round = round;
+    m.replace.rank = rank;
+    m.replace.ranks = ranks;
+    rdzv_state_replace(s->st, s->now, &s->peer[i], &m);
+    collect(s);
+}
+
+/* A node's hung ranks in one replace (ranks): one generation names them
+ * all, one counted restart; ranks not the node's, out of order, not
+ * beginning with rank, or not a list: refused, naming what was wrong. */
+static void test_replace_several_ranks(void **state)
+{
+    (void)state;
+    struct sim *s = sim_new(false);
+    for (int i = 0; i < 2; i++)
+        hello(s, i, "job");
+    join2(s, 0, "a", 2);
+    join2(s, 1, "b", 2); /* ranks 2 and 3 */
+    check_round(s, 2);
+    uint64_t round = find(s, 0, RDZV_ACT_ROUND)->round.round;
+    static const struct {
+        int rank;
+        const char *ranks, *why;
+    } bad[] = {
+        {2, "2,4", "rank 4 is not one of this node's (2..3)"},
+        {2, "1,2", "rank 1 is not one of this node's (2..3)"},
+        {2, "2,3,3", "ranks '2,3,3' is not in ascending order"},
+        {2, "3,2", "ranks '3,2' does not begin with rank 2"},
+        {3, "2,3", "ranks '2,3' does not begin with rank 3"},
+        {2, "2,,3", "ranks '2,,3' is not a list of decimal ranks"},
+        {2, "2,x", "ranks '2,x' is not a list of decimal ranks"},
+        {2, "2,99999999999999999999", "is not a list of decimal ranks"},
+        {2, "", "ranks '' is not a list of decimal ranks"},
+    };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        replace_ranks(s, 1, round, bad[k].rank, bad[k].ranks);
+        assert_int_equal(s->nacts, 1);
+        const struct rdzv_action *a = find(s, 1, RDZV_ACT_GENERATION);
+        assert_int_equal(a->generation.generation, 0);
+        if (strstr(a->generation.refused, bad[k].why) == NULL)
+            fail_msg("%s: refused '%s', want '%s'", bad[k].ranks, a->generation.refused,
+                     bad[k].why);
+    }
+    replace_ranks(s, 1, round, 2, "2,3");
+    for (int i = 0; i < 2; i++) {
+        const struct rdzv_action *a = find(s, i, RDZV_ACT_GENERATION);
+        assert_int_equal(a->generation.generation, 1);
+        assert_string_equal(a->generation.replaced, "2,3");
+        assert_string_equal(a->generation.node_id, "b");
+        assert_int_equal(a->generation.restart_count, 1);
+    }
+    sim_free(s);
+}
+
 /* No spare and min_nodes 1: the world shrinks, a new group. */
 static void test_no_spare_not_in_place(void **state)
 {
@@ -2022,6 +2079,7 @@ int main(void)
         cmocka_unit_test(test_ten_thousand_nodes),
         cmocka_unit_test(test_random_sequences),
         cmocka_unit_test(test_replace_then_spare_in_place),
+        cmocka_unit_test(test_replace_several_ranks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
