@@ -55,8 +55,10 @@
 #define PROGRESS_LINE_MAX 4096 /* bytes, newline excluded; PIPE_BUF writes stay whole */
 #define PROGRESS_MAX_DEPTH 16
 /* The blame lines kept, newest last: a read may carry several (a rank
- * names every rank furthest behind, one line each); older ones are lost. */
-#define PROGRESS_BLAMES_KEPT 8
+ * names every rank furthest behind, one line each, all in one write);
+ * older ones are lost. cddp-train names at most this many at once
+ * (trainer/blame.c), so one write is kept whole. */
+#define PROGRESS_BLAMES_KEPT 16
 
 /* Bits of progress_report.fields. */
 enum {

@@ -5,6 +5,7 @@
 
 #include "common/errors.h"        /* CDDP_ETIMEOUT */
 #include "common/log.h"           /* log_warn */
+#include "proto/progress.h"       /* PROGRESS_BLAMES_KEPT */
 #include "trainer/comm/comm.h"    /* trn_comm_missing */
 #include "trainer/comm/failure.h" /* trn_comm_failure_message */
 #include "trainer/progress_fd.h"  /* trn_progress_fd_blame */
@@ -13,7 +14,8 @@
 /* How long the store is asked (the agent's own store, on this node or
  * near it: an answer takes milliseconds). */
 #define BLAME_ASK_S 1.0
-#define BLAME_MAX 16
+/* (at most what the agent keeps of one read: proto/progress.h) */
+#define BLAME_MAX PROGRESS_BLAMES_KEPT
 
 bool trn_blame_missing(struct run *r, const struct trn_comm_error *e)
 {

@@ -36,8 +36,8 @@ void trn_progress_fd_report(struct trn_progress_fd *p, const struct progress_lin
 
 int trn_progress_fd_blame(struct trn_progress_fd *p, const int *ranks, int n, long gen)
 {
-    char lines[16 * 64];
-    if (p->fd < 0 || n <= 0 || n > 16)
+    char lines[PROGRESS_BLAMES_KEPT * 64];
+    if (p->fd < 0 || n <= 0 || n > PROGRESS_BLAMES_KEPT)
         return -1;
     size_t at = 0;
     for (int i = 0; i < n; i++)

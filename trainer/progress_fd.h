@@ -29,8 +29,9 @@ void trn_progress_fd_report(struct trn_progress_fd *p, const struct progress_lin
 
 /* --restart_scope=worker (blame.h): ranks[0..n) never reached a
  * collective of generation gen, a line {"blame":rank,"blame_gen":gen}
- * each, all in one write (at most 16: under PIPE_BUF, so the agent reads
- * them together and kills them all before it sees one exit). 0, or -1
+ * each, all in one write (at most PROGRESS_BLAMES_KEPT, what the agent
+ * keeps of one read; under PIPE_BUF, so the agent reads them together and
+ * kills them all before it sees one exit). 0, or -1
  * when they were not written (no channel, the pipe full or gone, n out
  * of range). */
 int trn_progress_fd_blame(struct trn_progress_fd *p, const int *ranks, int n, long gen);

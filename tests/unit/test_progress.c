@@ -451,6 +451,19 @@ static void test_blame(void **state)
         assert_int_equal(r->blame_ranks[k % PROGRESS_BLAMES_KEPT], 10 + (int64_t)(k - 3));
         assert_int_equal(r->blame_gens[k % PROGRESS_BLAMES_KEPT], 7);
     }
+    /* cddp-train's one write of the most ranks it names at once (a
+     * node's, hung together: trainer/blame.c) arrives in one read and is
+     * kept whole: the agent kills every one of them */
+    char all[PROGRESS_BLAMES_KEPT * 64];
+    size_t at = 0;
+    for (int k = 0; k < PROGRESS_BLAMES_KEPT; k++)
+        at += (size_t)snprintf(all + at, sizeof(all) - at, "{\"blame\":%d,\"blame_gen\":9}\n",
+                               100 + k);
+    uint64_t before = r->blames;
+    assert_int_equal(feed(p, all, 90), PROGRESS_BLAMES_KEPT);
+    assert_int_equal(r->blames, before + PROGRESS_BLAMES_KEPT);
+    for (uint64_t k = before; k < r->blames; k++)
+        assert_int_equal(r->blame_ranks[k % PROGRESS_BLAMES_KEPT], 100 + (int64_t)(k - before));
     free(p);
 }
 
