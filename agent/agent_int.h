@@ -350,6 +350,10 @@ int agent_inplace_env(const struct agent *a, struct launch_kv *env, int n, char 
 /* The scope, the generation, the restarts by scope and the last recovery
  * into the status snapshot. */
 void agent_inplace_snapshot(const struct agent *a, struct agent_snapshot *s);
+/* This node's workers that generation gen replaces, or (gen 0) whose
+ * replace is asked of the rendezvous together: their global ranks as
+ * "2,3" in buf; how many, or -1 when they do not fit in len. */
+int agent_inplace_ranks(const struct agent *a, int64_t gen, char *buf, size_t len);
 /* POLICY_ACT_RESTART_WORKER: the replaced workers' groups killed (the
  * ones the policy marked for the generation), the new generation
  * announced on the agent store, each local rank started alone. */

@@ -76,6 +76,30 @@ void agent_inplace_publish(struct agent *a, int64_t gen, const char *ranks)
                  (long long)gen, cddp_strerror(rc));
 }
 
+/* This node's workers that generation gen replaces (the policy marked
+ * them: replaced_gen), or, gen 0, those whose replace is asked of the
+ * rendezvous together (asked): their global ranks, "2,3", into buf; how
+ * many, or -1 when the list does not fit in len. */
+int agent_inplace_ranks(const struct agent *a, int64_t gen, char *buf, size_t len)
+{
+    size_t at = 0;
+    int n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < a->nworkers; i++) {
+        const struct policy_worker *pw = &a->pol.workers[i];
+        if (gen > 0 ? pw->replaced_gen != gen : !pw->asked)
+            continue;
+        int w = snprintf(buf + at, len - at, "%s%d", at ? "," : "", a->workers[i].info.rank);
+        if (w < 0 || (size_t)w >= len - at) {
+            buf[at] = '\0';
+            return -1;
+        }
+        at += (size_t)w;
+        n++;
+    }
+    return n;
+}
+
 /* POLICY_ACT_RESTART_WORKER: every worker the generation replaces (the
  * policy marked them: one, or a node's hung ranks together) has what is
  * left of its process group killed; the generation is announced once,
@@ -83,8 +107,8 @@ void agent_inplace_publish(struct agent *a, int64_t gen, const char *ranks)
  * LOCAL_RANK), its logs under the new restart count's attempt_N/. */
 void agent_inplace_restart_worker(struct agent *a, const struct policy_action *act)
 {
-    char ranks[PROTO_MAX_REPLACED + 1] = "";
-    size_t at = 0;
+    char ranks[PROTO_MAX_REPLACED + 1];
+    agent_inplace_ranks(a, act->generation, ranks, sizeof(ranks));
     for (int i = 0; i < a->nworkers; i++) {
         if (a->pol.workers[i].replaced_gen != act->generation)
             continue;
@@ -95,9 +119,6 @@ void agent_inplace_restart_worker(struct agent *a, const struct policy_action *a
         }
         w->group_alive = false;
         agent_note_replaced(a, i, act->generation); /* (the failure table's) */
-        if (at < sizeof(ranks))
-            at += (size_t)snprintf(ranks + at, sizeof(ranks) - at, "%s%d", at ? "," : "",
-                                   w->info.rank);
     }
     a->recovery_started = cddp_wall_time();
     if (a->pol.one_node) /* (several nodes: node 0 announced it, round.c) */

@@ -407,16 +407,11 @@ void agent_round_request_generation(struct agent *a, const struct policy_action 
 {
     int rank = a->round.rank_offset + act->local_rank;
     /* the ranks asked for together (a node's hung ranks), when several */
-    char ranks[PROTO_MAX_REPLACED + 1] = "";
-    size_t at = 0;
-    int n = 0;
-    for (int i = 0; i < a->nworkers && at < sizeof(ranks); i++)
-        if (a->pol.workers[i].asked && ++n)
-            at += (size_t)snprintf(ranks + at, sizeof(ranks) - at, "%s%d", at ? "," : "",
-                                   a->round.rank_offset + i);
-    bool several = n > 1 && at < sizeof(ranks);
+    char ranks[PROTO_MAX_REPLACED + 1];
+    int n = agent_inplace_ranks(a, 0, ranks, sizeof(ranks));
+    bool several = n > 1;
     int rc = !a->rdzv->ops->replace ? CDDP_EPROTO_TYPE
-             : n > 1 && !several
+             : n < 0
                  ? CDDP_ERANGE_ARG
                  : a->rdzv->ops->replace(a->rdzv, rank, several ? ranks : NULL, "worker_failure");
     if (rc == 0 && several) {
@@ -435,7 +430,7 @@ void agent_round_request_generation(struct agent *a, const struct policy_action 
     }
     char why[200];
     snprintf(why, sizeof(why), "%s",
-             rc == CDDP_EPROTO_TYPE && n > 1
+             rc == CDDP_EPROTO_TYPE && several
                  ? "the rendezvous server is older and cannot restart several ranks together "
                    "in one generation"
              : rc == CDDP_EPROTO_TYPE ? "the rendezvous server is older and cannot number "
